@@ -1,0 +1,60 @@
+# One entry point for everything CI and people run. Every target sets itself up.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CDK := node_modules/.bin/cdk
+SETUP_STAMP := $(VENV)/.setup-done
+# jsii prints a banner on every start because this machine's Node.js 20 is past end of life.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+NODE_STAMP := node_modules/.setup-done
+
+.PHONY: help setup synth test lint typecheck unit deploy diff demo constraints clean
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(SETUP_STAMP): requirements.txt requirements-dev.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(SETUP_STAMP) $(NODE_STAMP)  ## Create .venv and node_modules from the pinned files.
+
+synth: setup  ## Synthesize every stack; fail on an unacknowledged cdk-nag finding or a cfn-lint finding.
+	$(CDK) synth --quiet
+	$(VENV)/bin/cfn-lint
+
+lint: setup  ## ruff format check + ruff lint.
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+typecheck: setup  ## mypy on the app, stacks, lambdas and training package.
+	$(VENV)/bin/mypy
+
+unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch).
+	$(VENV)/bin/pytest
+
+test: lint typecheck unit  ## Everything CI runs.
+
+diff: setup  ## cdk diff against a deployed platform (needs AWS credentials).
+	$(CDK) diff --all
+
+deploy: setup  ## cdk deploy --all (needs AWS credentials and a bootstrapped account).
+	$(CDK) deploy --all --require-approval broadening
+
+demo: synth  ## The main job (until the local pipeline run exists: synthesize the platform).
+
+constraints:  ## Re-pin constraints.txt from the current .venv.
+	{ echo "# Full pin set for the dev/CI virtual environment (pip freeze). Regenerate: make constraints"; \
+	  $(PY) -m pip freeze --all | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
+
+clean:  ## Remove build outputs (keeps .venv and node_modules).
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
