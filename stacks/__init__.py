@@ -1,0 +1,1 @@
+"""The platform's CDK stacks (`*_stack.py`), their reusable constructs and the settings model."""

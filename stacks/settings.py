@@ -1,0 +1,442 @@
+"""The platform's settings: one typed, validated object, built once in app.py.
+
+Sources, later ones winning: the `platform` object in cdk.json's context, then `-c key=value`
+overrides on the CDK command line whose key is a dotted settings path
+(`-c stage=prod -c network.nat_gateways=1 -c notifications.alarm_emails='["a@b.org"]'`).
+Any invalid value stops synth with a message naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
+from stacks.images import BaseImage, ImageTableError, resolve_base_image
+
+# CloudWatch Logs accepts only these retention periods (days).
+LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
+# AWS reserves the first four and the last address of every subnet.
+AWS_RESERVED_IPS_PER_SUBNET = 5
+# FSx for Lustre file servers take addresses in the training subnet too.
+FSX_RESERVED_IPS = 16
+
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
+_PRINCIPAL = re.compile(r"^arn:aws(-[a-z]+)*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
+_TAG_VALUE = re.compile(r"^[\w\s.:/=+\-@]{1,256}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
+
+
+class SettingsError(ValueError):
+    """The settings are invalid; the message lists every problem and how to fix it."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ClusterSize(_Model):
+    """The largest training cluster the network must hold."""
+
+    instance_type: str = Field("ml.p5.48xlarge", description="SageMaker training instance type of the largest cluster.")
+    count: int = Field(4, ge=1, le=512, description="Instances in the largest cluster.")
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        try:
+            instance_type(value)
+        except UnknownInstanceTypeError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+class NetworkSettings(_Model):
+    vpc_cidr: str = Field("10.20.0.0/16", description="VPC IPv4 CIDR (private range, /16 to /22).")
+    az_count: int = Field(2, ge=2, le=3, description="Availability Zones of the VPC (when none are named).")
+    availability_zones: list[str] = Field(
+        default_factory=list,
+        description="AZ names (needs `region`); the first holds the training subnet, FSx and the cluster.",
+    )
+    training_subnet_mask: int = Field(
+        20, ge=16, le=26, description="Prefix length of each training subnet (/20 = 4091 usable IPs)."
+    )
+    nat_gateways: int = Field(
+        0, ge=0, le=3, description="NAT gateways; 0 keeps every subnet isolated (endpoints only)."
+    )
+    flow_log_retention_days: int = Field(365, description="VPC flow-log retention (CloudWatch values).")
+    efa: bool = Field(True, description="Require EFA (the largest cluster's type must support it).")
+    largest_cluster: ClusterSize = Field(default_factory=ClusterSize)  # type: ignore[arg-type]
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"must be an IPv4 network such as 10.20.0.0/16 ({exc})") from None
+        if not net.is_private or not 16 <= net.prefixlen <= 22:
+            raise ValueError("must be a private IPv4 range (10/8, 172.16/12, 192.168/16) of size /16 to /22")
+        return value
+
+    @field_validator("flow_log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        return _log_retention(value)
+
+    @model_validator(mode="after")
+    def _capacity(self) -> NetworkSettings:
+        cluster = instance_type(self.largest_cluster.instance_type)
+        if self.efa and not cluster.supports_efa:
+            efa_types = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.supports_efa))
+            raise ValueError(
+                f"largest_cluster.instance_type {cluster.name!r} does not support EFA while network.efa "
+                f"is true; use one of {efa_types}, or set network.efa=false"
+            )
+        usable = 2 ** (32 - self.training_subnet_mask) - AWS_RESERVED_IPS_PER_SUBNET - FSX_RESERVED_IPS
+        needed = self.largest_cluster.count * cluster.private_ips_needed
+        if needed > usable:
+            fit = next(
+                (
+                    m
+                    for m in range(self.training_subnet_mask, 15, -1)
+                    if 2 ** (32 - m) - AWS_RESERVED_IPS_PER_SUBNET - FSX_RESERVED_IPS >= needed
+                ),
+                None,
+            )
+            hint = f"set network.training_subnet_mask to {fit} or less" if fit else "reduce the cluster"
+            raise ValueError(
+                f"the training subnet (/{self.training_subnet_mask}) has {usable} usable private IPs but "
+                f"{self.largest_cluster.count} x {cluster.name} need {needed} "
+                f"({cluster.private_ips_needed} each); {hint}"
+            )
+        vpc_size = ipaddress.IPv4Network(self.vpc_cidr).num_addresses
+        wanted = (len(self.availability_zones) or self.az_count) * (
+            2 ** (32 - self.training_subnet_mask) + 2**8 + (2**6 if self.nat_gateways else 0)
+        )
+        if wanted > vpc_size:
+            raise ValueError(
+                f"vpc_cidr {self.vpc_cidr} holds {vpc_size} addresses but "
+                f"{len(self.availability_zones) or self.az_count} AZs of "
+                f"/{self.training_subnet_mask} training + /24 service subnets need {wanted}; "
+                "use a larger VPC or a longer training_subnet_mask"
+            )
+        return self
+
+
+class StorageSettings(_Model):
+    fsx_storage_capacity_gib: int = Field(
+        1200, description="FSx for Lustre PERSISTENT_2 capacity: 1200 or a multiple of 2400 GiB."
+    )
+    fsx_throughput_per_tib: Literal[125, 250, 500, 1000] = Field(
+        250, description="FSx throughput per TiB of storage (MB/s/TiB)."
+    )
+    fsx_compression: Literal["LZ4", "NONE"] = Field("LZ4", description="FSx data compression.")
+    fsx_auto_export_prefix: str | None = Field(
+        None,
+        description="Optional artifacts-bucket prefix that `/results` on FSx exports to automatically.",
+    )
+    noncurrent_version_days: int = Field(
+        30, ge=1, le=3650, description="Days a replaced or deleted S3 object version is kept."
+    )
+    incomplete_upload_days: int = Field(
+        7, ge=1, le=365, description="Days before incomplete multipart uploads are aborted."
+    )
+    access_log_retention_days: int = Field(365, ge=90, le=3650, description="Days S3 server access logs are kept.")
+    checkpoint_expiry_days: int | None = Field(
+        None, ge=7, description="Expire checkpoint objects after this many days (default: keep)."
+    )
+
+    @field_validator("fsx_storage_capacity_gib")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        if value != 1200 and (value <= 0 or value % 2400):
+            raise ValueError("PERSISTENT_2 file systems take 1200 GiB or a multiple of 2400 GiB")
+        return value
+
+    @field_validator("fsx_auto_export_prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9!_.*'()/-]{0,200}/", value):
+            raise ValueError("must be an S3 key prefix ending in '/', such as 'results/'")
+        return value
+
+
+class ImageSettings(_Model):
+    framework_version: str = Field(
+        "2.10.0", description="PyTorch version of the SageMaker training DLC the image builds on."
+    )
+    python_version: str | None = Field(
+        None, description="DLC Python tag such as py312 (default: the newest for that version)."
+    )
+    base_image_region: str | None = Field(
+        None, description="Region whose DLC registry the build pulls from (default: `region`, else us-east-1)."
+    )
+    keep_images: int = Field(30, ge=1, le=1000, description="Tagged images kept in the ECR repository.")
+
+
+class TagSettings(_Model):
+    team: Annotated[str, Field(description="Value of the `team` tag on every resource.")]
+    cost_centre: Annotated[str, Field(description="Value of the `cost-centre` tag on every resource.")]
+
+    @field_validator("team", "cost_centre")
+    @classmethod
+    def _tag(cls, value: str) -> str:
+        if not _TAG_VALUE.match(value):
+            raise ValueError("must be 1-256 letters, digits, spaces or _ . : / = + - @")
+        return value
+
+
+class NotificationSettings(_Model):
+    alarm_emails: list[str] = Field(default_factory=list, description="E-mail recipients of alarms.")
+    budget_emails: list[str] = Field(default_factory=list, description="E-mail recipients of budget alerts.")
+
+    @field_validator("alarm_emails", "budget_emails")
+    @classmethod
+    def _emails(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not _EMAIL.match(v)]
+        if bad:
+            raise ValueError(f"not e-mail addresses: {bad}")
+        return value
+
+
+class PlatformSettings(_Model):
+    """Everything a platform team chooses; nothing else in the app is configurable."""
+
+    stage: str = Field("dev", description="Stage name: prefixes stack names (lowercase, digits, '-').")
+    account: str | None = Field(None, description="AWS account ID; leave unset for an environment-agnostic synth.")
+    region: str | None = Field(None, description="AWS Region; leave unset for an environment-agnostic synth.")
+    network: NetworkSettings = Field(default_factory=NetworkSettings)  # type: ignore[arg-type]
+    storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
+    image: ImageSettings = Field(default_factory=ImageSettings)  # type: ignore[arg-type]
+    tags: TagSettings
+    notifications: NotificationSettings = Field(default_factory=NotificationSettings)
+    approvers: list[str] = Field(
+        default_factory=list, description="IAM principal ARNs allowed to decide approval gates."
+    )
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,19}", value):
+            raise ValueError("must start with a lowercase letter and hold at most 20 of a-z, 0-9, '-'")
+        return value
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d{12}", value):
+            raise ValueError("must be a 12-digit AWS account ID")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        if value is not None and not _REGION.match(value):
+            raise ValueError("must be an AWS Region code such as us-east-1")
+        return value
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not _PRINCIPAL.match(v)]
+        if bad:
+            raise ValueError(f"must be IAM role/user ARNs (arn:aws:iam::123456789012:role/Name); bad: {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _azs_in_region(self) -> PlatformSettings:
+        azs = self.network.availability_zones
+        if not azs:
+            return self
+        if self.region is None:
+            raise ValueError("network.availability_zones needs `region` to be set (AZ names belong to a Region)")
+        bad = [az for az in azs if not re.fullmatch(re.escape(self.region) + r"[a-z]", az)]
+        if bad:
+            raise ValueError(f"network.availability_zones {bad} are not AZs of region {self.region!r}")
+        if not 2 <= len(azs) <= 3 or len(set(azs)) != len(azs):
+            raise ValueError("network.availability_zones must name 2 or 3 distinct AZs")
+        return self
+
+    @model_validator(mode="after")
+    def _image_resolvable(self) -> PlatformSettings:
+        try:
+            self.base_image()
+        except ImageTableError as exc:
+            raise ValueError(f"image: {exc}") from None
+        return self
+
+    def base_image(self) -> BaseImage:
+        """The training DLC the platform image builds on, from the SDK's table."""
+        region = self.image.base_image_region or self.region or "us-east-1"
+        return resolve_base_image(self.image.framework_version, self.image.python_version, region)
+
+    @property
+    def name_prefix(self) -> str:
+        """Prefix of stack names, so two stages can share an account."""
+        return f"training-platform-{self.stage}"
+
+
+def _log_retention(value: int) -> int:
+    if value not in LOG_RETENTION_DAYS:
+        raise ValueError(f"CloudWatch Logs accepts only {', '.join(map(str, LOG_RETENTION_DAYS))} days")
+    return value
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            yield from _field_paths(sub, f"{path}.")
+        else:
+            yield path
+
+
+SETTING_PATHS: tuple[str, ...] = tuple(_field_paths(PlatformSettings))
+_SECTIONS = {p.split(".", 1)[0] for p in SETTING_PATHS}
+
+
+def _coerce(raw: Any) -> Any:
+    """`-c` values arrive as strings; JSON lists/objects/null are decoded, scalars left to pydantic."""
+    if isinstance(raw, str) and (raw.startswith(("[", "{")) or raw == "null"):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def settings_from_context(context: Mapping[str, Any]) -> PlatformSettings:
+    """Settings from the CDK context: cdk.json's `platform` object plus `-c dotted.key=value` overrides.
+
+    Keys that are not settings paths are CDK's own (feature flags, `aws:cdk:*`) and are ignored,
+    unless one is a near miss of a settings path: a typo must not be silently dropped.
+    """
+    base = context.get("platform") or {}
+    if not isinstance(base, Mapping):
+        raise SettingsError("cdk.json context 'platform' must be an object of settings")
+    overrides: dict[str, Any] = {}
+    for key, value in context.items():
+        if key == "platform" or ":" in key or key.startswith("@"):
+            continue
+        if key in SETTING_PATHS or key in _SECTIONS or difflib.get_close_matches(key, SETTING_PATHS, n=1):
+            overrides[key] = value
+    return build_settings(base, overrides)
+
+
+def build_settings(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> PlatformSettings:
+    """Merge cdk.json's `platform` object with dotted overrides and validate the result."""
+    tree: dict[str, Any] = json.loads(json.dumps(dict(base)))
+    problems: list[str] = []
+    for key, raw in sorted((overrides or {}).items()):
+        if key not in SETTING_PATHS and key not in _SECTIONS:
+            near = difflib.get_close_matches(key, SETTING_PATHS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            problems.append(f"  - {key}: unknown setting{hint}; see the settings table in README.md")
+            continue
+        _set_path(tree, key, _coerce(raw))
+    if problems:
+        raise SettingsError("Invalid platform settings:\n" + "\n".join(problems))
+    try:
+        return PlatformSettings.model_validate(tree)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, tree)) from None
+
+
+def _describe(exc: ValidationError, tree: Mapping[str, Any]) -> str:
+    lines = ["Invalid platform settings (cdk.json context 'platform' or -c key=value):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(loc, SETTING_PATHS, n=1)
+            msg = "unknown setting" + (f" (did you mean {near[0]!r}?)" if near else "")
+            lines.append(f"  - {loc}: {msg}")
+            continue
+        value = _lookup(tree, err["loc"])
+        shown = f" = {value!r}" if value is not _MISSING else ""
+        lines.append(f"  - {loc}{shown}: {msg}")
+    return "\n".join(lines)
+
+
+_MISSING = object()
+
+
+def _lookup(tree: Mapping[str, Any], loc: tuple[int | str, ...]) -> Any:
+    node: Any = tree
+    for part in loc:
+        in_mapping = isinstance(node, Mapping) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
+        if in_mapping or in_list:
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the model so the two cannot drift."""
+    rows = ["| Setting | Default | Description |", "| --- | --- | --- |"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                walk(sub, f"{prefix}{name}.")
+                continue
+            if field.is_required():
+                default = "(required)"
+            elif field.default_factory is not None:
+                default = json.dumps(field.default_factory())  # type: ignore[call-arg]
+            else:
+                default = json.dumps(field.default)
+            rows.append(f"| `{prefix}{name}` | `{default}` | {field.description or ''} |")
+
+    walk(PlatformSettings, "")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -1,0 +1,60 @@
+"""Shared fixtures: the platform synthesized once per session from cdk.json's own context."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# jsii warns on every start that this machine's Node.js is past end of life; the warning is noise here.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# moto and boto3 must never find real credentials or a real endpoint.
+for _var, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
+    os.environ[_var] = _value
+
+
+def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
+    """cdk.json's context (feature flags included), with `platform` keys replaced at the top level."""
+    context: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
+    context = json.loads(json.dumps(context))
+    context["platform"].update(platform_overrides)
+    return context
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The default platform, synthesized (with cdk-nag) once for the whole session."""
+    from stacks.app_builder import build_platform
+
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    built = build_platform(cdk_context(), outdir=str(outdir))
+    built.assembly = built.synth()
+    yield built
+
+
+@pytest.fixture(scope="session")
+def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """NAT on, named AZs, a p4d cluster, FSx auto-export: the optional paths of every stack."""
+    context = cdk_context(region="eu-west-1", account="123456789012")
+    context["platform"]["network"] = {
+        **context["platform"]["network"],
+        "nat_gateways": 1,
+        "availability_zones": ["eu-west-1b", "eu-west-1a"],
+        "largest_cluster": {"instance_type": "ml.p4d.24xlarge", "count": 16},
+    }
+    context["platform"]["storage"] = {**context["platform"]["storage"], "fsx_auto_export_prefix": "results/"}
+    from stacks.app_builder import build_platform
+
+    built = build_platform(context, outdir=str(tmp_path_factory.mktemp("variant")))
+    built.assembly = built.synth()
+    return built
