@@ -1,0 +1,1 @@
+"""Custom resource that builds the training image in CodeBuild during `cdk deploy`."""

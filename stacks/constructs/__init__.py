@@ -1,0 +1,1 @@
+"""Reusable L3 constructs: one concern each, props in, resources out."""

@@ -1,0 +1,99 @@
+"""Versioned, KMS-encrypted, TLS-only S3 buckets for datasets, checkpoints and model artifacts."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.constructs.nag import acknowledge
+from stacks.settings import StorageSettings
+
+REPLICATION_REASON = (
+    "Single-Region platform by design: every bucket is versioned and retained; cross-Region "
+    "replication is a disaster-recovery choice the platform team adds with its own target Region."
+)
+
+
+class TrainingBuckets(Construct):
+    """The platform's buckets and the bucket their server access logs go to."""
+
+    def __init__(self, scope: Construct, id_: str, *, key: kms.IKey, settings: StorageSettings) -> None:
+        super().__init__(scope, id_)
+        noncurrent = Duration.days(settings.noncurrent_version_days)
+        incomplete = Duration.days(settings.incomplete_upload_days)
+
+        # S3 delivers server access logs only to SSE-S3 buckets, so this one cannot use the CMK.
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            removal_policy=RemovalPolicy.RETAIN,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-logs",
+                    expiration=Duration.days(settings.access_log_retention_days),
+                    noncurrent_version_expiration=noncurrent,
+                    abort_incomplete_multipart_upload_after=incomplete,
+                )
+            ],
+        )
+        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+            acknowledge(
+                self.access_logs,
+                f"{pack}-S3DefaultEncryptionKMS",
+                "S3 server access logging delivers only to SSE-S3 buckets; the logs hold no training data.",
+            )
+            acknowledge(
+                self.access_logs,
+                f"{pack}-S3BucketLoggingEnabled",
+                "This is the access-log bucket; logging it into itself would loop.",
+            )
+        acknowledge(
+            self.access_logs,
+            "AwsSolutions-S1",
+            "This is the access-log bucket; logging it into itself would loop.",
+        )
+
+        def bucket(id_: str, *extra_rules: s3.LifecycleRule) -> s3.Bucket:
+            return s3.Bucket(
+                self,
+                id_,
+                encryption=s3.BucketEncryption.KMS,
+                encryption_key=key,
+                bucket_key_enabled=True,
+                enforce_ssl=True,
+                minimum_tls_version=1.2,
+                versioned=True,
+                block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+                server_access_logs_bucket=self.access_logs,
+                server_access_logs_prefix=f"{id_.lower()}/",
+                removal_policy=RemovalPolicy.RETAIN,
+                lifecycle_rules=[
+                    s3.LifecycleRule(
+                        id="noncurrent-and-incomplete",
+                        noncurrent_version_expiration=noncurrent,
+                        abort_incomplete_multipart_upload_after=incomplete,
+                    ),
+                    *extra_rules,
+                ],
+            )
+
+        self.datasets = bucket("Datasets")
+        expire = settings.checkpoint_expiry_days
+        self.checkpoints = bucket(
+            "Checkpoints",
+            *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
+        )
+        self.artifacts = bucket("Artifacts")
+
+        for b in (self.access_logs, self.datasets, self.checkpoints, self.artifacts):
+            for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+                acknowledge(b, f"{pack}-S3BucketReplicationEnabled", REPLICATION_REASON)

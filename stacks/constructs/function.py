@@ -1,0 +1,135 @@
+"""A Python Lambda function with the platform's defaults: Powertools, encrypted logs, tracing."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import cast
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.constructs.logs import retention
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+# The handlers import `lambdas.<module>`, so the asset is the repository root reduced to lambdas/.
+_ASSET_EXCLUDE = [".*", "*", "!lambdas", "!lambdas/**", "**/__pycache__", "**/*.pyc"]
+
+
+def powertools_layer(scope: Construct) -> lambda_.ILayerVersion:
+    """The public Powertools layer (with pydantic) of the version pinned in requirements.txt.
+
+    Its ARN is read at deploy time from the public SSM parameter Powertools publishes per
+    Region, so synth needs no lookup and the layer always matches what the tests ran against.
+    """
+    stack = Stack.of(scope)
+    existing = stack.node.try_find_child("PowertoolsLayer")
+    if existing is not None:
+        return cast(lambda_.ILayerVersion, existing)
+    version = metadata.version("aws-lambda-powertools")
+    arn = ssm.StringParameter.value_for_string_parameter(
+        stack, f"/aws/service/powertools/python/x86_64/{RUNTIME.name}/{version}"
+    )
+    return lambda_.LayerVersion.from_layer_version_arn(stack, "PowertoolsLayer", arn)
+
+
+class PlatformFunction(Construct):
+    """One handler of `lambdas/`, e.g. `lambdas.image_build.handler.on_event`.
+
+    The function runs in the VPC's service subnets unless `outside_vpc_reason` says why it
+    cannot; its role starts with nothing but writing its own log group.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        handler: str,
+        description: str,
+        log_key: kms.IKey,
+        log_retention_days: int = 365,
+        timeout: Duration | None = None,
+        memory_mb: int = 256,
+        environment: dict[str, str] | None = None,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+        security_groups: list[ec2.ISecurityGroup] | None = None,
+        outside_vpc_reason: str | None = None,
+        reserved_concurrency: int = 5,
+    ) -> None:
+        super().__init__(scope, id_)
+        if (vpc is None) == (outside_vpc_reason is None):
+            raise ValueError(f"{id_}: give either a vpc or the reason the function must run outside one")
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            encryption_key=log_key,
+            retention=retention(log_retention_days),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=RUNTIME,
+            architecture=lambda_.Architecture.X86_64,
+            handler=handler,
+            code=lambda_.Code.from_asset(str(REPO_ROOT), exclude=_ASSET_EXCLUDE),
+            description=description,
+            role=self.role,
+            layers=[powertools_layer(self)],
+            timeout=timeout or Duration.seconds(30),
+            memory_size=memory_mb,
+            environment={
+                "POWERTOOLS_SERVICE_NAME": "training-platform",
+                "POWERTOOLS_LOG_LEVEL": "INFO",
+                **(environment or {}),
+            },
+            log_group=self.log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            tracing=lambda_.Tracing.ACTIVE,
+            reserved_concurrent_executions=reserved_concurrency,
+            vpc=vpc,
+            vpc_subnets=vpc_subnets,
+            security_groups=security_groups,
+        )
+
+        acknowledge(
+            self.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray trace upload (xray:PutTraceSegments, xray:PutTelemetryRecords) has no resource-level permissions.",
+        )
+        acknowledge_inline_policy(self.role)
+        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+            acknowledge(
+                self.function,
+                f"{pack}-LambdaDLQ",
+                "Invoked synchronously (Step Functions, CloudFormation); the caller receives and handles "
+                "every failure, and a dead-letter queue applies only to asynchronous invocations.",
+            )
+            if outside_vpc_reason is not None:
+                acknowledge(self.function, f"{pack}-LambdaInsideVPC", outside_vpc_reason)
+        if vpc is not None:
+            acknowledge(
+                self.role,
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                "AWSLambdaVPCAccessExecutionRole]",
+                "AWS-maintained ENI permissions Lambda needs to attach to the VPC; ENI actions take no resource scope.",
+            )

@@ -1,0 +1,326 @@
+"""The platform's ECR repository and the training image, built from `training/` by CodeBuild on deploy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from aws_cdk import CfnElement, CustomResource, Duration, RemovalPolicy, Stack, Token
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import custom_resources as cr
+from constructs import Construct
+
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.logs import retention
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
+from stacks.images import BaseImage
+
+_SOURCE_EXCLUDE = ["**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/.mypy_cache"]
+
+# The build logs in to both registries, skips the build when the content-addressed tag already
+# exists (tags are immutable, so a retried deploy must not try to overwrite one), then pushes.
+_BUILDSPEC = {
+    "version": "0.2",
+    "env": {"shell": "bash"},
+    "phases": {
+        "pre_build": {
+            "commands": [
+                "set -euo pipefail",
+                'aws ecr get-login-password --region "$BASE_REGION"'
+                ' | docker login --username AWS --password-stdin "$BASE_REGISTRY"',
+                'aws ecr get-login-password --region "$AWS_REGION"'
+                ' | docker login --username AWS --password-stdin "${REPOSITORY_URI%%/*}"',
+            ]
+        },
+        "build": {
+            "commands": [
+                'if aws ecr describe-images --repository-name "$REPOSITORY_NAME"'
+                ' --image-ids imageTag="$IMAGE_TAG" >/dev/null 2>&1; then'
+                ' echo "image $IMAGE_TAG exists; nothing to build"; else'
+                ' docker build --pull --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$REPOSITORY_URI:$IMAGE_TAG" .'
+                ' && docker push "$REPOSITORY_URI:$IMAGE_TAG"; fi',
+            ]
+        },
+    },
+}
+
+
+class TrainingImage(Construct):
+    """Immutable, scanned, KMS-encrypted repository plus the image built from the training package.
+
+    No Docker engine is needed where `cdk deploy` runs: the package travels as an S3 asset and
+    CodeBuild builds it next to ECR. The image tag is the asset's content hash, so every deploy
+    of the same `training/` resolves to the same image, and `image_uri` pins its digest.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        source_dir: Path,
+        base_image: BaseImage,
+        key: kms.IKey,
+        keep_images: int,
+        log_retention_days: int = 365,
+    ) -> None:
+        super().__init__(scope, id_)
+        stack = Stack.of(self)
+        self.repository = ecr.Repository(
+            self,
+            "Repository",
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            image_scan_on_push=True,
+            encryption=ecr.RepositoryEncryption.KMS,
+            encryption_key=key,
+            removal_policy=RemovalPolicy.RETAIN,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    description="Drop untagged layers left by failed pushes",
+                    tag_status=ecr.TagStatus.UNTAGGED,
+                    max_image_age=Duration.days(1),
+                    rule_priority=1,
+                ),
+                ecr.LifecycleRule(
+                    description=f"Keep the newest {keep_images} images",
+                    tag_status=ecr.TagStatus.ANY,
+                    max_image_count=keep_images,
+                    rule_priority=2,
+                ),
+            ],
+        )
+
+        source = s3_assets.Asset(self, "Source", path=str(source_dir), exclude=_SOURCE_EXCLUDE)
+        self.image_tag = source.asset_hash
+
+        build_logs = logs.LogGroup(
+            self,
+            "BuildLogs",
+            encryption_key=key,
+            retention=retention(log_retention_days),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.project = codebuild.Project(
+            self,
+            "Build",
+            description="Builds the training image from the training/ package",
+            source=codebuild.Source.s3(bucket=source.bucket, path=source.s3_object_key),
+            environment=codebuild.BuildEnvironment(
+                build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
+                compute_type=codebuild.ComputeType.LARGE,
+                privileged=True,
+            ),
+            environment_variables={
+                "BASE_IMAGE": codebuild.BuildEnvironmentVariable(value=base_image.uri),
+                "BASE_REGISTRY": codebuild.BuildEnvironmentVariable(value=base_image.registry),
+                "BASE_REGION": codebuild.BuildEnvironmentVariable(value=base_image.region),
+                "REPOSITORY_URI": codebuild.BuildEnvironmentVariable(value=self.repository.repository_uri),
+                "REPOSITORY_NAME": codebuild.BuildEnvironmentVariable(value=self.repository.repository_name),
+            },
+            build_spec=codebuild.BuildSpec.from_object(_BUILDSPEC),
+            encryption_key=key,
+            timeout=Duration.minutes(55),
+            logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=build_logs)),
+        )
+        self.repository.grant_pull_push(self.project)
+        self.repository.grant_read(self.project)
+        base_repository = (
+            f"arn:{stack.partition}:ecr:{base_image.region}:{base_image.account}:repository/{base_image.repository}"
+        )
+        self.project.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="PullDeepLearningContainer",
+                actions=[
+                    "ecr:BatchGetImage",
+                    "ecr:GetDownloadUrlForLayer",
+                    "ecr:BatchCheckLayerAvailability",
+                ],
+                resources=[base_repository],
+            )
+        )
+
+        outside_vpc = (
+            "Deploy-time custom-resource handler that calls only the CodeBuild and ECR APIs; it holds "
+            "no training data, and the data VPC deliberately has no route or endpoint for CodeBuild."
+        )
+        on_event = PlatformFunction(
+            self,
+            "StartBuild",
+            handler="lambdas.image_build.handler.on_event",
+            description="Starts the training-image build",
+            log_key=key,
+            log_retention_days=log_retention_days,
+            outside_vpc_reason=outside_vpc,
+        )
+        is_complete = PlatformFunction(
+            self,
+            "CheckBuild",
+            handler="lambdas.image_build.handler.is_complete",
+            description="Reports when the training-image build has finished",
+            log_key=key,
+            log_retention_days=log_retention_days,
+            outside_vpc_reason=outside_vpc,
+        )
+        on_event.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["codebuild:StartBuild"], resources=[self.project.project_arn])
+        )
+        is_complete.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["codebuild:BatchGetBuilds"], resources=[self.project.project_arn])
+        )
+        is_complete.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[self.repository.repository_arn])
+        )
+
+        provider_logs = logs.LogGroup(
+            self,
+            "ProviderLogs",
+            encryption_key=key,
+            retention=retention(log_retention_days),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        provider = cr.Provider(
+            self,
+            "Provider",
+            on_event_handler=on_event.function,
+            is_complete_handler=is_complete.function,
+            query_interval=Duration.seconds(30),
+            total_timeout=Duration.hours(1),
+            log_group=provider_logs,
+            disable_waiter_state_machine_logging=False,
+            waiter_state_machine_log_options=cr.LogOptions(
+                destination=provider_logs, level=sfn.LogLevel.ALL, include_execution_data=False
+            ),
+        )
+        _acknowledge_build_role(self.project)
+        _acknowledge_provider(provider, handlers=(on_event.function, is_complete.function))
+
+        self.build = CustomResource(
+            self,
+            "Image",
+            service_token=provider.service_token,
+            resource_type="Custom::TrainingImage",
+            properties={
+                "ProjectName": self.project.project_name,
+                "RepositoryName": self.repository.repository_name,
+                "ImageTag": self.image_tag,
+            },
+        )
+        self.image_digest = self.build.get_att_string("ImageDigest")
+
+    @property
+    def image_uri(self) -> str:
+        """`<repository>@sha256:...`: the exact image this deploy built, for training jobs."""
+        return f"{self.repository.repository_uri}@{self.image_digest}"
+
+
+def _acknowledge_build_role(project: codebuild.Project) -> None:
+    """Findings on the CodeBuild project and the policy CDK generates for its role."""
+    stack = Stack.of(project)
+    project_id = stack.get_logical_id(cast(CfnElement, project.node.default_child))
+    acknowledge(
+        project,
+        "AwsSolutions-CB3",
+        "Privileged mode is how CodeBuild runs the Docker daemon that builds the image.",
+    )
+    acknowledge(
+        project,
+        "HIPAA.Security-CodeBuildProjectSourceRepoUrl",
+        "The source is the training package as an S3 asset, not a Git repository: there are no credentials.",
+    )
+    role = project.role
+    assert role is not None
+    acknowledge_inline_policy(role)
+    key_grant = "CDK's grant on the platform key for encrypted build artifacts and logs; scoped to that one key."
+    asset_read = "CDK's read grant on the CDK asset bucket holding the training package source."
+    in_region = _nag_arn_prefix(stack)
+    reasons = {
+        "AwsSolutions-IAM5[Resource::*]": "ecr:GetAuthorizationToken has no resource-level permissions.",
+        "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": key_grant,
+        "AwsSolutions-IAM5[Action::kms:ReEncrypt*]": key_grant,
+        "AwsSolutions-IAM5[Action::s3:GetBucket*]": asset_read,
+        "AwsSolutions-IAM5[Action::s3:GetObject*]": asset_read,
+        "AwsSolutions-IAM5[Action::s3:List*]": asset_read,
+        f"AwsSolutions-IAM5[Resource::{in_region.format(service='codebuild')}:report-group/<{project_id}>-*]": (
+            "CodeBuild's default report-group permission, limited to this project's report groups."
+        ),
+        f"AwsSolutions-IAM5[Resource::{in_region.format(service='logs')}:log-group:/aws/codebuild/<{project_id}>:*]": (
+            "CodeBuild's default log-group permission, limited to this project's own log group."
+        ),
+    }
+    for finding, reason in reasons.items():
+        acknowledge(role, finding, reason)
+
+
+def _nag_arn_prefix(stack: Stack) -> str:
+    """How cdk-nag renders `arn:partition:{service}:region:account` in finding IDs for this stack."""
+
+    def part(value: str, pseudo: str) -> str:
+        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+
+    partition = part(stack.partition, "Partition")
+    return f"arn:{partition}:{{service}}:{part(stack.region, 'Region')}:{part(stack.account, 'AccountId')}"
+
+
+def _acknowledge_provider(provider: cr.Provider, *, handlers: tuple[lambda_.IFunction, ...]) -> None:
+    """Findings on the CDK custom-resource provider framework's own functions, roles and waiter."""
+    stack = Stack.of(provider)
+    invoke_findings = [
+        f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(cast(CfnElement, h.node.default_child))}.Arn>:*]"
+        for h in handlers
+    ]
+    framework = {
+        "framework-onEvent": [*invoke_findings],
+        "framework-isComplete": [*invoke_findings],
+        "framework-onTimeout": [*invoke_findings],
+    }
+    outside_vpc = (
+        "CDK provider-framework function: it must reach CloudFormation's pre-signed S3 response URL, "
+        "which the isolated, account-scoped VPC cannot."
+    )
+    for name, findings in framework.items():
+        function = provider.node.find_child(name)
+        for finding in findings:
+            acknowledge(function, finding, "The framework invokes any version of the platform's own handler function.")
+        acknowledge(
+            function,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+            "CDK provider-framework function: the managed policy only writes its own logs.",
+        )
+        acknowledge_inline_policy(function)
+        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+            acknowledge(function, f"{pack}-LambdaInsideVPC", outside_vpc)
+            acknowledge(
+                function,
+                f"{pack}-LambdaDLQ",
+                "CDK provider-framework function invoked synchronously by CloudFormation and its waiter.",
+            )
+            acknowledge(
+                function,
+                f"{pack}-LambdaConcurrency",
+                "CDK provider-framework function: runs once per image build during a deploy.",
+            )
+    waiter = provider.node.find_child("waiter-state-machine")
+    waiter_ids = [
+        stack.get_logical_id(cast(CfnElement, provider.node.find_child(n).node.default_child))
+        for n in ("framework-isComplete", "framework-onTimeout")
+    ]
+    for logical_id in waiter_ids:
+        acknowledge(
+            waiter,
+            f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
+            "The waiter invokes any version of the provider framework's own functions.",
+        )
+    acknowledge_inline_policy(waiter)
+    acknowledge(
+        waiter,
+        "AwsSolutions-IAM5[Resource::*]",
+        "Step Functions log delivery (logs:CreateLogDelivery and related actions) takes no resource scope.",
+    )
+    acknowledge(waiter, "AwsSolutions-SF2", "CDK provider-framework waiter; the provider exposes no X-Ray setting.")
