@@ -1,0 +1,160 @@
+"""Hyperparameters -> nested config: coercion, aliases, validation messages, the accepted-name list."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from training_helpers import REPO
+
+from training.config import (
+    ALIASES,
+    HYPERPARAMETERS,
+    ConfigError,
+    JobConfig,
+    TrainConfig,
+    from_hyperparameters,
+    hyperparameter_names,
+    hyperparameters_markdown,
+    parse_overrides,
+)
+
+
+def test_empty_hyperparameters_give_the_defaults() -> None:
+    assert from_hyperparameters({}) == JobConfig()
+
+
+def test_string_values_from_sagemaker_are_coerced_to_field_types() -> None:
+    cfg = from_hyperparameters(
+        {
+            "train.max_steps": "1e3",
+            "optim.lr": "0.0003",
+            "parallel.compile": "True",
+            "checkpoint.async_save": "0",
+            "distribution": '"fsdp"',  # the SageMaker SDK JSON-encodes strings
+            "model.name": "gpt2",
+            "checkpoint.interval_minutes": "7",
+        }
+    )
+    assert cfg.train.max_steps == 1000
+    assert cfg.optim.lr == 3e-4
+    assert cfg.parallel.compile is True
+    assert cfg.checkpoint.async_save is False
+    assert cfg.distribution == "fsdp"
+    assert cfg.model.name == "gpt2"
+    assert cfg.checkpoint.interval_minutes == 7.0
+
+
+def test_native_json_values_are_accepted() -> None:
+    cfg = from_hyperparameters({"max_steps": 20, "lr": 1e-3, "train.deterministic": True, "optim.warmup_steps": 2})
+    assert (cfg.train.max_steps, cfg.optim.lr, cfg.train.deterministic) == (20, 1e-3, True)
+
+
+def test_aliases_land_on_their_targets() -> None:
+    cfg = from_hyperparameters(
+        {"model": "llama-1b", "max_steps": "500", "lr": "0.01", "seed": "7", "seq_len": "128", "batch_size": "2"}
+    )
+    assert cfg.model.name == "llama-1b"
+    assert (cfg.train.max_steps, cfg.train.seed, cfg.train.micro_batch_size) == (500, 7, 2)
+    assert (cfg.optim.lr, cfg.data.seq_len) == (0.01, 128)
+
+
+def test_alias_and_target_together_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.lr is given twice .*'lr'.*'optim\.lr'"):
+        from_hyperparameters({"lr": "0.1", "optim.lr": "0.2"})
+
+
+def test_unknown_key_suggests_the_closest_name() -> None:
+    with pytest.raises(ConfigError, match=r"unknown hyperparameter 'optim\.learning_rat'.*did you mean"):
+        from_hyperparameters({"optim.learning_rat": "1"})
+    with pytest.raises(ConfigError, match=r"unknown hyperparameter 'optim\.lrr'.*did you mean 'optim\.lr'"):
+        from_hyperparameters({"optim.lrr": "1"})
+
+
+def test_sagemaker_sdk_keys_are_ignored() -> None:
+    assert from_hyperparameters({"sagemaker_program": "x.py", "sagemaker_region": '"us-east-1"'}) == JobConfig()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("train.max_steps", "ten", r"train\.max_steps='ten' is invalid: use an integer"),
+        ("train.max_steps", "2.5", r"train\.max_steps='2.5' is invalid: use an integer"),
+        ("train.max_steps", "0", r"train\.max_steps=0 is invalid: use at least 1"),
+        ("optim.lr", "nan", r"optim\.lr='nan' is invalid: use a number"),
+        ("optim.lr", "2", r"optim\.lr=2.0 is invalid: use a value in \(0, 1\)"),
+        ("parallel.compile", "maybe", r"parallel\.compile='maybe' is invalid: use true or false"),
+        ("distribution", "fdsp", r"distribution='fdsp' is invalid: choose one of ddp, fsdp, smddp, mpi.*'fsdp'"),
+        ("model.name", "gpt3", r"model\.name='gpt3' is invalid: choose one of tiny, "),
+        ("model.factory", "mymodule", r"model\.factory='mymodule' is invalid: write it as 'package\.module:function'"),
+        ("checkpoint.keep_last", "0", r"checkpoint\.keep_last=0 is invalid: keep at least 1"),
+        ("train.dtype", "fp16", r"train\.dtype='fp16' is invalid: choose one of auto, bf16, fp32"),
+    ],
+)
+def test_bad_values_name_key_value_and_what_is_allowed(key: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_hyperparameters({key: value})
+
+
+def test_cross_field_checks_say_how_to_fix() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.warmup_steps=50 is invalid: use at most train\.max_steps=10"):
+        from_hyperparameters({"max_steps": "10", "optim.warmup_steps": "50"})
+    with pytest.raises(ConfigError, match=r"data\.seq_len=512 .*max_seq_len=256 \(or raise model\.max_seq_len\)"):
+        from_hyperparameters({"model": "tiny", "seq_len": "512"})
+    assert from_hyperparameters({"model": "tiny", "seq_len": "512", "model.max_seq_len": "512"}).seq_len == 512
+
+
+def test_global_batch_must_divide_over_processes() -> None:
+    train = TrainConfig(micro_batch_size=4, global_batch_size=16)
+    assert [train.grad_accum_steps(w) for w in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(ConfigError, match=r"with 3 processes x micro_batch_size 4 use a multiple of 12"):
+        train.grad_accum_steps(3)
+    assert TrainConfig(micro_batch_size=4).grad_accum_steps(8) == 1
+
+
+def test_hyperparameter_names_cover_fields_distribution_and_aliases() -> None:
+    names = hyperparameter_names()
+    assert "distribution" in names
+    assert {"optim.lr", "checkpoint.interval_steps", "train.max_steps", "model.name"} <= set(names)
+    assert set(ALIASES) <= set(names)
+    assert names == sorted(set(names))
+    # Every listed name is accepted on its own.
+    for name in names:
+        if name in HYPERPARAMETERS and HYPERPARAMETERS[name].default not in ("", None):
+            from_hyperparameters({name: str(HYPERPARAMETERS[name].default)})
+
+
+def test_cli_overrides_parse_key_value_pairs() -> None:
+    assert parse_overrides(["optim.lr=3e-4", "model=tiny", "model.factory=a.b:c"]) == {
+        "optim.lr": "3e-4",
+        "model": "tiny",
+        "model.factory": "a.b:c",
+    }
+    with pytest.raises(ConfigError, match="write KEY=VALUE"):
+        parse_overrides(["optim.lr"])
+
+
+def test_readme_documents_every_hyperparameter() -> None:
+    readme = (REPO / "training" / "README.md").read_text()
+    missing = [name for name in hyperparameter_names() if f"`{name}`" not in readme]
+    assert not missing, f"training/README.md does not list {missing}"
+    assert hyperparameters_markdown() in readme, "regenerate the table: python -m training.config"
+
+
+def test_torch_free_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys, training, training.config, training.metrics, training.contract, training.launcher, "
+        "training.flops, training.signals, training.prepare\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
+        "assert not heavy, heavy"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_markdown_table_has_one_row_per_key() -> None:
+    table = hyperparameters_markdown()
+    rows = re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE)
+    assert sorted(rows) == hyperparameter_names()

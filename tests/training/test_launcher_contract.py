@@ -1,0 +1,165 @@
+"""The launcher against SageMaker's container contract: fail-fast input errors, launch plan, EFA, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from training_helpers import clean_env, launcher, make_opt_ml, run
+
+from training.config import JobConfig
+from training.contract import ContractError, Paths, ResourceConfig, read_resource_config
+from training.launcher import (
+    EXIT_INVALID_INPUT,
+    LaunchPlan,
+    Supervisor,
+    efa_devices,
+    mpirun_command,
+    network_env,
+    plan_launch,
+    torchrun_command,
+)
+
+
+def _first_line(paths: Paths) -> str:
+    return paths.failure.read_text().splitlines()[0]
+
+
+def test_unknown_hyperparameter_fails_fast_with_the_reason(tmp_path: Path, corpus: Path) -> None:
+    paths = make_opt_ml(tmp_path, {"optim.lrr": "0.1"}, corpus=corpus)
+    result = run(launcher(), clean_env(tmp_path), timeout=30)
+    assert result.returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths) == (
+        "unknown hyperparameter 'optim.lrr' (did you mean 'optim.lr'?); "
+        "the accepted names are listed in training/README.md"
+    )
+    assert not paths.checkpoints.exists() and "rank 0/" not in result.stdout  # no worker started
+
+
+def test_bad_value_names_key_value_and_what_is_allowed(tmp_path: Path, corpus: Path) -> None:
+    paths = make_opt_ml(tmp_path, {"distribution": "zero3"}, corpus=corpus)
+    assert run(launcher(), clean_env(tmp_path), timeout=30).returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths) == ("hyperparameter distribution='zero3' is invalid: choose one of ddp, fsdp, smddp, mpi")
+
+
+def test_missing_train_channel_names_the_channel_and_path(tmp_path: Path) -> None:
+    paths = make_opt_ml(tmp_path, {"model": "tiny"}, corpus=None)
+    assert run(launcher(), clean_env(tmp_path), timeout=30).returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths).startswith(
+        f"data channel 'train' is missing: expected a directory at {paths.channel('train')}."
+    )
+
+
+def test_empty_train_channel_fails_fast(tmp_path: Path) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=None)
+    paths.channel("train").mkdir(parents=True)
+    assert run(launcher(), clean_env(tmp_path), timeout=30).returncode == EXIT_INVALID_INPUT
+    assert "has no training shards" in _first_line(paths)
+
+
+@pytest.mark.parametrize("name", ["hyperparameters.json", "resourceconfig.json"])
+def test_malformed_config_files_are_input_errors(tmp_path: Path, corpus: Path, name: str) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    (paths.hyperparameters.parent / name).write_text("{not json")
+    assert run(launcher(), clean_env(tmp_path), timeout=30).returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths).startswith(f"{paths.hyperparameters.parent / name} is not valid JSON")
+
+
+def test_bad_grace_period_is_an_input_error(tmp_path: Path, corpus: Path) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    env = clean_env(tmp_path, TRAINING_SIGTERM_GRACE_SECONDS="soon")
+    assert run(launcher(), env, timeout=30).returncode == EXIT_INVALID_INPUT
+    assert "TRAINING_SIGTERM_GRACE_SECONDS='soon' must be a number" in _first_line(paths)
+
+
+def _resources(current: str = "algo-2") -> ResourceConfig:
+    return ResourceConfig(current_host=current, hosts=("algo-1", "algo-2", "algo-3"), network_interface_name="eth0")
+
+
+def test_plan_node_rank_is_the_hosts_position_and_rendezvous_the_first_host() -> None:
+    plan = plan_launch(JobConfig(), _resources(), {"SM_NUM_GPUS": "8"})
+    assert plan == LaunchPlan(
+        hosts=("algo-1", "algo-2", "algo-3"),
+        node_rank=1,
+        nproc_per_node=8,
+        master_addr="algo-1",
+        master_port=29500,
+        distribution="ddp",
+    )
+    command = torchrun_command(plan)
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert {"--nnodes=3", "--node_rank=1", "--nproc_per_node=8", "--master_addr=algo-1"} <= set(command)
+    assert command[-2:] == ["-m", "training.train"]
+
+
+def test_plan_overrides_for_local_runs() -> None:
+    env = {"TRAINING_MASTER_ADDR": "127.0.0.1", "TRAINING_MASTER_PORT": "1234", "TRAINING_NPROC_PER_NODE": "2"}
+    plan = plan_launch(JobConfig(), _resources("algo-1"), {**env, "SM_NUM_GPUS": "8"})
+    assert (plan.master_addr, plan.master_port, plan.nproc_per_node, plan.node_rank) == ("127.0.0.1", 1234, 2, 0)
+    with pytest.raises(ContractError, match="TRAINING_NPROC_PER_NODE='0' must be at least 1"):
+        plan_launch(JobConfig(), _resources(), {"TRAINING_NPROC_PER_NODE": "0"})
+
+
+def test_mpirun_spans_every_host_and_forwards_the_environment() -> None:
+    plan = plan_launch(JobConfig(distribution="mpi"), _resources("algo-1"), {"SM_NUM_GPUS": "4"})
+    command = mpirun_command(plan, ["FI_PROVIDER"], "eth0")
+    assert command[:2] == ["mpirun", "--allow-run-as-root"]
+    assert command[command.index("--host") + 1] == "algo-1:4,algo-2:4,algo-3:4"
+    assert command[command.index("-np") + 1] == "12"
+    assert "MASTER_ADDR=algo-1" in command and "FI_PROVIDER" in command
+    assert command[command.index("btl_tcp_if_include") + 1] == "eth0"
+    assert command[-2:] == ["-m", "training.train"]
+
+
+def test_resource_config_must_contain_the_current_host(tmp_path: Path) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=None, hosts=("algo-1", "algo-2"), current_host="algo-9")
+    with pytest.raises(ContractError, match=r"current_host 'algo-9' is not in hosts \['algo-1', 'algo-2'\]"):
+        read_resource_config(paths, {})
+    assert read_resource_config(Paths(tmp_path / "none"), {}).hosts == ("localhost",)
+    sm = read_resource_config(Paths(tmp_path / "none"), {"SM_CURRENT_HOST": "b", "SM_HOSTS": '["a", "b"]'})
+    assert sm.node_rank == 1
+
+
+def test_efa_is_detected_from_sysfs_and_configures_libfabric(tmp_path: Path) -> None:
+    sysfs = tmp_path / "infiniband"
+    drivers = tmp_path / "drivers"
+    (drivers / "efa").mkdir(parents=True)
+    (drivers / "mlx5_core").mkdir()
+    for device, driver in (("rdmap16s27", "efa"), ("mlx5_0", "mlx5_core")):
+        (sysfs / device / "device").mkdir(parents=True)
+        (sysfs / device / "device" / "driver").symlink_to(drivers / driver)
+    assert efa_devices(sysfs) == ["rdmap16s27"]
+    assert efa_devices(tmp_path / "absent") == []
+
+    resources = _resources()
+    wanted = network_env(resources, {}, efa=["rdmap16s27"], efa_rdma=True)
+    assert wanted == {
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "FI_PROVIDER": "efa",
+        "FI_EFA_FORK_SAFE": "1",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+    }
+    # Values from the image or the job's Environment win; no EFA, no libfabric settings.
+    kept = network_env(resources, {"NCCL_SOCKET_IFNAME": "ens5"}, efa=[], efa_rdma=False)
+    assert kept == {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_supervisor_kills_workers_that_outlive_the_grace_period() -> None:
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
+    supervisor = Supervisor([sys.executable, "-c", stubborn], os.environ, grace_seconds=0.5, mpi=True)
+    threading.Timer(1.0, supervisor._forward, args=(signal.SIGTERM, None)).start()
+    started = time.monotonic()
+    status, expired = supervisor.run()
+    assert expired
+    assert status == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    assert supervisor.signal_name == "SIGTERM"
+    assert "up" in supervisor.tail

@@ -1,0 +1,74 @@
+"""The metrics line format and SageMaker's MetricDefinitions (checked on real logs in test_multiprocess)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from training.metrics import METRIC_DEFINITIONS, format_train_line, format_validation_line, parse_metrics
+
+REQUIRED = {"train:loss", "validation:loss", "train:tokens_per_sec", "train:mfu", "train:grad_norm", "train:lr"}
+
+
+def test_definitions_satisfy_create_training_job_limits() -> None:
+    names = [d["Name"] for d in METRIC_DEFINITIONS]
+    assert set(names) >= REQUIRED
+    assert len(names) == len(set(names))
+    for definition in METRIC_DEFINITIONS:
+        assert set(definition) == {"Name", "Regex"}
+        assert re.fullmatch(r"[^\s]{1,255}", definition["Name"])
+        assert 1 <= len(definition["Regex"]) <= 500
+        assert re.compile(definition["Regex"]).groups == 1
+
+
+def test_train_line_round_trips_every_value_exactly() -> None:
+    loss, lr, norm = 2.7182818284590455, 0.00030328853214923736, 1.2345678901234567
+    line = format_train_line(step=42, loss=loss, lr=lr, grad_norm=norm, tokens_per_sec=12345.67, mfu=0.41234)
+    assert line.startswith("step=42 loss=2.7182818284590455 ")
+    parsed = parse_metrics(f"2026-01-01 12:00:00,000 INFO [rank0] training.trainer: {line}")
+    assert parsed == {
+        "train:loss": [loss],
+        "train:lr": [lr],
+        "train:grad_norm": [norm],
+        "train:tokens_per_sec": [12345.7],
+        "train:mfu": [0.4123],
+    }
+
+
+def test_mfu_is_omitted_when_unknown_and_then_not_reported() -> None:
+    line = format_train_line(step=1, loss=5.0, lr=1e-05, grad_norm=3.0, tokens_per_sec=10.0)
+    parsed = parse_metrics(line)
+    assert "mfu" not in line
+    assert "train:mfu" not in parsed
+    assert parsed["train:lr"] == [1e-05]
+
+
+def test_validation_line_is_not_a_train_loss() -> None:
+    line = format_validation_line(step=100, val_loss=3.25)
+    assert line == "step=100 val_loss=3.25"
+    assert parse_metrics(line) == {"validation:loss": [3.25]}
+
+
+def test_other_log_lines_are_not_metrics() -> None:
+    noise = "\n".join(
+        [
+            'config {"optim": {"lr": 0.0006, "min_lr=": 1}} lr=0.5 grad_norm=3 mfu=0.9',
+            "checkpoint step-20 committed in 0.10s",
+            "loss=1.0 tokens_per_sec=5",
+            "resumed from checkpoint step-20 (5120 tokens consumed)",
+        ]
+    )
+    assert parse_metrics(noise) == {}
+
+
+def test_the_last_match_is_the_final_value() -> None:
+    log = "\n".join(
+        format_train_line(step=s, loss=1.0 / s, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0) for s in (1, 2, 3)
+    )
+    assert parse_metrics(log)["train:loss"] == [1.0, 0.5, 1.0 / 3]
+
+
+def test_non_finite_values_are_refused_rather_than_silently_unparsed() -> None:
+    with pytest.raises(ValueError, match="not finite"):
+        format_train_line(step=1, loss=float("nan"), lr=0.1, grad_norm=1.0, tokens_per_sec=1.0)

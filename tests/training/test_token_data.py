@@ -1,0 +1,161 @@
+"""Token shards, the distributed loader's determinism and position, and the data-channel contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.contract import ContractError, Paths, find_data_files
+from training.data import (
+    HEADER_BYTES,
+    MAGIC,
+    DistributedTokenLoader,
+    ShardError,
+    TokenSamples,
+    read_shard,
+    validation_batches,
+    write_shard,
+)
+
+
+def test_shard_round_trip_in_llm_c_layout(tmp_path: Path) -> None:
+    tokens = np.arange(1000) % 50257
+    write_shard(tmp_path / "a.bin", tokens)
+    raw = (tmp_path / "a.bin").read_bytes()
+    header = np.frombuffer(raw[:HEADER_BYTES], dtype=np.int32)
+    assert list(header[:3]) == [MAGIC, 1, 1000]
+    assert len(raw) == HEADER_BYTES + 2 * 1000  # uint16 tokens
+    assert np.array_equal(read_shard(tmp_path / "a.bin"), tokens)
+
+
+def test_ids_beyond_uint16_use_version_2(tmp_path: Path) -> None:
+    write_shard(tmp_path / "big.bin", [1, 70000, 128255])
+    shard = read_shard(tmp_path / "big.bin")
+    assert shard.dtype == np.uint32
+    assert shard.tolist() == [1, 70000, 128255]
+
+
+def test_malformed_shards_are_rejected_with_the_file_name(tmp_path: Path) -> None:
+    write_shard(tmp_path / "ok.bin", np.arange(100))
+    truncated = tmp_path / "truncated.bin"
+    truncated.write_bytes((tmp_path / "ok.bin").read_bytes()[:-10])
+    with pytest.raises(ShardError, match=r"truncated\.bin: header says 100 tokens"):
+        read_shard(truncated)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"\x01" * 2048)
+    with pytest.raises(ShardError, match=r"garbage\.bin: magic .* is not 20240520"):
+        read_shard(garbage)
+
+
+@pytest.fixture
+def samples(tmp_path: Path) -> TokenSamples:
+    # Two shards of different lengths; with seq_len 8 they hold 12 + 7 samples.
+    write_shard(tmp_path / "s0.bin", np.arange(0, 97))
+    write_shard(tmp_path / "s1.bin", np.arange(1000, 1060))
+    return TokenSamples([tmp_path / "s0.bin", tmp_path / "s1.bin"], seq_len=8)
+
+
+def test_samples_are_overlapping_windows_within_each_shard(samples: TokenSamples) -> None:
+    assert samples.n_samples == 12 + 7
+    batch = samples.gather(np.array([0, 11, 12, 18]))
+    assert batch[0].tolist() == list(range(0, 9))
+    assert batch[1].tolist() == list(range(88, 97))
+    assert batch[2].tolist() == list(range(1000, 1009))
+    assert batch[3].tolist() == list(range(1048, 1057))
+
+
+def _loader(samples: TokenSamples, rank: int, world: int, micro: int, shuffle: bool = True) -> DistributedTokenLoader:
+    return DistributedTokenLoader(samples, micro_batch=micro, rank=rank, world_size=world, seed=3, shuffle=shuffle)
+
+
+def test_ranks_split_the_same_global_stream_as_one_process(samples: TokenSamples) -> None:
+    single = _loader(samples, 0, 1, micro=4)
+    pair = [_loader(samples, r, 2, micro=2) for r in range(2)]
+    for _ in range(12):  # more than two epochs
+        expected = single.next_batch()
+        got = np.concatenate([loader.next_batch() for loader in pair])
+        assert np.array_equal(got, expected)
+    assert single.consumed == pair[0].consumed == 48
+
+
+def test_each_epoch_visits_every_sample_once_in_a_new_order(samples: TokenSamples) -> None:
+    loader = _loader(samples, 0, 1, micro=1)
+    epochs = [[int(loader.next_batch()[0, 0]) for _ in range(samples.n_samples)] for _ in range(2)]
+    firsts = sorted(int(samples.gather(np.array([i]))[0, 0]) for i in range(samples.n_samples))
+    assert sorted(epochs[0]) == sorted(epochs[1]) == firsts
+    assert epochs[0] != epochs[1]
+    unshuffled = _loader(samples, 0, 1, micro=1, shuffle=False)
+    assert [int(unshuffled.next_batch()[0, 0]) for _ in range(3)] == firsts[:3]
+
+
+def test_position_resumes_exactly_even_on_another_world_size(samples: TokenSamples) -> None:
+    before = _loader(samples, 0, 2, micro=2)
+    for _ in range(5):
+        before.next_batch()
+    state = before.state_dict()
+    reference = _loader(samples, 0, 1, micro=4)
+    reference.load_state_dict(state)
+    after = [_loader(samples, r, 2, micro=2) for r in range(2)]
+    for loader in after:
+        loader.load_state_dict(state)
+    for _ in range(6):
+        assert np.array_equal(np.concatenate([a.next_batch() for a in after]), reference.next_batch())
+
+
+def test_a_different_seq_len_resumes_at_the_same_token_count(samples: TokenSamples) -> None:
+    loader = _loader(samples, 0, 1, micro=2)
+    loader.load_state_dict({"samples_consumed": 10, "seq_len": 4})
+    assert loader.consumed == 5  # 40 tokens of 8-token samples
+
+
+def test_too_little_data_for_one_batch_says_what_to_change(samples: TokenSamples) -> None:
+    with pytest.raises(ShardError, match=r"19 training samples .* cannot fill one batch of 8 x 4 processes"):
+        _loader(samples, 0, 4, micro=8)
+
+
+@pytest.mark.parametrize(("world", "micro", "limit"), [(1, 4, 100), (2, 4, 100), (3, 2, 10), (4, 8, 5)])
+def test_validation_covers_the_same_samples_once_on_any_world_size(
+    samples: TokenSamples, world: int, micro: int, limit: int
+) -> None:
+    per_rank = [
+        validation_batches(samples, micro_batch=micro, rank=r, world_size=world, max_sequences=limit)
+        for r in range(world)
+    ]
+    assert len({len(batches) for batches in per_rank}) == 1  # FSDP forwards are collective
+    seen = [int(tokens[i, 0]) for batches in per_rank for tokens, valid in batches for i in range(valid)]
+    expected = [int(t) for t in samples.gather(np.arange(min(samples.n_samples, limit)))[:, 0]]
+    assert sorted(seen) == sorted(expected)
+
+
+def _channel(paths: Paths, name: str, files: list[str]) -> None:
+    paths.channel(name).mkdir(parents=True)
+    for file in files:
+        write_shard(paths.channel(name) / file, np.arange(10))
+
+
+def test_validation_comes_from_val_files_in_train_without_a_validation_channel(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    _channel(paths, "train", ["train_000001.bin", "train_000000.bin", "fineweb_val_000000.bin"])
+    files = find_data_files(paths)
+    assert [p.name for p in files.train] == ["train_000000.bin", "train_000001.bin"]
+    assert [p.name for p in files.validation] == ["fineweb_val_000000.bin"]
+
+
+def test_the_validation_channel_takes_precedence(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    _channel(paths, "train", ["a.bin", "a_val.bin"])
+    _channel(paths, "validation", ["heldout.bin"])
+    files = find_data_files(paths)
+    assert [p.name for p in files.train] == ["a.bin"]
+    assert [p.name for p in files.validation] == ["heldout.bin"]
+
+
+def test_missing_or_empty_train_channel_names_channel_and_path(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    with pytest.raises(ContractError, match=rf"channel 'train' is missing: expected a directory at {tmp_path}"):
+        find_data_files(paths)
+    _channel(paths, "train", ["only_val.bin"])
+    with pytest.raises(ContractError, match=r"channel 'train' at .* has no training shards"):
+        find_data_files(paths)

@@ -1,0 +1,192 @@
+"""Helpers for the training tests: fake /opt/ml trees, process runners, log parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from training.config import from_hyperparameters
+from training.contract import Paths
+from training.launcher import child_pids
+from training.signals import StopRequest
+from training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[2]
+_STEP_LOSS = re.compile(r"\bstep=(\d+) loss=(\S+)")
+_STEP_VAL = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
+
+# The tiny job every multi-process test runs; ~20 ms a step on one CPU core per process.
+TINY_JOB: dict[str, str] = {
+    "model": "tiny",
+    "seq_len": "32",
+    "batch_size": "4",
+    "max_steps": "60",
+    "optim.lr": "0.002",
+    "optim.warmup_steps": "5",
+    "metrics.log_interval": "1",
+    "metrics.peak_tflops": "0.001",
+    "checkpoint.interval_steps": "10",
+    "eval.interval_steps": "30",
+    "eval.max_sequences": "64",
+    "train.deterministic": "true",
+}
+
+
+def make_opt_ml(
+    root: Path,
+    hyperparameters: Mapping[str, str],
+    *,
+    corpus: Path | None,
+    hosts: tuple[str, ...] = ("algo-1",),
+    current_host: str = "algo-1",
+) -> Paths:
+    """A SageMaker-shaped /opt/ml tree: config files and (unless corpus is None) the train channel."""
+    paths = Paths(root)
+    paths.hyperparameters.parent.mkdir(parents=True, exist_ok=True)
+    paths.hyperparameters.write_text(json.dumps(dict(hyperparameters)))
+    paths.resource_config.write_text(
+        json.dumps({"current_host": current_host, "hosts": list(hosts), "network_interface_name": "lo"})
+    )
+    if corpus is not None:
+        shutil.copytree(corpus, paths.channel("train"))
+    return paths
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def clean_env(root: Path, **extra: str) -> dict[str, str]:
+    """The test process's environment without SageMaker/launcher variables, pointed at ``root``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SM_", "TRAINING_", "OPT_ML", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
+    }
+    env.update(OPT_ML_ROOT=str(root), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def torchrun(nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "training.train",
+    ]
+
+
+def launcher() -> list[str]:
+    return [sys.executable, "-m", "training.launcher", "train"]
+
+
+def run(command: list[str], env: Mapping[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def kill_tree(pid: int, signum: int = signal.SIGKILL) -> None:
+    """Signal ``pid`` and its children (torchrun's workers live in their own sessions)."""
+    for target in [*child_pids(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signum)
+
+
+def run_until(
+    command: list[str], env: Mapping[str, str], pattern: str, action: object, timeout: float = 120
+) -> tuple[int, str]:
+    """Start ``command``, call ``action(proc)`` when a stdout line matches ``pattern``; (status, output)."""
+    proc = subprocess.Popen(
+        command, env=dict(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    fired = False
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if not fired and re.search(pattern, line):
+                fired = True
+                action(proc)  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise TimeoutError("".join(lines[-30:]))
+        status = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+    assert fired, f"never saw {pattern!r}:\n" + "".join(lines[-30:])
+    return status, "".join(lines)
+
+
+def step_losses(log: str) -> dict[int, float]:
+    """step -> train loss from the metrics lines (the last occurrence of a step wins)."""
+    return {int(m.group(1)): float(m.group(2)) for m in map(_STEP_LOSS.search, log.splitlines()) if m}
+
+
+def val_losses(log: str) -> dict[int, float]:
+    return {int(m.group(1)): float(m.group(2)) for m in map(_STEP_VAL.search, log.splitlines()) if m}
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def run_in_process(root: Path, hyperparameters: Mapping[str, str], stop: StopRequest | None = None) -> tuple[bool, str]:
+    """Run a Trainer in this process as a world of one; (completed, its log)."""
+    saved_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    logger = logging.getLogger("training")
+    capture, level = _Capture(), logger.level
+    logger.addHandler(capture)
+    logger.setLevel(logging.INFO)
+    try:
+        trainer = Trainer(from_hyperparameters(hyperparameters), Paths(root), stop or StopRequest())
+        try:
+            completed = trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_num_threads(threads)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return completed, "\n".join(capture.lines)

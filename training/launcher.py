@@ -1,0 +1,425 @@
+"""The image's entrypoint: SageMaker's container contract in, one torchrun (or mpirun) per host out.
+
+SageMaker runs ``<entrypoint> train`` on every host. The launcher validates hyperparameters and data
+channels before anything starts (failing fast with the reason in /opt/ml/output/failure), starts
+torchrun with this host's node rank, forwards SIGTERM to the workers so they can checkpoint, and
+exits 0 (done, or stopped after a checkpoint), 1 (training failed), 2 (invalid input) or 3 (workers
+did not stop within the grace period). Torch-free, so that invalid input fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from training.config import ConfigError, JobConfig, from_hyperparameters
+from training.contract import (
+    ContractError,
+    Paths,
+    ResourceConfig,
+    describe,
+    find_data_files,
+    read_hyperparameters,
+    read_resource_config,
+    write_failure,
+)
+
+log = logging.getLogger("training.launcher")
+
+MASTER_ADDR_ENV = "TRAINING_MASTER_ADDR"
+MASTER_PORT_ENV = "TRAINING_MASTER_PORT"
+NPROC_ENV = "TRAINING_NPROC_PER_NODE"
+GRACE_ENV = "TRAINING_SIGTERM_GRACE_SECONDS"
+DEFAULT_MASTER_PORT = 29500
+# SageMaker kills the container 120 s after SIGTERM; keep a margin to write the failure file.
+DEFAULT_GRACE_SECONDS = 110.0
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_GRACE_EXPIRED = 0, 1, 2, 3
+_OUTPUT_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where this host sits in the job and how many workers it starts."""
+
+    hosts: tuple[str, ...]
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    distribution: str
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.hosts)
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ContractError(f"environment variable {name}={value!r} must be an integer") from None
+    if number < 1:
+        raise ContractError(f"environment variable {name}={value!r} must be at least 1")
+    return number
+
+
+def gpu_count(env: Mapping[str, str]) -> int:
+    """GPUs on this host: SageMaker's SM_NUM_GPUS, else ``nvidia-smi -L``, else 0."""
+    if env.get("SM_NUM_GPUS", "").strip().isdigit():
+        return int(env["SM_NUM_GPUS"])
+    if shutil.which("nvidia-smi"):
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
+        except (subprocess.SubprocessError, OSError):
+            return 0
+        return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+    return 0
+
+
+def plan_launch(cfg: JobConfig, resources: ResourceConfig, env: Mapping[str, str]) -> LaunchPlan:
+    """The launch plan from the resource config and the TRAINING_* overrides."""
+    nproc = _int_env(env, NPROC_ENV) or gpu_count(env) or 1
+    port = _int_env(env, MASTER_PORT_ENV) or DEFAULT_MASTER_PORT
+    return LaunchPlan(
+        hosts=resources.hosts,
+        node_rank=resources.node_rank,
+        nproc_per_node=nproc,
+        master_addr=env.get(MASTER_ADDR_ENV) or resources.hosts[0],
+        master_port=port,
+        distribution=cfg.distribution,
+    )
+
+
+def efa_devices(sysfs: Path = Path("/sys/class/infiniband")) -> list[str]:
+    """RDMA devices bound to the EFA driver (``rdmap*`` on p4d/p5), found at run time."""
+    if not sysfs.is_dir():
+        return []
+    found = []
+    for device in sorted(sysfs.iterdir()):
+        driver = device / "device" / "driver"
+        if device.name.startswith("efa") or (driver.exists() and Path(os.path.realpath(driver)).name == "efa"):
+            found.append(device.name)
+    return found
+
+
+def _efa_supports_rdma() -> bool:
+    fi_info = shutil.which("fi_info")
+    if fi_info is None:
+        return False
+    try:
+        out = subprocess.run([fi_info, "-p", "efa"], capture_output=True, text=True, timeout=30, check=False)
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return "FI_RMA" in out.stdout
+
+
+def network_env(
+    resources: ResourceConfig, env: Mapping[str, str], *, efa: Sequence[str], efa_rdma: bool
+) -> dict[str, str]:
+    """NCCL/libfabric variables for this host; values already in the environment are left alone."""
+    wanted: dict[str, str] = {}
+    if resources.network_interface_name:
+        # Bootstrap and gloo traffic on SageMaker's interface, not on a secondary ENI or docker0.
+        wanted["NCCL_SOCKET_IFNAME"] = resources.network_interface_name
+        wanted["GLOO_SOCKET_IFNAME"] = resources.network_interface_name
+    if efa:
+        wanted["FI_PROVIDER"] = "efa"
+        wanted["FI_EFA_FORK_SAFE"] = "1"  # workers fork (data loading, compile) after libfabric init
+        if efa_rdma:
+            wanted["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return {key: value for key, value in wanted.items() if key not in env}
+
+
+def torchrun_command(plan: LaunchPlan) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={plan.nnodes}",
+        f"--node_rank={plan.node_rank}",
+        f"--nproc_per_node={plan.nproc_per_node}",
+        f"--master_addr={plan.master_addr}",
+        f"--master_port={plan.master_port}",
+        "--max_restarts=0",
+        "-m",
+        "training.train",
+    ]
+
+
+def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None) -> list[str]:
+    """mpirun from the first host over every host's GPUs; workers map OMPI_* ranks to torch's."""
+    hosts = ",".join(f"{host}:{plan.nproc_per_node}" for host in plan.hosts)
+    command = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--host",
+        hosts,
+        "-np",
+        str(plan.nnodes * plan.nproc_per_node),
+        "--bind-to",
+        "none",
+        "--map-by",
+        "slot",
+        "-mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        "-mca",
+        "pml",
+        "ob1",
+        "-mca",
+        "btl",
+        "^openib",
+    ]
+    if ifname:
+        command += ["-mca", "btl_tcp_if_include", ifname, "-mca", "oob_tcp_if_include", ifname]
+    command += ["-x", f"MASTER_ADDR={plan.master_addr}", "-x", f"MASTER_PORT={plan.master_port}"]
+    for name in forward:
+        command += ["-x", name]
+    return [*command, sys.executable, "-m", "training.train"]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (torchrun's workers), from /proc."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may contain spaces; the parent pid follows its closing paren.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Signal ``pid`` and, when it leads a process group (torchrun's workers do), the whole group."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class Supervisor:
+    """Runs the worker launcher, mirrors its output, forwards SIGTERM and enforces the grace period."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], *, grace_seconds: float, mpi: bool) -> None:
+        self.command, self.env, self.grace, self.mpi = list(command), dict(env), grace_seconds, mpi
+        self.tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
+        self.signal_name: str | None = None
+        self._deadline: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            sys.stdout.buffer.write(raw)
+            sys.stdout.buffer.flush()
+            self.tail.append(raw.decode("utf-8", errors="replace").rstrip())
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal_name is not None or self._proc is None:
+            return
+        self.signal_name = signal.Signals(signum).name
+        self._deadline = time.monotonic() + self.grace
+        # torchrun would kill the workers 30 s after its own SIGTERM; the workers get the signal
+        # directly instead and torchrun simply sees them exit.
+        workers = [] if self.mpi else child_pids(self._proc.pid)
+        targets = workers or [self._proc.pid]
+        for pid in targets:
+            _signal_group(pid, signal.SIGTERM)
+        os.write(2, f"launcher: {self.signal_name} forwarded to {targets}; grace {self.grace:.0f}s\n".encode())
+
+    def run(self) -> tuple[int, bool]:
+        """(exit status of the worker launcher, whether the grace period expired)."""
+        self._proc = proc = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        pump = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        pump.start()
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        expired = False
+        try:
+            while proc.poll() is None:
+                if self._deadline is not None and time.monotonic() > self._deadline and not expired:
+                    expired = True
+                    for pid in [*child_pids(proc.pid), proc.pid]:
+                        _signal_group(pid, signal.SIGKILL)
+                time.sleep(0.1)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        pump.join(timeout=10)
+        return proc.returncode, expired
+
+
+def _wait_for_ssh(hosts: Sequence[str], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    for host in hosts:
+        while True:
+            try:
+                with socket.create_connection((host, 22), timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise ContractError(f"host {host} did not open its SSH port within {timeout:.0f}s") from None
+                time.sleep(1)
+
+
+def _mpi_daemon_running() -> bool:
+    for entry in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if entry.read_text().strip() in ("orted", "prted"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _follow_mpi_master(start_timeout: float = 600.0) -> int:
+    """On the other hosts: wait for the master's MPI daemon to arrive over SSH, then for it to leave."""
+    # mpirun on the first host forwards SIGTERM to every rank; this host only has to outlive them.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: log.info("SIGTERM: waiting for the MPI ranks to stop"))
+    deadline = time.monotonic() + start_timeout
+    while not _mpi_daemon_running():
+        if time.monotonic() > deadline:
+            raise ContractError(f"no MPI job reached this host within {start_timeout:.0f}s")
+        time.sleep(1)
+    while _mpi_daemon_running():
+        time.sleep(2)
+    return EXIT_OK
+
+
+def _start_sshd() -> None:
+    if Path("/usr/sbin/sshd").exists():
+        subprocess.Popen(["/usr/sbin/sshd", "-D"], start_new_session=True)
+
+
+def _validate(paths: Paths, env: Mapping[str, str]) -> tuple[JobConfig, ResourceConfig, LaunchPlan]:
+    cfg = from_hyperparameters(read_hyperparameters(paths))
+    resources = read_resource_config(paths, env)
+    find_data_files(paths)
+    if cfg.distribution == "smddp" and importlib.util.find_spec("smdistributed") is None:
+        raise ConfigError(
+            "hyperparameter distribution='smddp' is invalid: smdistributed.dataparallel is not in this "
+            "image; use distribution=ddp (NCCL over EFA)"
+        )
+    if cfg.distribution == "mpi" and shutil.which("mpirun") is None:
+        raise ConfigError("hyperparameter distribution='mpi' is invalid: mpirun is not in this image; use ddp")
+    return cfg, resources, plan_launch(cfg, resources, env)
+
+
+def _grace_seconds(env: Mapping[str, str]) -> float:
+    raw = env.get(GRACE_ENV, "").strip()
+    try:
+        grace = float(raw) if raw else DEFAULT_GRACE_SECONDS
+    except ValueError:
+        raise ContractError(f"environment variable {GRACE_ENV}={raw!r} must be a number of seconds") from None
+    if grace <= 0:
+        raise ContractError(f"environment variable {GRACE_ENV}={raw!r} must be positive")
+    return grace
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s", stream=sys.stdout)
+    # SageMaker passes "train"; nothing else is expected (configuration comes from /opt/ml).
+    if argv not in ([], ["train"]):
+        log.warning("ignoring unexpected arguments %s", argv)
+    paths = Paths.from_env()
+    try:
+        _, resources, plan = _validate(paths, os.environ)
+        grace = _grace_seconds(os.environ)
+    except (ConfigError, ContractError) as exc:
+        log.error("invalid input: %s", exc)
+        write_failure(paths, str(exc))
+        return EXIT_INVALID_INPUT
+
+    try:
+        efa = efa_devices()
+        extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and _efa_supports_rdma())
+        log.info("EFA devices: %s", ", ".join(efa) or "none")
+        for key, value in sorted(extra.items()):
+            log.info("set %s=%s", key, value)
+        extra.update(
+            PYTHONUNBUFFERED="1",
+            OPT_ML_ROOT=str(paths.root),
+            # Only used if torchrun itself is signalled (SIGTERM before its workers started).
+            TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(grace)),
+        )
+        env = {**os.environ, **extra}
+        log.info(
+            "host %s is node %d of %d; %d processes per node; rendezvous %s:%d; distribution %s",
+            resources.current_host,
+            plan.node_rank,
+            plan.nnodes,
+            plan.nproc_per_node,
+            plan.master_addr,
+            plan.master_port,
+            plan.distribution,
+        )
+        if plan.distribution == "mpi":
+            _start_sshd()
+            if plan.node_rank != 0:
+                return _follow_mpi_master()
+            _wait_for_ssh(plan.hosts[1:])
+            # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
+            forward = sorted({*extra, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
+            command = mpirun_command(plan, forward, resources.network_interface_name)
+        else:
+            command = torchrun_command(plan)
+        supervisor = Supervisor(command, env, grace_seconds=grace, mpi=plan.distribution == "mpi")
+        returncode, expired = supervisor.run()
+    except Exception as exc:
+        log.exception("launcher failed")
+        write_failure(paths, f"launcher failed: {describe(exc)}", exc=exc)
+        return EXIT_FAILED
+
+    if expired:
+        reason = (
+            f"workers did not stop within the {grace:.0f}s grace period after {supervisor.signal_name}; "
+            f"the newest committed checkpoint in {paths.checkpoints} is kept (raise {GRACE_ENV}?)"
+        )
+        write_failure(paths, reason)
+        return EXIT_GRACE_EXPIRED
+    if returncode == 0:
+        if supervisor.signal_name:
+            log.info("workers checkpointed and exited after %s", supervisor.signal_name)
+        return EXIT_OK
+    if supervisor.signal_name:
+        reason = f"stopped by {supervisor.signal_name}: workers exited with status {returncode}"
+    else:
+        reason = f"training failed: workers exited with status {returncode} (see the log for the first error)"
+    write_failure(paths, reason, details="\n".join(supervisor.tail))
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Build a model from the config: a preset, optionally resized, or a user factory (``model.factory``).
+
+A custom factory is ``def build(args: ModelArgs) -> nn.Module`` whose module maps token ids
+``(B, T) int64`` to logits ``(B, T, vocab)``. Optional: ``layers`` (an ``nn.ModuleList`` of blocks,
+the unit of FSDP sharding, activation checkpointing and compilation; without it the whole model is
+one unit) and ``flops_per_token(seq_len) -> float`` for MFU (default 6·N).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from training.config import ConfigError, ModelConfig
+from training.flops import flops_per_token
+from training.models.args import PRESETS, ModelArgs
+from training.models.gpt2 import GPT2
+from training.models.llama import Llama
+
+ModelFactory = Callable[[ModelArgs], nn.Module]
+ARCHS: dict[str, ModelFactory] = {"gpt2": GPT2, "llama": Llama}
+
+
+def model_args(cfg: ModelConfig) -> ModelArgs:
+    """The preset's arguments with the config's non-zero overrides applied; ConfigError if unbuildable."""
+    overrides = {
+        key: getattr(cfg, key)
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len")
+        if getattr(cfg, key)
+    }
+    args = PRESETS[cfg.name].replace(**overrides, dropout=cfg.dropout)
+    if "n_heads" in overrides and args.n_kv_heads and args.n_heads % args.n_kv_heads:
+        args = args.replace(n_kv_heads=0)
+    try:
+        args.validate()
+    except ValueError as exc:
+        raise ConfigError(f"model overrides of preset {cfg.name!r} are invalid: {exc}") from exc
+    return args
+
+
+def load_factory(spec: str, search_path: Path | None = None) -> ModelFactory:
+    """Import ``package.module:function``; ``search_path`` (the ``code`` channel) is tried too."""
+    module_name, _, attr = spec.partition(":")
+    if search_path is not None and search_path.is_dir() and str(search_path) not in sys.path:
+        sys.path.append(str(search_path))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"hyperparameter model.factory={spec!r} is invalid: cannot import {module_name!r} ({exc}); "
+            "install it in the image or put it in a 'code' input channel"
+        ) from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"hyperparameter model.factory={spec!r} is invalid: {module_name} has no {attr}()")
+    return factory  # type: ignore[no-any-return]
+
+
+def build_model(cfg: ModelConfig, device: torch.device, code_dir: Path | None = None) -> tuple[nn.Module, ModelArgs]:
+    """The model on ``device`` in fp32, initialised from the current RNG state (seed it first)."""
+    args = model_args(cfg)
+    factory = load_factory(cfg.factory, code_dir) if cfg.factory else ARCHS[args.arch]
+    with device:
+        model = factory(args)
+    return model, args
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Parameters that take part in a matmul: all but embedding tables used only for lookups."""
+    params = {id(p): p.numel() for p in model.parameters()}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in linear}
+    return sum(n for key, n in params.items() if key not in lookups)
+
+
+def model_flops_per_token(model: nn.Module, args: ModelArgs, seq_len: int, custom: bool) -> float:
+    """Training FLOPs per token (see training.flops); custom models may define ``flops_per_token``."""
+    if custom:
+        hook = getattr(model, "flops_per_token", None)
+        return float(hook(seq_len)) if callable(hook) else 6.0 * matmul_params(model)
+    return flops_per_token(
+        matmul_params=matmul_params(model),
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        head_dim=args.head_dim,
+        seq_len=seq_len,
+    )

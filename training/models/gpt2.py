@@ -1,0 +1,95 @@
+"""GPT-2 (Radford et al. 2019) in nanoGPT's shape: learned positions, pre-LayerNorm, GELU MLP, tied head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.models.args import ModelArgs
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.dropout = args.dropout
+        self.c_attn = nn.Linear(args.dim, 3 * args.dim)
+        self.c_proj = nn.Linear(args.dim, args.dim)
+        self.resid_dropout = nn.Dropout(args.dropout)
+
+    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        B, T, C = x_BTC.shape
+        q, k, v = self.c_attn(x_BTC).split(C, dim=2)
+        q_BHTD, k_BHTD, v_BHTD = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y_BHTD = F.scaled_dot_product_attention(
+            q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        y_BTC = y_BHTD.transpose(1, 2).contiguous().view(B, T, C)
+        out: torch.Tensor = self.resid_dropout(self.c_proj(y_BTC))
+        return out
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(args.dim, args.hidden_dim)
+        self.c_proj = nn.Linear(args.hidden_dim, args.dim)
+        self.dropout = nn.Dropout(args.dropout)
+
+    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.dropout(self.c_proj(F.gelu(self.c_fc(x_BTC), approximate="tanh")))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attn = CausalSelfAttention(args)
+        self.ln_2 = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        x_BTC = x_BTC + self.attn(self.ln_1(x_BTC))
+        out: torch.Tensor = x_BTC + self.mlp(self.ln_2(x_BTC))
+        return out
+
+
+class GPT2(nn.Module):
+    """``forward(idx_BT) -> logits_BTV``; blocks live in ``layers`` for per-block FSDP and checkpointing."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.wte = nn.Embedding(args.vocab_size, args.dim)
+        self.wpe = nn.Embedding(args.max_seq_len, args.dim)
+        self.drop = nn.Dropout(args.dropout)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.ln_f = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's init: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = 0.02 / math.sqrt(2 * self.args.n_layers) if name.endswith("c_proj") else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+        T = idx_BT.shape[1]
+        pos_T = torch.arange(T, device=idx_BT.device)
+        x_BTC = self.drop(self.wte(idx_BT) + self.wpe(pos_T))
+        for layer in self.layers:
+            x_BTC = layer(x_BTC)
+        logits_BTV: torch.Tensor = self.lm_head(self.ln_f(x_BTC))
+        return logits_BTV

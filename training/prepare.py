@@ -1,0 +1,103 @@
+"""Tokenize a folder of ``.txt`` files into llm.c token shards, offline.
+
+    python -m training.prepare --input texts/ --output shards/ [--val-every 20]
+    python -m training.prepare --input texts/ --output shards/ \\
+        --encoder-json gpt2/encoder.json --vocab-bpe gpt2/vocab.bpe
+
+Each file is one document, preceded by the end-of-text token. Files are read in sorted order; every
+``--val-every``-th one (the 'val-every'th, 2·val-every-th, ...) goes to ``val_NNNNNN.bin``, the others
+to ``train_NNNNNN.bin``. Put the output folder in the job's ``train`` channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from training.data import write_shard
+from training.tokenizer import GPT2BPE, ByteTokenizer, Tokenizer
+
+log = logging.getLogger("training.prepare")
+
+
+class _ShardWriter:
+    """Buffers tokens and writes ``<split>_<index>.bin`` every ``shard_tokens`` tokens."""
+
+    def __init__(self, output: Path, split: str, shard_tokens: int) -> None:
+        self.output, self.split, self.shard_tokens = output, split, shard_tokens
+        self.chunks: list[npt.NDArray[np.int64]] = []
+        self.count = 0
+        self.written: list[Path] = []
+
+    def add(self, tokens: list[int]) -> None:
+        self.chunks.append(np.asarray(tokens, dtype=np.int64))
+        self.count += len(tokens)
+        while self.count >= self.shard_tokens:
+            joined = np.concatenate(self.chunks)
+            self._flush(joined[: self.shard_tokens])
+            self.chunks = [joined[self.shard_tokens :]]
+            self.count = len(self.chunks[0])
+
+    def close(self) -> None:
+        if self.count:
+            self._flush(np.concatenate(self.chunks))
+            self.chunks, self.count = [], 0
+
+    def _flush(self, tokens: npt.NDArray[np.int64]) -> None:
+        path = self.output / f"{self.split}_{len(self.written):06d}.bin"
+        write_shard(path, tokens)
+        self.written.append(path)
+
+
+def prepare(
+    input_dir: Path,
+    output_dir: Path,
+    tokenizer: Tokenizer,
+    *,
+    shard_tokens: int = 100_000_000,
+    val_every: int = 0,
+) -> dict[str, list[Path]]:
+    """Tokenize every ``*.txt`` under ``input_dir`` into shards in ``output_dir``; returns them by split."""
+    files = sorted(p for p in input_dir.rglob("*.txt") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no .txt files under {input_dir}")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    writers = {split: _ShardWriter(output_dir, split, shard_tokens) for split in ("train", "val")}
+    for i, path in enumerate(files):
+        split = "val" if val_every and (i + 1) % val_every == 0 else "train"
+        writers[split].add([tokenizer.eot, *tokenizer.encode(path.read_text(encoding="utf-8"))])
+    for writer in writers.values():
+        writer.close()
+    return {split: writer.written for split, writer in writers.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.prepare", description=__doc__.split("\n")[0])
+    parser.add_argument("--input", type=Path, required=True, help="folder of .txt files (searched recursively)")
+    parser.add_argument("--output", type=Path, required=True, help="folder for the .bin shards")
+    parser.add_argument("--encoder-json", type=Path, help="GPT-2 encoder.json (with --vocab-bpe: GPT-2 BPE)")
+    parser.add_argument("--vocab-bpe", type=Path, help="GPT-2 vocab.bpe")
+    parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard")
+    parser.add_argument("--val-every", type=int, default=0, help="send every Nth document to validation")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if (args.encoder_json is None) != (args.vocab_bpe is None):
+        parser.error("--encoder-json and --vocab-bpe go together")
+    tokenizer: Tokenizer = (
+        GPT2BPE.from_files(args.encoder_json, args.vocab_bpe) if args.encoder_json else ByteTokenizer()
+    )
+    shards = prepare(args.input, args.output, tokenizer, shard_tokens=args.shard_tokens, val_every=args.val_every)
+    for split, paths in shards.items():
+        log.info("%s: %d shard(s) in %s", split, len(paths), args.output)
+    log.info("vocabulary size %d: train with model.vocab_size >= %d", tokenizer.vocab_size, tokenizer.vocab_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

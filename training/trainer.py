@@ -1,0 +1,392 @@
+"""The training loop: build everything from the config, train, checkpoint, evaluate, export."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from training import distributed, metrics
+from training.checkpoint import CheckpointManager, TrainingState
+from training.config import ConfigError, JobConfig
+from training.contract import Paths, find_data_files
+from training.data import DistributedTokenLoader, TokenSamples, validation_batches
+from training.export import export_model
+from training.flops import mfu, peak_flops
+from training.models.build import build_model, model_flops_per_token
+from training.optim import build_optimizer, build_scheduler
+from training.parallelize import parallelize
+from training.signals import StopRequest
+
+log = logging.getLogger(__name__)
+
+
+class DataRangeError(ValueError):
+    """A token id does not fit the model's vocabulary."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+class Trainer:
+    """Owns the process group, model, optimizer, data and checkpoints of one training job."""
+
+    def __init__(self, cfg: JobConfig, paths: Paths, stop: StopRequest) -> None:
+        self.cfg, self.paths, self.stop = cfg, paths, stop
+        self._resources = contextlib.ExitStack()
+        try:
+            self._build()
+        except BaseException:
+            self._resources.close()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        self.env = env = distributed.init_distributed(
+            distribution=cfg.distribution,
+            deterministic=cfg.train.deterministic,
+            timeout_minutes=cfg.parallel.timeout_minutes,
+        )
+        self._resources.callback(distributed.destroy)
+        distributed.set_determinism(seed=cfg.train.seed, deterministic=cfg.train.deterministic, device=env.device)
+        if env.is_main:
+            log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
+        # Optional outputs fail here, on every rank, before any expensive work.
+        self.tensorboard = self._tensorboard() if cfg.metrics.tensorboard else None
+
+        self.param_dtype = self._compute_dtype()
+        files = find_data_files(self.paths)
+        self.seq_len = cfg.seq_len
+        self.grad_accum = cfg.train.grad_accum_steps(env.world_size)
+        self.global_batch = cfg.train.micro_batch_size * env.world_size * self.grad_accum
+
+        # Every rank builds the same weights from the same seed; DDP/FSDP then broadcast or shard them.
+        model, self.model_args = build_model(cfg.model, env.device, code_dir=self.paths.channel("code"))
+        self.vocab_size = self.model_args.vocab_size
+        self.flops_per_token = model_flops_per_token(
+            model, self.model_args, self.seq_len, custom=bool(cfg.model.factory)
+        )
+        n_params = sum(p.numel() for p in model.parameters())
+        self.model = parallelize(
+            model,
+            fsdp=cfg.distribution == "fsdp",
+            device=env.device,
+            world_size=env.world_size,
+            param_dtype=self.param_dtype,
+            activation_checkpointing=cfg.parallel.activation_checkpointing,
+            compile=cfg.parallel.compile,
+            reshard_after_forward=cfg.parallel.reshard_after_forward,
+        )
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
+
+        samples = TokenSamples(files.train, self.seq_len)
+        loader = DistributedTokenLoader(
+            samples,
+            micro_batch=cfg.train.micro_batch_size,
+            rank=env.rank,
+            world_size=env.world_size,
+            seed=cfg.train.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        self.val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
+        if files.validation:
+            self.val_batches = validation_batches(
+                TokenSamples(files.validation, self.seq_len),
+                micro_batch=cfg.train.micro_batch_size,
+                rank=env.rank,
+                world_size=env.world_size,
+                max_sequences=cfg.eval.max_sequences,
+            )
+        if not self.val_batches and env.is_main:
+            log.warning("no validation data (channel 'validation' or *val*.bin in 'train'): val_loss not reported")
+
+        # Dropout streams differ per rank; a same-size resume restores them from the checkpoint.
+        torch.manual_seed(cfg.train.seed + 1 + env.rank)
+        self.state = TrainingState(
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader=loader,
+            rank=env.rank,
+            seed=cfg.train.seed,
+        )
+        self.checkpoints = CheckpointManager(self.paths.checkpoints, env, cfg.checkpoint)
+        self.checkpoints.load_latest(self.state)
+        self.start_step = self.state.step
+
+        peak = cfg.metrics.peak_tflops * 1e12 or (
+            peak_flops(torch.cuda.get_device_name(env.device)) if env.device.type == "cuda" else None
+        )
+        self.peak_flops = peak
+        self.profiler = self._profiler() if cfg.metrics.profile else None
+        if env.is_main:
+            log.info(
+                "model %s: %.2fM parameters, %.3g FLOPs/token; %d processes x %d sequences x %d accumulation "
+                "= %d sequences of %d tokens per step; %d training samples; starting at step %d",
+                cfg.model.factory or cfg.model.name,
+                n_params / 1e6,
+                self.flops_per_token,
+                env.world_size,
+                cfg.train.micro_batch_size,
+                self.grad_accum,
+                self.global_batch,
+                self.seq_len,
+                samples.n_samples,
+                self.start_step,
+            )
+
+    def _compute_dtype(self) -> torch.dtype:
+        choice = self.cfg.train.dtype
+        if choice == "auto":
+            choice = "bf16" if self.env.device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        return torch.bfloat16 if choice == "bf16" else torch.float32
+
+    def _tensorboard(self) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (optional dependency)
+        except ImportError as exc:
+            raise ConfigError(
+                "hyperparameter metrics.tensorboard=true is invalid here: the image has no 'tensorboard' "
+                "package; install it or set metrics.tensorboard=false"
+            ) from exc
+        if not self.env.is_main:
+            return None
+        writer = SummaryWriter(log_dir=str(self.paths.output / "tensorboard"))
+        self._resources.callback(writer.close)
+        return writer
+
+    def _profiler(self) -> torch.profiler.profile:
+        m = self.cfg.metrics
+        delay = max(0, m.profile_start_step - 1 - self.start_step)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.env.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=max(0, delay - 1), warmup=min(1, delay), active=m.profile_steps, repeat=1
+            ),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                str(self.paths.output / "data" / "profile"), worker_name=f"rank{self.env.rank}"
+            ),
+        )
+        profiler.start()
+        self._resources.callback(profiler.stop)
+        return profiler
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> bool:
+        """Train to ``max_steps``; False when a stop signal ended it early (after a checkpoint)."""
+        cfg = self.cfg
+        max_steps = cfg.train.max_steps
+        tokens_per_step = self.global_batch * self.seq_len
+        window_start, window_steps = time.perf_counter(), 0
+        self.model.train()
+        while self.state.step < max_steps:
+            step = self.state.step + 1
+            lr = float(self.scheduler.get_last_lr()[0])
+            loss, grad_norm = self._train_step()
+            self.scheduler.step()
+            self.state.step = step
+            window_steps += 1
+            if self.profiler is not None:
+                self.profiler.step()
+            stop, save_due_by_time, save_busy = self._agree()
+            if self.checkpoints.pending is not None and not save_busy:
+                self.checkpoints.wait()
+
+            interval = cfg.checkpoint.interval_steps
+            save = stop or save_due_by_time or bool(interval and step % interval == 0) or step == max_steps
+            # Saving steps are logged too: the finite-loss check runs before any state is written.
+            if step % cfg.metrics.log_interval == 0 or step == 1 or save:
+                elapsed = time.perf_counter() - window_start
+                self._log_step(step, loss, lr, grad_norm, window_steps * tokens_per_step / elapsed)
+                window_start, window_steps = time.perf_counter(), 0
+            if cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0 and step < max_steps:
+                self._log_validation(step, self.evaluate())
+                window_start = time.perf_counter()
+            if save:
+                self.checkpoints.save(self.state, blocking=stop or step == max_steps)
+                window_start = time.perf_counter()
+            if stop:
+                if self.env.is_main:
+                    log.info("stopped by signal at step %d: checkpoint step-%d is committed", step, step)
+                return False
+        self._finish()
+        return True
+
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns (mean loss, grad norm) tensors."""
+        loss_sum = torch.zeros((), device=self.env.device)
+        for micro in range(self.grad_accum):
+            last = micro == self.grad_accum - 1
+            x_BT, y_BT = self._to_device(self.state.loader.next_batch())
+            with self._grad_sync(last):
+                with self._autocast():
+                    logits_BTV = self.model(x_BT)
+                loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten())
+                torch.autograd.backward(loss / self.grad_accum)
+            loss_sum += loss.detach()
+        max_norm = self.cfg.train.max_grad_norm or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum / self.grad_accum, grad_norm
+
+    def _to_device(self, tokens: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor]:
+        top = int(tokens.max())
+        if top >= self.vocab_size:
+            raise DataRangeError(
+                f"token id {top} does not fit model.vocab_size={self.vocab_size}: set model.vocab_size to at "
+                "least the tokenizer's vocabulary (50304 for GPT-2 BPE, 257 for bytes)"
+            )
+        batch = torch.from_numpy(tokens)
+        if self.env.device.type == "cuda":
+            batch = batch.pin_memory().to(self.env.device, non_blocking=True)
+        return batch[:, :-1], batch[:, 1:]
+
+    @contextlib.contextmanager
+    def _grad_sync(self, enabled: bool) -> Iterator[None]:
+        # Gradient accumulation: reduce across ranks only on the last micro-batch.
+        if isinstance(self.model, DistributedDataParallel):
+            with contextlib.nullcontext() if enabled else self.model.no_sync():
+                yield
+            return
+        set_sync = getattr(self.model, "set_requires_gradient_sync", None)
+        if set_sync is not None:
+            set_sync(enabled)
+        yield
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # FSDP casts parameters itself (MixedPrecisionPolicy); DDP keeps fp32 weights and autocasts.
+        if self.param_dtype == torch.float32 or self.cfg.distribution == "fsdp":
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=self.param_dtype)
+
+    def _agree(self) -> tuple[bool, bool, bool]:
+        """(stop requested, time-based save due, background save busy) on any rank, agreed by all ranks."""
+        interval = self.cfg.checkpoint.interval_minutes * 60
+        due = bool(interval) and time.monotonic() - self.checkpoints.last_save_time >= interval
+        flags = torch.tensor(
+            [self.stop.requested, due and self.env.is_main, not self.checkpoints.pending_done()],
+            dtype=torch.int64,
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.env.ctrl)
+        stop, due_any, busy = (bool(v) for v in flags.tolist())
+        return stop, due_any, busy
+
+    # ------------------------------------------------------------------ metrics
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> float:
+        total = value.detach().clone()
+        dist.all_reduce(total)
+        return float(total.item()) / self.env.world_size
+
+    def _log_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, tps: float) -> None:
+        loss_value = self._mean_over_ranks(loss)
+        if not math.isfinite(loss_value):
+            raise NonFiniteLossError(
+                f"loss is {loss_value} at step {step}: lower optim.lr, raise optim.warmup_steps, or keep "
+                "train.max_grad_norm > 0"
+            )
+        norm = float(grad_norm.item())
+        utilisation = None
+        if self.peak_flops:
+            utilisation = mfu(
+                tokens_per_sec=tps,
+                flops_per_token=self.flops_per_token,
+                peak_flops_per_device=self.peak_flops,
+                devices=self.env.world_size,
+            )
+        if self.env.is_main:
+            log.info(
+                metrics.format_train_line(
+                    step=step, loss=loss_value, lr=lr, grad_norm=norm, tokens_per_sec=tps, mfu=utilisation
+                )
+            )
+            if self.tensorboard is not None:
+                for name, value in (
+                    ("loss", loss_value),
+                    ("lr", lr),
+                    ("grad_norm", norm),
+                    ("tokens_per_sec", tps),
+                ):
+                    self.tensorboard.add_scalar(f"train/{name}", value, step)
+                if utilisation is not None:
+                    self.tensorboard.add_scalar("train/mfu", utilisation, step)
+
+    def _log_validation(self, step: int, val_loss: float | None) -> None:
+        if val_loss is None or not self.env.is_main:
+            return
+        log.info(metrics.format_validation_line(step=step, val_loss=val_loss))
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar("validation/loss", val_loss, step)
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Token-weighted mean loss over the fixed validation set, or None without validation data."""
+        if not self.val_batches:
+            return None
+        self.model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        for tokens, valid in self.val_batches:
+            x_BT, y_BT = self._to_device(tokens)
+            with self._autocast():
+                logits_BTV = self.model(x_BT)
+            losses_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none").view_as(
+                y_BT
+            )
+            totals[0] += losses_BT[:valid].sum()
+            totals[1] += valid * y_BT.shape[1]
+        dist.all_reduce(totals)
+        self.model.train()
+        return float(totals[0].item() / totals[1].item())
+
+    # ------------------------------------------------------------------ the end
+
+    def _finish(self) -> None:
+        step = self.state.step
+        val_loss = self.evaluate()
+        self._log_validation(step, val_loss)
+        # Every rank takes part in gathering the full weights; only rank 0 writes them.
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.env.is_main:
+            config = {
+                "architecture": self.cfg.model.factory or self.model_args.arch,
+                "model_args": dataclasses.asdict(self.model_args),
+                "job_config": self.cfg.to_dict(),
+                "step": step,
+                "tokens_consumed": self.state.tokens_consumed,
+                "metrics": {"validation:loss": val_loss},
+                "torch_version": torch.__version__,
+            }
+            path = export_model(self.paths.model, full, config)
+            log.info("model written to %s", path)
+        dist.barrier(group=self.env.ctrl)
+
+    def close(self, *, commit_pending: bool = True) -> None:
+        """Commit a background save (unless failing), then release profiler, TensorBoard, process group."""
+        try:
+            if commit_pending:
+                self.checkpoints.close()
+        finally:
+            self._resources.close()
