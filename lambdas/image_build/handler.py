@@ -47,8 +47,10 @@ def check_build(build_id: str, props: dict[str, Any], codebuild: Any, ecr: Any) 
         "imageDetails"
     ][0]
     digest = image["imageDigest"]
-    logger.info("image ready", extra={"image_tag": props["ImageTag"], "digest": digest})
-    return {"IsComplete": True, "Data": {"ImageDigest": digest, "ImageTag": props["ImageTag"]}}
+    repository = ecr.describe_repositories(repositoryNames=[props["RepositoryName"]])["repositories"][0]
+    uri = f"{repository['repositoryUri']}@{digest}"
+    logger.info("image ready", extra={"image_tag": props["ImageTag"], "image": uri})
+    return {"IsComplete": True, "Data": {"ImageDigest": digest, "ImageTag": props["ImageTag"], "ImageUri": uri}}
 
 
 @logger.inject_lambda_context

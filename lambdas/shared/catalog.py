@@ -32,6 +32,9 @@ class InstanceType:
     efa_interfaces: int
     """EFA-capable network cards (0: no EFA)."""
     price_per_hour: float
+    local_storage: bool
+    """Instance-store NVMe volumes: SageMaker rejects a VolumeKmsKeyId for these types (the NVMe is
+    encrypted by the hardware), so their jobs are created without one."""
 
     @property
     def supports_efa(self) -> bool:
@@ -51,7 +54,9 @@ class InstanceType:
 
 
 def _t(name: str, vcpus: int, mem: int, gpus: int, acc: str, efa: int, price: float) -> InstanceType:  # noqa: PLR0917
-    return InstanceType(name, vcpus, mem, gpus, acc, efa, price)
+    # EBS-only families: general purpose and compute (m5, c5, c5n) and the V100 p3 sizes below 24xlarge.
+    ebs_only = name.startswith(("ml.m5.", "ml.c5.", "ml.c5n.", "ml.p3."))
+    return InstanceType(name, vcpus, mem, gpus, acc, efa, price, local_storage=not ebs_only)
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {

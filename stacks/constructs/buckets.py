@@ -8,6 +8,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.constructs.nag import acknowledge
+from stacks.naming import bucket_name
 from stacks.settings import StorageSettings
 
 REPLICATION_REASON = (
@@ -19,7 +20,7 @@ REPLICATION_REASON = (
 class TrainingBuckets(Construct):
     """The platform's buckets and the bucket their server access logs go to."""
 
-    def __init__(self, scope: Construct, id_: str, *, key: kms.IKey, settings: StorageSettings) -> None:
+    def __init__(self, scope: Construct, id_: str, *, key: kms.IKey, stage: str, settings: StorageSettings) -> None:
         super().__init__(scope, id_)
         noncurrent = Duration.days(settings.noncurrent_version_days)
         incomplete = Duration.days(settings.incomplete_upload_days)
@@ -28,6 +29,7 @@ class TrainingBuckets(Construct):
         self.access_logs = s3.Bucket(
             self,
             "AccessLogs",
+            bucket_name=bucket_name(self, stage, "access-logs"),
             encryption=s3.BucketEncryption.S3_MANAGED,
             enforce_ssl=True,
             minimum_tls_version=1.2,
@@ -50,21 +52,12 @@ class TrainingBuckets(Construct):
                 f"{pack}-S3DefaultEncryptionKMS",
                 "S3 server access logging delivers only to SSE-S3 buckets; the logs hold no training data.",
             )
-            acknowledge(
-                self.access_logs,
-                f"{pack}-S3BucketLoggingEnabled",
-                "This is the access-log bucket; logging it into itself would loop.",
-            )
-        acknowledge(
-            self.access_logs,
-            "AwsSolutions-S1",
-            "This is the access-log bucket; logging it into itself would loop.",
-        )
 
         def bucket(id_: str, *extra_rules: s3.LifecycleRule) -> s3.Bucket:
             return s3.Bucket(
                 self,
                 id_,
+                bucket_name=bucket_name(self, stage, id_.lower()),
                 encryption=s3.BucketEncryption.KMS,
                 encryption_key=key,
                 bucket_key_enabled=True,

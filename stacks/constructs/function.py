@@ -20,8 +20,27 @@ from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
-# The handlers import `lambdas.<module>`, so the asset is the repository root reduced to lambdas/.
-_ASSET_EXCLUDE = [".*", "*", "!lambdas", "!lambdas/**", "**/__pycache__", "**/*.pyc"]
+# The handlers import `lambdas.<module>`, so the asset is the repository root reduced to lambdas/ and
+# the training package's torch-free modules that Validate uses: the trainer's own config checks and
+# metric names, so a request is judged by the same code that will run it.
+TRAINING_MODULES = (
+    "training/__init__.py",
+    "training/config.py",
+    "training/metrics.py",
+    "training/models/__init__.py",
+    "training/models/args.py",
+)
+_ASSET_EXCLUDE = [
+    ".*",
+    "*",
+    "!lambdas",
+    "!lambdas/**",
+    "!training",
+    "!training/models",
+    *(f"!{module}" for module in TRAINING_MODULES),
+    "**/__pycache__",
+    "**/*.pyc",
+]
 
 
 def powertools_layer(scope: Construct) -> lambda_.ILayerVersion:
@@ -114,7 +133,8 @@ class PlatformFunction(Construct):
         acknowledge(
             self.role,
             "AwsSolutions-IAM5[Resource::*]",
-            "X-Ray trace upload (xray:PutTraceSegments, xray:PutTelemetryRecords) has no resource-level permissions.",
+            "X-Ray trace upload and, in the VPC, the network-interface actions Lambda needs to attach to it "
+            "take no resource scope.",
         )
         acknowledge_inline_policy(self.role)
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
@@ -126,10 +146,3 @@ class PlatformFunction(Construct):
             )
             if outside_vpc_reason is not None:
                 acknowledge(self.function, f"{pack}-LambdaInsideVPC", outside_vpc_reason)
-        if vpc is not None:
-            acknowledge(
-                self.role,
-                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-                "AWSLambdaVPCAccessExecutionRole]",
-                "AWS-maintained ENI permissions Lambda needs to attach to the VPC; ENI actions take no resource scope.",
-            )

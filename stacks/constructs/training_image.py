@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from aws_cdk import CfnElement, CustomResource, Duration, RemovalPolicy, Stack, Token
+from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
@@ -19,7 +19,7 @@ from constructs import Construct
 
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.logs import retention
-from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.images import BaseImage
 
 _SOURCE_EXCLUDE = ["**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/.mypy_cache"]
@@ -175,7 +175,9 @@ class TrainingImage(Construct):
             iam.PolicyStatement(actions=["codebuild:BatchGetBuilds"], resources=[self.project.project_arn])
         )
         is_complete.function.add_to_role_policy(
-            iam.PolicyStatement(actions=["ecr:DescribeImages"], resources=[self.repository.repository_arn])
+            iam.PolicyStatement(
+                actions=["ecr:DescribeImages", "ecr:DescribeRepositories"], resources=[self.repository.repository_arn]
+            )
         )
 
         provider_logs = logs.LogGroup(
@@ -213,22 +215,13 @@ class TrainingImage(Construct):
             },
         )
         self.image_digest = self.build.get_att_string("ImageDigest")
-
-    @property
-    def image_uri(self) -> str:
-        """`<repository>@sha256:...`: the exact image this deploy built, for training jobs."""
-        return f"{self.repository.repository_uri}@{self.image_digest}"
+        # `<repository URI>@sha256:...`: the exact image this deploy built, for training jobs.
+        self.image_uri = self.build.get_att_string("ImageUri")
 
 
 def _acknowledge_build_role(project: codebuild.Project) -> None:
     """Findings on the CodeBuild project and the policy CDK generates for its role."""
     stack = Stack.of(project)
-    project_id = stack.get_logical_id(cast(CfnElement, project.node.default_child))
-    acknowledge(
-        project,
-        "AwsSolutions-CB3",
-        "Privileged mode is how CodeBuild runs the Docker daemon that builds the image.",
-    )
     acknowledge(
         project,
         "HIPAA.Security-CodeBuildProjectSourceRepoUrl",
@@ -239,7 +232,6 @@ def _acknowledge_build_role(project: codebuild.Project) -> None:
     acknowledge_inline_policy(role)
     key_grant = "CDK's grant on the platform key for encrypted build artifacts and logs; scoped to that one key."
     asset_read = "CDK's read grant on the CDK asset bucket holding the training package source."
-    in_region = _nag_arn_prefix(stack)
     reasons = {
         "AwsSolutions-IAM5[Resource::*]": "ecr:GetAuthorizationToken has no resource-level permissions.",
         "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": key_grant,
@@ -247,47 +239,41 @@ def _acknowledge_build_role(project: codebuild.Project) -> None:
         "AwsSolutions-IAM5[Action::s3:GetBucket*]": asset_read,
         "AwsSolutions-IAM5[Action::s3:GetObject*]": asset_read,
         "AwsSolutions-IAM5[Action::s3:List*]": asset_read,
-        f"AwsSolutions-IAM5[Resource::{in_region.format(service='codebuild')}:report-group/<{project_id}>-*]": (
-            "CodeBuild's default report-group permission, limited to this project's report groups."
-        ),
-        f"AwsSolutions-IAM5[Resource::{in_region.format(service='logs')}:log-group:/aws/codebuild/<{project_id}>:*]": (
-            "CodeBuild's default log-group permission, limited to this project's own log group."
-        ),
     }
+
+    def arn(service: str) -> str:
+        return f"arn:{stack.partition}:{service}:{stack.region}:{stack.account}"
+
+    name = project.project_name
+    acknowledge_wildcard(
+        role,
+        f"{arn('codebuild')}:report-group/{name}-*",
+        "CodeBuild's default report-group permission, limited to this project's report groups.",
+    )
+    acknowledge_wildcard(
+        role,
+        f"{arn('logs')}:log-group:/aws/codebuild/{name}:*",
+        "CodeBuild's default log-group permission, limited to this project's own log group.",
+    )
     for finding, reason in reasons.items():
         acknowledge(role, finding, reason)
 
 
-def _nag_arn_prefix(stack: Stack) -> str:
-    """How cdk-nag renders `arn:partition:{service}:region:account` in finding IDs for this stack."""
-
-    def part(value: str, pseudo: str) -> str:
-        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
-
-    partition = part(stack.partition, "Partition")
-    return f"arn:{partition}:{{service}}:{part(stack.region, 'Region')}:{part(stack.account, 'AccountId')}"
-
-
 def _acknowledge_provider(provider: cr.Provider, *, handlers: tuple[lambda_.IFunction, ...]) -> None:
     """Findings on the CDK custom-resource provider framework's own functions, roles and waiter."""
-    stack = Stack.of(provider)
-    invoke_findings = [
-        f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(cast(CfnElement, h.node.default_child))}.Arn>:*]"
-        for h in handlers
-    ]
-    framework = {
-        "framework-onEvent": [*invoke_findings],
-        "framework-isComplete": [*invoke_findings],
-        "framework-onTimeout": [*invoke_findings],
-    }
+    framework = ("framework-onEvent", "framework-isComplete", "framework-onTimeout")
     outside_vpc = (
         "CDK provider-framework function: it must reach CloudFormation's pre-signed S3 response URL, "
         "which the isolated, account-scoped VPC cannot."
     )
-    for name, findings in framework.items():
+    for name in framework:
         function = provider.node.find_child(name)
-        for finding in findings:
-            acknowledge(function, finding, "The framework invokes any version of the platform's own handler function.")
+        for handler in handlers:
+            acknowledge_wildcard(
+                function,
+                f"{handler.function_arn}:*",
+                "The framework invokes any version of the platform's own handler function.",
+            )
         acknowledge(
             function,
             "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
@@ -307,14 +293,11 @@ def _acknowledge_provider(provider: cr.Provider, *, handlers: tuple[lambda_.IFun
                 "CDK provider-framework function: runs once per image build during a deploy.",
             )
     waiter = provider.node.find_child("waiter-state-machine")
-    waiter_ids = [
-        stack.get_logical_id(cast(CfnElement, provider.node.find_child(n).node.default_child))
-        for n in ("framework-isComplete", "framework-onTimeout")
-    ]
-    for logical_id in waiter_ids:
-        acknowledge(
+    for name in ("framework-isComplete", "framework-onTimeout"):
+        function = cast(lambda_.IFunction, provider.node.find_child(name))
+        acknowledge_wildcard(
             waiter,
-            f"AwsSolutions-IAM5[Resource::<{logical_id}.Arn>:*]",
+            f"{function.function_arn}:*",
             "The waiter invokes any version of the provider framework's own functions.",
         )
     acknowledge_inline_policy(waiter)

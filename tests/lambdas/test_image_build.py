@@ -54,9 +54,15 @@ def test_success_returns_the_image_digest(clients: Any) -> None:
         {"imageDetails": [{"imageDigest": digest, "imageTags": ["a" * 64]}]},
         {"repositoryName": "repo", "imageIds": [{"imageTag": "a" * 64}]},
     )
+    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/repo"
+    er.add_response(
+        "describe_repositories",
+        {"repositories": [{"repositoryName": "repo", "repositoryUri": uri}]},
+        {"repositoryNames": ["repo"]},
+    )
     assert handler.check_build("proj:1", PROPS, codebuild, ecr) == {
         "IsComplete": True,
-        "Data": {"ImageDigest": digest, "ImageTag": "a" * 64},
+        "Data": {"ImageDigest": digest, "ImageTag": "a" * 64, "ImageUri": f"{uri}@{digest}"},
     }
 
 

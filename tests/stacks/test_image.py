@@ -124,4 +124,4 @@ def test_handler_roles_are_scoped_to_the_project_and_repository(platform: Any) -
     check = next(v for k, v in statements.items() if "CheckBuild" in k)
     assert {"Action": "codebuild:StartBuild", "Effect": "Allow", "Resource": project} in start
     assert {"Action": "codebuild:BatchGetBuilds", "Effect": "Allow", "Resource": project} in check
-    assert {"Action": "ecr:DescribeImages", "Effect": "Allow", "Resource": repo} in check
+    assert {"Action": ["ecr:DescribeImages", "ecr:DescribeRepositories"], "Effect": "Allow", "Resource": repo} in check

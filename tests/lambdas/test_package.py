@@ -1,0 +1,57 @@
+"""The Lambda code asset holds what the handlers import, runs without torch, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from stacks.constructs.function import TRAINING_MODULES
+
+HANDLERS = (
+    "lambdas.validate.handler",
+    "lambdas.estimate.handler",
+    "lambdas.monitor.handler",
+    "lambdas.evaluate.handler",
+    "lambdas.register.handler",
+    "lambdas.approvals.handler",
+    "lambdas.image_build.handler",
+)
+
+
+def _asset_dirs(platform: Any) -> set[Path]:
+    out = Path(platform.assembly.directory)
+    dirs = set()
+    for stack in platform.stacks:
+        manifest = json.loads((out / f"{stack.stack_name}.assets.json").read_text())
+        for asset in manifest["files"].values():
+            path = out / asset["source"]["path"]
+            if (path / "lambdas").is_dir():
+                dirs.add(path)
+    return dirs
+
+
+def test_one_code_asset_with_only_the_handlers_and_the_torch_free_modules(platform: Any) -> None:
+    (asset,) = _asset_dirs(platform)  # every function shares one asset
+    files = {str(p.relative_to(asset)) for p in asset.rglob("*") if p.is_file()}
+    assert {f for f in files if not f.startswith("lambdas/")} == set(TRAINING_MODULES)
+    assert "lambdas/validate/handler.py" in files
+    assert not any("__pycache__" in f for f in files)
+
+
+def test_handlers_import_from_the_asset_alone_without_torch(platform: Any, tmp_path: Path) -> None:
+    (asset,) = _asset_dirs(platform)
+    # Make `import torch` fail, as it would in the Lambda runtime, and keep the repository off the path.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "torch.py").write_text("raise ImportError('torch is not in the Lambda runtime')\n")
+    code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]; print('ok')"
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{asset}", "PYTHONSAFEPATH": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, *HANDLERS], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
