@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import App, Environment, Tags, Validations, cx_api
@@ -11,13 +13,14 @@ from cdk_nag import AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
+from stacks.pipeline_stack import PipelineStack
 from stacks.settings import PlatformSettings, settings_from_context
 
 
 class Platform:
     """The app and its stacks, so tests can reach each one."""
 
-    def __init__(self, app: App, settings: PlatformSettings) -> None:
+    def __init__(self, app: App, settings: PlatformSettings, revision: str) -> None:
         self.app = app
         self.settings = settings
         env = Environment(account=settings.account, region=settings.region)
@@ -41,7 +44,18 @@ class Platform:
             env=env,
             description="Training platform: training image (stateful)",
         )
-        self.stacks = (self.network, self.data, self.image)
+        self.pipeline = PipelineStack(
+            app,
+            f"{prefix}-pipeline",
+            settings=settings,
+            network=self.network,
+            data=self.data,
+            image=self.image,
+            revision=revision,
+            env=env,
+            description="Training platform: training pipeline (state machine, approvals, budget, alarms)",
+        )
+        self.stacks = (self.network, self.data, self.image, self.pipeline)
 
         tags = Tags.of(app)
         tags.add("platform", "distributed-training")
@@ -67,4 +81,20 @@ def build_platform(context: Mapping[str, Any] | None = None, outdir: str | None 
         builtin_cloud_formation_validation=False,
     )
     settings = settings_from_context(app.node.get_all_context())
-    return Platform(app, settings)
+    return Platform(app, settings, revision=git_revision())
+
+
+def git_revision() -> str:
+    """The platform's commit, recorded in every registered model's lineage ("unknown" outside git)."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"

@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from stacks.constructs.buckets import TrainingBuckets
 from stacks.constructs.logs import allow_cloudwatch_logs
 from stacks.constructs.lustre import LustreDataRepository
+from stacks.constructs.nag import acknowledge
 from stacks.constructs.network import TrainingNetwork
 from stacks.settings import PlatformSettings
 
@@ -34,7 +38,19 @@ class DataStack(Stack):
             removal_policy=RemovalPolicy.RETAIN,
         )
         allow_cloudwatch_logs(self.key)
-        self.buckets = TrainingBuckets(self, "Buckets", key=self.key, settings=settings.storage)
+        # Alarms and budget alerts publish to topics encrypted with this key.
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmAndBudgetNotifications",
+                principals=[
+                    iam.ServicePrincipal("cloudwatch.amazonaws.com"),
+                    iam.ServicePrincipal("budgets.amazonaws.com"),
+                ],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+            )
+        )
+        self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
         self.lustre = LustreDataRepository(
             self,
             "Lustre",
@@ -46,3 +62,33 @@ class DataStack(Stack):
             artifacts=self.buckets.artifacts,
             settings=settings.storage,
         )
+
+        # Approval requests: the audit record of who decided what; the task tokens are encrypted here.
+        self.approvals = dynamodb.Table(
+            self,
+            "Approvals",
+            partition_key=dynamodb.Attribute(name="request_id", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute="ttl",
+            deletion_protection=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+            acknowledge(
+                self.approvals,
+                f"{pack}-DynamoDBInBackupPlan",
+                "Point-in-time recovery (35 days) protects the approval records; an AWS Backup plan is the "
+                "platform team's account-wide choice.",
+            )
+        self.model_registry = sagemaker.CfnModelPackageGroup(
+            self,
+            "ModelRegistry",
+            model_package_group_name=f"{settings.name_prefix}-models",
+            model_package_group_description="Models trained by the distributed training platform, with lineage",
+        )
+        self.model_registry.apply_removal_policy(RemovalPolicy.RETAIN)

@@ -219,13 +219,70 @@ class TagSettings(_Model):
 class NotificationSettings(_Model):
     alarm_emails: list[str] = Field(default_factory=list, description="E-mail recipients of alarms.")
     budget_emails: list[str] = Field(default_factory=list, description="E-mail recipients of budget alerts.")
+    approval_emails: list[str] = Field(
+        default_factory=list, description="E-mail recipients of approval requests (the approvers' inboxes)."
+    )
+    run_emails: list[str] = Field(
+        default_factory=list,
+        description="Addresses a run's `notify` list may name; each receives only the runs that list it.",
+    )
 
-    @field_validator("alarm_emails", "budget_emails")
+    @field_validator("alarm_emails", "budget_emails", "approval_emails", "run_emails")
     @classmethod
     def _emails(cls, value: list[str]) -> list[str]:
         bad = [v for v in value if not _EMAIL.match(v)]
         if bad:
             raise ValueError(f"not e-mail addresses: {bad}")
+        return value
+
+
+class PipelineSettings(_Model):
+    approval_threshold_usd: float = Field(
+        500.0, ge=0, description="Runs whose on-demand estimate exceeds this need pre-launch approval."
+    )
+    approval_timeout_hours: int = Field(
+        24, ge=1, le=168, description="An approval not decided in this time counts as a rejection."
+    )
+    poll_interval_seconds: int = Field(
+        300, ge=30, le=3600, description="How often a running training job is described."
+    )
+    capacity_retries: int = Field(
+        3, ge=0, le=10, description="New jobs (new names) after an insufficient-capacity failure."
+    )
+    checkpoint_stale_minutes: int = Field(
+        90, ge=5, le=1440, description="Warn when a training job has written no complete checkpoint for this long."
+    )
+    max_runtime_hours: float = Field(
+        120, gt=0, le=672, description="Largest `max_runtime_hours` an execution may ask for."
+    )
+    volume_size_gb: int = Field(200, ge=1, le=16384, description="EBS volume per training instance.")
+    inter_container_encryption: bool = Field(
+        True, description="Encrypt traffic between training instances (slower collectives; off only if accepted)."
+    )
+    monthly_budget_usd: float = Field(10000.0, gt=0, description="Monthly AWS Budgets limit for the platform's tag.")
+    spot_cost_fraction: tuple[float, float] = Field(
+        (0.3, 0.7), description="Managed spot cost as a fraction of on-demand: the estimate's [low, high]."
+    )
+    price_overrides: dict[str, float] = Field(
+        default_factory=dict, description="USD per instance-hour replacing the bundled list price of a type."
+    )
+
+    @field_validator("spot_cost_fraction")
+    @classmethod
+    def _fraction(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not 0 < low <= high <= 1:
+            raise ValueError("must be [low, high] with 0 < low <= high <= 1")
+        return value
+
+    @field_validator("price_overrides")
+    @classmethod
+    def _prices(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(INSTANCE_TYPES))
+        if unknown:
+            raise ValueError(f"unknown instance types {unknown}")
+        if any(v <= 0 for v in value.values()):
+            raise ValueError("prices must be positive")
         return value
 
 
@@ -240,6 +297,7 @@ class PlatformSettings(_Model):
     image: ImageSettings = Field(default_factory=ImageSettings)  # type: ignore[arg-type]
     tags: TagSettings
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)  # type: ignore[arg-type]
     approvers: list[str] = Field(
         default_factory=list, description="IAM principal ARNs allowed to decide approval gates."
     )

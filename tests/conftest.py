@@ -31,13 +31,29 @@ def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
     return context
 
 
+APPROVER = "arn:aws:iam::123456789012:role/MLLead"
+RUN_EMAIL = "alice@example.org"
+
+
+def platform_context() -> dict[str, Any]:
+    """cdk.json's context plus an approver and notification addresses (cdk.json ships none)."""
+    context = cdk_context(approvers=[APPROVER])
+    context["platform"]["notifications"] = {
+        "alarm_emails": ["oncall@example.org"],
+        "budget_emails": ["finance@example.org"],
+        "approval_emails": ["lead@example.org"],
+        "run_emails": [RUN_EMAIL, "bob@example.org"],
+    }
+    return context
+
+
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The default platform, synthesized (with cdk-nag) once for the whole session."""
+    """The platform of `platform_context()`, synthesized (with cdk-nag) once for the session."""
     from stacks.app_builder import build_platform
 
     outdir = tmp_path_factory.mktemp("cdk.out")
-    built = build_platform(cdk_context(), outdir=str(outdir))
+    built = build_platform(platform_context(), outdir=str(outdir))
     built.assembly = built.synth()
     yield built
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from stacks.app_builder import build_platform
+from stacks.constructs import nag
 from stacks.constructs.nag import PACKS
-from tests.conftest import cdk_context
+from tests.conftest import cdk_context, platform_context
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -29,6 +30,8 @@ STATEFUL = {
         "BucketsCheckpoints180497C2": "AWS::S3::Bucket",
         "BucketsArtifactsB9EE6400": "AWS::S3::Bucket",
         "LustreFileSystem46590C25": "AWS::FSx::FileSystem",
+        "Approvals8537C562": "AWS::DynamoDB::Table",
+        "ModelRegistry": "AWS::SageMaker::ModelPackageGroup",
     },
     "image": {"TrainingImageRepositoryA4686A09": "AWS::ECR::Repository"},
     "network": {
@@ -96,6 +99,32 @@ def test_every_acknowledgement_names_one_finding_with_a_reason(platform: Any) ->
         assert len(reason) >= 20, f"{path}: {rule} has no real reason"
 
 
+def test_every_acknowledgement_matches_a_finding(
+    platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With acknowledgements switched off, each one must correspond to a finding the packs report."""
+    monkeypatch.setattr(nag, "ENABLED", False)
+    unacknowledged = build_platform(platform_context(), outdir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="ValidationFailed"):
+        unacknowledged.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    findings = {
+        (resource["constructPath"], violation["ruleName"])
+        for plugin in report["pluginReports"]
+        for violation in plugin["violations"]
+        for resource in violation["violatingConstructs"]
+    }
+    stale = [
+        (path, rule)
+        for path, rule, _ in _acknowledgements(platform)
+        if not any(
+            name == rule.split("::", 1)[1] and (found == path or found.startswith(f"{path}/"))
+            for found, name in findings
+        )
+    ]
+    assert stale == [], f"acknowledgements that match no finding (remove them): {stale}"
+
+
 def render_acknowledgements(platform: Any) -> str:
     lines = [
         "# cdk-nag acknowledgements",
@@ -135,7 +164,7 @@ def test_cfn_lint_reports_nothing(platform: Any) -> None:
 
 
 def test_synth_is_deterministic(platform: Any, tmp_path: Path) -> None:
-    again = build_platform(cdk_context(), outdir=str(tmp_path))
+    again = build_platform(platform_context(), outdir=str(tmp_path))
     assembly = again.synth()
     first, second = _templates(platform.assembly), _templates(assembly)
     assert first.keys() == second.keys()
@@ -158,12 +187,13 @@ def test_stateful_logical_ids_are_pinned(platform: Any, stack_name: str) -> None
 _HASH = re.compile(r"[0-9a-f]{64}")
 
 
-@pytest.mark.parametrize("stack_name", ["network", "data", "image"])
+@pytest.mark.parametrize("stack_name", ["network", "data", "image", "pipeline"])
 def test_snapshot(platform: Any, stack_name: str) -> None:
     """One normalised snapshot per stack: any template change shows up in review as a diff here."""
     stack = getattr(platform, stack_name)
     template = platform.assembly.get_stack_by_name(stack.stack_name).template
     text = _HASH.sub("<asset-hash>", json.dumps(template, indent=1, sort_keys=True)) + "\n"
+    text = text.replace(platform.pipeline.revision, "<git-revision>")
     path = SNAPSHOTS / f"{stack_name}.json"
     if os.environ.get("UPDATE_SNAPSHOTS"):
         SNAPSHOTS.mkdir(exist_ok=True)

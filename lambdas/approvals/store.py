@@ -1,0 +1,185 @@
+"""Approval requests in DynamoDB: create, list, decide exactly once, deliver the decision.
+
+The task token lives only in the table (encrypted with the platform key). It is never logged,
+never sent in a notification and never part of a URL: approvers refer to a request by its ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
+DECISIONS = {"approve": APPROVED, "reject": REJECTED}
+# Keep decided requests this long after they expire, as the audit record.
+AUDIT_DAYS = 90
+_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/.+$")
+
+
+class DecisionError(Exception):
+    """A decision that cannot be recorded; `status` is the HTTP status for the caller."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def request_id_for(token: str) -> str:
+    """A stable ID per task token, so a retried request Lambda stores the same request."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def principal_for(caller_arn: str) -> str:
+    """The IAM principal behind a caller: an assumed-role session becomes its role's ARN."""
+    match = _ASSUMED_ROLE.match(caller_arn)
+    if match:
+        partition, account, role = match.groups()
+        return f"arn:{partition}:iam::{account}:role/{role}"
+    return caller_arn
+
+
+@dataclass
+class ApprovalStore:
+    table: Any  # boto3 DynamoDB Table
+    sfn: Any  # boto3 Step Functions client
+
+    def create(
+        self,
+        *,
+        token: str,
+        gate: str,
+        execution: str,
+        run_name: str,
+        summary: dict[str, Any],
+        timeout_hours: int,
+        now: datetime,
+    ) -> str:
+        request_id = request_id_for(token)
+        expires = now + timedelta(hours=timeout_hours)
+        item = {
+            "request_id": request_id,
+            "gate": gate,
+            "execution": execution,
+            "run_name": run_name,
+            "summary": json.dumps(summary, sort_keys=True, default=str),
+            "task_token": token,
+            "status": PENDING,
+            "requested_at": now.isoformat(),
+            "expires_at": expires.isoformat(),
+            "ttl": int((expires + timedelta(days=AUDIT_DAYS)).timestamp()),
+        }
+        try:
+            self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(request_id)")
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        return request_id
+
+    def pending(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Open requests, newest first, without their tokens."""
+        items = self.table.scan(
+            FilterExpression="#s = :p",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":p": PENDING},
+        )["Items"]
+        public = [{k: v for k, v in item.items() if k not in ("task_token", "ttl")} for item in items]
+        return sorted(public, key=lambda i: i["requested_at"], reverse=True)[:limit]
+
+    def decide(
+        self,
+        *,
+        request_id: str,
+        decision: str,
+        reason: str,
+        caller: str,
+        approvers: frozenset[str],
+        now: datetime,
+    ) -> dict[str, Any]:
+        """Record the first decision on a request and resume the execution with it."""
+        principal = principal_for(caller)
+        if principal not in approvers:
+            raise DecisionError(403, f"{principal} is not an approver of this platform (settings: approvers)")
+        if decision not in DECISIONS:
+            raise DecisionError(400, f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
+        if not reason.strip():
+            raise DecisionError(400, "a decision needs a reason; it is recorded with the run")
+        item = self.table.get_item(Key={"request_id": request_id}).get("Item")
+        if item is None:
+            raise DecisionError(404, f"no approval request {request_id}")
+        if item["status"] == EXPIRED:
+            raise DecisionError(410, f"request {request_id} expired at {item['expires_at']}: the run was rejected")
+        if item["status"] == PENDING and now > datetime.fromisoformat(item["expires_at"]):
+            self._expire(request_id)
+            raise DecisionError(410, f"request {request_id} expired at {item['expires_at']}: the run was rejected")
+
+        status = DECISIONS[decision]
+        record = {"decision": status.lower(), "by": principal, "caller": caller, "reason": reason.strip()}
+        try:
+            self.table.update_item(
+                Key={"request_id": request_id},
+                UpdateExpression="SET #s = :s, decided_by = :by, decided_at = :at, reason = :r, caller = :c",
+                ConditionExpression="#s = :pending",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={
+                    ":s": status,
+                    ":by": principal,
+                    ":at": now.isoformat(),
+                    ":r": record["reason"],
+                    ":c": caller,
+                    ":pending": PENDING,
+                },
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            current = self.table.get_item(Key={"request_id": request_id})["Item"]
+            if current.get("delivered") or current["status"] != status or current.get("decided_by") != principal:
+                raise DecisionError(
+                    409,
+                    f"request {request_id} was already {current['status'].lower()}"
+                    + (f" by {current['decided_by']} at {current['decided_at']}" if "decided_by" in current else ""),
+                ) from None
+            # Same approver, same decision, not yet delivered: a retry after a failed delivery.
+            record["reason"] = current["reason"]
+            now = datetime.fromisoformat(current["decided_at"])
+
+        output = {**record, "request_id": request_id, "gate": item["gate"], "decided_at": now.isoformat()}
+        try:
+            self.sfn.send_task_success(taskToken=item["task_token"], output=json.dumps(output))
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("TaskTimedOut", "TaskDoesNotExist", "InvalidToken"):
+                self._expire(request_id)
+                raise DecisionError(
+                    410, f"request {request_id} timed out before the decision: the run was rejected"
+                ) from None
+            raise
+        self.table.update_item(
+            Key={"request_id": request_id},
+            UpdateExpression="SET delivered = :t",
+            ExpressionAttributeValues={":t": True},
+        )
+        return output
+
+    def _expire(self, request_id: str) -> None:
+        """Mark a request expired (its task timed out), unless a decision got there first."""
+        try:
+            self.table.update_item(
+                Key={"request_id": request_id},
+                UpdateExpression="SET #s = :e",
+                ConditionExpression="#s = :p",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={":e": EXPIRED, ":p": PENDING},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

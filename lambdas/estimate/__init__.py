@@ -1,0 +1,1 @@
+"""Estimate a run's cost and decide whether it needs approval."""

@@ -1,0 +1,54 @@
+"""Estimate handler: the run's cost bound from the bundled price table, and whether it needs approval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
+from lambdas.shared.env import env_float, env_json
+
+logger = Logger()
+
+
+def estimate(
+    request: dict[str, Any],
+    *,
+    threshold_usd: float,
+    spot_fraction: tuple[float, float],
+    price_overrides: dict[str, float],
+) -> dict[str, Any]:
+    """count x hourly price x max runtime (+ warm-pool keep-alive); spot as an estimated range."""
+    name = request["instance_type"]
+    override = price_overrides.get(name)
+    hourly = override if override is not None else instance_type(name).price_per_hour
+    count = request["instance_count"]
+    runtime_hours = request["stopping_condition"]["MaxRuntimeInSeconds"] / 3600
+    keep_alive_hours = request["keep_alive_seconds"] / 3600
+    on_demand = count * hourly * (runtime_hours + keep_alive_hours)
+    spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request["spot"] else None
+    # Approval is decided on the worst case the run can cost.
+    max_cost = spot[1] if spot else on_demand
+    return {
+        "hourly_usd": round(hourly * count, 4),
+        "on_demand_usd": round(on_demand, 2),
+        "spot_usd": spot,
+        "max_cost_usd": round(max_cost, 2),
+        "threshold_usd": threshold_usd,
+        "approval_required": max_cost > threshold_usd,
+        "price_source": "settings override" if override is not None else f"list price, reviewed {PRICES_REVIEWED}",
+    }
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    low, high = env_json("SPOT_COST_FRACTION")
+    result = estimate(
+        event["request"],
+        threshold_usd=env_float("APPROVAL_THRESHOLD_USD"),
+        spot_fraction=(float(low), float(high)),
+        price_overrides={k: float(v) for k, v in env_json("PRICE_OVERRIDES").items()},
+    )
+    logger.info("cost estimated", extra=result)
+    return result

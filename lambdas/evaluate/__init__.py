@@ -1,0 +1,1 @@
+"""Compare a finished job's final metrics with the run's quality gate."""

@@ -1,0 +1,1 @@
+"""Summarise a running training job: status, spot interruptions, checkpoint freshness."""

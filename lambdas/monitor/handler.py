@@ -1,0 +1,116 @@
+"""Monitor handler: one poll of a running job -> status, spot interruptions, checkpoint freshness.
+
+The state machine describes the job (DescribeTrainingJob) and passes the answer here; this
+turns it into the few fields its Choice states branch on, and looks at the run's checkpoint
+prefix in S3 (SageMaker uploads /opt/ml/checkpoints there as the job writes it).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.shared.env import env_int, env_str
+
+logger = Logger()
+
+_MANIFEST = re.compile(r"step-(\d+)/manifest\.json$")
+# SageMaker's FailureReason for a cluster it could not provision.
+_CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capacity")
+
+
+def latest_checkpoint(s3: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
+    """The newest complete checkpoint (a step directory with its manifest) under the run's prefix."""
+    newest: dict[str, Any] | None = None
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            match = _MANIFEST.search(obj["Key"])
+            if match and (newest is None or int(match.group(1)) > newest["step"]):
+                newest = {
+                    "step": int(match.group(1)),
+                    "uri": f"s3://{bucket}/{obj['Key'].rsplit('/', 1)[0]}/",
+                    "written_at": obj["LastModified"].astimezone(UTC).isoformat(),
+                }
+    return newest
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
+
+
+def _error(status: str, secondary: str, capacity: bool) -> str | None:
+    if status == "Completed":
+        return None
+    if secondary in ("MaxWaitTimeExceeded", "MaxRuntimeExceeded"):
+        return secondary
+    if status == "Failed":
+        return "InsufficientCapacity" if capacity else "TrainingJobFailed"
+    if status == "Stopped":
+        return "TrainingJobStopped"
+    return None
+
+
+def summarize(
+    job: dict[str, Any],
+    *,
+    checkpoint: dict[str, Any] | None,
+    now: datetime,
+    stale_minutes: int,
+) -> dict[str, Any]:
+    """The poll's verdict; `job` is the previous summary plus this poll's DescribeTrainingJob as `describe`."""
+    describe = job["describe"]
+    status = describe["TrainingJobStatus"]
+    secondary = describe.get("SecondaryStatus", "")
+    reason = describe.get("FailureReason", "")
+    capacity = status == "Failed" and any(marker in reason for marker in _CAPACITY)
+    interruptions = sum(1 for t in describe.get("SecondaryStatusTransitions", []) if t.get("Status") == "Interrupted")
+
+    # Freshness: time since the newest complete checkpoint, or since training started if none yet.
+    since = _time(checkpoint["written_at"]) if checkpoint else _time(describe.get("TrainingStartTime"))
+    age = round((now - since).total_seconds() / 60, 1) if since else None
+    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
+    warned_before = bool(job.get("stale_warned"))
+    error = _error(status, secondary, capacity)
+    return {
+        "job_name": describe["TrainingJobName"],
+        "status": status,
+        "secondary_status": secondary,
+        "finished": status in ("Completed", "Failed", "Stopped"),
+        "error": error,
+        "failure_reason": reason or (f"{describe['TrainingJobName']} ended {status} ({secondary})" if error else ""),
+        "capacity_error": capacity,
+        "interruptions": interruptions,
+        "checkpoint": checkpoint,
+        "checkpoint_age_minutes": age,
+        "stale": stale,
+        # Warn once per stall; a fresh checkpoint re-arms the warning.
+        "warn_stale": stale and not warned_before,
+        "stale_warned": stale,
+        "final_metrics": {m["MetricName"]: m["Value"] for m in describe.get("FinalMetricDataList", [])},
+        "billable_seconds": describe.get("BillableTimeInSeconds"),
+        "model_artifacts": describe.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
+    }
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Event: {"request": resolved request, "job": previous summary + "describe"}."""
+    bucket = env_str("CHECKPOINTS_BUCKET")
+    prefix = f"runs/{event['request']['job_name_base']}/checkpoints/"
+    checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
+    summary = summarize(
+        event["job"], checkpoint=checkpoint, now=datetime.now(UTC), stale_minutes=env_int("CHECKPOINT_STALE_MINUTES")
+    )
+    logger.info(
+        "training job polled",
+        extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions", "stale")},
+    )
+    return summary

@@ -1,0 +1,1 @@
+"""Register the trained model with its lineage in the model package group."""

@@ -1,0 +1,1 @@
+"""Validate an execution input into a complete, resolved training request."""

@@ -1,0 +1,301 @@
+"""The execution input ML engineers write, and its resolution into a complete training request.
+
+Every check runs before anything is created; all problems are reported at once, each with
+what to change. The resolved request is the only thing later states read from the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
+from lambdas.shared.errors import InvalidRequest
+from training.config import ConfigError, from_hyperparameters
+from training.metrics import METRIC_DEFINITIONS
+
+RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
+METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
+# SageMaker's data-parallel library runs on these GPU types only.
+SMDDP_TYPES = frozenset(
+    {"ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge"}
+)
+FSX_SCHEME = "fsx://"
+DATASETS_ROOT = "/datasets/"
+HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
+# Set at the top level of the input, never inside `hyperparameters`.
+TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
+
+HyperparameterValue = StrictStr | StrictInt | StrictFloat | StrictBool
+
+
+class QualityGate(BaseModel):
+    """The final metric a run must reach to be registered."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    metric: str = "validation:loss"
+    max: float | None = None
+    min: float | None = None
+
+
+class ExecutionInput(BaseModel):
+    """What an ML engineer passes to StartExecution (see README: "Starting a training run")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_name: str = Field(description="3-40 of a-z, 0-9, '-'; names the jobs, checkpoints and model.")
+    model: str | None = Field(None, description="Model preset (hyperparameter `model`): tiny, gpt2, llama-1b, ...")
+    dataset: str = Field(
+        description="Training shards: `fsx:///datasets/<path>/` or `s3://<datasets bucket>/<prefix>/`."
+    )
+    validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
+    instance_type: str = Field(description="SageMaker training instance type, e.g. `ml.p5.48xlarge`.")
+    instance_count: int = Field(1, ge=1, description="Instances; bounded by the training subnet's capacity.")
+    distribution: Literal["ddp", "fsdp", "smddp", "mpi"] = Field("ddp", description="Data-parallel strategy.")
+    efa: bool | None = Field(None, description="Require EFA (default: used whenever the type has it).")
+    spot: bool = Field(False, description="Managed spot training (resumes from checkpoints after interruptions).")
+    checkpoints: bool = Field(True, description="Write periodic checkpoints (synced to S3); spot runs need them.")
+    max_runtime_hours: float = Field(gt=0, description="Training time limit (SageMaker MaxRuntimeInSeconds).")
+    max_wait_hours: float | None = Field(
+        None, gt=0, description="Spot only: limit on waiting plus training (default: twice the runtime)."
+    )
+    hyperparameters: dict[str, HyperparameterValue] = Field(
+        default_factory=dict, description="Trainer hyperparameters (training/README.md); strings, numbers, booleans."
+    )
+    warm_pool_minutes: int = Field(0, ge=0, le=60, description="Keep the instances warm this long for the next run.")
+    quality: QualityGate | None = Field(
+        None, description='Gate before registration, e.g. `{"metric": "validation:loss", "max": 3.3}`.'
+    )
+    notify: list[str] = Field(
+        default_factory=list, description="Who hears about this run (from notifications.run_emails)."
+    )
+
+
+def input_table() -> str:
+    """The README's table of execution-input keys, generated from the model."""
+    rows = ["| Key | Default | Meaning |", "| --- | --- | --- |"]
+    for name, field in ExecutionInput.model_fields.items():
+        default = "(required)" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
+        rows.append(f"| `{name}` | `{default}` | {field.description} |")
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class PlatformLimits:
+    """What the deployed platform allows; the stack passes these through the environment."""
+
+    datasets_bucket: str
+    fsx_file_system_id: str
+    fsx_mount_name: str
+    training_subnet_ips: int
+    max_runtime_hours: float
+    volume_size_gb: int
+    run_emails: tuple[str, ...]
+    tags: dict[str, str]
+
+
+def _problems_from(exc: ValidationError) -> list[str]:
+    problems: list[str] = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(ExecutionInput.model_fields)
+            problem = f"{loc}: unknown key; the input takes {known}"
+        elif err["loc"][0] == "hyperparameters" and len(err["loc"]) > 1:
+            # One line per key, not one per member of the str | int | float | bool union.
+            key = f"hyperparameters.{err['loc'][1]}"
+            problem = f"{key}: must be a string, number or boolean, not {type(err['input']).__name__}"
+        else:
+            problem = f"{loc}: {err['msg'].removeprefix('Value error, ')}"
+        if problem not in problems:
+            problems.append(problem)
+    return problems
+
+
+def _dataset_channel(
+    channel: str, uri: str, limits: PlatformLimits, problems: list[str]
+) -> tuple[dict[str, Any], str] | None:
+    """The InputDataConfig entry for a dataset URI and the S3 location behind it."""
+    if uri.startswith(FSX_SCHEME):
+        path = uri[len(FSX_SCHEME) :]
+        parts = path.split("/")
+        if not path.startswith(DATASETS_ROOT) or ".." in parts or len(path) <= len(DATASETS_ROOT):
+            problems.append(
+                f"{channel} dataset {uri!r}: FSx paths must name a folder under {FSX_SCHEME}{DATASETS_ROOT}"
+                " (the file system's link to the datasets bucket)"
+            )
+            return None
+        relative = path[len(DATASETS_ROOT) :].strip("/")
+        source = {
+            "FileSystemDataSource": {
+                "FileSystemId": limits.fsx_file_system_id,
+                "FileSystemAccessMode": "ro",
+                "FileSystemType": "FSxLustre",
+                "DirectoryPath": f"/{limits.fsx_mount_name}{DATASETS_ROOT}{relative}",
+            }
+        }
+        return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, (
+            f"s3://{limits.datasets_bucket}/{relative}/"
+        )
+    match = re.fullmatch(r"s3://([^/]+)/(.+)", uri)
+    if match is None or match.group(1) != limits.datasets_bucket or ".." in match.group(2).split("/"):
+        problems.append(
+            f"{channel} dataset {uri!r}: must be fsx:///datasets/<path>/ or s3://{limits.datasets_bucket}/<prefix>/"
+            " (only the platform's datasets locations can be read)"
+        )
+        return None
+    s3_uri = uri if uri.endswith("/") else f"{uri}/"
+    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": s3_uri, "S3DataDistributionType": "FullyReplicated"}}
+    return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, s3_uri
+
+
+def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
+    instance = INSTANCE_TYPES.get(request.instance_type)
+    if instance is None:
+        family = request.instance_type.rsplit(".", 1)[0]
+        near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
+        problems.append(f"instance_type {request.instance_type!r} is not a known training type; e.g. {', '.join(near)}")
+        return None
+    capacity = limits.training_subnet_ips // instance.private_ips_needed
+    if request.instance_count > capacity:
+        problems.append(
+            f"instance_count {request.instance_count} exceeds what the training subnet holds for "
+            f"{instance.name} ({capacity}, at {instance.private_ips_needed} private IPs each)"
+        )
+    if request.efa and not instance.supports_efa:
+        efa_types = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.supports_efa))
+        problems.append(f"efa is true but {instance.name} has no EFA; use one of {efa_types} or drop `efa`")
+    if request.distribution == "smddp" and instance.name not in SMDDP_TYPES:
+        problems.append(f"distribution 'smddp' runs on {', '.join(sorted(SMDDP_TYPES))} only, not {instance.name}")
+    return instance
+
+
+def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> dict[str, int]:
+    if request.max_runtime_hours > limits.max_runtime_hours:
+        problems.append(
+            f"max_runtime_hours {request.max_runtime_hours} exceeds the platform limit of {limits.max_runtime_hours}"
+        )
+    runtime = math.ceil(request.max_runtime_hours * 3600)
+    stopping = {"MaxRuntimeInSeconds": runtime}
+    if request.spot:
+        if not request.checkpoints:
+            problems.append("spot needs checkpoints: an interrupted spot job resumes only from a checkpoint")
+        wait_hours = request.max_wait_hours if request.max_wait_hours is not None else 2 * request.max_runtime_hours
+        wait = math.ceil(wait_hours * 3600)
+        if wait <= runtime:
+            problems.append(
+                f"max_wait_hours {wait_hours} must be greater than max_runtime_hours {request.max_runtime_hours}:"
+                " it bounds waiting for spot capacity plus the training time"
+            )
+        stopping["MaxWaitTimeInSeconds"] = wait
+        if request.warm_pool_minutes:
+            problems.append("warm_pool_minutes needs on-demand instances: SageMaker warm pools do not support spot")
+    elif request.max_wait_hours is not None:
+        problems.append("max_wait_hours applies to spot runs only; set spot to true or drop max_wait_hours")
+    return stopping
+
+
+def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for key, value in request.hyperparameters.items():
+        if key in TOP_LEVEL_HYPERPARAMETERS:
+            problems.append(f"hyperparameters.{key}: set `{TOP_LEVEL_HYPERPARAMETERS[key]}` at the top level instead")
+            continue
+        text = (str(value).lower() if isinstance(value, bool) else str(value)).strip()
+        if len(key) > 256 or len(text) > HYPERPARAMETER_VALUE_LIMIT:
+            problems.append(f"hyperparameters.{key}: keys take at most 256 characters and values 2500")
+            continue
+        values[key] = text
+    if not request.checkpoints:
+        values.setdefault("checkpoint.interval_steps", "0")
+        values.setdefault("checkpoint.interval_minutes", "0")
+    if request.model is not None:
+        values["model"] = request.model
+    values["distribution"] = request.distribution
+    try:
+        from_hyperparameters(values)  # the trainer's own checks, before any instance starts
+    except ConfigError as exc:
+        problems.append(f"hyperparameters: {exc}")
+    return values
+
+
+def _check_quality(request: ExecutionInput, problems: list[str]) -> dict[str, Any] | None:
+    gate = request.quality
+    if gate is None:
+        return None
+    if gate.metric not in METRIC_NAMES:
+        problems.append(f"quality.metric {gate.metric!r} is not reported by the trainer; use one of {METRIC_NAMES}")
+    if (gate.max is None) == (gate.min is None):
+        problems.append("quality needs exactly one of `max` (lower is better) or `min` (higher is better)")
+        return None
+    return {"metric": gate.metric, "max": gate.max, "min": gate.min}
+
+
+def resolve(event: dict[str, Any], *, execution_name: str, limits: PlatformLimits) -> dict[str, Any]:
+    """Validate the execution input and return the complete request, or raise InvalidRequest."""
+    try:
+        request = ExecutionInput.model_validate(event)
+    except ValidationError as exc:
+        raise InvalidRequest(_format(_problems_from(exc))) from None
+
+    problems: list[str] = []
+    if not RUN_NAME.match(request.run_name):
+        problems.append(
+            f"run_name {request.run_name!r}: use 3-40 lowercase letters, digits and '-', starting and ending"
+            " with a letter or digit"
+        )
+    instance = _check_cluster(request, limits, problems)
+    stopping = _check_schedule(request, limits, problems)
+    hyperparameters = _hyperparameters(request, problems)
+    quality = _check_quality(request, problems)
+    channels = []
+    train = _dataset_channel("train", request.dataset, limits, problems)
+    if train:
+        channels.append(train[0])
+    if request.validation_dataset is not None:
+        validation = _dataset_channel("validation", request.validation_dataset, limits, problems)
+        if validation:
+            channels.append(validation[0])
+    unknown = sorted(set(request.notify) - set(limits.run_emails))
+    if unknown:
+        problems.append(
+            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
+            " to notifications.run_emails"
+        )
+    if problems or instance is None or train is None:
+        raise InvalidRequest(_format(problems))
+
+    # Stable for one execution (Lambda retries resolve the same names), unique across executions.
+    suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    return {
+        "run_name": request.run_name,
+        "job_name_base": f"{request.run_name}-{suffix}",
+        "instance_type": instance.name,
+        "instance_count": request.instance_count,
+        "volume_size_gb": limits.volume_size_gb,
+        # Instance-store types take no volume KMS key (their NVMe is hardware-encrypted).
+        "local_storage": instance.local_storage,
+        "efa": instance.supports_efa if request.efa is None else request.efa,
+        "distribution": request.distribution,
+        "spot": request.spot,
+        "stopping_condition": stopping,
+        "keep_alive_seconds": request.warm_pool_minutes * 60,
+        "hyperparameters": hyperparameters,
+        "channels": channels,
+        "dataset": {"uri": request.dataset, "s3_uri": train[1]},
+        "quality": quality,
+        "notify": request.notify,
+        # SNS message attribute for subscription filters; SNS rejects an empty String.Array.
+        "recipients": request.notify or ["(none)"],
+        "tags": [{"Key": k, "Value": v} for k, v in {**limits.tags, "run": request.run_name}.items()],
+    }
+
+
+def _format(problems: list[str]) -> str:
+    return "The training request cannot run:\n" + "\n".join(f"  - {p}" for p in problems)

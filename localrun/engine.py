@@ -1,0 +1,381 @@
+"""Run the synthesized training pipeline offline: moto's Step Functions engine, the real handlers.
+
+`LocalPlatform` "deploys" a cloud assembly into moto (buckets, table, topics, model package
+group, the state machine with its definition resolved exactly as CloudFormation would) and
+routes every Lambda task to the project's handler, imported in-process with the environment
+its template gives it. A training backend decides what SageMaker jobs do: scripted outcomes
+for tests, or real local training for the demo.
+
+moto's engine needs a few patches, each the smallest that makes it behave like the service:
+Lambda tasks run in-process (moto would need Docker); SDK error names get AWS's spelling
+(`SageMaker.ResourceLimitExceededException`); timestamps in SDK results become ISO strings
+(as Step Functions serialises them); Wait states, retry intervals and human-approval timeouts
+follow a configurable clock instead of the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+from unittest import mock
+
+import boto3
+from moto import mock_aws
+from moto.awslambda.models import LambdaBackend
+from moto.sagemaker.exceptions import ResourceInUseException
+from moto.sagemaker.models import SageMakerModelBackend
+from moto.sagemaker.responses import SageMakerResponse
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.component.state.exec import execute_state
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_aws_sdk as sdk,
+)
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+    StateTaskServiceCallback,
+)
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
+from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+
+
+class TrainingBackend(Protocol):
+    """What happens to training jobs the state machine creates."""
+
+    def created(self, name: str, request: dict[str, Any], job: Any) -> None: ...
+
+    def described(self, name: str, job: Any) -> None: ...
+
+
+@dataclass
+class Clock:
+    """How engine time maps to wall time.
+
+    wait_scale: Wait states sleep `seconds * wait_scale` (0: not at all).
+    retry_scale: Retry intervals likewise.
+    approval_timeout_scale: `.waitForTaskToken` timeouts are multiplied by this (human approvals
+    time out in hours; a test can make that seconds without changing the definition).
+    """
+
+    wait_scale: float = 0.0
+    retry_scale: float = 0.0
+    approval_timeout_scale: float = 1.0
+    waits: list[float] = field(default_factory=list)
+    retries: list[float] = field(default_factory=list)
+
+
+@dataclass
+class LambdaCall:
+    function: str
+    handler: str
+    event: Any
+    result: Any = None
+    error: str | None = None
+
+
+class _Context:
+    """The parts of the Lambda context object the handlers (and Powertools) read."""
+
+    def __init__(self, name: str) -> None:
+        self.function_name = name
+        self.function_version = "$LATEST"
+        self.memory_limit_in_mb = 256
+        self.invoked_function_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = f"/aws/lambda/{name}"
+        self.log_stream_name = "local"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+class LocalPlatform:
+    """The platform's pipeline, deployed into moto from a cloud assembly."""
+
+    def __init__(self, assembly_dir: Path, *, training: TrainingBackend, clock: Clock | None = None) -> None:
+        self.assembly = Assembly.load(assembly_dir)
+        self.resolver = Resolver(self.assembly)
+        self.training = training
+        self.clock = clock or Clock()
+        self.lambda_calls: list[LambdaCall] = []
+        self.training_requests: dict[str, dict[str, Any]] = {}
+        self._functions = {
+            self.resolver.ref(stack, logical): (stack, resource)
+            for stack, logical, resource in self.assembly.resources("AWS::Lambda::Function")
+        }
+        self._env_lock = threading.Lock()
+        self._stack = contextlib.ExitStack()
+        self.pipeline_stack = self.assembly.stack_named("-pipeline")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> LocalPlatform:
+        self._stack.enter_context(mock_aws(config={"stepfunctions": {"execute_state_machine": True}}))
+        for patch in self._patches():
+            self._stack.enter_context(patch)
+        self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        self._deploy()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    # -- what the tests and the demo use -----------------------------------------------------
+    def start(self, execution_input: dict[str, Any], name: str | None = None) -> str:
+        return str(
+            self.sfn.start_execution(
+                stateMachineArn=self.state_machine_arn,
+                name=name or uuid.uuid4().hex,
+                input=json.dumps(execution_input),
+            )["executionArn"]
+        )
+
+    def wait(
+        self, execution_arn: str, timeout: float = 60.0, *, until: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """Describe the execution once it ends (or `until()` holds); fail after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            described: dict[str, Any] = self.sfn.describe_execution(executionArn=execution_arn)
+            if described["status"] != "RUNNING" or (until is not None and until()):
+                return described
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"execution still RUNNING after {timeout} s: {self.states_entered(execution_arn)}")
+            time.sleep(0.01)
+
+    def history(self, execution_arn: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)[
+            "events"
+        ]
+        return events
+
+    def states_entered(self, execution_arn: str) -> list[str]:
+        return [
+            e["stateEnteredEventDetails"]["name"]
+            for e in self.history(execution_arn)
+            if e["type"].endswith("StateEntered")
+        ]
+
+    def invoke(self, logical_prefix: str, event: dict[str, Any]) -> Any:
+        """Call a platform handler directly (e.g. the approval decision behind the function URL)."""
+        matches = [name for name in self._functions if name.startswith(logical_prefix)]
+        if len(matches) != 1:
+            raise KeyError(f"expected one function starting with {logical_prefix!r}, found {matches}")
+        return self._run_handler(matches[0], event)
+
+    def environment(self, logical_prefix: str) -> dict[str, str]:
+        matches = [name for name in self._functions if name.startswith(logical_prefix)]
+        (name,) = matches
+        stack, resource = self._functions[name]
+        variables = resource["Properties"].get("Environment", {}).get("Variables", {})
+        return {k: str(v) for k, v in self.resolver.resolve(stack, variables).items()}
+
+    # -- deploy ------------------------------------------------------------------------------
+    def _deploy(self) -> None:
+        s3 = boto3.client("s3", region_name=REGION)
+        for stack, logical, _ in self.assembly.resources("AWS::S3::Bucket"):
+            name = self.resolver.ref(stack, logical)
+            s3.create_bucket(Bucket=name)
+            s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        dynamodb = boto3.client("dynamodb", region_name=REGION)
+        for stack, logical, resource in self.assembly.resources("AWS::DynamoDB::Table"):
+            props = resource["Properties"]
+            dynamodb.create_table(
+                TableName=self.resolver.ref(stack, logical),
+                KeySchema=props["KeySchema"],
+                AttributeDefinitions=props["AttributeDefinitions"],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        sns = boto3.client("sns", region_name=REGION)
+        self.topics = {}
+        for _stack, logical, _ in self.assembly.resources("AWS::SNS::Topic"):
+            self.topics[logical] = sns.create_topic(Name=logical)["TopicArn"]
+        sagemaker = boto3.client("sagemaker", region_name=REGION)
+        for stack, _, resource in self.assembly.resources("AWS::SageMaker::ModelPackageGroup"):
+            sagemaker.create_model_package_group(
+                ModelPackageGroupName=self.resolver.resolve(stack, resource["Properties"]["ModelPackageGroupName"])
+            )
+        ((stack, logical, machine),) = list(self.assembly.resources("AWS::StepFunctions::StateMachine"))[-1:]
+        definition = self.resolver.resolve(stack, machine["Properties"]["DefinitionString"])
+        self.definition = json.loads(definition)
+        self.state_machine_arn = self.sfn.create_state_machine(
+            name=logical,
+            definition=definition,
+            roleArn=self.resolver.resolve(stack, machine["Properties"]["RoleArn"]),
+        )["stateMachineArn"]
+        self._sqs_subscriptions(sns)
+
+    def _sqs_subscriptions(self, sns: Any) -> None:
+        """An SQS queue on every topic, so tests and the demo can read what was published."""
+        sqs = boto3.client("sqs", region_name=REGION)
+        self.queues = {}
+        for logical, arn in self.topics.items():
+            url = sqs.create_queue(QueueName=f"{logical}-inbox")["QueueUrl"]
+            queue_arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "false"})
+            self.queues[logical] = url
+
+    def messages(self, topic_prefix: str) -> list[dict[str, Any]]:
+        """Everything published to a topic so far (SNS envelopes: Subject, Message, MessageAttributes)."""
+        sqs = boto3.client("sqs", region_name=REGION)
+        (url,) = [u for name, u in self.queues.items() if name.startswith(topic_prefix)]
+        out: list[dict[str, Any]] = []
+        while True:
+            batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+            if not batch:
+                return out
+            for message in batch:
+                out.append(json.loads(message["Body"]))
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+    # -- Lambda -------------------------------------------------------------------------------
+    def _run_handler(self, function_name: str, event: Any) -> Any:
+        _stack, resource = self._functions[function_name]
+        handler_path = resource["Properties"]["Handler"]
+        module_name, _, attribute = handler_path.rpartition(".")
+        handler = getattr(importlib.import_module(module_name), attribute)
+        call = LambdaCall(function=function_name, handler=handler_path, event=event)
+        self.lambda_calls.append(call)
+        with self._env_lock, mock.patch.dict(os.environ, self.environment(function_name)):
+            try:
+                call.result = handler(event, _Context(function_name))
+            except Exception as exc:
+                call.error = type(exc).__name__
+                raise
+        return call.result
+
+    def _invoke_patch(self) -> Callable[..., bytes]:
+        def invoke(backend: Any, *args: Any) -> bytes:
+            return self._invoke(backend, *args)
+
+        return invoke
+
+    def _invoke(
+        self, _backend: Any, function_name: str, _qualifier: Any, body: Any, _headers: Any, response_headers: Any
+    ) -> bytes:
+        name = function_name.rsplit(":function:", maxsplit=1)[-1].split(":", maxsplit=1)[0]
+        event = json.loads(body) if body else {}
+        try:
+            result = self._run_handler(name, event)
+        except Exception as exc:  # the Lambda service reports any handler exception this way
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc), "trace": []}).encode()
+        return json.dumps(result).encode()
+
+    # -- SageMaker ------------------------------------------------------------------------------
+    def _create_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Record the full request (moto drops some fields), refuse reused names, start jobs InProgress."""
+        platform = self
+
+        def create(response: Any) -> Any:
+            request = json.loads(response.body)
+            name = request["TrainingJobName"]
+            backend = response.sagemaker_backend
+            if name in backend.training_jobs:  # moto would silently replace it; SageMaker refuses
+                raise ResourceInUseException(f"Training job names must be unique within an account: {name} exists")
+            result = original(response)
+            job = backend.training_jobs[name]
+            platform.training_requests[name] = request
+            job.training_job_status = "InProgress"
+            job.secondary_status = "Starting"
+            job.final_metric_data_list = []
+            job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+            platform.training.created(name, request, job)
+            return result
+
+        return create
+
+    def _describe_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        platform = self
+
+        def describe(backend: Any, training_job_name: str) -> Any:
+            job = backend.training_jobs.get(training_job_name)
+            if job is not None:
+                platform.training.described(training_job_name, job)
+            return original(backend, training_job_name)
+
+        return describe
+
+    # -- patches --------------------------------------------------------------------------------
+    def _patches(self) -> Iterator[Any]:
+        clock = self.clock
+        yield mock.patch.object(LambdaBackend, "invoke", self._invoke_patch())
+
+        def wait(_self: Any, env: Any, wait_seconds: float) -> None:
+            clock.waits.append(wait_seconds)
+            if clock.wait_scale:
+                env.program_state_event.wait(wait_seconds * clock.wait_scale)
+
+        yield mock.patch.object(WaitFunction, "_wait_interval", wait)
+
+        def retry_sleep(seconds: float) -> None:
+            clock.retries.append(seconds)
+            if clock.retry_scale:
+                time.sleep(seconds * clock.retry_scale)
+
+        yield mock.patch.object(retrier_decl, "time", mock.Mock(sleep=retry_sleep))
+
+        original_timeout = execute_state.ExecutionState._evaluate_with_timeout
+
+        def evaluate_with_timeout(state: Any, env: Any) -> None:
+            timeout = state.timeout
+            human = isinstance(state, StateTaskServiceCallback) and "waitForTaskToken" in str(
+                state.resource.resource_arn
+            )
+            if human and isinstance(timeout, TimeoutSeconds) and clock.approval_timeout_scale != 1.0:
+                scaled = max(1, round(timeout.timeout_seconds * clock.approval_timeout_scale))
+                state.timeout = TimeoutSeconds(timeout_seconds=scaled)
+            try:
+                original_timeout(state, env)
+            finally:
+                state.timeout = timeout
+
+        yield mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
+
+        original_sdk = sdk.StateTaskServiceAwsSdk._eval_service_task
+
+        def sdk_json(task: Any, env: Any, *args: Any, **kwargs: Any) -> None:
+            original_sdk(task, env, *args, **kwargs)
+            env.stack[-1] = json.loads(to_json_str(env.stack[-1]))  # datetimes -> ISO strings
+
+        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", sdk_json)
+        yield mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {"sagemaker": "SageMaker"})
+
+        def error_name(service: str, exc: Exception) -> str:
+            name = type(exc).__name__
+            if name == "ClientError":
+                return f"{service}.Amazon{service}Exception"
+            return f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
+
+        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(error_name))
+
+        original_env = ExecutionWorker._get_evaluation_environment
+
+        def iso_start(worker: Any) -> Any:
+            env = original_env(worker)
+            execution = env.states.context_object.context_object_data["Execution"]
+            start: Any = execution.get("StartTime")  # typed str by moto, a datetime at run time
+            if isinstance(start, datetime):
+                execution["StartTime"] = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            return env
+
+        yield mock.patch.object(ExecutionWorker, "_get_evaluation_environment", iso_start)
+        yield mock.patch.object(
+            SageMakerResponse, "create_training_job", self._create_training_job(SageMakerResponse.create_training_job)
+        )
+        yield mock.patch.object(
+            SageMakerModelBackend,
+            "describe_training_job",
+            self._describe_training_job(SageMakerModelBackend.describe_training_job),
+        )

@@ -1,0 +1,54 @@
+"""A training backend that plays scripted job histories (for tests of the state machine's paths)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+@dataclass
+class Poll:
+    """What one DescribeTrainingJob reports."""
+
+    status: str = "InProgress"
+    secondary: str = "Training"
+    failure_reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    billable_seconds: int | None = None
+
+
+@dataclass
+class ScriptedTraining:
+    """Job n (in creation order) follows script n; its last poll repeats once reached."""
+
+    scripts: list[list[Poll]] = field(default_factory=lambda: [[Poll(), Poll("Completed", "Completed")]])
+    on_create: list[Any] = field(default_factory=list)
+    created_names: list[str] = field(default_factory=list)
+    _cursor: dict[str, int] = field(default_factory=dict)
+
+    def created(self, name: str, request: dict[str, Any], job: Any) -> None:
+        self.created_names.append(name)
+        for hook in self.on_create:
+            hook(name, request, job)
+
+    def described(self, name: str, job: Any) -> None:
+        script = self.scripts[min(self.created_names.index(name), len(self.scripts) - 1)]
+        index = self._cursor.get(name, 0)
+        poll = script[min(index, len(script) - 1)]
+        self._cursor[name] = index + 1
+        if job.secondary_status != poll.secondary:
+            job.secondary_status_transitions.append(
+                {"Status": poll.secondary, "StartTime": datetime.now(UTC), "StatusMessage": poll.secondary}
+            )
+        job.training_job_status = poll.status
+        job.secondary_status = poll.secondary
+        job.training_start_time = job.training_start_time or datetime.now(UTC)
+        if poll.failure_reason is not None:
+            job.failure_reason = poll.failure_reason
+        if poll.metrics:
+            job.final_metric_data_list = [
+                {"MetricName": k, "Value": v, "Timestamp": datetime.now(UTC)} for k, v in poll.metrics.items()
+            ]
+        if poll.billable_seconds is not None:
+            job.billable_time_in_seconds = poll.billable_seconds

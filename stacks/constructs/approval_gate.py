@@ -1,0 +1,121 @@
+"""A reusable human approval gate for Step Functions: task token in DynamoDB, decision over IAM."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk import Duration
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge
+
+
+class ApprovalGate(Construct):
+    """Request and decide functions shared by every gate of a state machine.
+
+    `gate()` adds one gate to a definition: a `.waitForTaskToken` task that stores the request
+    (the token stays in the table) and notifies approvers, then a Choice on the decision.
+    Decisions arrive through a Lambda function URL with AWS_IAM auth that only the configured
+    approver principals may invoke; the handler checks the allow-list again, records who
+    decided and why, and accepts one decision per request.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        table: dynamodb.ITable,
+        topic: sns.ITopic,
+        key: kms.IKey,
+        approvers: list[str],
+        timeout: Duration,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        security_group: ec2.ISecurityGroup,
+    ) -> None:
+        super().__init__(scope, id_)
+        self.timeout = timeout
+        placement: dict[str, Any] = {"vpc": vpc, "vpc_subnets": subnets, "security_groups": [security_group]}
+        self.decide = PlatformFunction(
+            self,
+            "Decide",
+            handler="lambdas.approvals.handler.decide",
+            description="Records an approver's decision and resumes the waiting execution",
+            log_key=key,
+            environment={"TABLE_NAME": table.table_name, "APPROVERS": json.dumps(sorted(approvers))},
+            **placement,
+        )
+        self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
+        for principal in sorted(approvers):
+            self.decide.function.grant_invoke_url(iam.ArnPrincipal(principal))
+        self.request = PlatformFunction(
+            self,
+            "Request",
+            handler="lambdas.approvals.handler.request",
+            description="Stores an approval request with its task token and notifies approvers",
+            log_key=key,
+            environment={
+                "TABLE_NAME": table.table_name,
+                "TOPIC_ARN": topic.topic_arn,
+                "DECISION_URL": self.url.url,
+                "APPROVAL_TIMEOUT_HOURS": str(int(timeout.to_hours())),
+            },
+            **placement,
+        )
+        table.grant_read_write_data(self.request.function)
+        table.grant_read_write_data(self.decide.function)
+        topic.grant_publish(self.request.function)
+        key.grant_encrypt_decrypt(self.request.function)
+        reason = "CDK's encrypt/decrypt grant on the platform key, which encrypts the table and the topic."
+        for function in (self.request, self.decide):
+            key.grant_encrypt_decrypt(function.function)
+            for action in ("kms:GenerateDataKey*", "kms:ReEncrypt*"):
+                acknowledge(function.role, f"AwsSolutions-IAM5[Action::{action}]", reason)
+
+    def gate(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        name: str,
+        summary: dict[str, Any],
+        result_path: str,
+        on_timeout: sfn.IChainable,
+    ) -> tuple[sfn.TaskStateBase, sfn.Condition]:
+        """The waiting task and the condition "approved" on its result; a timeout goes to `on_timeout`."""
+        task = tasks.LambdaInvoke(
+            scope,
+            id_,
+            lambda_function=self.request.function,
+            integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
+            payload=sfn.TaskInput.from_object(
+                {
+                    "gate": name,
+                    "token": sfn.JsonPath.task_token,
+                    "execution": sfn.JsonPath.execution_id,
+                    "run_name": sfn.JsonPath.string_at("$.request.run_name"),
+                    "summary": summary,
+                }
+            ),
+            task_timeout=sfn.Timeout.duration(self.timeout),
+            result_path=result_path,
+            comment=f"Waits for an approver's {name} decision; no decision in time counts as a rejection",
+        )
+        task.add_catch(
+            on_timeout,
+            errors=["States.Timeout", "States.HeartbeatTimeout"],
+            result_path=f"{result_path}_error",
+        )
+        approved = sfn.Condition.string_equals(f"{result_path}.decision", "approved")
+        return task, approved

@@ -1,0 +1,111 @@
+"""A monthly AWS Budget on the platform's cost tag, and alarms on the pipeline's health."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_budgets as budgets
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+# The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
+COST_TAG = "platform$distributed-training"
+
+
+class PlatformBudget(Construct):
+    """Alerts at 80% of actual and 100% of forecast monthly spend, by e-mail and on the alarm topic."""
+
+    def __init__(self, scope: Construct, id_: str, *, limit_usd: float, topic: sns.ITopic, emails: list[str]) -> None:
+        super().__init__(scope, id_)
+        topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="BudgetsPublish",
+                principals=[iam.ServicePrincipal("budgets.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[topic.topic_arn],
+            )
+        )
+        subscribers = [
+            budgets.CfnBudget.SubscriberProperty(subscription_type="SNS", address=topic.topic_arn),
+            *(budgets.CfnBudget.SubscriberProperty(subscription_type="EMAIL", address=e) for e in emails),
+        ]
+
+        def alert(kind: str, percent: float) -> budgets.CfnBudget.NotificationWithSubscribersProperty:
+            return budgets.CfnBudget.NotificationWithSubscribersProperty(
+                notification=budgets.CfnBudget.NotificationProperty(
+                    notification_type=kind,
+                    comparison_operator="GREATER_THAN",
+                    threshold=percent,
+                    threshold_type="PERCENTAGE",
+                ),
+                subscribers=subscribers,
+            )
+
+        self.budget = budgets.CfnBudget(
+            self,
+            "Monthly",
+            budget=budgets.CfnBudget.BudgetDataProperty(
+                budget_type="COST",
+                time_unit="MONTHLY",
+                budget_limit=budgets.CfnBudget.SpendProperty(amount=limit_usd, unit="USD"),
+                cost_filters={"TagKeyValue": [f"user:{COST_TAG}"]},
+            ),
+            notifications_with_subscribers=[alert("ACTUAL", 80), alert("FORECASTED", 100)],
+        )
+
+
+class PipelineAlarms(Construct):
+    """Alarms on platform faults: handler errors and executions that time out.
+
+    A failed execution is usually a run's own outcome (rejected input, failed job, quality gate)
+    and is reported to its requester; it is not paged on.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        state_machine: sfn.IStateMachine,
+        functions: dict[str, lambda_.IFunction],
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, id_)
+        action = actions.SnsAction(topic)
+        period = Duration.minutes(5)
+        self.alarms: list[cloudwatch.Alarm] = []
+        for name, metric in {
+            "ExecutionsTimedOut": state_machine.metric_timed_out(period=period),
+            "ExecutionsThrottled": state_machine.metric_throttled(period=period),
+        }.items():
+            self.alarms.append(
+                cloudwatch.Alarm(
+                    self,
+                    name,
+                    metric=metric,
+                    threshold=1,
+                    evaluation_periods=1,
+                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                    alarm_description=f"Training pipeline: {name}",
+                )
+            )
+        for name, function in functions.items():
+            self.alarms.append(
+                cloudwatch.Alarm(
+                    self,
+                    f"{name}Errors",
+                    metric=function.metric_errors(period=period),
+                    threshold=1,
+                    evaluation_periods=1,
+                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                    alarm_description=f"The {name} handler failed (rejected requests are answers, not errors)",
+                )
+            )
+        for alarm in self.alarms:
+            alarm.add_alarm_action(action)

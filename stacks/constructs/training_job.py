@@ -1,0 +1,289 @@
+"""SageMaker distributed training as Step Functions states: create, then poll until it ends.
+
+CreateTrainingJob is written out here because CDK's SageMakerCreateTrainingJob task lacks most
+of the fields the platform needs, and `.sync` cannot record spot interruptions or check
+checkpoint freshness while a job runs. Every security-relevant field (role, image, VPC, KMS
+keys, encryption flag, output and checkpoint locations) is a constant of the definition, built
+from the stacks' resources; the execution input reaches only the fields Validate resolved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Aws, Duration, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from training.metrics import METRIC_DEFINITIONS
+
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+# Retried with backoff: throttling and SageMaker's unmodelled transient errors.
+TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
+SDK_TIMEOUT_SECONDS = 60
+
+
+def _sdk_arn(action: str) -> str:
+    return f"arn:{Aws.PARTITION}:states:::aws-sdk:sagemaker:{action}"
+
+
+class DistributedTrainingJob(Construct):
+    """The SageMaker execution role and the states that run one training request to its end."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        image_uri: str,
+        repository: ecr.IRepository,
+        key: kms.IKey,
+        datasets: s3.IBucket,
+        checkpoints: s3.IBucket,
+        artifacts: s3.IBucket,
+        subnet: ec2.ISubnet,
+        security_group: ec2.ISecurityGroup,
+        file_system_arn: str,
+        inter_container_encryption: bool,
+    ) -> None:
+        super().__init__(scope, id_)
+        self.image_uri = image_uri
+        self.key = key
+        self.checkpoints = checkpoints
+        self.artifacts = artifacts
+        self.subnet = subnet
+        self.security_group = security_group
+        self.inter_container_encryption = inter_container_encryption
+        self.role = self._execution_role(repository, datasets, file_system_arn)
+
+    def _execution_role(self, repository: ecr.IRepository, datasets: s3.IBucket, file_system_arn: str) -> iam.Role:
+        """What the training containers may do: read datasets, write their run's outputs, nothing else."""
+        stack = Stack.of(self)
+        role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description="SageMaker training jobs of the distributed training platform",
+        )
+        datasets.grant_read(role)
+        self.checkpoints.grant_read_write(role, "runs/*")
+        self.artifacts.grant_put(role, "runs/*")
+        self.key.grant_encrypt_decrypt(role)
+        repository.grant_pull(role)
+        region_account = f"{stack.region}:{stack.account}"
+        statements = [
+            iam.PolicyStatement(
+                sid="TrainingLogs",
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[f"arn:{stack.partition}:logs:{region_account}:log-group:/aws/sagemaker/TrainingJobs*"],
+            ),
+            iam.PolicyStatement(
+                sid="TrainingMetrics",
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
+            ),
+            iam.PolicyStatement(
+                sid="VpcNetworkInterfaces",
+                actions=[
+                    "ec2:CreateNetworkInterface",
+                    "ec2:CreateNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DeleteNetworkInterfacePermission",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeVpcs",
+                    "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeSecurityGroups",
+                ],
+                resources=["*"],
+            ),
+            iam.PolicyStatement(
+                sid="LustreDataSource", actions=["fsx:DescribeFileSystems"], resources=[file_system_arn]
+            ),
+        ]
+        for statement in statements:
+            role.add_to_policy(statement)
+        acknowledge_inline_policy(role)
+        for finding, reason in {
+            "AwsSolutions-IAM5[Resource::*]": (
+                "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by "
+                "condition) and the EC2 network-interface actions SageMaker's VPC mode needs take no resource scope."
+            ),
+            "AwsSolutions-IAM5[Action::s3:GetObject*]": "CDK's read/write grants on the platform buckets.",
+            "AwsSolutions-IAM5[Action::s3:GetBucket*]": "CDK's read/write grants on the platform buckets.",
+            "AwsSolutions-IAM5[Action::s3:List*]": "CDK's read/write grants on the platform buckets.",
+            "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "SageMaker keeps the run's checkpoint prefix in sync.",
+            "AwsSolutions-IAM5[Action::s3:Abort*]": "Multipart uploads of model artifacts and checkpoints.",
+            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "Encrypts checkpoints and artifacts (platform key).",
+            "AwsSolutions-IAM5[Action::kms:ReEncrypt*]": "CDK's encrypt/decrypt grant on the platform key only.",
+        }.items():
+            acknowledge(role, finding, reason)
+        for resource, reason in {
+            f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
+            f"{self.checkpoints.bucket_arn}/runs/*": "Each run's checkpoints live under runs/<job>/checkpoints/.",
+            f"{self.artifacts.bucket_arn}/runs/*": "Model artifacts, profiler and TensorBoard output under runs/.",
+            statements[0].resources[0]: "SageMaker writes each job's logs to streams of its TrainingJobs log group.",
+        }.items():
+            acknowledge_wildcard(role, resource, reason)
+        return role
+
+    def _create_parameters(self, *, kms_volume: bool) -> dict[str, Any]:
+        resource: dict[str, Any] = {
+            "InstanceType.$": "$.request.instance_type",
+            "InstanceCount.$": "$.request.instance_count",
+            "VolumeSizeInGB.$": "$.request.volume_size_gb",
+            "KeepAlivePeriodInSeconds.$": "$.request.keep_alive_seconds",
+        }
+        if kms_volume:
+            resource["VolumeKmsKeyId"] = self.key.key_arn
+        return {
+            # New name per attempt and per retry: a retry can never hit "name already in use".
+            "TrainingJobName.$": (
+                "States.Format('{}-{}-{}', $.request.job_name_base, $.train.attempt, $$.State.RetryCount)"
+            ),
+            "RoleArn": self.role.role_arn,
+            "AlgorithmSpecification": {
+                "TrainingImage": self.image_uri,
+                "TrainingInputMode": "File",
+                "MetricDefinitions": METRIC_DEFINITIONS,
+                "EnableSageMakerMetricsTimeSeries": True,
+            },
+            "HyperParameters.$": "$.request.hyperparameters",
+            "Environment": {"PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN"},
+            "InputDataConfig.$": "$.request.channels",
+            "OutputDataConfig": {
+                "S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/",
+                "KmsKeyId": self.key.key_arn,
+            },
+            "ResourceConfig": resource,
+            "StoppingCondition.$": "$.request.stopping_condition",
+            "EnableManagedSpotTraining.$": "$.request.spot",
+            "CheckpointConfig": {
+                "S3Uri.$": (
+                    f"States.Format('s3://{self.checkpoints.bucket_name}/runs/{{}}/checkpoints/', "
+                    "$.request.job_name_base)"
+                ),
+                "LocalPath": CHECKPOINT_LOCAL_PATH,
+            },
+            "VpcConfig": {
+                "Subnets": [self.subnet.subnet_id],
+                "SecurityGroupIds": [self.security_group.security_group_id],
+            },
+            "EnableInterContainerTrafficEncryption": self.inter_container_encryption,
+            "RetryStrategy": {"MaximumRetryAttempts": 2},
+            "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/profiler/"},
+            "TensorBoardOutputConfig": {
+                "LocalPath": TENSORBOARD_LOCAL_PATH,
+                "S3OutputPath.$": (
+                    f"States.Format('s3://{self.artifacts.bucket_name}/runs/{{}}/tensorboard/', "
+                    "$.request.job_name_base)"
+                ),
+            },
+            "Tags.$": "$.request.tags",
+        }
+
+    def create_state(self, scope: Construct, id_: str, *, kms_volume: bool) -> sfn.CustomState:
+        """CreateTrainingJob; its result is the job's name and ARN under `$.train.job`."""
+        return sfn.CustomState(
+            scope,
+            id_,
+            state_json={
+                "Type": "Task",
+                "Comment": "Starts the training job"
+                + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
+                "Resource": _sdk_arn("createTrainingJob"),
+                "Parameters": self._create_parameters(kms_volume=kms_volume),
+                "ResultSelector": {
+                    "arn.$": "$.TrainingJobArn",
+                    "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
+                },
+                "ResultPath": "$.train.job",
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+                "Retry": [
+                    {
+                        "ErrorEquals": TRANSIENT_ERRORS,
+                        "IntervalSeconds": 5,
+                        "BackoffRate": 2,
+                        "MaxAttempts": 5,
+                        "MaxDelaySeconds": 120,
+                        "JitterStrategy": "FULL",
+                    }
+                ],
+            },
+        )
+
+    def describe_state(self, scope: Construct, id_: str) -> sfn.CustomState:
+        return sfn.CustomState(
+            scope,
+            id_,
+            state_json={
+                "Type": "Task",
+                "Comment": "Reads the job's status, secondary status, metrics and failure reason",
+                "Resource": _sdk_arn("describeTrainingJob"),
+                "Parameters": {"TrainingJobName.$": "$.train.job.job_name"},
+                "ResultPath": "$.job.describe",
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+                "Retry": [
+                    {
+                        "ErrorEquals": TRANSIENT_ERRORS,
+                        "IntervalSeconds": 5,
+                        "BackoffRate": 2,
+                        "MaxAttempts": 6,
+                        "MaxDelaySeconds": 120,
+                        "JitterStrategy": "FULL",
+                    }
+                ],
+            },
+        )
+
+    def grant_run(self, state_machine_role: iam.IRole) -> None:
+        """What the state machine needs: create (in the platform's VPC only), describe, tag, pass the role."""
+        stack = Stack.of(self)
+        jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
+        create_conditions: dict[str, Any] = {
+            "ForAllValues:StringEquals": {
+                "sagemaker:VpcSubnets": [self.subnet.subnet_id],
+                "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
+            },
+            "Null": {"sagemaker:VpcSubnets": "false", "sagemaker:VpcSecurityGroupIds": "false"},
+            "StringEquals": {"sagemaker:OutputKmsKey": self.key.key_arn},
+        }
+        if self.inter_container_encryption:
+            create_conditions["Bool"] = {"sagemaker:InterContainerTrafficEncryption": "true"}
+        state_machine_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="CreateTrainingJobsInThePlatformVpc",
+                actions=["sagemaker:CreateTrainingJob"],
+                resources=[jobs],
+                conditions=create_conditions,
+            )
+        )
+        state_machine_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="FollowTrainingJobs",
+                actions=["sagemaker:DescribeTrainingJob", "sagemaker:AddTags"],
+                resources=[jobs],
+            )
+        )
+        state_machine_role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="PassTheTrainingRole",
+                actions=["iam:PassRole"],
+                resources=[self.role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+            )
+        )
+
+
+def poll_wait(scope: Construct, id_: str, *, seconds: int) -> sfn.Wait:
+    return sfn.Wait(
+        scope, id_, time=sfn.WaitTime.duration(Duration.seconds(seconds)), comment="Between polls of the job"
+    )

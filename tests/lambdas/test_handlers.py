@@ -1,0 +1,207 @@
+"""The handlers' plain functions, on real-shaped inputs."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lambdas.approvals.store import principal_for, request_id_for
+from lambdas.estimate.handler import estimate
+from lambdas.evaluate.handler import evaluate
+from lambdas.monitor.handler import summarize
+from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.request import PlatformLimits, resolve
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
+LIMITS = PlatformLimits(
+    datasets_bucket="tp-dev-datasets-123456789012-us-east-1",
+    fsx_file_system_id="fs-0123456789abcdef0",
+    fsx_mount_name="abcdef12",
+    training_subnet_ips=4075,
+    max_runtime_hours=120,
+    volume_size_gb=200,
+    run_emails=("alice@example.org",),
+    tags={"platform": "distributed-training"},
+)
+
+
+def _example(stem: str) -> dict[str, Any]:
+    (path,) = [e for e in EXAMPLES if e.stem == stem]
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_readme_examples_are_valid_requests(example: Path) -> None:
+    request = resolve(json.loads(example.read_text()), execution_name="exec-1", limits=LIMITS)
+    assert request["channels"][0]["ChannelName"] == "train"
+    assert request["job_name_base"].startswith(request["run_name"] + "-")
+    assert len(request["job_name_base"]) + len("-10-10") <= 63  # SageMaker's job-name limit
+
+
+def test_examples_cover_the_documented_shapes() -> None:
+    shapes = {e.stem: json.loads(e.read_text()) for e in EXAMPLES}
+    assert shapes["multi-node-fsdp-spot"]["spot"] and shapes["multi-node-fsdp-spot"]["instance_count"] > 1
+    assert shapes["multi-node-fsdp-spot"]["distribution"] == "fsdp"
+    assert shapes["warm-pool-iteration"]["warm_pool_minutes"] > 0
+    assert shapes["single-node-ddp"]["instance_count"] == 1
+
+
+def test_resolution_is_stable_per_execution_and_unique_across_them() -> None:
+    base = _example("single-node-ddp")
+    first = resolve(base, execution_name="exec-1", limits=LIMITS)
+    assert resolve(base, execution_name="exec-1", limits=LIMITS) == first
+    assert resolve(base, execution_name="exec-2", limits=LIMITS)["job_name_base"] != first["job_name_base"]
+
+
+def test_checkpoints_off_turns_the_trainers_periodic_saves_off() -> None:
+    base = _example("single-node-ddp") | {"checkpoints": False}
+    hyperparameters = resolve(base, execution_name="e", limits=LIMITS)["hyperparameters"]
+    assert hyperparameters["checkpoint.interval_steps"] == "0"
+    assert hyperparameters["checkpoint.interval_minutes"] == "0"
+
+
+def test_trainer_config_errors_reach_the_user() -> None:
+    base = _example("single-node-ddp")
+    base["hyperparameters"] = {"max_steps": 50}  # below the default 100 warmup steps
+    with pytest.raises(InvalidRequest, match="warmup"):
+        resolve(base, execution_name="e", limits=LIMITS)
+
+
+def _request(**overrides: Any) -> dict[str, Any]:
+    request = {
+        "instance_type": "ml.p5.48xlarge",
+        "instance_count": 4,
+        "stopping_condition": {"MaxRuntimeInSeconds": 36000},
+        "keep_alive_seconds": 0,
+        "spot": False,
+    }
+    return request | overrides
+
+
+def test_estimate_is_count_times_price_times_runtime() -> None:
+    result = estimate(_request(), threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={})
+    assert result["on_demand_usd"] == round(4 * 113.07 * 10, 2)
+    assert result["approval_required"] is True
+    assert result["spot_usd"] is None
+
+
+def test_spot_estimate_is_a_range_and_decides_on_its_upper_end() -> None:
+    result = estimate(
+        _request(spot=True, instance_count=1, stopping_condition={"MaxRuntimeInSeconds": 3600}),
+        threshold_usd=100,
+        spot_fraction=(0.3, 0.7),
+        price_overrides={"ml.p5.48xlarge": 100.0},
+    )
+    assert result["spot_usd"] == [30.0, 70.0]
+    assert result["max_cost_usd"] == 70.0
+    assert result["approval_required"] is False
+    assert result["price_source"] == "settings override"
+
+
+def test_warm_pool_keep_alive_is_billed() -> None:
+    result = estimate(
+        _request(instance_count=1, stopping_condition={"MaxRuntimeInSeconds": 3600}, keep_alive_seconds=1800),
+        threshold_usd=1000,
+        spot_fraction=(0.3, 0.7),
+        price_overrides={},
+    )
+    assert result["on_demand_usd"] == round(113.07 * 1.5, 2)
+
+
+def _describe(**fields: Any) -> dict[str, Any]:
+    return {"TrainingJobName": "run-abc-1-0", "TrainingJobStatus": "InProgress", "SecondaryStatus": "Training"} | fields
+
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def test_monitor_counts_spot_interruptions() -> None:
+    transitions = [
+        {"Status": s} for s in ("Starting", "Training", "Interrupted", "Starting", "Training", "Interrupted")
+    ]
+    summary = summarize(
+        {"describe": _describe(SecondaryStatusTransitions=transitions)}, checkpoint=None, now=NOW, stale_minutes=90
+    )
+    assert summary["interruptions"] == 2 and summary["finished"] is False
+
+
+def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
+    old = {
+        "step": 10,
+        "uri": "s3://b/runs/x/checkpoints/step-10/",
+        "written_at": (NOW - timedelta(hours=2)).isoformat(),
+    }
+    first = summarize({"describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90)
+    assert first["stale"] and first["warn_stale"] and first["checkpoint_age_minutes"] == 120.0
+    again = summarize({**first, "describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90)
+    assert again["stale"] and not again["warn_stale"]
+    fresh = {**old, "written_at": (NOW - timedelta(minutes=5)).isoformat()}
+    recovered = summarize({**again, "describe": _describe()}, checkpoint=fresh, now=NOW, stale_minutes=90)
+    assert not recovered["stale"] and not recovered["stale_warned"]
+
+
+@pytest.mark.parametrize(
+    ("status", "secondary", "reason", "error"),
+    [
+        (
+            "Failed",
+            "Failed",
+            "CapacityError: Unable to provision requested ML compute capacity",
+            "InsufficientCapacity",
+        ),
+        ("Failed", "Failed", "AlgorithmError: exit code 1", "TrainingJobFailed"),
+        ("Stopped", "MaxWaitTimeExceeded", "", "MaxWaitTimeExceeded"),
+        ("Stopped", "MaxRuntimeExceeded", "", "MaxRuntimeExceeded"),
+        ("Stopped", "Stopped", "", "TrainingJobStopped"),
+        ("Completed", "Completed", "", None),
+    ],
+)
+def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str, error: str | None) -> None:
+    describe = _describe(TrainingJobStatus=status, SecondaryStatus=secondary, FailureReason=reason)
+    summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90)
+    assert summary["finished"] is True
+    assert summary["error"] == error
+    assert summary["capacity_error"] is (error == "InsufficientCapacity")
+    if error and not reason:
+        assert secondary in summary["failure_reason"]
+
+
+@pytest.mark.parametrize(
+    ("quality", "metrics", "passed", "reason"),
+    [
+        (None, {"validation:loss": 9.0}, True, "no quality gate requested"),
+        ({"metric": "validation:loss", "max": 3.0, "min": None}, {"validation:loss": 2.9}, True, "meets <= 3.0"),
+        ({"metric": "validation:loss", "max": 3.0, "min": None}, {"validation:loss": 3.1}, False, "does not meet"),
+        ({"metric": "train:mfu", "max": None, "min": 0.5}, {"train:mfu": 0.55}, True, "meets >= 0.5"),
+        ({"metric": "validation:loss", "max": 3.0, "min": None}, {"train:loss": 2.0}, False, "was not reported"),
+    ],
+)
+def test_evaluate(quality: dict[str, Any] | None, metrics: dict[str, float], passed: bool, reason: str) -> None:
+    result = evaluate(quality, metrics)
+    assert result["passed"] is passed
+    assert reason in result["reason"]
+
+
+def test_assumed_role_sessions_map_to_their_role() -> None:
+    assert (
+        principal_for("arn:aws:sts::123456789012:assumed-role/MLLead/jane") == "arn:aws:iam::123456789012:role/MLLead"
+    )
+    assert principal_for("arn:aws:iam::123456789012:user/bob") == "arn:aws:iam::123456789012:user/bob"
+    assert principal_for("arn:aws-cn:sts::123456789012:assumed-role/R/s") == "arn:aws-cn:iam::123456789012:role/R"
+
+
+def test_request_ids_are_stable_per_token_and_reveal_nothing() -> None:
+    token = "AQCEAAAAKgAAAAMAAAAAAAAAAd"  # the shape of a task token
+    assert request_id_for(token) == request_id_for(token)
+    assert token not in request_id_for(token) and len(request_id_for(token)) == 32
+
+
+def test_readme_input_table_is_current() -> None:
+    from lambdas.validate.request import input_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert input_table() in readme, "README.md's execution-input table is stale: regenerate it from input_table()"

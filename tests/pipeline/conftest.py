@@ -1,0 +1,113 @@
+"""Run the synthesized state machine in moto's engine with the real handlers, path by path."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from localrun.engine import Clock, LocalPlatform
+from localrun.scripted import Poll, ScriptedTraining
+from tests.conftest import APPROVER
+
+COMPLETED = Poll("Completed", "Completed", metrics={"validation:loss": 2.5, "train:loss": 2.4}, billable_seconds=1800)
+
+
+class Pipeline:
+    """A LocalPlatform plus the few verbs the tests speak in."""
+
+    def __init__(self, local: LocalPlatform, training: ScriptedTraining) -> None:
+        self.local = local
+        self.training = training
+
+    @property
+    def datasets_bucket(self) -> str:
+        return self.local.environment("Validate")["DATASETS_BUCKET"]
+
+    def input(self, **overrides: Any) -> dict[str, Any]:
+        base = {
+            "run_name": "gpt2-small",
+            "model": "tiny",
+            "dataset": "fsx:///datasets/corpus/",
+            "instance_type": "ml.g5.2xlarge",
+            "instance_count": 1,
+            "max_runtime_hours": 2,
+            "hyperparameters": {"max_steps": 100, "lr": 0.0006},
+            "quality": {"metric": "validation:loss", "max": 3.0},
+            "notify": ["alice@example.org"],
+        }
+        base.update(overrides)
+        return {k: v for k, v in base.items() if v is not None}
+
+    def start(self, execution_input: dict[str, Any], name: str = "run-1") -> str:
+        return self.local.start(execution_input, name=name)
+
+    def run_until(self, arn: str, state: str, timeout: float = 30) -> dict[str, Any]:
+        return self.local.wait(arn, timeout, until=lambda: state in self.local.states_entered(arn))
+
+    def finish(self, arn: str, timeout: float = 30) -> dict[str, Any]:
+        return self.local.wait(arn, timeout)
+
+    def pending(self, gate: str, caller: str = APPROVER, timeout: float = 10) -> dict[str, Any]:
+        """The open request of a gate, as an approver lists it through the decision URL."""
+        deadline = time.monotonic() + timeout
+        while True:
+            response = self.decide_raw(caller, method="GET")
+            assert response["statusCode"] == 200, response
+            found = [r for r in json.loads(response["body"])["pending"] if r["gate"] == gate]
+            if found:
+                (request,) = found
+                return request  # type: ignore[no-any-return]
+            assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s"
+            time.sleep(0.02)
+
+    def decide_raw(self, caller: str, *, method: str = "POST", body: dict[str, Any] | None = None) -> dict[str, Any]:
+        event = {
+            "requestContext": {"http": {"method": method}, "authorizer": {"iam": {"userArn": caller}}},
+            "body": json.dumps(body) if body is not None else None,
+        }
+        return self.local.invoke("ApprovalDecide", event)  # type: ignore[no-any-return]
+
+    def decide(self, gate: str, decision: str, reason: str = "looks right", caller: str = APPROVER) -> dict[str, Any]:
+        request_id = self.pending(gate)["request_id"]
+        response = self.decide_raw(caller, body={"request_id": request_id, "decision": decision, "reason": reason})
+        assert response["statusCode"] == 200, response
+        return json.loads(response["body"])  # type: ignore[no-any-return]
+
+    def jobs(self) -> list[str]:
+        return list(self.local.training_requests)
+
+    def model_packages(self) -> list[dict[str, Any]]:
+        sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+        summaries = sagemaker.list_model_packages(ModelPackageGroupName="training-platform-dev-models")[
+            "ModelPackageSummaryList"
+        ]
+        return [sagemaker.describe_model_package(ModelPackageName=s["ModelPackageArn"]) for s in summaries]
+
+    def error(self, described: dict[str, Any]) -> tuple[str, str]:
+        return described.get("error", ""), described.get("cause") or ""
+
+
+@pytest.fixture
+def pipeline_factory(platform: Any) -> Iterator[Any]:
+    opened: list[LocalPlatform] = []
+
+    def make(scripts: list[list[Poll]] | None = None, clock: Clock | None = None) -> Pipeline:
+        training = ScriptedTraining(scripts=scripts or [[Poll(), COMPLETED]])
+        local = LocalPlatform(Path(platform.assembly.directory), training=training, clock=clock)
+        opened.append(local.__enter__())
+        return Pipeline(local, training)
+
+    yield make
+    for local in opened:
+        local.__exit__(None, None, None)
+
+
+@pytest.fixture
+def pipeline(pipeline_factory: Any) -> Pipeline:
+    return pipeline_factory()  # type: ignore[no-any-return]

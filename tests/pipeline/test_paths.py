@@ -1,0 +1,274 @@
+"""Every path of the state machine, executed: rejections, approvals, capacity, failures, spot, quality."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import boto3
+import pytest
+from moto.sagemaker.exceptions import SagemakerClientError
+
+from localrun.engine import Clock
+from localrun.scripted import Poll
+from tests.conftest import APPROVER
+from tests.pipeline.conftest import COMPLETED, Pipeline
+
+CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
+
+
+def test_above_threshold_waits_for_launch_approval(pipeline: Pipeline) -> None:
+    # 4 x p5.48xlarge for 10 h on demand: thousands of dollars, above the 500 USD threshold.
+    arn = pipeline.start(pipeline.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10))
+    pipeline.run_until(arn, "Approval gate (pre-launch)")
+    assert pipeline.jobs() == []
+    request = pipeline.pending("launch")
+    summary = json.loads(request["summary"])
+    assert summary["instances"] == "4 x ml.p5.48xlarge" and float(summary["max_cost_usd"]) > 500
+    pipeline.decide("launch", "approve", reason="budgeted for Q4")
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    assert len(pipeline.jobs()) == 1
+
+
+def test_launch_rejection_names_who_and_why(pipeline: Pipeline) -> None:
+    arn = pipeline.start(pipeline.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10))
+    pipeline.run_until(arn, "Approval gate (pre-launch)")
+    pipeline.decide("launch", "reject", reason="too expensive this month")
+    described = pipeline.finish(arn)
+    assert pipeline.error(described) == ("LaunchRejected", f"Rejected by {APPROVER}: too expensive this month")
+    assert pipeline.jobs() == []
+    item = (
+        boto3.resource("dynamodb", region_name="us-east-1")
+        .Table(pipeline.local.environment("ApprovalDecide")["TABLE_NAME"])
+        .scan()["Items"][0]
+    )
+    assert (item["status"], item["decided_by"], item["reason"]) == ("REJECTED", APPROVER, "too expensive this month")
+
+
+def test_approval_timeout_is_a_rejection(pipeline_factory: Any) -> None:
+    # The 24 h approval timeout, on a clock where it lasts three seconds.
+    pipeline = pipeline_factory(clock=Clock(approval_timeout_scale=3 / 86400))
+    arn = pipeline.start(pipeline.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10))
+    pipeline.run_until(arn, "Approval gate (pre-launch)")
+    request_id = pipeline.pending("launch")["request_id"]
+    described = pipeline.finish(arn, timeout=20)
+    assert pipeline.error(described)[0] == "ApprovalTimedOut"
+    assert "treated as a rejection" in pipeline.error(described)[1]
+    late = pipeline.decide_raw(
+        APPROVER, body={"request_id": request_id, "decision": "approve", "reason": "sorry, late"}
+    )
+    assert late["statusCode"] == 410
+    assert "rejected" in json.loads(late["body"])["error"]
+    assert pipeline.jobs() == []
+
+
+def test_decisions_are_authenticated_checked_and_final(pipeline: Pipeline) -> None:
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    request_id = pipeline.pending("promotion")["request_id"]
+
+    def answer(caller: str, **body: Any) -> tuple[int, str]:
+        response = pipeline.decide_raw(caller, body={"request_id": request_id, **body})
+        return response["statusCode"], json.loads(response["body"]).get("error", "")
+
+    intruder = "arn:aws:sts::123456789012:assumed-role/DataScientist/mallory"
+    assert answer(intruder, decision="approve", reason="let me in")[0] == 403
+    assert answer(APPROVER, decision="approve", reason="")[0] == 400
+    assert answer(APPROVER, decision="maybe", reason="hmm")[0] == 400
+    status, _ = (
+        pipeline.decide_raw(APPROVER, body={"request_id": "nope", "decision": "approve", "reason": "x"})["statusCode"],
+        None,
+    )
+    assert status == 404
+    # An assumed-role session of the approver role counts as the approver.
+    session = "arn:aws:sts::123456789012:assumed-role/MLLead/jane"
+    assert answer(session, decision="approve", reason="metrics reviewed")[0] == 200
+    replay_status, replay_error = answer(APPROVER, decision="reject", reason="changed my mind")
+    assert replay_status == 409
+    assert replay_error.startswith(f"request {request_id} was already approved by {APPROVER} at ")
+    assert pipeline.finish(arn)["status"] == "SUCCEEDED"
+
+
+def test_promotion_rejection_marks_the_model_rejected(pipeline: Pipeline) -> None:
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.decide("promotion", "reject", reason="regressed on eval set B")
+    described = pipeline.finish(arn)
+    assert pipeline.error(described) == ("PromotionRejected", f"Rejected by {APPROVER}: regressed on eval set B")
+    (package,) = pipeline.model_packages()
+    assert package["ModelApprovalStatus"] == "Rejected"
+
+
+def test_capacity_error_then_success_with_a_new_job_name(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll("InProgress", "Starting"), CAPACITY], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    assert re.fullmatch(r"gpt2-small-[0-9a-f]{8}-1-0", first)
+    assert second == first[: -len("1-0")] + "2-0"
+    requests = pipeline.local.training_requests
+    # The new job resumes from the same run-level checkpoints.
+    assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]
+    assert "Next attempt" in pipeline.local.states_entered(arn)
+
+
+def test_capacity_retries_are_bounded(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[CAPACITY]])
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert pipeline.error(described)[0] == "InsufficientCapacity"
+    assert len(pipeline.jobs()) == 4  # the first attempt plus pipeline.capacity_retries (3)
+
+
+@pytest.mark.filterwarnings("ignore:Exception\\(SagemakerClientError\\) with code ThrottlingException:UserWarning")
+def test_throttled_create_is_retried_under_a_new_name(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto.sagemaker.models import SageMakerModelBackend
+
+    original = SageMakerModelBackend.create_training_job
+    calls = {"n": 0}
+
+    def throttled(backend: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise SagemakerClientError("ThrottlingException", "Rate exceeded")
+        return original(backend, **kwargs)
+
+    monkeypatch.setattr(SageMakerModelBackend, "create_training_job", throttled)
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    (name,) = pipeline.jobs()
+    assert name.endswith("-1-1")  # attempt 1, retry 1
+    (interval,) = pipeline.local.clock.retries  # one retry, full jitter over the first 5 s interval
+    assert 0 <= interval <= 5
+
+
+def test_job_failure_reports_the_reason(pipeline_factory: Any) -> None:
+    reason = "AlgorithmError: CUDA out of memory (see /opt/ml/output/failure)"
+    pipeline = pipeline_factory(scripts=[[Poll(), Poll("Failed", "Failed", failure_reason=reason)]])
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert pipeline.error(described) == ("TrainingJobFailed", reason)
+    failure = [m for m in pipeline.local.messages("TopicsRuns") if m["Subject"] == "Training run failed"]
+    assert json.loads(failure[0]["Message"])["reason"] == reason
+    assert pipeline.model_packages() == []
+
+
+def test_spot_interruption_is_recorded_and_the_run_completes(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(
+        scripts=[[Poll(), Poll("InProgress", "Interrupted"), Poll("InProgress", "Training"), COMPLETED]]
+    )
+    arn = pipeline.start(pipeline.input(spot=True))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.decide("promotion", "approve")
+    assert pipeline.finish(arn)["status"] == "SUCCEEDED"
+    lineage = _lineage(pipeline)
+    assert lineage["cluster"]["spot"] is True
+    assert lineage["cluster"]["interruptions"] == 1
+    assert len(pipeline.jobs()) == 1  # SageMaker resumes a managed spot job itself
+
+
+def test_max_wait_time_exceeded_fails_the_run(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll("InProgress", "Starting"), Poll("Stopped", "MaxWaitTimeExceeded")]])
+    arn = pipeline.start(pipeline.input(spot=True))
+    described = pipeline.finish(arn)
+    error, cause = pipeline.error(described)
+    assert error == "MaxWaitTimeExceeded"
+    assert "MaxWaitTimeExceeded" in cause
+    assert len(pipeline.jobs()) == 1
+
+
+def test_below_quality_threshold_is_not_registered(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll("Completed", "Completed", metrics={"validation:loss": 3.7})]])
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert pipeline.error(described) == ("QualityBelowThreshold", "validation:loss = 3.7 does not meet <= 3.0")
+    assert pipeline.model_packages() == []
+    subjects = [m["Subject"] for m in pipeline.local.messages("TopicsRuns")]
+    assert "Training run finished below its quality gate: not registered" in subjects
+
+
+def test_stale_checkpoints_warn_once(pipeline_factory: Any) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    def started_long_ago(_name: str, _request: dict[str, Any], job: Any) -> None:
+        job.training_start_time = datetime.now(UTC) - timedelta(hours=3)
+
+    pipeline = pipeline_factory(scripts=[[Poll(), Poll(), Poll(), COMPLETED]])
+    pipeline.training.on_create.append(started_long_ago)
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    warnings = [m for m in pipeline.local.messages("TopicsRuns") if "not checkpointed" in m["Subject"]]
+    assert len(warnings) == 1
+    assert json.loads(warnings[0]["Message"])["checkpoint_age_minutes"] > 170
+
+
+def test_registration_records_the_full_lineage(pipeline: Pipeline) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket = pipeline.datasets_bucket
+    versions = {
+        key: s3.put_object(Bucket=bucket, Key=key, Body=b"tokens")["VersionId"]
+        for key in ("corpus/train_000.bin", "corpus/val_000.bin")
+    }
+    s3.put_object(Bucket=bucket, Key="other/ignored.bin", Body=b"x")
+    arn = pipeline.start(pipeline.input(dataset=f"s3://{bucket}/corpus/", spot=True))
+    pipeline.local.wait(arn, 30, until=lambda: bool(pipeline.jobs()))
+    (job,) = pipeline.jobs()
+    base = job.rsplit("-", 2)[0]
+    checkpoints = pipeline.local.environment("Monitor")["CHECKPOINTS_BUCKET"]
+    s3.put_object(Bucket=checkpoints, Key=f"runs/{base}/checkpoints/step-40/manifest.json", Body=b"{}")
+    pipeline.run_until(arn, "Approval gate (promotion)")
+
+    lineage = _lineage(pipeline)
+    assert lineage["dataset"]["s3_uri"] == f"s3://{bucket}/corpus/"
+    assert lineage["dataset"]["objects"] == 2
+    manifest = s3.get_object(
+        Bucket=lineage["dataset"]["versions_uri"].split("/")[2],
+        Key=lineage["dataset"]["versions_uri"].split("/", 3)[3],
+    )["Body"].read()
+    recorded = {json.loads(line)["key"]: json.loads(line)["version_id"] for line in manifest.splitlines()}
+    assert recorded == versions
+    assert "@sha256:" in lineage["image"]
+    assert re.fullmatch(r"[0-9a-f]{12}|unknown", lineage["platform_revision"])
+    assert lineage["hyperparameters"]["lr"] == "0.0006"
+    assert lineage["checkpoints"]["step"] == 40
+    assert lineage["checkpoints"]["uri"].endswith(f"runs/{base}/checkpoints/step-40/")
+    assert lineage["metrics"] == {"validation:loss": 2.5, "train:loss": 2.4}
+    assert lineage["cost"]["billable_seconds"] == 1800
+    assert lineage["cost"]["actual_usd"] == round(1.515 * 0.5, 2)
+    (package,) = pipeline.model_packages()
+    metadata = package["CustomerMetadataProperties"]
+    assert metadata["training_job"] == job
+    assert metadata["lineage"].endswith(f"runs/{base}/lineage/lineage.json")
+    assert metadata["dataset_versions_sha256"] == lineage["dataset"]["versions_sha256"]
+    assert package["ModelApprovalStatus"] == "PendingManualApproval"
+    assert package["MetadataProperties"]["GeneratedBy"] == arn
+
+
+def test_task_tokens_never_reach_logs_or_messages(pipeline: Pipeline, capsys: pytest.CaptureFixture[str]) -> None:
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.pending("promotion")  # the request is stored
+    table = pipeline.local.environment("ApprovalDecide")["TABLE_NAME"]
+    (item,) = boto3.resource("dynamodb", region_name="us-east-1").Table(table).scan()["Items"]
+    token = item["task_token"]
+    pipeline.decide("promotion", "approve")
+    pipeline.finish(arn)
+    captured = capsys.readouterr()
+    assert token not in captured.out + captured.err
+    published = json.dumps(pipeline.local.messages("TopicsRuns"))
+    assert token not in published
+    assert item["request_id"] in published  # approvers refer to the request by its ID
+    listing = pipeline.decide_raw(APPROVER, method="GET")["body"]
+    assert token not in listing
+
+
+def _lineage(pipeline: Pipeline) -> dict[str, Any]:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    artifacts = pipeline.local.environment("Register")["ARTIFACTS_BUCKET"]
+    (key,) = [
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=artifacts, Prefix="runs/")["Contents"]
+        if o["Key"].endswith("lineage.json")
+    ]
+    return json.loads(s3.get_object(Bucket=artifacts, Key=key)["Body"].read())  # type: ignore[no-any-return]
