@@ -17,7 +17,7 @@ from aws_lambda_powertools import Logger
 from lambdas.approvals.store import ApprovalStore, DecisionError, now_utc
 from lambdas.shared.env import env_int, env_json, env_str
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 
 def _store() -> ApprovalStore:

@@ -9,7 +9,7 @@ from aws_lambda_powertools import Logger
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.env import env_float, env_json
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 
 def estimate(

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 
 def evaluate(quality: dict[str, Any] | None, final_metrics: dict[str, float]) -> dict[str, Any]:

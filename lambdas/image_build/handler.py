@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 _FAILED = {"FAILED", "FAULT", "STOPPED", "TIMED_OUT"}
 

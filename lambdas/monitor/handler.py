@@ -16,7 +16,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.shared.env import env_int, env_str
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 _MANIFEST = re.compile(r"step-(\d+)/manifest\.json$")
 # SageMaker's FailureReason for a cluster it could not provision.

@@ -16,7 +16,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.shared.env import env_str
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 _MAX_METADATA_VALUE = 256  # SageMaker's limit on CustomerMetadataProperties values
 
@@ -86,7 +86,7 @@ def register(
             "estimate_usd": estimate["max_cost_usd"],
             "billable_seconds": billable,
             # Billable seconds already net out spot savings; this is list price for them.
-            "actual_usd": round(hourly * billable / 3600, 2) if billable is not None else None,
+            "actual_usd": round(hourly * billable / 3600, 4) if billable is not None else None,
         },
     }
     lineage_key = f"{prefix}/lineage.json"

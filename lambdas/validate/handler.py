@@ -10,7 +10,7 @@ from lambdas.shared.env import env_int, env_json, env_str
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import PlatformLimits, resolve
 
-logger = Logger()
+logger = Logger(service="training-platform")
 
 
 def limits_from_env() -> PlatformLimits:

@@ -235,7 +235,7 @@ def test_registration_records_the_full_lineage(pipeline: Pipeline) -> None:
     assert lineage["checkpoints"]["uri"].endswith(f"runs/{base}/checkpoints/step-40/")
     assert lineage["metrics"] == {"validation:loss": 2.5, "train:loss": 2.4}
     assert lineage["cost"]["billable_seconds"] == 1800
-    assert lineage["cost"]["actual_usd"] == round(1.515 * 0.5, 2)
+    assert lineage["cost"]["actual_usd"] == round(1.515 * 0.5, 4)
     (package,) = pipeline.model_packages()
     metadata = package["CustomerMetadataProperties"]
     assert metadata["training_job"] == job
