@@ -50,11 +50,12 @@ diff: setup  ## cdk diff against a deployed platform (needs AWS credentials).
 deploy: setup  ## cdk deploy --all (needs AWS credentials and a bootstrapped account).
 	$(CDK) deploy --all --require-approval broadening
 
-demo: synth  ## The main job (until the local pipeline run exists: synthesize the platform).
+demo: setup  ## The whole pipeline, run locally: synth, state machine in moto, real training (INPUT=, ARGS=).
+	$(PY) -m localrun.demo $(if $(INPUT),--input $(INPUT),) $(ARGS)
 
 constraints:  ## Re-pin constraints.txt from the current .venv.
 	{ echo "# Full pin set for the dev/CI virtual environment (pip freeze). Regenerate: make constraints"; \
 	  $(PY) -m pip freeze --all | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
 
 clean:  ## Remove build outputs (keeps .venv and node_modules).
-	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf cdk.out demo-out .pytest_cache .mypy_cache .ruff_cache

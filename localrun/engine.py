@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 from unittest import mock
 
 import boto3
@@ -101,15 +103,44 @@ class _Context:
         return 60_000
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set the handler's variables and restore exactly those: other threads keep reading os.environ.
+
+    (unittest.mock.patch.dict restores by clearing the whole mapping, which another thread could
+    observe as an empty environment.)
+    """
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class LocalPlatform:
     """The platform's pipeline, deployed into moto from a cloud assembly."""
 
-    def __init__(self, assembly_dir: Path, *, training: TrainingBackend, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        assembly_dir: Path,
+        *,
+        training: TrainingBackend,
+        clock: Clock | None = None,
+        handler_log: TextIO | None = None,
+    ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
         self.training = training
         self.clock = clock or Clock()
         self.lambda_calls: list[LambdaCall] = []
+        # Where the handlers' (Powertools) log lines go; None leaves them on stdout, as in Lambda.
+        self.handler_log = handler_log
+        self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
         self._functions = {
             self.resolver.ref(stack, logical): (stack, resource)
@@ -130,6 +161,8 @@ class LocalPlatform:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+        for handler in self._redirected:  # the handler modules outlive this platform
+            handler.setStream(sys.stdout)
 
     # -- what the tests and the demo use -----------------------------------------------------
     def start(self, execution_input: dict[str, Any], name: str | None = None) -> str:
@@ -245,15 +278,26 @@ class LocalPlatform:
         handler_path = resource["Properties"]["Handler"]
         module_name, _, attribute = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module_name), attribute)
+        if self.handler_log is not None:
+            self._redirect_handler_logs()
         call = LambdaCall(function=function_name, handler=handler_path, event=event)
         self.lambda_calls.append(call)
-        with self._env_lock, mock.patch.dict(os.environ, self.environment(function_name)):
+        with self._env_lock, _environment(self.environment(function_name)):
             try:
                 call.result = handler(event, _Context(function_name))
             except Exception as exc:
                 call.error = type(exc).__name__
                 raise
         return call.result
+
+    def _redirect_handler_logs(self) -> None:
+        """Point every stdout log handler (Powertools writes JSON lines to stdout) at `handler_log`."""
+        for logger in [logging.getLogger(), *logging.root.manager.loggerDict.values()]:
+            if isinstance(logger, logging.Logger):
+                for handler in logger.handlers:
+                    if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+                        handler.setStream(self.handler_log)
+                        self._redirected.append(handler)
 
     def _invoke_patch(self) -> Callable[..., bytes]:
         def invoke(backend: Any, *args: Any) -> bytes:

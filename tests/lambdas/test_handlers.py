@@ -24,7 +24,7 @@ LIMITS = PlatformLimits(
     training_subnet_ips=4075,
     max_runtime_hours=120,
     volume_size_gb=200,
-    run_emails=("alice@example.org",),
+    run_emails=("alice@example.org", "ml-engineer@example.org"),  # the demo subscribes the latter
     tags={"platform": "distributed-training"},
 )
 

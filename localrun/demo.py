@@ -1,0 +1,414 @@
+"""`make demo`: the whole training pipeline, run locally, through the synthesized state machine.
+
+1. Synthesize the platform (cdk-nag and all) into <out>/cdk.out.
+2. Deploy its pipeline into moto and seed the datasets bucket with a generated corpus.
+3. Start an execution with the input (default examples/demo.json): the real handlers answer
+   every Lambda task, and the training job really trains: one launcher per local "host",
+   one torchrun job over localhost (gloo).
+4. Answer approval gates (prompt, --auto-approve, or --reject), follow progress, and write a
+   run report with the loss curve and the registered model's lineage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from localrun.corpus import build_shards
+from localrun.engine import Clock, LocalPlatform
+from localrun.sagemaker_local import LocalTraining
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_APPROVER = "arn:aws:iam::123456789012:role/DemoApprover"
+DEMO_RECIPIENT = "ml-engineer@example.org"
+# How the local runner scales a request whose model cannot train on this machine in minutes.
+LOCAL_MODEL = {
+    "seq_len": "128",
+    "batch_size": "8",
+    "train.global_batch_size": "0",
+    "optim.warmup_steps": "20",
+    "checkpoint.interval_steps": "40",
+    "checkpoint.interval_minutes": "0",
+    "eval.interval_steps": "100",
+    "eval.max_sequences": "64",
+    "metrics.log_interval": "5",
+    "parallel.compile": "false",
+    "parallel.activation_checkpointing": "false",
+}
+TINY = {"tiny", "llama-tiny"}
+# Longer requests are cut to this many steps locally (a few tens of seconds on 2 cores).
+LOCAL_MAX_STEPS = 300
+_STEP = re.compile(r"\bstep=(\d+) loss=(\S+)")
+_VAL = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
+
+
+@dataclass
+class Outcome:
+    execution_arn: str
+    described: dict[str, Any]
+    states: list[tuple[str, float]]
+    job_names: list[str]
+    report: Path
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _context(out: Path) -> dict[str, Any]:
+    context: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
+    platform = context["platform"]
+    platform["approvers"] = [DEMO_APPROVER]
+    platform["notifications"] = {**platform.get("notifications", {}), "run_emails": [DEMO_RECIPIENT]}
+    return context
+
+
+def synthesize(out: Path) -> Path:
+    # Imported here: aws_cdk starts jsii's Node.js runtime on import, after main() set its environment.
+    from stacks.app_builder import build_platform  # noqa: PLC0415
+
+    assembly = out / "cdk.out"
+    started = time.monotonic()
+    build_platform(_context(out), outdir=str(assembly)).synth()
+    _say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
+    return assembly
+
+
+def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str, str]:
+    """Overrides for what this machine runs; the request, the job and the lineage keep the originals."""
+    scaled: dict[str, str] = {}
+    model = hyperparameters.get("model", hyperparameters.get("model.name", "tiny"))
+    if model not in TINY:
+        scaled = {**LOCAL_MODEL, "model": "llama-tiny" if model.startswith("llama") else "tiny"}
+    requested = int(hyperparameters.get("max_steps", hyperparameters.get("train.max_steps", "1000")))
+    if steps is not None:
+        scaled["max_steps"] = str(steps)
+    elif requested > LOCAL_MAX_STEPS:
+        scaled["max_steps"] = str(LOCAL_MAX_STEPS)
+    if "max_steps" in scaled:  # warmup must fit in the shorter run
+        warmup = int(scaled.get("optim.warmup_steps", hyperparameters.get("optim.warmup_steps", "100")))
+        scaled["optim.warmup_steps"] = str(min(warmup, max(1, int(scaled["max_steps"]) // 10)))
+    if hyperparameters.get("distribution") in ("smddp", "mpi"):
+        scaled["distribution"] = "ddp"  # neither SageMaker's library nor mpirun exists on this machine
+    return scaled
+
+
+def run_demo(
+    *,
+    execution_input: dict[str, Any],
+    out: Path,
+    auto_approve: bool,
+    reject: bool,
+    spot_interrupt: bool,
+    max_hosts: int = 2,
+    procs_per_host: int = 1,
+    steps: int | None = None,
+    assembly: Path | None = None,
+    approver: str = DEMO_APPROVER,
+    wait_seconds: float = 2.0,
+    timeout_seconds: float = 900.0,
+) -> Outcome:
+    out.mkdir(parents=True, exist_ok=True)
+    assembly = assembly or synthesize(out)
+    run_dir = out / execution_input.get("run_name", "run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    printer = _Printer()
+    training = LocalTraining(
+        root=run_dir / "jobs",
+        datasets_bucket="",
+        max_hosts=max_hosts,
+        procs_per_host=procs_per_host,
+        spot_interrupt_after_checkpoint=spot_interrupt,
+        on_line=printer.training_line,
+    )
+    # Polls every `pipeline.poll_interval_seconds` in the definition; here they last `wait_seconds`.
+    clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)
+    handler_log = (run_dir / "handlers.log").open("w")
+    with handler_log, LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log) as platform:
+        training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+        _seed_datasets(platform, execution_input, out / "corpus")
+        original = {
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in execution_input.get("hyperparameters", {}).items()
+        }
+        requested = {
+            **original,
+            "model": str(execution_input.get("model") or original.get("model", "tiny")),
+            "distribution": str(execution_input.get("distribution", "ddp")),
+        }
+        training.local_hyperparameters = local_scale(requested, steps)
+        if training.local_hyperparameters:
+            _say(
+                "local scale (the request, the job and the lineage keep the input's values): "
+                + ", ".join(f"{k}={v}" for k, v in sorted(training.local_hyperparameters.items()))
+            )
+        else:
+            _say("the training job runs the input's hyperparameters as given")
+        name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
+        arn = platform.start(execution_input, name=name)
+        _say(f"started execution {name}\n")
+        decisions: list[dict[str, Any]] = []
+        started = time.monotonic()
+        try:
+            while True:
+                described = platform.sfn.describe_execution(executionArn=arn)
+                printer.states(platform, arn, started)
+                decisions.extend(
+                    _answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject)
+                )
+                if described["status"] != "RUNNING":
+                    break
+                if time.monotonic() - started > timeout_seconds:
+                    platform.sfn.stop_execution(executionArn=arn, error="DemoTimeout", cause="local time limit")
+                    raise TimeoutError(f"execution {name} still running after {timeout_seconds:.0f} s")
+                time.sleep(0.3)
+            printer.states(platform, arn, started)
+        finally:
+            training.stop_all()
+        outcome = Outcome(
+            execution_arn=arn,
+            described=described,
+            states=_durations(platform.history(arn)),
+            job_names=list(platform.training_requests),
+            report=run_dir / "report.md",
+            decisions=decisions,
+        )
+        _report(platform, training, outcome, run_dir)
+    return outcome
+
+
+def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path) -> None:
+    """Put the generated corpus where the input's datasets point (as if engineers had uploaded it)."""
+    shards = build_shards(workdir)
+    bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for key in ("dataset", "validation_dataset"):
+        uri = execution_input.get(key)
+        if not isinstance(uri, str):
+            continue
+        if uri.startswith("fsx:///datasets/"):
+            prefix = uri.removeprefix("fsx:///datasets/").strip("/") + "/"
+        elif uri.startswith(f"s3://{bucket}/"):
+            prefix = uri.removeprefix(f"s3://{bucket}/").strip("/") + "/"
+        else:
+            continue  # Validate will reject it
+        for shard in shards:
+            s3.upload_file(str(shard), bucket, prefix + shard.name)
+        tokens = sum((s.stat().st_size - 1024) // 2 for s in shards)
+        _say(f"seeded s3://{bucket}/{prefix} with the demo corpus ({len(shards)} shards, {tokens:,} tokens)")
+
+
+def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool, reject: bool) -> list[dict[str, Any]]:
+    """Decide open requests of this execution as `approver`, through the real decision handler."""
+    event = {"requestContext": {"http": {"method": "GET"}, "authorizer": {"iam": {"userArn": approver}}}}
+    pending = json.loads(platform.invoke("ApprovalDecide", event)["body"])["pending"]
+    answered = []
+    for request in pending:
+        if request["execution"] != arn:
+            continue
+        summary = json.loads(request["summary"])
+        _say(f"\n  approval needed: {request['gate']} of {request['run_name']} (request {request['request_id']})")
+        for key, value in sorted(summary.items()):
+            _say(f"    {key}: {value}")
+        if reject:
+            decision, reason = "reject", "rejected in the demo (--reject)"
+        elif auto_approve or not sys.stdin.isatty():
+            decision, reason = "approve", "approved in the demo (--auto-approve)"
+        else:
+            answer = input("    approve? [y/N] ").strip().lower()
+            decision = "approve" if answer in ("y", "yes") else "reject"
+            reason = input("    reason: ").strip() or f"{decision}d at the demo prompt"
+        body = {"request_id": request["request_id"], "decision": decision, "reason": reason}
+        post = {"requestContext": {"http": {"method": "POST"}, "authorizer": {"iam": {"userArn": approver}}}}
+        response = platform.invoke("ApprovalDecide", {**post, "body": json.dumps(body)})
+        result = json.loads(response["body"])
+        _say(f"    -> {result.get('decision', result.get('error'))} by {result.get('by', approver)}\n")
+        answered.append(result)
+    return answered
+
+
+class _Printer:
+    """States as they are entered; training steps with loss and throughput."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.lock = threading.Lock()
+
+    def states(self, platform: Any, arn: str, started: float) -> None:
+        entered = platform.states_entered(arn)
+        with self.lock:
+            for name in entered[self.seen :]:
+                _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
+            self.seen = len(entered)
+
+    def training_line(self, job: str, line: str) -> None:
+        step = _STEP.search(line)
+        val = _VAL.search(line)
+        throughput = re.search(r"tokens_per_sec=(\S+)", line)
+        with self.lock:
+            if step:
+                rate = f" tokens/s={float(throughput.group(1)):,.0f}" if throughput else ""
+                _say(f"          [{job}] step {step.group(1):>4} loss {float(step.group(2)):.4f}{rate}")
+            elif val:
+                _say(f"          [{job}] step {val.group(1):>4} validation loss {float(val.group(2)):.4f}")
+            elif line.startswith("--") or "resumed from checkpoint" in line or "Error" in line:
+                _say(f"          [{job}] {line.strip()}")
+
+
+def _durations(history: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(state, seconds) in the order entered, from the execution history's timestamps."""
+    out: list[tuple[str, float]] = []
+    open_state: tuple[str, datetime] | None = None
+    for event in history:
+        stamp = event["timestamp"]
+        if event["type"].endswith("StateEntered"):
+            if open_state:
+                out.append((open_state[0], (stamp - open_state[1]).total_seconds()))
+            open_state = (event["stateEnteredEventDetails"]["name"], stamp)
+        elif event["type"].endswith("StateExited") and open_state:
+            out.append((open_state[0], (stamp - open_state[1]).total_seconds()))
+            open_state = None
+    if open_state:
+        out.append((open_state[0], 0.0))
+    return out
+
+
+def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    train = sorted({int(m.group(1)): float(m.group(2)) for m in _STEP.finditer(logs)}.items())
+    val = sorted({int(m.group(1)): float(m.group(2)) for m in _VAL.finditer(logs)}.items())
+    return train, val
+
+
+def _plot(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path, title: str) -> None:
+    import matplotlib  # noqa: PLC0415 - the backend must be chosen before pyplot is imported
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        axes.plot(*zip(*train, strict=True), label="train loss")
+    if val:
+        axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss (nats/token)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _report(platform: Any, training: Any, outcome: Outcome, run_dir: Path) -> None:
+    described = outcome.described
+    status = described["status"]
+    lines = [f"# Training run report: {outcome.execution_arn.rsplit(':', 1)[-1]}", "", f"Outcome: **{status}**"]
+    if status != "SUCCEEDED":
+        lines.append(f"Error: `{described.get('error')}`; cause: {described.get('cause')}")
+    lines += ["", "## States", "", "| State | Seconds |", "| --- | --- |"]
+    lines += [f"| {name} | {seconds:.2f} |" for name, seconds in outcome.states]
+    estimate = next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None)
+    if estimate:
+        lines += ["", "## Cost estimate", "", "```json", json.dumps(estimate, indent=2), "```"]
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for job in outcome.job_names:
+        logs = training.logs(job)
+        (run_dir / f"{job}.log").write_text(logs)
+        train, val = loss_curve(logs)
+        png = run_dir / f"{job}-loss.png"
+        if train:
+            _plot(train, val, png, job)
+        request = platform.training_requests[job]
+        lines += ["", f"## Training job {job}", "", f"Log: `{run_dir / (job + '.log')}`"]
+        if train:
+            lines += [
+                f"Loss curve: ![loss]({png.name})",
+                f"First/last train loss: {train[0][1]:.4f} -> {train[-1][1]:.4f}",
+            ]
+        sm = boto3.client("sagemaker", region_name="us-east-1").describe_training_job(TrainingJobName=job)
+        lines.append(f"Status: {sm['TrainingJobStatus']} ({sm.get('SecondaryStatus')})")
+        if sm.get("FailureReason"):
+            lines.append(f"Failure: {sm['FailureReason']}")
+        transitions = [t["Status"] for t in sm.get("SecondaryStatusTransitions", [])]
+        lines.append(f"Secondary statuses: {' -> '.join(transitions)}")
+        metrics = {m["MetricName"]: m["Value"] for m in sm.get("FinalMetricDataList", [])}
+        if metrics:
+            lines += ["Final metrics (MetricDefinitions on the log):", ""]
+            lines += [f"- `{k}` = {v}" for k, v in sorted(metrics.items())]
+        bucket, prefix = request["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+        steps = sorted({int(m.group(1)) for k in keys if (m := re.search(r"step-(\d+)/manifest\.json$", k))})
+        lines.append(f"Checkpoints in {request['CheckpointConfig']['S3Uri']}: steps {steps}")
+    packages = boto3.client("sagemaker", region_name="us-east-1").list_model_packages(
+        ModelPackageGroupName="training-platform-dev-models"
+    )["ModelPackageSummaryList"]
+    registrations = [c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.register") and c.result]
+    for summary, registration in zip(packages, registrations, strict=False):
+        package = boto3.client("sagemaker", region_name="us-east-1").describe_model_package(
+            ModelPackageName=summary["ModelPackageArn"]
+        )
+        lines += ["", "## Registered model", "", f"{package['ModelPackageArn']}: **{package['ModelApprovalStatus']}**"]
+        lineage_uri = registration["lineage_uri"]
+        bucket, key = lineage_uri.removeprefix("s3://").split("/", 1)
+        lineage = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        (run_dir / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True))
+        lines += [f"Lineage ({lineage_uri}):", "", "```json", json.dumps(lineage, indent=2, sort_keys=True), "```"]
+    for decision in outcome.decisions:
+        who = f"{decision.get('decision')} by {decision.get('by')}"
+        lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
+    outcome.report.write_text("\n".join(lines) + "\n")
+    _say("")
+    _say("\n".join(lines))
+    _say(f"\nreport: {outcome.report}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", type=Path, default=REPO / "examples" / "demo.json", help="execution input JSON")
+    parser.add_argument("--out", type=Path, default=REPO / "demo-out", help="where the run's files go")
+    parser.add_argument("--auto-approve", action="store_true", help="approve every gate without asking")
+    parser.add_argument("--reject", action="store_true", help="reject the first gate (the rejection path)")
+    parser.add_argument("--spot-interrupt", action="store_true", help="interrupt the job after its first checkpoint")
+    parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
+    parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
+    parser.add_argument("--steps", type=int, help="override the local run's max_steps")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    for var, value in {
+        "AWS_ACCESS_KEY_ID": "demo",
+        "AWS_SECRET_ACCESS_KEY": "demo",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        os.environ[var] = value
+    os.environ.pop("AWS_PROFILE", None)
+    started = time.monotonic()
+    outcome = run_demo(
+        execution_input=json.loads(args.input.read_text()),
+        out=args.out,
+        auto_approve=args.auto_approve,
+        reject=args.reject,
+        spot_interrupt=args.spot_interrupt,
+        max_hosts=args.hosts,
+        procs_per_host=args.procs_per_host,
+        steps=args.steps,
+    )
+    _say(f"demo finished in {time.monotonic() - started:.0f} s")
+    expected = "FAILED" if args.reject else "SUCCEEDED"
+    return 0 if outcome.described["status"] == expected else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""SageMaker training jobs, run for real on this machine by the project's own launcher.
+
+When the state machine creates a training job, this lays out one `/opt/ml` tree per "host"
+from the CreateTrainingJob request (hyperparameters, resourceconfig.json, data channels
+copied from the datasets bucket as FSx would lazy-load them, the run's checkpoints restored
+from S3) and starts `python -m training.launcher train` for each host, which form one
+torchrun job over localhost. DescribeTrainingJob then reports what really happens: InProgress
+while the launchers run, Completed with the final metrics SageMaker's MetricDefinitions would
+parse from the log, or Failed with the first line of /opt/ml/output/failure. Checkpoints are
+synced to the request's S3 URI as SageMaker does, and the model is uploaded as model.tar.gz.
+
+A spot interruption is played as SageMaker plays it: SIGTERM to every host (the trainer
+checkpoints and exits), secondary status Interrupted, then fresh hosts whose checkpoints are
+restored from S3, which resume the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from localrun.cfn import REGION
+from training.metrics import parse_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+_S3 = re.compile(r"^s3://([^/]+)/(.*)$")
+
+
+def _split(uri: str) -> tuple[str, str]:
+    match = _S3.match(uri)
+    if match is None:
+        raise ValueError(f"not an S3 URI: {uri}")
+    return match.group(1), match.group(2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LocalJob:
+    name: str
+    request: dict[str, Any]
+    workdir: Path
+    hosts: list[str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    log: Path | None = None
+    generation: int = 0
+    interrupted: bool = False
+    restarting: bool = False
+    finished: bool = False
+    synced: dict[str, float] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+
+    def tree(self, host: str) -> Path:
+        return self.workdir / f"gen-{self.generation}" / host
+
+
+@dataclass
+class LocalTraining:
+    """Runs each created job with real processes; `scale` maps the request onto this machine."""
+
+    root: Path
+    datasets_bucket: str
+    max_hosts: int = 2
+    procs_per_host: int = 1
+    local_hyperparameters: dict[str, str] = field(default_factory=dict)
+    spot_interrupt_after_checkpoint: bool = False
+    on_line: Callable[[str, str], None] | None = None
+    jobs: dict[str, LocalJob] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        # A snapshot: the engine patches os.environ around each handler call on another thread.
+        self._base_env = {
+            k: v
+            for k, v in os.environ.copy().items()
+            if not k.startswith(("SM_", "TRAINING_", "OPT_ML", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
+        }
+
+    # -- TrainingBackend ------------------------------------------------------------------------
+    def created(self, name: str, request: dict[str, Any], job: Any) -> None:
+        count = min(int(request["ResourceConfig"]["InstanceCount"]), self.max_hosts)
+        local = LocalJob(name, request, self.root / name, [f"algo-{i + 1}" for i in range(count)])
+        self.jobs[name] = local
+        self._start(local)
+        job.secondary_status = "Training"
+        job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
+        job.training_start_time = datetime.now(UTC)
+
+    def described(self, name: str, job: Any) -> None:
+        with self._lock:
+            local = self.jobs[name]
+            if local.finished or local.restarting:
+                return
+            self._sync_checkpoints(local)
+            codes = [p.poll() for p in local.processes]
+            interrupt = self.spot_interrupt_after_checkpoint and not local.interrupted and None in codes
+            if interrupt and self._has_checkpoint(local):
+                local.interrupted = local.restarting = True
+                job.secondary_status = "Interrupted"
+                job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
+                threading.Thread(target=self._interrupt, args=(local, job), daemon=True).start()
+                return
+            failed = any(code not in (None, 0) for code in codes)
+            if None in codes and not failed:
+                return
+            # SageMaker fails the job as soon as one host's container exits with an error, and stops the rest.
+            for process in local.processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+            local.finished = True
+            job.billable_time_in_seconds = max(1, round(time.monotonic() - local.started_at))
+            job.final_metric_data_list = self._final_metrics(local)
+            if not failed:
+                self._upload_model(local, job)
+                job.training_job_status = "Completed"
+                job.secondary_status = "Completed"
+            else:
+                job.training_job_status = "Failed"
+                job.secondary_status = "Failed"
+                job.failure_reason = f"AlgorithmError: {self._failure(local)}"
+            job.secondary_status_transitions.append({"Status": job.secondary_status, "StartTime": datetime.now(UTC)})
+            job.training_end_time = datetime.now(UTC)
+
+    # -- hosts ------------------------------------------------------------------------------------
+    def _start(self, local: LocalJob) -> None:
+        request = local.request
+        hyperparameters = {**request.get("HyperParameters", {}), **self.local_hyperparameters}
+        port = _free_port()
+        for host in local.hosts:
+            tree = local.tree(host)
+            config = tree / "input" / "config"
+            config.mkdir(parents=True, exist_ok=True)
+            (config / "hyperparameters.json").write_text(json.dumps(hyperparameters, indent=2))
+            (config / "resourceconfig.json").write_text(
+                json.dumps({"current_host": host, "hosts": local.hosts, "network_interface_name": "lo"})
+            )
+            (config / "inputdataconfig.json").write_text(
+                json.dumps(
+                    {
+                        c["ChannelName"]: {"TrainingInputMode": c.get("InputMode", "File")}
+                        for c in request["InputDataConfig"]
+                    }
+                )
+            )
+            for channel in request["InputDataConfig"]:
+                self._download_channel(channel, tree / "input" / "data" / channel["ChannelName"])
+            self._restore_checkpoints(local, tree / "checkpoints")
+        logs = local.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        local.processes = []
+        for host in local.hosts:
+            env = dict(self._base_env)
+            env.update(request.get("Environment", {}))  # the job's Environment, as SageMaker sets it
+            env.update(
+                OPT_ML_ROOT=str(local.tree(host)),
+                TRAINING_MASTER_ADDR="127.0.0.1",
+                TRAINING_MASTER_PORT=str(port),
+                TRAINING_NPROC_PER_NODE=str(self.procs_per_host),
+                PYTHONPATH=str(REPO),
+                OMP_NUM_THREADS="1",
+            )
+            log = logs / f"{host}-gen{local.generation}.log"
+            handle = log.open("wb")
+            process = subprocess.Popen(
+                [sys.executable, "-m", "training.launcher", "train"],
+                cwd=REPO,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            local.processes.append(process)
+            if host == local.hosts[0]:
+                local.log = log
+                threading.Thread(target=self._follow, args=(local, log, process), daemon=True).start()
+
+    def _follow(self, local: LocalJob, log: Path, process: subprocess.Popen[bytes]) -> None:
+        """Stream host 1's log lines to `on_line` while its launcher runs."""
+        if self.on_line is None:
+            return
+        position = 0
+        while True:
+            done = process.poll() is not None
+            text = log.read_text(errors="replace")
+            for line in text[position:].splitlines():
+                self.on_line(local.name, line)
+            position = len(text)
+            if done:
+                return
+            time.sleep(0.2)
+
+    def _interrupt(self, local: LocalJob, job: Any) -> None:
+        """A spot reclaim, in the background: SIGTERM every host, let them checkpoint, start fresh hosts."""
+        if self.on_line is not None:
+            self.on_line(local.name, "-- spot interruption: SIGTERM to every host; they checkpoint and exit --")
+        for process in local.processes:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in local.processes:
+            process.wait(timeout=180)
+        with self._lock:
+            self._sync_checkpoints(local)
+            local.generation += 1
+            if self.on_line is not None:
+                self.on_line(local.name, "-- new spot capacity: fresh hosts, checkpoints restored from S3 --")
+            self._start(local)
+            job.secondary_status = "Training"
+            job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
+            local.restarting = False
+
+    # -- S3, as SageMaker uses it -------------------------------------------------------------------
+    def _download_channel(self, channel: dict[str, Any], target: Path) -> None:
+        source = channel["DataSource"]
+        if "S3DataSource" in source:
+            bucket, prefix = _split(source["S3DataSource"]["S3Uri"])
+        else:  # FSx for Lustre: /<mount>/datasets/<path> is the datasets bucket's <path>, lazily loaded
+            relative = source["FileSystemDataSource"]["DirectoryPath"].split("/datasets/", 1)[1]
+            bucket, prefix = self.datasets_bucket, relative.strip("/") + "/"
+        s3 = boto3.client("s3", region_name=REGION)
+        target.mkdir(parents=True, exist_ok=True)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                destination = target / obj["Key"][len(prefix) :]
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, obj["Key"], str(destination))
+
+    def _checkpoint_location(self, local: LocalJob) -> tuple[str, str] | None:
+        config = local.request.get("CheckpointConfig")
+        return _split(config["S3Uri"]) if config else None
+
+    def _restore_checkpoints(self, local: LocalJob, target: Path) -> None:
+        location = self._checkpoint_location(local)
+        if location is None:
+            return
+        bucket, prefix = location
+        s3 = boto3.client("s3", region_name=REGION)
+        target.mkdir(parents=True, exist_ok=True)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                destination = target / obj["Key"][len(prefix) :]
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, obj["Key"], str(destination))
+
+    def _sync_checkpoints(self, local: LocalJob) -> None:
+        """Upload every host's new or changed checkpoint files to the one S3 prefix, as SageMaker does."""
+        location = self._checkpoint_location(local)
+        if location is None:
+            return
+        bucket, prefix = location
+        s3 = boto3.client("s3", region_name=REGION)
+        files: list[tuple[Path, Path]] = []
+        for host in local.hosts:
+            folder = local.tree(host) / "checkpoints"
+            if folder.exists():
+                files.extend((folder, p) for p in folder.rglob("*") if p.is_file())
+        # Manifests last: a checkpoint is complete in S3 only once all of its files are there.
+        for folder, path in sorted(files, key=lambda f: (f[1].name == "manifest.json", str(f[1]))):
+            key = f"{prefix}{path.relative_to(folder).as_posix()}"
+            try:
+                stamp = path.stat().st_mtime
+                if local.synced.get(f"{folder}:{key}") != stamp:
+                    s3.upload_file(str(path), bucket, key)
+                    local.synced[f"{folder}:{key}"] = stamp
+            except FileNotFoundError:
+                continue  # pruned by the trainer since the listing; a newer checkpoint is committed
+
+    def _has_checkpoint(self, local: LocalJob) -> bool:
+        folder = local.tree(local.hosts[0]) / "checkpoints"
+        return any(folder.glob("step-*/manifest.json"))
+
+    def _upload_model(self, local: LocalJob, job: Any) -> None:
+        model = local.tree(local.hosts[0]) / "model"
+        archive = local.workdir / "model.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in sorted(model.rglob("*")):
+                tar.add(path, arcname=path.relative_to(model).as_posix())
+        bucket, prefix = _split(local.request["OutputDataConfig"]["S3OutputPath"])
+        key = f"{prefix}{local.name}/output/model.tar.gz"
+        boto3.client("s3", region_name=REGION).upload_file(str(archive), bucket, key)
+        job.model_artifacts = {"S3ModelArtifacts": f"s3://{bucket}/{key}"}
+
+    # -- what SageMaker reports ------------------------------------------------------------------------
+    def logs(self, name: str) -> str:
+        local = self.jobs[name]
+        return "".join(p.read_text(errors="replace") for p in sorted((local.workdir / "logs").glob("algo-1-gen*.log")))
+
+    def _final_metrics(self, local: LocalJob) -> list[dict[str, Any]]:
+        parsed = parse_metrics(self.logs(local.name))
+        now = datetime.now(UTC)
+        return [{"MetricName": k, "Value": values[-1], "Timestamp": now} for k, values in sorted(parsed.items())]
+
+    def _failure(self, local: LocalJob) -> str:
+        for host in local.hosts:
+            failure = local.tree(host) / "output" / "failure"
+            if failure.exists():
+                return failure.read_text(errors="replace").splitlines()[0]
+        return "the training processes exited with an error and wrote no failure file"
+
+    def stop_all(self) -> None:
+        for local in self.jobs.values():
+            for process in local.processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+            local.finished = True
+
+    def copy_outputs(self, name: str, destination: Path) -> None:
+        local = self.jobs[name]
+        shutil.copytree(local.tree(local.hosts[0]) / "model", destination / "model", dirs_exist_ok=True)

@@ -1,0 +1,147 @@
+"""`make demo` end to end: the synthesized state machine driving real local training through the launcher."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.demo import run_demo
+from tests.conftest import APPROVER, RUN_EMAIL
+
+pytestmark = pytest.mark.slow
+
+
+def _input(**overrides: Any) -> dict[str, Any]:
+    hyperparameters = {
+        "max_steps": 60,
+        "batch_size": 8,
+        "seq_len": 128,
+        "lr": 0.003,
+        "optim.warmup_steps": 10,
+        "checkpoint.interval_steps": 20,
+        "eval.interval_steps": 30,
+        "eval.max_sequences": 64,
+        "metrics.log_interval": 5,
+    }
+    execution_input = {
+        "run_name": "demo-test",
+        "model": "tiny",
+        "dataset": "fsx:///datasets/demo-corpus/",
+        "instance_type": "ml.m5.xlarge",
+        "instance_count": 2,
+        "distribution": "ddp",
+        "spot": True,
+        "max_runtime_hours": 1,
+        "hyperparameters": hyperparameters,
+        "quality": {"metric": "validation:loss", "max": 4.0},
+        "notify": [RUN_EMAIL],
+    }
+    for key, value in overrides.items():
+        if key == "hyperparameters":
+            hyperparameters.update(value)
+        else:
+            execution_input[key] = value
+    return execution_input
+
+
+def _demo(platform: Any, tmp_path: Path, execution_input: dict[str, Any], **options: Any) -> Any:
+    arguments: dict[str, Any] = {
+        "auto_approve": True,
+        "reject": False,
+        "spot_interrupt": False,
+        "approver": APPROVER,
+        "wait_seconds": 1.0,
+        "timeout_seconds": 240.0,
+    }
+    return run_demo(
+        execution_input=execution_input,
+        out=tmp_path,
+        assembly=Path(platform.assembly.directory),
+        **(arguments | options),
+    )
+
+
+def _states(outcome: Any) -> list[str]:
+    return [name for name, _ in outcome.states]
+
+
+def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path) -> None:
+    outcome = _demo(platform, tmp_path, _input())
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    assert _states(outcome)[-4:] == ["Promotion approved?", "Approve model", "Notify success", "Model promoted"]
+    (job,) = outcome.job_names
+    jobs = tmp_path / "demo-test" / "jobs" / job
+    # Two hosts formed one job; rank 0 wrote the model and the loss fell.
+    host1 = jobs / "gen-0" / "algo-1"
+    assert (host1 / "model" / "model.safetensors").stat().st_size > 0
+    assert json.loads((host1 / "model" / "config.json").read_text())
+    log = (tmp_path / "demo-test" / f"{job}.log").read_text()
+    losses = [float(m) for m in re.findall(r"\bstep=\d+ loss=(\S+)", log)]
+    assert losses[-1] < losses[0] - 1.0
+    assert "host algo-1 is node 0 of 2" in log and "rank 0/2 on cpu (backend gloo)" in log
+    with tarfile.open(jobs / "model.tar.gz") as tar:  # what SageMaker uploads as ModelArtifacts
+        assert {"model.safetensors", "config.json"} <= set(tar.getnames())
+    # The report: states with durations, metrics, loss curve, lineage.
+    report = outcome.report.read_text()
+    assert "Outcome: **SUCCEEDED**" in report and "| Validate request |" in report
+    assert (tmp_path / "demo-test" / f"{job}-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lineage = json.loads((tmp_path / "demo-test" / "lineage.json").read_text())
+    assert lineage["training_job"] == job
+    assert lineage["metrics"]["validation:loss"] < 4.0
+    assert lineage["checkpoints"]["step"] == 60
+    assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
+
+
+def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:
+    outcome = _demo(platform, tmp_path, _input(run_name="demo-spot"), spot_interrupt=True)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    (job,) = outcome.job_names  # SageMaker's managed spot restarts the same job
+    jobs = tmp_path / "demo-spot" / "jobs" / job
+    assert (jobs / "gen-1" / "algo-1" / "model" / "model.safetensors").exists()  # the fresh hosts finished
+    resumed = re.search(r"resumed from checkpoint step-(\d+)", (jobs / "logs" / "algo-1-gen1.log").read_text())
+    assert resumed is not None and int(resumed.group(1)) >= 20
+    steps = [int(s) for s in re.findall(r"\bstep=(\d+) loss=", (jobs / "logs" / "algo-1-gen1.log").read_text())]
+    assert steps and min(steps) > int(resumed.group(1))  # no step before the checkpoint is trained again
+    lineage = json.loads((tmp_path / "demo-spot" / "lineage.json").read_text())
+    assert lineage["cluster"]["interruptions"] == 1
+    assert "Interrupted -> Training -> Completed" in outcome.report.read_text()
+
+
+def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:
+    outcome = _demo(platform, tmp_path, _input(run_name="demo-reject", hyperparameters={"max_steps": 20}), reject=True)
+    assert outcome.described["status"] == "FAILED"
+    assert outcome.described["error"] == "PromotionRejected"
+    assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject)"
+    report = outcome.report.read_text()
+    assert re.search(r"model-package/training-platform-dev-models/1: \*\*Rejected\*\*", report)
+
+
+def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> None:
+    # Passes Validate (a legal vocabulary size) but the corpus holds byte ids above it.
+    outcome = _demo(platform, tmp_path, _input(run_name="demo-fail", hyperparameters={"model.vocab_size": 200}))
+    assert outcome.described["status"] == "FAILED"
+    assert outcome.described["error"] == "TrainingJobFailed"
+    (job,) = outcome.job_names
+    failure = (tmp_path / "demo-fail" / "jobs" / job / "gen-0" / "algo-1" / "output" / "failure").read_text()
+    assert outcome.described["cause"] == f"AlgorithmError: {failure.splitlines()[0]}"
+    assert "vocab" in failure.lower()
+    assert "Training failed" in _states(outcome)
+
+
+def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
+    from localrun.demo import local_scale
+
+    assert local_scale({"model": "tiny", "max_steps": "240"}, None) == {}
+    scaled = local_scale({"model": "llama-1b", "max_steps": "60000", "optim.warmup_steps": "2000"}, None)
+    assert scaled["model"] == "llama-tiny" and scaled["max_steps"] == "300"
+    assert int(scaled["optim.warmup_steps"]) <= 30
+    assert (
+        local_scale({"model": "tiny", "max_steps": "500", "optim.warmup_steps": "100"}, None)["optim.warmup_steps"]
+        == "30"
+    )
+    assert local_scale({"model": "gpt2", "distribution": "smddp"}, 50)["distribution"] == "ddp"
