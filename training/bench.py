@@ -1,0 +1,230 @@
+"""Benchmarks of the training package, on the code paths real training runs.
+
+    python -m training.bench train --hp model=gpt2 --hp batch_size=16 --warmup 10 --steps 50
+    python -m training.bench loader --seq-len 1024 --batch 64
+    python -m training.bench checkpoint --hp model=gpt2
+
+`train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
+shards and runs its real loop; only the step boundaries are timed (with a device sync at the
+end of the warm-up and at the end). `loader` times the distributed loader on memory-mapped
+shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
+Trainer's own state. Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.config import from_hyperparameters, parse_overrides
+from training.contract import Paths
+from training.data import DistributedTokenLoader, TokenSamples, write_shard
+from training.models.args import PRESETS
+from training.signals import StopRequest
+
+
+def _synthetic_shards(folder: Path, *, tokens: int, vocab: int, shards: int = 2, seed: int = 0) -> list[Path]:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(shards):
+        path = folder / f"bench_train_{i:03d}.bin"
+        write_shard(path, rng.integers(0, min(vocab, 50257), tokens // shards, dtype=np.uint16))
+        paths.append(path)
+    return paths
+
+
+def _single_process_env() -> None:
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+
+
+def _device_name(torch: Any) -> str:
+    return str(torch.cuda.get_device_name()) if torch.cuda.is_available() else f"cpu x{os.cpu_count()}"
+
+
+def _peak_memory_gib(torch: Any) -> float:
+    if torch.cuda.is_available():
+        return float(torch.cuda.max_memory_allocated()) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kiB on Linux
+
+
+def _row(fields: dict[str, Any]) -> str:
+    return " | ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def bench_train(hyperparameters: dict[str, str], *, warmup: int, steps: int, tokens: int) -> dict[str, Any]:
+    import torch  # noqa: PLC0415 - keep `python -m training.bench loader` torch-free and fast
+
+    from training.trainer import Trainer  # noqa: PLC0415
+
+    _single_process_env()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        paths = Paths(Path(tmp))
+        overrides = {
+            "max_steps": str(warmup + steps),
+            "checkpoint.interval_steps": "0",
+            "checkpoint.interval_minutes": "0",
+            "eval.interval_steps": "0",
+            "metrics.log_interval": str(10**9),
+            "optim.warmup_steps": str(max(1, (warmup + steps) // 10)),
+            **hyperparameters,
+        }
+        cfg = from_hyperparameters(overrides)
+        vocab = cfg.model.vocab_size or PRESETS[cfg.model.name].vocab_size
+        _synthetic_shards(paths.channel("train"), tokens=tokens, vocab=vocab)
+        trainer = Trainer(cfg, paths, StopRequest())
+        marks: dict[str, float] = {}
+        step_fn: Callable[[], Any] = trainer._train_step
+
+        def timed_step() -> Any:
+            result = step_fn()
+            done = trainer.state.step + 1
+            if done in (warmup, warmup + steps):
+                if trainer.env.device.type == "cuda":
+                    torch.cuda.synchronize()
+                marks["start" if done == warmup else "end"] = time.perf_counter()
+            return result
+
+        trainer._train_step = timed_step  # type: ignore[method-assign]
+        if warmup == 0:
+            marks["start"] = time.perf_counter()
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+        seconds = marks["end"] - marks["start"]
+        tokens_per_step = trainer.global_batch * trainer.seq_len
+        tokens_per_sec = steps * tokens_per_step / seconds
+        peak = trainer.peak_flops
+        return {
+            "model": cfg.model.name,
+            "distribution": cfg.distribution,
+            "batch": trainer.global_batch,
+            "seq": trainer.seq_len,
+            "tokens_per_sec": round(tokens_per_sec),
+            "mfu": round(tokens_per_sec * trainer.flops_per_token / peak, 4) if peak else "n/a",
+            "step_ms": round(1000 * seconds / steps, 1),
+            "peak_mem_gib": round(_peak_memory_gib(torch), 2),
+            "torch": torch.__version__,
+            "device": _device_name(torch),
+        }
+
+
+def bench_loader(*, seq_len: int, batch: int, tokens: int, batches: int, world_size: int) -> dict[str, Any]:
+    """Tokens per second of one rank's loader (rank 0 of `world_size`) reading memory-mapped shards."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        shards = _synthetic_shards(Path(tmp), tokens=tokens, vocab=50304)
+        samples = TokenSamples(shards, seq_len)
+        loader = DistributedTokenLoader(samples, micro_batch=batch, rank=0, world_size=world_size, seed=0, shuffle=True)
+        for _ in range(10):  # first touches fault pages in; the page cache then holds the shards
+            loader.next_batch()
+        start = time.perf_counter()
+        for _ in range(batches):
+            loader.next_batch()
+        seconds = time.perf_counter() - start
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "loader": "DistributedTokenLoader (shuffled, memmap)",
+        "batch": batch,
+        "seq": seq_len,
+        "tokens_per_sec": round(batches * batch * seq_len / seconds),
+        "us_per_batch": round(1e6 * seconds / batches, 1),
+    }
+
+
+def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[str, Any]:
+    """Seconds the training loop is blocked by a checkpoint: a blocking save, and an async one's staging."""
+    import torch  # noqa: PLC0415
+
+    from training.trainer import Trainer  # noqa: PLC0415
+
+    _single_process_env()
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        paths = Paths(Path(tmp))
+        cfg = from_hyperparameters(
+            {
+                "max_steps": "100",
+                "optim.warmup_steps": "1",
+                "checkpoint.keep_last": "2",
+                "eval.interval_steps": "0",
+                **hyperparameters,
+            }
+        )
+        vocab = cfg.model.vocab_size or PRESETS[cfg.model.name].vocab_size
+        _synthetic_shards(paths.channel("train"), tokens=4 * cfg.train.micro_batch_size * 1025, vocab=vocab)
+        trainer = Trainer(cfg, paths, StopRequest())
+        try:
+            trainer._train_step()  # optimizer state exists only after the first step
+            trainer.state.step = 1
+            blocking, staging = [], []
+            for i in range(repeats):
+                trainer.state.step = 10 + 2 * i
+                start = time.perf_counter()
+                trainer.checkpoints.save(trainer.state, blocking=True)
+                blocking.append(time.perf_counter() - start)
+                trainer.state.step = 11 + 2 * i
+                start = time.perf_counter()
+                trainer.checkpoints.save(trainer.state, blocking=False)
+                staging.append(time.perf_counter() - start)
+                trainer.checkpoints.wait()
+            size = sum(f.stat().st_size for f in (paths.checkpoints / f"step-{trainer.state.step}").iterdir())
+        finally:
+            trainer.close()
+    return {
+        "model": cfg.model.name,
+        "checkpoint_gib": round(size / 2**30, 3),
+        "blocking_save_s": round(min(blocking), 3),
+        "async_staging_s": round(min(staging), 3),
+        "torch": torch.__version__,
+        "device": _device_name(torch),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.bench", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="training throughput, MFU, memory")
+    train.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="hyperparameter override")
+    train.add_argument("--warmup", type=int, default=5)
+    train.add_argument("--steps", type=int, default=20)
+    train.add_argument("--tokens", type=int, default=20_000_000, help="synthetic tokens in the shards")
+    loader = commands.add_parser("loader", help="data loader tokens/s on memory-mapped shards")
+    loader.add_argument("--seq-len", type=int, default=1024)
+    loader.add_argument("--batch", type=int, default=64)
+    loader.add_argument("--tokens", type=int, default=200_000_000)
+    loader.add_argument("--batches", type=int, default=2000)
+    loader.add_argument("--world-size", type=int, default=8)
+    checkpoint = commands.add_parser("checkpoint", help="checkpoint blocking time")
+    checkpoint.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
+    checkpoint.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    if args.command == "train":
+        row = bench_train(parse_overrides(args.hp), warmup=args.warmup, steps=args.steps, tokens=args.tokens)
+    elif args.command == "loader":
+        row = bench_loader(
+            seq_len=args.seq_len, batch=args.batch, tokens=args.tokens, batches=args.batches, world_size=args.world_size
+        )
+    else:
+        row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats)
+    print(_row(row))
+    print(json.dumps(row), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
