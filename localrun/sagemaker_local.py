@@ -49,6 +49,17 @@ def _split(uri: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+def _download_prefix(bucket: str, prefix: str, target: Path) -> None:
+    """Every object under an S3 prefix into `target`, keeping the relative paths."""
+    s3 = boto3.client("s3", region_name=REGION)
+    target.mkdir(parents=True, exist_ok=True)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            destination = target / obj["Key"][len(prefix) :]
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, obj["Key"], str(destination))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -236,13 +247,7 @@ class LocalTraining:
         else:  # FSx for Lustre: /<mount>/datasets/<path> is the datasets bucket's <path>, lazily loaded
             relative = source["FileSystemDataSource"]["DirectoryPath"].split("/datasets/", 1)[1]
             bucket, prefix = self.datasets_bucket, relative.strip("/") + "/"
-        s3 = boto3.client("s3", region_name=REGION)
-        target.mkdir(parents=True, exist_ok=True)
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                destination = target / obj["Key"][len(prefix) :]
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                s3.download_file(bucket, obj["Key"], str(destination))
+        _download_prefix(bucket, prefix, target)
 
     def _checkpoint_location(self, local: LocalJob) -> tuple[str, str] | None:
         config = local.request.get("CheckpointConfig")
@@ -252,14 +257,7 @@ class LocalTraining:
         location = self._checkpoint_location(local)
         if location is None:
             return
-        bucket, prefix = location
-        s3 = boto3.client("s3", region_name=REGION)
-        target.mkdir(parents=True, exist_ok=True)
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                destination = target / obj["Key"][len(prefix) :]
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                s3.download_file(bucket, obj["Key"], str(destination))
+        _download_prefix(*location, target)
 
     def _sync_checkpoints(self, local: LocalJob) -> None:
         """Upload every host's new or changed checkpoint files to the one S3 prefix, as SageMaker does."""

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
@@ -22,7 +21,7 @@ from constructs import Construct
 from stacks.constructs.approval_gate import ApprovalGate
 from stacks.constructs.cost_controls import COST_TAG, PipelineAlarms, PlatformBudget
 from stacks.constructs.function import PlatformFunction
-from stacks.constructs.logs import retention
+from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.notifications import PlatformTopics
 from stacks.constructs.training_job import DistributedTrainingJob, poll_wait
@@ -563,13 +562,7 @@ class PipelineStack(Stack):
         )
         first_attempt.next(create)
 
-        log_group = logs.LogGroup(
-            self,
-            "StateMachineLogs",
-            encryption_key=self._key,
-            retention=retention(365),
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        log_group = encrypted_log_group(self, "StateMachineLogs", key=self._key, retention_days=365)
         hours = (
             2 * pipeline.approval_timeout_hours + (pipeline.capacity_retries + 1) * 2 * pipeline.max_runtime_hours + 1
         )

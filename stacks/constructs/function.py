@@ -6,16 +6,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import cast
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.constructs.logs import retention
+from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,13 +87,7 @@ class PlatformFunction(Construct):
         super().__init__(scope, id_)
         if (vpc is None) == (outside_vpc_reason is None):
             raise ValueError(f"{id_}: give either a vpc or the reason the function must run outside one")
-        self.log_group = logs.LogGroup(
-            self,
-            "Logs",
-            encryption_key=log_key,
-            retention=retention(log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        self.log_group = encrypted_log_group(self, "Logs", key=log_key, retention_days=log_retention_days)
         self.role = iam.Role(
             self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
         )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from constructs import Construct
 
 _RETENTION: dict[int, logs.RetentionDays] = {
     1: logs.RetentionDays.ONE_DAY,
@@ -36,6 +37,13 @@ _RETENTION: dict[int, logs.RetentionDays] = {
 def retention(days: int) -> logs.RetentionDays:
     """The RetentionDays member for a day count the settings already validated."""
     return _RETENTION[days]
+
+
+def encrypted_log_group(scope: Construct, id_: str, *, key: kms.IKey, retention_days: int) -> logs.LogGroup:
+    """A retained log group encrypted with `key` (whose policy must allow CloudWatch Logs)."""
+    return logs.LogGroup(
+        scope, id_, encryption_key=key, retention=retention(retention_days), removal_policy=RemovalPolicy.RETAIN
+    )
 
 
 def allow_cloudwatch_logs(key: kms.IKey) -> None:

@@ -6,10 +6,9 @@ from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.constructs.logs import allow_cloudwatch_logs, retention
+from stacks.constructs.logs import allow_cloudwatch_logs, encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 from stacks.settings import NetworkSettings
 
@@ -86,12 +85,8 @@ class TrainingNetwork(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
         allow_cloudwatch_logs(self.flow_logs_key)
-        self.flow_logs = logs.LogGroup(
-            self,
-            "FlowLogs",
-            encryption_key=self.flow_logs_key,
-            retention=retention(settings.flow_log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,
+        self.flow_logs = encrypted_log_group(
+            self, "FlowLogs", key=self.flow_logs_key, retention_days=settings.flow_log_retention_days
         )
         flow_log = self.vpc.add_flow_log(
             "FlowLog",

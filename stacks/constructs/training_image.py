@@ -11,14 +11,13 @@ from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from stacks.constructs.function import PlatformFunction
-from stacks.constructs.logs import retention
+from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.images import BaseImage
 
@@ -100,13 +99,7 @@ class TrainingImage(Construct):
         source = s3_assets.Asset(self, "Source", path=str(source_dir), exclude=_SOURCE_EXCLUDE)
         self.image_tag = source.asset_hash
 
-        build_logs = logs.LogGroup(
-            self,
-            "BuildLogs",
-            encryption_key=key,
-            retention=retention(log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        build_logs = encrypted_log_group(self, "BuildLogs", key=key, retention_days=log_retention_days)
         self.project = codebuild.Project(
             self,
             "Build",
@@ -180,13 +173,7 @@ class TrainingImage(Construct):
             )
         )
 
-        provider_logs = logs.LogGroup(
-            self,
-            "ProviderLogs",
-            encryption_key=key,
-            retention=retention(log_retention_days),
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        provider_logs = encrypted_log_group(self, "ProviderLogs", key=key, retention_days=log_retention_days)
         provider = cr.Provider(
             self,
             "Provider",
