@@ -147,6 +147,11 @@ class LocalPlatform:
             for stack, logical, resource in self.assembly.resources("AWS::Lambda::Function")
         }
         self._env_lock = threading.Lock()
+        # Executions run on moto's threads; none may outlive this platform into the next mock.
+        self._started: list[str] = []
+        self._inflight = threading.Condition()
+        self._handlers_running = 0
+        self._closed = False
         self._stack = contextlib.ExitStack()
         self.pipeline_stack = self.assembly.stack_named("-pipeline")
 
@@ -160,19 +165,27 @@ class LocalPlatform:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for arn in self._started:
+            if self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+                self.sfn.stop_execution(executionArn=arn, error="PlatformClosed", cause="local platform closed")
+        with self._inflight:
+            self._closed = True
+            self._inflight.wait_for(lambda: self._handlers_running == 0, timeout=30)
         self._stack.close()
         for handler in self._redirected:  # the handler modules outlive this platform
             handler.setStream(sys.stdout)
 
     # -- what the tests and the demo use -----------------------------------------------------
     def start(self, execution_input: dict[str, Any], name: str | None = None) -> str:
-        return str(
+        arn = str(
             self.sfn.start_execution(
                 stateMachineArn=self.state_machine_arn,
                 name=name or uuid.uuid4().hex,
                 input=json.dumps(execution_input),
             )["executionArn"]
         )
+        self._started.append(arn)
+        return arn
 
     def wait(
         self, execution_arn: str, timeout: float = 60.0, *, until: Callable[[], bool] | None = None
@@ -281,13 +294,22 @@ class LocalPlatform:
         if self.handler_log is not None:
             self._redirect_handler_logs()
         call = LambdaCall(function=function_name, handler=handler_path, event=event)
+        with self._inflight:
+            if self._closed:  # a stopped execution's thread, late: it must not reach the next platform
+                raise RuntimeError("the local platform is closed")
+            self._handlers_running += 1
         self.lambda_calls.append(call)
-        with self._env_lock, _environment(self.environment(function_name)):
-            try:
-                call.result = handler(event, _Context(function_name))
-            except Exception as exc:
-                call.error = type(exc).__name__
-                raise
+        try:
+            with self._env_lock, _environment(self.environment(function_name)):
+                try:
+                    call.result = handler(event, _Context(function_name))
+                except Exception as exc:
+                    call.error = type(exc).__name__
+                    raise
+        finally:
+            with self._inflight:
+                self._handlers_running -= 1
+                self._inflight.notify_all()
         return call.result
 
     def _redirect_handler_logs(self) -> None:
