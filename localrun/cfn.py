@@ -39,6 +39,18 @@ _SERVICE = {
 }
 
 
+# Arn attributes whose format is not arn:aws:<service>:<region>:<account>:<logical id>.
+_ARNS = {
+    "AWS::S3::Bucket": "arn:aws:s3:::{name}",
+    "AWS::Lambda::Function": "arn:aws:lambda:{region}:{account}:function:{name}",
+    "AWS::IAM::Role": "arn:aws:iam::{account}:role/{name}",
+    "AWS::Logs::LogGroup": "arn:aws:logs:{region}:{account}:log-group:{name}:*",
+    "AWS::KMS::Key": "arn:aws:kms:{region}:{account}:key/{name}",
+    "AWS::ECR::Repository": "arn:aws:ecr:{region}:{account}:repository/{name}",
+    "AWS::DynamoDB::Table": "arn:aws:dynamodb:{region}:{account}:table/{name}",
+}
+
+
 def _digest(text: str, n: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
@@ -198,20 +210,9 @@ class Resolver:
             group = self.resolve(stack, props["ModelPackageGroupName"])
             return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package-group/{group}"
         if attribute == "Arn":
-            if type_ == "AWS::S3::Bucket":
-                return f"arn:aws:s3:::{name}"
-            if type_ == "AWS::Lambda::Function":
-                return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
-            if type_ == "AWS::IAM::Role":
-                return f"arn:aws:iam::{ACCOUNT}:role/{name}"
-            if type_ == "AWS::Logs::LogGroup":
-                return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*"
-            if type_ == "AWS::KMS::Key":
-                return f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{name}"
-            if type_ == "AWS::ECR::Repository":
-                return f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/{name}"
-            if type_ == "AWS::DynamoDB::Table":
-                return f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}"
+            arn = _ARNS.get(type_)
+            if arn is not None:
+                return arn.format(region=REGION, account=ACCOUNT, name=name)
             service = _SERVICE.get(type_, type_.split("::")[1].lower())
             return f"arn:aws:{service}:{REGION}:{ACCOUNT}:{logical}"
         return f"{logical}.{attribute}"

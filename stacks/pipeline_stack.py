@@ -359,22 +359,8 @@ class PipelineStack(Stack):
             result_path="$.launch_approval",
             on_timeout=timed_out,
         )
-        launch_rejected = self._notify(
-            "Notify launch rejected",
-            kind="run",
-            subject="Training run rejected before launch",
-            fields={**run, "decision": sfn.JsonPath.object_at("$.launch_approval")},
-        ).next(
-            sfn.Fail(
-                self,
-                "Launch rejected",
-                error="LaunchRejected",
-                cause_path=sfn.JsonPath.format(
-                    "Rejected by {}: {}",
-                    sfn.JsonPath.string_at("$.launch_approval.by"),
-                    sfn.JsonPath.string_at("$.launch_approval.reason"),
-                ),
-            )
+        launch_rejected = self._rejected(
+            "launch", subject="Training run rejected before launch", state="Launch rejected", error="LaunchRejected"
         )
 
         # 4. Train: create, then poll (Wait -> Describe -> Monitor -> Choice).
@@ -500,18 +486,11 @@ class PipelineStack(Stack):
         reject = self._set_approval(
             "Reject model", "Rejected", sfn.JsonPath.format("Rejected by {}: {}", *_decision("$.promotion_approval"))
         )
-        promotion_rejected = self._notify(
-            "Notify promotion rejected",
-            kind="run",
+        promotion_rejected = self._rejected(
+            "promotion",
             subject="Trained model rejected at promotion",
-            fields={**run, "decision": sfn.JsonPath.object_at("$.promotion_approval")},
-        ).next(
-            sfn.Fail(
-                self,
-                "Promotion rejected",
-                error="PromotionRejected",
-                cause_path=sfn.JsonPath.format("Rejected by {}: {}", *_decision("$.promotion_approval")),
-            )
+            state="Promotion rejected",
+            error="PromotionRejected",
         )
 
         job_state = (
@@ -576,6 +555,19 @@ class PipelineStack(Stack):
             # Execution data stays out of the logs: inputs and task tokens are not log material.
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
         )
+
+    def _rejected(self, gate: str, *, subject: str, state: str, error: str) -> sfn.Chain:
+        """Tell the run's recipients, then fail with who rejected the gate and why."""
+        decision = f"$.{gate}_approval"
+        run = {"run_name": sfn.JsonPath.string_at("$.request.run_name"), "execution": sfn.JsonPath.execution_id}
+        notify = self._notify(
+            f"Notify {state[0].lower()}{state[1:]}",
+            kind="run",
+            subject=subject,
+            fields={**run, "decision": sfn.JsonPath.object_at(decision)},
+        )
+        cause = sfn.JsonPath.format("Rejected by {}: {}", *_decision(decision))
+        return notify.next(sfn.Fail(self, state, error=error, cause_path=cause))
 
     def _set_approval(self, id_: str, status: str, description: str) -> tasks.CallAwsService:
         return tasks.CallAwsService(
