@@ -194,11 +194,10 @@ class Resolver:
         resource = self._resource(stack, logical)
         type_ = resource["Type"]
         props = resource.get("Properties", {})
-        name = self.ref(stack, logical)
         if type_ == "AWS::FSx::FileSystem" and attribute == "LustreMountName":
             return _digest(logical + "mount", 8)
         if type_ == "AWS::EC2::SecurityGroup" and attribute == "GroupId":
-            return name
+            return self.ref(stack, logical)
         if type_ == "AWS::Lambda::Url" and attribute == "FunctionUrl":
             return f"https://{_digest(logical, 32)}.lambda-url.{REGION}.on.aws/"
         if type_ == "Custom::TrainingImage":
@@ -212,7 +211,7 @@ class Resolver:
         if attribute == "Arn":
             arn = _ARNS.get(type_)
             if arn is not None:
-                return arn.format(region=REGION, account=ACCOUNT, name=name)
+                return arn.format(region=REGION, account=ACCOUNT, name=self.ref(stack, logical))
             service = _SERVICE.get(type_, type_.split("::")[1].lower())
             return f"arn:aws:{service}:{REGION}:{ACCOUNT}:{logical}"
         return f"{logical}.{attribute}"

@@ -17,7 +17,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from stacks.constructs.function import PlatformFunction
-from stacks.constructs.nag import acknowledge
+from stacks.constructs.nag import acknowledge_inline_policy
 
 
 class ApprovalGate(Construct):
@@ -73,15 +73,32 @@ class ApprovalGate(Construct):
             },
             **placement,
         )
-        table.grant_read_write_data(self.request.function)
-        table.grant_read_write_data(self.decide.function)
-        topic.grant_publish(self.request.function)
-        key.grant_encrypt_decrypt(self.request.function)
-        reason = "CDK's encrypt/decrypt grant on the platform key, which encrypts the table and the topic."
+        # Exactly the calls of lambdas/approvals: the request stores (conditional put) and publishes;
+        # the decision lists, reads and updates. The platform key encrypts the table and the topic.
+        table.grant(self.request.function, "dynamodb:PutItem")
+        self.request.function.add_to_role_policy(
+            iam.PolicyStatement(sid="NotifyApprovers", actions=["sns:Publish"], resources=[topic.topic_arn])
+        )
+        table.grant(self.decide.function, "dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem")
         for function in (self.request, self.decide):
-            key.grant_encrypt_decrypt(function.function)
-            for action in ("kms:GenerateDataKey*", "kms:ReEncrypt*"):
-                acknowledge(function.role, f"AwsSolutions-IAM5[Action::{action}]", reason)
+            key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
+
+    def grant_decisions(self, state_machine: sfn.StateMachine) -> None:
+        """Let the decision function resume the executions of `state_machine` that wait on a gate.
+
+        A policy of its own, not the role's default policy: the function waits for its default
+        policy at deploy, and the state machine (through the request function's DECISION_URL)
+        waits for the function, so granting there would be a circular dependency.
+        """
+        policy = iam.Policy(
+            self,
+            "ResumeExecutions",
+            statements=[
+                iam.PolicyStatement(actions=["states:SendTaskSuccess"], resources=[state_machine.state_machine_arn])
+            ],
+            roles=[self.decide.role],
+        )
+        acknowledge_inline_policy(policy)
 
     def gate(
         self,

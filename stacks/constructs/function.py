@@ -97,6 +97,23 @@ class PlatformFunction(Construct):
                 resources=[self.log_group.log_group_arn],
             )
         )
+        if vpc is not None:
+            # What Lambda needs to attach the function to the VPC (the actions of the managed
+            # AWSLambdaVPCAccessExecutionRole policy, inline so they stay with this one role).
+            self.role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="VpcNetworkInterfaces",
+                    actions=[
+                        "ec2:CreateNetworkInterface",
+                        "ec2:DescribeNetworkInterfaces",
+                        "ec2:DescribeSubnets",
+                        "ec2:DeleteNetworkInterface",
+                        "ec2:AssignPrivateIpAddresses",
+                        "ec2:UnassignPrivateIpAddresses",
+                    ],
+                    resources=["*"],
+                )
+            )
         self.function = lambda_.Function(
             self,
             "Function",
@@ -126,8 +143,13 @@ class PlatformFunction(Construct):
         acknowledge(
             self.role,
             "AwsSolutions-IAM5[Resource::*]",
-            "X-Ray trace upload and, in the VPC, the network-interface actions Lambda needs to attach to it "
-            "take no resource scope.",
+            "X-Ray trace upload takes no resource scope"
+            + (
+                "; the network-interface actions Lambda needs to attach the function to the VPC are granted on "
+                "all resources, as AWS's AWSLambdaVPCAccessExecutionRole grants them."
+                if vpc is not None
+                else "."
+            ),
         )
         acknowledge_inline_policy(self.role)
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):

@@ -31,13 +31,13 @@ def acknowledge_all(scope: IConstruct, findings: dict[str, str]) -> None:
 
 
 def acknowledge_inline_policy(role: IConstruct) -> None:
-    """NIST/HIPAA IAMNoInlinePolicy on a role whose policy CDK's grants generate for it alone."""
+    """NIST/HIPAA IAMNoInlinePolicy on a role (or policy) whose statements serve that one role alone."""
     for pack in ("NIST.800.53.R5", "HIPAA.Security"):
         acknowledge(
             role,
             f"{pack}-IAMNoInlinePolicy",
-            "Least-privilege statements from CDK grants, bound to this one role; a managed policy would "
-            "be a reusable object that could be attached elsewhere, with no tighter scope.",
+            "Least-privilege statements for this one role (CDK grants and scoped statements); a managed "
+            "policy would be a reusable object that could be attached elsewhere, with no tighter scope.",
         )
 
 

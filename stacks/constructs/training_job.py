@@ -48,12 +48,14 @@ class DistributedTrainingJob(Construct):
         datasets: s3.IBucket,
         checkpoints: s3.IBucket,
         artifacts: s3.IBucket,
+        vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
         security_group: ec2.ISecurityGroup,
         file_system_arn: str,
         inter_container_encryption: bool,
     ) -> None:
         super().__init__(scope, id_)
+        self.vpc = vpc
         self.image_uri = image_uri
         self.key = key
         self.checkpoints = checkpoints
@@ -72,30 +74,62 @@ class DistributedTrainingJob(Construct):
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker training jobs of the distributed training platform",
         )
-        datasets.grant_read(role)
-        self.checkpoints.grant_read_write(role, "runs/*")
-        self.artifacts.grant_put(role, "runs/*")
-        self.key.grant_encrypt_decrypt(role)
         repository.grant_pull(role)
         region_account = f"{stack.region}:{stack.account}"
-        statements = [
-            iam.PolicyStatement(
-                sid="TrainingLogs",
+        ec2_arn = f"arn:{stack.partition}:ec2:{region_account}"
+        interfaces = f"{ec2_arn}:network-interface/*"
+        vpc_arn = f"{ec2_arn}:vpc/{self.vpc.vpc_id}"
+        statements = {
+            "TrainingLogs": iam.PolicyStatement(
                 actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
                 resources=[f"arn:{stack.partition}:logs:{region_account}:log-group:/aws/sagemaker/TrainingJobs*"],
             ),
-            iam.PolicyStatement(
-                sid="TrainingMetrics",
+            "TrainingMetrics": iam.PolicyStatement(
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
                 conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
             ),
-            iam.PolicyStatement(
-                sid="VpcNetworkInterfaces",
+            "ReadDatasets": iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:ListBucket"], resources=[datasets.bucket_arn, f"{datasets.bucket_arn}/*"]
+            ),
+            "RunCheckpoints": iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                resources=[f"{self.checkpoints.bucket_arn}/runs/*"],
+            ),
+            "ListRunCheckpoints": iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self.checkpoints.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+            ),
+            "WriteOutputs": iam.PolicyStatement(
+                actions=["s3:PutObject"], resources=[f"{self.artifacts.bucket_arn}/runs/*"]
+            ),
+            # Reads datasets and checkpoints, writes checkpoints and outputs under the platform key.
+            "UsePlatformKey": iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn]
+            ),
+            # SageMaker encrypts the instances' EBS volumes with the key through a grant.
+            "EncryptVolumes": iam.PolicyStatement(
+                actions=["kms:CreateGrant"],
+                resources=[self.key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            ),
+            # SageMaker's VPC mode: interfaces in the training subnet and security group only.
+            "CreateInterfacesInTheTrainingSubnet": iam.PolicyStatement(
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[
+                    interfaces,
+                    f"{ec2_arn}:subnet/{self.subnet.subnet_id}",
+                    f"{ec2_arn}:security-group/{self.security_group.security_group_id}",
+                ],
+            ),
+            "ManageInterfacesInTheVpc": iam.PolicyStatement(
+                actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+                resources=[interfaces],
+                conditions={"ArnEquals": {"ec2:Vpc": vpc_arn}},
+            ),
+            "DescribeTheNetwork": iam.PolicyStatement(
                 actions=[
-                    "ec2:CreateNetworkInterface",
-                    "ec2:CreateNetworkInterfacePermission",
-                    "ec2:DeleteNetworkInterface",
                     "ec2:DeleteNetworkInterfacePermission",
                     "ec2:DescribeNetworkInterfaces",
                     "ec2:DescribeVpcs",
@@ -105,32 +139,26 @@ class DistributedTrainingJob(Construct):
                 ],
                 resources=["*"],
             ),
-            iam.PolicyStatement(
-                sid="LustreDataSource", actions=["fsx:DescribeFileSystems"], resources=[file_system_arn]
-            ),
-        ]
-        for statement in statements:
+            "LustreDataSource": iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=[file_system_arn]),
+        }
+        for sid, statement in statements.items():
+            statement.sid = sid
             role.add_to_policy(statement)
         acknowledge_inline_policy(role)
-        for finding, reason in {
-            "AwsSolutions-IAM5[Resource::*]": (
-                "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by "
-                "condition) and the EC2 network-interface actions SageMaker's VPC mode needs take no resource scope."
-            ),
-            "AwsSolutions-IAM5[Action::s3:GetObject*]": "CDK's read/write grants on the platform buckets.",
-            "AwsSolutions-IAM5[Action::s3:GetBucket*]": "CDK's read/write grants on the platform buckets.",
-            "AwsSolutions-IAM5[Action::s3:List*]": "CDK's read/write grants on the platform buckets.",
-            "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "SageMaker keeps the run's checkpoint prefix in sync.",
-            "AwsSolutions-IAM5[Action::s3:Abort*]": "Multipart uploads of model artifacts and checkpoints.",
-            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "Encrypts checkpoints and artifacts (platform key).",
-            "AwsSolutions-IAM5[Action::kms:ReEncrypt*]": "CDK's encrypt/decrypt grant on the platform key only.",
-        }.items():
-            acknowledge(role, finding, reason)
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by condition), "
+            "EC2 Describe* and DeleteNetworkInterfacePermission take no resource scope.",
+        )
         for resource, reason in {
             f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
             f"{self.checkpoints.bucket_arn}/runs/*": "Each run's checkpoints live under runs/<job>/checkpoints/.",
             f"{self.artifacts.bucket_arn}/runs/*": "Model artifacts, profiler and TensorBoard output under runs/.",
-            statements[0].resources[0]: "SageMaker writes each job's logs to streams of its TrainingJobs log group.",
+            interfaces: "Interfaces SageMaker creates for the job; creation is bound to the training subnet and "
+            "security group, changes to the platform VPC by condition.",
+            statements["TrainingLogs"].resources[0]: "SageMaker writes each job's logs to streams of its TrainingJobs "
+            "log group.",
         }.items():
             acknowledge_wildcard(role, resource, reason)
         return role

@@ -1,0 +1,206 @@
+"""Deploy-time preconditions no local run can exercise, as rules over every resource of their kind.
+
+An AWS service, not the platform's code, makes these calls: Lambda attaches functions to the VPC,
+SageMaker pulls the image and encrypts volumes, S3/DynamoDB/SNS use the key for the caller. The
+local platform cannot see them fail, so each is a rule here, evaluated with the same policy
+evaluator that the local runs enforce with.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from moto.iam.aws_managed_policies import aws_managed_policies_data
+
+from localrun.cfn import ACCOUNT, REGION
+from tests.support.iam import AssemblyIam, Role, calls_in_handler, task_states
+
+S3_READ, S3_WRITE = ("s3:GetObject",), ("s3:PutObject",)
+TABLE_READ = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:BatchGetItem")
+TABLE_WRITE = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem")
+# What each data action needs of the resource's KMS key, per the services' KMS documentation.
+KEY_NEEDS = {
+    **{a: ("kms:Decrypt",) for a in (*S3_READ, *TABLE_READ)},
+    **{a: ("kms:GenerateDataKey",) for a in S3_WRITE},
+    **{a: ("kms:Decrypt", "kms:GenerateDataKey") for a in TABLE_WRITE},
+    "sns:Publish": ("kms:Decrypt", "kms:GenerateDataKey"),
+}
+TASK_RESPONSES = {"send_task_success": "states:SendTaskSuccess", "send_task_failure": "states:SendTaskFailure"}
+
+
+@pytest.fixture(scope="module")
+def iam(platform: Any) -> AssemblyIam:
+    return AssemblyIam(Path(platform.assembly.directory))
+
+
+def _function_roles(iam: AssemblyIam) -> list[tuple[str, dict[str, Any], Role]]:
+    return [(logical, props, iam.roles[props["Role"]]) for _, logical, props in iam.resources("AWS::Lambda::Function")]
+
+
+def test_vpc_functions_can_manage_their_network_interfaces(iam: AssemblyIam) -> None:
+    """Lambda refuses to create a VPC function whose role cannot manage its interfaces."""
+    document = json.loads(aws_managed_policies_data)["AWSLambdaVPCAccessExecutionRole"]["Document"]
+    needed = [a for s in document["Statement"] for a in s["Action"] if a.startswith("ec2:")]
+    in_vpc = [(logical, role) for logical, props, role in _function_roles(iam) if props.get("VpcConfig")]
+    assert len(in_vpc) >= 7
+    missing = {logical: [a for a in needed if not role.may(a, "*")] for logical, role in in_vpc}
+    assert {k: v for k, v in missing.items() if v} == {}
+
+
+def test_every_function_that_resumes_a_task_token_may_send_it(iam: AssemblyIam) -> None:
+    machines = [(stack, logical) for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")]
+    waiting = [
+        iam.resolver.ref(stack, logical)
+        for stack, logical in machines
+        if any("waitForTaskToken" in str(t.get("Resource")) for t in task_states(iam.definition(stack, logical)))
+    ]
+    assert waiting, "the pipeline has approval gates that wait for a task token"
+    senders = []
+    for logical, props, role in _function_roles(iam):
+        if not props["Handler"].startswith("lambdas."):
+            continue  # CDK's own provider functions
+        for method, action in TASK_RESPONSES.items():
+            if method in calls_in_handler(props["Handler"]):
+                senders.append(logical)
+                denied = [m for m in waiting if not role.may(action, m)]
+                assert denied == [], f"{logical} calls {method} but its role cannot on {denied}"
+    assert senders, "some function must answer the gates, or every gated run times out"
+
+
+def _encrypted_resources(iam: AssemblyIam) -> list[tuple[str, str, str]]:
+    """(kind, resource ARN, key ARN) of every resource encrypted with a customer-managed key."""
+    found = []
+    for _stack, _logical, props in iam.resources("AWS::S3::Bucket"):
+        for rule in props.get("BucketEncryption", {}).get("ServerSideEncryptionConfiguration", []):
+            default = rule["ServerSideEncryptionByDefault"]
+            if default["SSEAlgorithm"] == "aws:kms":
+                found.append(("bucket", f"arn:aws:s3:::{props['BucketName']}", default["KMSMasterKeyID"]))
+    for stack, logical, props in iam.resources("AWS::DynamoDB::Table"):
+        if props.get("SSESpecification", {}).get("KMSMasterKeyId"):
+            found.append(("table", iam.arn(stack, logical), props["SSESpecification"]["KMSMasterKeyId"]))
+    for stack, logical, props in iam.resources("AWS::SNS::Topic"):
+        if props.get("KmsMasterKeyId"):
+            found.append(("topic", iam.resolver.ref(stack, logical), props["KmsMasterKeyId"]))
+    return found
+
+
+def _granted_paths(role: Role, bucket_arn: str) -> list[str]:
+    """The object-ARN patterns a role's statements name in a bucket (used as the resource to test)."""
+    patterns = []
+    for policy in role.policies:
+        for statement in policy.statements():
+            resources = statement.get("Resource", [])
+            for resource in [resources] if isinstance(resources, str) else resources:
+                if resource.startswith(f"{bucket_arn}/"):
+                    patterns.append(resource)
+    return patterns
+
+
+def test_every_role_that_touches_encrypted_data_can_use_its_key(iam: AssemblyIam) -> None:
+    encrypted = _encrypted_resources(iam)
+    assert {kind for kind, _, _ in encrypted} == {"bucket", "table", "topic"}
+    problems = []
+    for role in iam.roles.values():
+        for kind, resource, key in encrypted:
+            targets = _granted_paths(role, resource) if kind == "bucket" else [resource]
+            for action, needs in KEY_NEEDS.items():
+                for target in targets:
+                    if role.may(action, target):
+                        problems += [
+                            f"{role.logical}: {action} on {target} needs {need} on {key}"
+                            for need in needs
+                            if not role.may(need, key)
+                        ]
+    assert problems == []
+
+
+def test_key_policies_delegate_to_iam(iam: AssemblyIam) -> None:
+    """IAM grants on a key take effect only where its key policy lets the account's IAM decide."""
+    root = f"arn:aws:iam::{ACCOUNT}:root"
+    for _, logical, props in iam.resources("AWS::KMS::Key"):
+        statements = props["KeyPolicy"]["Statement"]
+        assert any(
+            s["Effect"] == "Allow" and s.get("Principal", {}).get("AWS") == root and s["Action"] == "kms:*"
+            for s in statements
+        ), f"{logical}'s key policy does not delegate to IAM"
+
+
+def _create_training_job(iam: AssemblyIam) -> dict[str, Any]:
+    creates = [
+        task["Parameters"]
+        for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")
+        for task in task_states(iam.definition(stack, logical))
+        if task["Resource"].endswith(":sagemaker:createTrainingJob")
+    ]
+    assert creates, "the pipeline creates training jobs"
+    return creates[0]
+
+
+def test_the_training_role_can_run_a_vpc_job_with_fsx_ecr_and_kms(iam: AssemblyIam) -> None:
+    """What SageMaker does with the execution role before and while the job trains."""
+    request = _create_training_job(iam)
+    role = iam.roles[request["RoleArn"]]
+    assert role.trusted_by("sagemaker.amazonaws.com")
+    subnet, group = request["VpcConfig"]["Subnets"][0], request["VpcConfig"]["SecurityGroupIds"][0]
+    (vpc,) = {
+        props["VpcId"]
+        for stack, logical, props in iam.resources("AWS::EC2::Subnet")
+        if iam.resolver.ref(stack, logical) == subnet
+    }
+    ec2 = f"arn:aws:ec2:{REGION}:{ACCOUNT}"
+    interface = {"ec2:Vpc": f"{ec2}:vpc/{vpc}", "ec2:Subnet": f"{ec2}:subnet/{subnet}"}
+    image = request["AlgorithmSpecification"]["TrainingImage"]
+    repository = re.fullmatch(r"\d+\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com/([^@:]+).*", image).group(1)  # type: ignore[union-attr]
+    output, volume_key = request["OutputDataConfig"], request["ResourceConfig"]["VolumeKmsKeyId"]
+    environment = next(
+        props["Environment"]["Variables"]
+        for _, logical, props in iam.resources("AWS::Lambda::Function")
+        if logical.startswith("Validate")
+    )
+    datasets = f"arn:aws:s3:::{environment['DATASETS_BUCKET']}"
+    checkpoints = request["CheckpointConfig"]["S3Uri.$"].split("'")[1].replace("s3://", "arn:aws:s3:::").format("job")
+    logs = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs"
+    needs: list[tuple[str, str, dict[str, Any]]] = [
+        ("ec2:CreateNetworkInterface", f"{ec2}:subnet/{subnet}", {}),
+        ("ec2:CreateNetworkInterface", f"{ec2}:security-group/{group}", {}),
+        ("ec2:CreateNetworkInterface", f"{ec2}:network-interface/eni-1", {}),
+        ("ec2:CreateNetworkInterfacePermission", f"{ec2}:network-interface/eni-1", interface),
+        ("ec2:DeleteNetworkInterface", f"{ec2}:network-interface/eni-1", interface),
+        ("ec2:DeleteNetworkInterfacePermission", "*", {}),
+        *(
+            (f"ec2:{a}", "*", {})
+            for a in (
+                "DescribeNetworkInterfaces",
+                "DescribeVpcs",
+                "DescribeDhcpOptions",
+                "DescribeSubnets",
+                "DescribeSecurityGroups",
+            )
+        ),
+        ("ecr:GetAuthorizationToken", "*", {}),
+        *(
+            (f"ecr:{a}", f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/{repository}", {})
+            for a in ("BatchGetImage", "GetDownloadUrlForLayer", "BatchCheckLayerAvailability")
+        ),
+        *((f"logs:{a}", f"{logs}:log-stream:job/algo-1", {}) for a in ("CreateLogStream", "PutLogEvents")),
+        ("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}),
+        ("kms:CreateGrant", volume_key, {"kms:GrantIsForAWSResource": True}),
+        ("kms:Encrypt", output["KmsKeyId"], {}),
+        ("kms:GenerateDataKey", output["KmsKeyId"], {}),
+        ("kms:Decrypt", output["KmsKeyId"], {}),
+        ("s3:GetObject", f"{datasets}/corpus/train_000.bin", {}),
+        ("s3:ListBucket", datasets, {"s3:prefix": "corpus/"}),
+        *((f"s3:{a}", f"{checkpoints}step-1/manifest.json", {}) for a in ("GetObject", "PutObject", "DeleteObject")),
+        ("s3:PutObject", output["S3OutputPath"].replace("s3://", "arn:aws:s3:::") + "job/output/model.tar.gz", {}),
+        (
+            "fsx:DescribeFileSystems",
+            f"arn:aws:fsx:{REGION}:{ACCOUNT}:file-system/{environment['FSX_FILE_SYSTEM_ID']}",
+            {},
+        ),
+    ]
+    missing = [(action, resource) for action, resource, context in needs if not role.may(action, resource, **context)]
+    assert missing == []
