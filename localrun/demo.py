@@ -352,27 +352,60 @@ def _report(platform: Any, training: Any, outcome: Outcome, run_dir: Path) -> No
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
         steps = sorted({int(m.group(1)) for k in keys if (m := re.search(r"step-(\d+)/manifest\.json$", k))})
         lines.append(f"Checkpoints in {request['CheckpointConfig']['S3Uri']}: steps {steps}")
-    packages = boto3.client("sagemaker", region_name="us-east-1").list_model_packages(
-        ModelPackageGroupName="training-platform-dev-models"
-    )["ModelPackageSummaryList"]
-    registrations = [c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.register") and c.result]
-    for summary, registration in zip(packages, registrations, strict=False):
-        package = boto3.client("sagemaker", region_name="us-east-1").describe_model_package(
-            ModelPackageName=summary["ModelPackageArn"]
-        )
-        lines += ["", "## Registered model", "", f"{package['ModelPackageArn']}: **{package['ModelApprovalStatus']}**"]
-        lineage_uri = registration["lineage_uri"]
-        bucket, key = lineage_uri.removeprefix("s3://").split("/", 1)
-        lineage = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        (run_dir / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True))
-        lines += [f"Lineage ({lineage_uri}):", "", "```json", json.dumps(lineage, indent=2, sort_keys=True), "```"]
+    lines += _registration_section(platform, run_dir)
     for decision in outcome.decisions:
         who = f"{decision.get('decision')} by {decision.get('by')}"
         lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
+    lines += _iam_section(platform)
     outcome.report.write_text("\n".join(lines) + "\n")
     _say("")
     _say("\n".join(lines))
     _say(f"\nreport: {outcome.report}")
+
+
+def _registration_section(platform: Any, run_dir: Path) -> list[str]:
+    """The registered model package and its lineage record (also written to lineage.json)."""
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    packages = sagemaker.list_model_packages(ModelPackageGroupName="training-platform-dev-models")[
+        "ModelPackageSummaryList"
+    ]
+    registrations = [c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.register") and c.result]
+    lines: list[str] = []
+    for summary, registration in zip(packages, registrations, strict=False):
+        package = sagemaker.describe_model_package(ModelPackageName=summary["ModelPackageArn"])
+        lines += ["", "## Registered model", "", f"{package['ModelPackageArn']}: **{package['ModelApprovalStatus']}**"]
+        lineage_uri = registration["lineage_uri"]
+        bucket, key = lineage_uri.removeprefix("s3://").split("/", 1)
+        lineage = json.loads(
+            boto3.client("s3", region_name="us-east-1").get_object(Bucket=bucket, Key=key)["Body"].read()
+        )
+        (run_dir / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True))
+        lines += [f"Lineage ({lineage_uri}):", "", "```json", json.dumps(lineage, indent=2, sort_keys=True), "```"]
+    return lines
+
+
+def _iam_section(platform: Any) -> list[str]:
+    """Which role made which calls, each judged against that role's synthesized policies."""
+    by_role: dict[str, list[Any]] = {}
+    for judgement in platform.iam.judgements:
+        by_role.setdefault(judgement.principal.split("/")[1], []).append(judgement)
+    lines = [
+        "",
+        "## IAM, enforced",
+        "",
+        "Every AWS call of the handlers, the state machine and the training job was signed by the role AWS",
+        "would use and judged against that role's policies in the synthesized templates.",
+        "",
+        "| Role | Calls | Actions |",
+        "| --- | --- | --- |",
+    ]
+    for role, judgements in sorted(by_role.items()):
+        actions = ", ".join(sorted({j.action for j in judgements}))
+        lines.append(f"| {role} | {len(judgements)} | {actions} |")
+    denied = platform.iam.denials()
+    lines.append(f"\nDenied: {len(denied)}")
+    lines += [f"- {j.principal}: {j.action} on {j.resource} ({j.reason})" for j in denied]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,8 +32,11 @@ from typing import Any, Protocol, TextIO
 from unittest import mock
 
 import boto3
+from botocore.credentials import Credentials
 from moto import mock_aws
 from moto.awslambda.models import LambdaBackend
+from moto.iam.access_control import PermissionResult
+from moto.s3.models import FakeBucket
 from moto.sagemaker.exceptions import ResourceInUseException
 from moto.sagemaker.models import SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
@@ -51,10 +54,14 @@ from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 
 
 class TrainingBackend(Protocol):
     """What happens to training jobs the state machine creates."""
+
+    def bind(self, credentials: Callable[[str], Credentials]) -> None:
+        """Receive how to act as a job's execution role (a session per role ARN)."""
 
     def created(self, name: str, request: dict[str, Any], job: Any) -> None: ...
 
@@ -132,6 +139,7 @@ class LocalPlatform:
         training: TrainingBackend,
         clock: Clock | None = None,
         handler_log: TextIO | None = None,
+        enforce_iam: bool = True,
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
@@ -154,14 +162,28 @@ class LocalPlatform:
         self._closed = False
         self._stack = contextlib.ExitStack()
         self.pipeline_stack = self.assembly.stack_named("-pipeline")
+        self.enforce_iam = enforce_iam
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LocalPlatform:
-        self._stack.enter_context(mock_aws(config={"stepfunctions": {"execute_state_machine": True}}))
+        self._stack.enter_context(
+            mock_aws(
+                config={
+                    "stepfunctions": {"execute_state_machine": True},
+                    # Roles of the image stack attach AWS managed policies (CDK provider functions).
+                    "iam": {"load_aws_managed_policies": True},
+                }
+            )
+        )
         for patch in self._patches():
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
+        # The harness deploys and inspects as the account's administrator: moto's fake keys.
+        self.iam = LocalIam(self.assembly, self.resolver, operator_key=os.environ["AWS_ACCESS_KEY_ID"])
         self._deploy()
+        if self.enforce_iam:
+            self._stack.enter_context(self.iam.enforced())
+            self.training.bind(lambda role: self.iam.credentials(role, SAGEMAKER))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -220,6 +242,12 @@ class LocalPlatform:
             raise KeyError(f"expected one function starting with {logical_prefix!r}, found {matches}")
         return self._run_handler(matches[0], event)
 
+    def function_session(self, logical_prefix: str) -> Credentials:
+        """The credentials a platform function runs with (a session of its execution role)."""
+        matches = [name for name in self._functions if name.startswith(logical_prefix)]
+        (name,) = matches
+        return self._role(name)
+
     def environment(self, logical_prefix: str) -> dict[str, str]:
         matches = [name for name in self._functions if name.startswith(logical_prefix)]
         (name,) = matches
@@ -229,11 +257,15 @@ class LocalPlatform:
 
     # -- deploy ------------------------------------------------------------------------------
     def _deploy(self) -> None:
+        self.iam.deploy_roles()
         s3 = boto3.client("s3", region_name=REGION)
         for stack, logical, _ in self.assembly.resources("AWS::S3::Bucket"):
             name = self.resolver.ref(stack, logical)
             s3.create_bucket(Bucket=name)
             s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        for stack, _, policy in self.assembly.resources("AWS::S3::BucketPolicy"):
+            props = self.resolver.resolve(stack, policy["Properties"])
+            s3.put_bucket_policy(Bucket=props["Bucket"], Policy=json.dumps(props["PolicyDocument"]))
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         for stack, logical, resource in self.assembly.resources("AWS::DynamoDB::Table"):
             props = resource["Properties"]
@@ -300,7 +332,7 @@ class LocalPlatform:
             self._handlers_running += 1
         self.lambda_calls.append(call)
         try:
-            with self._env_lock, _environment(self.environment(function_name)):
+            with self._env_lock, _environment(self.environment(function_name)), acting_as(self._role(function_name)):
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:
@@ -311,6 +343,12 @@ class LocalPlatform:
                 self._handlers_running -= 1
                 self._inflight.notify_all()
         return call.result
+
+    def _role(self, function_name: str) -> Credentials:
+        """The credentials Lambda gives the function: a session of its execution role."""
+        stack, resource = self._functions[function_name]
+        role = self.resolver.resolve(stack, resource["Properties"]["Role"])
+        return self.iam.credentials(role, LAMBDA, f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function_name}")
 
     def _redirect_handler_logs(self) -> None:
         """Point every stdout log handler (Powertools writes JSON lines to stdout) at `handler_log`."""
@@ -377,6 +415,9 @@ class LocalPlatform:
     def _patches(self) -> Iterator[Any]:
         clock = self.clock
         yield mock.patch.object(LambdaBackend, "invoke", self._invoke_patch())
+        # moto applies bucket policies to object calls, ignoring their conditions (so the TLS-only Deny
+        # denies every call); the local IAM (localrun/iam.py) evaluates them with their conditions.
+        yield mock.patch.object(FakeBucket, "get_permission", lambda *_: PermissionResult.NEUTRAL)
 
         def wait(_self: Any, env: Any, wait_seconds: float) -> None:
             clock.waits.append(wait_seconds)

@@ -9,6 +9,11 @@ while the launchers run, Completed with the final metrics SageMaker's MetricDefi
 parse from the log, or Failed with the first line of /opt/ml/output/failure. Checkpoints are
 synced to the request's S3 URI as SageMaker does, and the model is uploaded as model.tar.gz.
 
+Every S3 call the runner makes on the job's behalf (S3 channels, checkpoints, the model upload)
+is signed with a session of the job's execution role, so the role's policies are enforced as
+they would be in AWS. FSx channels are read as the file system reads its linked bucket (FSx's
+own service role, outside the platform's templates), with the harness's credentials.
+
 A spot interruption is played as SageMaker plays it: SIGTERM to every host (the trainer
 checkpoints and exits), secondary status Interrupted, then fresh hosts whose checkpoints are
 restored from S3, which resume the run.
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.credentials import Credentials
 
 from localrun.cfn import REGION
 from training.metrics import parse_metrics
@@ -49,9 +55,8 @@ def _split(uri: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
-def _download_prefix(bucket: str, prefix: str, target: Path) -> None:
+def _download_prefix(s3: Any, bucket: str, prefix: str, target: Path) -> None:
     """Every object under an S3 prefix into `target`, keeping the relative paths."""
-    s3 = boto3.client("s3", region_name=REGION)
     target.mkdir(parents=True, exist_ok=True)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -97,6 +102,8 @@ class LocalTraining:
     spot_interrupt_after_checkpoint: bool = False
     on_line: Callable[[str, str], None] | None = None
     jobs: dict[str, LocalJob] = field(default_factory=dict)
+    credentials: Callable[[str], Credentials] | None = None
+    """A session of an execution role (LocalPlatform binds this); None signs as the harness."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -108,6 +115,22 @@ class LocalTraining:
         }
 
     # -- TrainingBackend ------------------------------------------------------------------------
+    def bind(self, credentials: Callable[[str], Credentials]) -> None:
+        self.credentials = credentials
+
+    def _s3(self, local: LocalJob) -> Any:
+        """An S3 client acting as the job's execution role, as SageMaker does."""
+        if self.credentials is None:
+            return boto3.client("s3", region_name=REGION)
+        session = self.credentials(local.request["RoleArn"])
+        return boto3.client(
+            "s3",
+            region_name=REGION,
+            aws_access_key_id=session.access_key,
+            aws_secret_access_key=session.secret_key,
+            aws_session_token=session.token,
+        )
+
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         count = min(int(request["ResourceConfig"]["InstanceCount"]), self.max_hosts)
         local = LocalJob(name, request, self.root / name, [f"algo-{i + 1}" for i in range(count)])
@@ -175,7 +198,7 @@ class LocalTraining:
                 )
             )
             for channel in request["InputDataConfig"]:
-                self._download_channel(channel, tree / "input" / "data" / channel["ChannelName"])
+                self._download_channel(local, channel, tree / "input" / "data" / channel["ChannelName"])
             self._restore_checkpoints(local, tree / "checkpoints")
         logs = local.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -240,14 +263,15 @@ class LocalTraining:
             local.restarting = False
 
     # -- S3, as SageMaker uses it -------------------------------------------------------------------
-    def _download_channel(self, channel: dict[str, Any], target: Path) -> None:
+    def _download_channel(self, local: LocalJob, channel: dict[str, Any], target: Path) -> None:
         source = channel["DataSource"]
         if "S3DataSource" in source:
-            bucket, prefix = _split(source["S3DataSource"]["S3Uri"])
-        else:  # FSx for Lustre: /<mount>/datasets/<path> is the datasets bucket's <path>, lazily loaded
-            relative = source["FileSystemDataSource"]["DirectoryPath"].split("/datasets/", 1)[1]
-            bucket, prefix = self.datasets_bucket, relative.strip("/") + "/"
-        _download_prefix(bucket, prefix, target)
+            _download_prefix(self._s3(local), *_split(source["S3DataSource"]["S3Uri"]), target)
+            return
+        # FSx for Lustre: /<mount>/datasets/<path> is the datasets bucket's <path>, lazily loaded by FSx.
+        relative = source["FileSystemDataSource"]["DirectoryPath"].split("/datasets/", 1)[1]
+        fsx = boto3.client("s3", region_name=REGION)
+        _download_prefix(fsx, self.datasets_bucket, relative.strip("/") + "/", target)
 
     def _checkpoint_location(self, local: LocalJob) -> tuple[str, str] | None:
         config = local.request.get("CheckpointConfig")
@@ -257,7 +281,7 @@ class LocalTraining:
         location = self._checkpoint_location(local)
         if location is None:
             return
-        _download_prefix(*location, target)
+        _download_prefix(self._s3(local), *location, target)
 
     def _sync_checkpoints(self, local: LocalJob) -> None:
         """Upload every host's new or changed checkpoint files to the one S3 prefix, as SageMaker does."""
@@ -265,7 +289,7 @@ class LocalTraining:
         if location is None:
             return
         bucket, prefix = location
-        s3 = boto3.client("s3", region_name=REGION)
+        s3 = self._s3(local)
         files: list[tuple[Path, Path]] = []
         for host in local.hosts:
             folder = local.tree(host) / "checkpoints"
@@ -292,9 +316,12 @@ class LocalTraining:
         with tarfile.open(archive, "w:gz") as tar:
             for path in sorted(model.rglob("*")):
                 tar.add(path, arcname=path.relative_to(model).as_posix())
-        bucket, prefix = _split(local.request["OutputDataConfig"]["S3OutputPath"])
+        output = local.request["OutputDataConfig"]
+        bucket, prefix = _split(output["S3OutputPath"])
         key = f"{prefix}{local.name}/output/model.tar.gz"
-        boto3.client("s3", region_name=REGION).upload_file(str(archive), bucket, key)
+        # SageMaker encrypts the model with the request's output key.
+        extra = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": output["KmsKeyId"]} if "KmsKeyId" in output else {}
+        self._s3(local).upload_file(str(archive), bucket, key, ExtraArgs=extra)
         job.model_artifacts = {"S3ModelArtifacts": f"s3://{bucket}/{key}"}
 
     # -- what SageMaker reports ------------------------------------------------------------------------

@@ -27,6 +27,9 @@ class ScriptedTraining:
     created_names: list[str] = field(default_factory=list)
     _cursor: dict[str, int] = field(default_factory=dict)
 
+    def bind(self, credentials: Any) -> None:
+        """Scripted jobs make no AWS calls of their own."""
+
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         self.created_names.append(name)
         for hook in self.on_create:

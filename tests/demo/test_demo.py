@@ -95,6 +95,11 @@ def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path)
     assert lineage["metrics"]["validation:loss"] < 4.0
     assert lineage["checkpoints"]["step"] == 60
     assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
+    # The job's data, checkpoints and model moved as its execution role, under enforced IAM.
+    (training_role,) = [line for line in report.splitlines() if line.startswith("| TrainingExecutionRole")]
+    assert "s3:PutObject" in training_role and "s3:ListBucket" in training_role
+    assert "| TrainingPipelineRole" in report and "sagemaker:CreateTrainingJob" in report
+    assert "Denied: 0" in report
 
 
 def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:

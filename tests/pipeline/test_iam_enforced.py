@@ -1,0 +1,156 @@
+"""The local platform enforces the synthesized IAM: a permission the deployed role lacks fails here too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from localrun.engine import LocalPlatform
+from localrun.iam import LAMBDA, SAGEMAKER, acting_as
+from localrun.scripted import Poll, ScriptedTraining
+from tests.pipeline.conftest import COMPLETED, Pipeline
+
+Statement = dict[str, Any]
+
+
+def _assembly_with(platform: Any, tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the synthesized assembly whose pipeline template `edit` has changed."""
+    source = Path(platform.assembly.directory)
+    target = tmp_path / "assembly"
+    target.mkdir()
+    for path in source.glob("*.json"):
+        shutil.copy(path, target / path.name)
+    template_path = target / f"{platform.pipeline.stack_name}.template.json"
+    template = json.loads(template_path.read_text())
+    edit(template)
+    template_path.write_text(json.dumps(template))
+    return target
+
+
+def _policy_of(template: dict[str, Any], role_prefix: str) -> list[Statement]:
+    """The statements of a role's default policy, by the role's logical ID prefix."""
+    (policy,) = [
+        r
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::IAM::Policy"
+        and any(role["Ref"].startswith(role_prefix) for role in r["Properties"]["Roles"])
+        and "DefaultPolicy" in json.dumps(r["Properties"]["PolicyName"])
+    ]
+    statements: list[Statement] = policy["Properties"]["PolicyDocument"]["Statement"]
+    return statements
+
+
+def _drop(role_prefix: str, sid: str) -> Callable[[dict[str, Any]], None]:
+    def edit(template: dict[str, Any]) -> None:
+        statements = _policy_of(template, role_prefix)
+        kept = [s for s in statements if s.get("Sid") != sid]
+        assert len(kept) == len(statements) - 1, f"no statement {sid} in {role_prefix}'s policy"
+        statements[:] = kept
+
+    return edit
+
+
+@pytest.fixture
+def open_platform() -> Any:
+    opened: list[LocalPlatform] = []
+
+    def open_(assembly: Path, scripts: list[list[Poll]] | None = None) -> Pipeline:
+        training = ScriptedTraining(scripts=scripts or [[Poll(), COMPLETED]])
+        local = LocalPlatform(assembly, training=training)
+        opened.append(local.__enter__())
+        return Pipeline(local, training)
+
+    yield open_
+    for local in opened:
+        local.__exit__(None, None, None)
+
+
+def test_a_dropped_statement_fails_the_run_naming_action_and_resource(
+    platform: Any, tmp_path: Path, open_platform: Any
+) -> None:
+    # Without its one S3 statement, the Monitor function cannot list the run's checkpoints.
+    pipeline = open_platform(_assembly_with(platform, tmp_path, _drop("MonitorRole", "ListRunCheckpoints")))
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert described["status"] == "FAILED"
+    assert pipeline.local.states_entered(arn)[-1] == "Check progress"
+    cause = described["cause"]
+    assert "s3:ListBucket" in cause and "arn:aws:s3:::tp-dev-checkpoints-123456789012-us-east-1" in cause
+    assert "assumed-role/MonitorRole" in cause
+    (denied,) = pipeline.local.iam.denials()
+    assert (denied.action, denied.allowed) == ("s3:ListBucket", False)
+
+
+def test_the_state_machine_role_is_enforced_on_its_own_calls(platform: Any, tmp_path: Path, open_platform: Any) -> None:
+    pipeline = open_platform(
+        _assembly_with(platform, tmp_path, _drop("TrainingPipelineRole", "CreateTrainingJobsInThePlatformVpc"))
+    )
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert pipeline.error(described)[0] == "TrainingJobNotCreated"
+    assert (
+        "sagemaker:CreateTrainingJob on resource: arn:aws:sagemaker:us-east-1:123456789012:training-job/"
+        in (described["cause"])
+    )
+    assert pipeline.jobs() == []
+
+
+def test_conditions_are_evaluated_not_ignored(platform: Any, tmp_path: Path, open_platform: Any) -> None:
+    """moto would ignore the condition; here a job outside the allowed subnet is refused."""
+
+    def other_subnet(template: dict[str, Any]) -> None:
+        (create,) = [
+            s
+            for s in _policy_of(template, "TrainingPipelineRole")
+            if s.get("Sid") == "CreateTrainingJobsInThePlatformVpc"
+        ]
+        create["Condition"]["ForAllValues:StringEquals"]["sagemaker:VpcSubnets"] = ["subnet-0123456789abcdef0"]
+
+    pipeline = open_platform(_assembly_with(platform, tmp_path, other_subnet))
+    described = pipeline.finish(pipeline.start(pipeline.input()))
+    assert pipeline.error(described)[0] == "TrainingJobNotCreated"
+    assert pipeline.jobs() == []
+
+
+def test_each_role_acts_only_as_its_service_and_within_its_policy(pipeline: Pipeline) -> None:
+    iam = pipeline.local.iam
+    (training_role,) = [
+        role.arn for role in boto3_roles() if "sagemaker.amazonaws.com" in json.dumps(role.assume_role_policy_document)
+    ]
+    with pytest.raises(PermissionError, match="trust policy does not allow it"):
+        iam.credentials(training_role, LAMBDA)
+    session = iam.credentials(training_role, SAGEMAKER)
+    s3 = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id=session.access_key,
+        aws_secret_access_key=session.secret_key,
+        aws_session_token=session.token,
+    )
+    checkpoints = "tp-dev-checkpoints-123456789012-us-east-1"
+    s3.put_object(Bucket=checkpoints, Key="runs/job-1/checkpoints/step-1/manifest.json", Body=b"{}")
+    with pytest.raises(ClientError, match=r"s3:PutObject on resource: arn:aws:s3:::tp-dev-datasets-"):
+        s3.put_object(Bucket="tp-dev-datasets-123456789012-us-east-1", Key="corpus/poisoned.bin", Body=b"x")
+    with pytest.raises(ClientError, match="not authorized to perform: s3:PutObject"):
+        s3.put_object(Bucket=checkpoints, Key="elsewhere/x", Body=b"x")
+
+
+def test_an_operation_outside_the_request_model_is_refused_not_allowed(pipeline: Pipeline) -> None:
+    with (
+        acting_as(pipeline.local.function_session("Register")),
+        pytest.raises(ClientError, match="local IAM request model"),
+    ):
+        boto3.client("sagemaker", region_name="us-east-1").list_endpoints()
+
+
+def boto3_roles() -> list[Any]:
+    from moto.iam.models import iam_backends
+
+    return list(iam_backends["123456789012"]["aws"].get_roles())
