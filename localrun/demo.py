@@ -211,9 +211,9 @@ def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path
 
 
 def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool, reject: bool) -> list[dict[str, Any]]:
-    """Decide open requests of this execution as `approver`, through the real decision handler."""
-    event = {"requestContext": {"http": {"method": "GET"}, "authorizer": {"iam": {"userArn": approver}}}}
-    pending = json.loads(platform.invoke("ApprovalDecide", event)["body"])["pending"]
+    """Decide open requests of this execution as `approver`, as tools/approve.py does, through the real handler."""
+    session = platform.person(approver, "demo")
+    pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
     answered = []
     for request in pending:
         if request["execution"] != arn:
@@ -231,8 +231,7 @@ def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool,
             decision = "approve" if answer in ("y", "yes") else "reject"
             reason = input("    reason: ").strip() or f"{decision}d at the demo prompt"
         body = {"request_id": request["request_id"], "decision": decision, "reason": reason}
-        post = {"requestContext": {"http": {"method": "POST"}, "authorizer": {"iam": {"userArn": approver}}}}
-        response = platform.invoke("ApprovalDecide", {**post, "body": json.dumps(body)})
+        response = platform.call_decision_url(session, "POST", body)
         result = json.loads(response["body"])
         _say(f"    -> {result.get('decision', result.get('error'))} by {result.get('by', approver)}\n")
         answered.append(result)
@@ -342,6 +341,7 @@ def _report(platform: Any, training: Any, outcome: Outcome, run_dir: Path) -> No
         lines.append(f"Status: {sm['TrainingJobStatus']} ({sm.get('SecondaryStatus')})")
         if sm.get("FailureReason"):
             lines.append(f"Failure: {sm['FailureReason']}")
+        lines += [f"Note: {note}" for note in training.jobs[job].notes]
         transitions = [t["Status"] for t in sm.get("SecondaryStatusTransitions", [])]
         lines.append(f"Secondary statuses: {' -> '.join(transitions)}")
         metrics = {m["MetricName"]: m["Value"] for m in sm.get("FinalMetricDataList", [])}

@@ -198,7 +198,7 @@ class LocalPlatform:
             handler.setStream(sys.stdout)
 
     # -- what the tests and the demo use -----------------------------------------------------
-    def start(self, execution_input: dict[str, Any], name: str | None = None) -> str:
+    def start(self, execution_input: Any, name: str | None = None) -> str:
         arn = str(
             self.sfn.start_execution(
                 stateMachineArn=self.state_machine_arn,
@@ -242,11 +242,62 @@ class LocalPlatform:
             raise KeyError(f"expected one function starting with {logical_prefix!r}, found {matches}")
         return self._run_handler(matches[0], event)
 
+    def person(self, role_arn: str, session_name: str = "person") -> boto3.Session:
+        """A person's AWS session in this account (as SSO would give): the role is created if needed, then assumed."""
+        iam = boto3.client("iam", region_name=REGION)
+        name = role_arn.rsplit("/", 1)[-1]
+        path = "/" + role_arn.split(":role/", 1)[1].rsplit("/", 1)[0] + "/" if role_arn.count("/") > 1 else "/"
+        trust = {
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}, "Action": "sts:AssumeRole"}
+            ]
+        }
+        with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
+            iam.create_role(RoleName=name, Path=path, AssumeRolePolicyDocument=json.dumps(trust))
+        credentials = boto3.client("sts", region_name=REGION).assume_role(
+            RoleArn=role_arn, RoleSessionName=session_name
+        )
+        keys = credentials["Credentials"]
+        return boto3.Session(
+            aws_access_key_id=keys["AccessKeyId"],
+            aws_secret_access_key=keys["SecretAccessKey"],
+            aws_session_token=keys["SessionToken"],
+            region_name=REGION,
+        )
+
+    def call_decision_url(
+        self,
+        session: boto3.Session,
+        method: str,
+        body: dict[str, Any] | None = None,
+        query: dict[str, str] | None = None,
+    ) -> Any:
+        """What tools/approve.py sends to the decision URL, delivered as the function URL delivers it."""
+        from tools.approve import signed_request  # noqa: PLC0415 - the CLI approvers use
+
+        url = self.environment("ApprovalRequest")["DECISION_URL"]
+        request = signed_request(url, method, body, session, query=query)
+        event = {
+            "requestContext": {"http": {"method": method}},
+            "headers": {k.lower(): v for k, v in request.header_items()},
+            "queryStringParameters": query,
+            "body": request.data.decode() if isinstance(request.data, bytes) else None,
+        }
+        return self.invoke("ApprovalDecide", event)
+
     def function_session(self, logical_prefix: str) -> Credentials:
         """The credentials a platform function runs with (a session of its execution role)."""
         matches = [name for name in self._functions if name.startswith(logical_prefix)]
         (name,) = matches
         return self._role(name)
+
+    def training_key_arn(self) -> str:
+        """The platform key, as the training job's request names it (OutputDataConfig.KmsKeyId)."""
+        for state in self.definition["States"].values():
+            parameters = state.get("Parameters", {})
+            if "OutputDataConfig" in parameters:
+                return str(parameters["OutputDataConfig"]["KmsKeyId"])
+        raise KeyError("the state machine creates no training job")
 
     def environment(self, logical_prefix: str) -> dict[str, str]:
         matches = [name for name in self._functions if name.startswith(logical_prefix)]
@@ -269,11 +320,16 @@ class LocalPlatform:
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         for stack, logical, resource in self.assembly.resources("AWS::DynamoDB::Table"):
             props = resource["Properties"]
+            indexes = [
+                {k: index[k] for k in ("IndexName", "KeySchema", "Projection")}
+                for index in props.get("GlobalSecondaryIndexes", [])
+            ]
             dynamodb.create_table(
                 TableName=self.resolver.ref(stack, logical),
                 KeySchema=props["KeySchema"],
                 AttributeDefinitions=props["AttributeDefinitions"],
                 BillingMode="PAY_PER_REQUEST",
+                **({"GlobalSecondaryIndexes": indexes} if indexes else {}),
             )
         sns = boto3.client("sns", region_name=REGION)
         self.topics = {}
@@ -287,10 +343,9 @@ class LocalPlatform:
         ((stack, logical, machine),) = list(self.assembly.resources("AWS::StepFunctions::StateMachine"))[-1:]
         definition = self.resolver.resolve(stack, machine["Properties"]["DefinitionString"])
         self.definition = json.loads(definition)
+        self.state_machine_role_arn = str(self.resolver.resolve(stack, machine["Properties"]["RoleArn"]))
         self.state_machine_arn = self.sfn.create_state_machine(
-            name=logical,
-            definition=definition,
-            roleArn=self.resolver.resolve(stack, machine["Properties"]["RoleArn"]),
+            name=logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
 

@@ -214,7 +214,9 @@ def _training_job(call: Call) -> str:
 
 
 def _table(call: Call) -> str:
-    return call.arn("dynamodb", f"table/{call.params['TableName']}")
+    table = call.arn("dynamodb", f"table/{call.params['TableName']}")
+    index = call.params.get("IndexName")
+    return f"{table}/index/{index}" if index else table
 
 
 REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
@@ -413,7 +415,10 @@ class LocalIam:
             action=response._get_action(),
         )
         # The session is identified by its access key and proven by its session token (moto checks
-        # both above); moto's signature recomputation is skipped: it cannot verify S3's chunked uploads.
+        # both above); moto's signature recomputation cannot verify S3's chunked uploads, so it runs
+        # only where a signature is what is being tested: an identity proof replayed to STS.
+        if (response.boto3_service_name, response._get_action()) == ("sts", "GetCallerIdentity"):
+            iam_request.check_signature()
         session = iam_request._access_key
         role_name = session._owner_role_name
         for modelled in self._requests(response, resource):

@@ -41,7 +41,9 @@ from typing import Any
 import boto3
 from botocore.credentials import Credentials
 
+from localrun import netns
 from localrun.cfn import REGION
+from localrun.netns import LoopbackNamespace
 from training.metrics import parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +87,9 @@ class LocalJob:
     finished: bool = False
     synced: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    namespace: LoopbackNamespace | None = None
+    """The hosts' loopback-only network, when the request asks for network isolation."""
+    notes: list[str] = field(default_factory=list)
 
     def tree(self, host: str) -> Path:
         return self.workdir / f"gen-{self.generation}" / host
@@ -163,6 +168,8 @@ class LocalTraining:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
             local.finished = True
+            if local.namespace is not None:
+                local.namespace.close()
             job.billable_time_in_seconds = max(1, round(time.monotonic() - local.started_at))
             job.final_metric_data_list = self._final_metrics(local)
             if not failed:
@@ -203,6 +210,7 @@ class LocalTraining:
         logs = local.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         local.processes = []
+        isolate = self._isolation(local)
         for host in local.hosts:
             env = dict(self._base_env)
             env.update(request.get("Environment", {}))  # the job's Environment, as SageMaker sets it
@@ -217,7 +225,7 @@ class LocalTraining:
             log = logs / f"{host}-gen{local.generation}.log"
             handle = log.open("wb")
             process = subprocess.Popen(
-                [sys.executable, "-m", "training.launcher", "train"],
+                isolate([sys.executable, "-m", "training.launcher", "train"]),
                 cwd=REPO,
                 env=env,
                 stdout=handle,
@@ -228,6 +236,25 @@ class LocalTraining:
             if host == local.hosts[0]:
                 local.log = log
                 threading.Thread(target=self._follow, args=(local, log, process), daemon=True).start()
+
+    def _isolation(self, local: LocalJob) -> Callable[[list[str]], list[str]]:
+        """How to start the job's hosts: in one loopback-only network when the request isolates them."""
+        if local.namespace is not None:
+            local.namespace.close()
+            local.namespace = None
+        if not local.request.get("EnableNetworkIsolation"):
+            return lambda argv: argv
+        if not netns.available():
+            self._note(local, "network isolation requested; this machine cannot create network namespaces")
+            return lambda argv: argv
+        local.namespace = LoopbackNamespace()
+        self._note(local, "network isolation: the hosts share a network namespace with loopback only")
+        return local.namespace.command
+
+    def _note(self, local: LocalJob, message: str) -> None:
+        local.notes.append(message)
+        if self.on_line is not None:
+            self.on_line(local.name, f"-- {message} --")
 
     def _follow(self, local: LocalJob, log: Path, process: subprocess.Popen[bytes]) -> None:
         """Stream host 1's log lines to `on_line` while its launcher runs."""
@@ -346,6 +373,8 @@ class LocalTraining:
             for process in local.processes:
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
+            if local.namespace is not None:
+                local.namespace.close()
             local.finished = True
 
     def copy_outputs(self, name: str, destination: Path) -> None:

@@ -11,6 +11,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from lambdas.approvals.store import PENDING_INDEX
 from stacks.constructs.buckets import TrainingBuckets
 from stacks.constructs.logs import allow_cloudwatch_logs
 from stacks.constructs.lustre import LustreDataRepository
@@ -38,18 +39,27 @@ class DataStack(Stack):
             removal_policy=RemovalPolicy.RETAIN,
         )
         allow_cloudwatch_logs(self.key)
-        # Alarms and budget alerts publish to topics encrypted with this key.
-        self.key.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="AlarmAndBudgetNotifications",
-                principals=[
-                    iam.ServicePrincipal("cloudwatch.amazonaws.com"),
-                    iam.ServicePrincipal("budgets.amazonaws.com"),
-                ],
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                resources=["*"],
+        # Alarms and budget alerts publish to topics encrypted with this key: this account's only.
+        for sid, service, source in (
+            (
+                "AlarmNotifications",
+                "cloudwatch.amazonaws.com",
+                f"arn:{self.partition}:cloudwatch:{self.region}:{self.account}:alarm:*",
+            ),
+            ("BudgetNotifications", "budgets.amazonaws.com", f"arn:{self.partition}:budgets::{self.account}:*"),
+        ):
+            self.key.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    principals=[iam.ServicePrincipal(service)],
+                    actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                    resources=["*"],
+                    conditions={
+                        "StringEquals": {"aws:SourceAccount": self.account},
+                        "ArnLike": {"aws:SourceArn": source},
+                    },
+                )
             )
-        )
         self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
         self.lustre = LustreDataRepository(
             self,
@@ -77,6 +87,14 @@ class DataStack(Stack):
             time_to_live_attribute="ttl",
             deletion_protection=True,
             removal_policy=RemovalPolicy.RETAIN,
+        )
+        # Pending requests, newest first; the index holds what a listing shows and never the task token.
+        self.approvals.add_global_secondary_index(
+            index_name=PENDING_INDEX,
+            partition_key=dynamodb.Attribute(name="status", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="requested_at", type=dynamodb.AttributeType.STRING),
+            projection_type=dynamodb.ProjectionType.INCLUDE,
+            non_key_attributes=["gate", "execution", "run_name", "summary", "expires_at", "requested_by"],
         )
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
             acknowledge(

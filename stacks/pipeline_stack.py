@@ -9,6 +9,7 @@ and asks for promotion.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from aws_cdk import Duration, Stack
@@ -20,6 +21,7 @@ from constructs import Construct
 
 from stacks.constructs.approval_gate import ApprovalGate
 from stacks.constructs.cost_controls import COST_TAG, PipelineAlarms, PlatformBudget
+from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
@@ -84,6 +86,8 @@ class PipelineStack(Stack):
                 "FSX_MOUNT_NAME": data.lustre.mount_name,
                 "TRAINING_SUBNET_IPS": str(training_ips),
                 "MAX_RUNTIME_HOURS": str(pipeline.max_runtime_hours),
+                "ALLOWED_INSTANCE_TYPES": json.dumps(pipeline.instance_types()),
+                "FORBID_SELF_APPROVAL": str(pipeline.forbid_self_approval).lower(),
                 "VOLUME_SIZE_GB": str(pipeline.volume_size_gb),
                 "RUN_EMAILS": json.dumps(settings.notifications.run_emails),
                 "JOB_TAGS": json.dumps(
@@ -176,6 +180,7 @@ class PipelineStack(Stack):
             topic=self.topics.runs,
             key=key,
             approvers=settings.approvers,
+            forbid_self_approval=pipeline.forbid_self_approval,
             timeout=Duration.hours(pipeline.approval_timeout_hours),
             vpc=net.vpc,
             subnets=net.services_subnets,
@@ -195,9 +200,15 @@ class PipelineStack(Stack):
             security_group=net.training_sg,
             file_system_arn=data.lustre.file_system_arn,
             inter_container_encryption=pipeline.inter_container_encryption,
+            network_isolation=pipeline.network_isolation,
+            instance_types=pipeline.instance_types(),
+            max_runtime_seconds=math.ceil(pipeline.max_runtime_hours * 3600),
         )
 
+        self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
         self.state_machine = self._state_machine()
+        self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
+        self.execution_key.bind_log_delivery()
         self.training.grant_run(self.state_machine.role)
         # Publishing to the runs topic, which the platform key encrypts.
         key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
@@ -553,6 +564,9 @@ class PipelineStack(Stack):
             comment="Validate -> estimate -> approve -> train (create + poll) -> evaluate -> register -> promote",
             timeout=Duration.hours(min(hours, 365 * 24)),
             tracing_enabled=True,
+            encryption_configuration=sfn.CustomerManagedEncryptionConfiguration(
+                self.execution_key.key, Duration.minutes(5)
+            ),
             # Execution data stays out of the logs: inputs and task tokens are not log material.
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
         )

@@ -259,6 +259,19 @@ class PipelineSettings(_Model):
     inter_container_encryption: bool = Field(
         True, description="Encrypt traffic between training instances (slower collectives; off only if accepted)."
     )
+    forbid_self_approval: bool = Field(
+        False,
+        description="Refuse a decision by whoever started the run; runs must then be started with "
+        "tools/start_run.py, which proves who starts them.",
+    )
+    network_isolation: bool = Field(
+        True,
+        description="Training containers reach nothing but their cluster (EnableNetworkIsolation); off only for "
+        "training code that must call out.",
+    )
+    allowed_instance_types: list[str] | None = Field(
+        None, description="Instance types runs may use (default: every type of the platform's catalog)."
+    )
     monthly_budget_usd: float = Field(10000.0, gt=0, description="Monthly AWS Budgets limit for the platform's tag.")
     spot_cost_fraction: tuple[float, float] = Field(
         (0.3, 0.7), description="Managed spot cost as a fraction of on-demand: the estimate's [low, high]."
@@ -274,6 +287,20 @@ class PipelineSettings(_Model):
         if not 0 < low <= high <= 1:
             raise ValueError("must be [low, high] with 0 < low <= high <= 1")
         return value
+
+    @field_validator("allowed_instance_types")
+    @classmethod
+    def _allowed_types(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - set(INSTANCE_TYPES))
+        if unknown or not value:
+            raise ValueError(f"unknown instance types {unknown}" if unknown else "name at least one instance type")
+        return sorted(set(value))
+
+    def instance_types(self) -> list[str]:
+        """The types runs may use: the allow-list, or the whole catalog."""
+        return sorted(self.allowed_instance_types or INSTANCE_TYPES)
 
     @field_validator("price_overrides")
     @classmethod
@@ -301,6 +328,11 @@ class PlatformSettings(_Model):
     approvers: list[str] = Field(
         default_factory=list, description="IAM principal ARNs allowed to decide approval gates."
     )
+    execution_data_readers: list[str] = Field(
+        default_factory=list,
+        description="IAM principal ARNs (administrators) allowed to decrypt execution inputs, outputs and history; "
+        "the platform's own roles always can.",
+    )
 
     @field_validator("stage")
     @classmethod
@@ -323,13 +355,24 @@ class PlatformSettings(_Model):
             raise ValueError("must be an AWS Region code such as us-east-1")
         return value
 
-    @field_validator("approvers")
+    @field_validator("approvers", "execution_data_readers")
     @classmethod
     def _approvers(cls, value: list[str]) -> list[str]:
         bad = [v for v in value if not _PRINCIPAL.match(v)]
         if bad:
             raise ValueError(f"must be IAM role/user ARNs (arn:aws:iam::123456789012:role/Name); bad: {bad}")
         return value
+
+    @model_validator(mode="after")
+    def _gates_can_be_decided(self) -> PlatformSettings:
+        if not self.approvers:
+            raise ValueError(
+                "approvers is empty, but every run reaches the promotion gate (and runs estimated above "
+                "pipeline.approval_threshold_usd the launch gate): no decision could be made and every run would "
+                "time out. Name the IAM roles or users who decide, e.g. "
+                "-c approvers='[\"arn:aws:iam::123456789012:role/MLLead\"]' or cdk.json's platform.approvers"
+            )
+        return self
 
     @model_validator(mode="after")
     def _azs_in_region(self) -> PlatformSettings:

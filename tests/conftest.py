@@ -23,15 +23,20 @@ for _var, _value in {
     os.environ[_var] = _value
 
 
+APPROVER = "arn:aws:iam::123456789012:role/MLLead"
+READER = "arn:aws:iam::123456789012:role/PlatformAuditor"
+PATH_APPROVER = "arn:aws:iam::123456789012:role/ml-team/TeamLead"
+
+
 def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
-    """cdk.json's context (feature flags included), with `platform` keys replaced at the top level."""
+    """cdk.json's context (feature flags included) plus an approver (cdk.json names none: a platform
+    team must), with `platform` keys replaced at the top level."""
     context: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
     context = json.loads(json.dumps(context))
-    context["platform"].update(platform_overrides)
+    context["platform"].update({"approvers": [APPROVER], **platform_overrides})
     return context
 
 
-APPROVER = "arn:aws:iam::123456789012:role/MLLead"
 RUN_EMAIL = "alice@example.org"
 
 
@@ -60,7 +65,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """NAT on, named AZs, a p4d cluster, FSx auto-export: the optional paths of every stack."""
+    """NAT on, named AZs, a p4d cluster, FSx auto-export, no network isolation, one allowed instance
+    type, a named reader of execution data: the optional paths of every stack."""
     context = cdk_context(region="eu-west-1", account="123456789012")
     context["platform"]["network"] = {
         **context["platform"]["network"],
@@ -69,6 +75,8 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "largest_cluster": {"instance_type": "ml.p4d.24xlarge", "count": 16},
     }
     context["platform"]["storage"] = {**context["platform"]["storage"], "fsx_auto_export_prefix": "results/"}
+    context["platform"]["pipeline"] = {"network_isolation": False, "allowed_instance_types": ["ml.p4d.24xlarge"]}
+    context["platform"]["execution_data_readers"] = [READER]
     from stacks.app_builder import build_platform
 
     built = build_platform(context, outdir=str(tmp_path_factory.mktemp("variant")))

@@ -1,9 +1,11 @@
 """Approval-gate handlers.
 
 `request`: invoked by the state machine with `.waitForTaskToken`; stores the request and
-notifies approvers. `decide`: behind a Lambda function URL with AWS_IAM auth, so only
-SigV4-signed calls from principals granted lambda:InvokeFunctionUrl reach it; it also
-checks the caller against the approver allow-list. Neither handler ever logs its event.
+notifies approvers. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
+granted lambda:InvokeFunctionUrl reach it), it takes the caller's identity from a proof STS
+attests (lambdas/approvals/identity.py), never from the event, so a direct invocation with a
+made-up request context decides nothing. Only approvers may list or decide. Neither handler
+ever logs its event.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.approvals.store import ApprovalStore, DecisionError, now_utc
-from lambdas.shared.env import env_int, env_json, env_str
+from lambdas.approvals import identity
+from lambdas.approvals.identity import IdentityError, Principal
+from lambdas.approvals.store import PAGE_SIZE, ApprovalStore, DecisionError, now_utc
+from lambdas.shared.env import env_bool, env_int, env_json, env_str
 
 logger = Logger(service="training-platform")
 
@@ -36,6 +40,7 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
         f"Decide within {timeout_hours} h; no decision counts as a rejection. With your AWS credentials:",
         f"  python tools/approve.py --url {url} approve {request_id} --reason '...'",
         f"  python tools/approve.py --url {url} reject {request_id} --reason '...'",
+        *([f"Started by: {event['requested_by']}"] if event.get("requested_by") else []),
         "",
         f"Execution: {event['execution']}",
     ]
@@ -52,6 +57,7 @@ def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         execution=event["execution"],
         run_name=event["run_name"],
         summary=event["summary"],
+        requested_by=event.get("requested_by"),
         timeout_hours=timeout_hours,
         now=now_utc(),
     )
@@ -70,30 +76,68 @@ def _response(status: int, body: dict[str, Any]) -> dict[str, Any]:
     return {"statusCode": status, "headers": {"content-type": "application/json"}, "body": json.dumps(body)}
 
 
-@logger.inject_lambda_context(log_event=False)
-def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Function URL (payload v2): GET lists pending requests; POST {request_id, decision, reason} decides."""
-    http = event["requestContext"]["http"]
-    caller = event["requestContext"].get("authorizer", {}).get("iam", {}).get("userArn", "")
-    store = _store()
-    if http["method"] == "GET":
-        return _response(200, {"pending": store.pending()})
-    if http["method"] != "POST":
-        return _response(405, {"error": "use GET to list requests or POST to decide one"})
+def _region() -> str:
+    return str(boto3.session.Session().region_name)
+
+
+def _caller(event: dict[str, Any], purpose: str, request: dict[str, Any]) -> tuple[str, Principal]:
+    """Who signed this call's identity proof (for exactly this request), and whether they approve here."""
+    headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
+    caller = identity.verify(
+        headers.get(identity.PROOF_HEADER),
+        bound_to=identity.binding(purpose, request),
+        region=_region(),
+        now=now_utc(),
+    )
+    principal = Principal.parse(caller)
+    if principal not in {Principal.parse(arn) for arn in env_json("APPROVERS")}:
+        raise IdentityError(403, f"{principal} is not an approver of this platform (settings: approvers)")
+    return caller, principal
+
+
+def _list(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
+    query = event.get("queryStringParameters") or {}
+    asked = {"cursor": query.get("cursor") or "", "limit": query.get("limit") or str(PAGE_SIZE)}
+    _caller(event, "list", asked)
+    if not asked["limit"].isdigit() or not 1 <= int(asked["limit"]) <= PAGE_SIZE:
+        return _response(400, {"error": f"limit must be a whole number from 1 to {PAGE_SIZE}"})
+    return _response(200, store.pending(cursor=asked["cursor"] or None, limit=int(asked["limit"])))
+
+
+def _decide(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
     try:
         body = json.loads(event.get("body") or "{}")
-        result = store.decide(
-            request_id=str(body.get("request_id", "")),
-            decision=str(body.get("decision", "")),
-            reason=str(body.get("reason", "")),
-            caller=caller,
-            approvers=frozenset(env_json("APPROVERS")),
-            now=now_utc(),
-        )
     except json.JSONDecodeError:
         return _response(400, {"error": "the body must be JSON: {request_id, decision, reason}"})
-    except DecisionError as exc:
-        logger.warning("decision refused", extra={"status": exc.status, "error": str(exc), "caller": caller})
-        return _response(exc.status, {"error": str(exc)})
+    if not isinstance(body, dict):
+        return _response(400, {"error": "the body must be a JSON object: {request_id, decision, reason}"})
+    asked = {key: str(body.get(key, "")) for key in ("request_id", "decision", "reason")}
+    caller, principal = _caller(event, "decide", asked)
+    result = store.decide(
+        **asked,
+        caller=caller,
+        principal=str(principal),
+        forbid_self_approval=env_bool("FORBID_SELF_APPROVAL"),
+        now=now_utc(),
+    )
     logger.info("decision recorded", extra={k: result[k] for k in ("request_id", "gate", "decision", "by")})
     return _response(200, result)
+
+
+@logger.inject_lambda_context(log_event=False)
+def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Function URL (payload v2): GET lists pending requests (`?limit=&cursor=` pages); POST decides one.
+
+    Every call carries an identity proof for what it asks (tools/approve.py builds it).
+    """
+    method = (event.get("requestContext") or {}).get("http", {}).get("method")
+    store = _store()
+    try:
+        if method == "GET":
+            return _list(event, store)
+        if method == "POST":
+            return _decide(event, store)
+        return _response(405, {"error": "use GET to list requests or POST to decide one"})
+    except (IdentityError, DecisionError) as exc:
+        logger.warning("request refused", extra={"status": exc.status, "error": str(exc)})
+        return _response(exc.status, {"error": str(exc)})

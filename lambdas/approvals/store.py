@@ -1,14 +1,16 @@
 """Approval requests in DynamoDB: create, list, decide exactly once, deliver the decision.
 
-The task token lives only in the table (encrypted with the platform key). It is never logged,
-never sent in a notification and never part of a URL: approvers refer to a request by its ID.
+The task token is kept in the table (encrypted with the platform key) and is never logged, never
+sent in a notification, never listed and never part of a URL: approvers refer to a request by its
+ID. Pending requests are listed from an index that does not hold the token.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +21,10 @@ PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIR
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}
 # Keep decided requests this long after they expire, as the audit record.
 AUDIT_DAYS = 90
-_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/.+$")
+# The model registry's ApprovalDescription takes 1024 characters: "Approved by <principal>: <reason>".
+MAX_REASON = 512
+PENDING_INDEX = "by-status"
+PAGE_SIZE = 50
 
 
 class DecisionError(Exception):
@@ -35,15 +40,6 @@ def request_id_for(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def principal_for(caller_arn: str) -> str:
-    """The IAM principal behind a caller: an assumed-role session becomes its role's ARN."""
-    match = _ASSUMED_ROLE.match(caller_arn)
-    if match:
-        partition, account, role = match.groups()
-        return f"arn:{partition}:iam::{account}:role/{role}"
-    return caller_arn
-
-
 @dataclass
 class ApprovalStore:
     table: Any  # boto3 DynamoDB Table
@@ -57,6 +53,7 @@ class ApprovalStore:
         execution: str,
         run_name: str,
         summary: dict[str, Any],
+        requested_by: str | None,
         timeout_hours: int,
         now: datetime,
     ) -> str:
@@ -74,6 +71,8 @@ class ApprovalStore:
             "expires_at": expires.isoformat(),
             "ttl": int((expires + timedelta(days=AUDIT_DAYS)).timestamp()),
         }
+        if requested_by:
+            item["requested_by"] = requested_by
         try:
             self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(request_id)")
         except ClientError as exc:
@@ -81,15 +80,22 @@ class ApprovalStore:
                 raise
         return request_id
 
-    def pending(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Open requests, newest first, without their tokens."""
-        items = self.table.scan(
-            FilterExpression="#s = :p",
-            ExpressionAttributeNames={"#s": "status"},
-            ExpressionAttributeValues={":p": PENDING},
-        )["Items"]
-        public = [{k: v for k, v in item.items() if k not in ("task_token", "ttl")} for item in items]
-        return sorted(public, key=lambda i: i["requested_at"], reverse=True)[:limit]
+    def pending(self, *, cursor: str | None = None, limit: int = PAGE_SIZE) -> dict[str, Any]:
+        """One page of open requests, newest first (the index holds no tokens); `next` continues it."""
+        query: dict[str, Any] = {
+            "IndexName": PENDING_INDEX,
+            "KeyConditionExpression": "#s = :p",
+            "ExpressionAttributeNames": {"#s": "status"},
+            "ExpressionAttributeValues": {":p": PENDING},
+            "ScanIndexForward": False,
+            "Limit": limit,
+        }
+        if cursor:
+            query["ExclusiveStartKey"] = _decode_cursor(cursor)
+        page = self.table.query(**query)
+        items = [{k: v for k, v in item.items() if k not in ("task_token", "ttl")} for item in page["Items"]]
+        last = page.get("LastEvaluatedKey")
+        return {"pending": items, "next": _encode_cursor(last) if last else None}
 
     def decide(
         self,
@@ -98,17 +104,21 @@ class ApprovalStore:
         decision: str,
         reason: str,
         caller: str,
-        approvers: frozenset[str],
+        principal: str,
+        forbid_self_approval: bool,
         now: datetime,
     ) -> dict[str, Any]:
-        """Record the first decision on a request and resume the execution with it."""
-        principal = principal_for(caller)
-        if principal not in approvers:
-            raise DecisionError(403, f"{principal} is not an approver of this platform (settings: approvers)")
+        """Record the first decision on a request and resume the execution with it.
+
+        `caller` is who signed (as STS names them), `principal` the approver it counts as; both were
+        checked against the allow-list by the caller of this method.
+        """
         if decision not in DECISIONS:
             raise DecisionError(400, f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
         if not reason.strip():
             raise DecisionError(400, "a decision needs a reason; it is recorded with the run")
+        if len(reason.strip()) > MAX_REASON:
+            raise DecisionError(400, f"a reason takes at most {MAX_REASON} characters (the model registry keeps it)")
         item = self.table.get_item(Key={"request_id": request_id}).get("Item")
         if item is None:
             raise DecisionError(404, f"no approval request {request_id}")
@@ -117,6 +127,10 @@ class ApprovalStore:
         if item["status"] == PENDING and now > datetime.fromisoformat(item["expires_at"]):
             self._expire(request_id)
             raise DecisionError(410, f"request {request_id} expired at {item['expires_at']}: the run was rejected")
+        if forbid_self_approval and item.get("requested_by") == principal:
+            raise DecisionError(
+                403, f"{principal} started this run and may not decide its gates (pipeline.forbid_self_approval)"
+            )
 
         status = DECISIONS[decision]
         record = {"decision": status.lower(), "by": principal, "caller": caller, "reason": reason.strip()}
@@ -183,3 +197,17 @@ class ApprovalStore:
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
+
+
+def _encode_cursor(key: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, sort_keys=True).encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> dict[str, Any]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (binascii.Error, ValueError):
+        raise DecisionError(400, "cursor is not one this service returned as `next`") from None
+    if not isinstance(key, dict) or set(key) != {"request_id", "status", "requested_at"}:
+        raise DecisionError(400, "cursor is not one this service returned as `next`")
+    return key

@@ -24,3 +24,10 @@ def env_float(name: str) -> float:
 
 def env_int(name: str) -> int:
     return int(env_str(name))
+
+
+def env_bool(name: str) -> bool:
+    value = env_str(name)
+    if value not in ("true", "false"):
+        raise RuntimeError(f"environment variable {name} must be true or false, not {value!r}")
+    return value == "true"

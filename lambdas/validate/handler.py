@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.shared.env import env_int, env_json, env_str
+from lambdas.approvals import identity
+from lambdas.shared.env import env_bool, env_int, env_json, env_str
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.request import PlatformLimits, resolve
+from lambdas.validate.request import PlatformLimits, resolve, start_binding
 
 logger = Logger(service="training-platform")
 
@@ -20,10 +23,34 @@ def limits_from_env() -> PlatformLimits:
         fsx_mount_name=env_str("FSX_MOUNT_NAME"),
         training_subnet_ips=env_int("TRAINING_SUBNET_IPS"),
         max_runtime_hours=float(env_str("MAX_RUNTIME_HOURS")),
+        allowed_instance_types=tuple(env_json("ALLOWED_INSTANCE_TYPES")),
         volume_size_gb=env_int("VOLUME_SIZE_GB"),
         run_emails=tuple(env_json("RUN_EMAILS")),
         tags=dict(env_json("JOB_TAGS")),
     )
+
+
+def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
+    """Who started the run, from the input's identity proof; None when there is none and none is required."""
+    proof = event.get("requester_proof") if isinstance(event, dict) else None
+    if proof is None and not required:
+        return None
+    if proof is None:
+        raise InvalidRequest(
+            "The training request cannot run:\n  - requester_proof: this platform refuses approvals by whoever "
+            "started a run (pipeline.forbid_self_approval), so it must know who did; start runs with "
+            "tools/start_run.py, which adds the proof"
+        )
+    try:
+        caller = identity.verify(
+            proof,
+            bound_to=start_binding(event, execution_name),
+            region=str(boto3.session.Session().region_name),
+            now=datetime.now(UTC),
+        )
+    except identity.IdentityError as exc:
+        raise InvalidRequest(f"The training request cannot run:\n  - requester_proof: {exc}") from None
+    return str(identity.Principal.parse(caller))
 
 
 @logger.inject_lambda_context
@@ -34,7 +61,10 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     handler-error alarms mean platform faults only) and the state machine ends the run there.
     """
     try:
-        request = resolve(event["input"], execution_name=event["execution_name"], limits=limits_from_env())
+        requested_by = requester(event["input"], event["execution_name"], required=env_bool("FORBID_SELF_APPROVAL"))
+        request = resolve(
+            event["input"], execution_name=event["execution_name"], limits=limits_from_env(), requested_by=requested_by
+        )
     except InvalidRequest as exc:
         logger.info("request rejected", extra={"problems": str(exc)})
         return {"valid": False, "message": str(exc), "request": None}

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from lambdas.approvals import identity
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from training.config import ConfigError, from_hyperparameters
@@ -75,6 +76,11 @@ class ExecutionInput(BaseModel):
     notify: list[str] = Field(
         default_factory=list, description="Who hears about this run (from notifications.run_emails)."
     )
+    requester_proof: str | None = Field(
+        None,
+        description="Who starts the run, proven by tools/start_run.py; required when "
+        "pipeline.forbid_self_approval is on.",
+    )
 
 
 def input_table() -> str:
@@ -95,6 +101,7 @@ class PlatformLimits:
     fsx_mount_name: str
     training_subnet_ips: int
     max_runtime_hours: float
+    allowed_instance_types: tuple[str, ...]
     volume_size_gb: int
     run_emails: tuple[str, ...]
     tags: dict[str, str]
@@ -162,6 +169,11 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
         near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
         problems.append(f"instance_type {request.instance_type!r} is not a known training type; e.g. {', '.join(near)}")
         return None
+    if instance.name not in limits.allowed_instance_types:
+        problems.append(
+            f"instance_type {instance.name!r} is not allowed on this platform; use one of "
+            f"{', '.join(limits.allowed_instance_types)} (settings: pipeline.allowed_instance_types)"
+        )
     capacity = limits.training_subnet_ips // instance.private_ips_needed
     if request.instance_count > capacity:
         problems.append(
@@ -237,8 +249,27 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> dict[str, An
     return {"metric": gate.metric, "max": gate.max, "min": gate.min}
 
 
-def resolve(event: dict[str, Any], *, execution_name: str, limits: PlatformLimits) -> dict[str, Any]:
+def start_binding(event: dict[str, Any], execution_name: str) -> str:
+    """What a requester proof is bound to: this execution's name and its input (without the proof)."""
+    execution_input = {k: v for k, v in event.items() if k != "requester_proof"}
+    digest = hashlib.sha256(json.dumps(execution_input, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return identity.binding("start", {"execution_name": execution_name, "input_sha256": digest})
+
+
+def resolve(
+    event: Any, *, execution_name: str, limits: PlatformLimits, requested_by: str | None = None
+) -> dict[str, Any]:
     """Validate the execution input and return the complete request, or raise InvalidRequest."""
+    if not isinstance(event, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
+        raise InvalidRequest(
+            _format(
+                [
+                    f'the execution input must be a JSON object of the keys in README "Starting a training run"'
+                    f' (e.g. {{"run_name": "...", "dataset": "...", ...}}), not {kind}'
+                ]
+            )
+        )
     try:
         request = ExecutionInput.model_validate(event)
     except ValidationError as exc:
@@ -293,6 +324,7 @@ def resolve(event: dict[str, Any], *, execution_name: str, limits: PlatformLimit
         "notify": request.notify,
         # SNS message attribute for subscription filters; SNS rejects an empty String.Array.
         "recipients": request.notify or ["(none)"],
+        "requested_by": requested_by,
         "tags": [{"Key": k, "Value": v} for k, v in {**limits.tags, "run": request.run_name}.items()],
     }
 

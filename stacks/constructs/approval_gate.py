@@ -16,6 +16,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from lambdas.approvals.store import PENDING_INDEX
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_inline_policy
 
@@ -39,6 +40,7 @@ class ApprovalGate(Construct):
         topic: sns.ITopic,
         key: kms.IKey,
         approvers: list[str],
+        forbid_self_approval: bool,
         timeout: Duration,
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
@@ -53,7 +55,11 @@ class ApprovalGate(Construct):
             handler="lambdas.approvals.handler.decide",
             description="Records an approver's decision and resumes the waiting execution",
             log_key=key,
-            environment={"TABLE_NAME": table.table_name, "APPROVERS": json.dumps(sorted(approvers))},
+            environment={
+                "TABLE_NAME": table.table_name,
+                "APPROVERS": json.dumps(sorted(approvers)),
+                "FORBID_SELF_APPROVAL": str(forbid_self_approval).lower(),
+            },
             **placement,
         )
         self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
@@ -75,11 +81,21 @@ class ApprovalGate(Construct):
         )
         # Exactly the calls of lambdas/approvals: the request stores (conditional put) and publishes;
         # the decision lists, reads and updates. The platform key encrypts the table and the topic.
-        table.grant(self.request.function, "dynamodb:PutItem")
+        grants = {
+            self.request: {"StoreRequests": (["dynamodb:PutItem"], table.table_arn)},
+            self.decide: {
+                "ListPendingRequests": (["dynamodb:Query"], f"{table.table_arn}/index/{PENDING_INDEX}"),
+                "DecideRequests": (["dynamodb:GetItem", "dynamodb:UpdateItem"], table.table_arn),
+            },
+        }
+        for function, statements in grants.items():
+            for sid, (actions, resource) in statements.items():
+                function.function.add_to_role_policy(
+                    iam.PolicyStatement(sid=sid, actions=actions, resources=[resource])
+                )
         self.request.function.add_to_role_policy(
             iam.PolicyStatement(sid="NotifyApprovers", actions=["sns:Publish"], resources=[topic.topic_arn])
         )
-        table.grant(self.decide.function, "dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem")
         for function in (self.request, self.decide):
             key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
 
@@ -122,6 +138,7 @@ class ApprovalGate(Construct):
                     "token": sfn.JsonPath.task_token,
                     "execution": sfn.JsonPath.execution_id,
                     "run_name": sfn.JsonPath.string_at("$.request.run_name"),
+                    "requested_by": sfn.JsonPath.string_at("$.request.requested_by"),
                     "summary": summary,
                 }
             ),

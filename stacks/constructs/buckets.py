@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -79,13 +80,33 @@ class TrainingBuckets(Construct):
                 ],
             )
 
-        self.datasets = bucket("Datasets")
+        def platform_key_only(b: s3.Bucket) -> s3.Bucket:
+            """Uploads that name an encryption must name the platform key; unnamed ones get it by default."""
+            for sid, header, allowed in (
+                ("DenyOtherEncryption", "s3:x-amz-server-side-encryption", "aws:kms"),
+                ("DenyOtherKeys", "s3:x-amz-server-side-encryption-aws-kms-key-id", key.key_arn),
+            ):
+                b.add_to_resource_policy(
+                    iam.PolicyStatement(
+                        sid=sid,
+                        effect=iam.Effect.DENY,
+                        principals=[iam.AnyPrincipal()],
+                        actions=["s3:PutObject"],
+                        resources=[b.arn_for_objects("*")],
+                        conditions={"Null": {header: "false"}, "StringNotEquals": {header: allowed}},
+                    )
+                )
+            return b
+
+        self.datasets = platform_key_only(bucket("Datasets"))
         expire = settings.checkpoint_expiry_days
-        self.checkpoints = bucket(
-            "Checkpoints",
-            *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
+        self.checkpoints = platform_key_only(
+            bucket(
+                "Checkpoints",
+                *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
+            )
         )
-        self.artifacts = bucket("Artifacts")
+        self.artifacts = platform_key_only(bucket("Artifacts"))
 
         for b in (self.access_logs, self.datasets, self.checkpoints, self.artifacts):
             for pack in ("NIST.800.53.R5", "HIPAA.Security"):

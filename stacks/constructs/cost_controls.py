@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
@@ -21,12 +21,17 @@ class PlatformBudget(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, limit_usd: float, topic: sns.ITopic, emails: list[str]) -> None:
         super().__init__(scope, id_)
+        stack = Stack.of(self)
         topic.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="BudgetsPublish",
                 principals=[iam.ServicePrincipal("budgets.amazonaws.com")],
                 actions=["sns:Publish"],
                 resources=[topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": stack.account},
+                    "ArnLike": {"aws:SourceArn": f"arn:{stack.partition}:budgets::{stack.account}:*"},
+                },
             )
         )
         subscribers = [

@@ -20,6 +20,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from training.metrics import METRIC_DEFINITIONS
 
@@ -53,6 +54,9 @@ class DistributedTrainingJob(Construct):
         security_group: ec2.ISecurityGroup,
         file_system_arn: str,
         inter_container_encryption: bool,
+        network_isolation: bool,
+        instance_types: list[str],
+        max_runtime_seconds: int,
     ) -> None:
         super().__init__(scope, id_)
         self.vpc = vpc
@@ -63,6 +67,9 @@ class DistributedTrainingJob(Construct):
         self.subnet = subnet
         self.security_group = security_group
         self.inter_container_encryption = inter_container_encryption
+        self.network_isolation = network_isolation
+        self.instance_types = instance_types
+        self.max_runtime_seconds = max_runtime_seconds
         self.role = self._execution_role(repository, datasets, file_system_arn)
 
     def _execution_role(self, repository: ecr.IRepository, datasets: s3.IBucket, file_system_arn: str) -> iam.Role:
@@ -206,6 +213,7 @@ class DistributedTrainingJob(Construct):
                 "SecurityGroupIds": [self.security_group.security_group_id],
             },
             "EnableInterContainerTrafficEncryption": self.inter_container_encryption,
+            "EnableNetworkIsolation": self.network_isolation,
             "RetryStrategy": {"MaximumRetryAttempts": 2},
             "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/profiler/"},
             "TensorBoardOutputConfig": {
@@ -273,27 +281,47 @@ class DistributedTrainingJob(Construct):
         )
 
     def grant_run(self, state_machine_role: iam.IRole) -> None:
-        """What the state machine needs: create (in the platform's VPC only), describe, tag, pass the role."""
+        """What the state machine needs: create (as the platform configures jobs only), describe, tag, pass the role.
+
+        CreateTrainingJob is allowed only with the platform's subnet, security group, output key,
+        allowed instance types, runtime limit, encryption and isolation flags; on EBS-backed types
+        only with the platform's volume key, on instance-store types only with none.
+        """
         stack = Stack.of(self)
         jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
-        create_conditions: dict[str, Any] = {
-            "ForAllValues:StringEquals": {
-                "sagemaker:VpcSubnets": [self.subnet.subnet_id],
-                "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
-            },
-            "Null": {"sagemaker:VpcSubnets": "false", "sagemaker:VpcSecurityGroupIds": "false"},
-            "StringEquals": {"sagemaker:OutputKmsKey": self.key.key_arn},
-        }
-        if self.inter_container_encryption:
-            create_conditions["Bool"] = {"sagemaker:InterContainerTrafficEncryption": "true"}
-        state_machine_role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="CreateTrainingJobsInThePlatformVpc",
-                actions=["sagemaker:CreateTrainingJob"],
-                resources=[jobs],
-                conditions=create_conditions,
+        flags = {"sagemaker:InterContainerTrafficEncryption": self.inter_container_encryption}
+        if self.network_isolation:
+            flags["sagemaker:NetworkIsolation"] = True
+        for sid, local_storage in (("CreateJobsOnEbsTypes", False), ("CreateJobsOnInstanceStoreTypes", True)):
+            types = [t for t in self.instance_types if INSTANCE_TYPES[t].local_storage == local_storage]
+            if not types:
+                continue
+            state_machine_role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    actions=["sagemaker:CreateTrainingJob"],
+                    resources=[jobs],
+                    conditions={
+                        "ForAllValues:StringEquals": {
+                            "sagemaker:VpcSubnets": [self.subnet.subnet_id],
+                            "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
+                            "sagemaker:InstanceTypes": types,
+                        },
+                        "Null": {
+                            "sagemaker:VpcSubnets": "false",
+                            "sagemaker:VpcSecurityGroupIds": "false",
+                            "sagemaker:InstanceTypes": "false",
+                            "sagemaker:VolumeKmsKey": str(local_storage).lower(),
+                        },
+                        "StringEquals": {
+                            "sagemaker:OutputKmsKey": self.key.key_arn,
+                            **({} if local_storage else {"sagemaker:VolumeKmsKey": self.key.key_arn}),
+                        },
+                        "Bool": {k: str(v).lower() for k, v in flags.items()},
+                        "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(self.max_runtime_seconds)},
+                    },
+                )
             )
-        )
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="FollowTrainingJobs",

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from localrun import netns
 from localrun.demo import run_demo
 from tests.conftest import APPROVER, RUN_EMAIL
 
@@ -100,6 +101,8 @@ def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path)
     assert "s3:PutObject" in training_role and "s3:ListBucket" in training_role
     assert "| TrainingPipelineRole" in report and "sagemaker:CreateTrainingJob" in report
     assert "Denied: 0" in report
+    if netns.available():  # the two hosts trained in a loopback-only network, as EnableNetworkIsolation asks
+        assert "Note: network isolation: the hosts share a network namespace with loopback only" in report
 
 
 def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -9,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from lambdas.approvals.store import principal_for, request_id_for
+from lambdas.approvals.identity import Principal
+from lambdas.approvals.store import request_id_for
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
 from lambdas.monitor.handler import summarize
+from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import PlatformLimits, resolve
 
@@ -23,6 +26,7 @@ LIMITS = PlatformLimits(
     fsx_mount_name="abcdef12",
     training_subnet_ips=4075,
     max_runtime_hours=120,
+    allowed_instance_types=tuple(sorted(INSTANCE_TYPES)),
     volume_size_gb=200,
     run_emails=("alice@example.org", "ml-engineer@example.org"),  # the demo subscribes the latter
     tags={"platform": "distributed-training"},
@@ -80,6 +84,14 @@ def _request(**overrides: Any) -> dict[str, Any]:
         "spot": False,
     }
     return request | overrides
+
+
+def test_instance_types_outside_the_allow_list_are_refused() -> None:
+    limits = dataclasses.replace(LIMITS, allowed_instance_types=("ml.p5.48xlarge",))
+    with pytest.raises(
+        InvalidRequest, match=r"'ml.g5.2xlarge' is not allowed on this platform; use one of ml.p5.48xlarge"
+    ):
+        resolve(_example("single-node-ddp") | {"instance_type": "ml.g5.2xlarge"}, execution_name="e", limits=limits)
 
 
 def test_estimate_is_count_times_price_times_runtime() -> None:
@@ -186,12 +198,15 @@ def test_evaluate(quality: dict[str, Any] | None, metrics: dict[str, float], pas
     assert reason in result["reason"]
 
 
-def test_assumed_role_sessions_map_to_their_role() -> None:
-    assert (
-        principal_for("arn:aws:sts::123456789012:assumed-role/MLLead/jane") == "arn:aws:iam::123456789012:role/MLLead"
+def test_principals_compare_by_account_kind_and_name_not_path() -> None:
+    approver = Principal.parse("arn:aws:iam::123456789012:role/team/ml/MLLead")
+    assert Principal.parse("arn:aws:sts::123456789012:assumed-role/MLLead/jane") == approver
+    assert str(approver) == "arn:aws:iam::123456789012:role/MLLead"
+    assert Principal.parse("arn:aws:sts::210987654321:assumed-role/MLLead/jane") != approver  # another account
+    assert Principal.parse("arn:aws:iam::123456789012:user/MLLead") != approver  # a user is not the role
+    assert Principal.parse("arn:aws-cn:sts::123456789012:assumed-role/R/s") == Principal(
+        "aws-cn", "123456789012", "role", "R"
     )
-    assert principal_for("arn:aws:iam::123456789012:user/bob") == "arn:aws:iam::123456789012:user/bob"
-    assert principal_for("arn:aws-cn:sts::123456789012:assumed-role/R/s") == "arn:aws-cn:iam::123456789012:role/R"
 
 
 def test_request_ids_are_stable_per_token_and_reveal_nothing() -> None:

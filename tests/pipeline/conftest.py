@@ -66,12 +66,24 @@ class Pipeline:
             assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s"
             time.sleep(0.02)
 
-    def decide_raw(self, caller: str, *, method: str = "POST", body: dict[str, Any] | None = None) -> dict[str, Any]:
-        event = {
-            "requestContext": {"http": {"method": method}, "authorizer": {"iam": {"userArn": caller}}},
-            "body": json.dumps(body) if body is not None else None,
-        }
-        return self.local.invoke("ApprovalDecide", event)  # type: ignore[no-any-return]
+    def decide_raw(
+        self,
+        caller: str,
+        *,
+        method: str = "POST",
+        body: dict[str, Any] | None = None,
+        query: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Call the decision URL as tools/approve.py does, signed by a session of `caller`.
+
+        `caller` is a role ARN (the session is named "person") or an assumed-role ARN naming the session.
+        """
+        if ":assumed-role/" in caller:
+            role, session_name = caller.split(":assumed-role/")[1].split("/", 1)
+            session = self.local.person(f"arn:aws:iam::123456789012:role/{role}", session_name)
+        else:
+            session = self.local.person(caller)
+        return self.local.call_decision_url(session, method, body, query)  # type: ignore[no-any-return]
 
     def decide(self, gate: str, decision: str, reason: str = "looks right", caller: str = APPROVER) -> dict[str, Any]:
         request_id = self.pending(gate)["request_id"]

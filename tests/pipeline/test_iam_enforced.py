@@ -90,7 +90,7 @@ def test_a_dropped_statement_fails_the_run_naming_action_and_resource(
 
 def test_the_state_machine_role_is_enforced_on_its_own_calls(platform: Any, tmp_path: Path, open_platform: Any) -> None:
     pipeline = open_platform(
-        _assembly_with(platform, tmp_path, _drop("TrainingPipelineRole", "CreateTrainingJobsInThePlatformVpc"))
+        _assembly_with(platform, tmp_path, _drop("TrainingPipelineRole", "CreateJobsOnInstanceStoreTypes"))
     )
     arn = pipeline.start(pipeline.input())
     described = pipeline.finish(arn)
@@ -107,9 +107,7 @@ def test_conditions_are_evaluated_not_ignored(platform: Any, tmp_path: Path, ope
 
     def other_subnet(template: dict[str, Any]) -> None:
         (create,) = [
-            s
-            for s in _policy_of(template, "TrainingPipelineRole")
-            if s.get("Sid") == "CreateTrainingJobsInThePlatformVpc"
+            s for s in _policy_of(template, "TrainingPipelineRole") if s.get("Sid") == "CreateJobsOnInstanceStoreTypes"
         ]
         create["Condition"]["ForAllValues:StringEquals"]["sagemaker:VpcSubnets"] = ["subnet-0123456789abcdef0"]
 
@@ -154,3 +152,80 @@ def boto3_roles() -> list[Any]:
     from moto.iam.models import iam_backends
 
     return list(iam_backends["123456789012"]["aws"].get_roles())
+
+
+def test_uploads_that_name_an_encryption_must_name_the_platform_key(pipeline: Pipeline) -> None:
+    """The buckets' policies deny another key or SSE-S3; an upload naming nothing gets the platform key."""
+    bucket = pipeline.local.environment("Register")["ARTIFACTS_BUCKET"]  # Register writes lineage there
+    platform_key = pipeline.local.training_key_arn()
+    with acting_as(pipeline.local.function_session("Register")):
+        s3 = boto3.client("s3", region_name="us-east-1")
+        lineage = "runs/job-1/lineage/lineage.json"
+        s3.put_object(Bucket=bucket, Key=lineage, Body=b"{}")
+        s3.put_object(Bucket=bucket, Key=lineage, Body=b"{}", ServerSideEncryption="aws:kms", SSEKMSKeyId=platform_key)
+        with pytest.raises(ClientError, match=r"explicit deny in bucket policy .* statement DenyOtherKeys"):
+            s3.put_object(
+                Bucket=bucket,
+                Key=lineage,
+                Body=b"{}",
+                ServerSideEncryption="aws:kms",
+                SSEKMSKeyId="arn:aws:kms:us-east-1:123456789012:key/00000000-0000-0000-0000-000000000000",
+            )
+        with pytest.raises(ClientError, match="statement DenyOtherEncryption"):
+            s3.put_object(Bucket=bucket, Key=lineage, Body=b"{}", ServerSideEncryption="AES256")
+
+
+def _definition_text(old: str, new: str) -> Callable[[dict[str, Any]], None]:
+    """Replace text in the state machine's definition (the literal parts of its Fn::Join)."""
+
+    def edit(template: dict[str, Any]) -> None:
+        (machine,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"]
+        parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
+        replaced = [p.replace(old, new) if isinstance(p, str) else p for p in parts]
+        assert replaced != parts, f"{old!r} is not in the definition"
+        parts[:] = replaced
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ['"EnableNetworkIsolation":', '"EnableInterContainerTrafficEncryption":'],
+    ids=["network isolation", "inter-container encryption"],
+)
+def test_create_training_job_conditions_refuse_a_weakened_request(
+    platform: Any, tmp_path: Path, open_platform: Any, flag: str
+) -> None:
+    """Were the definition changed to weaken a job, the state machine's own role could not create it."""
+    weakened = _definition_text(f"{flag}true", f"{flag}false")
+    pipeline = open_platform(_assembly_with(platform, tmp_path, weakened))
+    described = pipeline.finish(pipeline.start(pipeline.input()))
+    assert pipeline.error(described)[0] == "TrainingJobNotCreated"
+    assert "not authorized to perform: sagemaker:CreateTrainingJob" in described["cause"]
+
+
+def test_instance_types_volume_key_and_runtime_are_conditions_too(pipeline: Pipeline) -> None:
+    """The state machine role's grant, judged on variations of a request it really sent."""
+    from localrun.iam import REQUEST_MODEL, Call
+    from localrun.iam_policy import evaluate
+
+    arn = pipeline.start(pipeline.input())  # ml.g5.2xlarge: instance-store NVMe, so no volume key
+    pipeline.run_until(arn, "Wait for training")
+    (sent,) = pipeline.local.training_requests.values()
+    policies = pipeline.local.iam.role_policies(pipeline.local.state_machine_role_arn.rsplit("/", 1)[1])
+    key = pipeline.local.training_key_arn()
+
+    def allowed(resources: dict[str, Any], runtime: int = 7200) -> bool:
+        params = json.loads(json.dumps(sent))
+        params["ResourceConfig"] = {**params["ResourceConfig"], **resources}
+        params["StoppingCondition"]["MaxRuntimeInSeconds"] = runtime
+        (create, *_) = REQUEST_MODEL[("sagemaker", "CreateTrainingJob")](Call("sagemaker", "CreateTrainingJob", params))
+        return evaluate(policies, create).allowed
+
+    assert allowed({})
+    assert not allowed({"VolumeKmsKeyId": key})  # an instance-store type takes no volume key
+    assert allowed({"InstanceType": "ml.m5.xlarge", "VolumeKmsKeyId": key})  # EBS: only with the platform key
+    assert not allowed({"InstanceType": "ml.m5.xlarge"})
+    assert not allowed({"InstanceType": "ml.m5.xlarge", "VolumeKmsKeyId": key.replace(key[-12:], "0" * 12)})
+    assert not allowed({"InstanceType": "ml.r5.large"})  # not a type of the platform's catalog
+    assert not allowed({}, runtime=120 * 3600 + 1)  # beyond pipeline.max_runtime_hours

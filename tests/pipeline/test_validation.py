@@ -79,6 +79,19 @@ def test_malformed_input_fails_in_validate_and_creates_nothing(
     assert pipeline.jobs() == []
 
 
+@pytest.mark.parametrize(
+    ("execution_input", "kind"), [([1, 2], "an array"), ("gpt2", "a string"), (42, "a number"), (None, "null")]
+)
+def test_an_input_that_is_not_an_object_is_rejected_with_what_to_send(
+    validation_pipeline: Pipeline, execution_input: Any, kind: str
+) -> None:
+    arn = validation_pipeline.local.start(execution_input, name=f"not-an-object-{kind.replace(' ', '-')}")
+    described = validation_pipeline.finish(arn)
+    error, cause = validation_pipeline.error(described)
+    assert (error, validation_pipeline.local.states_entered(arn)[-1]) == ("InvalidRequest", "Request rejected")
+    assert "the execution input must be a JSON object" in cause and f"not {kind}" in cause
+
+
 def test_all_problems_are_reported_at_once(validation_pipeline: Pipeline) -> None:
     pipeline = validation_pipeline
     arn = pipeline.start(

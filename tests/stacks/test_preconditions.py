@@ -17,6 +17,7 @@ import pytest
 from moto.iam.aws_managed_policies import aws_managed_policies_data
 
 from localrun.cfn import ACCOUNT, REGION
+from localrun.iam_policy import Policy, Request, evaluate
 from tests.support.iam import AssemblyIam, Role, calls_in_handler, task_states
 
 S3_READ, S3_WRITE = ("s3:GetObject",), ("s3:PutObject",)
@@ -28,6 +29,9 @@ KEY_NEEDS = {
     **{a: ("kms:GenerateDataKey",) for a in S3_WRITE},
     **{a: ("kms:Decrypt", "kms:GenerateDataKey") for a in TABLE_WRITE},
     "sns:Publish": ("kms:Decrypt", "kms:GenerateDataKey"),
+    # A CMK-encrypted state machine: answering a task token writes (encrypts) execution data.
+    "states:SendTaskSuccess": ("kms:GenerateDataKey",),
+    "states:SendTaskFailure": ("kms:GenerateDataKey",),
 }
 TASK_RESPONSES = {"send_task_success": "states:SendTaskSuccess", "send_task_failure": "states:SendTaskFailure"}
 
@@ -85,7 +89,17 @@ def _encrypted_resources(iam: AssemblyIam) -> list[tuple[str, str, str]]:
     for stack, logical, props in iam.resources("AWS::SNS::Topic"):
         if props.get("KmsMasterKeyId"):
             found.append(("topic", iam.resolver.ref(stack, logical), props["KmsMasterKeyId"]))
+    for stack, logical, props in iam.resources("AWS::StepFunctions::StateMachine"):
+        if props.get("EncryptionConfiguration", {}).get("Type") == "CUSTOMER_MANAGED_KMS_KEY":
+            found.append(
+                ("state machine", iam.resolver.ref(stack, logical), props["EncryptionConfiguration"]["KmsKeyId"])
+            )
     return found
+
+
+def _key_context(kind: str, resource: str) -> dict[str, Any]:
+    """The encryption context a service puts on the key calls it makes for `resource`."""
+    return {"kms:EncryptionContext:aws:states:stateMachineArn": resource} if kind == "state machine" else {}
 
 
 def _granted_paths(role: Role, bucket_arn: str) -> list[str]:
@@ -102,7 +116,7 @@ def _granted_paths(role: Role, bucket_arn: str) -> list[str]:
 
 def test_every_role_that_touches_encrypted_data_can_use_its_key(iam: AssemblyIam) -> None:
     encrypted = _encrypted_resources(iam)
-    assert {kind for kind, _, _ in encrypted} == {"bucket", "table", "topic"}
+    assert {kind for kind, _, _ in encrypted} == {"bucket", "table", "topic", "state machine"}
     problems = []
     for role in iam.roles.values():
         for kind, resource, key in encrypted:
@@ -113,20 +127,30 @@ def test_every_role_that_touches_encrypted_data_can_use_its_key(iam: AssemblyIam
                         problems += [
                             f"{role.logical}: {action} on {target} needs {need} on {key}"
                             for need in needs
-                            if not role.may(need, key)
+                            if not iam.may_use_key(role, need, key, **_key_context(kind, resource))
                         ]
     assert problems == []
 
 
-def test_key_policies_delegate_to_iam(iam: AssemblyIam) -> None:
-    """IAM grants on a key take effect only where its key policy lets the account's IAM decide."""
-    root = f"arn:aws:iam::{ACCOUNT}:root"
+def test_an_encrypted_state_machine_can_use_its_key(iam: AssemblyIam) -> None:
+    """Step Functions encrypts and decrypts a CMK state machine's data with its execution role."""
+    for stack, logical, props in iam.resources("AWS::StepFunctions::StateMachine"):
+        configuration = props.get("EncryptionConfiguration", {})
+        if configuration.get("Type") != "CUSTOMER_MANAGED_KMS_KEY":
+            continue
+        role = iam.roles[props["RoleArn"]]
+        context = _key_context("state machine", iam.resolver.ref(stack, logical))
+        for action in ("kms:Decrypt", "kms:GenerateDataKey"):
+            assert iam.may_use_key(role, action, configuration["KmsKeyId"], **context), f"{logical}: {action}"
+
+
+def test_every_key_stays_manageable_by_the_account(iam: AssemblyIam) -> None:
+    """A key policy that locked the account out could never be changed or scheduled for deletion."""
     for _, logical, props in iam.resources("AWS::KMS::Key"):
-        statements = props["KeyPolicy"]["Statement"]
-        assert any(
-            s["Effect"] == "Allow" and s.get("Principal", {}).get("AWS") == root and s["Action"] == "kms:*"
-            for s in statements
-        ), f"{logical}'s key policy does not delegate to IAM"
+        admin = Policy.parse(logical, props["KeyPolicy"], resource_policy=True)
+        for action in ("kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:DescribeKey"):
+            request = Request(action, "*", known_keys=None, principal_role=f"arn:aws:iam::{ACCOUNT}:root")
+            assert evaluate([admin], request).allowed, f"{logical}: the account cannot {action}"
 
 
 def _create_training_job(iam: AssemblyIam) -> dict[str, Any]:

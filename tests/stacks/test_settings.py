@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = cdk_context()["platform"]
 
 
-def test_cdk_json_defaults_are_valid() -> None:
+def test_cdk_json_needs_approvers_named_and_is_otherwise_valid() -> None:
+    with pytest.raises(SettingsError, match=r"approvers is empty.*every run would time out.*-c approvers="):
+        settings_from_context(cdk_context(approvers=[]))
     settings = settings_from_context(cdk_context())
     assert isinstance(settings, PlatformSettings)
     assert settings.account is None and settings.region is None  # environment-agnostic synth

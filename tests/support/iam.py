@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.cfn import ACCOUNT, Assembly, Resolver
-from localrun.iam_policy import Policy, allows
+from localrun.iam_policy import Policy, Request, allows, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,6 +65,21 @@ class AssemblyIam:
     def arn(self, stack: str, logical: str) -> str:
         return str(self.resolver.get_att(stack, logical, "Arn"))
 
+    def key_policy(self, key_arn: str) -> Policy:
+        for stack, logical, props in self.resources("AWS::KMS::Key"):
+            if self.arn(stack, logical) == key_arn:
+                return Policy.parse(f"{logical} key policy", props["KeyPolicy"], resource_policy=True)
+        raise KeyError(f"no key {key_arn} in the assembly")
+
+    def may_use_key(self, role: Role, action: str, key_arn: str, **context: Any) -> bool:
+        """KMS's rule: the key policy allows the role itself, or lets the account's IAM decide and IAM allows."""
+        key_policy = self.key_policy(key_arn)
+        direct = Request(action, key_arn, context, known_keys=None, principal_role=role.arn)
+        if evaluate([key_policy], direct).allowed:
+            return True
+        delegated = Request(action, key_arn, context, known_keys=None, principal_role=f"arn:aws:iam::{ACCOUNT}:root")
+        return evaluate([key_policy], delegated).allowed and role.may(action, key_arn, **context)
+
     def definition(self, stack: str, logical: str) -> dict[str, Any]:
         machine = self.assembly.templates[stack]["Resources"][logical]
         return json.loads(self.resolver.resolve(stack, machine["Properties"]["DefinitionString"]))  # type: ignore[no-any-return]
@@ -95,12 +110,19 @@ def calls_in_handler(handler: str) -> set[str]:
         if module in seen:
             continue
         seen.add(module)
-        tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+        path = REPO / module.replace(".", "/")
+        tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
                 functions.setdefault(node.name, []).append(node)
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lambdas."):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lambdas"):
                 pending.append(node.module)
+                # `from lambdas.approvals import identity` imports a module too
+                pending += [
+                    f"{node.module}.{alias.name}"
+                    for alias in node.names
+                    if (REPO / node.module.replace(".", "/") / f"{alias.name}.py").exists()
+                ]
     called: set[str] = set()
     queue, visited = list(functions.get(entry, [])), set()
     while queue:

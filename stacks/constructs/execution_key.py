@@ -1,0 +1,124 @@
+"""The key of a state machine's definition, inputs, outputs and history: decrypted by its roles and named people.
+
+An execution's history holds what its states pass around, the approval gates' task tokens
+included. The key policy lets the account's IAM administer the key but not use it; only the
+roles named here (the state machine's own, the approval decision function's) and the named
+administrators may decrypt, and anyone the account's IAM allows may encrypt a new execution's
+input for this state machine (StartExecution needs that), without being able to read one back.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+# Managing the key, never using it (no Decrypt, Encrypt, GenerateDataKey, ReEncrypt or CreateGrant).
+ADMINISTRATION = [
+    "kms:DescribeKey",
+    "kms:GetKeyPolicy",
+    "kms:GetKeyRotationStatus",
+    "kms:ListGrants",
+    "kms:ListKeyPolicies",
+    "kms:ListResourceTags",
+    "kms:PutKeyPolicy",
+    "kms:EnableKey",
+    "kms:DisableKey",
+    "kms:EnableKeyRotation",
+    "kms:DisableKeyRotation",
+    "kms:RotateKeyOnDemand",
+    "kms:UpdateKeyDescription",
+    "kms:TagResource",
+    "kms:UntagResource",
+    "kms:CreateAlias",
+    "kms:UpdateAlias",
+    "kms:DeleteAlias",
+    "kms:RevokeGrant",
+    "kms:RetireGrant",
+    "kms:ScheduleKeyDeletion",
+    "kms:CancelKeyDeletion",
+]
+USE = ["kms:Decrypt", "kms:GenerateDataKey"]
+
+
+class ExecutionDataKey(Construct):
+    """A retained, rotating key for a state machine's data; the roles `allow()` names and `readers` may decrypt."""
+
+    def __init__(self, scope: Construct, id_: str, *, readers: list[str]) -> None:
+        super().__init__(scope, id_)
+        self._machines = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:stateMachine:*"
+        self._users = iam.PolicyStatement(
+            sid="PlatformRoles",
+            actions=USE,
+            resources=["*"],
+            conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+        )
+        statements = [
+            iam.PolicyStatement(
+                sid="AdministerWithoutUse",
+                principals=[iam.AccountRootPrincipal()],
+                actions=ADMINISTRATION,
+                resources=["*"],
+            ),
+            iam.PolicyStatement(
+                sid="StartExecutions",
+                principals=[iam.AccountRootPrincipal()],
+                actions=["kms:GenerateDataKey"],
+                resources=["*"],
+                conditions={
+                    "ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines},
+                    "StringEquals": {"kms:ViaService": f"states.{Aws.REGION}.amazonaws.com"},
+                },
+            ),
+            self._users,
+        ]
+        if readers:
+            statements.append(
+                iam.PolicyStatement(
+                    sid="NamedReaders",
+                    principals=[iam.ArnPrincipal(arn) for arn in sorted(readers)],
+                    actions=["kms:Decrypt", "kms:DescribeKey"],
+                    resources=["*"],
+                    conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+                )
+            )
+        self.key = kms.Key(
+            self,
+            "Key",
+            description="Encrypts the training pipeline's definition, execution inputs, outputs and history",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+            policy=iam.PolicyDocument(statements=statements),
+        )
+
+    def bind_log_delivery(self) -> None:
+        """Bind the statement CDK adds for CloudWatch Logs delivery of an encrypted state machine to this account.
+
+        Call after the state machine exists. Delivery decrypts data encrypted under a state machine's
+        encryption context, so the condition on that context admits this account's state machines only.
+        """
+        key = self.key.node.default_child
+        assert isinstance(key, kms.CfnKey)
+        statements = Stack.of(self).resolve(key.key_policy)["Statement"]
+        (index,) = [
+            i
+            for i, s in enumerate(statements)
+            if s.get("Principal", {}).get("Service") == "delivery.logs.amazonaws.com"
+        ]
+        key.add_property_override(
+            f"KeyPolicy.Statement.{index}.Condition",
+            {"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+        )
+
+    def allow(self, *roles: iam.IRole) -> None:
+        """Let these roles decrypt and encrypt the state machine's data (key policy and their own policies)."""
+        for role in roles:
+            self._users.add_arn_principal(role.role_arn)
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=USE,
+                    resources=[self.key.key_arn],
+                    conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+                )
+            )

@@ -1,0 +1,127 @@
+"""Security properties of the synthesized templates that a reviewer would otherwise check by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.cfn import ACCOUNT, REGION
+from localrun.iam_policy import Policy
+from tests.support.iam import AssemblyIam, Role, task_states
+
+RESOURCE_POLICIES = {
+    "AWS::KMS::Key": "KeyPolicy",
+    "AWS::SNS::TopicPolicy": "PolicyDocument",
+    "AWS::S3::BucketPolicy": "PolicyDocument",
+}
+
+
+@pytest.fixture(scope="module")
+def iam(platform: Any) -> AssemblyIam:
+    return AssemblyIam(Path(platform.assembly.directory))
+
+
+def test_service_principals_act_for_this_account_only(iam: AssemblyIam) -> None:
+    """A service may use a key, topic or bucket only on behalf of this account (no confused deputy)."""
+    unbound = []
+    for type_, attribute in RESOURCE_POLICIES.items():
+        for _, logical, props in iam.resources(type_):
+            for statement in props[attribute]["Statement"]:
+                principal = statement.get("Principal", {})
+                if statement["Effect"] != "Allow" or not isinstance(principal, dict) or "Service" not in principal:
+                    continue
+                # aws:SourceAccount, or an aws:SourceArn / encryption-context ARN in this account.
+                if ACCOUNT not in json.dumps(statement.get("Condition", {})):
+                    unbound.append((logical, statement.get("Sid"), principal["Service"]))
+    assert unbound == []
+
+
+def _machine(iam: AssemblyIam) -> tuple[str, dict[str, Any]]:
+    (machine,) = [
+        (iam.resolver.ref(stack, logical), props)
+        for stack, logical, props in iam.resources("AWS::StepFunctions::StateMachine")
+        if stack.endswith("-pipeline")
+    ]
+    return machine
+
+
+def test_execution_data_is_encrypted_with_a_key_of_its_own(iam: AssemblyIam) -> None:
+    _, props = _machine(iam)
+    configuration = props["EncryptionConfiguration"]
+    assert configuration["Type"] == "CUSTOMER_MANAGED_KMS_KEY"
+    data_keys = {iam.arn(s, logical) for s, logical, _ in iam.resources("AWS::KMS::Key") if s.endswith("-data")}
+    assert configuration["KmsKeyId"] not in data_keys
+    assert props["LoggingConfiguration"]["IncludeExecutionData"] is False  # tokens and inputs stay out of logs
+
+
+def _administrator() -> Role:
+    """An account administrator: every KMS action on every key by IAM policy."""
+    everything = Policy.parse("admin", {"Statement": [{"Effect": "Allow", "Action": "kms:*", "Resource": "*"}]})
+    trust = Policy.parse("trust", {"Statement": []}, resource_policy=True)
+    return Role(f"arn:aws:iam::{ACCOUNT}:role/Administrator", "Administrator", trust, [everything])
+
+
+def test_only_the_platform_roles_can_decrypt_execution_data(iam: AssemblyIam) -> None:
+    machine, props = _machine(iam)
+    key = props["EncryptionConfiguration"]["KmsKeyId"]
+    context = {"kms:EncryptionContext:aws:states:stateMachineArn": machine}
+    readers = {role.logical for role in iam.roles.values() if iam.may_use_key(role, "kms:Decrypt", key, **context)}
+    decide = next(r.logical for r in iam.roles.values() if r.logical.startswith("ApprovalDecideRole"))
+    assert readers == {iam.roles[props["RoleArn"]].logical, decide}
+    administrator = _administrator()
+    assert not iam.may_use_key(administrator, "kms:Decrypt", key, **context)
+    assert iam.may_use_key(administrator, "kms:ScheduleKeyDeletion", key)  # administers, cannot read
+    # Anyone IAM lets start a run may encrypt its input, through Step Functions only.
+    assert iam.may_use_key(
+        administrator, "kms:GenerateDataKey", key, **context, **{"kms:ViaService": f"states.{REGION}.amazonaws.com"}
+    )
+    assert not iam.may_use_key(administrator, "kms:GenerateDataKey", key, **context)
+
+
+def test_named_readers_can_decrypt_execution_data(variant: Any) -> None:
+    iam = AssemblyIam(Path(variant.assembly.directory))
+    machine, props = _machine(iam)
+    key = props["EncryptionConfiguration"]["KmsKeyId"]
+    (reader,) = variant.settings.execution_data_readers
+    role = Role(reader, reader.rsplit("/", 1)[1], _administrator().trust, [])
+    assert iam.may_use_key(role, "kms:Decrypt", key, **{"kms:EncryptionContext:aws:states:stateMachineArn": machine})
+
+
+def test_one_run_cannot_destroy_anothers_checkpoints(iam: AssemblyIam) -> None:
+    """What bounds the shared training role (README: "Checkpoints: what one run can do to another's")."""
+    (stack, logical, _), *_ = [
+        m for m in iam.resources("AWS::StepFunctions::StateMachine") if m[0].endswith("-pipeline")
+    ]
+    creates = [
+        task["Parameters"]
+        for task in task_states(iam.definition(stack, logical))
+        if task["Resource"].endswith(":sagemaker:createTrainingJob")
+    ]
+    for request in creates:
+        # No container can reach S3 itself; SageMaker syncs only the run's own prefix, which no input sets.
+        assert request["EnableNetworkIsolation"] is True
+        assert request["CheckpointConfig"]["S3Uri.$"].endswith("/runs/{}/checkpoints/', $.request.job_name_base)")
+    role = iam.roles[creates[0]["RoleArn"]]
+    bucket = next(
+        f"arn:aws:s3:::{props['BucketName']}"
+        for _, logical_id, props in iam.resources("AWS::S3::Bucket")
+        if logical_id.startswith("BucketsCheckpoints")
+    )
+    assert role.may("s3:DeleteObject", f"{bucket}/runs/other-run/checkpoints/step-1/manifest.json")
+    # ...but a delete or overwrite leaves the previous version, which the role cannot remove or expire early.
+    for action in (
+        "s3:DeleteObjectVersion",
+        "s3:PutBucketVersioning",
+        "s3:PutLifecycleConfiguration",
+        "s3:PutBucketPolicy",
+    ):
+        assert not role.may(action, bucket) and not role.may(action, f"{bucket}/runs/other-run/x"), action
+    (versioning,) = [
+        p["VersioningConfiguration"]
+        for _, lid, p in iam.resources("AWS::S3::Bucket")
+        if lid.startswith("BucketsCheckpoints")
+    ]
+    assert versioning == {"Status": "Enabled"}
