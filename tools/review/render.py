@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections import Counter
@@ -34,6 +35,7 @@ _STACK_OUTPUT = re.compile(
     r'\{\\?"Fn::GetStackOutput\\?":\{\\?"StackName\\?":\\?"([^"\\]+)\\?",'
     r'\\?"Region\\?":\\?"[^"\\]*\\?",\\?"OutputName\\?":\\?"([^"\\]+)\\?"\}\}'
 )
+_READ = re.compile(r"\$\{([A-Za-z][\w-]*):(\w+)\}")
 
 
 def summary(review: Review, *, allow_stateful: bool = False) -> str:
@@ -119,18 +121,21 @@ def _machine_summary(machine: MachineChange) -> str:
     return ", ".join(words) or "start state changed"
 
 
-def _text(value: Any) -> str:
+def _text(review: Review, value: Any) -> str:
+    """Cross-stack reads (the engine leaves them as JSON) as `${stack:what the output holds}`."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    # Cross-stack reads, which the engine leaves as JSON, read as `${stack:output}`.
-    return _STACK_OUTPUT.sub(lambda m: f"${{{m.group(1)}:{m.group(2)}}}", text)
+    text = _STACK_OUTPUT.sub(lambda m: f"${{{m.group(1)}:{m.group(2)}}}", text)
+    return _READ.sub(lambda m: f"${{{m.group(1)}:{review.outputs.get((m.group(1), m.group(2)), m.group(2))}}}", text)
 
 
-def _cell(value: Any) -> str:
-    return _text(value).replace("|", "\\|").replace("\n", "<br>")
+def _cell(review: Review, value: Any) -> str:
+    """Text for a table cell; `<job>` in a reason must not read as an HTML tag."""
+    text = html.escape(_text(review, value), quote=False)
+    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
-def _code(value: Any) -> str:
-    return f"`{_cell(value)}`"
+def _code(review: Review, value: Any) -> str:
+    return "`" + _text(review, value).replace("|", "\\|").replace("\n", " ") + "`"
 
 
 def _name(resource: ResourceChange) -> str:
@@ -147,7 +152,7 @@ def _property(review: Review, resource: ResourceChange, prop: PropertyChange, re
     intrinsic = isinstance(prop.new, dict) and len(prop.new) == 1 and next(iter(prop.new)).startswith("Fn::")
     if prop.old != prop.new and not intrinsic:
         details = differences(prop.old, prop.new, depth=3)
-        shown = [_cell(d) for d in details[:DETAIL_LINES] if d != "changed"]
+        shown = [_cell(review, d) for d in details[:DETAIL_LINES] if d != "changed"]
         if len(details) > DETAIL_LINES:
             shown.append(f"and {len(details) - DETAIL_LINES} more")
         text += ": " + "; ".join(shown) if shown else ""
@@ -217,7 +222,7 @@ def _principal(review: Review, statement: Statement, principal: str) -> str:
         return _construct(review, statement.stack, match.group(1))
     if principal in ("*", "AWS:*"):
         return "anyone (`*`)"
-    return _code(principal)
+    return _code(review, principal)
 
 
 def _iam(review: Review) -> list[str]:
@@ -233,17 +238,17 @@ def _iam(review: Review) -> list[str]:
         lines += _table("", "Who", "Effect", "Actions", "On", "Condition", "Notes")
         for s in sorted(rows, key=lambda s: (s.change != "+", s.principals, s.actions)):
             who = "<br>".join(_principal(review, s, p) for p in s.principals)
-            actions = ("NOT " if s.not_actions else "") + "<br>".join(_code(a) for a in s.actions)
-            on = ("NOT " if s.not_resources else "") + "<br>".join(_code(r) for r in s.resources)
-            condition = _code(s.condition) if s.condition else ""
+            actions = ("NOT " if s.not_actions else "") + "<br>".join(_code(review, a) for a in s.actions)
+            on = ("NOT " if s.not_resources else "") + "<br>".join(_code(review, r) for r in s.resources)
+            condition = _code(review, s.condition) if s.condition else ""
             notes = ", ".join(f"**{n}**" for n in s.notes) if s.change == "+" else ""
             lines.append(f"| {s.change} | {who} | {s.effect} | {actions} | {on} | {condition} | {notes} |")
     if review.managed_policies:
         lines += ["", "### Managed policies", "", *_table("", "Who", "Managed policy")]
         for m in review.managed_policies:
             match = re.fullmatch(r"\$\{([^}.]+)\}", m.identity)
-            who = _construct(review, m.stack, match.group(1)) if match else _code(m.identity)
-            lines.append(f"| {m.change} | {who} | {_code(m.policy)} |")
+            who = _construct(review, m.stack, match.group(1)) if match else _code(review, m.identity)
+            lines.append(f"| {m.change} | {who} | {_code(review, m.policy)} |")
     return lines
 
 
@@ -253,9 +258,9 @@ def _rules(review: Review) -> list[str]:
     lines = ["", "## Security groups", "", *_table("", "Group", "Direction", "Protocol", "Peer", "")]
     for r in sorted(review.rules, key=lambda r: (r.change != "+", r.group)):
         match = re.fullmatch(r"\$\{([^}.]+)\.GroupId\}", r.group)
-        group = _construct(review, r.stack, match.group(1)) if match else _code(r.group)
+        group = _construct(review, r.stack, match.group(1)) if match else _code(review, r.group)
         flag = "**open to the internet**" if r.open_to_internet and r.change == "+" else ""
-        lines.append(f"| {r.change} | {group} | {r.direction} | {r.protocol} | {_code(r.peer)} | {flag} |")
+        lines.append(f"| {r.change} | {group} | {r.direction} | {r.protocol} | {_code(review, r.peer)} | {flag} |")
     return lines
 
 
@@ -264,7 +269,7 @@ def _acknowledgements(review: Review) -> list[str]:
         return []
     lines = ["", "## cdk-nag acknowledgements", "", *_table("", "Construct", "Finding", "Reason")]
     for a in review.acknowledgements:
-        reason = _cell(a.reason) + (f" (was: {_cell(a.old_reason)})" if a.change == "~" else "")
+        reason = _cell(review, a.reason) + (f" (was: {_cell(review, a.old_reason)})" if a.change == "~" else "")
         lines.append(f"| {a.change} | `{a.path}` | `{a.rule.split('::', 1)[-1]}` | {reason} |")
     return lines
 
@@ -279,6 +284,6 @@ def _machines(review: Review) -> list[str]:
             continue
         lines += _table("", "State", "Type", "What changes")
         for s in m.states:
-            details = "<br>".join(_cell(d) for d in s.details)
-            lines.append(f"| {sign[s.change]} | {_cell(s.state)} | {s.type} | {details} |")
+            details = "<br>".join(_cell(review, d) for d in s.details)
+            lines.append(f"| {sign[s.change]} | {_cell(review, s.state)} | {s.type} | {details} |")
     return lines

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tools.review.assembly import Stack
-from tools.review.state_machine import DefinitionError, StateChange, compare, definition
+from tools.review.state_machine import DefinitionError, StateChange, compare, definition, token
 
 # Resource types whose replacement or deletion loses data, or the key to it.
 STATEFUL_TYPES = {
@@ -195,6 +195,8 @@ class Review:
     machines: list[MachineChange]
     # (stack, logical ID) -> construct path, of every resource on either side
     paths: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (stack, output) -> what the output holds, e.g. `DataKey17AFBB84.Arn`, of both sides
+    outputs: dict[tuple[str, str], str] = field(default_factory=dict)
     other: list[str] = field(default_factory=list)  # outputs and template sections that changed
     notes: list[str] = field(default_factory=list)
 
@@ -224,6 +226,12 @@ def build(engine: dict[str, Any], base: dict[str, Stack], head: dict[str, Stack]
             for stack in side.values()
             for logical_id in stack.template.get("Resources", {})
             if (path := stack.path_of(logical_id)) is not None
+        },
+        outputs={
+            (stack.name, name): token(output.get("Value")).removeprefix("${").removesuffix("}")
+            for side in (base, head)
+            for stack in side.values()
+            for name, output in stack.template.get("Outputs", {}).items()
         },
     )
     for stack in engine["stacks"]:
