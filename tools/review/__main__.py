@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 0 even when a stateful resource is replaced or removed (also ALLOW_STATEFUL=1)",
     )
     args = parser.parse_args(argv)
+    args.output.unlink(missing_ok=True)  # a review that cannot run leaves no stale report behind
     try:
         root = Path(synth.git(Path.cwd(), "rev-parse", "--show-toplevel"))
         base = synth.resolve(root, args.base) if args.base else synth.default_base(root)
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             review = run_review(root, base, Path(workdir))
     except ReviewError as exc:
         print(f"make review: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, subprocess.SubprocessError) as exc:  # git, node or the CDK CLI missing or hung
+        print(f"make review: {exc}; check that git and node are installed and run make setup", file=sys.stderr)
         return 2
     args.output.write_text(render.render(review, allow_stateful=args.allow_stateful))
     print(render.summary(review, allow_stateful=args.allow_stateful))
