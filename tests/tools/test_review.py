@@ -82,6 +82,7 @@ def test_a_tree_that_synthesizes_the_same_templates_reports_no_changes_in_one_li
 
 def test_an_unknown_base_revision_is_an_error_that_says_what_to_fix(tmp_path: Path) -> None:
     root = _copy_of_this_repository(tmp_path)
+    (root / "review.md").write_text("a previous review\n")
     result = _make_review(root, "BASE=origin/no-such-branch")
     assert result.returncode != 0
     assert "review] Error 2" in result.stderr  # the tool's own status: could not review

@@ -28,8 +28,7 @@ def definition(resource: dict[str, Any]) -> dict[str, Any]:
     """The definition of an AWS::StepFunctions::StateMachine resource, tokens written as `${Logical.Attr}`."""
     properties = resource.get("Properties", {})
     if "Definition" in properties:
-        rendered = json.loads(json.dumps(properties["Definition"], default=str))
-        return _render_objects(rendered)  # type: ignore[no-any-return]
+        return _render_objects(properties["Definition"])  # type: ignore[no-any-return]
     if "DefinitionString" not in properties:
         raise DefinitionError("the definition is not in the template (DefinitionS3Location)")
     text = _text(properties["DefinitionString"])
