@@ -12,7 +12,7 @@ SETUP_STAMP := $(VENV)/.setup-done
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 NODE_STAMP := node_modules/.setup-done
 
-.PHONY: help setup synth test lint typecheck unit deploy diff demo constraints clean
+.PHONY: help setup synth test lint typecheck unit deploy diff review demo constraints clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ test: lint typecheck unit  ## Everything CI runs.
 diff: setup  ## cdk diff against a deployed platform (needs AWS credentials).
 	$(CDK) diff --all
 
+review: setup  ## Offline change review of the working tree against BASE (default origin/main, else main): review.md.
+	$(PY) -m tools.review $(if $(BASE),--base '$(BASE)',) --output review.md
+
 deploy: setup  ## cdk deploy --all (needs AWS credentials and a bootstrapped account).
 	$(CDK) deploy --all --require-approval broadening
 
@@ -58,4 +61,4 @@ constraints:  ## Re-pin constraints.txt from the current .venv.
 	  $(PY) -m pip freeze --all | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
 
 clean:  ## Remove build outputs (keeps .venv and node_modules).
-	rm -rf cdk.out demo-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf cdk.out demo-out review.md .pytest_cache .mypy_cache .ruff_cache
