@@ -48,6 +48,8 @@ _ARNS = {
     "AWS::KMS::Key": "arn:aws:kms:{region}:{account}:key/{name}",
     "AWS::ECR::Repository": "arn:aws:ecr:{region}:{account}:repository/{name}",
     "AWS::DynamoDB::Table": "arn:aws:dynamodb:{region}:{account}:table/{name}",
+    "AWS::Events::Rule": "arn:aws:events:{region}:{account}:rule/{name}",
+    "AWS::SQS::Queue": "arn:aws:sqs:{region}:{account}:{name}",
 }
 
 

@@ -55,6 +55,15 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
+from localrun.services import (
+    EventRules,
+    Faults,
+    execution_status_changes,
+    failing_publish,
+    lambda_service_error_names,
+    lambda_throttle,
+    stop_training_job,
+)
 
 
 class TrainingBackend(Protocol):
@@ -66,6 +75,9 @@ class TrainingBackend(Protocol):
     def created(self, name: str, request: dict[str, Any], job: Any) -> None: ...
 
     def described(self, name: str, job: Any) -> None: ...
+
+    def stopped(self, name: str, job: Any) -> None:
+        """StopTrainingJob was called: stop the job's instances; describe then reports it Stopped."""
 
 
 @dataclass
@@ -177,6 +189,15 @@ class LocalPlatform:
         )
         for patch in self._patches():
             self._stack.enter_context(patch)
+        self.faults = Faults()
+        self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
+        for patch in (
+            failing_publish(self.faults),
+            stop_training_job(self.training.stopped),
+            execution_status_changes(self.events),
+            lambda_service_error_names(),
+        ):
+            self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
         # The harness deploys and inspects as the account's administrator: moto's fake keys.
         self.iam = LocalIam(self.assembly, self.resolver, operator_key=os.environ["AWS_ACCESS_KEY_ID"])
@@ -187,6 +208,7 @@ class LocalPlatform:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.events.close()  # executions stopped on closing are not runs ending: nothing to deliver
         for arn in self._started:
             if self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
                 self.sfn.stop_execution(executionArn=arn, error="PlatformClosed", cause="local platform closed")
@@ -424,6 +446,8 @@ class LocalPlatform:
         self, _backend: Any, function_name: str, _qualifier: Any, body: Any, _headers: Any, response_headers: Any
     ) -> bytes:
         name = function_name.rsplit(":function:", maxsplit=1)[-1].split(":", maxsplit=1)[0]
+        if self.faults.throttled(name):
+            raise lambda_throttle()
         event = json.loads(body) if body else {}
         try:
             result = self._run_handler(name, event)

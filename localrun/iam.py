@@ -290,6 +290,14 @@ def _s3_request(response: Any, action: str, resource: str) -> Request:
     return Request(f"s3:{action}", resource, context, _S3_KEYS)
 
 
+def _deleted_keys(response: Any) -> list[str]:
+    """The keys of a DeleteObjects request body (<Delete><Object><Key>...)."""
+    from xml.etree import ElementTree  # noqa: PLC0415
+
+    root = ElementTree.fromstring(response.raw_body)  # noqa: S314 - moto's own request, built by botocore
+    return [element.text or "" for element in root.iter() if element.tag.endswith("Key")]
+
+
 # -- moto integration ---------------------------------------------------------------------------
 def _request_params(response: Any, operation: str) -> dict[str, Any]:
     """The API call's parameters, parsed with the service's own botocore model (as moto parses them)."""
@@ -442,6 +450,9 @@ class LocalIam:
 
     def _requests(self, response: Any, resource: str) -> list[Request]:
         service = response.boto3_service_name
+        if service == "s3" and response.method == "POST" and "delete" in response.querystring:
+            # DeleteObjects: AWS authorizes s3:DeleteObject on each key (moto, on the bucket).
+            return [_s3_request(response, "DeleteObject", f"{resource}/{key}") for key in _deleted_keys(response)]
         if service == "s3":
             return [_s3_request(response, response.data["Action"], resource)]
         operation = response._get_action()

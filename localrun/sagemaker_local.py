@@ -47,6 +47,8 @@ from localrun.netns import LoopbackNamespace
 from training.metrics import parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+# SageMaker's StopTrainingJob: SIGTERM, then SIGKILL after 120 seconds.
+STOP_GRACE_SECONDS = 120
 _S3 = re.compile(r"^s3://([^/]+)/(.*)$")
 
 
@@ -84,6 +86,8 @@ class LocalJob:
     generation: int = 0
     interrupted: bool = False
     restarting: bool = False
+    stopping: bool = False
+    stop_requested_at: float = 0.0
     finished: bool = False
     synced: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
@@ -145,10 +149,21 @@ class LocalTraining:
         job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
         job.training_start_time = datetime.now(UTC)
 
+    def stopped(self, name: str, job: Any) -> None:
+        """StopTrainingJob: SIGTERM to every host (the trainer checkpoints and exits), as SageMaker does."""
+        local = self.jobs[name]
+        local.stopping, local.stop_requested_at = True, time.monotonic()
+        for process in local.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+
     def described(self, name: str, job: Any) -> None:
         with self._lock:
             local = self.jobs[name]
             if local.finished or local.restarting:
+                return
+            if local.stopping:
+                self._finish_stopping(local, job)
                 return
             self._sync_checkpoints(local)
             codes = [p.poll() for p in local.processes]
@@ -182,6 +197,23 @@ class LocalTraining:
                 job.failure_reason = f"AlgorithmError: {self._failure(local)}"
             job.secondary_status_transitions.append({"Status": job.secondary_status, "StartTime": datetime.now(UTC)})
             job.training_end_time = datetime.now(UTC)
+
+    def _finish_stopping(self, local: LocalJob, job: Any) -> None:
+        """A stopped job is Stopped once its hosts have exited (after SageMaker's grace, killed)."""
+        if any(p.poll() is None for p in local.processes):
+            if time.monotonic() - local.stop_requested_at < STOP_GRACE_SECONDS:
+                return
+            for process in local.processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        self._sync_checkpoints(local)
+        if local.namespace is not None:
+            local.namespace.close()
+        local.finished = True
+        job.training_job_status = job.secondary_status = "Stopped"
+        job.secondary_status_transitions.append({"Status": "Stopped", "StartTime": datetime.now(UTC)})
+        job.training_end_time = datetime.now(UTC)
 
     # -- hosts ------------------------------------------------------------------------------------
     def _start(self, local: LocalJob) -> None:

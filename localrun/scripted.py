@@ -25,6 +25,7 @@ class ScriptedTraining:
     scripts: list[list[Poll]] = field(default_factory=lambda: [[Poll(), Poll("Completed", "Completed")]])
     on_create: list[Any] = field(default_factory=list)
     created_names: list[str] = field(default_factory=list)
+    stopped_names: list[str] = field(default_factory=list)
     _cursor: dict[str, int] = field(default_factory=dict)
 
     def bind(self, credentials: Any) -> None:
@@ -35,7 +36,13 @@ class ScriptedTraining:
         for hook in self.on_create:
             hook(name, request, job)
 
+    def stopped(self, name: str, job: Any) -> None:
+        self.stopped_names.append(name)
+
     def described(self, name: str, job: Any) -> None:
+        if name in self.stopped_names:  # a stopped job ends Stopped, whatever its script said
+            job.training_job_status, job.secondary_status = "Stopped", "Stopped"
+            return
         script = self.scripts[min(self.created_names.index(name), len(self.scripts) - 1)]
         index = self._cursor.get(name, 0)
         poll = script[min(index, len(script) - 1)]

@@ -39,7 +39,8 @@ class DataStack(Stack):
             removal_policy=RemovalPolicy.RETAIN,
         )
         allow_cloudwatch_logs(self.key)
-        # Alarms and budget alerts publish to topics encrypted with this key: this account's only.
+        # Alarms and budget alerts publish to topics, and EventBridge rules dead-letter to queues,
+        # encrypted with this key: this account's only.
         for sid, service, source in (
             (
                 "AlarmNotifications",
@@ -47,6 +48,11 @@ class DataStack(Stack):
                 f"arn:{self.partition}:cloudwatch:{self.region}:{self.account}:alarm:*",
             ),
             ("BudgetNotifications", "budgets.amazonaws.com", f"arn:{self.partition}:budgets::{self.account}:*"),
+            (
+                "EventDeadLetters",
+                "events.amazonaws.com",
+                f"arn:{self.partition}:events:{self.region}:{self.account}:rule/*",
+            ),
         ):
             self.key.add_to_resource_policy(
                 iam.PolicyStatement(

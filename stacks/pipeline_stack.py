@@ -13,8 +13,12 @@ import math
 from typing import Any
 
 from aws_cdk import Duration, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -26,7 +30,9 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.notifications import PlatformTopics
-from stacks.constructs.training_job import DistributedTrainingJob, poll_wait
+from stacks.constructs.tasks import invoke
+from stacks.constructs.training_job import DistributedTrainingJob
+from stacks.constructs.training_step import SageMakerTrainingStep
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.naming import bucket_name
@@ -88,6 +94,8 @@ class PipelineStack(Stack):
                 "MAX_RUNTIME_HOURS": str(pipeline.max_runtime_hours),
                 "ALLOWED_INSTANCE_TYPES": json.dumps(pipeline.instance_types()),
                 "FORBID_SELF_APPROVAL": str(pipeline.forbid_self_approval).lower(),
+                "POLL_INTERVAL_SECONDS": str(pipeline.poll_interval_seconds),
+                "CAPACITY_RETRIES": str(pipeline.capacity_retries),
                 "VOLUME_SIZE_GB": str(pipeline.volume_size_gb),
                 "RUN_EMAILS": json.dumps(settings.notifications.run_emails),
                 "JOB_TAGS": json.dumps(
@@ -128,6 +136,7 @@ class PipelineStack(Stack):
                 conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
             )
         )
+        self.cleanup = self._cleanup_function(checkpoints, key)
         self.evaluate = self._function(
             "Evaluate",
             "lambdas.evaluate.handler.handler",
@@ -210,11 +219,19 @@ class PipelineStack(Stack):
         self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
         self.execution_key.bind_log_delivery()
         self.training.grant_run(self.state_machine.role)
+        stack_arn = f"arn:{self.partition}:sagemaker:{self.region}:{self.account}"
+        self.training.grant_follow(self.monitor.role)
+        self.training.grant_stop(self.cleanup.role)
+        for role, reason in (
+            (self.monitor.role, "Describes the run's job; job names are per run and attempt."),
+            (self.cleanup.role, "Lists the tags of in-progress jobs and stops those of the execution that ended."),
+        ):
+            acknowledge_wildcard(role, f"{stack_arn}:training-job/*", reason)
+        self._stop_jobs_when_executions_end()
         # Publishing to the runs topic, which the platform key encrypts.
         key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
         self.approval.grant_decisions(self.state_machine)
         acknowledge_inline_policy(self.state_machine.role)
-        stack_arn = f"arn:{self.partition}:sagemaker:{self.region}:{self.account}"
         _acknowledge_grants(
             self.state_machine.role,
             {
@@ -235,6 +252,7 @@ class PipelineStack(Stack):
                         self.validate,
                         self.estimate,
                         self.monitor,
+                        self.cleanup,
                         self.evaluate,
                         self.register,
                         self.approval.request,
@@ -269,6 +287,73 @@ class PipelineStack(Stack):
             topic=self.topics.alarms,
         )
 
+    def _cleanup_function(self, checkpoints: s3.IBucket, key: kms.IKey) -> PlatformFunction:
+        """The handler that stops a run's jobs and prunes its checkpoints (state machine and EventBridge)."""
+        # EventBridge invokes Cleanup asynchronously: what fails there for good is kept here.
+        self.cleanup_dead_letters = sqs.Queue(
+            self,
+            "CleanupDeadLetters",
+            encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=key,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        cleanup = PlatformFunction(
+            self,
+            "Cleanup",
+            handler="lambdas.cleanup.handler.handler",
+            description="Stops a run's training jobs and prunes its checkpoints when the run ends",
+            log_key=key,
+            environment={"CHECKPOINTS_BUCKET": checkpoints.bucket_name},
+            timeout=Duration.minutes(5),
+            dead_letter_queue=self.cleanup_dead_letters,
+            **self._placement,
+        )
+        # Lambda sends failed events to the dead-letter queue with the function's role.
+        key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
+        cleanup.function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ListRunCheckpoints",
+                actions=["s3:ListBucket"],
+                resources=[checkpoints.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+            )
+        )
+        superseded = f"{checkpoints.bucket_arn}/runs/*/checkpoints/*"
+        cleanup.function.add_to_role_policy(_statement(["s3:DeleteObject"], [superseded], sid="PruneRunCheckpoints"))
+        _acknowledge_grants(
+            cleanup.role,
+            {},
+            wildcards={
+                superseded: "Superseded checkpoints of the run that ended (the bucket keeps their versions a while).",
+            },
+        )
+        return cleanup
+
+    def _stop_jobs_when_executions_end(self) -> None:
+        """An execution aborted by a person, timed out or failed: its training jobs are stopped (cleanup handler)."""
+        events.Rule(
+            self,
+            "ExecutionEnded",
+            description="Stops the training jobs of a pipeline execution that was aborted, timed out or failed",
+            event_pattern=events.EventPattern(
+                source=["aws.states"],
+                detail_type=["Step Functions Execution Status Change"],
+                detail={
+                    "stateMachineArn": [self.state_machine.state_machine_arn],
+                    "status": ["ABORTED", "TIMED_OUT", "FAILED"],
+                },
+            ),
+            targets=[
+                targets.LambdaFunction(
+                    self.cleanup.function,
+                    dead_letter_queue=self.cleanup_dead_letters,
+                    retry_attempts=8,
+                    max_event_age=Duration.hours(6),
+                )
+            ],
+        )
+
     def _function(
         self, id_: str, handler: str, description: str, environment: dict[str, str], timeout: Duration | None = None
     ) -> PlatformFunction:
@@ -286,22 +371,14 @@ class PipelineStack(Stack):
     def _invoke(
         self, id_: str, function: PlatformFunction, payload: dict[str, Any], result_path: str
     ) -> tasks.LambdaInvoke:
-        timeout = function.function.timeout or LAMBDA_TASK_TIMEOUT
-        return tasks.LambdaInvoke(
-            self,
-            id_,
-            lambda_function=function.function,
-            payload=sfn.TaskInput.from_object(payload),
-            payload_response_only=True,
-            result_path=result_path,
-            task_timeout=sfn.Timeout.duration(Duration.seconds(timeout.to_seconds() + 30)),
-            retry_on_service_exceptions=True,
-        )
+        return invoke(self, id_, function, payload, result_path)
 
-    def _notify(self, id_: str, *, kind: str, subject: str, fields: dict[str, Any]) -> tasks.SnsPublish:
+    def _notify(
+        self, id_: str, *, kind: str, subject: str, fields: dict[str, Any], scope: Construct | None = None
+    ) -> tasks.SnsPublish:
         """A run notification; subscribers filter on `kind` and on the run's `recipients`."""
         return tasks.SnsPublish(
-            self,
+            scope or self,
             id_,
             topic=self.topics.runs,
             subject=subject,
@@ -330,7 +407,11 @@ class PipelineStack(Stack):
         validate = self._invoke(
             "Validate request",
             self.validate,
-            {"input": sfn.JsonPath.object_at("$.input"), "execution_name": sfn.JsonPath.string_at("$$.Execution.Name")},
+            {
+                "input": sfn.JsonPath.object_at("$.input"),
+                "execution_name": sfn.JsonPath.string_at("$$.Execution.Name"),
+                "execution": sfn.JsonPath.execution_id,
+            },
             "$.validation",
         )
         rejected = sfn.Fail(self, "Request rejected", error="InvalidRequest", cause_path="$.validation.message")
@@ -347,12 +428,16 @@ class PipelineStack(Stack):
         estimate = self._invoke(
             "Estimate cost", self.estimate, {"request": sfn.JsonPath.object_at("$.request")}, "$.estimate"
         )
-        timed_out = sfn.Fail(
-            self,
-            "Approval timed out",
-            error="ApprovalTimedOut",
-            cause=f"No approver decided within {pipeline.approval_timeout_hours} h; treated as a rejection.",
+        no_decision = f"No approver decided within {pipeline.approval_timeout_hours} h; treated as a rejection."
+        timed_out = self._notify(
+            "Notify approval timed out",
+            kind="run",
+            subject="Training run rejected: no approver decided in time",
+            fields={**run, "reason": no_decision},
         )
+        timed_out_fail = sfn.Fail(self, "Approval timed out", error="ApprovalTimedOut", cause=no_decision)
+        timed_out.add_catch(timed_out_fail, errors=["States.ALL"], result_path="$.notify_error")
+        timed_out.next(timed_out_fail)
         launch_gate, launch_approved = self.approval.gate(
             self,
             "Approval gate (pre-launch)",
@@ -375,65 +460,42 @@ class PipelineStack(Stack):
             "launch", subject="Training run rejected before launch", state="Launch rejected", error="LaunchRejected"
         )
 
-        # 4. Train: create, then poll (Wait -> Describe -> Monitor -> Choice).
-        first_attempt = sfn.Pass(
-            self, "First attempt", result=sfn.Result.from_object({"attempt": 1}), result_path="$.train"
-        )
-        create_kms = self.training.create_state(self, "Create training job", kms_volume=True)
-        create_local = self.training.create_state(self, "Create training job (instance storage)", kms_volume=False)
-        not_created = self._notify(
-            "Notify job not created",
-            kind="run",
-            subject="Training job could not be created",
-            fields={**run, "error": sfn.JsonPath.object_at("$.error")},
-        ).next(sfn.Fail(self, "Training job not created", error="TrainingJobNotCreated", cause_path="$.error.Cause"))
-        for create_state in (create_kms, create_local):
-            create_state.add_catch(not_created, errors=["States.ALL"], result_path="$.error")
-        create = (
-            sfn.Choice(self, "Volume encryption?", comment="Instance-store types take no volume KMS key")
-            .when(sfn.Condition.boolean_equals("$.request.local_storage", True), create_local)
-            .otherwise(create_kms)
-        )
-        wait = poll_wait(self, "Wait for training", seconds=pipeline.poll_interval_seconds)
-        create_kms.next(wait)
-        create_local.next(wait)
-        describe = self.training.describe_state(self, "Describe training job")
-        monitor = self._invoke(
-            "Check progress",
-            self.monitor,
-            {"request": sfn.JsonPath.object_at("$.request"), "job": sfn.JsonPath.object_at("$.job")},
-            "$.job",
-        )
-        stale = self._notify(
-            "Warn stale checkpoints",
-            kind="run",
-            subject="Training run has not checkpointed recently",
-            fields={
-                **run,
-                "job": sfn.JsonPath.string_at("$.job.job_name"),
-                "checkpoint_age_minutes": sfn.JsonPath.string_at("$.job.checkpoint_age_minutes"),
-                "latest_checkpoint": sfn.JsonPath.object_at("$.job.checkpoint"),
-            },
-        ).next(wait)
-        next_attempt = sfn.Pass(
+        # 4. Train: the training step (create, poll, retry on capacity; stop and prune on every way out).
+        training = SageMakerTrainingStep(
             self,
-            "Next attempt",
-            comment="Insufficient capacity: a new job, with a new name, resuming from the run's checkpoints",
-            parameters={"attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at("$.train.attempt"), 1)},
-            result_path="$.train",
-        ).next(create)
+            "TrainingStep",
+            job=self.training,
+            monitor=self.monitor,
+            cleanup=self.cleanup,
+            capacity_retries=pipeline.capacity_retries,
+            warn_stale=lambda scope, id_: self._notify(
+                id_,
+                kind="run",
+                subject="Training run has not checkpointed recently",
+                fields={
+                    **run,
+                    "job": sfn.JsonPath.string_at("$.job.job_name"),
+                    "checkpoint_age_minutes": sfn.JsonPath.string_at("$.job.checkpoint_age_minutes"),
+                    "latest_checkpoint": sfn.JsonPath.object_at("$.job.checkpoint"),
+                },
+                scope=scope,
+            ),
+        )
+        first_attempt = training.start
         job_failed = self._notify(
             "Notify training failed",
             kind="run",
             subject="Training run failed",
             fields={
                 **run,
-                "job": sfn.JsonPath.string_at("$.job.job_name"),
-                "error": sfn.JsonPath.string_at("$.job.error"),
-                "reason": sfn.JsonPath.string_at("$.job.failure_reason"),
-                "latest_checkpoint": sfn.JsonPath.object_at("$.job.checkpoint"),
+                "error": sfn.JsonPath.string_at("$.failure.error"),
+                "reason": sfn.JsonPath.string_at("$.failure.cause"),
+                "cleanup": sfn.JsonPath.object_at("$.cleanup"),
             },
-        ).next(sfn.Fail(self, "Training failed", error_path="$.job.error", cause_path="$.job.failure_reason"))
+        )
+        training_failed = sfn.Fail(self, "Training failed", error_path="$.failure.error", cause_path="$.failure.cause")
+        job_failed.add_catch(training_failed, errors=["States.ALL"], result_path="$.notify_error")
+        training.failed.next(job_failed).next(training_failed)
 
         # 5. Evaluate; 6. register with lineage; 3b. promotion approval; 7. notify.
         evaluate = self._invoke(
@@ -505,27 +567,7 @@ class PipelineStack(Stack):
             error="PromotionRejected",
         )
 
-        job_state = (
-            sfn.Choice(self, "Job finished?")
-            .when(
-                sfn.Condition.and_(
-                    sfn.Condition.boolean_equals("$.job.finished", False),
-                    sfn.Condition.boolean_equals("$.job.warn_stale", True),
-                ),
-                stale,
-            )
-            .when(sfn.Condition.boolean_equals("$.job.finished", False), wait)
-            .when(sfn.Condition.string_equals("$.job.status", "Completed"), evaluate)
-            .when(
-                sfn.Condition.and_(
-                    sfn.Condition.boolean_equals("$.job.capacity_error", True),
-                    sfn.Condition.number_less_than("$.train.attempt", pipeline.capacity_retries + 1),
-                ),
-                next_attempt,
-            )
-            .otherwise(job_failed)
-        )
-        wait.next(describe).next(monitor).next(job_state)
+        training.succeeded.next(evaluate)
         evaluate.next(
             sfn.Choice(self, "Quality gate met?")
             .when(sfn.Condition.boolean_equals("$.evaluation.passed", True), register)
@@ -551,7 +593,6 @@ class PipelineStack(Stack):
             )
             .otherwise(first_attempt)
         )
-        first_attempt.next(create)
 
         log_group = encrypted_log_group(self, "StateMachineLogs", key=self._key, retention_days=365)
         hours = (

@@ -1,8 +1,8 @@
 """Monitor handler: one poll of a running job -> status, spot interruptions, checkpoint freshness.
 
-The state machine describes the job (DescribeTrainingJob) and passes the answer here; this
-turns it into the few fields its Choice states branch on, and looks at the run's checkpoint
-prefix in S3 (SageMaker uploads /opt/ml/checkpoints there as the job writes it).
+It describes the job (DescribeTrainingJob), turns the answer into the few fields the state
+machine's Choice branches on, and looks at the run's checkpoint prefix in S3 (SageMaker uploads
+/opt/ml/checkpoints there as the job writes it).
 """
 
 from __future__ import annotations
@@ -102,12 +102,20 @@ def summarize(
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"request": resolved request, "job": previous summary + "describe"}."""
+    """Event: {"request": resolved request, "job_name": the job, "previous": the previous poll's summary}.
+
+    One poll: DescribeTrainingJob and the run's checkpoints, summarised (one state per poll keeps
+    the execution's history short).
+    """
+    described = boto3.client("sagemaker").describe_training_job(TrainingJobName=event["job_name"])
     bucket = env_str("CHECKPOINTS_BUCKET")
     prefix = f"runs/{event['request']['job_name_base']}/checkpoints/"
     checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
     summary = summarize(
-        event["job"], checkpoint=checkpoint, now=datetime.now(UTC), stale_minutes=env_int("CHECKPOINT_STALE_MINUTES")
+        {**event["previous"], "describe": described},
+        checkpoint=checkpoint,
+        now=datetime.now(UTC),
+        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
     )
     logger.info(
         "training job polled",

@@ -24,6 +24,8 @@ def limits_from_env() -> PlatformLimits:
         training_subnet_ips=env_int("TRAINING_SUBNET_IPS"),
         max_runtime_hours=float(env_str("MAX_RUNTIME_HOURS")),
         allowed_instance_types=tuple(env_json("ALLOWED_INSTANCE_TYPES")),
+        poll_interval_seconds=env_int("POLL_INTERVAL_SECONDS"),
+        capacity_retries=env_int("CAPACITY_RETRIES"),
         volume_size_gb=env_int("VOLUME_SIZE_GB"),
         run_emails=tuple(env_json("RUN_EMAILS")),
         tags=dict(env_json("JOB_TAGS")),
@@ -55,7 +57,7 @@ def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"input": <execution input>, "execution_name": $$.Execution.Name}.
+    """Event: {"input": <execution input>, "execution_name": $$.Execution.Name, "execution": $$.Execution.Id}.
 
     An invalid input is an answer, not a fault: it returns `valid: false` with the message (so
     handler-error alarms mean platform faults only) and the state machine ends the run there.
@@ -63,7 +65,11 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     try:
         requested_by = requester(event["input"], event["execution_name"], required=env_bool("FORBID_SELF_APPROVAL"))
         request = resolve(
-            event["input"], execution_name=event["execution_name"], limits=limits_from_env(), requested_by=requested_by
+            event["input"],
+            execution_name=event["execution_name"],
+            limits=limits_from_env(),
+            requested_by=requested_by,
+            execution=event["execution"],
         )
     except InvalidRequest as exc:
         logger.info("request rejected", extra={"problems": str(exc)})

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from lambdas.approvals import identity
+from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from training.config import ConfigError, from_hyperparameters
@@ -30,6 +31,8 @@ SMDDP_TYPES = frozenset(
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
+# The tag that names the execution a training job belongs to (what stops orphaned jobs looks for).
+EXECUTION_TAG = "execution"
 # Set at the top level of the input, never inside `hyperparameters`.
 TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
 
@@ -102,6 +105,8 @@ class PlatformLimits:
     training_subnet_ips: int
     max_runtime_hours: float
     allowed_instance_types: tuple[str, ...]
+    poll_interval_seconds: int
+    capacity_retries: int
     volume_size_gb: int
     run_emails: tuple[str, ...]
     tags: dict[str, str]
@@ -200,6 +205,11 @@ def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: l
             problems.append("spot needs checkpoints: an interrupted spot job resumes only from a checkpoint")
         wait_hours = request.max_wait_hours if request.max_wait_hours is not None else 2 * request.max_runtime_hours
         wait = math.ceil(wait_hours * 3600)
+        if wait_hours > 2 * limits.max_runtime_hours:
+            problems.append(
+                f"max_wait_hours {wait_hours} exceeds the platform limit of {2 * limits.max_runtime_hours}"
+                " (twice the longest runtime)"
+            )
         if wait <= runtime:
             problems.append(
                 f"max_wait_hours {wait_hours} must be greater than max_runtime_hours {request.max_runtime_hours}:"
@@ -257,7 +267,12 @@ def start_binding(event: dict[str, Any], execution_name: str) -> str:
 
 
 def resolve(
-    event: Any, *, execution_name: str, limits: PlatformLimits, requested_by: str | None = None
+    event: Any,
+    *,
+    execution_name: str,
+    limits: PlatformLimits,
+    requested_by: str | None = None,
+    execution: str | None = None,
 ) -> dict[str, Any]:
     """Validate the execution input and return the complete request, or raise InvalidRequest."""
     if not isinstance(event, dict):
@@ -304,6 +319,7 @@ def resolve(
 
     # Stable for one execution (Lambda retries resolve the same names), unique across executions.
     suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    attempt_seconds = stopping.get("MaxWaitTimeInSeconds", stopping["MaxRuntimeInSeconds"])
     return {
         "run_name": request.run_name,
         "job_name_base": f"{request.run_name}-{suffix}",
@@ -316,6 +332,11 @@ def resolve(
         "distribution": request.distribution,
         "spot": request.spot,
         "stopping_condition": stopping,
+        "poll_seconds": history.poll_seconds(
+            floor_seconds=limits.poll_interval_seconds,
+            attempt_seconds=attempt_seconds,
+            attempts=limits.capacity_retries + 1,
+        ),
         "keep_alive_seconds": request.warm_pool_minutes * 60,
         "hyperparameters": hyperparameters,
         "channels": channels,
@@ -325,7 +346,14 @@ def resolve(
         # SNS message attribute for subscription filters; SNS rejects an empty String.Array.
         "recipients": request.notify or ["(none)"],
         "requested_by": requested_by,
-        "tags": [{"Key": k, "Value": v} for k, v in {**limits.tags, "run": request.run_name}.items()],
+        "tags": [
+            {"Key": k, "Value": v}
+            for k, v in {
+                **limits.tags,
+                "run": request.run_name,
+                **({EXECUTION_TAG: execution} if execution else {}),
+            }.items()
+        ],
     }
 
 

@@ -64,10 +64,10 @@ class PlatformBudget(Construct):
 
 
 class PipelineAlarms(Construct):
-    """Alarms on platform faults: handler errors and executions that time out.
+    """Alarms on handler errors and on executions that fail, are aborted, time out or are throttled.
 
-    A failed execution is usually a run's own outcome (rejected input, failed job, quality gate)
-    and is reported to its requester; it is not paged on.
+    A failed execution is often a run's own outcome (rejected input, failed job, quality gate) and
+    its requester hears of it; the alarm tells the platform team that a run ended that way.
     """
 
     def __init__(
@@ -84,6 +84,8 @@ class PipelineAlarms(Construct):
         period = Duration.minutes(5)
         self.alarms: list[cloudwatch.Alarm] = []
         for name, metric in {
+            "ExecutionsFailed": state_machine.metric_failed(period=period),
+            "ExecutionsAborted": state_machine.metric_aborted(period=period),
             "ExecutionsTimedOut": state_machine.metric_timed_out(period=period),
             "ExecutionsThrottled": state_machine.metric_throttled(period=period),
         }.items():

@@ -11,6 +11,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
@@ -83,6 +84,7 @@ class PlatformFunction(Construct):
         security_groups: list[ec2.ISecurityGroup] | None = None,
         outside_vpc_reason: str | None = None,
         reserved_concurrency: int = 5,
+        dead_letter_queue: sqs.IQueue | None = None,
     ) -> None:
         super().__init__(scope, id_)
         if (vpc is None) == (outside_vpc_reason is None):
@@ -135,6 +137,7 @@ class PlatformFunction(Construct):
             logging_format=lambda_.LoggingFormat.JSON,
             tracing=lambda_.Tracing.ACTIVE,
             reserved_concurrent_executions=reserved_concurrency,
+            dead_letter_queue=dead_letter_queue,
             vpc=vpc,
             vpc_subnets=vpc_subnets,
             security_groups=security_groups,
@@ -153,11 +156,12 @@ class PlatformFunction(Construct):
         )
         acknowledge_inline_policy(self.role)
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
-            acknowledge(
-                self.function,
-                f"{pack}-LambdaDLQ",
-                "Invoked synchronously (Step Functions, CloudFormation); the caller receives and handles "
-                "every failure, and a dead-letter queue applies only to asynchronous invocations.",
-            )
+            if dead_letter_queue is None:
+                acknowledge(
+                    self.function,
+                    f"{pack}-LambdaDLQ",
+                    "Invoked synchronously (Step Functions, CloudFormation); the caller receives and handles "
+                    "every failure, and a dead-letter queue applies only to asynchronous invocations.",
+                )
             if outside_vpc_reason is not None:
                 acknowledge(self.function, f"{pack}-LambdaInsideVPC", outside_vpc_reason)

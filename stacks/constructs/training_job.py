@@ -29,6 +29,7 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
 # Retried with backoff: throttling and SageMaker's unmodelled transient errors.
 TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
 SDK_TIMEOUT_SECONDS = 60
+JOB_NAME = "States.Format('{}-{}', $.request.job_name_base, $.train.attempt)"
 
 
 def _sdk_arn(action: str) -> str:
@@ -180,10 +181,9 @@ class DistributedTrainingJob(Construct):
         if kms_volume:
             resource["VolumeKmsKeyId"] = self.key.key_arn
         return {
-            # New name per attempt and per retry: a retry can never hit "name already in use".
-            "TrainingJobName.$": (
-                "States.Format('{}-{}-{}', $.request.job_name_base, $.train.attempt, $$.State.RetryCount)"
-            ),
+            # One name per attempt: a retried create that had in fact succeeded finds its own job
+            # ("name already in use") and adopts it instead of starting a second cluster.
+            "TrainingJobName.$": JOB_NAME,
             "RoleArn": self.role.role_arn,
             "AlgorithmSpecification": {
                 "TrainingImage": self.image_uri,
@@ -256,32 +256,31 @@ class DistributedTrainingJob(Construct):
             },
         )
 
-    def describe_state(self, scope: Construct, id_: str) -> sfn.CustomState:
-        return sfn.CustomState(
-            scope,
-            id_,
-            state_json={
-                "Type": "Task",
-                "Comment": "Reads the job's status, secondary status, metrics and failure reason",
-                "Resource": _sdk_arn("describeTrainingJob"),
-                "Parameters": {"TrainingJobName.$": "$.train.job.job_name"},
-                "ResultPath": "$.job.describe",
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": [
-                    {
-                        "ErrorEquals": TRANSIENT_ERRORS,
-                        "IntervalSeconds": 5,
-                        "BackoffRate": 2,
-                        "MaxAttempts": 6,
-                        "MaxDelaySeconds": 120,
-                        "JitterStrategy": "FULL",
-                    }
-                ],
-            },
+    def grant_follow(self, role: iam.IRole) -> None:
+        """Describe the platform's training jobs (what polling them needs)."""
+        stack = Stack.of(self)
+        jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
+        role.add_to_principal_policy(
+            iam.PolicyStatement(sid="FollowTrainingJobs", actions=["sagemaker:DescribeTrainingJob"], resources=[jobs])
+        )
+
+    def grant_stop(self, role: iam.IRole) -> None:
+        """Find an execution's training jobs by their tags, and stop them."""
+        stack = Stack.of(self)
+        jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
+        role.add_to_principal_policy(
+            iam.PolicyStatement(sid="ListTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="StopTrainingJobs",
+                actions=["sagemaker:ListTags", "sagemaker:StopTrainingJob"],
+                resources=[jobs],
+            )
         )
 
     def grant_run(self, state_machine_role: iam.IRole) -> None:
-        """What the state machine needs: create (as the platform configures jobs only), describe, tag, pass the role.
+        """What the state machine needs: create (as the platform configures jobs only), tag, pass the role.
 
         CreateTrainingJob is allowed only with the platform's subnet, security group, output key,
         allowed instance types, runtime limit, encryption and isolation flags; on EBS-backed types
@@ -323,11 +322,7 @@ class DistributedTrainingJob(Construct):
                 )
             )
         state_machine_role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="FollowTrainingJobs",
-                actions=["sagemaker:DescribeTrainingJob", "sagemaker:AddTags"],
-                resources=[jobs],
-            )
+            iam.PolicyStatement(sid="TagTrainingJobs", actions=["sagemaker:AddTags"], resources=[jobs])
         )
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(

@@ -80,7 +80,14 @@ def test_a_dropped_statement_fails_the_run_naming_action_and_resource(
     arn = pipeline.start(pipeline.input())
     described = pipeline.finish(arn)
     assert described["status"] == "FAILED"
-    assert pipeline.local.states_entered(arn)[-1] == "Check progress"
+    states = pipeline.local.states_entered(arn)
+    # The poll failed, so the run stopped its job and ended with the denial as its cause.
+    assert "Check progress" in states and states[-3:] == [
+        "Training step failed",
+        "Notify training failed",
+        "Training failed",
+    ]
+    assert pipeline.training.stopped_names == pipeline.jobs()
     cause = described["cause"]
     assert "s3:ListBucket" in cause and "arn:aws:s3:::tp-dev-checkpoints-123456789012-us-east-1" in cause
     assert "assumed-role/MonitorRole" in cause

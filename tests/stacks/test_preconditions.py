@@ -29,6 +29,7 @@ KEY_NEEDS = {
     **{a: ("kms:GenerateDataKey",) for a in S3_WRITE},
     **{a: ("kms:Decrypt", "kms:GenerateDataKey") for a in TABLE_WRITE},
     "sns:Publish": ("kms:Decrypt", "kms:GenerateDataKey"),
+    "sqs:SendMessage": ("kms:Decrypt", "kms:GenerateDataKey"),
     # A CMK-encrypted state machine: answering a task token writes (encrypts) execution data.
     "states:SendTaskSuccess": ("kms:GenerateDataKey",),
     "states:SendTaskFailure": ("kms:GenerateDataKey",),
@@ -89,6 +90,9 @@ def _encrypted_resources(iam: AssemblyIam) -> list[tuple[str, str, str]]:
     for stack, logical, props in iam.resources("AWS::SNS::Topic"):
         if props.get("KmsMasterKeyId"):
             found.append(("topic", iam.resolver.ref(stack, logical), props["KmsMasterKeyId"]))
+    for stack, logical, props in iam.resources("AWS::SQS::Queue"):
+        if props.get("KmsMasterKeyId"):
+            found.append(("queue", iam.arn(stack, logical), props["KmsMasterKeyId"]))
     for stack, logical, props in iam.resources("AWS::StepFunctions::StateMachine"):
         if props.get("EncryptionConfiguration", {}).get("Type") == "CUSTOMER_MANAGED_KMS_KEY":
             found.append(
@@ -116,7 +120,7 @@ def _granted_paths(role: Role, bucket_arn: str) -> list[str]:
 
 def test_every_role_that_touches_encrypted_data_can_use_its_key(iam: AssemblyIam) -> None:
     encrypted = _encrypted_resources(iam)
-    assert {kind for kind, _, _ in encrypted} == {"bucket", "table", "topic", "state machine"}
+    assert {kind for kind, _, _ in encrypted} == {"bucket", "table", "topic", "queue", "state machine"}
     problems = []
     for role in iam.roles.values():
         for kind, resource, key in encrypted:
@@ -130,6 +134,46 @@ def test_every_role_that_touches_encrypted_data_can_use_its_key(iam: AssemblyIam
                             if not iam.may_use_key(role, need, key, **_key_context(kind, resource))
                         ]
     assert problems == []
+
+
+def test_services_that_write_to_encrypted_topics_and_queues_can_use_the_key(iam: AssemblyIam) -> None:
+    """A topic or queue policy letting a service write (EventBridge dead letters, budget alerts) needs the key too."""
+    keys = {resource: key for kind, resource, key in _encrypted_resources(iam) if kind in ("topic", "queue")}
+    checked, problems = 0, []
+    for type_ in ("AWS::SNS::TopicPolicy", "AWS::SQS::QueuePolicy"):
+        for _, logical, props in iam.resources(type_):
+            for statement in props["PolicyDocument"]["Statement"]:
+                service = (
+                    statement.get("Principal", {}).get("Service")
+                    if isinstance(statement.get("Principal"), dict)
+                    else None
+                )
+                if statement["Effect"] != "Allow" or service is None:
+                    continue
+                conditions = statement.get("Condition", {})
+                source = next(
+                    (block["aws:SourceArn"] for block in conditions.values() if "aws:SourceArn" in block), None
+                )
+                for resource in _as_list(statement["Resource"]):
+                    key = keys.get(resource) or keys.get(_queue_arn(iam, resource))
+                    if key is None:
+                        continue
+                    checked += 1
+                    context = {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": source}
+                    for action in ("kms:GenerateDataKey", "kms:Decrypt"):
+                        request = Request(action, key, context, known_keys=None, principal_service=service)
+                        if not evaluate([iam.key_policy(key)], request).allowed:
+                            problems.append(f"{logical}: {service} writes to {resource} but cannot {action} on its key")
+    assert checked >= 2 and problems == []
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _queue_arn(iam: AssemblyIam, url_or_arn: str) -> str:
+    """Queue policies name queues by URL (a Ref); keys are found by ARN."""
+    return f"arn:aws:sqs:{REGION}:{ACCOUNT}:{url_or_arn.rsplit('/', 1)[-1]}"
 
 
 def test_an_encrypted_state_machine_can_use_its_key(iam: AssemblyIam) -> None:

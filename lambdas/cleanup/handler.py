@@ -1,0 +1,96 @@
+"""Cleanup handler: no training job outlives its execution, and a run's checkpoints stop growing.
+
+Invoked two ways:
+- by the state machine on every way out of a run (`stop` after an orchestration failure, `prune`
+  after the job ended): stops the jobs tagged with this execution, then prunes the run's
+  checkpoints in S3 to the newest complete one (what resume and the lineage point at);
+- by EventBridge when an execution ends ABORTED, TIMED_OUT or FAILED (a person's StopExecution, the
+  execution's own timeout): the same, for the jobs tagged with that execution.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
+
+from lambdas.monitor.handler import latest_checkpoint
+from lambdas.shared.env import env_str
+from lambdas.validate.request import EXECUTION_TAG
+
+logger = Logger(service="training-platform")
+_STEP = re.compile(r"(?:^|/)(step-\d+)/")
+
+
+def running_jobs(sagemaker: Any, execution: str) -> list[str]:
+    """The names of the in-progress training jobs tagged with this execution."""
+    names = []
+    for page in sagemaker.get_paginator("list_training_jobs").paginate(StatusEquals="InProgress"):
+        for summary in page["TrainingJobSummaries"]:
+            tags = sagemaker.list_tags(ResourceArn=summary["TrainingJobArn"])["Tags"]
+            if {"Key": EXECUTION_TAG, "Value": execution} in tags:
+                names.append(summary["TrainingJobName"])
+    return names
+
+
+def stop_jobs(sagemaker: Any, execution: str) -> list[str]:
+    """Stop every in-progress job of `execution`; a job that ended meanwhile is left as it ended."""
+    stopped = []
+    for name in running_jobs(sagemaker, execution):
+        try:
+            sagemaker.stop_training_job(TrainingJobName=name)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ValidationException":  # "already ended"
+                raise
+            continue
+        stopped.append(name)
+        logger.info("training job stopped", extra={"job": name, "execution": execution})
+    return stopped
+
+
+def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
+    """Delete every checkpoint under `prefix` but the newest complete one; versioning keeps the rest a while."""
+    keep = latest_checkpoint(s3, bucket, prefix)
+    if keep is None:  # no complete checkpoint: nothing is known to be superseded
+        return {"kept": None, "deleted_objects": 0}
+    kept = keep["uri"].split(f"s3://{bucket}/", 1)[1]
+    doomed = [
+        obj["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for obj in page.get("Contents", [])
+        if _STEP.search(obj["Key"][len(prefix) :]) and not obj["Key"].startswith(kept)
+    ]
+    for start in range(0, len(doomed), 1000):
+        batch = [{"Key": key} for key in doomed[start : start + 1000]]
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+    return {"kept": keep, "deleted_objects": len(doomed)}
+
+
+def clean_up(
+    execution: str, *, prefixes: list[tuple[str, str]], bucket: str, sagemaker: Any, s3: Any
+) -> dict[str, Any]:
+    """Stop the execution's jobs, then prune the checkpoints of the given runs and of the jobs stopped."""
+    stopped = stop_jobs(sagemaker, execution)
+    # Job names are <job_name_base>-<attempt>; the run's checkpoints are runs/<job_name_base>/checkpoints/.
+    stopped_runs = [(bucket, f"runs/{name.rsplit('-', 1)[0]}/checkpoints/") for name in stopped]
+    pruned = [{"prefix": f"s3://{b}/{p}", **prune_checkpoints(s3, b, p)} for b, p in sorted({*prefixes, *stopped_runs})]
+    return {"stopped": stopped, "pruned": pruned}
+
+
+@logger.inject_lambda_context(log_event=False)
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
+    bucket = env_str("CHECKPOINTS_BUCKET")
+    if event.get("detail-type") == "Step Functions Execution Status Change":
+        execution, prefixes = event["detail"]["executionArn"], []
+    else:
+        execution = event["execution"]
+        prefixes = [(bucket, f"runs/{event['job_name_base']}/checkpoints/")]
+    result = clean_up(
+        execution, prefixes=prefixes, bucket=bucket, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3")
+    )
+    logger.info("run cleaned up", extra={"execution": execution, **result})
+    return result

@@ -1,0 +1,224 @@
+"""What the AWS services do that moto does not, played locally.
+
+- SageMaker StopTrainingJob (moto has none): the job goes Stopping, its instances are stopped,
+  and the next DescribeTrainingJob reports Stopped.
+- EventBridge delivering a Step Functions execution's status change to the rules' Lambda targets
+  (moto's rules deliver to SQS, logs and buses only), checked against the target function's
+  resource policy as Lambda checks it.
+- Faults a test injects where AWS could produce them: a throttled Lambda, a failing SNS publish.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
+
+from moto.awslambda.exceptions import LambdaClientError
+from moto.events.models import EventPattern
+from moto.sagemaker.exceptions import ValidationError
+from moto.sagemaker.responses import SageMakerResponse
+from moto.sns.exceptions import SNSException
+from moto.sns.models import SNSBackend
+from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommunication
+
+from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+
+
+@dataclass
+class Faults:
+    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function."""
+
+    throttle: dict[str, int] = field(default_factory=dict)
+    sns_failures: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def throttled(self, function_name: str) -> bool:
+        with self._lock:
+            for prefix, left in self.throttle.items():
+                if function_name.startswith(prefix) and left > 0:
+                    self.throttle[prefix] = left - 1
+                    return True
+            return False
+
+    def publish_fails(self) -> bool:
+        with self._lock:
+            if self.sns_failures > 0:
+                self.sns_failures -= 1
+                return True
+            return False
+
+
+def lambda_throttle() -> LambdaClientError:
+    """What Lambda answers when reserved concurrency is exhausted."""
+    error = LambdaClientError("TooManyRequestsException", "Rate exceeded")
+    error.code = 429
+    return error
+
+
+def failing_publish(faults: Faults) -> Any:
+    """SNS publish refused while `faults` say so (as when the topic's KMS key is throttled)."""
+    original = SNSBackend.publish
+
+    def publish(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        if faults.publish_fails():
+            raise SNSException("KMSThrottling", "The request was denied due to request throttling by AWS KMS")
+        return original(backend, *args, **kwargs)
+
+    return mock.patch.object(SNSBackend, "publish", publish)
+
+
+def stop_training_job(stopped: Callable[[str, Any], None]) -> Any:
+    """moto has no StopTrainingJob: mark the job Stopping and let the training backend stop it."""
+
+    def stop(response: Any) -> str:
+        name = json.loads(response.body)["TrainingJobName"]
+        job = response.sagemaker_backend.training_jobs.get(name)
+        if job is None:
+            raise ValidationError(message=f"Requested resource not found: training job {name}")
+        if job.training_job_status != "InProgress":
+            raise ValidationError(message=f"The training job {name} is not in progress ({job.training_job_status})")
+        job.training_job_status = "Stopping"
+        job.secondary_status = "Stopping"
+        job.secondary_status_transitions.append({"Status": "Stopping", "StartTime": datetime.now(UTC)})
+        stopped(name, job)
+        return "{}"
+
+    return mock.patch.object(SageMakerResponse, "stop_training_job", stop, create=True)
+
+
+@dataclass
+class EventRules:
+    """The assembly's EventBridge rules, delivering to their Lambda targets as EventBridge does (asynchronously)."""
+
+    assembly: Assembly
+    resolver: Resolver
+    invoke: Callable[[str, Any], Any]
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
+
+    def rules(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for stack, logical, rule in self.assembly.resources("AWS::Events::Rule"):
+            props = self.resolver.resolve(stack, rule["Properties"])
+            if props.get("State", "ENABLED") == "ENABLED":
+                yield f"arn:aws:events:{REGION}:{ACCOUNT}:rule/{logical}", props
+
+    def _permitted(self, function_arn: str, rule_arn: str) -> bool:
+        """Lambda runs an EventBridge delivery only if its resource policy lets that rule invoke it."""
+        for stack, _, permission in self.assembly.resources("AWS::Lambda::Permission"):
+            props = self.resolver.resolve(stack, permission["Properties"])
+            if (
+                props["FunctionName"] == function_arn
+                and props["Principal"] == "events.amazonaws.com"
+                and props.get("SourceArn") in (None, rule_arn)
+            ):
+                return True
+        return False
+
+    def put(self, event: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        for rule_arn, props in self.rules():
+            if not EventPattern(None, props["EventPattern"]).matches_event(event):  # type: ignore[arg-type]
+                continue
+            for target in props.get("Targets", []):
+                name = target["Arn"].rsplit(":function:", 1)[-1]
+                delivery = {"rule": rule_arn, "function": name, "event": event, "permitted": False}
+                self.deliveries.append(delivery)
+                if not self._permitted(target["Arn"], rule_arn):
+                    continue  # Lambda refuses; EventBridge retries, then the dead-letter queue
+                delivery["permitted"] = True
+                thread = threading.Thread(target=self._deliver, args=(delivery, name, event), daemon=True)
+                with self._lock:
+                    thread.start()
+                    self._threads.append(thread)
+
+    def _deliver(self, delivery: dict[str, Any], name: str, event: dict[str, Any]) -> None:
+        try:
+            delivery["result"] = self.invoke(name, event)
+        except Exception as exc:  # EventBridge would retry and then dead-letter it
+            delivery["error"] = f"{type(exc).__name__}: {exc}"
+
+    def drain(self, timeout: float = 30) -> None:
+        """Wait for the deliveries under way to finish."""
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout=timeout)
+
+    def close(self, timeout: float = 30) -> None:
+        self._closed = True
+        self.drain(timeout)
+
+
+def execution_status_changes(rules: EventRules) -> Any:
+    """Publish "Step Functions Execution Status Change" when an execution ends, as Step Functions does."""
+    original = BaseExecutionWorkerCommunication.terminated
+
+    def terminated(communication: Any) -> None:
+        original(communication)
+        execution = communication.execution
+        rules.put(
+            {
+                "version": "0",
+                "id": str(uuid.uuid4()),
+                "detail-type": "Step Functions Execution Status Change",
+                "source": "aws.states",
+                "account": ACCOUNT,
+                "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+                "region": REGION,
+                "resources": [execution.exec_arn],
+                "detail": {
+                    "executionArn": execution.exec_arn,
+                    "stateMachineArn": execution.state_machine_arn,
+                    "name": execution.name,
+                    "status": execution.exec_status.value,
+                    "error": execution.error,
+                    "cause": execution.cause,
+                },
+            }
+        )
+
+    return mock.patch.object(BaseExecutionWorkerCommunication, "terminated", terminated)
+
+
+def lambda_service_error_names() -> Any:
+    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception".
+
+    moto's engine gives every ClientError of a Lambda task the name "Exception", so a Retry on
+    Lambda's own errors (throttling, service faults) would never match.
+    """
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+    from moto.stepfunctions.parser.api import HistoryEventType, LambdaFunctionFailedEventDetails  # noqa: PLC0415
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import (  # noqa: PLC0415
+        CustomErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent  # noqa: PLC0415
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import (  # noqa: PLC0415
+        StateTaskLambda,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails  # noqa: PLC0415
+
+    original = StateTaskLambda._from_error
+
+    def from_error(state: Any, env: Any, ex: Exception) -> Any:
+        if not isinstance(ex, ClientError):
+            return original(state, env, ex)
+        code = ex.response["Error"]["Code"]
+        name = f"Lambda.{code}" + ("" if code.endswith("Exception") else "Exception")
+        details = LambdaFunctionFailedEventDetails(error=name, cause=ex.response["Error"]["Message"])
+        return FailureEvent(
+            env=env,
+            error_name=CustomErrorName(name),
+            event_type=HistoryEventType.LambdaFunctionFailed,
+            event_details=EventDetails(lambdaFunctionFailedEventDetails=details),  # type: ignore[typeddict-item]
+        )
+
+    return mock.patch.object(StateTaskLambda, "_from_error", from_error)

@@ -1,0 +1,163 @@
+"""No orphaned clusters and no run too long for its execution: every way out stops the job."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+from moto.sagemaker.exceptions import SagemakerClientError
+
+from lambdas.shared import history
+from localrun.engine import Clock
+from localrun.scripted import Poll
+from stacks.settings import PipelineSettings
+from tests.pipeline.conftest import COMPLETED, Pipeline
+
+FOREVER = [Poll()]  # a job that trains until something stops it
+
+
+def _failure_messages(pipeline: Pipeline) -> list[dict[str, Any]]:
+    return [
+        json.loads(m["Message"]) for m in pipeline.local.messages("TopicsRuns") if m["Subject"] == "Training run failed"
+    ]
+
+
+def test_a_throttled_handler_is_retried_with_backoff(pipeline: Pipeline) -> None:
+    pipeline.local.faults.throttle["Monitor"] = 2  # reserved concurrency exhausted, twice
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    assert pipeline.training.stopped_names == []
+    assert len(pipeline.local.clock.retries) == 2
+
+
+def test_a_handler_that_keeps_failing_stops_the_job_and_records_why(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[FOREVER])
+    pipeline.local.faults.throttle["Monitor"] = 1000
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert pipeline.error(described) == ("Lambda.TooManyRequestsException", "Rate exceeded")
+    (job,) = pipeline.jobs()
+    assert pipeline.training.stopped_names == [job]
+    (message,) = _failure_messages(pipeline)
+    assert message["error"] == "Lambda.TooManyRequestsException" and message["cleanup"]["stopped"] == [job]
+
+
+def test_a_notification_that_cannot_be_sent_stops_the_job(pipeline_factory: Any) -> None:
+    def started_long_ago(_name: str, _request: dict[str, Any], job: Any) -> None:
+        job.training_start_time = datetime.now(UTC) - timedelta(hours=3)  # stale: no checkpoint for 3 h
+
+    pipeline = pipeline_factory(scripts=[FOREVER])
+    pipeline.training.on_create.append(started_long_ago)
+    pipeline.local.faults.sns_failures = 1000  # the topic's key is throttled for good
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert described["status"] == "FAILED"
+    assert "Warn stale checkpoints" in pipeline.local.states_entered(arn)
+    assert "KMSThrottling" in described["cause"]
+    assert pipeline.training.stopped_names == pipeline.jobs()
+
+
+def test_stopping_the_execution_stops_its_job(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[FOREVER], clock=Clock(wait_scale=0.001))
+    arn = pipeline.start(pipeline.input())
+    pipeline.local.wait(arn, 30, until=lambda: "Check progress" in pipeline.local.states_entered(arn))
+    (job,) = pipeline.jobs()
+    pipeline.local.sfn.stop_execution(executionArn=arn, error="Cancelled", cause="an engineer stopped the run")
+    # EventBridge delivers the status change to the rule's target (the cleanup handler), asynchronously.
+    pipeline.local.wait(arn, 30, until=lambda: bool(pipeline.local.events.deliveries))
+    pipeline.local.events.drain()
+    (delivery,) = pipeline.local.events.deliveries
+    assert delivery["event"]["detail"]["status"] == "ABORTED" and delivery["permitted"]
+    assert delivery["result"]["stopped"] == [job]
+    status = boto3.client("sagemaker", region_name="us-east-1").describe_training_job(TrainingJobName=job)
+    assert status["TrainingJobStatus"] == "Stopped"
+
+
+def test_a_create_that_succeeded_unanswered_is_adopted_not_repeated(pipeline: Pipeline) -> None:
+    calls = {"n": 0}
+
+    def answer_lost(_name: str, _request: dict[str, Any], _job: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the job exists, but the answer never reaches the state machine
+            raise SagemakerClientError("ThrottlingException", "Rate exceeded")
+
+    pipeline.training.on_create.append(answer_lost)
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    assert "Adopt the created job" in pipeline.local.states_entered(arn)
+    assert len(pipeline.jobs()) == 1 and calls["n"] == 1  # the retry found the job; no second cluster
+
+
+def test_a_run_keeps_only_its_newest_complete_checkpoint(pipeline: Pipeline) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket = pipeline.local.environment("Cleanup")["CHECKPOINTS_BUCKET"]
+
+    def checkpointed(name: str, _request: dict[str, Any], _job: Any) -> None:
+        prefix = f"runs/{name.rsplit('-', 1)[0]}/checkpoints"
+        for step, files in ((10, ("model.distcp", "manifest.json")), (20, ("model.distcp", "manifest.json"))):
+            for file in files:
+                s3.put_object(Bucket=bucket, Key=f"{prefix}/step-{step}/{file}", Body=b"x")
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/step-30/model.distcp", Body=b"x")  # never completed
+
+    pipeline.training.on_create.append(checkpointed)
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    (job,) = pipeline.jobs()
+    prefix = f"runs/{job.rsplit('-', 1)[0]}/checkpoints/"
+    keys = [o["Key"].removeprefix(prefix) for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    assert sorted(keys) == ["step-20/manifest.json", "step-20/model.distcp"]
+    # Versioning keeps what was pruned for storage.noncurrent_version_days.
+    versions = s3.list_object_versions(Bucket=bucket, Prefix=f"{prefix}step-10/")
+    assert len(versions["DeleteMarkers"]) == 2 and len(versions["Versions"]) == 2
+
+
+def test_an_approval_that_times_out_tells_the_requester(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(clock=Clock(approval_timeout_scale=3 / 86400))
+    arn = pipeline.start(pipeline.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10))
+    assert pipeline.error(pipeline.finish(arn, timeout=20))[0] == "ApprovalTimedOut"
+    (told,) = [m for m in pipeline.local.messages("TopicsRuns") if "no approver decided" in m["Subject"]]
+    assert json.loads(told["MessageAttributes"]["recipients"]["Value"]) == ["alice@example.org"]
+
+
+def _events(pipeline: Pipeline, arn: str) -> int:
+    return len(pipeline.local.history(arn))
+
+
+def test_each_poll_adds_the_events_the_history_budget_assumes(pipeline_factory: Any) -> None:
+    """Measured, not assumed: the events of one poll round, and of everything else in a run."""
+    polls = 3
+    # Two runs with both gates; the second job is polled `polls` times more than the first.
+    pipeline = pipeline_factory(scripts=[[Poll(), COMPLETED], [Poll()] * (1 + polls) + [COMPLETED]])
+    counts = []
+    for name in ("short", "long"):
+        arn = pipeline.start(
+            pipeline.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10), name=name
+        )
+        pipeline.run_until(arn, "Approval gate (pre-launch)")
+        pipeline.decide("launch", "approve")
+        pipeline.run_until(arn, "Approval gate (promotion)")
+        pipeline.decide("promotion", "approve")
+        assert pipeline.finish(arn)["status"] == "SUCCEEDED"
+        counts.append(_events(pipeline, arn))
+    assert (counts[1] - counts[0]) / polls == history.EVENTS_PER_POLL
+    two_polls = counts[0] - 2 * history.EVENTS_PER_POLL  # both gates, one attempt
+    retry = 2 + 2 + 2 + 5  # Next attempt, Reset progress (Pass), Volume encryption? (Choice), a create task
+    assert two_polls + PipelineSettings().capacity_retries * retry <= history.RUN_EVENTS
+
+
+def test_the_longest_run_the_settings_allow_fits_one_execution() -> None:
+    """A spot run at the runtime limit, waiting twice as long, through every capacity retry."""
+    settings = PipelineSettings()
+    attempt = 2 * settings.max_runtime_hours * 3600  # Validate's limit on max_wait_hours
+    attempts = settings.capacity_retries + 1
+    interval = history.poll_seconds(
+        floor_seconds=settings.poll_interval_seconds, attempt_seconds=int(attempt), attempts=attempts
+    )
+    polls = attempts * (attempt + history.STARTUP_ALLOWANCE_SECONDS) / interval
+    events = history.RUN_EVENTS + polls * history.EVENTS_PER_POLL
+    assert events <= 0.8 * history.HISTORY_LIMIT, f"{events:.0f} events at one poll per {interval} s"
+    assert interval <= 3600, f"a poll interval of {interval} s would notice trouble too late"
+    # A short run keeps the platform's interval.
+    assert history.poll_seconds(floor_seconds=300, attempt_seconds=7200, attempts=4) == 300

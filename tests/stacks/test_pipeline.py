@@ -1,0 +1,39 @@
+"""The pipeline stack's safety nets: what stops orphaned jobs, and what pages the platform team."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk.assertions import Match
+
+from tests.support.templates import logical_id, resources, template
+
+
+def test_an_execution_that_ends_badly_stops_its_jobs(platform: Any) -> None:
+    stack = platform.pipeline
+    t = template(platform, stack)
+    machine = logical_id(platform, stack, "AWS::StepFunctions::StateMachine", "TrainingPipeline")
+    cleanup = logical_id(platform, stack, "AWS::Lambda::Function", "CleanupFunction")
+    (rule,) = resources(platform, stack, "AWS::Events::Rule").values()
+    assert rule["Properties"]["EventPattern"] == {
+        "source": ["aws.states"],
+        "detail-type": ["Step Functions Execution Status Change"],
+        "detail": {"stateMachineArn": [{"Ref": machine}], "status": ["ABORTED", "TIMED_OUT", "FAILED"]},
+    }
+    (target,) = rule["Properties"]["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [cleanup, "Arn"]}
+    assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 21600, "MaximumRetryAttempts": 8}
+    assert "DeadLetterConfig" in target  # deliveries that keep failing are kept, not lost
+    t.has_resource_properties(
+        "AWS::Lambda::Permission",
+        {"FunctionName": {"Fn::GetAtt": [cleanup, "Arn"]}, "Principal": "events.amazonaws.com"},
+    )
+
+
+def test_failed_aborted_timed_out_and_throttled_executions_alarm(platform: Any) -> None:
+    t = template(platform, platform.pipeline)
+    for metric in ("ExecutionsFailed", "ExecutionsAborted", "ExecutionsTimedOut", "ExecutionThrottled"):
+        t.has_resource_properties(
+            "AWS::CloudWatch::Alarm",
+            {"MetricName": metric, "Namespace": "AWS/States", "Threshold": 1, "AlarmActions": Match.any_value()},
+        )
