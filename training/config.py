@@ -18,9 +18,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.distributions import DISTRIBUTIONS, NAMES
 from training.models.args import PRESETS
 
-DISTRIBUTIONS = ("ddp", "fsdp", "smddp", "mpi")
 # Keys the SageMaker SDK's framework estimators inject; they mean nothing to this image.
 IGNORED_PREFIXES = ("sagemaker_",)
 
@@ -205,9 +205,7 @@ class MetricsConfig:
 class JobConfig:
     """The whole job: one section per component, plus the launcher's ``distribution``."""
 
-    distribution: str = _f(
-        "ddp", "ddp (torch DDP), fsdp (FSDP2), smddp (DDP over SageMaker's backend), mpi.", DISTRIBUTIONS
-    )
+    distribution: str = _f("ddp", ", ".join(f"{d.name} ({d.summary})" for d in DISTRIBUTIONS.values()) + ".", NAMES)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -222,7 +220,7 @@ class JobConfig:
             self.distribution in DISTRIBUTIONS,
             "distribution",
             self.distribution,
-            f"choose one of {', '.join(DISTRIBUTIONS)}",
+            f"choose one of {', '.join(NAMES)}",
         )
         _require(
             self.optim.warmup_steps <= self.train.max_steps,

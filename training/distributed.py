@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
@@ -11,6 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from training import distributions
 from training.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,15 +75,17 @@ def init_distributed(*, distribution: str, deterministic: bool, timeout_minutes:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    if distribution == "smddp":
+    strategy = distributions.distribution(distribution)
+    if strategy.required_module:
         try:
-            import smdistributed.dataparallel.torch.torch_smddp  # type: ignore[import-not-found]  # noqa: F401, PLC0415
+            importlib.import_module(strategy.required_module)  # registers the strategy's backend
         except ImportError as exc:
             raise ConfigError(
-                "hyperparameter distribution='smddp' is invalid: smdistributed.dataparallel is not in this "
-                "image; use distribution=ddp (NCCL over EFA) instead"
+                f"hyperparameter distribution={strategy.name!r} is invalid: {strategy.required_module} is not in "
+                "this image; use distribution=ddp (NCCL over EFA) instead"
             ) from exc
-        backend = "smddp"
+    if strategy.backend:
+        backend = strategy.backend
     timeout = timedelta(minutes=timeout_minutes)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timeout)

@@ -10,7 +10,6 @@ did not stop within the grace period). Torch-free, so that invalid input fails i
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import os
 import shutil
@@ -37,6 +36,7 @@ from training.contract import (
     read_resource_config,
     write_failure,
 )
+from training.distributions import distribution, module_available
 
 log = logging.getLogger("training.launcher")
 
@@ -326,13 +326,16 @@ def _validate(paths: Paths, env: Mapping[str, str]) -> tuple[JobConfig, Resource
     cfg = from_hyperparameters(read_hyperparameters(paths))
     resources = read_resource_config(paths, env)
     find_data_files(paths)
-    if cfg.distribution == "smddp" and importlib.util.find_spec("smdistributed") is None:
+    strategy = distribution(cfg.distribution)
+    if strategy.required_module and not module_available(strategy.required_module):
         raise ConfigError(
-            "hyperparameter distribution='smddp' is invalid: smdistributed.dataparallel is not in this "
+            f"hyperparameter distribution={strategy.name!r} is invalid: {strategy.required_module} is not in this "
             "image; use distribution=ddp (NCCL over EFA)"
         )
-    if cfg.distribution == "mpi" and shutil.which("mpirun") is None:
-        raise ConfigError("hyperparameter distribution='mpi' is invalid: mpirun is not in this image; use ddp")
+    if strategy.launcher == "mpirun" and shutil.which("mpirun") is None:
+        raise ConfigError(
+            f"hyperparameter distribution={strategy.name!r} is invalid: mpirun is not in this image; use ddp"
+        )
     return cfg, resources, plan_launch(cfg, resources, env)
 
 
@@ -385,7 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan.master_port,
             plan.distribution,
         )
-        if plan.distribution == "mpi":
+        mpi = distribution(plan.distribution).launcher == "mpirun"
+        if mpi:
             _start_sshd()
             if plan.node_rank != 0:
                 return _follow_mpi_master()
@@ -395,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = mpirun_command(plan, forward, resources.network_interface_name)
         else:
             command = torchrun_command(plan)
-        supervisor = Supervisor(command, env, grace_seconds=grace, mpi=plan.distribution == "mpi")
+        supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi)
         returncode, expired = supervisor.run()
     except Exception as exc:
         log.exception("launcher failed")

@@ -25,6 +25,7 @@ from training.checkpoint import CheckpointManager, TrainingState
 from training.config import ConfigError, JobConfig
 from training.contract import Paths, find_data_files
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
+from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
 from training.models.build import build_model, model_flops_per_token
@@ -84,7 +85,7 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         self.model = parallelize(
             model,
-            fsdp=cfg.distribution == "fsdp",
+            fsdp=distribution(cfg.distribution).shards_parameters,
             device=env.device,
             world_size=env.world_size,
             param_dtype=self.param_dtype,
@@ -278,7 +279,7 @@ class Trainer:
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         # FSDP casts parameters itself (MixedPrecisionPolicy); DDP keeps fp32 weights and autocasts.
-        if self.param_dtype == torch.float32 or self.cfg.distribution == "fsdp":
+        if self.param_dtype == torch.float32 or distribution(self.cfg.distribution).shards_parameters:
             return contextlib.nullcontext()
         return torch.autocast(self.env.device.type, dtype=self.param_dtype)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from lambdas.contract import CostEstimate, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.env import env_float, env_json
 
@@ -44,11 +45,12 @@ def estimate(
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     low, high = env_json("SPOT_COST_FRACTION")
+    request = TrainingRequest.parse(event["request"]).model_dump(mode="json")
     result = estimate(
-        event["request"],
+        request,
         threshold_usd=env_float("APPROVAL_THRESHOLD_USD"),
         spot_fraction=(float(low), float(high)),
         price_overrides={k: float(v) for k, v in env_json("PRICE_OVERRIDES").items()},
     )
     logger.info("cost estimated", extra=result)
-    return result
+    return CostEstimate.model_validate(result).model_dump(mode="json")

@@ -6,6 +6,8 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from lambdas.contract import Evaluation, Quality
+
 logger = Logger(service="training-platform")
 
 
@@ -30,6 +32,7 @@ def evaluate(quality: dict[str, Any] | None, final_metrics: dict[str, float]) ->
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    result = evaluate(event["quality"], event["final_metrics"])
+    quality = Quality.model_validate(event["quality"]).model_dump() if event["quality"] is not None else None
+    result = Evaluation.model_validate(evaluate(quality, event["final_metrics"])).model_dump(mode="json")
     logger.info("evaluated", extra={"passed": result["passed"], "reason": result["reason"]})
     return result

@@ -14,6 +14,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
+from lambdas.contract import JobProgress, TrainingRequest
 from lambdas.shared.env import env_int, env_str
 
 logger = Logger(service="training-platform")
@@ -107,9 +108,10 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     One poll: DescribeTrainingJob and the run's checkpoints, summarised (one state per poll keeps
     the execution's history short).
     """
+    request = TrainingRequest.parse(event["request"])
     described = boto3.client("sagemaker").describe_training_job(TrainingJobName=event["job_name"])
     bucket = env_str("CHECKPOINTS_BUCKET")
-    prefix = f"runs/{event['request']['job_name_base']}/checkpoints/"
+    prefix = f"runs/{request.job_name_base}/checkpoints/"
     checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
     summary = summarize(
         {**event["previous"], "describe": described},
@@ -121,4 +123,4 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         "training job polled",
         extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions", "stale")},
     )
-    return summary
+    return JobProgress.model_validate(summary).model_dump(mode="json")

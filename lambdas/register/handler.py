@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger
 
+from lambdas.contract import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
 from lambdas.shared.env import env_str
 
 logger = Logger(service="training-platform")
@@ -39,26 +41,23 @@ def _clip(value: Any) -> str:
     return text if len(text) <= _MAX_METADATA_VALUE else text[: _MAX_METADATA_VALUE - 1] + "…"
 
 
-def register(
-    event: dict[str, Any],
-    *,
-    s3: Any,
-    sagemaker: Any,
-    artifacts_bucket: str,
-    group: str,
-    image_uri: str,
-    revision: str,
-) -> dict[str, Any]:
-    request, job, estimate = event["request"], event["job"], event["estimate"]
-    base = request["job_name_base"]
-    versions = dataset_versions(s3, request["dataset"]["s3_uri"])
-    manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
-    prefix = f"runs/{base}/lineage"
-    s3.put_object(Bucket=artifacts_bucket, Key=f"{prefix}/dataset-versions.jsonl", Body=manifest.encode())
+@dataclass(frozen=True)
+class Destination:
+    """Where registration writes: the artifacts bucket, the model package group, the image and revision."""
 
-    hourly = estimate["hourly_usd"]
+    artifacts_bucket: str
+    group: str
+    image_uri: str
+    revision: str
+
+
+def _lineage(
+    event: dict[str, Any], versions: list[dict[str, str]], manifest: str, versions_uri: str, where: Destination
+) -> dict[str, Any]:
+    """The lineage record: what was trained, on what, with what, and what it cost."""
+    request, job, estimate = event["request"], event["job"], event["estimate"]
     billable = job.get("billable_seconds")
-    lineage = {
+    return {
         "run_name": request["run_name"],
         "execution": event["execution"],
         "training_job": job["job_name"],
@@ -67,10 +66,10 @@ def register(
             "s3_uri": request["dataset"]["s3_uri"],
             "objects": len(versions),
             "versions_sha256": hashlib.sha256(manifest.encode()).hexdigest(),
-            "versions_uri": f"s3://{artifacts_bucket}/{prefix}/dataset-versions.jsonl",
+            "versions_uri": versions_uri,
         },
-        "image": image_uri,
-        "platform_revision": revision,
+        "image": where.image_uri,
+        "platform_revision": where.revision,
         "hyperparameters": request["hyperparameters"],
         "cluster": {
             "instance_type": request["instance_type"],
@@ -86,57 +85,83 @@ def register(
             "estimate_usd": estimate["max_cost_usd"],
             "billable_seconds": billable,
             # Billable seconds already net out spot savings; this is list price for them.
-            "actual_usd": round(hourly * billable / 3600, 4) if billable is not None else None,
+            "actual_usd": round(estimate["hourly_usd"] * billable / 3600, 4) if billable is not None else None,
         },
     }
-    lineage_key = f"{prefix}/lineage.json"
-    s3.put_object(Bucket=artifacts_bucket, Key=lineage_key, Body=json.dumps(lineage, indent=2, sort_keys=True))
-    metrics_key = f"{prefix}/metrics.json"
-    s3.put_object(Bucket=artifacts_bucket, Key=metrics_key, Body=json.dumps(job["final_metrics"], sort_keys=True))
 
+
+def _create_package(
+    sagemaker: Any, event: dict[str, Any], lineage: dict[str, Any], uris: dict[str, str], where: Destination
+) -> str:
+    """A model package pending approval that points at the lineage and carries its summary."""
+    request, job = event["request"], event["job"]
     package = sagemaker.create_model_package(
-        ModelPackageGroupName=group,
+        ModelPackageGroupName=where.group,
         ModelPackageDescription=f"{request['run_name']}: {event['evaluation']['reason']}"[:1000],
         ModelApprovalStatus="PendingManualApproval",
         ClientToken=job["job_name"],  # a retried registration returns the same package
         InferenceSpecification={
-            "Containers": [{"Image": image_uri, "ModelDataUrl": job["model_artifacts"]}],
+            "Containers": [{"Image": where.image_uri, "ModelDataUrl": job["model_artifacts"]}],
             "SupportedContentTypes": ["application/json"],
             "SupportedResponseMIMETypes": ["application/json"],
         },
-        ModelMetrics={
-            "ModelQuality": {
-                "Statistics": {"ContentType": "application/json", "S3Uri": f"s3://{artifacts_bucket}/{metrics_key}"}
-            }
+        ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": uris["metrics"]}}},
+        MetadataProperties={
+            "CommitId": where.revision,
+            "GeneratedBy": event["execution"],
+            "ProjectId": request["run_name"],
         },
-        MetadataProperties={"CommitId": revision, "GeneratedBy": event["execution"], "ProjectId": request["run_name"]},
         CustomerMetadataProperties={
-            "lineage": f"s3://{artifacts_bucket}/{lineage_key}",
+            "lineage": uris["lineage"],
             "training_job": job["job_name"],
             "dataset": _clip(request["dataset"]["uri"]),
             "dataset_versions_sha256": lineage["dataset"]["versions_sha256"],
-            "image": _clip(image_uri),
-            "platform_revision": revision,
+            "image": _clip(where.image_uri),
+            "platform_revision": where.revision,
             "checkpoints": _clip((job.get("checkpoint") or {}).get("uri", "none")),
             "hyperparameters": _clip(request["hyperparameters"]),
             "metrics": _clip(job["final_metrics"]),
-            "cost_estimate_usd": str(estimate["max_cost_usd"]),
+            "cost_estimate_usd": str(event["estimate"]["max_cost_usd"]),
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
         },
         Tags=request["tags"],
     )
-    logger.info("model registered", extra={"package": package["ModelPackageArn"], "lineage": lineage_key})
-    return {"model_package_arn": package["ModelPackageArn"], "lineage_uri": f"s3://{artifacts_bucket}/{lineage_key}"}
+    return str(package["ModelPackageArn"])
+
+
+def register(event: dict[str, Any], *, s3: Any, sagemaker: Any, where: Destination) -> dict[str, Any]:
+    """Write the dataset versions, the lineage and the metrics; register the model pending approval."""
+    prefix = f"runs/{event['request']['job_name_base']}/lineage"
+    versions = dataset_versions(s3, event["request"]["dataset"]["s3_uri"])
+    manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
+    bucket = where.artifacts_bucket
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/dataset-versions.jsonl", Body=manifest.encode())
+    lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}/dataset-versions.jsonl", where)
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/lineage.json", Body=json.dumps(lineage, indent=2, sort_keys=True))
+    s3.put_object(
+        Bucket=bucket, Key=f"{prefix}/metrics.json", Body=json.dumps(event["job"]["final_metrics"], sort_keys=True)
+    )
+    uris = {"lineage": f"s3://{bucket}/{prefix}/lineage.json", "metrics": f"s3://{bucket}/{prefix}/metrics.json"}
+    package = _create_package(sagemaker, event, lineage, uris, where)
+    logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})
+    return {"model_package_arn": package, "lineage_uri": uris["lineage"]}
 
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    return register(
-        event,
-        s3=boto3.client("s3"),
-        sagemaker=boto3.client("sagemaker"),
+    """Event: {request, job, estimate, evaluation, execution}, each as the contract defines it."""
+    parsed = {
+        **event,
+        "request": TrainingRequest.parse(event["request"]).model_dump(mode="json"),
+        "job": JobProgress.model_validate(event["job"]).model_dump(mode="json"),
+        "estimate": CostEstimate.model_validate(event["estimate"]).model_dump(mode="json"),
+        "evaluation": Evaluation.model_validate(event["evaluation"]).model_dump(mode="json"),
+    }
+    where = Destination(
         artifacts_bucket=env_str("ARTIFACTS_BUCKET"),
         group=env_str("MODEL_PACKAGE_GROUP"),
         image_uri=env_str("IMAGE_URI"),
         revision=env_str("PLATFORM_REVISION"),
     )
+    result = register(parsed, s3=boto3.client("s3"), sagemaker=boto3.client("sagemaker"), where=where)
+    return Registration.model_validate(result).model_dump(mode="json")

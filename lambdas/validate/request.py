@@ -11,23 +11,22 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from lambdas.approvals import identity
+from lambdas.contract import Dataset, InstanceGroup, Quality, Tag, TrainingRequest
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from training.config import ConfigError, from_hyperparameters
+from training.distributions import DISTRIBUTIONS
+from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.metrics import METRIC_DEFINITIONS
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
 METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
-# SageMaker's data-parallel library runs on these GPU types only.
-SMDDP_TYPES = frozenset(
-    {"ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge"}
-)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
@@ -61,7 +60,7 @@ class ExecutionInput(BaseModel):
     validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
     instance_type: str = Field(description="SageMaker training instance type, e.g. `ml.p5.48xlarge`.")
     instance_count: int = Field(1, ge=1, description="Instances; bounded by the training subnet's capacity.")
-    distribution: Literal["ddp", "fsdp", "smddp", "mpi"] = Field("ddp", description="Data-parallel strategy.")
+    distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
     efa: bool | None = Field(None, description="Require EFA (default: used whenever the type has it).")
     spot: bool = Field(False, description="Managed spot training (resumes from checkpoints after interruptions).")
     checkpoints: bool = Field(True, description="Write periodic checkpoints (synced to S3); spot runs need them.")
@@ -188,8 +187,14 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
     if request.efa and not instance.supports_efa:
         efa_types = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.supports_efa))
         problems.append(f"efa is true but {instance.name} has no EFA; use one of {efa_types} or drop `efa`")
-    if request.distribution == "smddp" and instance.name not in SMDDP_TYPES:
-        problems.append(f"distribution 'smddp' runs on {', '.join(sorted(SMDDP_TYPES))} only, not {instance.name}")
+    strategy = DISTRIBUTIONS.get(request.distribution)
+    if strategy is None:
+        problems.append(f"distribution {request.distribution!r} is not one of {', '.join(DISTRIBUTION_NAMES)}")
+    elif strategy.instance_types is not None and instance.name not in strategy.instance_types:
+        problems.append(
+            f"distribution {strategy.name!r} runs on {', '.join(sorted(strategy.instance_types))} only, "
+            f"not {instance.name}"
+        )
     return instance
 
 
@@ -247,7 +252,7 @@ def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, 
     return values
 
 
-def _check_quality(request: ExecutionInput, problems: list[str]) -> dict[str, Any] | None:
+def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | None:
     gate = request.quality
     if gate is None:
         return None
@@ -256,7 +261,7 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> dict[str, An
     if (gate.max is None) == (gate.min is None):
         problems.append("quality needs exactly one of `max` (lower is better) or `min` (higher is better)")
         return None
-    return {"metric": gate.metric, "max": gate.max, "min": gate.min}
+    return Quality(metric=gate.metric, max=gate.max, min=gate.min)
 
 
 def start_binding(event: dict[str, Any], execution_name: str) -> str:
@@ -274,7 +279,59 @@ def resolve(
     requested_by: str | None = None,
     execution: str | None = None,
 ) -> dict[str, Any]:
-    """Validate the execution input and return the complete request, or raise InvalidRequest."""
+    """Validate the execution input and return the complete request (JSON), or raise InvalidRequest."""
+    request = _parse(event)
+    problems: list[str] = []
+    if not RUN_NAME.match(request.run_name):
+        problems.append(
+            f"run_name {request.run_name!r}: use 3-40 lowercase letters, digits and '-', starting and ending"
+            " with a letter or digit"
+        )
+    instance = _check_cluster(request, limits, problems)
+    stopping = _check_schedule(request, limits, problems)
+    hyperparameters = _hyperparameters(request, problems)
+    quality = _check_quality(request, problems)
+    channels, dataset = _channels(request, limits, problems)
+    unknown = sorted(set(request.notify) - set(limits.run_emails))
+    if unknown:
+        problems.append(
+            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
+            " to notifications.run_emails"
+        )
+    if problems or instance is None or dataset is None:
+        raise InvalidRequest(_format(problems))
+    # Stable for one execution (Lambda retries resolve the same names), unique across executions.
+    suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    group = InstanceGroup(
+        instance_type=instance.name,
+        instance_count=request.instance_count,
+        efa=instance.supports_efa if request.efa is None else request.efa,
+        local_storage=instance.local_storage,
+    )
+    tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
+    resolved = TrainingRequest(
+        run_name=request.run_name,
+        job_name_base=f"{request.run_name}-{suffix}",
+        instance_groups=[group],
+        volume_size_gb=limits.volume_size_gb,
+        distribution=request.distribution,
+        spot=request.spot,
+        stopping_condition=stopping,
+        poll_seconds=_poll_seconds(stopping, limits),
+        keep_alive_seconds=request.warm_pool_minutes * 60,
+        hyperparameters=hyperparameters,
+        channels=channels,
+        dataset=dataset,
+        quality=quality,
+        notify=request.notify,
+        recipients=request.notify or ["(none)"],  # SNS rejects an empty String.Array
+        requested_by=requested_by,
+        tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
+    )
+    return resolved.model_dump(mode="json")
+
+
+def _parse(event: Any) -> ExecutionInput:
     if not isinstance(event, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
         raise InvalidRequest(
@@ -286,75 +343,31 @@ def resolve(
             )
         )
     try:
-        request = ExecutionInput.model_validate(event)
+        return ExecutionInput.model_validate(event)
     except ValidationError as exc:
         raise InvalidRequest(_format(_problems_from(exc))) from None
 
-    problems: list[str] = []
-    if not RUN_NAME.match(request.run_name):
-        problems.append(
-            f"run_name {request.run_name!r}: use 3-40 lowercase letters, digits and '-', starting and ending"
-            " with a letter or digit"
-        )
-    instance = _check_cluster(request, limits, problems)
-    stopping = _check_schedule(request, limits, problems)
-    hyperparameters = _hyperparameters(request, problems)
-    quality = _check_quality(request, problems)
-    channels = []
+
+def _channels(
+    request: ExecutionInput, limits: PlatformLimits, problems: list[str]
+) -> tuple[list[dict[str, Any]], Dataset | None]:
+    """The InputDataConfig channels, and the training dataset as lineage records it."""
     train = _dataset_channel("train", request.dataset, limits, problems)
-    if train:
-        channels.append(train[0])
+    channels = [train[0]] if train else []
     if request.validation_dataset is not None:
         validation = _dataset_channel("validation", request.validation_dataset, limits, problems)
         if validation:
             channels.append(validation[0])
-    unknown = sorted(set(request.notify) - set(limits.run_emails))
-    if unknown:
-        problems.append(
-            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
-            " to notifications.run_emails"
-        )
-    if problems or instance is None or train is None:
-        raise InvalidRequest(_format(problems))
+    return channels, (Dataset(uri=request.dataset, s3_uri=train[1]) if train else None)
 
-    # Stable for one execution (Lambda retries resolve the same names), unique across executions.
-    suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+
+def _poll_seconds(stopping: dict[str, int], limits: PlatformLimits) -> int:
     attempt_seconds = stopping.get("MaxWaitTimeInSeconds", stopping["MaxRuntimeInSeconds"])
-    return {
-        "run_name": request.run_name,
-        "job_name_base": f"{request.run_name}-{suffix}",
-        "instance_type": instance.name,
-        "instance_count": request.instance_count,
-        "volume_size_gb": limits.volume_size_gb,
-        # Instance-store types take no volume KMS key (their NVMe is hardware-encrypted).
-        "local_storage": instance.local_storage,
-        "efa": instance.supports_efa if request.efa is None else request.efa,
-        "distribution": request.distribution,
-        "spot": request.spot,
-        "stopping_condition": stopping,
-        "poll_seconds": history.poll_seconds(
-            floor_seconds=limits.poll_interval_seconds,
-            attempt_seconds=attempt_seconds,
-            attempts=limits.capacity_retries + 1,
-        ),
-        "keep_alive_seconds": request.warm_pool_minutes * 60,
-        "hyperparameters": hyperparameters,
-        "channels": channels,
-        "dataset": {"uri": request.dataset, "s3_uri": train[1]},
-        "quality": quality,
-        "notify": request.notify,
-        # SNS message attribute for subscription filters; SNS rejects an empty String.Array.
-        "recipients": request.notify or ["(none)"],
-        "requested_by": requested_by,
-        "tags": [
-            {"Key": k, "Value": v}
-            for k, v in {
-                **limits.tags,
-                "run": request.run_name,
-                **({EXECUTION_TAG: execution} if execution else {}),
-            }.items()
-        ],
-    }
+    return history.poll_seconds(
+        floor_seconds=limits.poll_interval_seconds,
+        attempt_seconds=attempt_seconds,
+        attempts=limits.capacity_retries + 1,
+    )
 
 
 def _format(problems: list[str]) -> str:

@@ -26,6 +26,7 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 TRAINING_MODULES = (
     "training/__init__.py",
     "training/config.py",
+    "training/distributions.py",
     "training/metrics.py",
     "training/models/__init__.py",
     "training/models/args.py",

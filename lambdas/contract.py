@@ -1,0 +1,226 @@
+"""The pipeline's data contract: the resolved training request and the results later states read.
+
+Validate turns an execution input into a `TrainingRequest`; the handlers parse what they are given
+with these models, and the state machine addresses their fields through `Path`s generated from
+them (`REQUEST.instance_type` is "$.request.instance_type"), so renaming a field fails where the
+state machine is built, in a unit test, not when a run reaches the state.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstanceGroup(_Model):
+    """Instances of one type; a request holds a list of them (today one)."""
+
+    name: str = "train"
+    instance_type: str
+    instance_count: int
+    efa: bool
+    """Use EFA (the type has it and the run did not turn it off)."""
+    local_storage: bool
+    """Instance-store NVMe: SageMaker takes no volume KMS key for these types."""
+
+
+class Dataset(_Model):
+    uri: str
+    s3_uri: str
+
+
+class Quality(_Model):
+    metric: str
+    max: float | None
+    min: float | None
+
+
+class Tag(_Model):
+    Key: str
+    Value: str
+
+
+class TrainingRequest(_Model):
+    """A validated, complete request: the only thing later states read from the execution input."""
+
+    run_name: str
+    job_name_base: str
+    """<run>-<hash of the execution name>: stable for one execution, unique across them."""
+    instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=1)
+    volume_size_gb: int
+    distribution: str
+    spot: bool
+    stopping_condition: dict[str, int]
+    """SageMaker's StoppingCondition: MaxRuntimeInSeconds, and MaxWaitTimeInSeconds for spot."""
+    poll_seconds: int
+    keep_alive_seconds: int
+    hyperparameters: dict[str, str]
+    channels: list[dict[str, Any]]
+    """SageMaker's InputDataConfig channels."""
+    dataset: Dataset
+    quality: Quality | None
+    notify: list[str]
+    recipients: list[str]
+    """The SNS String.Array attribute subscriptions filter on (never empty)."""
+    requested_by: str | None
+    tags: list[Tag]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> TrainingRequest:
+        """A request as a state hands it on: its computed fields are dropped, then it is validated again."""
+        return cls.model_validate({k: v for k, v in data.items() if k not in cls.model_computed_fields})
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def instance_type(self) -> str:
+        return self.instance_groups[0].instance_type
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def instance_count(self) -> int:
+        return self.instance_groups[0].instance_count
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def local_storage(self) -> bool:
+        return self.instance_groups[0].local_storage
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def efa(self) -> bool:
+        return all(group.efa for group in self.instance_groups)
+
+
+class Validation(_Model):
+    valid: bool
+    message: str
+    request: TrainingRequest | None
+
+
+class CostEstimate(_Model):
+    hourly_usd: float
+    on_demand_usd: float
+    spot_usd: list[float] | None
+    max_cost_usd: float
+    threshold_usd: float
+    approval_required: bool
+    price_source: str
+
+
+class JobProgress(_Model):
+    """One poll of the training job, as the training step's Choice states branch on it."""
+
+    job_name: str
+    status: str
+    secondary_status: str
+    finished: bool
+    error: str | None
+    failure_reason: str
+    capacity_error: bool
+    interruptions: int
+    checkpoint: dict[str, Any] | None
+    checkpoint_age_minutes: float | None
+    stale: bool
+    warn_stale: bool
+    stale_warned: bool
+    final_metrics: dict[str, float]
+    billable_seconds: int | None
+    model_artifacts: str | None
+
+
+class Evaluation(_Model):
+    passed: bool
+    reason: str
+    metrics: dict[str, float]
+
+
+class Registration(_Model):
+    model_package_arn: str
+    lineage_uri: str
+
+
+class Decision(_Model):
+    """An approver's decision, as the gate's task token returns it."""
+
+    decision: str
+    by: str
+    caller: str
+    reason: str
+    request_id: str
+    gate: str
+    decided_at: str
+
+
+class Failure(_Model):
+    """Why the training step failed."""
+
+    error: str
+    cause: str
+
+
+class CreatedJob(_Model):
+    job_name: str
+    arn: str | None = None
+
+
+class Attempt(_Model):
+    """The training step's own state: which attempt, and the job it created (or adopted)."""
+
+    attempt: int
+    job: CreatedJob | None = None
+
+
+class Path:
+    """A JSONPath into the execution's state, checked against the model of what is there.
+
+    `Path(TrainingRequest, "$.request").dataset.uri` is "$.request.dataset.uri"; a field the
+    model does not have is an AttributeError naming the fields it has.
+    """
+
+    def __init__(self, model: type[BaseModel] | None, path: str) -> None:
+        self._model = model
+        self._path = path
+
+    def __getattr__(self, name: str) -> Path:
+        if name.startswith("_") or self._model is None:
+            raise AttributeError(name)
+        fields: dict[str, Any] = {
+            **{k: f.annotation for k, f in self._model.model_fields.items()},
+            **{k: f.return_type for k, f in self._model.model_computed_fields.items()},
+        }
+        if name not in fields:
+            raise AttributeError(f"{self._model.__name__} has no field {name!r}; it has {', '.join(fields)}")
+        return Path(_model_in(fields[name]), f"{self._path}.{name}")
+
+    def __str__(self) -> str:
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"Path({self._path!r})"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds, through Optional (`Quality | None`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
+REQUEST = Path(TrainingRequest, "$.request")
+VALIDATION = Path(Validation, "$.validation")
+ESTIMATE = Path(CostEstimate, "$.estimate")
+TRAIN = Path(Attempt, "$.train")
+JOB = Path(JobProgress, "$.job")
+FAILURE = Path(Failure, "$.failure")
+EVALUATION = Path(Evaluation, "$.evaluation")
+REGISTRATION = Path(Registration, "$.registration")
