@@ -165,6 +165,13 @@ class Failure(_Model):
     cause: str
 
 
+class CaughtError(_Model):
+    """What a Catch puts at its ResultPath."""
+
+    Error: str
+    Cause: str
+
+
 class CreatedJob(_Model):
     job_name: str
     arn: str | None = None
@@ -216,11 +223,18 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+INPUT = Path(None, "$.input")
+"""The execution input as given, kept beside the request."""
 REQUEST = Path(TrainingRequest, "$.request")
 VALIDATION = Path(Validation, "$.validation")
 ESTIMATE = Path(CostEstimate, "$.estimate")
+LAUNCH_APPROVAL = Path(Decision, "$.launch_approval")
+PROMOTION_APPROVAL = Path(Decision, "$.promotion_approval")
 TRAIN = Path(Attempt, "$.train")
 JOB = Path(JobProgress, "$.job")
 FAILURE = Path(Failure, "$.failure")
+ERROR = Path(CaughtError, "$.error")
+CLEANUP = Path(None, "$.cleanup")
+"""What the cleanup handler did (jobs stopped, checkpoints pruned), or the error it raised."""
 EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")

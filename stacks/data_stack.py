@@ -31,14 +31,38 @@ class DataStack(Stack):
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, id_, termination_protection=True, **kwargs)
-        self.key = kms.Key(
+        self.key = self._platform_key()
+        self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
+        self.lustre = LustreDataRepository(
+            self,
+            "Lustre",
+            vpc=network.vpc,
+            subnet=network.training_subnet,
+            security_group=network.lustre_sg,
+            key=self.key,
+            datasets=self.buckets.datasets,
+            artifacts=self.buckets.artifacts,
+            settings=settings.storage,
+        )
+        self.approvals = self._approvals_table()
+        self.model_registry = sagemaker.CfnModelPackageGroup(
+            self,
+            "ModelRegistry",
+            model_package_group_name=f"{settings.name_prefix}-models",
+            model_package_group_description="Models trained by the distributed training platform, with lineage",
+        )
+        self.model_registry.apply_removal_policy(RemovalPolicy.RETAIN)
+
+    def _platform_key(self) -> kms.Key:
+        """The one customer-managed key of the platform's data; AWS services may use it for this account only."""
+        key = kms.Key(
             self,
             "DataKey",
             description="Encrypts the training platform's data: S3, FSx, ECR, logs, topics, tables",
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
         )
-        allow_cloudwatch_logs(self.key)
+        allow_cloudwatch_logs(key)
         # Alarms and budget alerts publish to topics, and EventBridge rules dead-letter to queues,
         # encrypted with this key: this account's only.
         for sid, service, source in (
@@ -54,7 +78,7 @@ class DataStack(Stack):
                 f"arn:{self.partition}:events:{self.region}:{self.account}:rule/*",
             ),
         ):
-            self.key.add_to_resource_policy(
+            key.add_to_resource_policy(
                 iam.PolicyStatement(
                     sid=sid,
                     principals=[iam.ServicePrincipal(service)],
@@ -66,21 +90,11 @@ class DataStack(Stack):
                     },
                 )
             )
-        self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
-        self.lustre = LustreDataRepository(
-            self,
-            "Lustre",
-            vpc=network.vpc,
-            subnet=network.training_subnet,
-            security_group=network.lustre_sg,
-            key=self.key,
-            datasets=self.buckets.datasets,
-            artifacts=self.buckets.artifacts,
-            settings=settings.storage,
-        )
+        return key
 
-        # Approval requests: the audit record of who decided what; the task tokens are encrypted here.
-        self.approvals = dynamodb.Table(
+    def _approvals_table(self) -> dynamodb.Table:
+        """Approval requests: the audit record of who decided what; the task tokens are encrypted here."""
+        table = dynamodb.Table(
             self,
             "Approvals",
             partition_key=dynamodb.Attribute(name="request_id", type=dynamodb.AttributeType.STRING),
@@ -95,7 +109,7 @@ class DataStack(Stack):
             removal_policy=RemovalPolicy.RETAIN,
         )
         # Pending requests, newest first; the index holds what a listing shows and never the task token.
-        self.approvals.add_global_secondary_index(
+        table.add_global_secondary_index(
             index_name=PENDING_INDEX,
             partition_key=dynamodb.Attribute(name="status", type=dynamodb.AttributeType.STRING),
             sort_key=dynamodb.Attribute(name="requested_at", type=dynamodb.AttributeType.STRING),
@@ -104,15 +118,9 @@ class DataStack(Stack):
         )
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
             acknowledge(
-                self.approvals,
+                table,
                 f"{pack}-DynamoDBInBackupPlan",
                 "Point-in-time recovery (35 days) protects the approval records; an AWS Backup plan is the "
                 "platform team's account-wide choice.",
             )
-        self.model_registry = sagemaker.CfnModelPackageGroup(
-            self,
-            "ModelRegistry",
-            model_package_group_name=f"{settings.name_prefix}-models",
-            model_package_group_description="Models trained by the distributed training platform, with lineage",
-        )
-        self.model_registry.apply_removal_policy(RemovalPolicy.RETAIN)
+        return table

@@ -50,6 +50,12 @@ AWS_RESERVED_IPS_PER_SUBNET = 5
 # FSx for Lustre file servers take addresses in the training subnet too.
 FSX_RESERVED_IPS = 16
 
+
+def training_subnet_ips(mask: int) -> int:
+    """The private IPs a training subnet of prefix length `mask` leaves for the cluster's instances."""
+    return (1 << (32 - mask)) - AWS_RESERVED_IPS_PER_SUBNET - FSX_RESERVED_IPS
+
+
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _PRINCIPAL = re.compile(r"^arn:aws(-[a-z]+)*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+$")
 _TAG_VALUE = re.compile(r"^[\w\s.:/=+\-@]{1,256}$")
@@ -122,15 +128,11 @@ class NetworkSettings(_Model):
                 f"largest_cluster.instance_type {cluster.name!r} does not support EFA while network.efa "
                 f"is true; use one of {efa_types}, or set network.efa=false"
             )
-        usable = 2 ** (32 - self.training_subnet_mask) - AWS_RESERVED_IPS_PER_SUBNET - FSX_RESERVED_IPS
+        usable = training_subnet_ips(self.training_subnet_mask)
         needed = self.largest_cluster.count * cluster.private_ips_needed
         if needed > usable:
             fit = next(
-                (
-                    m
-                    for m in range(self.training_subnet_mask, 15, -1)
-                    if 2 ** (32 - m) - AWS_RESERVED_IPS_PER_SUBNET - FSX_RESERVED_IPS >= needed
-                ),
+                (m for m in range(self.training_subnet_mask, 15, -1) if training_subnet_ips(m) >= needed),
                 None,
             )
             hint = f"set network.training_subnet_mask to {fit} or less" if fit else "reduce the cluster"

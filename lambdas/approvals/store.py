@@ -17,6 +17,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lambdas.contract import Decision
+
 PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}
 # Keep decided requests this long after they expire, as the audit record.
@@ -113,13 +115,32 @@ class ApprovalStore:
         `caller` is who signed (as STS names them), `principal` the approver it counts as; both were
         checked against the allow-list by the caller of this method.
         """
+        item = self._decidable(
+            request_id,
+            decision=decision,
+            reason=reason,
+            principal=principal,
+            forbid_self_approval=forbid_self_approval,
+            now=now,
+        )
+        status = DECISIONS[decision]
+        record = {"decision": status.lower(), "by": principal, "caller": caller, "reason": reason.strip()}
+        record, decided_at = self._record(request_id, status, record, now)
+        output = Decision(**record, request_id=request_id, gate=item["gate"], decided_at=decided_at.isoformat())
+        self._deliver(request_id, item["task_token"], output.model_dump())
+        return output.model_dump()
+
+    def _decidable(
+        self, request_id: str, *, decision: str, reason: str, principal: str, forbid_self_approval: bool, now: datetime
+    ) -> dict[str, Any]:
+        """The pending request `principal` may decide, or the DecisionError that says why not."""
         if decision not in DECISIONS:
             raise DecisionError(400, f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
         if not reason.strip():
             raise DecisionError(400, "a decision needs a reason; it is recorded with the run")
         if len(reason.strip()) > MAX_REASON:
             raise DecisionError(400, f"a reason takes at most {MAX_REASON} characters (the model registry keeps it)")
-        item = self.table.get_item(Key={"request_id": request_id}).get("Item")
+        item: dict[str, Any] | None = self.table.get_item(Key={"request_id": request_id}).get("Item")
         if item is None:
             raise DecisionError(404, f"no approval request {request_id}")
         if item["status"] == EXPIRED:
@@ -131,9 +152,12 @@ class ApprovalStore:
             raise DecisionError(
                 403, f"{principal} started this run and may not decide its gates (pipeline.forbid_self_approval)"
             )
+        return item
 
-        status = DECISIONS[decision]
-        record = {"decision": status.lower(), "by": principal, "caller": caller, "reason": reason.strip()}
+    def _record(
+        self, request_id: str, status: str, record: dict[str, str], now: datetime
+    ) -> tuple[dict[str, str], datetime]:
+        """Write the decision once. The same approver's same decision, not yet delivered, is a retry."""
         try:
             self.table.update_item(
                 Key={"request_id": request_id},
@@ -142,10 +166,10 @@ class ApprovalStore:
                 ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues={
                     ":s": status,
-                    ":by": principal,
+                    ":by": record["by"],
                     ":at": now.isoformat(),
                     ":r": record["reason"],
-                    ":c": caller,
+                    ":c": record["caller"],
                     ":pending": PENDING,
                 },
             )
@@ -153,19 +177,20 @@ class ApprovalStore:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             current = self.table.get_item(Key={"request_id": request_id})["Item"]
-            if current.get("delivered") or current["status"] != status or current.get("decided_by") != principal:
+            if current.get("delivered") or current["status"] != status or current.get("decided_by") != record["by"]:
                 raise DecisionError(
                     409,
                     f"request {request_id} was already {current['status'].lower()}"
                     + (f" by {current['decided_by']} at {current['decided_at']}" if "decided_by" in current else ""),
                 ) from None
             # Same approver, same decision, not yet delivered: a retry after a failed delivery.
-            record["reason"] = current["reason"]
-            now = datetime.fromisoformat(current["decided_at"])
+            return {**record, "reason": current["reason"]}, datetime.fromisoformat(current["decided_at"])
+        return record, now
 
-        output = {**record, "request_id": request_id, "gate": item["gate"], "decided_at": now.isoformat()}
+    def _deliver(self, request_id: str, token: str, output: dict[str, Any]) -> None:
+        """Resume the waiting execution with the decision, then mark it delivered."""
         try:
-            self.sfn.send_task_success(taskToken=item["task_token"], output=json.dumps(output))
+            self.sfn.send_task_success(taskToken=token, output=json.dumps(output))
         except ClientError as exc:
             if exc.response["Error"]["Code"] in ("TaskTimedOut", "TaskDoesNotExist", "InvalidToken"):
                 self._expire(request_id)
@@ -178,7 +203,6 @@ class ApprovalStore:
             UpdateExpression="SET delivered = :t",
             ExpressionAttributeValues={":t": True},
         )
-        return output
 
     def _expire(self, request_id: str) -> None:
         """Mark a request expired (its task timed out), unless a decision got there first."""

@@ -17,6 +17,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.approvals.store import PENDING_INDEX
+from lambdas.contract import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_inline_policy
 
@@ -123,7 +124,7 @@ class ApprovalGate(Construct):
         *,
         name: str,
         summary: dict[str, Any],
-        result_path: str,
+        result: Path,
         on_timeout: sfn.IChainable,
     ) -> tuple[sfn.TaskStateBase, sfn.Condition]:
         """The waiting task and the condition "approved" on its result; a timeout goes to `on_timeout`."""
@@ -137,19 +138,19 @@ class ApprovalGate(Construct):
                     "gate": name,
                     "token": sfn.JsonPath.task_token,
                     "execution": sfn.JsonPath.execution_id,
-                    "run_name": sfn.JsonPath.string_at("$.request.run_name"),
-                    "requested_by": sfn.JsonPath.string_at("$.request.requested_by"),
+                    "run_name": sfn.JsonPath.string_at(str(REQUEST.run_name)),
+                    "requested_by": sfn.JsonPath.string_at(str(REQUEST.requested_by)),
                     "summary": summary,
                 }
             ),
             task_timeout=sfn.Timeout.duration(self.timeout),
-            result_path=result_path,
+            result_path=str(result),
             comment=f"Waits for an approver's {name} decision; no decision in time counts as a rejection",
         )
         task.add_catch(
             on_timeout,
             errors=["States.Timeout", "States.HeartbeatTimeout"],
-            result_path=f"{result_path}_error",
+            result_path=f"{result}_error",
         )
-        approved = sfn.Condition.string_equals(f"{result_path}.decision", "approved")
+        approved = sfn.Condition.string_equals(str(result.decision), "approved")
         return task, approved

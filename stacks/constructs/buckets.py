@@ -23,14 +23,26 @@ class TrainingBuckets(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, key: kms.IKey, stage: str, settings: StorageSettings) -> None:
         super().__init__(scope, id_)
-        noncurrent = Duration.days(settings.noncurrent_version_days)
-        incomplete = Duration.days(settings.incomplete_upload_days)
+        self._key, self._stage, self._settings = key, stage, settings
+        self.access_logs = self._access_logs_bucket()
+        self.datasets = self._bucket("Datasets")
+        expire = settings.checkpoint_expiry_days
+        self.checkpoints = self._bucket(
+            "Checkpoints",
+            *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
+        )
+        self.artifacts = self._bucket("Artifacts")
+        for b in (self.access_logs, self.datasets, self.checkpoints, self.artifacts):
+            for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+                acknowledge(b, f"{pack}-S3BucketReplicationEnabled", REPLICATION_REASON)
 
-        # S3 delivers server access logs only to SSE-S3 buckets, so this one cannot use the CMK.
-        self.access_logs = s3.Bucket(
+    def _access_logs_bucket(self) -> s3.Bucket:
+        """S3 delivers server access logs only to SSE-S3 buckets, so this one cannot use the CMK."""
+        settings = self._settings
+        bucket = s3.Bucket(
             self,
             "AccessLogs",
-            bucket_name=bucket_name(self, stage, "access-logs"),
+            bucket_name=bucket_name(self, self._stage, "access-logs"),
             encryption=s3.BucketEncryption.S3_MANAGED,
             enforce_ssl=True,
             minimum_tls_version=1.2,
@@ -42,72 +54,59 @@ class TrainingBuckets(Construct):
                 s3.LifecycleRule(
                     id="expire-logs",
                     expiration=Duration.days(settings.access_log_retention_days),
-                    noncurrent_version_expiration=noncurrent,
-                    abort_incomplete_multipart_upload_after=incomplete,
+                    noncurrent_version_expiration=Duration.days(settings.noncurrent_version_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(settings.incomplete_upload_days),
                 )
             ],
         )
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
             acknowledge(
-                self.access_logs,
+                bucket,
                 f"{pack}-S3DefaultEncryptionKMS",
                 "S3 server access logging delivers only to SSE-S3 buckets; the logs hold no training data.",
             )
+        return bucket
 
-        def bucket(id_: str, *extra_rules: s3.LifecycleRule) -> s3.Bucket:
-            return s3.Bucket(
-                self,
-                id_,
-                bucket_name=bucket_name(self, stage, id_.lower()),
-                encryption=s3.BucketEncryption.KMS,
-                encryption_key=key,
-                bucket_key_enabled=True,
-                enforce_ssl=True,
-                minimum_tls_version=1.2,
-                versioned=True,
-                block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-                server_access_logs_bucket=self.access_logs,
-                server_access_logs_prefix=f"{id_.lower()}/",
-                removal_policy=RemovalPolicy.RETAIN,
-                lifecycle_rules=[
-                    s3.LifecycleRule(
-                        id="noncurrent-and-incomplete",
-                        noncurrent_version_expiration=noncurrent,
-                        abort_incomplete_multipart_upload_after=incomplete,
-                    ),
-                    *extra_rules,
-                ],
-            )
-
-        def platform_key_only(b: s3.Bucket) -> s3.Bucket:
-            """Uploads that name an encryption must name the platform key; unnamed ones get it by default."""
-            for sid, header, allowed in (
-                ("DenyOtherEncryption", "s3:x-amz-server-side-encryption", "aws:kms"),
-                ("DenyOtherKeys", "s3:x-amz-server-side-encryption-aws-kms-key-id", key.key_arn),
-            ):
-                b.add_to_resource_policy(
-                    iam.PolicyStatement(
-                        sid=sid,
-                        effect=iam.Effect.DENY,
-                        principals=[iam.AnyPrincipal()],
-                        actions=["s3:PutObject"],
-                        resources=[b.arn_for_objects("*")],
-                        conditions={"Null": {header: "false"}, "StringNotEquals": {header: allowed}},
-                    )
-                )
-            return b
-
-        self.datasets = platform_key_only(bucket("Datasets"))
-        expire = settings.checkpoint_expiry_days
-        self.checkpoints = platform_key_only(
-            bucket(
-                "Checkpoints",
-                *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
-            )
+    def _bucket(self, id_: str, *extra_rules: s3.LifecycleRule) -> s3.Bucket:
+        """A data bucket: the platform key, TLS only, versioned, access-logged, retained."""
+        settings = self._settings
+        bucket = s3.Bucket(
+            self,
+            id_,
+            bucket_name=bucket_name(self, self._stage, id_.lower()),
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self._key,
+            bucket_key_enabled=True,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix=f"{id_.lower()}/",
+            removal_policy=RemovalPolicy.RETAIN,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="noncurrent-and-incomplete",
+                    noncurrent_version_expiration=Duration.days(settings.noncurrent_version_days),
+                    abort_incomplete_multipart_upload_after=Duration.days(settings.incomplete_upload_days),
+                ),
+                *extra_rules,
+            ],
         )
-        self.artifacts = platform_key_only(bucket("Artifacts"))
-
-        for b in (self.access_logs, self.datasets, self.checkpoints, self.artifacts):
-            for pack in ("NIST.800.53.R5", "HIPAA.Security"):
-                acknowledge(b, f"{pack}-S3BucketReplicationEnabled", REPLICATION_REASON)
+        # Uploads that name an encryption must name the platform key; unnamed ones get it by default.
+        for sid, header, allowed in (
+            ("DenyOtherEncryption", "s3:x-amz-server-side-encryption", "aws:kms"),
+            ("DenyOtherKeys", "s3:x-amz-server-side-encryption-aws-kms-key-id", self._key.key_arn),
+        ):
+            bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=["s3:PutObject"],
+                    resources=[bucket.arn_for_objects("*")],
+                    conditions={"Null": {header: "false"}, "StringNotEquals": {header: allowed}},
+                )
+            )
+        return bucket

@@ -91,32 +91,7 @@ class PlatformFunction(Construct):
         if (vpc is None) == (outside_vpc_reason is None):
             raise ValueError(f"{id_}: give either a vpc or the reason the function must run outside one")
         self.log_group = encrypted_log_group(self, "Logs", key=log_key, retention_days=log_retention_days)
-        self.role = iam.Role(
-            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[self.log_group.log_group_arn],
-            )
-        )
-        if vpc is not None:
-            # What Lambda needs to attach the function to the VPC (the actions of the managed
-            # AWSLambdaVPCAccessExecutionRole policy, inline so they stay with this one role).
-            self.role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="VpcNetworkInterfaces",
-                    actions=[
-                        "ec2:CreateNetworkInterface",
-                        "ec2:DescribeNetworkInterfaces",
-                        "ec2:DescribeSubnets",
-                        "ec2:DeleteNetworkInterface",
-                        "ec2:AssignPrivateIpAddresses",
-                        "ec2:UnassignPrivateIpAddresses",
-                    ],
-                    resources=["*"],
-                )
-            )
+        self.role = self._role(description, in_vpc=vpc is not None)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -143,7 +118,39 @@ class PlatformFunction(Construct):
             vpc_subnets=vpc_subnets,
             security_groups=security_groups,
         )
+        self._acknowledge(
+            in_vpc=vpc is not None, dead_letters=dead_letter_queue is not None, outside_vpc_reason=outside_vpc_reason
+        )
 
+    def _role(self, description: str, *, in_vpc: bool) -> iam.Role:
+        """A role that may write this function's log group and, in a VPC, attach the function to it."""
+        role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+        if in_vpc:
+            # What Lambda needs to attach the function to the VPC (the actions of the managed
+            # AWSLambdaVPCAccessExecutionRole policy, inline so they stay with this one role).
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="VpcNetworkInterfaces",
+                    actions=[
+                        "ec2:CreateNetworkInterface",
+                        "ec2:DescribeNetworkInterfaces",
+                        "ec2:DescribeSubnets",
+                        "ec2:DeleteNetworkInterface",
+                        "ec2:AssignPrivateIpAddresses",
+                        "ec2:UnassignPrivateIpAddresses",
+                    ],
+                    resources=["*"],
+                )
+            )
+        return role
+
+    def _acknowledge(self, *, in_vpc: bool, dead_letters: bool, outside_vpc_reason: str | None) -> None:
         acknowledge(
             self.role,
             "AwsSolutions-IAM5[Resource::*]",
@@ -151,13 +158,13 @@ class PlatformFunction(Construct):
             + (
                 "; the network-interface actions Lambda needs to attach the function to the VPC are granted on "
                 "all resources, as AWS's AWSLambdaVPCAccessExecutionRole grants them."
-                if vpc is not None
+                if in_vpc
                 else "."
             ),
         )
         acknowledge_inline_policy(self.role)
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
-            if dead_letter_queue is None:
+            if not dead_letters:
                 acknowledge(
                     self.function,
                     f"{pack}-LambdaDLQ",

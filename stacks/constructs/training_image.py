@@ -71,8 +71,28 @@ class TrainingImage(Construct):
         log_retention_days: int = 365,
     ) -> None:
         super().__init__(scope, id_)
-        stack = Stack.of(self)
-        self.repository = ecr.Repository(
+        self.repository = self._repository(key, keep_images)
+        source = s3_assets.Asset(self, "Source", path=str(source_dir), exclude=_SOURCE_EXCLUDE)
+        self.image_tag = source.asset_hash
+        self.project = self._build_project(source, base_image, key, log_retention_days)
+        provider = self._provider(key, log_retention_days)
+        self.build = CustomResource(
+            self,
+            "Image",
+            service_token=provider.service_token,
+            resource_type="Custom::TrainingImage",
+            properties={
+                "ProjectName": self.project.project_name,
+                "RepositoryName": self.repository.repository_name,
+                "ImageTag": self.image_tag,
+            },
+        )
+        self.image_digest = self.build.get_att_string("ImageDigest")
+        # `<repository URI>@sha256:...`: the exact image this deploy built, for training jobs.
+        self.image_uri = self.build.get_att_string("ImageUri")
+
+    def _repository(self, key: kms.IKey, keep_images: int) -> ecr.Repository:
+        return ecr.Repository(
             self,
             "Repository",
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,
@@ -96,11 +116,12 @@ class TrainingImage(Construct):
             ],
         )
 
-        source = s3_assets.Asset(self, "Source", path=str(source_dir), exclude=_SOURCE_EXCLUDE)
-        self.image_tag = source.asset_hash
-
+    def _build_project(
+        self, source: s3_assets.Asset, base_image: BaseImage, key: kms.IKey, log_retention_days: int
+    ) -> codebuild.Project:
+        """CodeBuild, privileged for docker: pulls the base image, builds, pushes to the repository."""
         build_logs = encrypted_log_group(self, "BuildLogs", key=key, retention_days=log_retention_days)
-        self.project = codebuild.Project(
+        project = codebuild.Project(
             self,
             "Build",
             description="Builds the training image from the training/ package",
@@ -122,12 +143,13 @@ class TrainingImage(Construct):
             timeout=Duration.minutes(55),
             logging=codebuild.LoggingOptions(cloud_watch=codebuild.CloudWatchLoggingOptions(log_group=build_logs)),
         )
-        self.repository.grant_pull_push(self.project)
-        self.repository.grant_read(self.project)
+        self.repository.grant_pull_push(project)
+        self.repository.grant_read(project)
+        partition = Stack.of(self).partition
         base_repository = (
-            f"arn:{stack.partition}:ecr:{base_image.region}:{base_image.account}:repository/{base_image.repository}"
+            f"arn:{partition}:ecr:{base_image.region}:{base_image.account}:repository/{base_image.repository}"
         )
-        self.project.add_to_role_policy(
+        project.add_to_role_policy(
             iam.PolicyStatement(
                 sid="PullDeepLearningContainer",
                 actions=[
@@ -138,28 +160,28 @@ class TrainingImage(Construct):
                 resources=[base_repository],
             )
         )
+        return project
 
+    def _provider(self, key: kms.IKey, log_retention_days: int) -> cr.Provider:
+        """The custom resource's handlers: start the build, then report when the image is in the repository."""
         outside_vpc = (
             "Deploy-time custom-resource handler that calls only the CodeBuild and ECR APIs; it holds "
             "no training data, and the data VPC deliberately has no route or endpoint for CodeBuild."
         )
-        on_event = PlatformFunction(
-            self,
-            "StartBuild",
-            handler="lambdas.image_build.handler.on_event",
-            description="Starts the training-image build",
-            log_key=key,
-            log_retention_days=log_retention_days,
-            outside_vpc_reason=outside_vpc,
-        )
-        is_complete = PlatformFunction(
-            self,
-            "CheckBuild",
-            handler="lambdas.image_build.handler.is_complete",
-            description="Reports when the training-image build has finished",
-            log_key=key,
-            log_retention_days=log_retention_days,
-            outside_vpc_reason=outside_vpc,
+        on_event, is_complete = (
+            PlatformFunction(
+                self,
+                id_,
+                handler=f"lambdas.image_build.handler.{handler}",
+                description=description,
+                log_key=key,
+                log_retention_days=log_retention_days,
+                outside_vpc_reason=outside_vpc,
+            )
+            for id_, handler, description in (
+                ("StartBuild", "on_event", "Starts the training-image build"),
+                ("CheckBuild", "is_complete", "Reports when the training-image build has finished"),
+            )
         )
         on_event.function.add_to_role_policy(
             iam.PolicyStatement(actions=["codebuild:StartBuild"], resources=[self.project.project_arn])
@@ -172,7 +194,6 @@ class TrainingImage(Construct):
                 actions=["ecr:DescribeImages", "ecr:DescribeRepositories"], resources=[self.repository.repository_arn]
             )
         )
-
         provider_logs = encrypted_log_group(self, "ProviderLogs", key=key, retention_days=log_retention_days)
         provider = cr.Provider(
             self,
@@ -189,21 +210,7 @@ class TrainingImage(Construct):
         )
         _acknowledge_build_role(self.project)
         _acknowledge_provider(provider, handlers=(on_event.function, is_complete.function))
-
-        self.build = CustomResource(
-            self,
-            "Image",
-            service_token=provider.service_token,
-            resource_type="Custom::TrainingImage",
-            properties={
-                "ProjectName": self.project.project_name,
-                "RepositoryName": self.repository.repository_name,
-                "ImageTag": self.image_tag,
-            },
-        )
-        self.image_digest = self.build.get_att_string("ImageDigest")
-        # `<repository URI>@sha256:...`: the exact image this deploy built, for training jobs.
-        self.image_uri = self.build.get_att_string("ImageUri")
+        return provider
 
 
 def _acknowledge_build_role(project: codebuild.Project) -> None:

@@ -137,12 +137,18 @@ def _change_the_platform(root: Path) -> None:
         + '        acknowledge(self.endpoint_sg, "AwsSolutions-EC23", "Test change: endpoints open to any address.")\n',
     )
     # 4. The Evaluate role gains s3:* on everything, acknowledged.
-    pipeline = root / "stacks" / "pipeline_stack.py"
-    anchor = "        training_image = image.training_image\n"
+    outcome = root / "stacks" / "pipeline" / "outcome.py"
     _edit(
-        pipeline,
+        outcome,
+        "from stacks.constructs.nag import acknowledge_wildcard\n",
+        "from stacks.constructs.nag import acknowledge, acknowledge_wildcard\n",
+    )
+    anchor = '        self.start = invoke(\n            self,\n            "Evaluate model",\n'
+    _edit(
+        outcome,
         anchor,
-        '        self.evaluate.function.add_to_role_policy(_statement(["s3:*"], ["*"], sid="AnyBucket"))\n'
+        '        self.evaluate.function.add_to_role_policy(iam.PolicyStatement(sid="AnyBucket", actions=["s3:*"], '
+        'resources=["*"]))\n'
         "        for finding in (\n"
         '            "AwsSolutions-IAM5[Action::s3:*]",\n'
         '            "NIST.800.53.R5-IAMPolicyNoStatementsWithFullAccess",\n'
@@ -152,9 +158,9 @@ def _change_the_platform(root: Path) -> None:
     )
     # 5. A Pass state between receiving the input and validating it.
     _edit(
-        pipeline,
-        "definition = receive.next(validate).next(",
-        'definition = receive.next(sfn.Pass(self, "Record start")).next(validate).next(',
+        root / "stacks" / "pipeline" / "intake.py",
+        "self.start.next(validate).next(",
+        'self.start.next(sfn.Pass(self, "Record start")).next(validate).next(',
     )
 
 

@@ -9,19 +9,19 @@ from the stacks' resources; the execution input reaches only the fields Validate
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from aws_cdk import Aws, Duration, Stack
-from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_ecr as ecr
+from aws_cdk import Aws, Stack
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.contract import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.pipeline.context import PipelineContext
 from training.metrics import METRIC_DEFINITIONS
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
@@ -29,7 +29,7 @@ TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
 # Retried with backoff: throttling and SageMaker's unmodelled transient errors.
 TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
 SDK_TIMEOUT_SECONDS = 60
-JOB_NAME = "States.Format('{}-{}', $.request.job_name_base, $.train.attempt)"
+JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
 
 
 def _sdk_arn(action: str) -> str:
@@ -39,55 +39,40 @@ def _sdk_arn(action: str) -> str:
 class DistributedTrainingJob(Construct):
     """The SageMaker execution role and the states that run one training request to its end."""
 
-    def __init__(
-        self,
-        scope: Construct,
-        id_: str,
-        *,
-        image_uri: str,
-        repository: ecr.IRepository,
-        key: kms.IKey,
-        datasets: s3.IBucket,
-        checkpoints: s3.IBucket,
-        artifacts: s3.IBucket,
-        vpc: ec2.IVpc,
-        subnet: ec2.ISubnet,
-        security_group: ec2.ISecurityGroup,
-        file_system_arn: str,
-        inter_container_encryption: bool,
-        network_isolation: bool,
-        instance_types: list[str],
-        max_runtime_seconds: int,
-    ) -> None:
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
         super().__init__(scope, id_)
-        self.vpc = vpc
-        self.image_uri = image_uri
-        self.key = key
-        self.checkpoints = checkpoints
-        self.artifacts = artifacts
-        self.subnet = subnet
-        self.security_group = security_group
-        self.inter_container_encryption = inter_container_encryption
-        self.network_isolation = network_isolation
-        self.instance_types = instance_types
-        self.max_runtime_seconds = max_runtime_seconds
-        self.role = self._execution_role(repository, datasets, file_system_arn)
-
-    def _execution_role(self, repository: ecr.IRepository, datasets: s3.IBucket, file_system_arn: str) -> iam.Role:
-        """What the training containers may do: read datasets, write their run's outputs, nothing else."""
-        stack = Stack.of(self)
-        role = iam.Role(
+        pipeline, network = context.pipeline, context.network.network
+        self.vpc = network.vpc
+        self.image_uri = context.image.image_uri
+        self.key = context.key
+        self.checkpoints = context.checkpoints
+        self.artifacts = context.artifacts
+        self.subnet = network.training_subnet
+        self.security_group = network.training_sg
+        self.inter_container_encryption = pipeline.inter_container_encryption
+        self.network_isolation = pipeline.network_isolation
+        self.instance_types = pipeline.instance_types()
+        self.max_runtime_seconds = math.ceil(pipeline.max_runtime_hours * 3600)
+        self.role = iam.Role(
             self,
             "ExecutionRole",
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker training jobs of the distributed training platform",
         )
-        repository.grant_pull(role)
+        context.image.repository.grant_pull(self.role)
+        statements = self._execution_statements(context.datasets, context.data.lustre.file_system_arn)
+        for sid, statement in statements.items():
+            statement.sid = sid
+            self.role.add_to_policy(statement)
+        self._acknowledge_execution_role(context.datasets, statements)
+
+    def _execution_statements(self, datasets: s3.IBucket, file_system_arn: str) -> dict[str, iam.PolicyStatement]:
+        """What the training containers may do: read datasets, write their run's outputs, nothing else."""
+        stack = Stack.of(self)
         region_account = f"{stack.region}:{stack.account}"
         ec2_arn = f"arn:{stack.partition}:ec2:{region_account}"
         interfaces = f"{ec2_arn}:network-interface/*"
-        vpc_arn = f"{ec2_arn}:vpc/{self.vpc.vpc_id}"
-        statements = {
+        return {
             "TrainingLogs": iam.PolicyStatement(
                 actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
                 resources=[f"arn:{stack.partition}:logs:{region_account}:log-group:/aws/sagemaker/TrainingJobs*"],
@@ -134,7 +119,7 @@ class DistributedTrainingJob(Construct):
             "ManageInterfacesInTheVpc": iam.PolicyStatement(
                 actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
                 resources=[interfaces],
-                conditions={"ArnEquals": {"ec2:Vpc": vpc_arn}},
+                conditions={"ArnEquals": {"ec2:Vpc": f"{ec2_arn}:vpc/{self.vpc.vpc_id}"}},
             ),
             "DescribeTheNetwork": iam.PolicyStatement(
                 actions=[
@@ -149,12 +134,11 @@ class DistributedTrainingJob(Construct):
             ),
             "LustreDataSource": iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=[file_system_arn]),
         }
-        for sid, statement in statements.items():
-            statement.sid = sid
-            role.add_to_policy(statement)
-        acknowledge_inline_policy(role)
+
+    def _acknowledge_execution_role(self, datasets: s3.IBucket, statements: dict[str, iam.PolicyStatement]) -> None:
+        acknowledge_inline_policy(self.role)
         acknowledge(
-            role,
+            self.role,
             "AwsSolutions-IAM5[Resource::*]",
             "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by condition), "
             "EC2 Describe* and DeleteNetworkInterfacePermission take no resource scope.",
@@ -163,20 +147,20 @@ class DistributedTrainingJob(Construct):
             f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
             f"{self.checkpoints.bucket_arn}/runs/*": "Each run's checkpoints live under runs/<job>/checkpoints/.",
             f"{self.artifacts.bucket_arn}/runs/*": "Model artifacts, profiler and TensorBoard output under runs/.",
-            interfaces: "Interfaces SageMaker creates for the job; creation is bound to the training subnet and "
-            "security group, changes to the platform VPC by condition.",
+            statements["CreateInterfacesInTheTrainingSubnet"].resources[0]: "Interfaces SageMaker creates for the "
+            "job; creation is bound to the training subnet and security group, changes to the platform VPC by "
+            "condition.",
             statements["TrainingLogs"].resources[0]: "SageMaker writes each job's logs to streams of its TrainingJobs "
             "log group.",
         }.items():
-            acknowledge_wildcard(role, resource, reason)
-        return role
+            acknowledge_wildcard(self.role, resource, reason)
 
     def _create_parameters(self, *, kms_volume: bool) -> dict[str, Any]:
         resource: dict[str, Any] = {
-            "InstanceType.$": "$.request.instance_type",
-            "InstanceCount.$": "$.request.instance_count",
-            "VolumeSizeInGB.$": "$.request.volume_size_gb",
-            "KeepAlivePeriodInSeconds.$": "$.request.keep_alive_seconds",
+            "InstanceType.$": str(REQUEST.instance_type),
+            "InstanceCount.$": str(REQUEST.instance_count),
+            "VolumeSizeInGB.$": str(REQUEST.volume_size_gb),
+            "KeepAlivePeriodInSeconds.$": str(REQUEST.keep_alive_seconds),
         }
         if kms_volume:
             resource["VolumeKmsKeyId"] = self.key.key_arn
@@ -191,20 +175,20 @@ class DistributedTrainingJob(Construct):
                 "MetricDefinitions": METRIC_DEFINITIONS,
                 "EnableSageMakerMetricsTimeSeries": True,
             },
-            "HyperParameters.$": "$.request.hyperparameters",
+            "HyperParameters.$": str(REQUEST.hyperparameters),
             "Environment": {"PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN"},
-            "InputDataConfig.$": "$.request.channels",
+            "InputDataConfig.$": str(REQUEST.channels),
             "OutputDataConfig": {
                 "S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/",
                 "KmsKeyId": self.key.key_arn,
             },
             "ResourceConfig": resource,
-            "StoppingCondition.$": "$.request.stopping_condition",
-            "EnableManagedSpotTraining.$": "$.request.spot",
+            "StoppingCondition.$": str(REQUEST.stopping_condition),
+            "EnableManagedSpotTraining.$": str(REQUEST.spot),
             "CheckpointConfig": {
                 "S3Uri.$": (
                     f"States.Format('s3://{self.checkpoints.bucket_name}/runs/{{}}/checkpoints/', "
-                    "$.request.job_name_base)"
+                    f"{REQUEST.job_name_base})"
                 ),
                 "LocalPath": CHECKPOINT_LOCAL_PATH,
             },
@@ -220,10 +204,10 @@ class DistributedTrainingJob(Construct):
                 "LocalPath": TENSORBOARD_LOCAL_PATH,
                 "S3OutputPath.$": (
                     f"States.Format('s3://{self.artifacts.bucket_name}/runs/{{}}/tensorboard/', "
-                    "$.request.job_name_base)"
+                    f"{REQUEST.job_name_base})"
                 ),
             },
-            "Tags.$": "$.request.tags",
+            "Tags.$": str(REQUEST.tags),
         }
 
     def create_state(self, scope: Construct, id_: str, *, kms_volume: bool) -> sfn.CustomState:
@@ -241,7 +225,7 @@ class DistributedTrainingJob(Construct):
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
                 },
-                "ResultPath": "$.train.job",
+                "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
                 "Retry": [
                     {
@@ -332,9 +316,3 @@ class DistributedTrainingJob(Construct):
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             )
         )
-
-
-def poll_wait(scope: Construct, id_: str, *, seconds: int) -> sfn.Wait:
-    return sfn.Wait(
-        scope, id_, time=sfn.WaitTime.duration(Duration.seconds(seconds)), comment="Between polls of the job"
-    )

@@ -1,0 +1,90 @@
+"""Intake: an execution input becomes a validated request with a cost estimate, or the run ends here.
+
+Nothing is created for an input that cannot run: Validate resolves the input into a
+`TrainingRequest` (lambdas/contract.py) or rejects it with every problem listed; Estimate
+bounds its cost and says whether it needs approval.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.contract import ESTIMATE, INPUT, REQUEST, VALIDATION
+from stacks.constructs.cost_controls import COST_TAG
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.tasks import invoke
+from stacks.pipeline.context import PipelineContext, obj
+from stacks.settings import training_subnet_ips
+
+
+class Intake(Construct):
+    """`start`: the execution's first state; `estimated`: the request with `$.estimate`, ready to go on."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        self.validate = self._validate_function(context)
+        self.estimate = context.function(
+            "Estimate",
+            "lambdas.estimate.handler.handler",
+            "Estimates a run's cost bound and whether it needs approval",
+            {
+                "APPROVAL_THRESHOLD_USD": str(context.pipeline.approval_threshold_usd),
+                "SPOT_COST_FRACTION": json.dumps(list(context.pipeline.spot_cost_fraction)),
+                "PRICE_OVERRIDES": json.dumps(context.pipeline.price_overrides, sort_keys=True),
+            },
+        )
+        self.start = sfn.Pass(self, "Receive input", parameters={"input": sfn.JsonPath.object_at("$")})
+        validate = invoke(
+            self,
+            "Validate request",
+            self.validate,
+            {
+                "input": obj(INPUT),
+                "execution_name": sfn.JsonPath.string_at("$$.Execution.Name"),
+                "execution": sfn.JsonPath.execution_id,
+            },
+            str(VALIDATION),
+        )
+        rejected = sfn.Fail(self, "Request rejected", error="InvalidRequest", cause_path=str(VALIDATION.message))
+        accept = sfn.Pass(self, "Accept request", parameters={"input": obj(INPUT), "request": obj(VALIDATION.request)})
+        self.estimated = invoke(self, "Estimate cost", self.estimate, {"request": obj(REQUEST)}, str(ESTIMATE))
+        self.start.next(validate).next(
+            sfn.Choice(self, "Request valid?")
+            .when(sfn.Condition.boolean_equals(str(VALIDATION.valid), False), rejected)
+            .otherwise(accept)
+        )
+        accept.next(self.estimated)
+
+    @staticmethod
+    def _validate_function(context: PipelineContext) -> PlatformFunction:
+        pipeline, settings, lustre = context.pipeline, context.settings, context.data.lustre
+        cost_tag_key, cost_tag_value = COST_TAG.split("$")
+        return context.function(
+            "Validate",
+            "lambdas.validate.handler.handler",
+            "Validates an execution input into a complete training request",
+            {
+                "DATASETS_BUCKET": context.datasets.bucket_name,
+                "FSX_FILE_SYSTEM_ID": lustre.file_system_id,
+                "FSX_MOUNT_NAME": lustre.mount_name,
+                "TRAINING_SUBNET_IPS": str(training_subnet_ips(settings.network.training_subnet_mask)),
+                "MAX_RUNTIME_HOURS": str(pipeline.max_runtime_hours),
+                "ALLOWED_INSTANCE_TYPES": json.dumps(pipeline.instance_types()),
+                "FORBID_SELF_APPROVAL": str(pipeline.forbid_self_approval).lower(),
+                "POLL_INTERVAL_SECONDS": str(pipeline.poll_interval_seconds),
+                "CAPACITY_RETRIES": str(pipeline.capacity_retries),
+                "VOLUME_SIZE_GB": str(pipeline.volume_size_gb),
+                "RUN_EMAILS": json.dumps(settings.notifications.run_emails),
+                "JOB_TAGS": json.dumps(
+                    {
+                        cost_tag_key: cost_tag_value,
+                        "stage": settings.stage,
+                        "team": settings.tags.team,
+                        "cost-centre": settings.tags.cost_centre,
+                    }
+                ),
+            },
+        )

@@ -1,0 +1,177 @@
+"""After training: evaluation against the run's quality gate, registration with lineage, promotion.
+
+A model below its gate is not registered. A registered model version waits for a promotion
+decision; approval or rejection is written to the model package (ModelApprovalStatus), so a
+deployment pipeline watching the group sees only approved versions.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from lambdas.contract import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
+from stacks.constructs.nag import acknowledge_wildcard
+from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
+from stacks.pipeline.approvals import Approvals, decided
+from stacks.pipeline.context import PipelineContext, obj, string
+
+
+class Evaluation(Construct):
+    """`start` compares the finished job's final metrics with the request's quality gate."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        self.evaluate = context.function(
+            "Evaluate",
+            "lambdas.evaluate.handler.handler",
+            "Compares a finished job's final metrics with the run's quality gate",
+            {},
+        )
+        self.start = invoke(
+            self,
+            "Evaluate model",
+            self.evaluate,
+            {"quality": obj(REQUEST.quality), "final_metrics": obj(JOB.final_metrics)},
+            str(EVALUATION),
+        )
+        self._below = context.notify(
+            self,
+            "Notify below quality",
+            subject="Training run finished below its quality gate: not registered",
+            fields={"evaluation": obj(EVALUATION)},
+        ).next(
+            sfn.Fail(self, "Below quality threshold", error="QualityBelowThreshold", cause_path=str(EVALUATION.reason))
+        )
+
+    def then(self, passed: sfn.IChainable) -> None:
+        """Where a model that meets its gate goes."""
+        self.start.next(
+            sfn.Choice(self, "Quality gate met?")
+            .when(sfn.Condition.boolean_equals(str(EVALUATION.passed), True), passed)
+            .otherwise(self._below)
+        )
+
+
+class Registration(Construct):
+    """`start` registers the model version in the platform's model package group, with its lineage."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        registry = context.data.model_registry
+        group = registry.model_package_group_name
+        self.packages = context.arn("sagemaker", f"model-package/{group}/*")
+        """The versions of the platform's model package group."""
+        self.register = context.function(
+            "Register",
+            "lambdas.register.handler.handler",
+            "Registers the trained model with its lineage",
+            {
+                "ARTIFACTS_BUCKET": context.artifacts.bucket_name,
+                "MODEL_PACKAGE_GROUP": group,
+                "IMAGE_URI": context.image.image_uri,
+                "PLATFORM_REVISION": context.revision,
+            },
+            timeout=Duration.minutes(5),
+        )
+        lineage = f"{context.artifacts.bucket_arn}/runs/*/lineage/*"
+        function = self.register.function
+        # Lineage lists the dataset's object versions (it reads no object) and writes its records.
+        for sid, actions, resources in (
+            ("DatasetVersions", ["s3:ListBucketVersions"], [context.datasets.bucket_arn]),
+            ("WriteLineage", ["s3:PutObject"], [lineage]),
+        ):
+            function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
+        context.key.grant(function, "kms:GenerateDataKey")
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="RegisterModels",
+                actions=["sagemaker:CreateModelPackage", "sagemaker:AddTags"],
+                resources=[self.packages, registry.attr_model_package_group_arn],
+            )
+        )
+        for resource, reason in {
+            lineage: "Lineage files are written under runs/<job>/lineage/ of the run being registered.",
+            self.packages: "New model package versions in the platform's one model package group.",
+        }.items():
+            acknowledge_wildcard(self.register.role, resource, reason)
+        self.start = invoke(
+            self,
+            "Register model",
+            self.register,
+            {
+                "request": obj(REQUEST),
+                "job": obj(JOB),
+                "estimate": obj(ESTIMATE),
+                "evaluation": obj(EVALUATION),
+                "execution": sfn.JsonPath.execution_id,
+            },
+            str(REGISTRATION),
+        )
+
+
+class Promotion(Construct):
+    """`start` asks an approver to promote the registered version; the decision is written to it."""
+
+    def __init__(
+        self, scope: Construct, id_: str, *, context: PipelineContext, approvals: Approvals, packages: str
+    ) -> None:
+        super().__init__(scope, id_)
+        self._packages = packages
+        no_decision = self._set_approval("Reject model (no decision)", "Rejected", "No decision in time")
+        self.start, promoted = approvals.gate.gate(
+            self,
+            "Approval gate (promotion)",
+            name="promotion",
+            summary={
+                "model_package": string(REGISTRATION.model_package_arn),
+                "evaluation": string(EVALUATION.reason),
+                "lineage": string(REGISTRATION.lineage_uri),
+            },
+            result=PROMOTION_APPROVAL,
+            on_timeout=no_decision.next(approvals.timed_out),
+        )
+        approve = self._set_approval("Approve model", "Approved", decided("Approved", PROMOTION_APPROVAL))
+        succeeded = context.notify(
+            self,
+            "Notify success",
+            subject="Training run finished: model registered and approved",
+            fields={
+                "model_package": string(REGISTRATION.model_package_arn),
+                "lineage": string(REGISTRATION.lineage_uri),
+                "metrics": obj(JOB.final_metrics),
+                "estimate": obj(ESTIMATE),
+            },
+        ).next(sfn.Succeed(self, "Model promoted"))
+        reject = self._set_approval("Reject model", "Rejected", decided("Rejected", PROMOTION_APPROVAL))
+        rejected = approvals.rejected(
+            self,
+            PROMOTION_APPROVAL,
+            subject="Trained model rejected at promotion",
+            state="Promotion rejected",
+            error="PromotionRejected",
+        )
+        self.start.next(
+            sfn.Choice(self, "Promotion approved?")
+            .when(promoted, approve.next(succeeded))
+            .otherwise(reject.next(rejected))
+        )
+
+    def _set_approval(self, id_: str, status: str, description: str) -> tasks.CallAwsService:
+        return tasks.CallAwsService(
+            self,
+            id_,
+            service="sagemaker",
+            action="updateModelPackage",
+            parameters={
+                "ModelPackageArn": string(REGISTRATION.model_package_arn),
+                "ModelApprovalStatus": status,
+                "ApprovalDescription": description,
+            },
+            iam_resources=[self._packages],
+            result_path=sfn.JsonPath.DISCARD,
+            task_timeout=sfn.Timeout.duration(LAMBDA_TASK_TIMEOUT),
+        )
