@@ -44,6 +44,10 @@ unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch).
 
 test: lint typecheck unit  ## Everything CI runs.
 
+# What deployed platforms record as their revision (in every registered model's lineage): this
+# commit, marked -dirty when the tree has uncommitted changes. The app never asks git itself.
+deploy diff: export PLATFORM_REVISION ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+
 diff: setup  ## cdk diff against a deployed platform (needs AWS credentials).
 	$(CDK) diff --all
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline_stack import PipelineStack
-from stacks.settings import PlatformSettings, settings_from_context
+from stacks.settings import PlatformSettings, SettingsError, settings_from_context
 
 
 class Platform:
@@ -71,7 +72,9 @@ class Platform:
         return self.app.synth()
 
 
-def build_platform(context: Mapping[str, Any] | None = None, outdir: str | None = None) -> Platform:
+def build_platform(
+    context: Mapping[str, Any] | None = None, outdir: str | None = None, *, revision: str | None = None
+) -> Platform:
     """A fresh App from cdk.json-style context (tests pass their own; app.py passes none)."""
     # cfn-lint itself checks every template (make synth, make test); CDK's built-in port of its
     # rules would repeat that and double the synth time.
@@ -81,20 +84,30 @@ def build_platform(context: Mapping[str, Any] | None = None, outdir: str | None 
         builtin_cloud_formation_validation=False,
     )
     settings = settings_from_context(app.node.get_all_context())
-    return Platform(app, settings, revision=git_revision())
+    return Platform(app, settings, revision=revision or platform_revision())
 
 
-def git_revision() -> str:
-    """The platform's commit, recorded in every registered model's lineage ("unknown" outside git)."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=Path(__file__).resolve().parents[1],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
+REVISION_FILE = Path(__file__).resolve().parents[1] / "REVISION"
+_REVISION = re.compile(r"^\S{1,64}$")
+
+
+def platform_revision(environ: Mapping[str, str] = os.environ, revision_file: Path = REVISION_FILE) -> str:
+    """The platform's revision, recorded in every registered model's lineage.
+
+    `PLATFORM_REVISION` in the environment (make deploy and make diff set it from git), else the
+    first line of a REVISION file beside app.py (a release archive without .git carries one), else
+    "unknown". Synth never asks git, so a commit alone does not change the templates.
+    """
+    value = environ.get("PLATFORM_REVISION")
+    source = "PLATFORM_REVISION"
+    if value is None and revision_file.is_file():
+        lines = revision_file.read_text().splitlines()
+        value, source = (lines[0].strip() if lines else ""), str(revision_file)
+    if value is None:
         return "unknown"
-    return result.stdout.strip() or "unknown"
+    if not _REVISION.match(value):
+        raise SettingsError(
+            f"{source} is {value!r}: give a revision of 1 to 64 characters without spaces "
+            "(e.g. the output of git rev-parse --short=12 HEAD)"
+        )
+    return value

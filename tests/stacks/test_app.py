@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from stacks.app_builder import build_platform
+from stacks.app_builder import build_platform, platform_revision
 from stacks.constructs import nag
 from stacks.constructs.nag import PACKS
+from stacks.settings import SettingsError
 from tests.conftest import cdk_context, platform_context
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,3 +201,25 @@ def test_snapshot(platform: Any, stack_name: str) -> None:
         path.write_text(text)
     assert path.exists(), "no snapshot: run UPDATE_SNAPSHOTS=1 make unit and review the diff"
     assert path.read_text() == text, f"{stack_name} template changed: review, then UPDATE_SNAPSHOTS=1 make unit"
+
+
+def test_the_revision_comes_from_the_environment_or_a_file_never_from_git(tmp_path: Path) -> None:
+    revision_file = tmp_path / "REVISION"
+    assert platform_revision({}, revision_file) == "unknown"  # no variable, no file; git is not asked
+    revision_file.write_text("v1.4.0\n")
+    assert platform_revision({}, revision_file) == "v1.4.0"
+    assert platform_revision({"PLATFORM_REVISION": "53df23030c93-dirty"}, revision_file) == "53df23030c93-dirty"
+    with pytest.raises(SettingsError, match=r"PLATFORM_REVISION is 'two words': give a revision of 1 to 64"):
+        platform_revision({"PLATFORM_REVISION": "two words"}, revision_file)
+    revision_file.write_text("\n")
+    with pytest.raises(SettingsError, match="REVISION is ''"):
+        platform_revision({}, revision_file)
+
+
+def test_the_register_function_records_the_revision_it_was_given(platform: Any) -> None:
+    template = platform.assembly.get_stack_by_name(platform.pipeline.stack_name).template
+    revisions = {
+        props.get("Environment", {}).get("Variables", {}).get("PLATFORM_REVISION")
+        for props in (r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function")
+    } - {None}
+    assert revisions == {os.environ["PLATFORM_REVISION"]}

@@ -71,7 +71,7 @@ def _make_review(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_a_tree_that_synthesizes_the_same_templates_reports_no_changes_in_one_line(tmp_path: Path) -> None:
     root = _copy_of_this_repository(tmp_path)
-    # A commit that changes no template still changes the revision recorded in the Register function.
+    # A commit that changes no template: the app records no revision of its own at synth.
     _edit(root / "README.md", "# Distributed training platform on AWS", "# Distributed training platform (AWS)")
     _git(root, "commit", "--quiet", "--all", "--message", "docs only")
 
