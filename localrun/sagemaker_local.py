@@ -247,6 +247,8 @@ class LocalTraining:
             env = dict(self._base_env)
             env.update(request.get("Environment", {}))  # the job's Environment, as SageMaker sets it
             env.update(
+                # Local hosts are processes on loopback: no EFA device, whatever the instance type.
+                TRAINING_EFA="false",
                 OPT_ML_ROOT=str(local.tree(host)),
                 TRAINING_MASTER_ADDR="127.0.0.1",
                 TRAINING_MASTER_PORT=str(port),

@@ -44,6 +44,8 @@ MASTER_ADDR_ENV = "TRAINING_MASTER_ADDR"
 MASTER_PORT_ENV = "TRAINING_MASTER_PORT"
 NPROC_ENV = "TRAINING_NPROC_PER_NODE"
 GRACE_ENV = "TRAINING_SIGTERM_GRACE_SECONDS"
+# "true" or "false" from the request's `efa` (the pipeline sets it); absent: use EFA where the host has it.
+EFA_ENV = "TRAINING_EFA"
 DEFAULT_MASTER_PORT = 29500
 # SageMaker kills the container 120 s after SIGTERM; keep a margin to write the failure file.
 DEFAULT_GRACE_SECONDS = 110.0
@@ -131,16 +133,41 @@ def _efa_supports_rdma() -> bool:
     return "FI_RMA" in out.stdout
 
 
+def efa_for_host(env: Mapping[str, str], devices: Sequence[str]) -> list[str] | None:
+    """The EFA devices to use; None when the request turned EFA off (NCCL then uses TCP sockets).
+
+    A request that wants EFA on a host without an EFA device is an error: the job would otherwise
+    train over TCP at a fraction of the bandwidth, found hours in.
+    """
+    raw = env.get(EFA_ENV, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise ContractError(f"environment variable {EFA_ENV}={raw!r} must be true or false")
+    if raw == "false":
+        return None
+    if raw == "true" and not devices:
+        raise ContractError(
+            f"the run asks for EFA ({EFA_ENV}=true) but this host has no EFA device under /sys/class/infiniband; "
+            "use an instance type with EFA, or set efa to false in the execution input to train over TCP"
+        )
+    return list(devices)
+
+
 def network_env(
-    resources: ResourceConfig, env: Mapping[str, str], *, efa: Sequence[str], efa_rdma: bool
+    resources: ResourceConfig, env: Mapping[str, str], *, efa: Sequence[str] | None, efa_rdma: bool
 ) -> dict[str, str]:
-    """NCCL/libfabric variables for this host; values already in the environment are left alone."""
+    """NCCL/libfabric variables for this host; values already in the environment are left alone.
+
+    `efa`: the devices to use ([] when there are none), or None when the run turned EFA off.
+    """
     wanted: dict[str, str] = {}
     if resources.network_interface_name:
         # Bootstrap and gloo traffic on SageMaker's interface, not on a secondary ENI or docker0.
         wanted["NCCL_SOCKET_IFNAME"] = resources.network_interface_name
         wanted["GLOO_SOCKET_IFNAME"] = resources.network_interface_name
-    if efa:
+    if efa is None:
+        # NCCL's own TCP transport, not the aws-ofi-nccl plugin the image loads by default.
+        wanted["NCCL_NET"] = "Socket"
+    elif efa:
         wanted["FI_PROVIDER"] = "efa"
         wanted["FI_EFA_FORK_SAFE"] = "1"  # workers fork (data loading, compile) after libfabric init
         if efa_rdma:
@@ -360,15 +387,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _, resources, plan = _validate(paths, os.environ)
         grace = _grace_seconds(os.environ)
+        efa = efa_for_host(os.environ, efa_devices())
     except (ConfigError, ContractError) as exc:
         log.error("invalid input: %s", exc)
         write_failure(paths, str(exc))
         return EXIT_INVALID_INPUT
 
     try:
-        efa = efa_devices()
         extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and _efa_supports_rdma())
-        log.info("EFA devices: %s", ", ".join(efa) or "none")
+        log.info("EFA devices: %s", "off (the run turned EFA off)" if efa is None else ", ".join(efa) or "none")
         for key, value in sorted(extra.items()):
             log.info("set %s=%s", key, value)
         extra.update(

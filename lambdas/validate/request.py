@@ -61,7 +61,11 @@ class ExecutionInput(BaseModel):
     instance_type: str = Field(description="SageMaker training instance type, e.g. `ml.p5.48xlarge`.")
     instance_count: int = Field(1, ge=1, description="Instances; bounded by the training subnet's capacity.")
     distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
-    efa: bool | None = Field(None, description="Require EFA (default: used whenever the type has it).")
+    efa: bool | None = Field(
+        None,
+        description="EFA for NCCL: true requires it (a host without it fails the job at start), false keeps NCCL "
+        "on TCP sockets (default: used whenever the type has it).",
+    )
     spot: bool = Field(False, description="Managed spot training (resumes from checkpoints after interruptions).")
     checkpoints: bool = Field(True, description="Write periodic checkpoints (synced to S3); spot runs need them.")
     max_runtime_hours: float = Field(gt=0, description="Training time limit (SageMaker MaxRuntimeInSeconds).")

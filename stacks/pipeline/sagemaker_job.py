@@ -176,7 +176,12 @@ class DistributedTrainingJob(Construct):
                 "EnableSageMakerMetricsTimeSeries": True,
             },
             "HyperParameters.$": str(REQUEST.hyperparameters),
-            "Environment": {"PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN"},
+            "Environment": {
+                "PYTHONUNBUFFERED": "1",
+                "NCCL_DEBUG": "WARN",
+                # The request's `efa`: the launcher requires EFA devices, or keeps NCCL on TCP sockets.
+                "TRAINING_EFA.$": f"States.Format('{{}}', {REQUEST.efa})",
+            },
             "InputDataConfig.$": str(REQUEST.channels),
             "OutputDataConfig": {
                 "S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/",

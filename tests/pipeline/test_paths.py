@@ -272,3 +272,15 @@ def _lineage(pipeline: Pipeline) -> dict[str, Any]:
         if o["Key"].endswith("lineage.json")
     ]
     return json.loads(s3.get_object(Bucket=artifacts, Key=key)["Body"].read())  # type: ignore[no-any-return]
+
+
+def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline) -> None:
+    # ml.p4d.24xlarge has EFA: used unless the input turns it off (then NCCL stays on TCP sockets).
+    for name, efa in (("efa-default", None), ("efa-off", False)):
+        overrides: dict[str, Any] = {"instance_type": "ml.p4d.24xlarge", "max_runtime_hours": 1}
+        if efa is not None:
+            overrides["efa"] = efa
+        arn = pipeline.start(pipeline.input(**overrides), name=name)
+        pipeline.run_until(arn, "Approval gate (promotion)")
+    environments = [request["Environment"] for request in pipeline.local.training_requests.values()]
+    assert [e["TRAINING_EFA"] for e in environments] == ["true", "false"]

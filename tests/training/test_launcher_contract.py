@@ -19,6 +19,7 @@ from training.launcher import (
     LaunchPlan,
     Supervisor,
     efa_devices,
+    efa_for_host,
     mpirun_command,
     network_env,
     plan_launch,
@@ -75,6 +76,15 @@ def test_bad_grace_period_is_an_input_error(tmp_path: Path, corpus: Path) -> Non
     env = clean_env(tmp_path, TRAINING_SIGTERM_GRACE_SECONDS="soon")
     assert run(launcher(), env, timeout=30).returncode == EXIT_INVALID_INPUT
     assert "TRAINING_SIGTERM_GRACE_SECONDS='soon' must be a number" in _first_line(paths)
+
+
+def test_efa_asked_for_on_a_host_without_it_is_an_input_error(tmp_path: Path, corpus: Path) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    env = clean_env(tmp_path, TRAINING_EFA="true")  # this machine has no EFA device
+    result = run(launcher(), env, timeout=30)
+    assert result.returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths).startswith("the run asks for EFA (TRAINING_EFA=true) but this host has no EFA device")
+    assert "rank 0/" not in result.stdout  # no worker started
 
 
 def _resources(current: str = "algo-2") -> ResourceConfig:
@@ -148,6 +158,21 @@ def test_efa_is_detected_from_sysfs_and_configures_libfabric(tmp_path: Path) -> 
     # Values from the image or the job's Environment win; no EFA, no libfabric settings.
     kept = network_env(resources, {"NCCL_SOCKET_IFNAME": "ens5"}, efa=[], efa_rdma=False)
     assert kept == {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_the_runs_efa_choice_decides_the_transport() -> None:
+    devices = ["rdmap16s27"]
+    assert efa_for_host({}, devices) == devices  # not said: whatever the host has
+    assert efa_for_host({}, []) == []
+    assert efa_for_host({"TRAINING_EFA": "true"}, devices) == devices
+    assert efa_for_host({"TRAINING_EFA": "false"}, devices) is None
+    with pytest.raises(ContractError, match="has no EFA device"):
+        efa_for_host({"TRAINING_EFA": "true"}, [])
+    with pytest.raises(ContractError, match="TRAINING_EFA='maybe' must be true or false"):
+        efa_for_host({"TRAINING_EFA": "maybe"}, devices)
+    # Turned off on a host that has EFA: NCCL's own sockets, no libfabric settings.
+    off = network_env(_resources(), {}, efa=efa_for_host({"TRAINING_EFA": "false"}, devices), efa_rdma=False)
+    assert off == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_NET": "Socket"}
 
 
 def test_supervisor_kills_workers_that_outlive_the_grace_period() -> None:
