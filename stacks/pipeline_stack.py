@@ -87,10 +87,11 @@ class PipelineStack(Stack):
             "Alarms",
             state_machine=self.state_machine,
             functions={
-                **{name: fn.function for name, fn in context.functions.items() if name != "Cleanup"},
+                **{name: fn.function for name, fn in context.functions.items()},
                 "ApprovalRequest": self.approval.request.function,
                 "ApprovalDecide": self.approval.decide.function,
             },
+            dead_letters=training.dead_letters,
             topic=context.topics.alarms,
         )
 

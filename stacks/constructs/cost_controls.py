@@ -9,6 +9,7 @@ from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -77,6 +78,7 @@ class PipelineAlarms(Construct):
         *,
         state_machine: sfn.IStateMachine,
         functions: dict[str, lambda_.IFunction],
+        dead_letters: dict[str, sqs.IQueue],
         topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, id_)
@@ -112,6 +114,19 @@ class PipelineAlarms(Construct):
                     comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                     treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
                     alarm_description=f"The {name} handler failed (rejected requests are answers, not errors)",
+                )
+            )
+        for name, queue in dead_letters.items():
+            self.alarms.append(
+                cloudwatch.Alarm(
+                    self,
+                    f"{name}DeadLetters",
+                    metric=queue.metric_approximate_number_of_messages_visible(period=period),
+                    threshold=1,
+                    evaluation_periods=1,
+                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                    alarm_description=f"{name}: events that failed every retry are waiting in its dead-letter queue",
                 )
             )
         for alarm in self.alarms:

@@ -44,6 +44,10 @@ class SageMakerTraining(Construct):
         self.succeeded = sfn.Pass(self, "Training step succeeded", comment="$.job holds the finished job")
         self._poll()
 
+    @property
+    def dead_letters(self) -> dict[str, sqs.IQueue]:
+        return {"Cleanup": self.cleanup_dead_letters}
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine creates (as the platform configures them only) and tags jobs; ended executions are cleaned up."""
         self.job.grant_run(state_machine.role)

@@ -37,3 +37,30 @@ def test_failed_aborted_timed_out_and_throttled_executions_alarm(platform: Any) 
             "AWS::CloudWatch::Alarm",
             {"MetricName": metric, "Namespace": "AWS/States", "Threshold": 1, "AlarmActions": Match.any_value()},
         )
+
+
+def test_a_cleanup_that_fails_pages_the_platform_team(platform: Any) -> None:
+    """Cleanup stops a run's GPU jobs: its errors, and events that failed every retry, raise alarms."""
+    stack = platform.pipeline
+    t = template(platform, stack)
+    cleanup = logical_id(platform, stack, "AWS::Lambda::Function", "CleanupFunction")
+    queue = logical_id(platform, stack, "AWS::SQS::Queue", "CleanupDeadLetters")
+    t.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "Errors",
+            "Namespace": "AWS/Lambda",
+            "Dimensions": [{"Name": "FunctionName", "Value": {"Ref": cleanup}}],
+            "AlarmActions": Match.any_value(),
+        },
+    )
+    t.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "MetricName": "ApproximateNumberOfMessagesVisible",
+            "Namespace": "AWS/SQS",
+            "Dimensions": [{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}],
+            "Threshold": 1,
+            "AlarmActions": Match.any_value(),
+        },
+    )
