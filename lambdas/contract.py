@@ -55,6 +55,8 @@ class TrainingRequest(_Model):
     """<run>-<hash of the execution name>: stable for one execution, unique across them."""
     instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=1)
     volume_size_gb: int
+    backend: str
+    """Which training step runs the job (stacks/pipeline/training_step.py)."""
     distribution: str
     spot: bool
     stopping_condition: dict[str, int]

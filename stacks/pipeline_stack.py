@@ -27,7 +27,7 @@ from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.sagemaker_training import SageMakerTraining
-from stacks.pipeline.training_step import TrainingStep
+from stacks.pipeline.training_step import by_backend
 from stacks.settings import PlatformSettings
 
 
@@ -53,11 +53,12 @@ class PipelineStack(Stack):
 
         intake = Intake(self, "Intake", context=context)
         approvals = Approvals(self, "Approvals", context=context)
-        training: TrainingStep = SageMakerTraining(self, "TrainingStep", context=context)
+        training = by_backend(self, SageMakerTraining(self, "TrainingStep", context=context))
         evaluation = Evaluation(self, "Evaluation", context=context)
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
 
+        intake.accept(training.backends)
         intake.estimated.next(approvals.before_launch(then=training.start))
         training.failed.next(self._training_failed(context))
         training.succeeded.next(evaluation.start)

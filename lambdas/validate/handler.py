@@ -29,6 +29,7 @@ def limits_from_env() -> PlatformLimits:
         volume_size_gb=env_int("VOLUME_SIZE_GB"),
         run_emails=tuple(env_json("RUN_EMAILS")),
         tags=dict(env_json("JOB_TAGS")),
+        backends=tuple(env_json("TRAINING_BACKENDS")),
     )
 
 

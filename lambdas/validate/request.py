@@ -60,6 +60,9 @@ class ExecutionInput(BaseModel):
     validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
     instance_type: str = Field(description="SageMaker training instance type, e.g. `ml.p5.48xlarge`.")
     instance_count: int = Field(1, ge=1, description="Instances; bounded by the training subnet's capacity.")
+    backend: str = Field(
+        "sagemaker", description="Where the job runs: one of the training backends the platform deploys."
+    )
     distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
     efa: bool | None = Field(
         None,
@@ -113,6 +116,7 @@ class PlatformLimits:
     volume_size_gb: int
     run_emails: tuple[str, ...]
     tags: dict[str, str]
+    backends: tuple[str, ...] = ("sagemaker",)
 
 
 def _problems_from(exc: ValidationError) -> list[str]:
@@ -296,6 +300,8 @@ def resolve(
     hyperparameters = _hyperparameters(request, problems)
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
+    if request.backend not in limits.backends:
+        problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     unknown = sorted(set(request.notify) - set(limits.run_emails))
     if unknown:
         problems.append(
@@ -318,6 +324,7 @@ def resolve(
         job_name_base=f"{request.run_name}-{suffix}",
         instance_groups=[group],
         volume_size_gb=limits.volume_size_gb,
+        backend=request.backend,
         distribution=request.distribution,
         spot=request.spot,
         stopping_condition=stopping,

@@ -58,6 +58,10 @@ class Intake(Construct):
         )
         accept.next(self.estimated)
 
+    def accept(self, backends: list[str]) -> None:
+        """The training backends a request may name (those the pipeline's training step runs)."""
+        self.validate.function.add_environment("TRAINING_BACKENDS", json.dumps(backends))
+
     @staticmethod
     def _validate_function(context: PipelineContext) -> PlatformFunction:
         pipeline, settings, lustre = context.pipeline, context.settings, context.data.lustre

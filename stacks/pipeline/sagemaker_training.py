@@ -45,6 +45,10 @@ class SageMakerTraining(Construct):
         self._poll()
 
     @property
+    def backends(self) -> list[str]:
+        return ["sagemaker"]
+
+    @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"Cleanup": self.cleanup_dead_letters}
 

@@ -18,9 +18,17 @@ from typing import Protocol
 
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.contract import REQUEST
 
 
 class TrainingStep(Protocol):
+    @property
+    def backends(self) -> list[str]:
+        """The request's `backend` values this step runs (one name per backend)."""
+        ...
+
     @property
     def start(self) -> sfn.IChainable: ...
 
@@ -40,3 +48,57 @@ class TrainingStep(Protocol):
         ...
 
     def bind(self, state_machine: sfn.StateMachine) -> None: ...
+
+
+def by_backend(scope: Construct, *steps: TrainingStep) -> TrainingStep:
+    """One step as it is; several behind a Choice on the request's `backend`."""
+    return steps[0] if len(steps) == 1 else BackendChoice(scope, "Backends", steps)
+
+
+class BackendChoice(Construct):
+    """The request's `backend` picks the step; every step ends where the pipeline goes on."""
+
+    def __init__(self, scope: Construct, id_: str, steps: tuple[TrainingStep, ...]) -> None:
+        super().__init__(scope, id_)
+        self._steps = steps
+        names = [name for step in steps for name in step.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two training steps claim the same backend: {names}")
+        choice = sfn.Choice(self, "Training backend?")
+        for step in steps:
+            condition = sfn.Condition.or_(
+                *(sfn.Condition.string_equals(str(REQUEST.backend), n) for n in step.backends)
+            )
+            choice.when(condition, step.start)
+        # Validate accepts only `backends`; this is the answer to a request that did not pass it.
+        choice.otherwise(sfn.Fail(self, "No such training backend", error="InvalidRequest", cause=", ".join(names)))
+        self._start = choice
+        self._succeeded = sfn.Pass(self, "Backend succeeded")
+        self._failed = sfn.Pass(self, "Backend failed")
+        for step in steps:
+            step.succeeded.next(self._succeeded)
+            step.failed.next(self._failed)
+
+    @property
+    def backends(self) -> list[str]:
+        return [name for step in self._steps for name in step.backends]
+
+    @property
+    def start(self) -> sfn.IChainable:
+        return self._start
+
+    @property
+    def succeeded(self) -> sfn.INextable:
+        return self._succeeded
+
+    @property
+    def failed(self) -> sfn.INextable:
+        return self._failed
+
+    @property
+    def dead_letters(self) -> dict[str, sqs.IQueue]:
+        return {name: queue for step in self._steps for name, queue in step.dead_letters.items()}
+
+    def bind(self, state_machine: sfn.StateMachine) -> None:
+        for step in self._steps:
+            step.bind(state_machine)

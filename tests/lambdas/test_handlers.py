@@ -96,6 +96,15 @@ def test_instance_types_outside_the_allow_list_are_refused() -> None:
         resolve(_example("single-node-ddp") | {"instance_type": "ml.g5.2xlarge"}, execution_name="e", limits=limits)
 
 
+def test_a_backend_the_platform_does_not_deploy_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match=r"backend 'batch': this platform deploys sagemaker"):
+        resolve(_example("single-node-ddp") | {"backend": "batch"}, execution_name="e", limits=LIMITS)
+    limits = dataclasses.replace(LIMITS, backends=("sagemaker", "batch"))
+    assert resolve(_example("single-node-ddp") | {"backend": "batch"}, execution_name="e", limits=limits)[
+        "backend"
+    ] == ("batch")
+
+
 def test_estimate_is_count_times_price_times_runtime() -> None:
     result = estimate(_request(), threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={})
     assert result["on_demand_usd"] == round(4 * 113.07 * 10, 2)

@@ -101,8 +101,8 @@ def test_a_hand_typed_path_the_models_lack_is_reported() -> None:
     problems = [unknown_path(p) for p in paths_in({"States": {"x": state}})]
     assert problems == [
         "$.request.instance_typ: TrainingRequest has no field 'instance_typ'; it has run_name, job_name_base, "
-        "instance_groups, volume_size_gb, distribution, spot, stopping_condition, poll_seconds, keep_alive_seconds, "
-        "hyperparameters, channels, dataset, quality, notify, recipients, requested_by, tags, instance_type, "
-        "instance_count, local_storage, efa",
+        "instance_groups, volume_size_gb, backend, distribution, spot, stopping_condition, poll_seconds, "
+        "keep_alive_seconds, hyperparameters, channels, dataset, quality, notify, recipients, requested_by, tags, "
+        "instance_type, instance_count, local_storage, efa",
         "$.jobs: no part of the state is called 'jobs'",
     ]
