@@ -53,6 +53,7 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
+from localrun import constructs
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
@@ -142,7 +143,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 class LocalPlatform:
-    """The platform's pipeline, deployed into moto from a cloud assembly."""
+    """The platform's pipeline, deployed into moto from a cloud assembly.
+
+    `state_machine` is the construct path of the state machine to run (default: the pipeline
+    stack's `TrainingPipeline`).
+    """
 
     def __init__(
         self,
@@ -152,9 +157,11 @@ class LocalPlatform:
         clock: Clock | None = None,
         handler_log: TextIO | None = None,
         enforce_iam: bool = True,
+        state_machine: str | None = None,
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
+        self.state_machine = constructs.state_machine(self.assembly, state_machine)
         self.training = training
         self.clock = clock or Clock()
         self.lambda_calls: list[LambdaCall] = []
@@ -173,7 +180,7 @@ class LocalPlatform:
         self._handlers_running = 0
         self._closed = False
         self._stack = contextlib.ExitStack()
-        self.pipeline_stack = self.assembly.stack_named("-pipeline")
+        self.pipeline_stack = self.state_machine.stack
         self.enforce_iam = enforce_iam
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -362,12 +369,13 @@ class LocalPlatform:
             sagemaker.create_model_package_group(
                 ModelPackageGroupName=self.resolver.resolve(stack, resource["Properties"]["ModelPackageGroupName"])
             )
-        ((stack, logical, machine),) = list(self.assembly.resources("AWS::StepFunctions::StateMachine"))[-1:]
-        definition = self.resolver.resolve(stack, machine["Properties"]["DefinitionString"])
+        machine = self.state_machine
+        properties = machine.resource["Properties"]
+        definition = self.resolver.resolve(machine.stack, properties["DefinitionString"])
         self.definition = json.loads(definition)
-        self.state_machine_role_arn = str(self.resolver.resolve(stack, machine["Properties"]["RoleArn"]))
+        self.state_machine_role_arn = str(self.resolver.resolve(machine.stack, properties["RoleArn"]))
         self.state_machine_arn = self.sfn.create_state_machine(
-            name=logical, definition=definition, roleArn=self.state_machine_role_arn
+            name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
 
