@@ -55,6 +55,7 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from localrun import constructs
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+from localrun.constructs import Functions
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
     EventRules,
@@ -146,7 +147,8 @@ class LocalPlatform:
     """The platform's pipeline, deployed into moto from a cloud assembly.
 
     `state_machine` is the construct path of the state machine to run (default: the pipeline
-    stack's `TrainingPipeline`).
+    stack's `TrainingPipeline`). Functions are named by the end of their construct path
+    (localrun/constructs.py): `invoke("ApprovalDecide", ...)`, `environment("Monitor")`.
     """
 
     def __init__(
@@ -169,10 +171,7 @@ class LocalPlatform:
         self.handler_log = handler_log
         self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
-        self._functions = {
-            self.resolver.ref(stack, logical): (stack, resource)
-            for stack, logical, resource in self.assembly.resources("AWS::Lambda::Function")
-        }
+        self.functions = Functions(self.assembly, self.resolver)
         self._env_lock = threading.Lock()
         # Executions run on moto's threads; none may outlive this platform into the next mock.
         self._started: list[str] = []
@@ -196,7 +195,7 @@ class LocalPlatform:
         )
         for patch in self._patches():
             self._stack.enter_context(patch)
-        self.faults = Faults()
+        self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
         for patch in (
             failing_publish(self.faults),
@@ -264,12 +263,9 @@ class LocalPlatform:
             if e["type"].endswith("StateEntered")
         ]
 
-    def invoke(self, logical_prefix: str, event: dict[str, Any]) -> Any:
+    def invoke(self, function: str, event: dict[str, Any]) -> Any:
         """Call a platform handler directly (e.g. the approval decision behind the function URL)."""
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        if len(matches) != 1:
-            raise KeyError(f"expected one function starting with {logical_prefix!r}, found {matches}")
-        return self._run_handler(matches[0], event)
+        return self._run_handler(self.functions.named(function).name, event)
 
     def person(self, role_arn: str, session_name: str = "person") -> boto3.Session:
         """A person's AWS session in this account (as SSO would give): the role is created if needed, then assumed."""
@@ -314,11 +310,9 @@ class LocalPlatform:
         }
         return self.invoke("ApprovalDecide", event)
 
-    def function_session(self, logical_prefix: str) -> Credentials:
+    def function_session(self, function: str) -> Credentials:
         """The credentials a platform function runs with (a session of its execution role)."""
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        (name,) = matches
-        return self._role(name)
+        return self._role(self.functions.named(function).name)
 
     def training_key_arn(self) -> str:
         """The platform key, as the training job's request names it (OutputDataConfig.KmsKeyId)."""
@@ -328,12 +322,9 @@ class LocalPlatform:
                 return str(parameters["OutputDataConfig"]["KmsKeyId"])
         raise KeyError("the state machine creates no training job")
 
-    def environment(self, logical_prefix: str) -> dict[str, str]:
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        (name,) = matches
-        stack, resource = self._functions[name]
-        variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-        return {k: str(v) for k, v in self.resolver.resolve(stack, variables).items()}
+    def environment(self, function: str) -> dict[str, str]:
+        """A platform function's environment variables, as its template gives them."""
+        return self.functions.environment(self.functions.named(function))
 
     # -- deploy ------------------------------------------------------------------------------
     def _deploy(self) -> None:
@@ -404,8 +395,8 @@ class LocalPlatform:
 
     # -- Lambda -------------------------------------------------------------------------------
     def _run_handler(self, function_name: str, event: Any) -> Any:
-        _stack, resource = self._functions[function_name]
-        handler_path = resource["Properties"]["Handler"]
+        function = self.functions[function_name]
+        handler_path = function.resource["Properties"]["Handler"]
         module_name, _, attribute = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module_name), attribute)
         if self.handler_log is not None:
@@ -417,7 +408,8 @@ class LocalPlatform:
             self._handlers_running += 1
         self.lambda_calls.append(call)
         try:
-            with self._env_lock, _environment(self.environment(function_name)), acting_as(self._role(function_name)):
+            environment = self.functions.environment(function)
+            with self._env_lock, _environment(environment), acting_as(self._role(function_name)):
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:
@@ -431,8 +423,8 @@ class LocalPlatform:
 
     def _role(self, function_name: str) -> Credentials:
         """The credentials Lambda gives the function: a session of its execution role."""
-        stack, resource = self._functions[function_name]
-        role = self.resolver.resolve(stack, resource["Properties"]["Role"])
+        function = self.functions[function_name]
+        role = self.resolver.resolve(function.stack, function.resource["Properties"]["Role"])
         return self.iam.credentials(role, LAMBDA, f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function_name}")
 
     def _redirect_handler_logs(self) -> None:

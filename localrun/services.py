@@ -30,19 +30,40 @@ from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommu
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 
 
+class Throttles(dict[str, int]):
+    """Function -> invocations to refuse, each function named as LocalPlatform names it (the end of its
+    construct path); a name that matches no function, or several, is refused when it is set.
+    """
+
+    def __init__(self, function_named: Callable[[str], str]) -> None:
+        super().__init__()
+        self.function_named = function_named
+
+    def __setitem__(self, function: str, count: int) -> None:
+        self.function_named(function)
+        super().__setitem__(function, count)
+
+
 @dataclass
 class Faults:
-    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function."""
+    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function.
 
-    throttle: dict[str, int] = field(default_factory=dict)
+    `function_named` maps such a name to the function's physical name (or raises, naming the candidates).
+    """
+
+    function_named: Callable[[str], str]
+    throttle: Throttles = field(init=False)
     sns_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self.throttle = Throttles(self.function_named)
+
     def throttled(self, function_name: str) -> bool:
         with self._lock:
-            for prefix, left in self.throttle.items():
-                if function_name.startswith(prefix) and left > 0:
-                    self.throttle[prefix] = left - 1
+            for function, left in self.throttle.items():
+                if left > 0 and self.function_named(function) == function_name:
+                    self.throttle[function] = left - 1
                     return True
             return False
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from localrun.cfn import Assembly
-from localrun.constructs import state_machine
+from localrun.cfn import Assembly, Resolver
+from localrun.constructs import Functions, state_machine
+from localrun.services import Faults
 
 
 def _assembly(directory: Path, stacks: dict[str, dict[str, str]]) -> Assembly:
@@ -34,6 +35,7 @@ def _assembly(directory: Path, stacks: dict[str, dict[str, str]]) -> Assembly:
 
 
 SFN = "AWS::StepFunctions::StateMachine"
+FN = "AWS::Lambda::Function"
 
 
 def test_the_pipeline_stacks_training_pipeline_is_chosen_wherever_the_manifest_puts_it(tmp_path: Path) -> None:
@@ -69,3 +71,52 @@ def test_two_pipeline_stacks_are_ambiguous(tmp_path: Path) -> None:
         KeyError, match=r"expected one stack ending in '-pipeline', found \['a-pipeline', 'b-pipeline'\]"
     ):
         state_machine(assembly)
+
+
+def _functions(tmp_path: Path) -> Functions:
+    assembly = _assembly(
+        tmp_path,
+        {
+            "p-pipeline": {
+                "Validate/Function/Resource": FN,
+                "TrainingStep/Monitor/Function/Resource": FN,  # moved into a construct: a new logical ID
+                "TrainingStep/Cleanup/Function/Resource": FN,
+                "Approval/Decide/Function/Resource": FN,
+                "Approval/Request/Function/Resource": FN,
+            },
+            "p-image": {"Provider/framework-onEvent/Resource": FN},
+        },
+    )
+    return Functions(assembly, Resolver(assembly))
+
+
+def test_functions_are_named_by_the_end_of_their_construct_path(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    assert functions.named("Monitor").path == "/p-pipeline/TrainingStep/Monitor/Function/Resource"
+    assert functions.named("TrainingStepMonitor") == functions.named("Monitor")
+    assert functions.named("ApprovalDecide").path == "/p-pipeline/Approval/Decide/Function/Resource"
+    assert functions.named("Decide") == functions.named("ApprovalDecide")
+    assert functions[functions.named("Validate").name].logical.startswith("ValidateFunctionResource")
+
+
+def test_a_name_matching_no_function_or_several_is_an_error_listing_them(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    with pytest.raises(KeyError, match=r"ends with 'Evaluate'; the functions are \['/p-pipeline/Approval/Decide/"):
+        functions.named("Evaluate")
+    with pytest.raises(KeyError, match="ends with 'Approval'"):
+        functions.named("Approval")  # the middle of a construct path names nothing
+    with pytest.raises(KeyError, match=r"'e' names more than one function: \[.*Approval/Decide.*, .*/Validate/"):
+        functions.named("e")
+    with pytest.raises(KeyError, match="ends with 'onEvent'"):
+        functions.named("onEvent")  # a CDK provider's handler, not a platform function
+
+
+def test_throttles_name_functions_as_lookups_do(tmp_path: Path) -> None:
+    functions = _functions(tmp_path)
+    faults = Faults(function_named=lambda name: functions.named(name).name)
+    faults.throttle["Monitor"] = 2
+    monitor, cleanup = functions.named("Monitor").name, functions.named("Cleanup").name
+    assert [faults.throttled(monitor), faults.throttled(cleanup), faults.throttled(monitor)] == [True, False, True]
+    assert not faults.throttled(monitor)
+    with pytest.raises(KeyError, match="ends with 'Monitr'"):
+        faults.throttle["Monitr"] = 1
