@@ -6,11 +6,9 @@ routes every Lambda task to the project's handler, imported in-process with the 
 its template gives it. A training backend decides what SageMaker jobs do: scripted outcomes
 for tests, or real local training for the demo.
 
-moto's engine needs a few patches, each the smallest that makes it behave like the service:
-Lambda tasks run in-process (moto would need Docker); SDK error names get AWS's spelling
-(`SageMaker.ResourceLimitExceededException`); timestamps in SDK results become ISO strings
-(as Step Functions serialises them); Wait states, retry intervals and human-approval timeouts
-follow a configurable clock instead of the wall clock.
+Where moto behaves unlike AWS, localrun/moto_fixes.py patches it, one named patch each (Lambda
+tasks run in-process, AWS's error names and JSON results, Wait states, retries and approval
+timeouts on a configurable clock); what moto lacks altogether is in localrun/services.py.
 """
 
 from __future__ import annotations
@@ -26,43 +24,21 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
-from unittest import mock
 
 import boto3
 from botocore.credentials import Credentials
 from moto import mock_aws
-from moto.awslambda.models import LambdaBackend
-from moto.iam.access_control import PermissionResult
-from moto.s3.models import FakeBucket
-from moto.sagemaker.exceptions import ResourceInUseException
-from moto.sagemaker.models import SageMakerModelBackend
-from moto.sagemaker.responses import SageMakerResponse
-from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
-from moto.stepfunctions.parser.asl.component.state.exec import execute_state
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-    state_task_service_aws_sdk as sdk,
-)
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
-    StateTaskServiceCallback,
-)
-from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
-from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
-from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
-from localrun import constructs
+from localrun import constructs, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
-from localrun.constructs import Functions
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
     EventRules,
     Faults,
     execution_status_changes,
     failing_publish,
-    lambda_service_error_names,
     lambda_throttle,
     stop_training_job,
 )
@@ -171,7 +147,7 @@ class LocalPlatform:
         self.handler_log = handler_log
         self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
-        self.functions = Functions(self.assembly, self.resolver)
+        self.functions = constructs.Functions(self.assembly, self.resolver)
         self._env_lock = threading.Lock()
         # Executions run on moto's threads; none may outlive this platform into the next mock.
         self._started: list[str] = []
@@ -193,7 +169,7 @@ class LocalPlatform:
                 }
             )
         )
-        for patch in self._patches():
+        for patch in self._moto_fixes():
             self._stack.enter_context(patch)
         self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
@@ -201,7 +177,6 @@ class LocalPlatform:
             failing_publish(self.faults),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
-            lambda_service_error_names(),
         ):
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -436,12 +411,6 @@ class LocalPlatform:
                         handler.setStream(self.handler_log)
                         self._redirected.append(handler)
 
-    def _invoke_patch(self) -> Callable[..., bytes]:
-        def invoke(backend: Any, *args: Any) -> bytes:
-            return self._invoke(backend, *args)
-
-        return invoke
-
     def _invoke(
         self, _backend: Any, function_name: str, _qualifier: Any, body: Any, _headers: Any, response_headers: Any
     ) -> bytes:
@@ -457,111 +426,24 @@ class LocalPlatform:
         return json.dumps(result).encode()
 
     # -- SageMaker ------------------------------------------------------------------------------
-    def _create_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """Record the full request (moto drops some fields), refuse reused names, start jobs InProgress."""
-        platform = self
-
-        def create(response: Any) -> Any:
-            request = json.loads(response.body)
-            name = request["TrainingJobName"]
-            backend = response.sagemaker_backend
-            if name in backend.training_jobs:  # moto would silently replace it; SageMaker refuses
-                raise ResourceInUseException(f"Training job names must be unique within an account: {name} exists")
-            result = original(response)
-            job = backend.training_jobs[name]
-            platform.training_requests[name] = request
-            job.training_job_status = "InProgress"
-            job.secondary_status = "Starting"
-            job.final_metric_data_list = []
-            job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
-            platform.training.created(name, request, job)
-            return result
-
-        return create
-
-    def _describe_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        platform = self
-
-        def describe(backend: Any, training_job_name: str) -> Any:
-            job = backend.training_jobs.get(training_job_name)
-            if job is not None:
-                platform.training.described(training_job_name, job)
-            return original(backend, training_job_name)
-
-        return describe
+    def _training_job_created(self, name: str, request: dict[str, Any], job: Any) -> None:
+        self.training_requests[name] = request  # the full request: moto keeps only some fields
+        self.training.created(name, request, job)
 
     # -- patches --------------------------------------------------------------------------------
-    def _patches(self) -> Iterator[Any]:
+    def _moto_fixes(self) -> list[Any]:
         clock = self.clock
-        yield mock.patch.object(LambdaBackend, "invoke", self._invoke_patch())
-        # moto applies bucket policies to object calls, ignoring their conditions (so the TLS-only Deny
-        # denies every call); the local IAM (localrun/iam.py) evaluates them with their conditions.
-        yield mock.patch.object(FakeBucket, "get_permission", lambda *_: PermissionResult.NEUTRAL)
-
-        def wait(_self: Any, env: Any, wait_seconds: float) -> None:
-            clock.waits.append(wait_seconds)
-            if clock.wait_scale:
-                env.program_state_event.wait(wait_seconds * clock.wait_scale)
-
-        yield mock.patch.object(WaitFunction, "_wait_interval", wait)
-
-        def retry_sleep(seconds: float) -> None:
-            clock.retries.append(seconds)
-            if clock.retry_scale:
-                time.sleep(seconds * clock.retry_scale)
-
-        yield mock.patch.object(retrier_decl, "time", mock.Mock(sleep=retry_sleep))
-
-        original_timeout = execute_state.ExecutionState._evaluate_with_timeout
-
-        def evaluate_with_timeout(state: Any, env: Any) -> None:
-            timeout = state.timeout
-            human = isinstance(state, StateTaskServiceCallback) and "waitForTaskToken" in str(
-                state.resource.resource_arn
-            )
-            if human and isinstance(timeout, TimeoutSeconds) and clock.approval_timeout_scale != 1.0:
-                scaled = max(1, round(timeout.timeout_seconds * clock.approval_timeout_scale))
-                state.timeout = TimeoutSeconds(timeout_seconds=scaled)
-            try:
-                original_timeout(state, env)
-            finally:
-                state.timeout = timeout
-
-        yield mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
-
-        original_sdk = sdk.StateTaskServiceAwsSdk._eval_service_task
-
-        def sdk_json(task: Any, env: Any, *args: Any, **kwargs: Any) -> None:
-            original_sdk(task, env, *args, **kwargs)
-            env.stack[-1] = json.loads(to_json_str(env.stack[-1]))  # datetimes -> ISO strings
-
-        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", sdk_json)
-        yield mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {"sagemaker": "SageMaker"})
-
-        def error_name(service: str, exc: Exception) -> str:
-            name = type(exc).__name__
-            if name == "ClientError":
-                return f"{service}.Amazon{service}Exception"
-            return f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
-
-        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(error_name))
-
-        original_env = ExecutionWorker._get_evaluation_environment
-
-        def iso_start(worker: Any) -> Any:
-            env = original_env(worker)
-            execution = env.states.context_object.context_object_data["Execution"]
-            start: Any = execution.get("StartTime")  # typed str by moto, a datetime at run time
-            if isinstance(start, datetime):
-                execution["StartTime"] = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            return env
-
-        yield mock.patch.object(ExecutionWorker, "_get_evaluation_environment", iso_start)
-        yield mock.patch.object(
-            SageMakerResponse, "create_training_job", self._create_training_job(SageMakerResponse.create_training_job)
-        )
-        yield mock.patch.object(
-            SageMakerModelBackend,
-            "describe_training_job",
-            self._describe_training_job(SageMakerModelBackend.describe_training_job),
-        )
+        return [
+            moto_fixes.lambda_in_process(self._invoke),
+            moto_fixes.lambda_service_error_names(),
+            moto_fixes.bucket_policies_left_to_local_iam(),
+            moto_fixes.wait_states_on(clock),
+            moto_fixes.retry_intervals_on(clock),
+            moto_fixes.approval_timeouts_on(clock),
+            moto_fixes.sdk_results_as_json(),
+            moto_fixes.sdk_service_error_names(),
+            moto_fixes.sdk_generic_error_names(),
+            moto_fixes.execution_start_time_as_iso(),
+            moto_fixes.create_training_job(self._training_job_created),
+            moto_fixes.describe_training_job(self.training.described),
+        ]

@@ -208,38 +208,3 @@ def execution_status_changes(rules: EventRules) -> Any:
         )
 
     return mock.patch.object(BaseExecutionWorkerCommunication, "terminated", terminated)
-
-
-def lambda_service_error_names() -> Any:
-    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception".
-
-    moto's engine gives every ClientError of a Lambda task the name "Exception", so a Retry on
-    Lambda's own errors (throttling, service faults) would never match.
-    """
-    from botocore.exceptions import ClientError  # noqa: PLC0415
-    from moto.stepfunctions.parser.api import HistoryEventType, LambdaFunctionFailedEventDetails  # noqa: PLC0415
-    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import (  # noqa: PLC0415
-        CustomErrorName,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent  # noqa: PLC0415
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import (  # noqa: PLC0415
-        StateTaskLambda,
-    )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails  # noqa: PLC0415
-
-    original = StateTaskLambda._from_error
-
-    def from_error(state: Any, env: Any, ex: Exception) -> Any:
-        if not isinstance(ex, ClientError):
-            return original(state, env, ex)
-        code = ex.response["Error"]["Code"]
-        name = f"Lambda.{code}" + ("" if code.endswith("Exception") else "Exception")
-        details = LambdaFunctionFailedEventDetails(error=name, cause=ex.response["Error"]["Message"])
-        return FailureEvent(
-            env=env,
-            error_name=CustomErrorName(name),
-            event_type=HistoryEventType.LambdaFunctionFailed,
-            event_details=EventDetails(lambdaFunctionFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-
-    return mock.patch.object(StateTaskLambda, "_from_error", from_error)
