@@ -120,6 +120,7 @@ def run_demo(
     wait_seconds: float = 2.0,
     timeout_seconds: float = 900.0,
 ) -> Outcome:
+    """Synthesize (unless given an assembly), run the input to its end locally, and write the run report."""
     out.mkdir(parents=True, exist_ok=True)
     assembly = assembly or synthesize(out)
     run_dir = out / execution_input.get("run_name", "run")
@@ -139,46 +140,74 @@ def run_demo(
     with handler_log, LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log) as platform:
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         _seed_datasets(platform, execution_input, out / "corpus")
-        original = {
-            k: str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in execution_input.get("hyperparameters", {}).items()
-        }
-        requested = {
-            **original,
-            "model": str(execution_input.get("model") or original.get("model", "tiny")),
-            "distribution": str(execution_input.get("distribution", "ddp")),
-        }
-        training.local_hyperparameters = local_scale(requested, steps)
-        if training.local_hyperparameters:
-            _say(
-                "local scale (the request, the job and the lineage keep the input's values): "
-                + ", ".join(f"{k}={v}" for k, v in sorted(training.local_hyperparameters.items()))
-            )
-        else:
-            _say("the training job runs the input's hyperparameters as given")
+        training.local_hyperparameters = _local_hyperparameters(execution_input, steps)
         name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
-        decisions: list[dict[str, Any]] = []
-        started = time.monotonic()
         try:
-            while True:
-                described = platform.sfn.describe_execution(executionArn=arn)
-                printer.states(platform, arn, started)
-                decisions.extend(
-                    _answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject)
-                )
-                if described["status"] != "RUNNING":
-                    break
-                if time.monotonic() - started > timeout_seconds:
-                    platform.sfn.stop_execution(executionArn=arn, error="DemoTimeout", cause="local time limit")
-                    raise TimeoutError(f"execution {name} still running after {timeout_seconds:.0f} s")
-                time.sleep(0.3)
-            printer.states(platform, arn, started)
+            described, decisions = _follow(
+                platform,
+                arn,
+                printer,
+                approver=approver,
+                auto_approve=auto_approve,
+                reject=reject,
+                timeout_seconds=timeout_seconds,
+            )
         finally:
             training.stop_all()
         facts = report.collect(platform, training, arn, described, decisions)
     return _write_report(facts, arn, described, run_dir)
+
+
+def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -> dict[str, str]:
+    """What this machine runs instead of the input's hyperparameters (said aloud); {} when it runs them as given."""
+    original = {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in execution_input.get("hyperparameters", {}).items()
+    }
+    requested = {
+        **original,
+        "model": str(execution_input.get("model") or original.get("model", "tiny")),
+        "distribution": str(execution_input.get("distribution", "ddp")),
+    }
+    scaled = local_scale(requested, steps)
+    if scaled:
+        _say(
+            "local scale (the request, the job and the lineage keep the input's values): "
+            + ", ".join(f"{k}={v}" for k, v in sorted(scaled.items()))
+        )
+    else:
+        _say("the training job runs the input's hyperparameters as given")
+    return scaled
+
+
+def _follow(
+    platform: LocalPlatform,
+    arn: str,
+    printer: _Printer,
+    *,
+    approver: str,
+    auto_approve: bool,
+    reject: bool,
+    timeout_seconds: float,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
+    decisions: list[dict[str, Any]] = []
+    started = time.monotonic()
+    while True:
+        described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
+        printer.states(platform, arn, started)
+        decisions.extend(_answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject))
+        if described["status"] != "RUNNING":
+            break
+        if time.monotonic() - started > timeout_seconds:
+            platform.sfn.stop_execution(executionArn=arn, error="DemoTimeout", cause="local time limit")
+            name = arn.rsplit(":", 1)[-1]
+            raise TimeoutError(f"execution {name} still running after {timeout_seconds:.0f} s")
+        time.sleep(0.3)
+    printer.states(platform, arn, started)
+    return described, decisions
 
 
 def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path) -> None:
