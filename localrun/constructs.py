@@ -23,7 +23,7 @@ _FUNCTION = "/Function/Resource"
 class StateMachine:
     stack: str
     logical: str
-    path: str  # construct path, e.g. "training-platform-dev-pipeline/TrainingPipeline"
+    path: str  # construct path, e.g. "<stack>/TrainingPipeline"
     resource: dict[str, Any]
 
 
