@@ -57,22 +57,39 @@ def _digest(text: str, n: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
+def _logical_id_paths(directory: Path, artifact: dict[str, Any]) -> dict[str, str]:
+    """Logical ID -> construct path, from a stack's metadata (in the manifest or the file it names)."""
+    metadata: dict[str, list[dict[str, Any]]] = dict(artifact.get("metadata", {}))
+    if "additionalMetadataFile" in artifact:
+        metadata.update(json.loads((directory / artifact["additionalMetadataFile"]).read_text()))
+    return {
+        entry["data"]: path
+        for path, entries in metadata.items()
+        for entry in entries
+        if entry["type"] == "aws:cdk:logicalId"
+    }
+
+
 @dataclass
 class Assembly:
-    """The templates of a cloud assembly directory, by stack name."""
+    """The templates of a cloud assembly directory, by stack name, and their resources' construct paths."""
 
     directory: Path
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # stack -> logical ID -> construct path as the metadata writes it ("/<stack>/Monitor/Function/Resource").
+    construct_paths: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path) -> Assembly:
         manifest = json.loads((directory / "manifest.json").read_text())
         templates = {}
+        paths = {}
         for artifact in manifest["artifacts"].values():
             if artifact["type"] == "aws:cloudformation:stack":
                 name = artifact["properties"].get("stackName") or artifact["displayName"]
                 templates[name] = json.loads((directory / artifact["properties"]["templateFile"]).read_text())
-        return cls(directory=directory, templates=templates)
+                paths[name] = _logical_id_paths(directory, artifact)
+        return cls(directory=directory, templates=templates, construct_paths=paths)
 
     def resources(self, type_: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(stack, logical ID, resource) of every resource of a type."""
@@ -84,7 +101,7 @@ class Assembly:
     def stack_named(self, suffix: str) -> str:
         matches = [s for s in self.templates if s.endswith(suffix)]
         if len(matches) != 1:
-            raise KeyError(f"expected one stack ending in {suffix!r}, found {matches}")
+            raise KeyError(f"expected one stack ending in {suffix!r}, found {matches} among {sorted(self.templates)}")
         return matches[0]
 
 

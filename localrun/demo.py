@@ -25,12 +25,14 @@ from typing import Any
 
 import boto3
 
+from localrun import report
+from localrun.cfn import ACCOUNT, REGION
 from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
 from localrun.sagemaker_local import LocalTraining
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_APPROVER = "arn:aws:iam::123456789012:role/DemoApprover"
+DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
 DEMO_RECIPIENT = "ml-engineer@example.org"
 # How the local runner scales a request whose model cannot train on this machine in minutes.
 LOCAL_MODEL = {
@@ -49,8 +51,6 @@ LOCAL_MODEL = {
 TINY = {"tiny", "llama-tiny"}
 # Longer requests are cut to this many steps locally (a few tens of seconds on 2 cores).
 LOCAL_MAX_STEPS = 300
-_STEP = re.compile(r"\bstep=(\d+) loss=(\S+)")
-_VAL = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
 
 
 @dataclass
@@ -120,6 +120,7 @@ def run_demo(
     wait_seconds: float = 2.0,
     timeout_seconds: float = 900.0,
 ) -> Outcome:
+    """Synthesize (unless given an assembly), run the input to its end locally, and write the run report."""
     out.mkdir(parents=True, exist_ok=True)
     assembly = assembly or synthesize(out)
     run_dir = out / execution_input.get("run_name", "run")
@@ -139,61 +140,81 @@ def run_demo(
     with handler_log, LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log) as platform:
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         _seed_datasets(platform, execution_input, out / "corpus")
-        original = {
-            k: str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in execution_input.get("hyperparameters", {}).items()
-        }
-        requested = {
-            **original,
-            "model": str(execution_input.get("model") or original.get("model", "tiny")),
-            "distribution": str(execution_input.get("distribution", "ddp")),
-        }
-        training.local_hyperparameters = local_scale(requested, steps)
-        if training.local_hyperparameters:
-            _say(
-                "local scale (the request, the job and the lineage keep the input's values): "
-                + ", ".join(f"{k}={v}" for k, v in sorted(training.local_hyperparameters.items()))
-            )
-        else:
-            _say("the training job runs the input's hyperparameters as given")
+        training.local_hyperparameters = _local_hyperparameters(execution_input, steps)
         name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
-        decisions: list[dict[str, Any]] = []
-        started = time.monotonic()
         try:
-            while True:
-                described = platform.sfn.describe_execution(executionArn=arn)
-                printer.states(platform, arn, started)
-                decisions.extend(
-                    _answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject)
-                )
-                if described["status"] != "RUNNING":
-                    break
-                if time.monotonic() - started > timeout_seconds:
-                    platform.sfn.stop_execution(executionArn=arn, error="DemoTimeout", cause="local time limit")
-                    raise TimeoutError(f"execution {name} still running after {timeout_seconds:.0f} s")
-                time.sleep(0.3)
-            printer.states(platform, arn, started)
+            described, decisions = _follow(
+                platform,
+                arn,
+                printer,
+                approver=approver,
+                auto_approve=auto_approve,
+                reject=reject,
+                timeout_seconds=timeout_seconds,
+            )
         finally:
             training.stop_all()
-        outcome = Outcome(
-            execution_arn=arn,
-            described=described,
-            states=_durations(platform.history(arn)),
-            job_names=list(platform.training_requests),
-            report=run_dir / "report.md",
-            decisions=decisions,
+        facts = report.collect(platform, training, arn, described, decisions)
+    return _write_report(facts, arn, described, run_dir)
+
+
+def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -> dict[str, str]:
+    """What this machine runs instead of the input's hyperparameters (said aloud); {} when it runs them as given."""
+    original = {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in execution_input.get("hyperparameters", {}).items()
+    }
+    requested = {
+        **original,
+        "model": str(execution_input.get("model") or original.get("model", "tiny")),
+        "distribution": str(execution_input.get("distribution", "ddp")),
+    }
+    scaled = local_scale(requested, steps)
+    if scaled:
+        _say(
+            "local scale (the request, the job and the lineage keep the input's values): "
+            + ", ".join(f"{k}={v}" for k, v in sorted(scaled.items()))
         )
-        _report(platform, training, outcome, run_dir)
-    return outcome
+    else:
+        _say("the training job runs the input's hyperparameters as given")
+    return scaled
+
+
+def _follow(
+    platform: LocalPlatform,
+    arn: str,
+    printer: _Printer,
+    *,
+    approver: str,
+    auto_approve: bool,
+    reject: bool,
+    timeout_seconds: float,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
+    decisions: list[dict[str, Any]] = []
+    started = time.monotonic()
+    while True:
+        described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
+        printer.states(platform, arn, started)
+        decisions.extend(_answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject))
+        if described["status"] != "RUNNING":
+            break
+        if time.monotonic() - started > timeout_seconds:
+            platform.sfn.stop_execution(executionArn=arn, error="DemoTimeout", cause="local time limit")
+            name = arn.rsplit(":", 1)[-1]
+            raise TimeoutError(f"execution {name} still running after {timeout_seconds:.0f} s")
+        time.sleep(0.3)
+    printer.states(platform, arn, started)
+    return described, decisions
 
 
 def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path) -> None:
     """Put the generated corpus where the input's datasets point (as if engineers had uploaded it)."""
     shards = build_shards(workdir)
     bucket = platform.environment("Validate")["DATASETS_BUCKET"]
-    s3 = boto3.client("s3", region_name="us-east-1")
+    s3 = boto3.client("s3", region_name=REGION)
     for key in ("dataset", "validation_dataset"):
         uri = execution_input.get(key)
         if not isinstance(uri, str):
@@ -253,8 +274,8 @@ class _Printer:
             self.seen = len(entered)
 
     def training_line(self, job: str, line: str) -> None:
-        step = _STEP.search(line)
-        val = _VAL.search(line)
+        step = report.STEP_LOSS.search(line)
+        val = report.STEP_VAL_LOSS.search(line)
         throughput = re.search(r"tokens_per_sec=(\S+)", line)
         with self.lock:
             if step:
@@ -266,146 +287,23 @@ class _Printer:
                 _say(f"          [{job}] {line.strip()}")
 
 
-def _durations(history: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """(state, seconds) in the order entered, from the execution history's timestamps."""
-    out: list[tuple[str, float]] = []
-    open_state: tuple[str, datetime] | None = None
-    for event in history:
-        stamp = event["timestamp"]
-        if event["type"].endswith("StateEntered"):
-            if open_state:
-                out.append((open_state[0], (stamp - open_state[1]).total_seconds()))
-            open_state = (event["stateEnteredEventDetails"]["name"], stamp)
-        elif event["type"].endswith("StateExited") and open_state:
-            out.append((open_state[0], (stamp - open_state[1]).total_seconds()))
-            open_state = None
-    if open_state:
-        out.append((open_state[0], 0.0))
-    return out
-
-
-def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    train = sorted({int(m.group(1)): float(m.group(2)) for m in _STEP.finditer(logs)}.items())
-    val = sorted({int(m.group(1)): float(m.group(2)) for m in _VAL.finditer(logs)}.items())
-    return train, val
-
-
-def _plot(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path, title: str) -> None:
-    import matplotlib  # noqa: PLC0415 - the backend must be chosen before pyplot is imported
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
-    if train:
-        axes.plot(*zip(*train, strict=True), label="train loss")
-    if val:
-        axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
-    axes.set_xlabel("step")
-    axes.set_ylabel("loss (nats/token)")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
-
-
-def _report(platform: Any, training: Any, outcome: Outcome, run_dir: Path) -> None:
-    described = outcome.described
-    status = described["status"]
-    lines = [f"# Training run report: {outcome.execution_arn.rsplit(':', 1)[-1]}", "", f"Outcome: **{status}**"]
-    if status != "SUCCEEDED":
-        lines.append(f"Error: `{described.get('error')}`; cause: {described.get('cause')}")
-    lines += ["", "## States", "", "| State | Seconds |", "| --- | --- |"]
-    lines += [f"| {name} | {seconds:.2f} |" for name, seconds in outcome.states]
-    estimate = next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None)
-    if estimate:
-        lines += ["", "## Cost estimate", "", "```json", json.dumps(estimate, indent=2), "```"]
-    s3 = boto3.client("s3", region_name="us-east-1")
-    for job in outcome.job_names:
-        logs = training.logs(job)
-        (run_dir / f"{job}.log").write_text(logs)
-        train, val = loss_curve(logs)
-        png = run_dir / f"{job}-loss.png"
-        if train:
-            _plot(train, val, png, job)
-        request = platform.training_requests[job]
-        lines += ["", f"## Training job {job}", "", f"Log: `{run_dir / (job + '.log')}`"]
-        if train:
-            lines += [
-                f"Loss curve: ![loss]({png.name})",
-                f"First/last train loss: {train[0][1]:.4f} -> {train[-1][1]:.4f}",
-            ]
-        sm = boto3.client("sagemaker", region_name="us-east-1").describe_training_job(TrainingJobName=job)
-        lines.append(f"Status: {sm['TrainingJobStatus']} ({sm.get('SecondaryStatus')})")
-        if sm.get("FailureReason"):
-            lines.append(f"Failure: {sm['FailureReason']}")
-        lines += [f"Note: {note}" for note in training.jobs[job].notes]
-        transitions = [t["Status"] for t in sm.get("SecondaryStatusTransitions", [])]
-        lines.append(f"Secondary statuses: {' -> '.join(transitions)}")
-        metrics = {m["MetricName"]: m["Value"] for m in sm.get("FinalMetricDataList", [])}
-        if metrics:
-            lines += ["Final metrics (MetricDefinitions on the log):", ""]
-            lines += [f"- `{k}` = {v}" for k, v in sorted(metrics.items())]
-        bucket, prefix = request["CheckpointConfig"]["S3Uri"].removeprefix("s3://").split("/", 1)
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-        steps = sorted({int(m.group(1)) for k in keys if (m := re.search(r"step-(\d+)/manifest\.json$", k))})
-        lines.append(f"Checkpoints in {request['CheckpointConfig']['S3Uri']}: steps {steps}")
-    lines += _registration_section(platform, run_dir)
-    for decision in outcome.decisions:
-        who = f"{decision.get('decision')} by {decision.get('by')}"
-        lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
-    lines += _iam_section(platform)
-    outcome.report.write_text("\n".join(lines) + "\n")
+def _write_report(facts: report.RunFacts, arn: str, described: dict[str, Any], run_dir: Path) -> Outcome:
+    """Save the run's files and report.md, print the report, and return the outcome."""
+    report.save(facts, run_dir)
+    text = report.render(facts, run_dir)
+    path = run_dir / "report.md"
+    path.write_text(text + "\n")
     _say("")
-    _say("\n".join(lines))
-    _say(f"\nreport: {outcome.report}")
-
-
-def _registration_section(platform: Any, run_dir: Path) -> list[str]:
-    """The registered model package and its lineage record (also written to lineage.json)."""
-    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
-    packages = sagemaker.list_model_packages(ModelPackageGroupName="training-platform-dev-models")[
-        "ModelPackageSummaryList"
-    ]
-    registrations = [c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.register") and c.result]
-    lines: list[str] = []
-    for summary, registration in zip(packages, registrations, strict=False):
-        package = sagemaker.describe_model_package(ModelPackageName=summary["ModelPackageArn"])
-        lines += ["", "## Registered model", "", f"{package['ModelPackageArn']}: **{package['ModelApprovalStatus']}**"]
-        lineage_uri = registration["lineage_uri"]
-        bucket, key = lineage_uri.removeprefix("s3://").split("/", 1)
-        lineage = json.loads(
-            boto3.client("s3", region_name="us-east-1").get_object(Bucket=bucket, Key=key)["Body"].read()
-        )
-        (run_dir / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True))
-        lines += [f"Lineage ({lineage_uri}):", "", "```json", json.dumps(lineage, indent=2, sort_keys=True), "```"]
-    return lines
-
-
-def _iam_section(platform: Any) -> list[str]:
-    """Which role made which calls, each judged against that role's synthesized policies."""
-    by_role: dict[str, list[Any]] = {}
-    for judgement in platform.iam.judgements:
-        by_role.setdefault(judgement.principal.split("/")[1], []).append(judgement)
-    lines = [
-        "",
-        "## IAM, enforced",
-        "",
-        "Every AWS call of the handlers, the state machine and the training job was signed by the role AWS",
-        "would use and judged against that role's policies in the synthesized templates.",
-        "",
-        "| Role | Calls | Actions |",
-        "| --- | --- | --- |",
-    ]
-    for role, judgements in sorted(by_role.items()):
-        actions = ", ".join(sorted({j.action for j in judgements}))
-        lines.append(f"| {role} | {len(judgements)} | {actions} |")
-    denied = platform.iam.denials()
-    lines.append(f"\nDenied: {len(denied)}")
-    lines += [f"- {j.principal}: {j.action} on {j.resource} ({j.reason})" for j in denied]
-    return lines
+    _say(text)
+    _say(f"\nreport: {path}")
+    return Outcome(
+        execution_arn=arn,
+        described=described,
+        states=facts.states,
+        job_names=[job.name for job in facts.jobs],
+        report=path,
+        decisions=facts.decisions,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     for var, value in {
         "AWS_ACCESS_KEY_ID": "demo",
         "AWS_SECRET_ACCESS_KEY": "demo",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": REGION,
     }.items():
         os.environ[var] = value
     os.environ.pop("AWS_PROFILE", None)

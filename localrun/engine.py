@@ -6,11 +6,9 @@ routes every Lambda task to the project's handler, imported in-process with the 
 its template gives it. A training backend decides what SageMaker jobs do: scripted outcomes
 for tests, or real local training for the demo.
 
-moto's engine needs a few patches, each the smallest that makes it behave like the service:
-Lambda tasks run in-process (moto would need Docker); SDK error names get AWS's spelling
-(`SageMaker.ResourceLimitExceededException`); timestamps in SDK results become ISO strings
-(as Step Functions serialises them); Wait states, retry intervals and human-approval timeouts
-follow a configurable clock instead of the wall clock.
+Where moto behaves unlike AWS, localrun/moto_fixes.py patches it, one named patch each (Lambda
+tasks run in-process, AWS's error names and JSON results, Wait states, retries and approval
+timeouts on a configurable clock); what moto lacks altogether is in localrun/services.py.
 """
 
 from __future__ import annotations
@@ -26,33 +24,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
-from unittest import mock
 
 import boto3
 from botocore.credentials import Credentials
 from moto import mock_aws
-from moto.awslambda.models import LambdaBackend
-from moto.iam.access_control import PermissionResult
-from moto.s3.models import FakeBucket
-from moto.sagemaker.exceptions import ResourceInUseException
-from moto.sagemaker.models import SageMakerModelBackend
-from moto.sagemaker.responses import SageMakerResponse
-from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
-from moto.stepfunctions.parser.asl.component.state.exec import execute_state
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-    state_task_service_aws_sdk as sdk,
-)
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
-    StateTaskServiceCallback,
-)
-from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
-from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
-from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
+from localrun import constructs, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
@@ -60,7 +39,6 @@ from localrun.services import (
     Faults,
     execution_status_changes,
     failing_publish,
-    lambda_service_error_names,
     lambda_throttle,
     stop_training_job,
 )
@@ -142,7 +120,12 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 class LocalPlatform:
-    """The platform's pipeline, deployed into moto from a cloud assembly."""
+    """The platform's pipeline, deployed into moto from a cloud assembly.
+
+    `state_machine` is the construct path of the state machine to run (default: the pipeline
+    stack's `TrainingPipeline`). Functions are named by the end of their construct path
+    (localrun/constructs.py): `invoke("ApprovalDecide", ...)`, `environment("Monitor")`.
+    """
 
     def __init__(
         self,
@@ -152,9 +135,11 @@ class LocalPlatform:
         clock: Clock | None = None,
         handler_log: TextIO | None = None,
         enforce_iam: bool = True,
+        state_machine: str | None = None,
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
+        self.state_machine = constructs.state_machine(self.assembly, state_machine)
         self.training = training
         self.clock = clock or Clock()
         self.lambda_calls: list[LambdaCall] = []
@@ -162,10 +147,7 @@ class LocalPlatform:
         self.handler_log = handler_log
         self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
-        self._functions = {
-            self.resolver.ref(stack, logical): (stack, resource)
-            for stack, logical, resource in self.assembly.resources("AWS::Lambda::Function")
-        }
+        self.functions = constructs.Functions(self.assembly, self.resolver)
         self._env_lock = threading.Lock()
         # Executions run on moto's threads; none may outlive this platform into the next mock.
         self._started: list[str] = []
@@ -173,7 +155,7 @@ class LocalPlatform:
         self._handlers_running = 0
         self._closed = False
         self._stack = contextlib.ExitStack()
-        self.pipeline_stack = self.assembly.stack_named("-pipeline")
+        self.pipeline_stack = self.state_machine.stack
         self.enforce_iam = enforce_iam
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,15 +169,14 @@ class LocalPlatform:
                 }
             )
         )
-        for patch in self._patches():
+        for patch in self._moto_fixes():
             self._stack.enter_context(patch)
-        self.faults = Faults()
+        self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
         for patch in (
             failing_publish(self.faults),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
-            lambda_service_error_names(),
         ):
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -257,12 +238,9 @@ class LocalPlatform:
             if e["type"].endswith("StateEntered")
         ]
 
-    def invoke(self, logical_prefix: str, event: dict[str, Any]) -> Any:
+    def invoke(self, function: str, event: dict[str, Any]) -> Any:
         """Call a platform handler directly (e.g. the approval decision behind the function URL)."""
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        if len(matches) != 1:
-            raise KeyError(f"expected one function starting with {logical_prefix!r}, found {matches}")
-        return self._run_handler(matches[0], event)
+        return self._run_handler(self.functions.named(function).name, event)
 
     def person(self, role_arn: str, session_name: str = "person") -> boto3.Session:
         """A person's AWS session in this account (as SSO would give): the role is created if needed, then assumed."""
@@ -307,11 +285,9 @@ class LocalPlatform:
         }
         return self.invoke("ApprovalDecide", event)
 
-    def function_session(self, logical_prefix: str) -> Credentials:
+    def function_session(self, function: str) -> Credentials:
         """The credentials a platform function runs with (a session of its execution role)."""
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        (name,) = matches
-        return self._role(name)
+        return self._role(self.functions.named(function).name)
 
     def training_key_arn(self) -> str:
         """The platform key, as the training job's request names it (OutputDataConfig.KmsKeyId)."""
@@ -321,12 +297,9 @@ class LocalPlatform:
                 return str(parameters["OutputDataConfig"]["KmsKeyId"])
         raise KeyError("the state machine creates no training job")
 
-    def environment(self, logical_prefix: str) -> dict[str, str]:
-        matches = [name for name in self._functions if name.startswith(logical_prefix)]
-        (name,) = matches
-        stack, resource = self._functions[name]
-        variables = resource["Properties"].get("Environment", {}).get("Variables", {})
-        return {k: str(v) for k, v in self.resolver.resolve(stack, variables).items()}
+    def environment(self, function: str) -> dict[str, str]:
+        """A platform function's environment variables, as its template gives them."""
+        return self.functions.environment(self.functions.named(function))
 
     # -- deploy ------------------------------------------------------------------------------
     def _deploy(self) -> None:
@@ -362,12 +335,13 @@ class LocalPlatform:
             sagemaker.create_model_package_group(
                 ModelPackageGroupName=self.resolver.resolve(stack, resource["Properties"]["ModelPackageGroupName"])
             )
-        ((stack, logical, machine),) = list(self.assembly.resources("AWS::StepFunctions::StateMachine"))[-1:]
-        definition = self.resolver.resolve(stack, machine["Properties"]["DefinitionString"])
+        machine = self.state_machine
+        properties = machine.resource["Properties"]
+        definition = self.resolver.resolve(machine.stack, properties["DefinitionString"])
         self.definition = json.loads(definition)
-        self.state_machine_role_arn = str(self.resolver.resolve(stack, machine["Properties"]["RoleArn"]))
+        self.state_machine_role_arn = str(self.resolver.resolve(machine.stack, properties["RoleArn"]))
         self.state_machine_arn = self.sfn.create_state_machine(
-            name=logical, definition=definition, roleArn=self.state_machine_role_arn
+            name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
 
@@ -396,8 +370,8 @@ class LocalPlatform:
 
     # -- Lambda -------------------------------------------------------------------------------
     def _run_handler(self, function_name: str, event: Any) -> Any:
-        _stack, resource = self._functions[function_name]
-        handler_path = resource["Properties"]["Handler"]
+        function = self.functions[function_name]
+        handler_path = function.resource["Properties"]["Handler"]
         module_name, _, attribute = handler_path.rpartition(".")
         handler = getattr(importlib.import_module(module_name), attribute)
         if self.handler_log is not None:
@@ -409,7 +383,8 @@ class LocalPlatform:
             self._handlers_running += 1
         self.lambda_calls.append(call)
         try:
-            with self._env_lock, _environment(self.environment(function_name)), acting_as(self._role(function_name)):
+            environment = self.functions.environment(function)
+            with self._env_lock, _environment(environment), acting_as(self._role(function_name)):
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:
@@ -423,8 +398,8 @@ class LocalPlatform:
 
     def _role(self, function_name: str) -> Credentials:
         """The credentials Lambda gives the function: a session of its execution role."""
-        stack, resource = self._functions[function_name]
-        role = self.resolver.resolve(stack, resource["Properties"]["Role"])
+        function = self.functions[function_name]
+        role = self.resolver.resolve(function.stack, function.resource["Properties"]["Role"])
         return self.iam.credentials(role, LAMBDA, f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{function_name}")
 
     def _redirect_handler_logs(self) -> None:
@@ -435,12 +410,6 @@ class LocalPlatform:
                     if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
                         handler.setStream(self.handler_log)
                         self._redirected.append(handler)
-
-    def _invoke_patch(self) -> Callable[..., bytes]:
-        def invoke(backend: Any, *args: Any) -> bytes:
-            return self._invoke(backend, *args)
-
-        return invoke
 
     def _invoke(
         self, _backend: Any, function_name: str, _qualifier: Any, body: Any, _headers: Any, response_headers: Any
@@ -457,111 +426,24 @@ class LocalPlatform:
         return json.dumps(result).encode()
 
     # -- SageMaker ------------------------------------------------------------------------------
-    def _create_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """Record the full request (moto drops some fields), refuse reused names, start jobs InProgress."""
-        platform = self
-
-        def create(response: Any) -> Any:
-            request = json.loads(response.body)
-            name = request["TrainingJobName"]
-            backend = response.sagemaker_backend
-            if name in backend.training_jobs:  # moto would silently replace it; SageMaker refuses
-                raise ResourceInUseException(f"Training job names must be unique within an account: {name} exists")
-            result = original(response)
-            job = backend.training_jobs[name]
-            platform.training_requests[name] = request
-            job.training_job_status = "InProgress"
-            job.secondary_status = "Starting"
-            job.final_metric_data_list = []
-            job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
-            platform.training.created(name, request, job)
-            return result
-
-        return create
-
-    def _describe_training_job(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        platform = self
-
-        def describe(backend: Any, training_job_name: str) -> Any:
-            job = backend.training_jobs.get(training_job_name)
-            if job is not None:
-                platform.training.described(training_job_name, job)
-            return original(backend, training_job_name)
-
-        return describe
+    def _training_job_created(self, name: str, request: dict[str, Any], job: Any) -> None:
+        self.training_requests[name] = request  # the full request: moto keeps only some fields
+        self.training.created(name, request, job)
 
     # -- patches --------------------------------------------------------------------------------
-    def _patches(self) -> Iterator[Any]:
+    def _moto_fixes(self) -> list[Any]:
         clock = self.clock
-        yield mock.patch.object(LambdaBackend, "invoke", self._invoke_patch())
-        # moto applies bucket policies to object calls, ignoring their conditions (so the TLS-only Deny
-        # denies every call); the local IAM (localrun/iam.py) evaluates them with their conditions.
-        yield mock.patch.object(FakeBucket, "get_permission", lambda *_: PermissionResult.NEUTRAL)
-
-        def wait(_self: Any, env: Any, wait_seconds: float) -> None:
-            clock.waits.append(wait_seconds)
-            if clock.wait_scale:
-                env.program_state_event.wait(wait_seconds * clock.wait_scale)
-
-        yield mock.patch.object(WaitFunction, "_wait_interval", wait)
-
-        def retry_sleep(seconds: float) -> None:
-            clock.retries.append(seconds)
-            if clock.retry_scale:
-                time.sleep(seconds * clock.retry_scale)
-
-        yield mock.patch.object(retrier_decl, "time", mock.Mock(sleep=retry_sleep))
-
-        original_timeout = execute_state.ExecutionState._evaluate_with_timeout
-
-        def evaluate_with_timeout(state: Any, env: Any) -> None:
-            timeout = state.timeout
-            human = isinstance(state, StateTaskServiceCallback) and "waitForTaskToken" in str(
-                state.resource.resource_arn
-            )
-            if human and isinstance(timeout, TimeoutSeconds) and clock.approval_timeout_scale != 1.0:
-                scaled = max(1, round(timeout.timeout_seconds * clock.approval_timeout_scale))
-                state.timeout = TimeoutSeconds(timeout_seconds=scaled)
-            try:
-                original_timeout(state, env)
-            finally:
-                state.timeout = timeout
-
-        yield mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
-
-        original_sdk = sdk.StateTaskServiceAwsSdk._eval_service_task
-
-        def sdk_json(task: Any, env: Any, *args: Any, **kwargs: Any) -> None:
-            original_sdk(task, env, *args, **kwargs)
-            env.stack[-1] = json.loads(to_json_str(env.stack[-1]))  # datetimes -> ISO strings
-
-        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", sdk_json)
-        yield mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {"sagemaker": "SageMaker"})
-
-        def error_name(service: str, exc: Exception) -> str:
-            name = type(exc).__name__
-            if name == "ClientError":
-                return f"{service}.Amazon{service}Exception"
-            return f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
-
-        yield mock.patch.object(sdk.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(error_name))
-
-        original_env = ExecutionWorker._get_evaluation_environment
-
-        def iso_start(worker: Any) -> Any:
-            env = original_env(worker)
-            execution = env.states.context_object.context_object_data["Execution"]
-            start: Any = execution.get("StartTime")  # typed str by moto, a datetime at run time
-            if isinstance(start, datetime):
-                execution["StartTime"] = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            return env
-
-        yield mock.patch.object(ExecutionWorker, "_get_evaluation_environment", iso_start)
-        yield mock.patch.object(
-            SageMakerResponse, "create_training_job", self._create_training_job(SageMakerResponse.create_training_job)
-        )
-        yield mock.patch.object(
-            SageMakerModelBackend,
-            "describe_training_job",
-            self._describe_training_job(SageMakerModelBackend.describe_training_job),
-        )
+        return [
+            moto_fixes.lambda_in_process(self._invoke),
+            moto_fixes.lambda_service_error_names(),
+            moto_fixes.bucket_policies_left_to_local_iam(),
+            moto_fixes.wait_states_on(clock),
+            moto_fixes.retry_intervals_on(clock),
+            moto_fixes.approval_timeouts_on(clock),
+            moto_fixes.sdk_results_as_json(),
+            moto_fixes.sdk_service_error_names(),
+            moto_fixes.sdk_generic_error_names(),
+            moto_fixes.execution_start_time_as_iso(),
+            moto_fixes.create_training_job(self._training_job_created),
+            moto_fixes.describe_training_job(self.training.described),
+        ]

@@ -30,19 +30,40 @@ from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommu
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 
 
+class Throttles(dict[str, int]):
+    """Function -> invocations to refuse, each function named as LocalPlatform names it (the end of its
+    construct path); a name that matches no function, or several, is refused when it is set.
+    """
+
+    def __init__(self, function_named: Callable[[str], str]) -> None:
+        super().__init__()
+        self.function_named = function_named
+
+    def __setitem__(self, function: str, count: int) -> None:
+        self.function_named(function)
+        super().__setitem__(function, count)
+
+
 @dataclass
 class Faults:
-    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function."""
+    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function.
 
-    throttle: dict[str, int] = field(default_factory=dict)
+    `function_named` maps such a name to the function's physical name (or raises, naming the candidates).
+    """
+
+    function_named: Callable[[str], str]
+    throttle: Throttles = field(init=False)
     sns_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self.throttle = Throttles(self.function_named)
+
     def throttled(self, function_name: str) -> bool:
         with self._lock:
-            for prefix, left in self.throttle.items():
-                if function_name.startswith(prefix) and left > 0:
-                    self.throttle[prefix] = left - 1
+            for function, left in self.throttle.items():
+                if left > 0 and self.function_named(function) == function_name:
+                    self.throttle[function] = left - 1
                     return True
             return False
 
@@ -187,38 +208,3 @@ def execution_status_changes(rules: EventRules) -> Any:
         )
 
     return mock.patch.object(BaseExecutionWorkerCommunication, "terminated", terminated)
-
-
-def lambda_service_error_names() -> Any:
-    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception".
-
-    moto's engine gives every ClientError of a Lambda task the name "Exception", so a Retry on
-    Lambda's own errors (throttling, service faults) would never match.
-    """
-    from botocore.exceptions import ClientError  # noqa: PLC0415
-    from moto.stepfunctions.parser.api import HistoryEventType, LambdaFunctionFailedEventDetails  # noqa: PLC0415
-    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import (  # noqa: PLC0415
-        CustomErrorName,
-    )
-    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent  # noqa: PLC0415
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import (  # noqa: PLC0415
-        StateTaskLambda,
-    )
-    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails  # noqa: PLC0415
-
-    original = StateTaskLambda._from_error
-
-    def from_error(state: Any, env: Any, ex: Exception) -> Any:
-        if not isinstance(ex, ClientError):
-            return original(state, env, ex)
-        code = ex.response["Error"]["Code"]
-        name = f"Lambda.{code}" + ("" if code.endswith("Exception") else "Exception")
-        details = LambdaFunctionFailedEventDetails(error=name, cause=ex.response["Error"]["Message"])
-        return FailureEvent(
-            env=env,
-            error_name=CustomErrorName(name),
-            event_type=HistoryEventType.LambdaFunctionFailed,
-            event_details=EventDetails(lambdaFunctionFailedEventDetails=details),  # type: ignore[typeddict-item]
-        )
-
-    return mock.patch.object(StateTaskLambda, "_from_error", from_error)

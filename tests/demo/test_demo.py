@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from localrun import netns
+from localrun.cfn import Assembly, Resolver
+from localrun.constructs import Functions
 from localrun.demo import run_demo
 from tests.conftest import APPROVER, RUN_EMAIL
 
@@ -65,6 +67,13 @@ def _demo(platform: Any, tmp_path: Path, execution_input: dict[str, Any], **opti
         assembly=Path(platform.assembly.directory),
         **(arguments | options),
     )
+
+
+def _model_package_group(platform: Any) -> str:
+    """The group Register registers into, as its function's environment in the assembly names it."""
+    assembly = Assembly.load(Path(platform.assembly.directory))
+    functions = Functions(assembly, Resolver(assembly))
+    return functions.environment(functions.named("Register"))["MODEL_PACKAGE_GROUP"]
 
 
 def _states(outcome: Any) -> list[str]:
@@ -126,7 +135,8 @@ def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) 
     assert outcome.described["error"] == "PromotionRejected"
     assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject)"
     report = outcome.report.read_text()
-    assert re.search(r"model-package/training-platform-dev-models/1: \*\*Rejected\*\*", report)
+    group = re.escape(_model_package_group(platform))
+    assert re.search(rf"model-package/{group}/1: \*\*Rejected\*\*", report)
 
 
 def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> None:

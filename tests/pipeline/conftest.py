@@ -11,6 +11,7 @@ from typing import Any
 import boto3
 import pytest
 
+from localrun.cfn import REGION
 from localrun.engine import Clock, LocalPlatform
 from localrun.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER
@@ -95,10 +96,9 @@ class Pipeline:
         return list(self.local.training_requests)
 
     def model_packages(self) -> list[dict[str, Any]]:
-        sagemaker = boto3.client("sagemaker", region_name="us-east-1")
-        summaries = sagemaker.list_model_packages(ModelPackageGroupName="training-platform-dev-models")[
-            "ModelPackageSummaryList"
-        ]
+        sagemaker = boto3.client("sagemaker", region_name=REGION)
+        group = self.local.environment("Register")["MODEL_PACKAGE_GROUP"]
+        summaries = sagemaker.list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"]
         return [sagemaker.describe_model_package(ModelPackageName=s["ModelPackageArn"]) for s in summaries]
 
     def error(self, described: dict[str, Any]) -> tuple[str, str]:

@@ -1,0 +1,239 @@
+"""Where moto behaves unlike AWS, one patch each: what moto does, and what AWS does instead.
+
+Each function returns a patch (a context manager) for `LocalPlatform` to enter. Service behaviours
+moto lacks altogether are in localrun/services.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+from moto.awslambda.models import LambdaBackend
+from moto.iam.access_control import PermissionResult
+from moto.s3.models import FakeBucket
+from moto.sagemaker.exceptions import ResourceInUseException
+from moto.sagemaker.models import SageMakerModelBackend
+from moto.sagemaker.responses import SageMakerResponse
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.component.state.exec import execute_state
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_aws_sdk as sdk,
+)
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
+    StateTaskServiceCallback,
+)
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
+from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+
+if TYPE_CHECKING:
+    from localrun.engine import Clock
+
+
+# -- Lambda ------------------------------------------------------------------------------------------
+def lambda_in_process(invoke: Callable[..., bytes]) -> Any:
+    """moto runs a function's code in a Docker container; here `invoke` runs the project's handler in-process.
+
+    `invoke(backend, function_name, qualifier, body, headers, response_headers)` answers as Lambda
+    does: the handler's result, or its error with `x-amz-function-error` set.
+    """
+
+    def invoke_in_process(backend: Any, *args: Any) -> bytes:
+        return invoke(backend, *args)
+
+    return mock.patch.object(LambdaBackend, "invoke", invoke_in_process)
+
+
+def lambda_service_error_names() -> Any:
+    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception".
+
+    moto's engine gives every ClientError of a Lambda task the name "Exception", so a Retry on
+    Lambda's own errors (throttling, service faults) would never match.
+    """
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+    from moto.stepfunctions.parser.api import HistoryEventType, LambdaFunctionFailedEventDetails  # noqa: PLC0415
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import (  # noqa: PLC0415
+        CustomErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent  # noqa: PLC0415
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import (  # noqa: PLC0415
+        StateTaskLambda,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails  # noqa: PLC0415
+
+    original = StateTaskLambda._from_error
+
+    def from_error(state: Any, env: Any, ex: Exception) -> Any:
+        if not isinstance(ex, ClientError):
+            return original(state, env, ex)
+        code = ex.response["Error"]["Code"]
+        name = f"Lambda.{code}" + ("" if code.endswith("Exception") else "Exception")
+        details = LambdaFunctionFailedEventDetails(error=name, cause=ex.response["Error"]["Message"])
+        return FailureEvent(
+            env=env,
+            error_name=CustomErrorName(name),
+            event_type=HistoryEventType.LambdaFunctionFailed,
+            event_details=EventDetails(lambdaFunctionFailedEventDetails=details),  # type: ignore[typeddict-item]
+        )
+
+    return mock.patch.object(StateTaskLambda, "_from_error", from_error)
+
+
+# -- S3 ----------------------------------------------------------------------------------------------
+def bucket_policies_left_to_local_iam() -> Any:
+    """moto applies a bucket policy to object calls ignoring its conditions, so the TLS-only Deny denies
+    every call; AWS evaluates the conditions. The local IAM (localrun/iam.py) judges bucket policies
+    with their conditions instead, so moto's own check is made neutral.
+    """
+    return mock.patch.object(FakeBucket, "get_permission", lambda *_: PermissionResult.NEUTRAL)
+
+
+# -- Step Functions: time --------------------------------------------------------------------------
+def wait_states_on(clock: Clock) -> Any:
+    """moto's Wait states sleep the wall clock for their seconds; here they sleep `seconds * clock.wait_scale`.
+
+    In AWS a Wait state lasts its seconds; the definition is unchanged, only local time is scaled
+    (and each wait is recorded in `clock.waits`).
+    """
+
+    def wait(_self: Any, env: Any, wait_seconds: float) -> None:
+        clock.waits.append(wait_seconds)
+        if clock.wait_scale:
+            env.program_state_event.wait(wait_seconds * clock.wait_scale)
+
+    return mock.patch.object(WaitFunction, "_wait_interval", wait)
+
+
+def retry_intervals_on(clock: Clock) -> Any:
+    """moto sleeps a Retry's interval on the wall clock, as AWS waits it; here `interval * clock.retry_scale`.
+
+    Each interval is recorded in `clock.retries`.
+    """
+
+    def retry_sleep(seconds: float) -> None:
+        clock.retries.append(seconds)
+        if clock.retry_scale:
+            time.sleep(seconds * clock.retry_scale)
+
+    return mock.patch.object(retrier_decl, "time", mock.Mock(sleep=retry_sleep))
+
+
+def approval_timeouts_on(clock: Clock) -> Any:
+    """A `.waitForTaskToken` task's TimeoutSeconds, multiplied by `clock.approval_timeout_scale`.
+
+    Human approvals time out in hours, in moto as in AWS; a test can make that seconds without
+    changing the definition.
+    """
+    original = execute_state.ExecutionState._evaluate_with_timeout
+
+    def evaluate_with_timeout(state: Any, env: Any) -> None:
+        timeout = state.timeout
+        human = isinstance(state, StateTaskServiceCallback) and "waitForTaskToken" in str(state.resource.resource_arn)
+        if human and isinstance(timeout, TimeoutSeconds) and clock.approval_timeout_scale != 1.0:
+            scaled = max(1, round(timeout.timeout_seconds * clock.approval_timeout_scale))
+            state.timeout = TimeoutSeconds(timeout_seconds=scaled)
+        try:
+            original(state, env)
+        finally:
+            state.timeout = timeout
+
+    return mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
+
+
+# -- Step Functions: SDK integrations --------------------------------------------------------------
+def sdk_results_as_json() -> Any:
+    """moto leaves an SDK task's result as boto3 returned it (datetime objects); Step Functions
+    serialises results to JSON, so timestamps reach the next state as ISO strings.
+    """
+    original = sdk.StateTaskServiceAwsSdk._eval_service_task
+
+    def eval_service_task(task: Any, env: Any, *args: Any, **kwargs: Any) -> None:
+        original(task, env, *args, **kwargs)
+        env.stack[-1] = json.loads(to_json_str(env.stack[-1]))
+
+    return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", eval_service_task)
+
+
+def sdk_service_error_names() -> Any:
+    """moto prefixes a SageMaker SDK task's errors with the integration's name, "sagemaker"; Step Functions
+    spells it "SageMaker" (`SageMaker.ResourceLimitExceededException`), as the definition's Retry and Catch do.
+    """
+    return mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {"sagemaker": "SageMaker"})
+
+
+def sdk_generic_error_names() -> Any:
+    """moto names an SDK error without a modelled type `<Service>.<Service>Exception`; Step Functions
+    names it `<Service>.Amazon<Service>Exception`. Modelled errors keep `<Service>.<Code>Exception`.
+    """
+
+    def error_name(service: str, exc: Exception) -> str:
+        name = type(exc).__name__
+        if name == "ClientError":
+            return f"{service}.Amazon{service}Exception"
+        return f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
+
+    return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(error_name))
+
+
+def execution_start_time_as_iso() -> Any:
+    """moto puts a datetime in the context object's `$$.Execution.StartTime`; in Step Functions the
+    context object is JSON and the start time an ISO 8601 string (`2024-01-01T00:00:00.000Z`).
+    """
+    original = ExecutionWorker._get_evaluation_environment
+
+    def evaluation_environment(worker: Any) -> Any:
+        env = original(worker)
+        execution = env.states.context_object.context_object_data["Execution"]
+        start: Any = execution.get("StartTime")  # typed str by moto, a datetime at run time
+        if isinstance(start, datetime):
+            execution["StartTime"] = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return env
+
+    return mock.patch.object(ExecutionWorker, "_get_evaluation_environment", evaluation_environment)
+
+
+# -- SageMaker -------------------------------------------------------------------------------------
+def create_training_job(created: Callable[[str, dict[str, Any], Any], None]) -> Any:
+    """moto replaces a job whose name is taken, drops request fields and starts jobs Completed;
+    SageMaker refuses a reused name and starts a job InProgress (Starting). `created(name, request, job)`
+    receives the full request and decides what the job does next.
+    """
+    original = SageMakerResponse.create_training_job
+
+    def create(response: Any) -> Any:
+        request = json.loads(response.body)
+        name = request["TrainingJobName"]
+        backend = response.sagemaker_backend
+        if name in backend.training_jobs:
+            raise ResourceInUseException(f"Training job names must be unique within an account: {name} exists")
+        result = original(response)
+        job = backend.training_jobs[name]
+        job.training_job_status = "InProgress"
+        job.secondary_status = "Starting"
+        job.final_metric_data_list = []
+        job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+        created(name, request, job)
+        return result
+
+    return mock.patch.object(SageMakerResponse, "create_training_job", create)
+
+
+def describe_training_job(described: Callable[[str, Any], None]) -> Any:
+    """moto's jobs never change after creation; a SageMaker job moves on while it runs.
+    `described(name, job)` brings the job up to date before moto describes it.
+    """
+    original = SageMakerModelBackend.describe_training_job
+
+    def describe(backend: Any, training_job_name: str) -> Any:
+        job = backend.training_jobs.get(training_job_name)
+        if job is not None:
+            described(training_job_name, job)
+        return original(backend, training_job_name)
+
+    return mock.patch.object(SageMakerModelBackend, "describe_training_job", describe)
