@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -33,6 +33,7 @@ from moto import mock_aws
 
 from localrun import constructs, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+from localrun.environ import handler_environment
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
     EventRules,
@@ -100,23 +101,9 @@ class _Context:
         return 60_000
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set the handler's variables and restore exactly those: other threads keep reading os.environ.
-
-    (unittest.mock.patch.dict restores by clearing the whole mapping, which another thread could
-    observe as an empty environment.)
-    """
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+# Handlers run one at a time: their modules' globals (Powertools loggers, cached clients) are shared
+# in this process, where in Lambda each function has its own.
+_HANDLER_LOCK = threading.Lock()
 
 
 class LocalPlatform:
@@ -148,7 +135,6 @@ class LocalPlatform:
         self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
         self.functions = constructs.Functions(self.assembly, self.resolver)
-        self._env_lock = threading.Lock()
         # Executions run on moto's threads; none may outlive this platform into the next mock.
         self._started: list[str] = []
         self._inflight = threading.Condition()
@@ -384,7 +370,7 @@ class LocalPlatform:
         self.lambda_calls.append(call)
         try:
             environment = self.functions.environment(function)
-            with self._env_lock, _environment(environment), acting_as(self._role(function_name)):
+            with _HANDLER_LOCK, handler_environment(environment), acting_as(self._role(function_name)):
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:

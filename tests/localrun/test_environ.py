@@ -1,0 +1,44 @@
+"""Handler environments are per thread: the process environment other threads read never changes."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from localrun.environ import handler_environment
+
+
+def test_a_handlers_variables_are_seen_by_its_thread_only() -> None:
+    before = dict(os.environ)
+    entered, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def handler() -> None:
+        with handler_environment({"TABLE_NAME": "approvals", "HOME": "/handler"}):
+            seen["inside"] = (os.environ["TABLE_NAME"], os.getenv("HOME"), "TABLE_NAME" in dict(os.environ))
+            os.environ["SET_BY_HANDLER"] = "1"
+            entered.set()
+            release.wait(10)
+        seen["after"] = (os.getenv("TABLE_NAME"), os.getenv("SET_BY_HANDLER"))
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    assert entered.wait(10)
+    # While the handler runs, this thread reads the unchanged process environment.
+    assert dict(os.environ) == before
+    assert "TABLE_NAME" not in os.environ and os.getenv("SET_BY_HANDLER") is None
+    release.set()
+    thread.join(10)
+    assert seen == {"inside": ("approvals", "/handler", True), "after": (None, None)}
+    assert dict(os.environ) == before
+
+
+def test_the_process_environment_can_still_be_changed_outside_handlers() -> None:
+    with handler_environment({}):
+        pass
+    os.environ["LOCALRUN_ENVIRON_TEST"] = "1"
+    try:
+        assert os.getenv("LOCALRUN_ENVIRON_TEST") == "1"
+    finally:
+        del os.environ["LOCALRUN_ENVIRON_TEST"]
+    assert "LOCALRUN_ENVIRON_TEST" not in os.environ
