@@ -84,7 +84,6 @@ class LocalJob:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log: Path | None = None
     generation: int = 0
-    interrupted: bool = False
     restarting: bool = False
     stopping: bool = False
     stop_requested_at: float = 0.0
@@ -116,7 +115,7 @@ class LocalTraining:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        # A snapshot: the engine patches os.environ around each handler call on another thread.
+        # The process environment as the job starts (handler variables are not in it: localrun/environ.py).
         self._base_env = {
             k: v
             for k, v in os.environ.copy().items()
@@ -148,6 +147,8 @@ class LocalTraining:
         job.secondary_status = "Training"
         job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
         job.training_start_time = datetime.now(UTC)
+        if self.spot_interrupt_after_checkpoint:
+            threading.Thread(target=self._reclaim_after_first_checkpoint, args=(local, job), daemon=True).start()
 
     def stopped(self, name: str, job: Any) -> None:
         """StopTrainingJob: SIGTERM to every host (the trainer checkpoints and exits), as SageMaker does."""
@@ -167,13 +168,6 @@ class LocalTraining:
                 return
             self._sync_checkpoints(local)
             codes = [p.poll() for p in local.processes]
-            interrupt = self.spot_interrupt_after_checkpoint and not local.interrupted and None in codes
-            if interrupt and self._has_checkpoint(local):
-                local.interrupted = local.restarting = True
-                job.secondary_status = "Interrupted"
-                job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
-                threading.Thread(target=self._interrupt, args=(local, job), daemon=True).start()
-                return
             failed = any(code not in (None, 0) for code in codes)
             if None in codes and not failed:
                 return
@@ -304,6 +298,24 @@ class LocalTraining:
             if done:
                 return
             time.sleep(0.2)
+
+    def _reclaim_after_first_checkpoint(self, local: LocalJob, job: Any) -> None:
+        """Reclaim the hosts as soon as the first checkpoint is committed, while training goes on.
+
+        Watching the checkpoint folder, not waiting for the next DescribeTrainingJob, keeps the
+        reclaim at the same point of training however slowly the pipeline polls.
+        """
+        while True:
+            with self._lock:
+                if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
+                    return
+                if self._has_checkpoint(local):
+                    local.restarting = True
+                    job.secondary_status = "Interrupted"
+                    job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
+                    break
+            time.sleep(0.05)
+        self._interrupt(local, job)
 
     def _interrupt(self, local: LocalJob, job: Any) -> None:
         """A spot reclaim, in the background: SIGTERM every host, let them checkpoint, start fresh hosts."""
