@@ -30,6 +30,7 @@ from localrun.cfn import ACCOUNT, REGION
 from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
 from localrun.sagemaker_local import LocalTraining
+from training.distributions import distribution
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
@@ -100,8 +101,9 @@ def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str,
     if "max_steps" in scaled:  # warmup must fit in the shorter run
         warmup = int(scaled.get("optim.warmup_steps", hyperparameters.get("optim.warmup_steps", "100")))
         scaled["optim.warmup_steps"] = str(min(warmup, max(1, int(scaled["max_steps"]) // 10)))
-    if hyperparameters.get("distribution") in ("smddp", "mpi"):
-        scaled["distribution"] = "ddp"  # neither SageMaker's library nor mpirun exists on this machine
+    strategy = distribution(hyperparameters.get("distribution", "ddp"))
+    if strategy.local_stand_in != strategy.name:  # SageMaker's library and mpirun are not on this machine
+        scaled["distribution"] = strategy.local_stand_in
     return scaled
 
 
