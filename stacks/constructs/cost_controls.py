@@ -84,50 +84,38 @@ class PipelineAlarms(Construct):
         super().__init__(scope, id_)
         action = actions.SnsAction(topic)
         period = Duration.minutes(5)
-        self.alarms: list[cloudwatch.Alarm] = []
-        for name, metric in {
-            "ExecutionsFailed": state_machine.metric_failed(period=period),
-            "ExecutionsAborted": state_machine.metric_aborted(period=period),
-            "ExecutionsTimedOut": state_machine.metric_timed_out(period=period),
-            "ExecutionsThrottled": state_machine.metric_throttled(period=period),
-        }.items():
-            self.alarms.append(
-                cloudwatch.Alarm(
-                    self,
-                    name,
-                    metric=metric,
-                    threshold=1,
-                    evaluation_periods=1,
-                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-                    alarm_description=f"Training pipeline: {name}",
-                )
-            )
+        # id -> (metric, description): any datapoint at or above 1 in five minutes raises the alarm.
+        watched: dict[str, tuple[cloudwatch.IMetric, str]] = {
+            name: (metric, f"Training pipeline: {name}")
+            for name, metric in {
+                "ExecutionsFailed": state_machine.metric_failed(period=period),
+                "ExecutionsAborted": state_machine.metric_aborted(period=period),
+                "ExecutionsTimedOut": state_machine.metric_timed_out(period=period),
+                "ExecutionsThrottled": state_machine.metric_throttled(period=period),
+            }.items()
+        }
         for name, function in functions.items():
-            self.alarms.append(
-                cloudwatch.Alarm(
-                    self,
-                    f"{name}Errors",
-                    metric=function.metric_errors(period=period),
-                    threshold=1,
-                    evaluation_periods=1,
-                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-                    alarm_description=f"The {name} handler failed (rejected requests are answers, not errors)",
-                )
+            watched[f"{name}Errors"] = (
+                function.metric_errors(period=period),
+                f"The {name} handler failed (rejected requests are answers, not errors)",
             )
         for name, queue in dead_letters.items():
-            self.alarms.append(
-                cloudwatch.Alarm(
-                    self,
-                    f"{name}DeadLetters",
-                    metric=queue.metric_approximate_number_of_messages_visible(period=period),
-                    threshold=1,
-                    evaluation_periods=1,
-                    comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-                    alarm_description=f"{name}: events that failed every retry are waiting in its dead-letter queue",
-                )
+            watched[f"{name}DeadLetters"] = (
+                queue.metric_approximate_number_of_messages_visible(period=period),
+                f"{name}: events that failed every retry are waiting in its dead-letter queue",
             )
+        self.alarms = [
+            cloudwatch.Alarm(
+                self,
+                alarm_id,
+                metric=metric,
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                alarm_description=description,
+            )
+            for alarm_id, (metric, description) in watched.items()
+        ]
         for alarm in self.alarms:
             alarm.add_alarm_action(action)
