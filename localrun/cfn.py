@@ -198,6 +198,8 @@ class Resolver:
             return f"fs-{_digest(logical, 17)}"
         if type_ == "AWS::SageMaker::ModelPackageGroup":
             return self.get_att(stack, logical, "ModelPackageGroupArn")
+        if type_ == "AWS::IAM::ManagedPolicy":  # Ref is the policy's ARN
+            return f"arn:aws:iam::{ACCOUNT}:policy/{self.resolve(stack, props.get('ManagedPolicyName', logical))}"
         name_prop = {
             "AWS::Lambda::Function": "FunctionName",
             "AWS::DynamoDB::Table": "TableName",

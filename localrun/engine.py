@@ -33,7 +33,7 @@ from moto import mock_aws
 
 from localrun import constructs, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
-from localrun.environ import handler_environment
+from localrun.environ import handler_environment, handler_stdout
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
     EventRules,
@@ -370,7 +370,12 @@ class LocalPlatform:
         self.lambda_calls.append(call)
         try:
             environment = self.functions.environment(function)
-            with _HANDLER_LOCK, handler_environment(environment), acting_as(self._role(function_name)):
+            with (
+                _HANDLER_LOCK,
+                handler_environment(environment),
+                handler_stdout(self.handler_log),
+                acting_as(self._role(function_name)),
+            ):
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:

@@ -1,4 +1,4 @@
-"""Each handler's environment variables, visible to its own thread only.
+"""Each handler's environment variables and standard output, visible to its own thread only.
 
 In Lambda every function has a process of its own; here all of them share this one, and moto's
 threads (the state machine's, the local training runner's) read os.environ while a handler runs:
@@ -6,15 +6,22 @@ botocore iterates it for proxy settings on every request. Setting a handler's va
 process environment and removing them afterwards lets such an iteration find a key gone between
 listing and reading it (KeyError). So os.environ becomes a view: the process environment, plus the
 variables of the handler that runs on the reading thread. The process environment never changes.
+
+Standard output is a handler's log in Lambda (Powertools writes its log lines and its embedded
+metrics there). Where the local platform keeps handler logs apart (`make demo` writes them to a
+file), sys.stdout becomes a view too: the handler's thread writes to that file, every other thread
+(the demo's own progress lines) to the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 _EnvironBase: Any = type(os.environ)
 
@@ -82,4 +89,43 @@ def _installed() -> _HandlerEnviron:
 def handler_environment(values: dict[str, str]) -> Iterator[None]:
     """While inside, this thread reads `values` over the process environment; no other thread does."""
     with _installed().overlaid(values):
+        yield
+
+
+class _HandlerStdout(io.TextIOBase):
+    """sys.stdout, except on a thread that runs a handler whose output goes elsewhere."""
+
+    def __init__(self, process: TextIO) -> None:
+        self.process = process
+        self._threads = threading.local()
+
+    def target(self) -> TextIO:
+        stream: TextIO | None = getattr(self._threads, "stream", None)
+        return stream if stream is not None else self.process
+
+    def write(self, text: str) -> int:
+        return self.target().write(text)
+
+    def flush(self) -> None:
+        self.target().flush()
+
+    @contextlib.contextmanager
+    def redirected(self, stream: TextIO) -> Iterator[None]:
+        previous = getattr(self._threads, "stream", None)
+        self._threads.stream = stream
+        try:
+            yield
+        finally:
+            self._threads.stream = previous
+
+
+@contextlib.contextmanager
+def handler_stdout(stream: TextIO | None) -> Iterator[None]:
+    """While inside, this thread's writes to sys.stdout go to `stream` (None: where they went before)."""
+    if stream is None:
+        yield
+        return
+    if not isinstance(sys.stdout, _HandlerStdout):
+        sys.stdout = _HandlerStdout(sys.stdout)
+    with sys.stdout.redirected(stream):
         yield

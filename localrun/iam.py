@@ -346,8 +346,12 @@ class LocalIam:
 
     # -- roles ------------------------------------------------------------------------------------
     def deploy_roles(self) -> None:
-        """Create every IAM role of the assembly with its trust policy and its policies."""
+        """Create every IAM role of the assembly with its trust policy and its policies, and every managed policy."""
         iam = boto3.client("iam", region_name=REGION)
+        for stack, logical, managed in self.assembly.resources("AWS::IAM::ManagedPolicy"):
+            props = self.resolver.resolve(stack, managed["Properties"])
+            arn = self.resolver.ref(stack, logical)
+            iam.create_policy(PolicyName=arn.rsplit("/", 1)[-1], PolicyDocument=json.dumps(props["PolicyDocument"]))
         for stack, logical, role in self.assembly.resources("AWS::IAM::Role"):
             props = self.resolver.resolve(stack, role["Properties"])
             name = self.resolver.ref(stack, logical)
@@ -358,6 +362,10 @@ class LocalIam:
                 )
             for arn in props.get("ManagedPolicyArns", []):
                 iam.attach_role_policy(RoleName=name, PolicyArn=arn)
+        for stack, logical, managed in self.assembly.resources("AWS::IAM::ManagedPolicy"):
+            props = self.resolver.resolve(stack, managed["Properties"])
+            for role in props.get("Roles", []):
+                iam.attach_role_policy(RoleName=role, PolicyArn=self.resolver.ref(stack, logical))
         for stack, logical, policy in self.assembly.resources("AWS::IAM::Policy"):
             props = self.resolver.resolve(stack, policy["Properties"])
             for role in props.get("Roles", []):

@@ -179,7 +179,10 @@ class LocalTraining:
             local.finished = True
             if local.namespace is not None:
                 local.namespace.close()
-            job.billable_time_in_seconds = max(1, round(time.monotonic() - local.started_at))
+            # On demand here: every second trained is billed, so spot saves nothing locally.
+            job.training_time_in_seconds = job.billable_time_in_seconds = max(
+                1, round(time.monotonic() - local.started_at)
+            )
             job.final_metric_data_list = self._final_metrics(local)
             if not failed:
                 self._upload_model(local, job)

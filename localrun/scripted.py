@@ -16,6 +16,7 @@ class Poll:
     failure_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     billable_seconds: int | None = None
+    training_seconds: int | None = None
 
 
 @dataclass
@@ -62,3 +63,5 @@ class ScriptedTraining:
             ]
         if poll.billable_seconds is not None:
             job.billable_time_in_seconds = poll.billable_seconds
+        if poll.training_seconds is not None:
+            job.training_time_in_seconds = poll.training_seconds

@@ -144,22 +144,43 @@ class EventRules:
         return False
 
     def put(self, event: dict[str, Any]) -> None:
+        """Deliver an event to the targets of every rule whose pattern matches it."""
+        for rule_arn, props in self.rules():
+            pattern = props.get("EventPattern")
+            if pattern is not None and EventPattern(None, pattern).matches_event(event):  # type: ignore[arg-type]
+                self._targets(rule_arn, props, event)
+
+    def schedule_due(self) -> None:
+        """Deliver one "Scheduled Event" to the targets of every schedule rule, as EventBridge does when due."""
+        for rule_arn, props in self.rules():
+            if "ScheduleExpression" in props:
+                event = {
+                    "version": "0",
+                    "id": str(uuid.uuid4()),
+                    "detail-type": "Scheduled Event",
+                    "source": "aws.events",
+                    "account": ACCOUNT,
+                    "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+                    "region": REGION,
+                    "resources": [rule_arn],
+                    "detail": {},
+                }
+                self._targets(rule_arn, props, event)
+
+    def _targets(self, rule_arn: str, props: dict[str, Any], event: dict[str, Any]) -> None:
         if self._closed:
             return
-        for rule_arn, props in self.rules():
-            if not EventPattern(None, props["EventPattern"]).matches_event(event):  # type: ignore[arg-type]
-                continue
-            for target in props.get("Targets", []):
-                name = target["Arn"].rsplit(":function:", 1)[-1]
-                delivery = {"rule": rule_arn, "function": name, "event": event, "permitted": False}
-                self.deliveries.append(delivery)
-                if not self._permitted(target["Arn"], rule_arn):
-                    continue  # Lambda refuses; EventBridge retries, then the dead-letter queue
-                delivery["permitted"] = True
-                thread = threading.Thread(target=self._deliver, args=(delivery, name, event), daemon=True)
-                with self._lock:
-                    thread.start()
-                    self._threads.append(thread)
+        for target in props.get("Targets", []):
+            name = target["Arn"].rsplit(":function:", 1)[-1]
+            delivery = {"rule": rule_arn, "function": name, "event": event, "permitted": False}
+            self.deliveries.append(delivery)
+            if not self._permitted(target["Arn"], rule_arn):
+                continue  # Lambda refuses; EventBridge retries, then the dead-letter queue
+            delivery["permitted"] = True
+            thread = threading.Thread(target=self._deliver, args=(delivery, name, event), daemon=True)
+            with self._lock:
+                thread.start()
+                self._threads.append(thread)
 
     def _deliver(self, delivery: dict[str, Any], name: str, event: dict[str, Any]) -> None:
         try:

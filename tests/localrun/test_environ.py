@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 
-from localrun.environ import handler_environment
+import pytest
+
+from localrun.environ import handler_environment, handler_stdout
 
 
 def test_a_handlers_variables_are_seen_by_its_thread_only() -> None:
@@ -42,3 +45,25 @@ def test_the_process_environment_can_still_be_changed_outside_handlers() -> None
     finally:
         del os.environ["LOCALRUN_ENVIRON_TEST"]
     assert "LOCALRUN_ENVIRON_TEST" not in os.environ
+
+
+def test_a_handlers_output_goes_to_its_log_and_other_threads_keep_the_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    log = io.StringIO()
+    entered, release = threading.Event(), threading.Event()
+
+    def handler() -> None:
+        with handler_stdout(log):
+            print('{"_aws": "an embedded metric"}')
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    assert entered.wait(10)
+    print("demo progress")  # another thread, while the handler runs
+    release.set()
+    thread.join(10)
+    assert log.getvalue() == '{"_aws": "an embedded metric"}\n'
+    assert capsys.readouterr().out == "demo progress\n"
