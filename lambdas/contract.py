@@ -116,6 +116,14 @@ class CostEstimate(_Model):
     price_source: str
 
 
+class JobCost(_Model):
+    """A finished job's cost at list price: billed, the same training time on demand, and the difference."""
+
+    actual_usd: float
+    on_demand_usd: float
+    spot_savings_usd: float
+
+
 class JobProgress(_Model):
     """One poll of the training job, as the training step's Choice states branch on it."""
 
@@ -134,6 +142,9 @@ class JobProgress(_Model):
     stale_warned: bool
     final_metrics: dict[str, float]
     billable_seconds: int | None
+    training_seconds: int | None
+    cost: JobCost | None
+    """Set once the job has finished."""
     model_artifacts: str | None
 
 
@@ -157,6 +168,7 @@ class Decision(_Model):
     reason: str
     request_id: str
     gate: str
+    requested_at: str
     decided_at: str
 
 

@@ -1,4 +1,5 @@
-"""Pipeline stack: the training state machine, its handlers, approval gates, notifications, budget, alarms.
+"""Pipeline stack: the state machine, its handlers, approval gates, notifications, budget and its stop, alarms,
+a dashboard.
 
 An ML engineer starts an execution with a small JSON input (README: "Starting a training run");
 the state machine validates it, estimates its cost, asks for approval when it is expensive,
@@ -11,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import Duration, Stack
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.contract import CLEANUP, FAILURE
-from stacks.constructs.cost_controls import PipelineAlarms, PlatformBudget
+from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
+from stacks.constructs.dashboard import PlatformDashboard
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
@@ -76,24 +79,38 @@ class PipelineStack(Stack):
         self.approval.grant_decisions(self.state_machine)
         self._acknowledge_state_machine_grants(context, registration.packages)
 
-        PlatformBudget(
+        budget = PlatformBudget(
             self,
             "Budget",
             limit_usd=settings.pipeline.monthly_budget_usd,
             topic=context.topics.alarms,
             emails=settings.notifications.budget_emails,
         )
+        BudgetStop(
+            self,
+            "BudgetStop",
+            budget=budget.budget,
+            creators=[self.state_machine.role],
+            validator=intake.validate.role,
+            topic=context.topics.alarms,
+            emails=settings.notifications.budget_emails,
+        )
+        functions: dict[str, lambda_.IFunction] = {
+            **{name: fn.function for name, fn in context.functions.items()},
+            "ApprovalRequest": self.approval.request.function,
+            "ApprovalDecide": self.approval.decide.function,
+            "ApprovalPending": self.approval.pending.function,
+        }
         PipelineAlarms(
             self,
             "Alarms",
             state_machine=self.state_machine,
-            functions={
-                **{name: fn.function for name, fn in context.functions.items()},
-                "ApprovalRequest": self.approval.request.function,
-                "ApprovalDecide": self.approval.decide.function,
-            },
+            functions=functions,
             dead_letters=training.dead_letters,
             topic=context.topics.alarms,
+        )
+        PlatformDashboard(
+            self, "Dashboard", name=settings.name_prefix, state_machine=self.state_machine, functions=functions
         )
 
     def _training_failed(self, context: PipelineContext) -> sfn.IChainable:

@@ -274,7 +274,19 @@ class PipelineSettings(_Model):
     allowed_instance_types: list[str] | None = Field(
         None, description="Instance types runs may use (default: every type of the platform's catalog)."
     )
-    monthly_budget_usd: float = Field(10000.0, gt=0, description="Monthly AWS Budgets limit for the platform's tag.")
+    monthly_budget_usd: float = Field(
+        10000.0,
+        gt=0,
+        description="Monthly AWS Budgets limit for the platform's tag; at 100% of actual spend no new training "
+        "job can be created.",
+    )
+    budget_contact: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Who to ask when the budget is spent (runs are refused naming them); default: "
+        "`notifications.budget_emails`.",
+    )
     spot_cost_fraction: tuple[float, float] = Field(
         (0.3, 0.7), description="Managed spot cost as a fraction of on-demand: the estimate's [low, high]."
     )
@@ -402,6 +414,15 @@ class PlatformSettings(_Model):
         """The training DLC the platform image builds on, from the SDK's table."""
         region = self.image.base_image_region or self.region or "us-east-1"
         return resolve_base_image(self.image.framework_version, self.image.python_version, region)
+
+    @property
+    def budget_contact(self) -> str:
+        """Who a run refused over budget is told to ask."""
+        return (
+            self.pipeline.budget_contact
+            or ", ".join(self.notifications.budget_emails)
+            or "the platform team that deployed this stack (no pipeline.budget_contact is set)"
+        )
 
     @property
     def name_prefix(self) -> str:

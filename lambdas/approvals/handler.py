@@ -1,7 +1,8 @@
 """Approval-gate handlers.
 
 `request`: invoked by the state machine with `.waitForTaskToken`; stores the request and
-notifies approvers. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
+notifies approvers. `report_pending`: on a schedule, counts the requests still waiting and the
+age of the oldest, as metrics. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
 granted lambda:InvokeFunctionUrl reach it), it takes the caller's identity from a proof STS
 attests (lambdas/approvals/identity.py), never from the event, so a direct invocation with a
 made-up request context decides nothing. Only approvers may list or decide. Neither handler
@@ -11,6 +12,7 @@ ever logs its event.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from typing import Any
 
 import boto3
@@ -20,8 +22,10 @@ from lambdas.approvals import identity
 from lambdas.approvals.identity import IdentityError, Principal
 from lambdas.approvals.store import PAGE_SIZE, ApprovalStore, DecisionError, now_utc
 from lambdas.shared.env import env_bool, env_int, env_json, env_str
+from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.APPROVAL)
 
 
 def _store() -> ApprovalStore:
@@ -48,6 +52,7 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
 
 
 @logger.inject_lambda_context(log_event=False)
+@metrics.flushed
 def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {gate, token, execution, run_name, summary}; the execution waits on the token."""
     timeout_hours = env_int("APPROVAL_TIMEOUT_HOURS")
@@ -69,6 +74,7 @@ def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         MessageAttributes={"kind": {"DataType": "String", "StringValue": "approval"}},
     )
     logger.info("approval requested", extra={"request_id": request_id, "gate": event["gate"]})
+    metrics.record(Metric.APPROVALS_REQUESTED)
     return {"request_id": request_id}
 
 
@@ -121,10 +127,14 @@ def _decide(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
         now=now_utc(),
     )
     logger.info("decision recorded", extra={k: result[k] for k in ("request_id", "gate", "decision", "by")})
+    waited = datetime.fromisoformat(result["decided_at"]) - datetime.fromisoformat(result["requested_at"])
+    metrics.record(Metric.APPROVALS_DECIDED)
+    metrics.record(Metric.APPROVAL_WAIT, waited.total_seconds())
     return _response(200, result)
 
 
 @logger.inject_lambda_context(log_event=False)
+@metrics.flushed
 def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Function URL (payload v2): GET lists pending requests (`?limit=&cursor=` pages); POST decides one.
 
@@ -141,3 +151,16 @@ def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     except (IdentityError, DecisionError) as exc:
         logger.warning("request refused", extra={"status": exc.status, "error": str(exc)})
         return _response(exc.status, {"error": str(exc)})
+
+
+@logger.inject_lambda_context(log_event=False)
+@metrics.flushed
+def report_pending(_event: Any, _context: Any) -> dict[str, Any]:
+    """Scheduled: how many requests wait for a decision and how long the oldest has waited (0 when none)."""
+    now = now_utc()
+    waiting = _store().open_requests(now=now)
+    oldest = max((now - datetime.fromisoformat(r["requested_at"]) for r in waiting), default=timedelta(0))
+    metrics.record(Metric.APPROVALS_PENDING, len(waiting))
+    metrics.record(Metric.OLDEST_PENDING_APPROVAL, oldest.total_seconds())
+    logger.info("approvals pending", extra={"pending": len(waiting), "oldest_seconds": oldest.total_seconds()})
+    return {"pending": len(waiting), "oldest_seconds": oldest.total_seconds()}

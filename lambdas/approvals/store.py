@@ -99,6 +99,17 @@ class ApprovalStore:
         last = page.get("LastEvaluatedKey")
         return {"pending": items, "next": _encode_cursor(last) if last else None}
 
+    def open_requests(self, *, now: datetime) -> list[dict[str, Any]]:
+        """Every request still waiting for a decision (pending and not yet past its deadline), tokens left out."""
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            page = self.pending(cursor=cursor, limit=PAGE_SIZE)
+            found += [r for r in page["pending"] if datetime.fromisoformat(r["expires_at"]) > now]
+            cursor = page["next"]
+            if cursor is None:
+                return found
+
     def decide(
         self,
         *,
@@ -126,7 +137,13 @@ class ApprovalStore:
         status = DECISIONS[decision]
         record = {"decision": status.lower(), "by": principal, "caller": caller, "reason": reason.strip()}
         record, decided_at = self._record(request_id, status, record, now)
-        output = Decision(**record, request_id=request_id, gate=item["gate"], decided_at=decided_at.isoformat())
+        output = Decision(
+            **record,
+            request_id=request_id,
+            gate=item["gate"],
+            requested_at=item["requested_at"],
+            decided_at=decided_at.isoformat(),
+        )
         self._deliver(request_id, item["task_token"], output.model_dump())
         return output.model_dump()
 

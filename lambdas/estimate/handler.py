@@ -9,8 +9,10 @@ from aws_lambda_powertools import Logger
 from lambdas.contract import CostEstimate, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.env import env_float, env_json
+from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.INTAKE)
 
 
 def estimate(
@@ -29,8 +31,9 @@ def estimate(
     keep_alive_hours = request["keep_alive_seconds"] / 3600
     on_demand = count * hourly * (runtime_hours + keep_alive_hours)
     spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request["spot"] else None
-    # Approval is decided on the worst case the run can cost.
-    max_cost = spot[1] if spot else on_demand
+    # Approval is decided on the worst case the run can cost. For spot that is the on-demand price too:
+    # the spot price can rise to it, so the expected range is shown but never approved on.
+    max_cost = on_demand
     return {
         "hourly_usd": round(hourly * count, 4),
         "on_demand_usd": round(on_demand, 2),
@@ -43,6 +46,7 @@ def estimate(
 
 
 @logger.inject_lambda_context
+@metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     low, high = env_json("SPOT_COST_FRACTION")
     request = TrainingRequest.parse(event["request"]).model_dump(mode="json")
@@ -53,4 +57,5 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         price_overrides={k: float(v) for k, v in env_json("PRICE_OVERRIDES").items()},
     )
     logger.info("cost estimated", extra=result)
+    metrics.record(Metric.ESTIMATED_MAX_COST, result["max_cost_usd"])
     return CostEstimate.model_validate(result).model_dump(mode="json")

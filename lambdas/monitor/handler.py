@@ -14,10 +14,12 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobProgress, TrainingRequest
+from lambdas.contract import JobCost, JobProgress, TrainingRequest
 from lambdas.shared.env import env_int, env_str
+from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.TRAINING)
 
 _MANIFEST = re.compile(r"step-(\d+)/manifest\.json$")
 # SageMaker's FailureReason for a cluster it could not provision.
@@ -59,12 +61,30 @@ def _error(status: str, secondary: str, capacity: bool) -> str | None:
     return None
 
 
+def job_cost(describe: dict[str, Any], hourly_usd: float) -> JobCost | None:
+    """What a finished job cost, from SageMaker's billable seconds, and what managed spot saved.
+
+    `hourly_usd` is the whole cluster's list price per hour (the estimate's). SageMaker bills each
+    instance for BillableTimeInSeconds, which for spot is already reduced by the savings, so the
+    same job on demand would have cost TrainingTimeInSeconds at the list price.
+    """
+    billable, training = describe.get("BillableTimeInSeconds"), describe.get("TrainingTimeInSeconds")
+    if billable is None:
+        return None
+    actual = hourly_usd * billable / 3600
+    on_demand = hourly_usd * max(billable, training or 0) / 3600
+    return JobCost(
+        actual_usd=round(actual, 4), on_demand_usd=round(on_demand, 4), spot_savings_usd=round(on_demand - actual, 4)
+    )
+
+
 def summarize(
     job: dict[str, Any],
     *,
     checkpoint: dict[str, Any] | None,
     now: datetime,
     stale_minutes: int,
+    hourly_usd: float,
 ) -> dict[str, Any]:
     """The poll's verdict; `job` is the previous summary plus this poll's DescribeTrainingJob as `describe`."""
     describe = job["describe"]
@@ -97,13 +117,31 @@ def summarize(
         "stale_warned": stale,
         "final_metrics": {m["MetricName"]: m["Value"] for m in describe.get("FinalMetricDataList", [])},
         "billable_seconds": describe.get("BillableTimeInSeconds"),
+        "training_seconds": describe.get("TrainingTimeInSeconds"),
+        "cost": job_cost(describe, hourly_usd) if status in ("Completed", "Failed", "Stopped") else None,
         "model_artifacts": describe.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
     }
 
 
+def record_metrics(summary: dict[str, Any]) -> None:
+    """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once."""
+    if summary["status"] == "InProgress" and summary["checkpoint_age_minutes"] is not None:
+        metrics.record(Metric.CHECKPOINT_AGE, summary["checkpoint_age_minutes"] * 60)
+    if not summary["finished"]:
+        return
+    metrics.record(Metric.JOBS_COMPLETED if summary["status"] == "Completed" else Metric.JOBS_FAILED)
+    metrics.record(Metric.SPOT_INTERRUPTIONS, summary["interruptions"])
+    if summary["training_seconds"] is not None:
+        metrics.record(Metric.JOB_DURATION, summary["training_seconds"])
+    if summary["cost"] is not None:
+        metrics.record(Metric.TRAINING_COST, summary["cost"].actual_usd)
+        metrics.record(Metric.SPOT_SAVINGS, summary["cost"].spot_savings_usd)
+
+
 @logger.inject_lambda_context
+@metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"request": resolved request, "job_name": the job, "previous": the previous poll's summary}.
+    """Event: {"request", "job_name", "previous": the previous poll's summary, "hourly_usd": the estimate's}.
 
     One poll: DescribeTrainingJob and the run's checkpoints, summarised (one state per poll keeps
     the execution's history short).
@@ -118,7 +156,9 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         checkpoint=checkpoint,
         now=datetime.now(UTC),
         stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
+        hourly_usd=float(event["hourly_usd"]),
     )
+    record_metrics(summary)
     logger.info(
         "training job polled",
         extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions", "stale")},

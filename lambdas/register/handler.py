@@ -17,8 +17,10 @@ from aws_lambda_powertools import Logger
 
 from lambdas.contract import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
 from lambdas.shared.env import env_str
+from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.REGISTRATION)
 
 _MAX_METADATA_VALUE = 256  # SageMaker's limit on CustomerMetadataProperties values
 
@@ -56,7 +58,7 @@ def _lineage(
 ) -> dict[str, Any]:
     """The lineage record: what was trained, on what, with what, and what it cost."""
     request, job, estimate = event["request"], event["job"], event["estimate"]
-    billable = job.get("billable_seconds")
+    cost = job.get("cost") or {}
     return {
         "run_name": request["run_name"],
         "execution": event["execution"],
@@ -83,9 +85,12 @@ def _lineage(
         "evaluation": event["evaluation"]["reason"],
         "cost": {
             "estimate_usd": estimate["max_cost_usd"],
-            "billable_seconds": billable,
-            # Billable seconds already net out spot savings; this is list price for them.
-            "actual_usd": round(estimate["hourly_usd"] * billable / 3600, 4) if billable is not None else None,
+            "billable_seconds": job.get("billable_seconds"),
+            "training_seconds": job.get("training_seconds"),
+            # At list price: billable seconds already net out spot savings (lambdas/monitor/handler.py job_cost).
+            "actual_usd": cost.get("actual_usd"),
+            "on_demand_usd": cost.get("on_demand_usd"),
+            "spot_savings_usd": cost.get("spot_savings_usd"),
         },
     }
 
@@ -123,6 +128,7 @@ def _create_package(
             "metrics": _clip(job["final_metrics"]),
             "cost_estimate_usd": str(event["estimate"]["max_cost_usd"]),
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
+            "spot_savings_usd": str(lineage["cost"]["spot_savings_usd"]),
         },
         Tags=request["tags"],
     )
@@ -148,6 +154,7 @@ def register(event: dict[str, Any], *, s3: Any, sagemaker: Any, where: Destinati
 
 
 @logger.inject_lambda_context
+@metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {request, job, estimate, evaluation, execution}, each as the contract defines it."""
     parsed = {
@@ -164,4 +171,5 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         revision=env_str("PLATFORM_REVISION"),
     )
     result = register(parsed, s3=boto3.client("s3"), sagemaker=boto3.client("sagemaker"), where=where)
+    metrics.record(Metric.MODELS_REGISTERED)
     return Registration.model_validate(result).model_dump(mode="json")

@@ -9,11 +9,14 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.approvals import identity
-from lambdas.shared.env import env_bool, env_int, env_json, env_str
+from lambdas.shared.env import env_bool, env_float, env_int, env_json, env_str
 from lambdas.shared.errors import InvalidRequest
+from lambdas.shared.metrics import Metric, Stage, StageMetrics
+from lambdas.validate import budget
 from lambdas.validate.request import PlatformLimits, resolve, start_binding
 
 logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.INTAKE)
 
 
 def limits_from_env() -> PlatformLimits:
@@ -57,12 +60,19 @@ def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
 
 
 @logger.inject_lambda_context
+@metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {"input": <execution input>, "execution_name": $$.Execution.Name, "execution": $$.Execution.Id}.
 
     An invalid input is an answer, not a fault: it returns `valid: false` with the message (so
-    handler-error alarms mean platform faults only) and the state machine ends the run there.
+    handler-error alarms mean platform faults only) and the state machine ends the run there. So is
+    a spent budget: no run is accepted while the budget stop is in force.
     """
+    if budget.budget_stopped(boto3.client("sagemaker"), env_str("BUDGET_PROBE_JOB")):
+        message = budget.refusal(limit_usd=env_float("MONTHLY_BUDGET_USD"), contact=env_str("BUDGET_CONTACT"))
+        logger.info("request refused: budget spent")
+        metrics.record(Metric.RUNS_REFUSED_OVER_BUDGET)
+        return {"valid": False, "message": message, "request": None}
     try:
         requested_by = requester(event["input"], event["execution_name"], required=env_bool("FORBID_SELF_APPROVAL"))
         request = resolve(
@@ -74,6 +84,8 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         )
     except InvalidRequest as exc:
         logger.info("request rejected", extra={"problems": str(exc)})
+        metrics.record(Metric.RUNS_REJECTED)
         return {"valid": False, "message": str(exc), "request": None}
     logger.info("request resolved", extra={"run_name": request["run_name"], "job": request["job_name_base"]})
+    metrics.record(Metric.RUNS_ACCEPTED)
     return {"valid": True, "message": "", "request": request}

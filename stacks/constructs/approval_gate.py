@@ -8,6 +8,8 @@ from typing import Any
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -80,14 +82,18 @@ class ApprovalGate(Construct):
             },
             **placement,
         )
+        self.pending = self._pending_gauge(table_name=table.table_name, key=key, placement=placement)
         # Exactly the calls of lambdas/approvals: the request stores (conditional put) and publishes;
-        # the decision lists, reads and updates. The platform key encrypts the table and the topic.
+        # the decision lists, reads and updates; the gauge lists. The platform key encrypts the table
+        # and the topic.
+        pending_index = f"{table.table_arn}/index/{PENDING_INDEX}"
         grants = {
             self.request: {"StoreRequests": (["dynamodb:PutItem"], table.table_arn)},
             self.decide: {
-                "ListPendingRequests": (["dynamodb:Query"], f"{table.table_arn}/index/{PENDING_INDEX}"),
+                "ListPendingRequests": (["dynamodb:Query"], pending_index),
                 "DecideRequests": (["dynamodb:GetItem", "dynamodb:UpdateItem"], table.table_arn),
             },
+            self.pending: {"ListPendingRequests": (["dynamodb:Query"], pending_index)},
         }
         for function, statements in grants.items():
             for sid, (actions, resource) in statements.items():
@@ -99,6 +105,32 @@ class ApprovalGate(Construct):
         )
         for function in (self.request, self.decide):
             key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
+        key.grant(self.pending.function, "kms:Decrypt")
+
+    def _pending_gauge(self, *, table_name: str, key: kms.IKey, placement: dict[str, Any]) -> PlatformFunction:
+        """Every five minutes: requests waiting for a decision and the oldest one's age, as metrics."""
+        gauge = PlatformFunction(
+            self,
+            "Pending",
+            handler="lambdas.approvals.handler.report_pending",
+            description="Counts approval requests waiting for a decision, for the dashboard",
+            log_key=key,
+            environment={"TABLE_NAME": table_name},
+            reserved_concurrency=1,
+            no_dead_letters_reason=(
+                "A scheduled gauge: a failed run loses one five-minute datapoint, which the next run replaces; "
+                "there is no event worth keeping, and its errors alarm like every handler's."
+            ),
+            **placement,
+        )
+        events.Rule(
+            self,
+            "EveryFiveMinutes",
+            description="Approvals pending, for the platform dashboard",
+            schedule=events.Schedule.rate(Duration.minutes(5)),
+            targets=[targets.LambdaFunction(gauge.function, retry_attempts=0)],
+        )
+        return gauge
 
     def grant_decisions(self, state_machine: sfn.StateMachine) -> None:
         """Let the decision function resume the executions of `state_machine` that wait on a gate.

@@ -1,4 +1,4 @@
-"""A monthly AWS Budget on the platform's cost tag, and alarms on the pipeline's health."""
+"""A monthly AWS Budget on the platform's cost tag, the stop it applies when spent, and the pipeline's alarms."""
 
 from __future__ import annotations
 
@@ -13,8 +13,14 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from stacks.constructs.nag import acknowledge_inline_policy
+
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
 COST_TAG = "platform$distributed-training"
+# A training job no run can be named (run jobs end in -<8 hex>-<attempt>). The budget's deny policy denies
+# describing it: Validate asks SageMaker about it, through the VPC endpoint the pipeline already uses,
+# and an explicit deny in the answer means the budget stop is in force (lambdas/validate/budget.py).
+BUDGET_PROBE_JOB = "platform-budget-probe"
 
 
 class PlatformBudget(Construct):
@@ -61,6 +67,93 @@ class PlatformBudget(Construct):
                 cost_filters={"TagKeyValue": [f"user:{COST_TAG}"]},
             ),
             notifications_with_subscribers=[alert("ACTUAL", 80), alert("FORECASTED", 100)],
+        )
+
+
+class BudgetStop(Construct):
+    """At 100% of actual monthly spend, AWS Budgets attaches a deny policy to the roles that create training jobs.
+
+    New jobs (first attempts and capacity retries alike) are then refused by IAM; jobs already
+    training keep running. The deny is also what Validate reads, so a new run is refused at once
+    with the reason and who to ask. Budgets keeps the policy attached until someone with the
+    budget in hand reverses the action (`aws budgets execute-budget-action --execution-type
+    REVERSE_BUDGET_ACTION`) or raises the budget.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        budget: budgets.CfnBudget,
+        creators: list[iam.IRole],
+        validator: iam.IRole,
+        topic: sns.ITopic,
+        emails: list[str],
+    ) -> None:
+        super().__init__(scope, id_)
+        stack = Stack.of(self)
+        self.probe_arn = stack.format_arn(service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB)
+        self.policy = iam.ManagedPolicy(
+            self,
+            "Deny",
+            description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
+            statements=[
+                iam.PolicyStatement(
+                    sid="NoNewTrainingJobs",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:CreateTrainingJob"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
+                    sid="BudgetStopInForce",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:DescribeTrainingJob"],
+                    resources=[self.probe_arn],
+                ),
+            ],
+        )
+        roles = [*creators, validator]
+        action_role = iam.Role(
+            self,
+            "ActionRole",
+            assumed_by=iam.ServicePrincipal(
+                "budgets.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": stack.account}}
+            ),
+            description="AWS Budgets attaches and detaches the platform's budget stop policy with this role.",
+        )
+        action_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["iam:AttachRolePolicy", "iam:DetachRolePolicy"],
+                resources=[role.role_arn for role in roles],
+                conditions={"ArnEquals": {"iam:PolicyARN": self.policy.managed_policy_arn}},
+            )
+        )
+        acknowledge_inline_policy(action_role)
+        self.action = budgets.CfnBudgetsAction(
+            self,
+            "Action",
+            budget_name=budget.ref,
+            action_type="APPLY_IAM_POLICY",
+            approval_model="AUTOMATIC",
+            notification_type="ACTUAL",
+            action_threshold=budgets.CfnBudgetsAction.ActionThresholdProperty(type="PERCENTAGE", value=100),
+            definition=budgets.CfnBudgetsAction.DefinitionProperty(
+                iam_action_definition=budgets.CfnBudgetsAction.IamActionDefinitionProperty(
+                    policy_arn=self.policy.managed_policy_arn, roles=[role.role_name for role in roles]
+                )
+            ),
+            execution_role_arn=action_role.role_arn,
+            subscribers=[
+                budgets.CfnBudgetsAction.SubscriberProperty(type="SNS", address=topic.topic_arn),
+                *(budgets.CfnBudgetsAction.SubscriberProperty(type="EMAIL", address=e) for e in emails),
+            ],
+        )
+        # Validate may ask about the probe job; only the budget stop makes that an explicit deny.
+        validator.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="BudgetProbe", actions=["sagemaker:DescribeTrainingJob"], resources=[self.probe_arn]
+            )
         )
 
 

@@ -15,6 +15,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from lambdas.shared.metrics import SERVICE
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 
@@ -86,6 +87,10 @@ class PlatformFunction(Construct):
         outside_vpc_reason: str | None = None,
         reserved_concurrency: int = 5,
         dead_letter_queue: sqs.IQueue | None = None,
+        no_dead_letters_reason: str = (
+            "Invoked synchronously (Step Functions, CloudFormation); the caller receives and handles "
+            "every failure, and a dead-letter queue applies only to asynchronous invocations."
+        ),
     ) -> None:
         super().__init__(scope, id_)
         if (vpc is None) == (outside_vpc_reason is None):
@@ -105,7 +110,7 @@ class PlatformFunction(Construct):
             timeout=timeout or Duration.seconds(30),
             memory_size=memory_mb,
             environment={
-                "POWERTOOLS_SERVICE_NAME": "training-platform",
+                "POWERTOOLS_SERVICE_NAME": SERVICE,
                 "POWERTOOLS_LOG_LEVEL": "INFO",
                 **(environment or {}),
             },
@@ -119,7 +124,9 @@ class PlatformFunction(Construct):
             security_groups=security_groups,
         )
         self._acknowledge(
-            in_vpc=vpc is not None, dead_letters=dead_letter_queue is not None, outside_vpc_reason=outside_vpc_reason
+            in_vpc=vpc is not None,
+            no_dead_letters_reason=None if dead_letter_queue is not None else no_dead_letters_reason,
+            outside_vpc_reason=outside_vpc_reason,
         )
 
     def _role(self, description: str, *, in_vpc: bool) -> iam.Role:
@@ -150,7 +157,7 @@ class PlatformFunction(Construct):
             )
         return role
 
-    def _acknowledge(self, *, in_vpc: bool, dead_letters: bool, outside_vpc_reason: str | None) -> None:
+    def _acknowledge(self, *, in_vpc: bool, no_dead_letters_reason: str | None, outside_vpc_reason: str | None) -> None:
         acknowledge(
             self.role,
             "AwsSolutions-IAM5[Resource::*]",
@@ -164,12 +171,7 @@ class PlatformFunction(Construct):
         )
         acknowledge_inline_policy(self.role)
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
-            if not dead_letters:
-                acknowledge(
-                    self.function,
-                    f"{pack}-LambdaDLQ",
-                    "Invoked synchronously (Step Functions, CloudFormation); the caller receives and handles "
-                    "every failure, and a dead-letter queue applies only to asynchronous invocations.",
-                )
+            if no_dead_letters_reason is not None:
+                acknowledge(self.function, f"{pack}-LambdaDLQ", no_dead_letters_reason)
             if outside_vpc_reason is not None:
                 acknowledge(self.function, f"{pack}-LambdaInsideVPC", outside_vpc_reason)

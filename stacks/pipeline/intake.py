@@ -13,7 +13,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.contract import ESTIMATE, INPUT, REQUEST, VALIDATION
-from stacks.constructs.cost_controls import COST_TAG
+from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj
@@ -82,6 +82,9 @@ class Intake(Construct):
                 "CAPACITY_RETRIES": str(pipeline.capacity_retries),
                 "VOLUME_SIZE_GB": str(pipeline.volume_size_gb),
                 "RUN_EMAILS": json.dumps(settings.notifications.run_emails),
+                "BUDGET_PROBE_JOB": BUDGET_PROBE_JOB,
+                "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
+                "BUDGET_CONTACT": settings.budget_contact,
                 "JOB_TAGS": json.dumps(
                     {
                         cost_tag_key: cost_tag_value,

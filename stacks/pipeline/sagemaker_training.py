@@ -20,7 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, ERROR, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
@@ -160,7 +160,12 @@ class SageMakerTraining(Construct):
             self,
             "Check progress",
             self.monitor,
-            {"request": obj(REQUEST), "job_name": string(TRAIN.job.job_name), "previous": obj(JOB)},
+            {
+                "request": obj(REQUEST),
+                "job_name": string(TRAIN.job.job_name),
+                "previous": obj(JOB),
+                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+            },
             str(JOB),
         )
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))

@@ -14,7 +14,7 @@ from lambdas.approvals.identity import Principal
 from lambdas.approvals.store import request_id_for
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
-from lambdas.monitor.handler import summarize
+from lambdas.monitor.handler import job_cost, summarize
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import PlatformLimits, resolve
@@ -112,16 +112,16 @@ def test_estimate_is_count_times_price_times_runtime() -> None:
     assert result["spot_usd"] is None
 
 
-def test_spot_estimate_is_a_range_and_decides_on_its_upper_end() -> None:
+def test_spot_estimate_is_a_range_but_decides_on_the_on_demand_price_it_can_reach() -> None:
     result = estimate(
         _request(spot=True, instance_count=1, stopping_condition={"MaxRuntimeInSeconds": 3600}),
-        threshold_usd=100,
+        threshold_usd=80,
         spot_fraction=(0.3, 0.7),
         price_overrides={"ml.p5.48xlarge": 100.0},
     )
     assert result["spot_usd"] == [30.0, 70.0]
-    assert result["max_cost_usd"] == 70.0
-    assert result["approval_required"] is False
+    assert result["max_cost_usd"] == result["on_demand_usd"] == 100.0
+    assert result["approval_required"] is True  # its expected upper end (70) is below the threshold; 100 is not
     assert result["price_source"] == "settings override"
 
 
@@ -147,7 +147,11 @@ def test_monitor_counts_spot_interruptions() -> None:
         {"Status": s} for s in ("Starting", "Training", "Interrupted", "Starting", "Training", "Interrupted")
     ]
     summary = summarize(
-        {"describe": _describe(SecondaryStatusTransitions=transitions)}, checkpoint=None, now=NOW, stale_minutes=90
+        {"describe": _describe(SecondaryStatusTransitions=transitions)},
+        checkpoint=None,
+        now=NOW,
+        stale_minutes=90,
+        hourly_usd=10.0,
     )
     assert summary["interruptions"] == 2 and summary["finished"] is False
 
@@ -158,12 +162,14 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
         "uri": "s3://b/runs/x/checkpoints/step-10/",
         "written_at": (NOW - timedelta(hours=2)).isoformat(),
     }
-    first = summarize({"describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90)
+    first = summarize({"describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert first["stale"] and first["warn_stale"] and first["checkpoint_age_minutes"] == 120.0
-    again = summarize({**first, "describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90)
+    again = summarize({**first, "describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert again["stale"] and not again["warn_stale"]
     fresh = {**old, "written_at": (NOW - timedelta(minutes=5)).isoformat()}
-    recovered = summarize({**again, "describe": _describe()}, checkpoint=fresh, now=NOW, stale_minutes=90)
+    recovered = summarize(
+        {**again, "describe": _describe()}, checkpoint=fresh, now=NOW, stale_minutes=90, hourly_usd=10.0
+    )
     assert not recovered["stale"] and not recovered["stale_warned"]
 
 
@@ -185,12 +191,21 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
 )
 def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str, error: str | None) -> None:
     describe = _describe(TrainingJobStatus=status, SecondaryStatus=secondary, FailureReason=reason)
-    summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90)
+    summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert summary["finished"] is True
     assert summary["error"] == error
     assert summary["capacity_error"] is (error == "InsufficientCapacity")
     if error and not reason:
         assert secondary in summary["failure_reason"]
+
+
+def test_a_finished_jobs_cost_is_billable_time_at_list_price_and_spot_saves_the_rest() -> None:
+    # 4 instances at 25 USD/h: 100 USD per hour of the cluster. Spot: trained 3 h, billed 1.2 h.
+    spot = job_cost({"BillableTimeInSeconds": 4320, "TrainingTimeInSeconds": 10800}, 100.0)
+    assert spot is not None and (spot.actual_usd, spot.on_demand_usd, spot.spot_savings_usd) == (120.0, 300.0, 180.0)
+    on_demand = job_cost({"BillableTimeInSeconds": 3600, "TrainingTimeInSeconds": 3600}, 100.0)
+    assert on_demand is not None and on_demand.spot_savings_usd == 0
+    assert job_cost({"TrainingTimeInSeconds": 3600}, 100.0) is None  # not billed yet: no figure is better than 0
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,17 @@ class Pipeline:
         summaries = sagemaker.list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"]
         return [sagemaker.describe_model_package(ModelPackageName=s["ModelPackageArn"]) for s in summaries]
 
+    def lineage(self) -> dict[str, Any]:
+        """The lineage record of the one run registered so far."""
+        s3 = boto3.client("s3", region_name=REGION)
+        artifacts = self.local.environment("Register")["ARTIFACTS_BUCKET"]
+        (key,) = [
+            o["Key"]
+            for o in s3.list_objects_v2(Bucket=artifacts, Prefix="runs/")["Contents"]
+            if o["Key"].endswith("lineage.json")
+        ]
+        return json.loads(s3.get_object(Bucket=artifacts, Key=key)["Body"].read())  # type: ignore[no-any-return]
+
     def error(self, described: dict[str, Any]) -> tuple[str, str]:
         return described.get("error", ""), described.get("cause") or ""
 

@@ -162,7 +162,7 @@ def test_spot_interruption_is_recorded_and_the_run_completes(pipeline_factory: A
     pipeline.run_until(arn, "Approval gate (promotion)")
     pipeline.decide("promotion", "approve")
     assert pipeline.finish(arn)["status"] == "SUCCEEDED"
-    lineage = _lineage(pipeline)
+    lineage = pipeline.lineage()
     assert lineage["cluster"]["spot"] is True
     assert lineage["cluster"]["interruptions"] == 1
     assert len(pipeline.jobs()) == 1  # SageMaker resumes a managed spot job itself
@@ -219,7 +219,7 @@ def test_registration_records_the_full_lineage(pipeline: Pipeline) -> None:
     s3.put_object(Bucket=checkpoints, Key=f"runs/{base}/checkpoints/step-40/manifest.json", Body=b"{}")
     pipeline.run_until(arn, "Approval gate (promotion)")
 
-    lineage = _lineage(pipeline)
+    lineage = pipeline.lineage()
     assert lineage["dataset"]["s3_uri"] == f"s3://{bucket}/corpus/"
     assert lineage["dataset"]["objects"] == 2
     manifest = s3.get_object(
@@ -261,17 +261,6 @@ def test_task_tokens_never_reach_logs_or_messages(pipeline: Pipeline, capsys: py
     assert item["request_id"] in published  # approvers refer to the request by its ID
     listing = pipeline.decide_raw(APPROVER, method="GET")["body"]
     assert token not in listing
-
-
-def _lineage(pipeline: Pipeline) -> dict[str, Any]:
-    s3 = boto3.client("s3", region_name="us-east-1")
-    artifacts = pipeline.local.environment("Register")["ARTIFACTS_BUCKET"]
-    (key,) = [
-        o["Key"]
-        for o in s3.list_objects_v2(Bucket=artifacts, Prefix="runs/")["Contents"]
-        if o["Key"].endswith("lineage.json")
-    ]
-    return json.loads(s3.get_object(Bucket=artifacts, Key=key)["Body"].read())  # type: ignore[no-any-return]
 
 
 def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline) -> None:

@@ -1,0 +1,125 @@
+"""The platform's own CloudWatch metrics: embedded metric format (EMF) lines in each handler's log.
+
+Powertools `Metrics` writes them; CloudWatch Logs turns them into metrics in NAMESPACE, with the
+dimensions `service` and `stage` (the pipeline stage that measured it) and never a run's name, so
+the number of metrics stays fixed however many runs there are. The dashboard
+(stacks/constructs/dashboard.py) reads the names below, so a metric and its graph cannot drift apart.
+
+Each handler holds its own `EphemeralMetrics`: the plain `Metrics` shares its dimensions across
+every instance in a process, which is one handler per process in Lambda but all of them locally.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+
+Handler = Callable[[Any, Any], Any]
+
+NAMESPACE = "TrainingPlatform"
+SERVICE = "training-platform"
+
+
+class Stage(StrEnum):
+    INTAKE = "intake"
+    APPROVAL = "approval"
+    TRAINING = "training"
+    REGISTRATION = "registration"
+
+
+class Metric(StrEnum):
+    """Every metric a handler emits, with the stage that emits it in `STAGE_OF`."""
+
+    RUNS_ACCEPTED = "RunsAccepted"
+    RUNS_REJECTED = "RunsRejected"
+    RUNS_REFUSED_OVER_BUDGET = "RunsRefusedOverBudget"
+    ESTIMATED_MAX_COST = "EstimatedMaxCostUSD"
+    APPROVALS_REQUESTED = "ApprovalsRequested"
+    APPROVALS_DECIDED = "ApprovalsDecided"
+    APPROVAL_WAIT = "ApprovalWaitSeconds"
+    APPROVALS_PENDING = "ApprovalsPending"
+    OLDEST_PENDING_APPROVAL = "OldestPendingApprovalSeconds"
+    CHECKPOINT_AGE = "CheckpointAgeSeconds"
+    JOBS_COMPLETED = "TrainingJobsCompleted"
+    JOBS_FAILED = "TrainingJobsFailed"
+    JOB_DURATION = "TrainingJobSeconds"
+    SPOT_INTERRUPTIONS = "SpotInterruptions"
+    TRAINING_COST = "TrainingCostUSD"
+    SPOT_SAVINGS = "SpotSavingsUSD"
+    MODELS_REGISTERED = "ModelsRegistered"
+
+
+STAGE_OF: dict[Metric, Stage] = {
+    **dict.fromkeys(
+        (Metric.RUNS_ACCEPTED, Metric.RUNS_REJECTED, Metric.RUNS_REFUSED_OVER_BUDGET, Metric.ESTIMATED_MAX_COST),
+        Stage.INTAKE,
+    ),
+    **dict.fromkeys(
+        (
+            Metric.APPROVALS_REQUESTED,
+            Metric.APPROVALS_DECIDED,
+            Metric.APPROVAL_WAIT,
+            Metric.APPROVALS_PENDING,
+            Metric.OLDEST_PENDING_APPROVAL,
+        ),
+        Stage.APPROVAL,
+    ),
+    **dict.fromkeys(
+        (
+            Metric.CHECKPOINT_AGE,
+            Metric.JOBS_COMPLETED,
+            Metric.JOBS_FAILED,
+            Metric.JOB_DURATION,
+            Metric.SPOT_INTERRUPTIONS,
+            Metric.TRAINING_COST,
+            Metric.SPOT_SAVINGS,
+        ),
+        Stage.TRAINING,
+    ),
+    Metric.MODELS_REGISTERED: Stage.REGISTRATION,
+}
+
+UNIT_OF: dict[Metric, MetricUnit] = {
+    **dict.fromkeys(
+        (Metric.APPROVAL_WAIT, Metric.OLDEST_PENDING_APPROVAL, Metric.CHECKPOINT_AGE, Metric.JOB_DURATION),
+        MetricUnit.Seconds,
+    ),
+    Metric.ESTIMATED_MAX_COST: MetricUnit.NoUnit,
+    Metric.TRAINING_COST: MetricUnit.NoUnit,
+    Metric.SPOT_SAVINGS: MetricUnit.NoUnit,
+}
+
+
+class StageMetrics:
+    """The metrics of one stage's handler; `record` checks that the metric belongs to that stage."""
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+        self.emf = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+        self.emf.set_default_dimensions(stage=stage.value)
+
+    def record(self, metric: Metric, value: float = 1) -> None:
+        if STAGE_OF[metric] is not self.stage:
+            raise ValueError(f"{metric} is a {STAGE_OF[metric]} metric, not a {self.stage} one")
+        self.emf.add_metric(name=metric.value, unit=UNIT_OF.get(metric, MetricUnit.Count), value=value)
+
+    def flushed(self, handler: Handler) -> Handler:
+        """Write the invocation's metrics when the handler returns or raises.
+
+        Powertools' `log_metrics` warns on an invocation that recorded nothing; here that is normal
+        (a poll before training starts, a listing of approvals), so an empty set is simply not written.
+        """
+
+        @functools.wraps(handler)
+        def wrapper(event: Any, context: Any) -> Any:
+            try:
+                return handler(event, context)
+            finally:
+                if self.emf.metric_set:
+                    self.emf.flush_metrics()
+
+        return wrapper

@@ -1,0 +1,123 @@
+"""The platform's CloudWatch dashboard: runs, approvals, training jobs, spend, model metrics, faults.
+
+Its sources are the state machine's own metrics, the handlers' embedded metrics (names and
+dimensions from lambdas/shared/metrics.py, so a graph cannot ask for a metric nobody emits),
+SageMaker's training-job metrics (the MetricDefinitions of training/metrics.py, one line per job
+host) and each handler's Lambda errors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.shared.metrics import NAMESPACE, SERVICE, STAGE_OF, Metric
+
+# SageMaker publishes a training job's MetricDefinitions here, with the dimension Host = "<job>/algo-<n>".
+SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+# The model's figures graphed per job: (metric definition name, graph title).
+TRAINING_FIGURES = (
+    ("train:loss", "Training loss per job"),
+    ("train:tokens_per_sec", "Tokens per second per job"),
+    ("train:mfu", "Model FLOPs utilisation per job"),
+)
+PERIOD = Duration.minutes(5)
+
+
+def platform_metric(metric: Metric, statistic: str = "Sum") -> cloudwatch.Metric:
+    """A handler's embedded metric, with exactly the dimensions the handler writes."""
+    return cloudwatch.Metric(
+        namespace=NAMESPACE,
+        metric_name=metric.value,
+        dimensions_map={"service": SERVICE, "stage": STAGE_OF[metric].value},
+        statistic=statistic,
+        period=PERIOD,
+    )
+
+
+def per_job(metric_name: str) -> cloudwatch.MathExpression:
+    """Every training job's line of one SageMaker training metric (a search: jobs come and go)."""
+    return cloudwatch.MathExpression(
+        expression=(
+            f'SEARCH(\'{{"{SAGEMAKER_TRAINING_NAMESPACE}",Host}} MetricName="{metric_name}"\', '
+            f"'Average', {int(PERIOD.to_seconds())})"
+        ),
+        label="",
+        period=PERIOD,
+    )
+
+
+class PlatformDashboard(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        name: str,
+        state_machine: sfn.IStateMachine,
+        functions: dict[str, lambda_.IFunction],
+    ) -> None:
+        super().__init__(scope, id_)
+        m = platform_metric
+        graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
+        rows: list[list[cloudwatch.IWidget]] = [
+            [
+                graph(
+                    title="Runs, and models registered",
+                    left=[
+                        state_machine.metric_started(period=PERIOD, label="started"),
+                        state_machine.metric_succeeded(period=PERIOD, label="succeeded"),
+                        state_machine.metric_failed(period=PERIOD, label="failed"),
+                        state_machine.metric_aborted(period=PERIOD, label="aborted"),
+                        state_machine.metric_timed_out(period=PERIOD, label="timed out"),
+                    ],
+                    right=[m(Metric.MODELS_REGISTERED)],
+                ),
+                graph(
+                    title="Requests at intake",
+                    left=[m(Metric.RUNS_ACCEPTED), m(Metric.RUNS_REJECTED), m(Metric.RUNS_REFUSED_OVER_BUDGET)],
+                    right=[m(Metric.ESTIMATED_MAX_COST, "Maximum")],
+                ),
+            ],
+            [
+                graph(
+                    title="Approvals waiting, and the oldest one's age (s)",
+                    left=[m(Metric.APPROVALS_PENDING, "Maximum")],
+                    right=[m(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
+                ),
+                graph(
+                    title="Approval decisions, and time to decide (s)",
+                    left=[m(Metric.APPROVALS_REQUESTED), m(Metric.APPROVALS_DECIDED)],
+                    right=[m(Metric.APPROVAL_WAIT, "Average"), m(Metric.APPROVAL_WAIT, "Maximum")],
+                ),
+            ],
+            [
+                graph(
+                    title="Training jobs ended, and their durations (s)",
+                    left=[m(Metric.JOBS_COMPLETED), m(Metric.JOBS_FAILED)],
+                    right=[m(Metric.JOB_DURATION, "Average"), m(Metric.JOB_DURATION, "Maximum")],
+                ),
+                graph(
+                    title="Spend (USD, list price), spot savings and interruptions",
+                    left=[m(Metric.TRAINING_COST), m(Metric.SPOT_SAVINGS)],
+                    right=[m(Metric.SPOT_INTERRUPTIONS)],
+                ),
+            ],
+            [graph(title=title, left=[per_job(name)], width=8) for name, title in TRAINING_FIGURES],
+            [
+                graph(
+                    title="Newest checkpoint's age in running jobs (s)",
+                    left=[m(Metric.CHECKPOINT_AGE, "Maximum")],
+                ),
+                graph(
+                    title="Handler errors",
+                    left=[function.metric_errors(period=PERIOD, label=label) for label, function in functions.items()],
+                ),
+            ],
+        ]
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name, widgets=rows)
