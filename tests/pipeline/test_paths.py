@@ -284,3 +284,6 @@ def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline)
         pipeline.run_until(arn, "Approval gate (promotion)")
     environments = [request["Environment"] for request in pipeline.local.training_requests.values()]
     assert [e["TRAINING_EFA"] for e in environments] == ["true", "false"]
+    # The pre-flight check's expectations, from the instance catalog: 8 GPUs, and EFA's floor only with EFA.
+    assert [e["TRAINING_EXPECTED_GPUS"] for e in environments] == ["8", "8"]
+    assert [float(e["TRAINING_MIN_BUSBW_GBPS"]) for e in environments] == [10.0, 0.0]
