@@ -140,7 +140,9 @@ class JobProgress(_Model):
     finished: bool
     error: str | None
     failure_reason: str
-    capacity_error: bool
+    retry_on_new_nodes: bool
+    """It failed in a way a new job on fresh instances may not (`error` says which): insufficient capacity,
+    or the launcher's pre-flight check (a host short of GPUs, NCCL off EFA, a slow all-reduce)."""
     interruptions: int
     checkpoint: dict[str, Any] | None
     checkpoint_age_minutes: float | None
@@ -199,6 +201,8 @@ class Attempt(_Model):
 
     attempt: int
     job: CreatedJob | None = None
+    retried_after: Failure | None = None
+    """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
 
 
 class Path:
