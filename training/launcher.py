@@ -125,7 +125,8 @@ def efa_devices(sysfs: Path = Path("/sys/class/infiniband")) -> list[str]:
     return found
 
 
-def _efa_supports_rdma() -> bool:
+def efa_supports_rdma() -> bool:
+    """Whether libfabric's EFA provider offers RMA here (GPUDirect RDMA on p4d/p5): ``fi_info -p efa``."""
     fi_info = shutil.which("fi_info")
     if fi_info is None:
         return False
@@ -387,7 +388,7 @@ def _grace_seconds(env: Mapping[str, str]) -> float:
 
 def _worker_env(paths: Paths, resources: ResourceConfig, efa: list[str] | None, grace: float) -> dict[str, str]:
     """What every worker (pre-flight and training) gets beyond the launcher's own environment; logged."""
-    extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and _efa_supports_rdma())
+    extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and efa_supports_rdma())
     log.info("EFA devices: %s", "off (the run turned EFA off)" if efa is None else ", ".join(efa) or "none")
     for key, value in sorted(extra.items()):
         log.info("set %s=%s", key, value)
