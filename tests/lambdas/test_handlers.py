@@ -77,6 +77,14 @@ def test_trainer_config_errors_reach_the_user() -> None:
         resolve(base, execution_name="e", limits=LIMITS)
 
 
+def test_the_preflight_hyperparameter_is_checked_like_the_trainers_own() -> None:
+    base = _example("single-node-ddp")
+    off = resolve(base | {"hyperparameters": {"preflight": False}}, execution_name="e", limits=LIMITS)
+    assert off["hyperparameters"]["preflight"] == "false"  # what the launcher reads in hyperparameters.json
+    with pytest.raises(InvalidRequest, match=r"hyperparameter preflight='maybe' is invalid: use true or false"):
+        resolve(base | {"hyperparameters": {"preflight": "maybe"}}, execution_name="e", limits=LIMITS)
+
+
 def _request(**overrides: Any) -> dict[str, Any]:
     request = {
         "instance_type": "ml.p5.48xlarge",
