@@ -407,10 +407,13 @@ def _preflight(paths: Paths, plan: LaunchPlan, checks: Checks, env: Mapping[str,
     started = time.monotonic()
     supervisor = Supervisor(preflight_command(plan, checks), env, grace_seconds=grace, mpi=False)
     returncode, expired = supervisor.run()
+    if expired:
+        write_failure(paths, f"the pre-flight check did not stop within {grace:.0f}s of {supervisor.signal_name}")
+        return EXIT_GRACE_EXPIRED
     if supervisor.signal_name:
         # Stopped before training started: nothing to checkpoint, nothing lost.
         log.info("stopped by %s during the pre-flight check; training did not start", supervisor.signal_name)
-        return EXIT_GRACE_EXPIRED if expired else EXIT_OK
+        return EXIT_OK
     if returncode == 0:
         log.info("pre-flight check passed in %.1f s", time.monotonic() - started)
         return None

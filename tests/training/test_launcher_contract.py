@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run
+from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
 from training.config import JobConfig
 from training.contract import ContractError, Paths, ResourceConfig, read_resource_config
@@ -269,3 +269,19 @@ def test_preflight_false_skips_the_check(tmp_path: Path, corpus: Path) -> None:
         assert "pre-flight check off (hyperparameter preflight=false)" in log
         assert "pre-flight check passed" not in log and not paths.failure.exists()
     assert "step=2 loss=" in hosts["algo-1"][1]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_preflight_stops_the_launcher_before_training(tmp_path: Path, corpus: Path) -> None:
+    # algo-2 never comes, so the pre-flight waits at its rendezvous when SageMaker stops the job.
+    paths = make_opt_ml(tmp_path, SHORT_JOB, corpus=corpus, hosts=("algo-1", "algo-2"), current_host="algo-1")
+    env = clean_env(tmp_path, TRAINING_MASTER_ADDR="127.0.0.1", TRAINING_MASTER_PORT=str(free_port()))
+
+    def stop(proc: subprocess.Popen[str]) -> None:
+        time.sleep(1)  # past the moment the launcher starts the pre-flight's torchrun and takes SIGTERM over
+        proc.send_signal(signal.SIGTERM)
+
+    status, log = run_until(launcher(), env, r"pre-flight check: ", stop)
+    assert status == 0, log[-3000:]
+    assert "stopped by SIGTERM during the pre-flight check; training did not start" in log
+    assert not paths.failure.exists() and "rank 0/" not in log
