@@ -29,6 +29,11 @@ class InstanceGroup(_Model):
     """Use EFA (the type has it and the run did not turn it off)."""
     local_storage: bool
     """Instance-store NVMe: SageMaker takes no volume KMS key for these types."""
+    # Defaults keep a request that Validate resolved before these fields existed readable.
+    gpus: int = 0
+    """CUDA GPUs each instance has (the catalog's): the launcher's pre-flight check expects every host to see them."""
+    allreduce_floor_gbps: float = 0.0
+    """The pre-flight's all-reduce bus bandwidth floor across instances (GB/s); 0 when the group does not use EFA."""
 
 
 class Dataset(_Model):
@@ -99,6 +104,16 @@ class TrainingRequest(_Model):
     def efa(self) -> bool:
         return all(group.efa for group in self.instance_groups)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def gpus(self) -> int:
+        return self.instance_groups[0].gpus
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def allreduce_floor_gbps(self) -> float:
+        return self.instance_groups[0].allreduce_floor_gbps
+
 
 class Validation(_Model):
     valid: bool
@@ -133,7 +148,9 @@ class JobProgress(_Model):
     finished: bool
     error: str | None
     failure_reason: str
-    capacity_error: bool
+    retry_on_new_nodes: bool
+    """It failed in a way a new job on fresh instances may not (`error` says which): insufficient capacity,
+    or the launcher's pre-flight check (a host short of GPUs, NCCL off EFA, a slow all-reduce)."""
     interruptions: int
     checkpoint: dict[str, Any] | None
     checkpoint_age_minutes: float | None
@@ -196,6 +213,8 @@ class Attempt(_Model):
 
     attempt: int
     job: CreatedJob | None = None
+    retried_after: Failure | None = None
+    """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
 
 
 class Path:

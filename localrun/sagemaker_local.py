@@ -244,8 +244,12 @@ class LocalTraining:
             env = dict(self._base_env)
             env.update(request.get("Environment", {}))  # the job's Environment, as SageMaker sets it
             env.update(
-                # Local hosts are processes on loopback: no EFA device, whatever the instance type.
+                # Local hosts are CPU processes on loopback: no EFA device and no GPU of the instance
+                # type, and no bandwidth floor to hold loopback to; the pre-flight still checks that
+                # the hosts agree on their GPUs.
                 TRAINING_EFA="false",
+                TRAINING_EXPECTED_GPUS="0",
+                TRAINING_MIN_BUSBW_GBPS="0",
                 OPT_ML_ROOT=str(local.tree(host)),
                 TRAINING_MASTER_ADDR="127.0.0.1",
                 TRAINING_MASTER_PORT=str(port),

@@ -249,7 +249,11 @@ class PipelineSettings(_Model):
         300, ge=30, le=3600, description="How often a running training job is described."
     )
     capacity_retries: int = Field(
-        3, ge=0, le=10, description="New jobs (new names) after an insufficient-capacity failure."
+        3,
+        ge=0,
+        le=10,
+        description="New jobs (new names, fresh instances) after an insufficient-capacity failure or a failed "
+        "pre-flight check.",
     )
     checkpoint_stale_minutes: int = Field(
         90, ge=5, le=1440, description="Warn when a training job has written no complete checkpoint for this long."

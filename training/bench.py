@@ -3,12 +3,15 @@
     python -m training.bench train --hp model=gpt2 --hp batch_size=16 --warmup 10 --steps 50
     python -m training.bench loader --seq-len 1024 --batch 64
     python -m training.bench checkpoint --hp model=gpt2
+    python -m training.bench preflight --hosts 2 --nproc 1
 
 `train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
 shards and runs its real loop; only the step boundaries are timed (with a device sync at the
 end of the warm-up and at the end). `loader` times the distributed loader on memory-mapped
 shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
-Trainer's own state. Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
+Trainer's own state. `preflight` starts the launcher's pre-flight check (its torchrun, one per
+"host" on this machine, as the launcher starts it) and times it from start to the last exit.
+Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,9 +35,11 @@ from typing import Any
 import numpy as np
 
 from training.config import from_hyperparameters, parse_overrides
-from training.contract import Paths
+from training.contract import Paths, ResourceConfig
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
+from training.launcher import LaunchPlan, efa_devices, efa_for_host, efa_supports_rdma, network_env, preflight_command
 from training.models.args import PRESETS
+from training.preflight import PORT_OFFSET, checks_from_env
 from training.signals import StopRequest
 
 
@@ -194,6 +203,66 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[s
     }
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _preflight_once(root: Path, hosts: tuple[str, ...], nproc: int) -> tuple[float, list[str]]:
+    """One pre-flight over `hosts` on this machine: (seconds until the last host's torchrun exited, logs)."""
+    efa = efa_for_host(os.environ, efa_devices())
+    checks = checks_from_env(os.environ, efa=bool(efa), timeout_minutes=5.0)
+    port = _free_port() - PORT_OFFSET  # the pre-flight listens on the training port + PORT_OFFSET
+    started = time.perf_counter()
+    procs = []
+    for rank, host in enumerate(hosts):
+        resources = ResourceConfig(host, hosts, "lo")
+        tree = Paths(root / host)
+        tree.resource_config.parent.mkdir(parents=True, exist_ok=True)
+        tree.resource_config.write_text(json.dumps({"current_host": host, "hosts": list(hosts)}))
+        env = {
+            **os.environ,
+            **network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and efa_supports_rdma()),
+            "OPT_ML_ROOT": str(tree.root),
+            "OMP_NUM_THREADS": "1",
+        }
+        plan = LaunchPlan(hosts, rank, nproc, "127.0.0.1", port, "ddp")
+        command = preflight_command(plan, checks)
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [proc.communicate(timeout=600)[0] for proc in procs]
+    seconds = time.perf_counter() - started
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError("the pre-flight failed:\n" + "\n".join(log[-2000:] for log in logs))
+    return seconds, logs
+
+
+def bench_preflight(*, hosts: int, nproc: int, repeats: int) -> dict[str, Any]:
+    """What a job waits for the pre-flight check: from starting every host's torchrun to the last exit
+    (median of `repeats`), and the check's own time inside the workers (after their imports)."""
+    import torch  # noqa: PLC0415
+
+    names = tuple(f"algo-{i + 1}" for i in range(hosts))
+    walls, inside = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        for _ in range(repeats):
+            seconds, logs = _preflight_once(Path(tmp), names, nproc)
+            walls.append(seconds)
+            inside += [float(m) for m in re.findall(r"preflight: passed in ([\d.]+) s", "".join(logs))]
+    return {
+        "check": "preflight",
+        "hosts": hosts,
+        "procs_per_host": nproc,
+        "wall_s": round(statistics.median(walls), 2),
+        "wall_s_min_max": [round(min(walls), 2), round(max(walls), 2)],
+        "in_workers_s": round(statistics.median(inside), 2),
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "device": _device_name(torch),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = commands.add_parser("checkpoint", help="checkpoint blocking time")
     checkpoint.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
     checkpoint.add_argument("--repeats", type=int, default=3)
+    preflight = commands.add_parser("preflight", help="the launcher's pre-flight check, start to exit")
+    preflight.add_argument("--hosts", type=int, default=2, help="hosts, each its own torchrun on this machine")
+    preflight.add_argument("--nproc", type=int, default=1, help="processes per host")
+    preflight.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -219,8 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = bench_loader(
             seq_len=args.seq_len, batch=args.batch, tokens=args.tokens, batches=args.batches, world_size=args.world_size
         )
-    else:
+    elif args.command == "checkpoint":
         row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats)
+    else:
+        row = bench_preflight(hosts=args.hosts, nproc=args.nproc, repeats=args.repeats)
     print(_row(row))
     print(json.dumps(row), file=sys.stderr)
     return 0

@@ -203,9 +203,15 @@ class MetricsConfig:
 
 @dataclass
 class JobConfig:
-    """The whole job: one section per component, plus the launcher's ``distribution``."""
+    """The whole job: one section per component, plus the launcher's ``distribution`` and ``preflight``."""
 
     distribution: str = _f("ddp", ", ".join(f"{d.name} ({d.summary})" for d in DISTRIBUTIONS.values()) + ".", NAMES)
+    preflight: bool = _f(
+        True,
+        "Before training (and any checkpoint load), check the cluster: every host sees its GPUs; on GPUs, NCCL "
+        "uses EFA where the run does and, across hosts, all-reduce reaches the instance type's bandwidth floor. "
+        "A failure ends the job with 'PreflightFailed: ...', which the pipeline retries on fresh nodes.",
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -1,10 +1,12 @@
 """The image's entrypoint: SageMaker's container contract in, one torchrun (or mpirun) per host out.
 
 SageMaker runs ``<entrypoint> train`` on every host. The launcher validates hyperparameters and data
-channels before anything starts (failing fast with the reason in /opt/ml/output/failure), starts
-torchrun with this host's node rank, forwards SIGTERM to the workers so they can checkpoint, and
-exits 0 (done, or stopped after a checkpoint), 1 (training failed), 2 (invalid input) or 3 (workers
-did not stop within the grace period). Torch-free, so that invalid input fails in milliseconds.
+channels before anything starts (failing fast with the reason in /opt/ml/output/failure), runs the
+pre-flight check on every host (training/preflight.py) unless the `preflight` hyperparameter turns it
+off, starts torchrun with this host's node rank, forwards SIGTERM to the workers so they can
+checkpoint, and exits 0 (done, or stopped after a checkpoint), 1 (training failed), 2 (invalid input),
+3 (workers did not stop within the grace period) or 4 (the pre-flight check failed). Torch-free, so
+that invalid input fails in milliseconds.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from training.contract import (
     write_failure,
 )
 from training.distributions import distribution, module_available
+from training.preflight import PORT_OFFSET, Checks, checks_from_env, failure_line
 
 log = logging.getLogger("training.launcher")
 
@@ -50,7 +53,7 @@ DEFAULT_MASTER_PORT = 29500
 # SageMaker kills the container 120 s after SIGTERM; keep a margin to write the failure file.
 DEFAULT_GRACE_SECONDS = 110.0
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_GRACE_EXPIRED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_GRACE_EXPIRED, EXIT_PREFLIGHT_FAILED = 0, 1, 2, 3, 4
 _OUTPUT_TAIL_LINES = 40
 
 
@@ -122,7 +125,8 @@ def efa_devices(sysfs: Path = Path("/sys/class/infiniband")) -> list[str]:
     return found
 
 
-def _efa_supports_rdma() -> bool:
+def efa_supports_rdma() -> bool:
+    """Whether libfabric's EFA provider offers RMA here (GPUDirect RDMA on p4d/p5): ``fi_info -p efa``."""
     fi_info = shutil.which("fi_info")
     if fi_info is None:
         return False
@@ -175,7 +179,7 @@ def network_env(
     return {key: value for key, value in wanted.items() if key not in env}
 
 
-def torchrun_command(plan: LaunchPlan) -> list[str]:
+def torchrun_command(plan: LaunchPlan, *, module: str = "training.train", port_offset: int = 0) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -184,11 +188,16 @@ def torchrun_command(plan: LaunchPlan) -> list[str]:
         f"--node_rank={plan.node_rank}",
         f"--nproc_per_node={plan.nproc_per_node}",
         f"--master_addr={plan.master_addr}",
-        f"--master_port={plan.master_port}",
+        f"--master_port={plan.master_port + port_offset}",
         "--max_restarts=0",
         "-m",
-        "training.train",
+        module,
     ]
+
+
+def preflight_command(plan: LaunchPlan, checks: Checks) -> list[str]:
+    """The pre-flight on this host: the training job's shape, its own rendezvous port."""
+    return [*torchrun_command(plan, module="training.preflight", port_offset=PORT_OFFSET), *checks.argv()]
 
 
 def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None) -> list[str]:
@@ -377,62 +386,100 @@ def _grace_seconds(env: Mapping[str, str]) -> float:
     return grace
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s", stream=sys.stdout)
-    # SageMaker passes "train"; nothing else is expected (configuration comes from /opt/ml).
-    if argv not in ([], ["train"]):
-        log.warning("ignoring unexpected arguments %s", argv)
-    paths = Paths.from_env()
-    try:
-        _, resources, plan = _validate(paths, os.environ)
-        grace = _grace_seconds(os.environ)
-        efa = efa_for_host(os.environ, efa_devices())
-    except (ConfigError, ContractError) as exc:
-        log.error("invalid input: %s", exc)
-        write_failure(paths, str(exc))
-        return EXIT_INVALID_INPUT
+def _worker_env(paths: Paths, resources: ResourceConfig, efa: list[str] | None, grace: float) -> dict[str, str]:
+    """What every worker (pre-flight and training) gets beyond the launcher's own environment; logged."""
+    extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and efa_supports_rdma())
+    log.info("EFA devices: %s", "off (the run turned EFA off)" if efa is None else ", ".join(efa) or "none")
+    for key, value in sorted(extra.items()):
+        log.info("set %s=%s", key, value)
+    extra.update(
+        PYTHONUNBUFFERED="1",
+        OPT_ML_ROOT=str(paths.root),
+        # Only used if torchrun itself is signalled (SIGTERM before its workers started).
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(grace)),
+    )
+    return extra
 
-    try:
-        extra = network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and _efa_supports_rdma())
-        log.info("EFA devices: %s", "off (the run turned EFA off)" if efa is None else ", ".join(efa) or "none")
-        for key, value in sorted(extra.items()):
-            log.info("set %s=%s", key, value)
-        extra.update(
-            PYTHONUNBUFFERED="1",
-            OPT_ML_ROOT=str(paths.root),
-            # Only used if torchrun itself is signalled (SIGTERM before its workers started).
-            TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(grace)),
-        )
-        env = {**os.environ, **extra}
-        log.info(
-            "host %s is node %d of %d; %d processes per node; rendezvous %s:%d; distribution %s",
-            resources.current_host,
-            plan.node_rank,
-            plan.nnodes,
-            plan.nproc_per_node,
-            plan.master_addr,
-            plan.master_port,
-            plan.distribution,
-        )
-        mpi = distribution(plan.distribution).launcher == "mpirun"
-        if mpi:
-            _start_sshd()
-            if plan.node_rank != 0:
-                return _follow_mpi_master()
-            _wait_for_ssh(plan.hosts[1:])
-            # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
-            forward = sorted({*extra, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
-            command = mpirun_command(plan, forward, resources.network_interface_name)
-        else:
-            command = torchrun_command(plan)
-        supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi)
-        returncode, expired = supervisor.run()
-    except Exception as exc:
-        log.exception("launcher failed")
-        write_failure(paths, f"launcher failed: {describe(exc)}", exc=exc)
-        return EXIT_FAILED
 
+def _preflight(paths: Paths, plan: LaunchPlan, checks: Checks, env: Mapping[str, str], grace: float) -> int | None:
+    """Run the pre-flight on this host; None when it passed, else the launcher's exit status."""
+    log.info("pre-flight check: %s", " ".join(checks.argv()))
+    started = time.monotonic()
+    supervisor = Supervisor(preflight_command(plan, checks), env, grace_seconds=grace, mpi=False)
+    returncode, expired = supervisor.run()
+    if expired:
+        write_failure(paths, f"the pre-flight check did not stop within {grace:.0f}s of {supervisor.signal_name}")
+        return EXIT_GRACE_EXPIRED
+    if supervisor.signal_name:
+        # Stopped before training started: nothing to checkpoint, nothing lost.
+        log.info("stopped by %s during the pre-flight check; training did not start", supervisor.signal_name)
+        return EXIT_OK
+    if returncode == 0:
+        log.info("pre-flight check passed in %.1f s", time.monotonic() - started)
+        return None
+    # The workers wrote the verdict when they reached one; otherwise the check itself could not run
+    # across the cluster (a host or its network), which fresh nodes are as likely to cure.
+    reason = f"the pre-flight check did not finish: its workers on this host exited with status {returncode}"
+    write_failure(paths, failure_line(reason), details="\n".join(supervisor.tail))
+    return EXIT_PREFLIGHT_FAILED
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything the launcher validated before starting anything."""
+
+    resources: ResourceConfig
+    plan: LaunchPlan
+    grace: float
+    efa: list[str] | None
+    preflight: Checks | None
+    """None: the `preflight` hyperparameter turned the check off."""
+
+
+def _validate_launch(paths: Paths, env: Mapping[str, str]) -> Launch:
+    cfg, resources, plan = _validate(paths, env)
+    efa = efa_for_host(env, efa_devices())
+    checks = checks_from_env(env, efa=bool(efa), timeout_minutes=cfg.parallel.timeout_minutes)
+    return Launch(resources, plan, _grace_seconds(env), efa, checks if cfg.preflight else None)
+
+
+def _launch(paths: Paths, launch: Launch) -> int:
+    """Pre-flight, then training (torchrun, or mpirun from the first host); the launcher's exit status."""
+    resources, plan, grace = launch.resources, launch.plan, launch.grace
+    extra = _worker_env(paths, resources, launch.efa, grace)
+    env = {**os.environ, **extra}
+    log.info(
+        "host %s is node %d of %d; %d processes per node; rendezvous %s:%d; distribution %s",
+        resources.current_host,
+        plan.node_rank,
+        plan.nnodes,
+        plan.nproc_per_node,
+        plan.master_addr,
+        plan.master_port,
+        plan.distribution,
+    )
+    if launch.preflight is None:
+        log.info("pre-flight check off (hyperparameter preflight=false)")
+    elif (status := _preflight(paths, plan, launch.preflight, env, grace)) is not None:
+        return status
+    mpi = distribution(plan.distribution).launcher == "mpirun"
+    if mpi:
+        _start_sshd()
+        if plan.node_rank != 0:
+            return _follow_mpi_master()
+        _wait_for_ssh(plan.hosts[1:])
+        # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
+        forward = sorted({*extra, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
+        command = mpirun_command(plan, forward, resources.network_interface_name)
+    else:
+        command = torchrun_command(plan)
+    supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi)
+    returncode, expired = supervisor.run()
+    return _outcome(paths, supervisor, returncode, expired, grace)
+
+
+def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: bool, grace: float) -> int:
+    """The exit status of a training run that ended, and its failure file."""
     if expired:
         reason = (
             f"workers did not stop within the {grace:.0f}s grace period after {supervisor.signal_name}; "
@@ -450,6 +497,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = f"training failed: workers exited with status {returncode} (see the log for the first error)"
     write_failure(paths, reason, details="\n".join(supervisor.tail))
     return EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s", stream=sys.stdout)
+    # SageMaker passes "train"; nothing else is expected (configuration comes from /opt/ml).
+    if argv not in ([], ["train"]):
+        log.warning("ignoring unexpected arguments %s", argv)
+    paths = Paths.from_env()
+    try:
+        launch = _validate_launch(paths, os.environ)
+    except (ConfigError, ContractError) as exc:
+        log.error("invalid input: %s", exc)
+        write_failure(paths, str(exc))
+        return EXIT_INVALID_INPUT
+    try:
+        return _launch(paths, launch)
+    except Exception as exc:
+        log.exception("launcher failed")
+        write_failure(paths, f"launcher failed: {describe(exc)}", exc=exc)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ metrics = StageMetrics(Stage.TRAINING)
 _MANIFEST = re.compile(r"step-(\d+)/manifest\.json$")
 # SageMaker's FailureReason for a cluster it could not provision.
 _CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capacity")
+# The launcher's pre-flight check failed (training/preflight.py, FAILURE_TYPE): SageMaker's FailureReason
+# is "AlgorithmError: " and the failure file's first line.
+PREFLIGHT_FAILED = "PreflightFailed"
+_PREFLIGHT = re.compile(rf"(?:^|AlgorithmError: ){PREFLIGHT_FAILED}: ")
 
 
 def latest_checkpoint(s3: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
@@ -49,13 +53,25 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
 
 
-def _error(status: str, secondary: str, capacity: bool) -> str | None:
+def retry_cause(status: str, reason: str) -> str | None:
+    """Why a failed job is worth a new job on fresh instances ("InsufficientCapacity", "PreflightFailed");
+    None when nothing says so."""
+    if status != "Failed":
+        return None
+    if any(marker in reason for marker in _CAPACITY):
+        return "InsufficientCapacity"
+    if _PREFLIGHT.search(reason):
+        return PREFLIGHT_FAILED
+    return None
+
+
+def _error(status: str, secondary: str, cause: str | None) -> str | None:
     if status == "Completed":
         return None
     if secondary in ("MaxWaitTimeExceeded", "MaxRuntimeExceeded"):
         return secondary
     if status == "Failed":
-        return "InsufficientCapacity" if capacity else "TrainingJobFailed"
+        return cause or "TrainingJobFailed"
     if status == "Stopped":
         return "TrainingJobStopped"
     return None
@@ -91,7 +107,7 @@ def summarize(
     status = describe["TrainingJobStatus"]
     secondary = describe.get("SecondaryStatus", "")
     reason = describe.get("FailureReason", "")
-    capacity = status == "Failed" and any(marker in reason for marker in _CAPACITY)
+    cause = retry_cause(status, reason)
     interruptions = sum(1 for t in describe.get("SecondaryStatusTransitions", []) if t.get("Status") == "Interrupted")
 
     # Freshness: time since the newest complete checkpoint, or since training started if none yet.
@@ -99,7 +115,7 @@ def summarize(
     age = round((now - since).total_seconds() / 60, 1) if since else None
     stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
     warned_before = bool(job.get("stale_warned"))
-    error = _error(status, secondary, capacity)
+    error = _error(status, secondary, cause)
     return {
         "job_name": describe["TrainingJobName"],
         "status": status,
@@ -107,7 +123,7 @@ def summarize(
         "finished": status in ("Completed", "Failed", "Stopped"),
         "error": error,
         "failure_reason": reason or (f"{describe['TrainingJobName']} ended {status} ({secondary})" if error else ""),
-        "capacity_error": capacity,
+        "retry_on_new_nodes": cause is not None,
         "interruptions": interruptions,
         "checkpoint": checkpoint,
         "checkpoint_age_minutes": age,

@@ -1,7 +1,9 @@
 """SageMaker training instance types the platform knows: size, accelerators, EFA, list price.
 
 One table serves the settings validation at synth time, the Validate and Estimate-cost
-handlers at run time, and the network sizing check, so the three can never disagree.
+handlers at run time, and the network sizing check, so the three can never disagree; Validate
+also hands the launcher's pre-flight check what a host of the type must show (its CUDA GPUs,
+the all-reduce bandwidth floor beside the table).
 Prices are SageMaker on-demand list prices for us-east-1 in USD per instance-hour, as
 published when the table was last reviewed (see PRICES_REVIEWED); platforms that pay other
 rates override them with the `pipeline.price_overrides` setting.
@@ -39,6 +41,17 @@ class InstanceType:
     @property
     def supports_efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def cuda_gpus(self) -> int:
+        """GPUs a host of this type shows CUDA (torch.cuda.device_count()); Trainium devices are not CUDA's."""
+        return 0 if self.accelerator in NON_CUDA_ACCELERATORS else self.gpus
+
+    @property
+    def allreduce_floor_gbps(self) -> float:
+        """The least NCCL all-reduce bus bandwidth (GB/s) a healthy multi-node job of this type reaches over EFA;
+        0 where there is no floor (see ALLREDUCE_FLOOR_GBPS)."""
+        return ALLREDUCE_FLOOR_GBPS.get(self.name, 0.0)
 
     @property
     def ec2_name(self) -> str:
@@ -101,6 +114,34 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         _t("ml.trn1.32xlarge", 128, 512, 16, "Trainium", 8, 24.725),
         _t("ml.trn1n.32xlarge", 128, 512, 16, "Trainium", 16, 28.497),
     )
+}
+
+
+# AWS's own accelerators: the training image's CUDA path sees none of them.
+NON_CUDA_ACCELERATORS = frozenset({"Trainium"})
+
+# The floor of the launcher's pre-flight: NCCL all-reduce bus bandwidth (busbw, GB/s as nccl-tests
+# reports it) across more than one host of a type, over EFA. Each figure is an estimate, a fifth of
+# the type's published EFA bandwidth (AWS's instance type pages, reviewed 2026-11: 100 Gbps is
+# 12.5 GB/s, 400 Gbps 50 GB/s, 3200 Gbps 400 GB/s): well below what a healthy cluster reaches, well
+# above NCCL's TCP sockets on the 400 Gbps and faster types. Checked against AWS's published
+# nccl-tests results (aws-samples/awsome-distributed-training, micro-benchmarks/nccl-tests/README.md,
+# "Results", as of 2026-02-21), all_reduce_perf on 2 hosts at 512 MiB, the pre-flight's size:
+# p4de.24xlarge 74.3 GB/s (floor 10); p5.48xlarge 393.3 GB/s, and 279.0 GB/s in the same page's
+# EKS run with NCCL 2.18.5 (floor 80). The other types have no published figure here: their floors
+# follow the same rule. On the 100 Gbps types the floor catches a bad node rather than TCP (the
+# pre-flight's log check catches TCP there). Trainium and CPU types run no NCCL and have no floor.
+ALLREDUCE_FLOOR_GBPS: dict[str, float] = {
+    "ml.g5.48xlarge": 2.5,  # 100 Gbps EFA
+    "ml.g6.48xlarge": 2.5,  # 100 Gbps EFA
+    "ml.p3dn.24xlarge": 2.5,  # 100 Gbps EFA
+    "ml.g6e.48xlarge": 10.0,  # 400 Gbps EFA
+    "ml.p4d.24xlarge": 10.0,  # 400 Gbps EFA
+    "ml.p4de.24xlarge": 10.0,  # 400 Gbps EFA
+    "ml.p5.48xlarge": 80.0,  # 3200 Gbps EFA
+    "ml.p5e.48xlarge": 80.0,  # 3200 Gbps EFA
+    "ml.p5en.48xlarge": 80.0,  # 3200 Gbps EFA
+    "ml.p6-b200.48xlarge": 80.0,  # 3200 Gbps EFA
 }
 
 

@@ -2,7 +2,7 @@
 
 Step Functions ends an execution at 25,000 history events. A run polls its job until it ends:
 each poll adds EVENTS_PER_POLL events, everything else in a run (validation, both approval gates,
-every capacity retry's creation, evaluation, registration) at most RUN_EVENTS. Both figures are
+every retry's notification and creation, evaluation, registration) at most RUN_EVENTS. Both figures are
 measured by executing the state machine (tests/pipeline/test_orchestration.py), and Validate
 stretches a run's poll interval so that its longest possible loop fits with a margin.
 """
@@ -15,7 +15,7 @@ HISTORY_LIMIT = 25_000
 # Wait (entered, exited) + "Check progress" Lambda task (entered, scheduled, started, succeeded,
 # exited) + "Job finished?" Choice (entered, exited).
 EVENTS_PER_POLL = 9
-# Everything but the polls, for a run with both gates and every capacity retry taken.
+# Everything but the polls, for a run with both gates and every retry on fresh instances taken.
 RUN_EVENTS = 800
 # Use at most this share of the limit.
 MARGIN = 0.8

@@ -312,11 +312,15 @@ def resolve(
         raise InvalidRequest(_format(problems))
     # Stable for one execution (Lambda retries resolve the same names), unique across executions.
     suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    efa = instance.supports_efa if request.efa is None else request.efa
     group = InstanceGroup(
         instance_type=instance.name,
         instance_count=request.instance_count,
-        efa=instance.supports_efa if request.efa is None else request.efa,
+        efa=efa,
         local_storage=instance.local_storage,
+        gpus=instance.cuda_gpus,
+        # The floor is EFA's: over TCP sockets the pre-flight has none to hold a run to.
+        allreduce_floor_gbps=instance.allreduce_floor_gbps if efa else 0.0,
     )
     tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
     resolved = TrainingRequest(

@@ -23,6 +23,7 @@ from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext
 from training.metrics import METRIC_DEFINITIONS
+from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
@@ -181,6 +182,9 @@ class DistributedTrainingJob(Construct):
                 "NCCL_DEBUG": "WARN",
                 # The request's `efa`: the launcher requires EFA devices, or keeps NCCL on TCP sockets.
                 "TRAINING_EFA.$": f"States.Format('{{}}', {REQUEST.efa})",
+                # What the launcher's pre-flight check holds every host to (from the instance catalog).
+                f"{EXPECTED_GPUS_ENV}.$": f"States.Format('{{}}', {REQUEST.gpus})",
+                f"{MIN_BUSBW_ENV}.$": f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
             },
             "InputDataConfig.$": str(REQUEST.channels),
             "OutputDataConfig": {

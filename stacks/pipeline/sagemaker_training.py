@@ -2,8 +2,9 @@
 
 `start` creates the job (one name per attempt, so a create that succeeded but was retried adopts
 its own job), then polls it with one Monitor call per round at the request's `poll_seconds`
-(lambdas/shared/history.py keeps the longest run inside one execution's history). A capacity
-failure starts a new attempt that resumes from the run's checkpoints. On every way out Cleanup
+(lambdas/shared/history.py keeps the longest run inside one execution's history). A job that
+failed for want of capacity or in the launcher's pre-flight check starts a new attempt, on fresh
+instances, that resumes from the run's checkpoints; the run is told why. On every way out Cleanup
 prunes the run's checkpoints to the newest complete one, and a failure of the orchestration
 itself (a handler that keeps failing, a notification that cannot be sent) first stops the run's
 jobs. An execution that ends any other way (aborted, timed out) is cleaned up by an EventBridge
@@ -144,7 +145,7 @@ class SageMakerTraining(Construct):
         )
 
     def _poll(self) -> None:
-        """Wait, check, decide: running, stale, completed, a capacity failure to retry, or failed."""
+        """Wait, check, decide: running, stale, completed, a failure to retry on fresh instances, or failed."""
         reset = sfn.Pass(
             self, "Reset progress", result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
         )
@@ -185,10 +186,27 @@ class SageMakerTraining(Construct):
         next_attempt = sfn.Pass(
             self,
             "Next attempt",
-            comment="Insufficient capacity: a new job, with a new name, resuming from the run's checkpoints",
-            parameters={"attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1)},
+            comment="Insufficient capacity or a failed pre-flight check: a new job, with a new name, on fresh "
+            "instances, resuming from the run's checkpoints",
+            parameters={
+                "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
+                "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+            },
             result_path=str(TRAIN),
         )
+        retrying = self._context.notify(
+            self,
+            "Tell the run why it retries",
+            subject="Training job replaced: retrying on fresh instances",
+            fields={
+                "failed_job": string(JOB.job_name),
+                "error": string(TRAIN.retried_after.error),
+                "reason": string(TRAIN.retried_after.cause),
+                "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
+            },
+        )
+        retrying.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
+        retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         job_failed = sfn.Pass(
             self,
             "Record job failure",
@@ -196,7 +214,7 @@ class SageMakerTraining(Construct):
             result_path=str(FAILURE),
         )
         self.start.next(reset).next(create)
-        next_attempt.next(reset)
+        next_attempt.next(retrying).next(reset)
         retries = self._context.pipeline.capacity_retries
         wait.next(check).next(
             sfn.Choice(self, "Job finished?")
@@ -214,7 +232,7 @@ class SageMakerTraining(Construct):
             )
             .when(
                 sfn.Condition.and_(
-                    sfn.Condition.boolean_equals(str(JOB.capacity_error), True),
+                    sfn.Condition.boolean_equals(str(JOB.retry_on_new_nodes), True),
                     sfn.Condition.number_less_than(str(TRAIN.attempt), retries + 1),
                 ),
                 next_attempt,

@@ -53,6 +53,20 @@ def test_efa_off_is_carried_to_the_group() -> None:
     assert (off["efa"], without["efa"]) == (False, False)
 
 
+def test_the_preflights_expectations_come_from_the_catalog() -> None:
+    p4d = resolve(EXAMPLE, execution_name="e", limits=LIMITS)
+    assert (p4d["gpus"], p4d["allreduce_floor_gbps"]) == (8, 10.0)
+    # Over TCP sockets the EFA floor does not apply; GPUs are expected all the same.
+    off = resolve(EXAMPLE | {"efa": False}, execution_name="e", limits=LIMITS)
+    assert (off["gpus"], off["allreduce_floor_gbps"]) == (8, 0.0)
+    cpu = resolve(EXAMPLE | {"instance_type": "ml.m5.xlarge"}, execution_name="e", limits=LIMITS)
+    assert (cpu["gpus"], cpu["allreduce_floor_gbps"]) == (0, 0.0)
+    # A request resolved before these fields existed (an execution in flight across a deploy) still parses.
+    group = {k: v for k, v in p4d["instance_groups"][0].items() if k not in ("gpus", "allreduce_floor_gbps")}
+    older = TrainingRequest.parse(p4d | {"instance_groups": [group]})
+    assert (older.gpus, older.allreduce_floor_gbps) == (0, 0.0)
+
+
 @pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
 def test_every_distribution_has_a_local_stand_in_that_runs_here(name: str) -> None:
     stand_in = named(DISTRIBUTIONS[name].local_stand_in)

@@ -77,6 +77,14 @@ def test_trainer_config_errors_reach_the_user() -> None:
         resolve(base, execution_name="e", limits=LIMITS)
 
 
+def test_the_preflight_hyperparameter_is_checked_like_the_trainers_own() -> None:
+    base = _example("single-node-ddp")
+    off = resolve(base | {"hyperparameters": {"preflight": False}}, execution_name="e", limits=LIMITS)
+    assert off["hyperparameters"]["preflight"] == "false"  # what the launcher reads in hyperparameters.json
+    with pytest.raises(InvalidRequest, match=r"hyperparameter preflight='maybe' is invalid: use true or false"):
+        resolve(base | {"hyperparameters": {"preflight": "maybe"}}, execution_name="e", limits=LIMITS)
+
+
 def _request(**overrides: Any) -> dict[str, Any]:
     request = {
         "instance_type": "ml.p5.48xlarge",
@@ -182,7 +190,17 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
             "CapacityError: Unable to provision requested ML compute capacity",
             "InsufficientCapacity",
         ),
+        (
+            "Failed",
+            "Failed",
+            "AlgorithmError: PreflightFailed: GPUs missing (torch.cuda.device_count()): host algo-2 sees 7 of the "
+            "8 expected",
+            "PreflightFailed",
+        ),
+        ("Failed", "Failed", "PreflightFailed: the pre-flight check did not finish: ...", "PreflightFailed"),
         ("Failed", "Failed", "AlgorithmError: exit code 1", "TrainingJobFailed"),
+        # Only the failure file's own first word counts, not the words of some other error.
+        ("Failed", "Failed", "AlgorithmError: ValueError: no 'PreflightFailed: ' here", "TrainingJobFailed"),
         ("Stopped", "MaxWaitTimeExceeded", "", "MaxWaitTimeExceeded"),
         ("Stopped", "MaxRuntimeExceeded", "", "MaxRuntimeExceeded"),
         ("Stopped", "Stopped", "", "TrainingJobStopped"),
@@ -194,7 +212,7 @@ def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str,
     summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert summary["finished"] is True
     assert summary["error"] == error
-    assert summary["capacity_error"] is (error == "InsufficientCapacity")
+    assert summary["retry_on_new_nodes"] is (error in ("InsufficientCapacity", "PreflightFailed"))
     if error and not reason:
         assert secondary in summary["failure_reason"]
 
@@ -246,3 +264,20 @@ def test_readme_input_table_is_current() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert input_table() in readme, "README.md's execution-input table is stale: regenerate it from input_table()"
+
+
+def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
+    from lambdas.monitor.handler import PREFLIGHT_FAILED
+    from training.preflight import FAILURE_TYPE, failure_line
+
+    assert PREFLIGHT_FAILED == FAILURE_TYPE  # the Lambda asset holds no training.preflight: one word, kept in step
+    reason = f"AlgorithmError: {failure_line('GPUs missing')}"
+    assert (
+        summarize(
+            {"describe": _describe(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason)},
+            checkpoint=None,
+            now=NOW,
+            stale_minutes=90,
+        )["error"]
+        == "PreflightFailed"
+    )

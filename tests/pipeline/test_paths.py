@@ -16,6 +16,13 @@ from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
+# What SageMaker reports when the launcher's pre-flight check fails: the failure file's first line.
+PREFLIGHT = Poll(
+    "Failed",
+    "Failed",
+    failure_reason="AlgorithmError: PreflightFailed: GPUs missing (torch.cuda.device_count()): host algo-2 sees 7 "
+    "of the 8 expected",
+)
 
 
 def test_above_threshold_waits_for_launch_approval(pipeline: Pipeline) -> None:
@@ -119,6 +126,43 @@ def test_capacity_retries_are_bounded(pipeline_factory: Any) -> None:
     described = pipeline.finish(arn)
     assert pipeline.error(described)[0] == "InsufficientCapacity"
     assert len(pipeline.jobs()) == 4  # the first attempt plus pipeline.capacity_retries (3)
+
+
+def test_a_failed_preflight_check_retries_on_fresh_instances_from_the_checkpoints(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll("InProgress", "Training"), PREFLIGHT], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(instance_type="ml.p4d.24xlarge", instance_count=2))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    assert second == first[: -len("1")] + "2"
+    requests = pipeline.local.training_requests
+    # A new job (SageMaker gives it new instances), resuming from the same run-level checkpoints.
+    assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]
+    # The run is told why, and the attempt records it.
+    (told,) = [m for m in pipeline.local.messages("TopicsRuns") if m["Subject"].startswith("Training job replaced")]
+    body = json.loads(told["Message"])
+    assert (body["failed_job"], body["error"], body["attempt"]) == (first, "PreflightFailed", 2)
+    assert body["reason"] == PREFLIGHT.failure_reason
+    (entered,) = [
+        e for e in pipeline.local.history(arn) if e.get("stateExitedEventDetails", {}).get("name") == "Next attempt"
+    ]
+    train = json.loads(entered["stateExitedEventDetails"]["output"])["train"]
+    assert train == {"attempt": 2, "retried_after": {"error": "PreflightFailed", "cause": PREFLIGHT.failure_reason}}
+
+
+def test_preflight_retries_share_the_capacity_retry_limit(pipeline_factory: Any) -> None:
+    # Pre-flight, capacity, pre-flight, pre-flight: the first attempt plus pipeline.capacity_retries (3), then failed.
+    pipeline = pipeline_factory(scripts=[[PREFLIGHT], [CAPACITY], [PREFLIGHT], [PREFLIGHT]])
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    assert len(pipeline.jobs()) == 4
+    error, cause = pipeline.error(described)
+    assert error == "PreflightFailed" and "host algo-2 sees 7 of the 8 expected" in cause
+    told = [m for m in pipeline.local.messages("TopicsRuns") if m["Subject"].startswith("Training job replaced")]
+    assert [json.loads(m["Message"])["error"] for m in told] == [
+        "PreflightFailed",
+        "InsufficientCapacity",
+        "PreflightFailed",
+    ]
 
 
 @pytest.mark.filterwarnings("ignore:Exception\\(SagemakerClientError\\) with code ThrottlingException:UserWarning")
@@ -273,3 +317,6 @@ def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline)
         pipeline.run_until(arn, "Approval gate (promotion)")
     environments = [request["Environment"] for request in pipeline.local.training_requests.values()]
     assert [e["TRAINING_EFA"] for e in environments] == ["true", "false"]
+    # The pre-flight check's expectations, from the instance catalog: 8 GPUs, and EFA's floor only with EFA.
+    assert [e["TRAINING_EXPECTED_GPUS"] for e in environments] == ["8", "8"]
+    assert [float(e["TRAINING_MIN_BUSBW_GBPS"]) for e in environments] == [10.0, 0.0]

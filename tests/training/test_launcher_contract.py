@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from training_helpers import clean_env, launcher, make_opt_ml, run
+from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
 from training.config import JobConfig
 from training.contract import ContractError, Paths, ResourceConfig, read_resource_config
 from training.launcher import (
     EXIT_INVALID_INPUT,
+    EXIT_PREFLIGHT_FAILED,
     LaunchPlan,
     Supervisor,
     efa_devices,
@@ -188,3 +190,98 @@ def test_supervisor_kills_workers_that_outlive_the_grace_period() -> None:
     assert time.monotonic() - started < 10
     assert supervisor.signal_name == "SIGTERM"
     assert "up" in supervisor.tail
+
+
+def test_bad_preflight_expectation_is_an_input_error(tmp_path: Path, corpus: Path) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    result = run(launcher(), clean_env(tmp_path, TRAINING_EXPECTED_GPUS="eight"), timeout=30)
+    assert result.returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths) == "environment variable TRAINING_EXPECTED_GPUS='eight' must be a number >= 0"
+
+
+def _two_hosts(
+    tmp_path: Path, corpus: Path, job: dict[str, str], env: dict[str, dict[str, str]]
+) -> dict[str, tuple[int, str, Paths]]:
+    """Both hosts' launchers, one process each on gloo: host -> (exit status, log, /opt/ml tree)."""
+    hosts = ("algo-1", "algo-2")
+    port = str(free_port())
+    trees = {host: make_opt_ml(tmp_path / host, job, corpus=corpus, hosts=hosts, current_host=host) for host in hosts}
+    procs = {
+        host: subprocess.Popen(
+            launcher(),
+            env=clean_env(paths.root, TRAINING_MASTER_ADDR="127.0.0.1", TRAINING_MASTER_PORT=port, **env.get(host, {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for host, paths in trees.items()
+    }
+    try:
+        logs = {host: proc.communicate(timeout=150)[0] for host, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    return {host: (procs[host].returncode, logs[host], trees[host]) for host in hosts}
+
+
+SHORT_JOB = {
+    **TINY_JOB,
+    "max_steps": "2",
+    "optim.warmup_steps": "1",
+    "checkpoint.interval_steps": "0",
+    "eval.interval_steps": "0",
+}
+
+
+@pytest.mark.slow
+def test_preflight_fails_every_host_when_one_sees_fewer_gpus_than_expected(tmp_path: Path, corpus: Path) -> None:
+    # algo-2 is told its type has a GPU; this machine has none, so it sees 0.
+    hosts = _two_hosts(tmp_path, corpus, SHORT_JOB, {"algo-2": {"TRAINING_EXPECTED_GPUS": "1"}})
+    expected = "PreflightFailed: GPUs missing (torch.cuda.device_count()): host algo-2 sees 0 of the 1 expected"
+    for host, (status, log, paths) in hosts.items():
+        assert status == EXIT_PREFLIGHT_FAILED, log[-3000:]
+        # Every host reached the same verdict: whichever SageMaker reports, it names the bad host.
+        assert _first_line(paths) == expected, host
+        assert "rank 0/" not in log and not paths.checkpoints.exists()  # training never started
+
+
+@pytest.mark.slow
+def test_preflight_passes_on_two_hosts_then_training_runs(tmp_path: Path, corpus: Path) -> None:
+    expect_none = {"TRAINING_EXPECTED_GPUS": "0", "TRAINING_MIN_BUSBW_GBPS": "80"}  # what ml.m5.* hosts get
+    hosts = _two_hosts(tmp_path, corpus, SHORT_JOB, {"algo-1": expect_none, "algo-2": expect_none})
+    for host, (status, log, paths) in hosts.items():
+        assert status == 0, log[-3000:]
+        assert f"host {host} sees 0 GPUs, as expected" in log
+        assert "pre-flight check passed in" in log
+        assert not paths.failure.exists()
+    first = hosts["algo-1"][1]
+    assert first.index("pre-flight check passed") < first.index("rank 0/2") < first.index("step=2 loss=")
+
+
+@pytest.mark.slow
+def test_preflight_false_skips_the_check(tmp_path: Path, corpus: Path) -> None:
+    # The same bad expectation as above, which the check would fail on: with the check off, training runs.
+    job = {**SHORT_JOB, "preflight": "false"}
+    hosts = _two_hosts(tmp_path, corpus, job, {"algo-2": {"TRAINING_EXPECTED_GPUS": "1"}})
+    for status, log, paths in hosts.values():
+        assert status == 0, log[-3000:]
+        assert "pre-flight check off (hyperparameter preflight=false)" in log
+        assert "pre-flight check passed" not in log and not paths.failure.exists()
+    assert "step=2 loss=" in hosts["algo-1"][1]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_preflight_stops_the_launcher_before_training(tmp_path: Path, corpus: Path) -> None:
+    # algo-2 never comes, so the pre-flight waits at its rendezvous when SageMaker stops the job.
+    paths = make_opt_ml(tmp_path, SHORT_JOB, corpus=corpus, hosts=("algo-1", "algo-2"), current_host="algo-1")
+    env = clean_env(tmp_path, TRAINING_MASTER_ADDR="127.0.0.1", TRAINING_MASTER_PORT=str(free_port()))
+
+    def stop(proc: subprocess.Popen[str]) -> None:
+        time.sleep(1)  # past the moment the launcher starts the pre-flight's torchrun and takes SIGTERM over
+        proc.send_signal(signal.SIGTERM)
+
+    status, log = run_until(launcher(), env, r"pre-flight check: ", stop)
+    assert status == 0, log[-3000:]
+    assert "stopped by SIGTERM during the pre-flight check; training did not start" in log
+    assert not paths.failure.exists() and "rank 0/" not in log

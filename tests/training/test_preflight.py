@@ -1,0 +1,231 @@
+"""The pre-flight's pure parts: NCCL log parsing, bus bandwidth arithmetic, verdicts, its settings."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from training.config import JobConfig
+from training.contract import ContractError, ResourceConfig
+from training.launcher import plan_launch, preflight_command
+from training.preflight import (
+    Checks,
+    DeviceReport,
+    NcclNetwork,
+    bandwidth_verdict,
+    bus_bandwidth_gbps,
+    checks_from_env,
+    device_verdict,
+    efa_verdict,
+    failure_line,
+    nccl_network,
+    run_checks,
+)
+
+# NCCL's and aws-ofi-nccl's INFO lines (NCCL_DEBUG_SUBSYS=INIT,NET): from a published two-host EFA log
+# (aws-ofi-nccl before 1.14 wrote "Selected Provider is"); the current wording, from both projects'
+# sources; NCCL's own sockets when the plugin is missing (NCCL 2.22's wording); and the plugin on a
+# fabric that is not EFA (a published Slingshot log, provider cxi).
+EFA_LOG = """\
+compute-gpu-st-distributed-ml-1:7614:7691 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v6)
+compute-gpu-st-distributed-ml-1:7614:7691 [0] NCCL INFO NET/OFI Selected Provider is efa (found 1 nics)
+compute-gpu-st-distributed-ml-1:7614:7691 [0] NCCL INFO NET/OFI Global registrations supported
+compute-gpu-st-distributed-ml-1:7614:7691 [0] NCCL INFO Using network AWS Libfabric
+compute-gpu-st-distributed-ml-1:7614:7691 [0] NCCL INFO DMA-BUF is available on GPU device 0
+"""
+EFA_LOG_CURRENT = """\
+algo-1:212:280 [3] NCCL INFO NET/OFI Using Libfabric version 2.1
+algo-1:212:280 [3] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)
+algo-1:212:280 [3] NCCL INFO Using network Libfabric
+"""
+SOCKET_LOG = """\
+algo-2:98:98 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
+algo-2:98:98 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.1.17<0>
+algo-2:98:98 [0] NCCL INFO Using network Socket
+"""
+CXI_LOG = """\
+NCCL INFO NET/OFI Using aws-ofi-nccl 1.6.0
+NCCL INFO NET/OFI Selected Provider is cxi (found 2 nics)
+NCCL INFO Using network AWS Libfabric
+"""
+
+
+def test_the_network_and_provider_come_from_nccls_init_log() -> None:
+    assert nccl_network(EFA_LOG) == NcclNetwork("AWS Libfabric", "efa")
+    assert nccl_network(EFA_LOG_CURRENT) == NcclNetwork("Libfabric", "efa")
+    assert nccl_network(SOCKET_LOG) == NcclNetwork("Socket", None)
+    assert nccl_network(CXI_LOG) == NcclNetwork("AWS Libfabric", "cxi")
+    assert nccl_network("") == NcclNetwork(None, None)
+    assert [nccl_network(log).efa for log in (EFA_LOG, EFA_LOG_CURRENT, SOCKET_LOG, CXI_LOG)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_efa_verdict_names_each_host_that_fell_back() -> None:
+    ok = nccl_network(EFA_LOG_CURRENT)
+    assert efa_verdict([("algo-1", ok), ("algo-1", ok), ("algo-2", ok)]) is None
+    # A log that names no network is not judged (NCCL's wording may change); the worker warns instead.
+    assert efa_verdict([("algo-1", ok), ("algo-2", NcclNetwork(None, None))]) is None
+    verdict = efa_verdict([("algo-1", ok), ("algo-2", nccl_network(SOCKET_LOG)), ("algo-2", nccl_network(SOCKET_LOG))])
+    assert verdict == (
+        "NCCL is not using EFA though the run asks for it: host algo-2: NCCL uses network 'Socket', "
+        "not the OFI plugin (Libfabric) over EFA"
+    )
+    assert efa_verdict([("algo-3", nccl_network(CXI_LOG))]) == (
+        "NCCL is not using EFA though the run asks for it: host algo-3: the OFI plugin chose provider 'cxi', not efa"
+    )
+
+
+def test_bus_bandwidth_is_nccl_tests_busbw() -> None:
+    # AWS's published 2 x p5.48xlarge all_reduce_perf row: 536870912 B in 2559.2 us, algbw 209.78, busbw 393.34.
+    assert bus_bandwidth_gbps(536_870_912, 2559.2e-6, 16) == pytest.approx(393.34, abs=0.01)
+    assert bus_bandwidth_gbps(1_000_000_000, 1.0, 2) == pytest.approx(1.0)  # 2(n-1)/n = 1 for two ranks
+
+
+def test_bandwidth_verdict_compares_with_the_floor() -> None:
+    assert bandwidth_verdict(393.3, 80.0, hosts=2, ranks=16) is None
+    assert bandwidth_verdict(80.0, 80.0, hosts=2, ranks=16) is None
+    assert bandwidth_verdict(11.96, 80.0, hosts=2, ranks=16) == (
+        "all-reduce bus bandwidth 12.0 GB/s across 2 hosts (16 ranks) is below the 80 GB/s floor for this "
+        "instance type (TRAINING_MIN_BUSBW_GBPS); a host or its network is degraded"
+    )
+
+
+def test_device_verdict_names_hosts_short_of_their_type_or_their_peers() -> None:
+    full = [DeviceReport(f"algo-{h}", 8, 8) for h in (1, 2) for _ in range(8)]
+    assert device_verdict(full) is None
+    assert device_verdict([DeviceReport("algo-1", 0, 0), DeviceReport("algo-2", 0, 0)]) is None  # CPU hosts
+    short = [*full[:8], *[DeviceReport("algo-2", 7, 8)] * 7]
+    assert device_verdict(short) == "GPUs missing (torch.cuda.device_count()): host algo-2 sees 7 of the 8 expected"
+    # Without an expectation (a local run), as many as any other host sees.
+    peers = [DeviceReport("algo-1", 4, None), DeviceReport("algo-2", 2, None), DeviceReport("algo-3", 0, None)]
+    assert device_verdict(peers) == (
+        "GPUs missing (torch.cuda.device_count()): host algo-2 sees 2 of the 4 expected, "
+        "host algo-3 sees 0 of the 4 expected"
+    )
+    # More than the type has is no failure: training starts one process per GPU it finds.
+    assert device_verdict([DeviceReport("algo-1", 1, 0)]) is None
+    assert failure_line("x").startswith("PreflightFailed: ")
+
+
+def test_checks_come_from_the_environment_and_reach_the_workers() -> None:
+    env = {"TRAINING_EXPECTED_GPUS": "8", "TRAINING_MIN_BUSBW_GBPS": "80.0"}
+    checks = checks_from_env(env, efa=True, timeout_minutes=10.0)
+    assert checks == Checks(expected_gpus=8, efa=True, min_busbw_gbps=80.0, timeout_minutes=10.0)
+    assert Checks.parse(checks.argv()) == checks
+    assert checks_from_env({}, efa=False, timeout_minutes=1.0) == Checks(None, False, 0.0, 1.0)
+    assert Checks.parse(Checks(None, False, 0.0, 1.0).argv()) == Checks(None, False, 0.0, 1.0)
+    # States.Format writes the request's numbers as JSON does.
+    assert checks_from_env({"TRAINING_EXPECTED_GPUS": "8.0"}, efa=False, timeout_minutes=1.0).expected_gpus == 8
+    for name, value in (
+        ("TRAINING_EXPECTED_GPUS", "eight"),
+        ("TRAINING_EXPECTED_GPUS", "7.5"),
+        ("TRAINING_EXPECTED_GPUS", "-1"),
+        ("TRAINING_MIN_BUSBW_GBPS", "nan"),
+    ):
+        with pytest.raises(ContractError, match=f"environment variable {name}="):
+            checks_from_env({name: value}, efa=False, timeout_minutes=1.0)
+
+
+def test_the_preflight_runs_the_training_shape_on_its_own_port() -> None:
+    resources = ResourceConfig(current_host="algo-2", hosts=("algo-1", "algo-2"))
+    plan = plan_launch(JobConfig(), resources, {"SM_NUM_GPUS": "8", "TRAINING_MASTER_PORT": "29500"})
+    command = preflight_command(plan, Checks(8, True, 80.0, 10.0))
+    assert {"--nnodes=2", "--node_rank=1", "--nproc_per_node=8", "--master_port=29501"} <= set(command)
+    assert command[command.index("-m", 3) + 1] == "training.preflight"
+    assert command[-4:] == ["--min-busbw-gbps=80.0", "--timeout-minutes=10.0", "--expected-gpus=8", "--efa"]
+
+
+class _World:
+    """Ranks as threads, with all_gather semantics: every rank must make the same collectives in order."""
+
+    def __init__(self, ranks: int) -> None:
+        self.slots: list[Any] = [None] * ranks
+        self.barrier = threading.Barrier(ranks, timeout=10)
+
+
+class _FakeRank:
+    """What run_checks uses of a pre-flight rank, on GPUs that this machine does not have."""
+
+    def __init__(self, world: _World, rank: int, host: str, *, gpus: int, checks: Checks, seconds: float) -> None:
+        self.world, self.rank, self.ranks, self.host, self.checks = world, rank, len(world.slots), host, checks
+        self.local_rank = rank % 2
+        self.torch = SimpleNamespace(cuda=SimpleNamespace(device_count=lambda: gpus))
+        self.seconds = seconds
+        self.all_reduces = 0
+
+    def gather(self, value: Any) -> list[Any]:
+        self.world.slots[self.rank] = value
+        self.world.barrier.wait()
+        out = list(self.world.slots)
+        self.world.barrier.wait()
+        return out
+
+    def time_all_reduce(self) -> float:
+        self.all_reduces += 1
+        return float(max(self.gather(self.seconds)))
+
+
+def _run_world(
+    tmp_path: Path, hosts: dict[str, tuple[int, Checks, str]], seconds: float = 0.01
+) -> tuple[list[str | None], list[int]]:
+    """Two ranks per host; each host: (GPUs it sees, its checks, its NCCL log). (verdicts, all-reduces) per rank."""
+    world = _World(2 * len(hosts))
+    ranks = []
+    for index, (host, (gpus, checks, log_text)) in enumerate(hosts.items()):
+        (tmp_path / f"{host}.log").write_text(log_text)
+        ranks += [
+            _FakeRank(world, 2 * index + local, host, gpus=gpus, checks=checks, seconds=seconds) for local in (0, 1)
+        ]
+    verdicts: list[str | None] = [None] * len(ranks)
+
+    def rank_main(rank: _FakeRank) -> None:
+        verdicts[rank.rank] = run_checks(rank, tmp_path / f"{rank.host}.log")  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not any(thread.is_alive() for thread in threads)
+    return verdicts, [rank.all_reduces for rank in ranks]
+
+
+def test_every_rank_reaches_the_same_verdict_through_the_same_collectives(tmp_path: Path) -> None:
+    p5 = Checks(expected_gpus=8, efa=True, min_busbw_gbps=80.0, timeout_minutes=1.0)
+    # Healthy: EFA in every host's log, 450 GB/s of busbw (512 MiB in 1.79 ms over 4 ranks).
+    fast = 536_870_912 / 300e9
+    verdicts, all_reduces = _run_world(
+        tmp_path, {"algo-1": (8, p5, EFA_LOG_CURRENT), "algo-2": (8, p5, EFA_LOG_CURRENT)}, seconds=fast
+    )
+    assert verdicts == [None] * 4 and all_reduces == [1] * 4
+    # One host fell back to TCP: every rank names it.
+    verdicts, _ = _run_world(tmp_path, {"algo-1": (8, p5, EFA_LOG_CURRENT), "algo-2": (8, p5, SOCKET_LOG)})
+    assert len(set(verdicts)) == 1 and "host algo-2: NCCL uses network 'Socket'" in str(verdicts[0])
+    # EFA fine, bandwidth far below the floor.
+    verdicts, _ = _run_world(
+        tmp_path, {"algo-1": (8, p5, EFA_LOG_CURRENT), "algo-2": (8, p5, EFA_LOG_CURRENT)}, seconds=1.0
+    )
+    assert len(set(verdicts)) == 1 and str(verdicts[0]).startswith("all-reduce bus bandwidth 0.8 GB/s across 2 hosts")
+
+
+def test_ranks_skip_nccl_together_where_no_gpu_check_applies(tmp_path: Path) -> None:
+    no_efa = Checks(expected_gpus=4, efa=False, min_busbw_gbps=0.0, timeout_minutes=1.0)
+    verdicts, all_reduces = _run_world(tmp_path, {"algo-1": (4, no_efa, ""), "algo-2": (4, no_efa, "")})
+    assert verdicts == [None] * 4 and all_reduces == [0] * 4
+    # Only one host uses EFA (the other has no EFA device): all ranks still run the NCCL part; only it is judged.
+    efa = Checks(expected_gpus=4, efa=True, min_busbw_gbps=0.0, timeout_minutes=1.0)
+    verdicts, all_reduces = _run_world(tmp_path, {"algo-1": (4, efa, EFA_LOG), "algo-2": (4, no_efa, SOCKET_LOG)})
+    assert verdicts == [None] * 4 and all_reduces == [1] * 4
+    # A short host ends it before any NCCL call, on every rank.
+    verdicts, all_reduces = _run_world(tmp_path, {"algo-1": (4, efa, EFA_LOG), "algo-2": (3, efa, EFA_LOG)})
+    assert all_reduces == [0] * 4 and set(verdicts) == {
+        "GPUs missing (torch.cuda.device_count()): host algo-2 sees 3 of the 4 expected"
+    }
