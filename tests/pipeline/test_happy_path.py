@@ -120,8 +120,15 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
     }
     assert {"Key": "run", "Value": "gpt2-small"} in request["Tags"]
     assert {"Key": "team", "Value": "ml-platform"} in request["Tags"]
-    # ml.m5.xlarge has no EFA: the launcher keeps NCCL on TCP sockets.
-    assert request["Environment"] == {"PYTHONUNBUFFERED": "1", "NCCL_DEBUG": "WARN", "TRAINING_EFA": "false"}
+    # ml.m5.xlarge has no EFA: the launcher keeps NCCL on TCP sockets; and no GPU, so the pre-flight
+    # check expects none and holds the all-reduce to no floor.
+    assert request["Environment"] == {
+        "PYTHONUNBUFFERED": "1",
+        "NCCL_DEBUG": "WARN",
+        "TRAINING_EFA": "false",
+        "TRAINING_EXPECTED_GPUS": "0",
+        "TRAINING_MIN_BUSBW_GBPS": "0.0",
+    }
 
 
 def test_security_fields_are_constants_of_the_definition(pipeline: Pipeline) -> None:
