@@ -278,6 +278,7 @@ def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
             checkpoint=None,
             now=NOW,
             stale_minutes=90,
+            hourly_usd=10.0,
         )["error"]
         == "PreflightFailed"
     )
