@@ -154,18 +154,7 @@ class EventRules:
         """Deliver one "Scheduled Event" to the targets of every schedule rule, as EventBridge does when due."""
         for rule_arn, props in self.rules():
             if "ScheduleExpression" in props:
-                event = {
-                    "version": "0",
-                    "id": str(uuid.uuid4()),
-                    "detail-type": "Scheduled Event",
-                    "source": "aws.events",
-                    "account": ACCOUNT,
-                    "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-                    "region": REGION,
-                    "resources": [rule_arn],
-                    "detail": {},
-                }
-                self._targets(rule_arn, props, event)
+                self._targets(rule_arn, props, event_envelope("Scheduled Event", "aws.events", rule_arn, {}))
 
     def _targets(self, rule_arn: str, props: dict[str, Any], event: dict[str, Any]) -> None:
         if self._closed:
@@ -200,6 +189,21 @@ class EventRules:
         self.drain(timeout)
 
 
+def event_envelope(detail_type: str, source: str, resource: str, detail: dict[str, Any]) -> dict[str, Any]:
+    """An event as EventBridge delivers it to a target."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": detail_type,
+        "source": source,
+        "account": ACCOUNT,
+        "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "region": REGION,
+        "resources": [resource],
+        "detail": detail,
+    }
+
+
 def execution_status_changes(rules: EventRules) -> Any:
     """Publish "Step Functions Execution Status Change" when an execution ends, as Step Functions does."""
     original = BaseExecutionWorkerCommunication.terminated
@@ -208,16 +212,11 @@ def execution_status_changes(rules: EventRules) -> Any:
         original(communication)
         execution = communication.execution
         rules.put(
-            {
-                "version": "0",
-                "id": str(uuid.uuid4()),
-                "detail-type": "Step Functions Execution Status Change",
-                "source": "aws.states",
-                "account": ACCOUNT,
-                "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-                "region": REGION,
-                "resources": [execution.exec_arn],
-                "detail": {
+            event_envelope(
+                "Step Functions Execution Status Change",
+                "aws.states",
+                execution.exec_arn,
+                {
                     "executionArn": execution.exec_arn,
                     "stateMachineArn": execution.state_machine_arn,
                     "name": execution.name,
@@ -225,7 +224,7 @@ def execution_status_changes(rules: EventRules) -> Any:
                     "error": execution.error,
                     "cause": execution.cause,
                 },
-            }
+            )
         )
 
     return mock.patch.object(BaseExecutionWorkerCommunication, "terminated", terminated)
