@@ -75,8 +75,8 @@ class BudgetStop(Construct):
 
     New jobs (first attempts and capacity retries alike) are then refused by IAM; jobs already
     training keep running. The deny is also what Validate reads, so a new run is refused at once
-    with the reason and who to ask. Budgets keeps the policy attached until someone with the
-    budget in hand reverses the action (`aws budgets execute-budget-action --execution-type
+    with the reason and who to ask. Nothing in the platform detaches the policy: whoever owns the
+    budget reverses the action (`aws budgets execute-budget-action --execution-type
     REVERSE_BUDGET_ACTION`) or raises the budget.
     """
 
