@@ -52,6 +52,17 @@ class Tag(_Model):
     Value: str
 
 
+class Tuning(_Model):
+    """A hyperparameter tuning job's settings, resolved by Validate (README: "Hyperparameter tuning")."""
+
+    job_name: str
+    """The tuning job's name (SageMaker allows 32 characters); its trials are <job_name>-<NNN>-<8 hex>."""
+    max_jobs: int
+    max_parallel_jobs: int
+    config: dict[str, Any]
+    """SageMaker's HyperParameterTuningJobConfig: strategy, objective, resource limits, parameter ranges."""
+
+
 class TrainingRequest(_Model):
     """A validated, complete request: the only thing later states read from the execution input."""
 
@@ -78,6 +89,8 @@ class TrainingRequest(_Model):
     """The SNS String.Array attribute subscriptions filter on (never empty)."""
     requested_by: str | None
     tags: list[Tag]
+    tuning: Tuning | None = None
+    """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TrainingRequest:
@@ -129,6 +142,9 @@ class CostEstimate(_Model):
     threshold_usd: float
     approval_required: bool
     price_source: str
+    training_jobs: int = 1
+    """Jobs the estimate covers: a tuning job's max_jobs, each at the single job's worst case."""
+    parallel_jobs: int = 1
 
 
 class JobCost(_Model):
@@ -137,6 +153,20 @@ class JobCost(_Model):
     actual_usd: float
     on_demand_usd: float
     spot_savings_usd: float
+
+
+class TunedTrial(_Model):
+    """The best training job of a tuning job, and how it was found (what the lineage records)."""
+
+    tuning_job: str
+    best_training_job: str
+    hyperparameters: dict[str, str]
+    """The tuned values the best trial ran with."""
+    objective_metric: str
+    objective_type: str
+    objective_value: float | None
+    trials_completed: int
+    trials_launched: int
 
 
 class JobProgress(_Model):
@@ -163,6 +193,8 @@ class JobProgress(_Model):
     cost: JobCost | None
     """Set once the job has finished."""
     model_artifacts: str | None
+    tuning: TunedTrial | None = None
+    """Set when the job is the best trial of a tuning job."""
 
 
 class Evaluation(_Model):

@@ -30,6 +30,7 @@ from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.sagemaker_training import SageMakerTraining
+from stacks.pipeline.sagemaker_tuning import SageMakerTuning, with_tuning
 from stacks.pipeline.training_step import by_backend
 from stacks.settings import PlatformSettings
 
@@ -56,7 +57,12 @@ class PipelineStack(Stack):
 
         intake = Intake(self, "Intake", context=context)
         approvals = Approvals(self, "Approvals", context=context)
-        training = by_backend(self, SageMakerTraining(self, "TrainingStep", context=context))
+        sagemaker = SageMakerTraining(self, "TrainingStep", context=context)
+        training = with_tuning(
+            self,
+            by_backend(self, sagemaker),
+            SageMakerTuning(self, "TuningStep", context=context, training=sagemaker),
+        )
         evaluation = Evaluation(self, "Evaluation", context=context)
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)

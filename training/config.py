@@ -21,8 +21,9 @@ from typing import Any
 from training.distributions import DISTRIBUTIONS, NAMES
 from training.models.args import PRESETS
 
-# Keys the SageMaker SDK's framework estimators inject; they mean nothing to this image.
-IGNORED_PREFIXES = ("sagemaker_",)
+# Keys the SageMaker SDK's framework estimators inject, and the objective metric SageMaker adds to a
+# tuning job's trials (`_tuning_objective_metric`); they mean nothing to this image.
+IGNORED_PREFIXES = ("sagemaker_", "_tuning_")
 
 
 class ConfigError(ValueError):

@@ -22,14 +22,19 @@ def estimate(
     spot_fraction: tuple[float, float],
     price_overrides: dict[str, float],
 ) -> dict[str, Any]:
-    """count x hourly price x max runtime (+ warm-pool keep-alive); spot as an estimated range."""
+    """count x hourly price x max runtime (+ warm-pool keep-alive); spot as an estimated range.
+
+    A tuning job is max_jobs such jobs, each at the single job's worst case, however many run at once.
+    """
     name = request["instance_type"]
     override = price_overrides.get(name)
     hourly = override if override is not None else instance_type(name).price_per_hour
     count = request["instance_count"]
     runtime_hours = request["stopping_condition"]["MaxRuntimeInSeconds"] / 3600
     keep_alive_hours = request["keep_alive_seconds"] / 3600
-    on_demand = count * hourly * (runtime_hours + keep_alive_hours)
+    tuning = request.get("tuning")
+    jobs = tuning["max_jobs"] if tuning else 1
+    on_demand = jobs * count * hourly * (runtime_hours + keep_alive_hours)
     spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request["spot"] else None
     # Approval is decided on the worst case the run can cost. For spot that is the on-demand price too:
     # the spot price can rise to it, so the expected range is shown but never approved on.
@@ -42,6 +47,8 @@ def estimate(
         "threshold_usd": threshold_usd,
         "approval_required": max_cost > threshold_usd,
         "price_source": "settings override" if override is not None else f"list price, reviewed {PRICES_REVIEWED}",
+        "training_jobs": jobs,
+        "parallel_jobs": tuning["max_parallel_jobs"] if tuning else 1,
     }
 
 

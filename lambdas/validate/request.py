@@ -20,6 +20,7 @@ from lambdas.contract import Dataset, InstanceGroup, Quality, Tag, TrainingReque
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.tuning import TuningInput, resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
@@ -89,6 +90,11 @@ class ExecutionInput(BaseModel):
         None,
         description="Who starts the run, proven by tools/start_run.py; required when "
         "pipeline.forbid_self_approval is on.",
+    )
+    tuning: TuningInput | None = Field(
+        None,
+        description="Hyperparameter tuning instead of one job: ranges, objective, strategy, max_jobs, "
+        'max_parallel_jobs (README: "Hyperparameter tuning").',
     )
 
 
@@ -322,6 +328,20 @@ def resolve(
         # The floor is EFA's: over TCP sockets the pre-flight has none to hold a run to.
         allreduce_floor_gbps=instance.allreduce_floor_gbps if efa else 0.0,
     )
+    tuning = resolve_tuning(
+        request.tuning,
+        run_name=request.run_name,
+        suffix=suffix,
+        fixed=hyperparameters,
+        given=dict(request.hyperparameters),
+        top_level=TOP_LEVEL_HYPERPARAMETERS,
+        groups=[group],
+        backend=request.backend,
+        warm_pool_minutes=request.warm_pool_minutes,
+        problems=problems,
+    )
+    if problems:
+        raise InvalidRequest(_format(problems))
     tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
     resolved = TrainingRequest(
         run_name=request.run_name,
@@ -342,6 +362,7 @@ def resolve(
         recipients=request.notify or ["(none)"],  # SNS rejects an empty String.Array
         requested_by=requested_by,
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
+        tuning=tuning,
     )
     return resolved.model_dump(mode="json")
 

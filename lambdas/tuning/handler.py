@@ -1,0 +1,102 @@
+"""Tuning monitor handler: one poll of a hyperparameter tuning job -> the contract's JobProgress.
+
+While the tuning job runs, the progress names the tuning job and counts its trials. Once it has
+ended, the progress is that of its best training job (DescribeTrainingJob, summarised as the
+single-job Monitor does), with `tuning` saying which tuning job and trial it is and what it tuned,
+so Evaluate and Register read it as they read any job.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.contract import JobProgress, TrainingRequest, TunedTrial
+from lambdas.monitor.handler import record_metrics, summarize
+from lambdas.shared.metrics import Stage, StageMetrics
+
+logger = Logger(service="training-platform")
+metrics = StageMetrics(Stage.TRAINING)
+
+_ENDED = ("Completed", "Failed", "Stopped")
+
+
+def _counters(described: dict[str, Any]) -> tuple[int, int]:
+    """Trials completed, and trials launched so far."""
+    counters = described.get("TrainingJobStatusCounters", {})
+    return int(counters.get("Completed", 0)), sum(int(v) for v in counters.values())
+
+
+def _progress(name: str, status: str, *, error: str | None, reason: str) -> dict[str, Any]:
+    """A JobProgress of the tuning job itself (no trial to report yet, or none to report)."""
+    return {
+        "job_name": name,
+        "status": status,
+        "secondary_status": status,
+        "finished": status in _ENDED,
+        "error": error,
+        "failure_reason": reason,
+        "retry_on_new_nodes": False,
+        "interruptions": 0,
+        "checkpoint": None,
+        "checkpoint_age_minutes": None,
+        "stale": False,
+        "warn_stale": False,
+        "stale_warned": False,
+        "final_metrics": {},
+        "billable_seconds": None,
+        "training_seconds": None,
+        "cost": None,
+        "model_artifacts": None,
+    }
+
+
+def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict[str, Any]:
+    """Describe the tuning job; once it has ended, describe and summarise its best training job."""
+    described = sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
+    status = described["HyperParameterTuningJobStatus"]
+    completed, launched = _counters(described)
+    best = described.get("BestTrainingJob")
+    if status not in _ENDED:
+        return _progress(name, "InProgress", error=None, reason="")
+    if status != "Completed" or best is None:
+        reason = described.get("FailureReason") or (
+            f"{name} ended {status}: {completed} of {launched} trials completed"
+            + ("" if best is not None else ", none with the objective metric")
+        )
+        error = "TuningJobStopped" if status == "Stopped" else "TuningJobFailed"
+        return _progress(name, "Stopped" if status == "Stopped" else "Failed", error=error, reason=reason)
+    trial = sagemaker.describe_training_job(TrainingJobName=best["TrainingJobName"])
+    summary = summarize({"describe": trial}, checkpoint=None, now=now, stale_minutes=10**6, hourly_usd=hourly_usd)
+    objective = best.get("FinalHyperParameterTuningJobObjectiveMetric", {})
+    config = described["HyperParameterTuningJobConfig"]["HyperParameterTuningJobObjective"]
+    summary["tuning"] = TunedTrial(
+        tuning_job=name,
+        best_training_job=best["TrainingJobName"],
+        hyperparameters=dict(best.get("TunedHyperParameters", {})),
+        objective_metric=objective.get("MetricName", config["MetricName"]),
+        objective_type=config["Type"],
+        objective_value=objective.get("Value"),
+        trials_completed=completed,
+        trials_launched=launched,
+    )
+    return summary
+
+
+@logger.inject_lambda_context
+@metrics.flushed
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Event: {"request", "previous", "hourly_usd"}; the tuning job is the request's."""
+    request = TrainingRequest.parse(event["request"])
+    if request.tuning is None:
+        raise ValueError("the request has no tuning job to poll")
+    summary = poll(
+        boto3.client("sagemaker"), request.tuning.job_name, hourly_usd=float(event["hourly_usd"]), now=datetime.now(UTC)
+    )
+    if summary.get("tuning") is not None:
+        record_metrics(summary)
+    logger.info("tuning job polled", extra={k: summary[k] for k in ("job_name", "status", "error")})
+    return JobProgress.model_validate(summary).model_dump(mode="json")

@@ -1,0 +1,226 @@
+"""The execution input's `tuning` key, and its resolution into SageMaker's HyperParameterTuningJobConfig.
+
+Every range names a hyperparameter the trainer knows, and both of its ends (every value, for a
+categorical range) pass the trainer's own config checks with the run's fixed hyperparameters, so
+no trial can fail on a value the tuning job was allowed to pick.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from lambdas.contract import InstanceGroup, Tuning
+from training.config import ConfigError, from_hyperparameters
+from training.metrics import METRIC_DEFINITIONS
+
+METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
+MAX_JOBS = 100
+MAX_PARALLEL_JOBS = 10
+MAX_CATEGORICAL_VALUES = 30  # SageMaker's limit per categorical range
+TUNING_JOB_NAME_LENGTH = 32  # SageMaker's limit on HyperParameterTuningJobName
+HYPERBAND_MAX_RESOURCE = 20_000
+
+Scaling = Literal["Auto", "Linear", "Logarithmic", "ReverseLogarithmic"]
+
+
+class RangeInput(BaseModel):
+    """One tuned hyperparameter: continuous or integer between `min` and `max`, or categorical `values`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["continuous", "integer", "categorical"]
+    min: StrictInt | StrictFloat | None = None
+    max: StrictInt | StrictFloat | None = None
+    scaling: Scaling = "Auto"
+    values: list[StrictStr | StrictInt | StrictFloat | StrictBool] | None = None
+
+
+class ObjectiveInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    metric: str
+    type: Literal["Minimize", "Maximize"] = "Minimize"
+
+
+class HyperbandInput(BaseModel):
+    """Hyperband's resource bounds (SageMaker counts them in the metric's reports, e.g. evaluations)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    min_resource: int = Field(ge=1)
+    max_resource: int = Field(ge=1, le=HYPERBAND_MAX_RESOURCE)
+
+
+class TuningInput(BaseModel):
+    """The `tuning` key of the execution input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    ranges: dict[str, RangeInput] = Field(min_length=1)
+    objective: ObjectiveInput
+    strategy: Literal["Bayesian", "Random", "Hyperband"] = "Bayesian"
+    hyperband: HyperbandInput | None = None
+    early_stopping: bool = False
+    max_jobs: int = Field(ge=1, le=MAX_JOBS)
+    max_parallel_jobs: int = Field(1, ge=1, le=MAX_PARALLEL_JOBS)
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _categorical(where: str, spec: RangeInput, problems: list[str]) -> list[str] | None:
+    if spec.min is not None or spec.max is not None or spec.scaling != "Auto":
+        problems.append(f"{where}: a categorical range takes `values` only (no min, max or scaling)")
+        return None
+    if not spec.values or len(spec.values) > MAX_CATEGORICAL_VALUES:
+        problems.append(f"{where}: give 1 to {MAX_CATEGORICAL_VALUES} `values`")
+        return None
+    values = [_text(v) for v in spec.values]
+    if len(set(values)) != len(values):
+        problems.append(f"{where}: `values` are repeated")
+        return None
+    return values
+
+
+def _bounds(where: str, spec: RangeInput) -> str | None:  # noqa: PLR0911 - one answer per rule
+    """What is wrong with a continuous or integer range's bounds, or None."""
+    low, high = spec.min, spec.max
+    if spec.values is not None:
+        return f"{where}: a {spec.type} range takes min and max, not `values`"
+    if low is None or high is None:
+        return f"{where}: a {spec.type} range needs both `min` and `max`"
+    if spec.type == "integer" and not (isinstance(low, int) and isinstance(high, int)):
+        return f"{where}: an integer range needs integer min and max, not {low!r} and {high!r}"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{where}: min and max must be finite numbers"
+    if not low < high:
+        return f"{where}: min {low} must be below max {high}"
+    if spec.scaling == "Logarithmic" and low <= 0:
+        return f"{where}: Logarithmic scaling needs min > 0 (got {low})"
+    if spec.scaling == "ReverseLogarithmic" and (spec.type == "integer" or not 0 <= low < high < 1):
+        return f"{where}: ReverseLogarithmic scaling is for continuous ranges within [0, 1)"
+    return None
+
+
+def _check_range(name: str, spec: RangeInput, fixed: dict[str, str], problems: list[str]) -> dict[str, object] | None:
+    """The range as SageMaker takes it, or None (with the problems) if it is not valid."""
+    where = f"tuning.ranges.{name}"
+    sagemaker: dict[str, object]
+    if spec.type == "categorical":
+        values = _categorical(where, spec, problems)
+        if values is None:
+            return None
+        sagemaker = {"Name": name, "Values": values}
+    else:
+        problem = _bounds(where, spec)
+        if problem is not None:
+            problems.append(problem)
+            return None
+        values = [_text(spec.min), _text(spec.max)]
+        sagemaker = {"Name": name, "MinValue": values[0], "MaxValue": values[1], "ScalingType": spec.scaling}
+    for value in values:
+        try:
+            from_hyperparameters({**fixed, name: value})  # the trainer's own checks, as each trial will run them
+        except ConfigError as exc:
+            problems.append(f"{where}: {value} is refused by the trainer: {exc}")
+            return None
+    return sagemaker
+
+
+def _strategy(tuning: TuningInput, problems: list[str]) -> dict[str, object]:
+    """Strategy, its configuration and the early-stopping type, as HyperParameterTuningJobConfig takes them."""
+    config: dict[str, object] = {
+        "Strategy": tuning.strategy,
+        "TrainingJobEarlyStoppingType": "Auto" if tuning.early_stopping else "Off",
+    }
+    if tuning.strategy != "Hyperband":
+        if tuning.hyperband is not None:
+            problems.append(f"tuning.hyperband applies to the Hyperband strategy only, not {tuning.strategy}")
+        return config
+    # Hyperband stops under-performing trials itself; SageMaker takes no early-stopping type beside it.
+    config["TrainingJobEarlyStoppingType"] = "Off"
+    if tuning.early_stopping:
+        problems.append("tuning.early_stopping: Hyperband stops trials early itself; drop early_stopping")
+    if tuning.hyperband is None:
+        problems.append('tuning.hyperband: Hyperband needs {"min_resource": ..., "max_resource": ...}')
+    elif tuning.hyperband.min_resource > tuning.hyperband.max_resource:
+        problems.append("tuning.hyperband: min_resource must not exceed max_resource")
+    else:
+        config["StrategyConfig"] = {
+            "HyperbandStrategyConfig": {
+                "MinResource": tuning.hyperband.min_resource,
+                "MaxResource": tuning.hyperband.max_resource,
+            }
+        }
+    return config
+
+
+def _check_cluster(groups: list[InstanceGroup], backend: str, warm_pool_minutes: int, problems: list[str]) -> None:
+    if backend != "sagemaker":
+        problems.append(f"tuning runs on the sagemaker backend only, not {backend!r}")
+    if len(groups) > 1:
+        problems.append(
+            f"tuning needs one instance group (every trial runs the same cluster); this request has {len(groups)}"
+        )
+    if warm_pool_minutes:
+        problems.append("warm_pool_minutes does not apply to tuning jobs; drop it or drop `tuning`")
+
+
+def resolve_tuning(
+    tuning: TuningInput | None,
+    *,
+    run_name: str,
+    suffix: str,
+    fixed: dict[str, str],
+    given: dict[str, object],
+    top_level: dict[str, str],
+    groups: list[InstanceGroup],
+    backend: str,
+    warm_pool_minutes: int,
+    problems: list[str],
+) -> Tuning | None:
+    """The tuning job's settings, or None for a single job; problems are appended, not raised."""
+    if tuning is None:
+        return None
+    _check_cluster(groups, backend, warm_pool_minutes, problems)
+    ranges: dict[str, list[dict[str, object]]] = {
+        "ContinuousParameterRanges": [],
+        "IntegerParameterRanges": [],
+        "CategoricalParameterRanges": [],
+    }
+    for name, spec in tuning.ranges.items():
+        if name in top_level:
+            problems.append(f"tuning.ranges.{name}: `{top_level[name]}` is set at the top level and is not tuned")
+            continue
+        if name in given:
+            problems.append(f"tuning.ranges.{name}: also fixed in `hyperparameters`; tune it or fix it, not both")
+            continue
+        resolved = _check_range(name, spec, fixed, problems)
+        if resolved is not None:
+            ranges[f"{spec.type.title()}ParameterRanges"].append(resolved)
+    if tuning.objective.metric not in METRIC_NAMES:
+        problems.append(
+            f"tuning.objective.metric {tuning.objective.metric!r} is not reported by the trainer; use one of "
+            f"{', '.join(METRIC_NAMES)}"
+        )
+    if tuning.max_parallel_jobs > tuning.max_jobs:
+        problems.append(
+            f"tuning.max_parallel_jobs {tuning.max_parallel_jobs} exceeds max_jobs {tuning.max_jobs}; lower it"
+        )
+    config: dict[str, object] = {
+        **_strategy(tuning, problems),
+        "HyperParameterTuningJobObjective": {"Type": tuning.objective.type, "MetricName": tuning.objective.metric},
+        "ResourceLimits": {
+            "MaxNumberOfTrainingJobs": tuning.max_jobs,
+            "MaxParallelTrainingJobs": tuning.max_parallel_jobs,
+        },
+        "ParameterRanges": ranges,
+    }
+    # <run>-<hash>, cut to SageMaker's 32 characters; trials add -<NNN>-<8 hex> themselves.
+    head = run_name[: TUNING_JOB_NAME_LENGTH - len(suffix) - 1].rstrip("-")
+    return Tuning(
+        job_name=f"{head}-{suffix}",
+        max_jobs=tuning.max_jobs,
+        max_parallel_jobs=tuning.max_parallel_jobs,
+        config=config,
+    )
