@@ -43,6 +43,7 @@ from localrun.services import (
     lambda_throttle,
     stop_training_job,
 )
+from localrun.tuning_local import LocalTuning
 
 
 class TrainingBackend(Protocol):
@@ -159,10 +160,13 @@ class LocalPlatform:
             self._stack.enter_context(patch)
         self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
+        # SageMaker's tuning jobs, whose trials the training backend runs as it runs any job.
+        self.tuning = LocalTuning(created=self._training_job_created, stopped=self.training.stopped)
         for patch in (
             failing_publish(self.faults),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
+            *self.tuning.patches(),
         ):
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)

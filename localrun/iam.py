@@ -156,6 +156,33 @@ def _create_training_job(call: Call) -> list[Request]:
     return requests
 
 
+# The condition keys SageMaker supports on CreateHyperParameterTuningJob (Service Authorization Reference).
+_TUNING_KEYS = _TRAINING_KEYS - {"sagemaker:KeepAlivePeriod", "sagemaker:EnableRemoteDebug"}
+
+
+def _tuning_job(call: Call) -> str:
+    return call.arn("sagemaker", f"hyper-parameter-tuning-job/{call.params['HyperParameterTuningJobName'].lower()}")
+
+
+def _create_tuning_job(call: Call) -> list[Request]:
+    """CreateTrainingJob's condition context, read from the tuning job's training-job definition."""
+    p = call.params
+    definition = p.get("TrainingJobDefinition") or {}
+    as_job = Call(
+        call.service,
+        "CreateTrainingJob",
+        {**definition, "TrainingJobName": p["HyperParameterTuningJobName"], "Tags": p.get("Tags")},
+        call.region,
+        call.account,
+    )
+    create, pass_role, *tagging = _create_training_job(as_job)
+    tuning = _tuning_job(call)
+    context = {k: v for k, v in create.context.items() if k != "sagemaker:KeepAlivePeriod"}
+    requests = [Request("sagemaker:CreateHyperParameterTuningJob", tuning, context, _TUNING_KEYS), pass_role]
+    requests += [Request(t.action, tuning, t.context) for t in tagging]
+    return requests
+
+
 def _model_package_arn(call: Call, name: str) -> str:
     return name if name.startswith("arn:") else call.arn("sagemaker", f"model-package/{name.lower()}")
 
@@ -224,6 +251,10 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("sagemaker", "DescribeTrainingJob"): _one("sagemaker:DescribeTrainingJob", _training_job),
     ("sagemaker", "StopTrainingJob"): _one("sagemaker:StopTrainingJob", _training_job),
     ("sagemaker", "ListTrainingJobs"): _everything("sagemaker:ListTrainingJobs"),
+    ("sagemaker", "CreateHyperParameterTuningJob"): _create_tuning_job,
+    ("sagemaker", "DescribeHyperParameterTuningJob"): _one("sagemaker:DescribeHyperParameterTuningJob", _tuning_job),
+    ("sagemaker", "StopHyperParameterTuningJob"): _one("sagemaker:StopHyperParameterTuningJob", _tuning_job),
+    ("sagemaker", "ListHyperParameterTuningJobs"): _everything("sagemaker:ListHyperParameterTuningJobs"),
     ("sagemaker", "Search"): _everything("sagemaker:Search"),
     ("sagemaker", "AddTags"): lambda c: [
         Request("sagemaker:AddTags", c.params["ResourceArn"], _tags(c.params["Tags"]))

@@ -51,6 +51,26 @@ def stop_jobs(sagemaker: Any, execution: str) -> list[str]:
     return stopped
 
 
+def stop_tuning_jobs(sagemaker: Any, execution: str) -> list[str]:
+    """Stop every in-progress tuning job of `execution` (SageMaker then stops its trials)."""
+    stopped = []
+    for page in sagemaker.get_paginator("list_hyper_parameter_tuning_jobs").paginate(StatusEquals="InProgress"):
+        for summary in page["HyperParameterTuningJobSummaries"]:
+            tags = sagemaker.list_tags(ResourceArn=summary["HyperParameterTuningJobArn"])["Tags"]
+            if {"Key": EXECUTION_TAG, "Value": execution} not in tags:
+                continue
+            name = summary["HyperParameterTuningJobName"]
+            try:
+                sagemaker.stop_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "ValidationException":  # "already ended"
+                    raise
+                continue
+            stopped.append(name)
+            logger.info("tuning job stopped", extra={"tuning_job": name, "execution": execution})
+    return stopped
+
+
 def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
     """Delete every checkpoint under `prefix` but the newest complete one; versioning keeps the rest a while."""
     keep = latest_checkpoint(s3, bucket, prefix)
@@ -72,12 +92,14 @@ def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
 def clean_up(
     execution: str, *, prefixes: list[tuple[str, str]], bucket: str, sagemaker: Any, s3: Any
 ) -> dict[str, Any]:
-    """Stop the execution's jobs, then prune the checkpoints of the given runs and of the jobs stopped."""
+    """Stop the execution's tuning jobs and jobs, then prune the given runs' checkpoints and the stopped jobs'."""
+    tuning_stopped = stop_tuning_jobs(sagemaker, execution)
+    # A trial of a stopped tuning job is stopped here too when it still runs: it carries the execution's tag.
     stopped = stop_jobs(sagemaker, execution)
     # Job names are <job_name_base>-<attempt>; the run's checkpoints are runs/<job_name_base>/checkpoints/.
     stopped_runs = [(bucket, f"runs/{name.rsplit('-', 1)[0]}/checkpoints/") for name in stopped]
     pruned = [{"prefix": f"s3://{b}/{p}", **prune_checkpoints(s3, b, p)} for b, p in sorted({*prefixes, *stopped_runs})]
-    return {"stopped": stopped, "pruned": pruned}
+    return {"stopped": stopped, "pruned": pruned, "stopped_tuning_jobs": tuning_stopped}
 
 
 @logger.inject_lambda_context(log_event=False)

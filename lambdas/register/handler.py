@@ -59,7 +59,8 @@ def _lineage(
     """The lineage record: what was trained, on what, with what, and what it cost."""
     request, job, estimate = event["request"], event["job"], event["estimate"]
     cost = job.get("cost") or {}
-    return {
+    tuning = job.get("tuning")
+    lineage = {
         "run_name": request["run_name"],
         "execution": event["execution"],
         "training_job": job["job_name"],
@@ -93,6 +94,11 @@ def _lineage(
             "spot_savings_usd": cost.get("spot_savings_usd"),
         },
     }
+    if tuning is not None:
+        # The best trial of a tuning job: which tuning job and trial, what it tuned, how it scored.
+        lineage["tuning"] = tuning
+        lineage["hyperparameters"] = {**request["hyperparameters"], **tuning["hyperparameters"]}
+    return lineage
 
 
 def _create_package(
@@ -124,11 +130,12 @@ def _create_package(
             "image": _clip(where.image_uri),
             "platform_revision": where.revision,
             "checkpoints": _clip((job.get("checkpoint") or {}).get("uri", "none")),
-            "hyperparameters": _clip(request["hyperparameters"]),
+            "hyperparameters": _clip(lineage["hyperparameters"]),
             "metrics": _clip(job["final_metrics"]),
             "cost_estimate_usd": str(event["estimate"]["max_cost_usd"]),
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
             "spot_savings_usd": str(lineage["cost"]["spot_savings_usd"]),
+            **({"tuning_job": job["tuning"]["tuning_job"]} if job.get("tuning") else {}),
         },
         Tags=request["tags"],
     )

@@ -112,7 +112,10 @@ class SageMakerTuning(Construct):
                     # SageMaker adds a tuning job's tags to every training job it launches (the cleanup finds them).
                     "Tags.$": str(REQUEST.tags),
                 },
-                "ResultSelector": {"arn.$": "$.HyperParameterTuningJobArn", "job_name.$": str(tuning.job_name)},
+                "ResultSelector": {
+                    "arn.$": "$.HyperParameterTuningJobArn",
+                    "job_name.$": "States.ArrayGetItem(States.StringSplit($.HyperParameterTuningJobArn, '/'), 1)",
+                },
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
                 "Retry": [
