@@ -174,6 +174,9 @@ def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -
         "distribution": str(execution_input.get("distribution", "ddp")),
     }
     scaled = local_scale(requested, steps)
+    # A tuning job's trials run the values it samples, never a local override of them.
+    tuned = set((execution_input.get("tuning") or {}).get("ranges", {}))
+    scaled = {k: v for k, v in scaled.items() if k not in tuned}
     if scaled:
         _say(
             "local scale (the request, the job and the lineage keep the input's values): "

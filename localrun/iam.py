@@ -593,8 +593,8 @@ def _get_credentials(session: botocore.session.Session) -> Credentials | None:
 
 
 @contextlib.contextmanager
-def acting_as(credentials: Credentials) -> Iterator[None]:
-    """Clients this thread creates without keys (`boto3.client("s3")`) sign with `credentials`.
+def acting_as(credentials: Credentials | None) -> Iterator[None]:
+    """Clients this thread creates without keys (`boto3.client("s3")`) sign with `credentials` (None: the harness's).
 
     Takes effect while `LocalIam.enforced()` is active, which routes botocore's credential lookup here.
     """

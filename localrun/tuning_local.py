@@ -31,6 +31,8 @@ from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.models import SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
 
+from localrun.iam import acting_as
+
 _ENDED = ("Completed", "Failed", "Stopped")
 
 
@@ -218,7 +220,9 @@ class LocalTuning:
         job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
         trial = Trial(name, tuned, job)
         tuning.trials.append(trial)
-        self.created(name, request, job)
+        # SageMaker starts trials on its own authority, not as whoever happened to describe the tuning job.
+        with acting_as(None):
+            self.created(name, request, job)
         return trial
 
     def _objective(self, tuning: TuningJob, trial: Trial) -> float | None:
