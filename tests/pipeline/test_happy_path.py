@@ -27,6 +27,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Accept request",
         "Estimate cost",
         "Approval needed?",  # 1 x ml.g5.2xlarge x 2 h is far below the approval threshold
+        "Tuning job?",  # no `tuning`: one training job
         "First attempt",
         "Reset progress",
         "Volume encryption?",
@@ -39,6 +40,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Job finished?",
         "Prune checkpoints",
         "Training step succeeded",
+        "Tuning or job succeeded",
         "Evaluate model",
         "Quality gate met?",
         "Register model",
