@@ -194,7 +194,7 @@ class SageMakerTuning(Construct):
     def _monitor_function(self) -> PlatformFunction:
         context = self._context
         monitor = context.function(
-            "TuningMonitor",
+            "TuningProgress",
             "lambdas.tuning.handler.handler",
             "Summarises a tuning job: its trials while it runs, then its best training job",
             {},
