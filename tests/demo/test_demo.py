@@ -163,3 +163,42 @@ def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
         == "30"
     )
     assert local_scale({"model": "gpt2", "distribution": "smddp"}, 50)["distribution"] == "ddp"
+
+
+def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform: Any, tmp_path: Path) -> None:
+    tuning = {
+        "ranges": {
+            "lr": {"type": "continuous", "min": 0.001, "max": 0.01, "scaling": "Logarithmic"},
+            "batch_size": {"type": "categorical", "values": [4, 8]},
+        },
+        "objective": {"metric": "validation:loss"},
+        "max_jobs": 3,
+        "max_parallel_jobs": 2,
+    }
+    hyperparameters = {"max_steps": 30, "eval.interval_steps": 15, "checkpoint.interval_steps": 15}
+    execution_input = _input(instance_count=1, hyperparameters=hyperparameters, tuning=tuning)
+    del execution_input["hyperparameters"]["lr"], execution_input["hyperparameters"]["batch_size"]
+    outcome = _demo(platform, tmp_path, execution_input)
+
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    assert "Create tuning job" in _states(outcome) and len(outcome.job_names) == 3
+    lineage = json.loads((tmp_path / "demo-test" / "lineage.json").read_text())
+    record = lineage["tuning"]
+    assert record["best_training_job"] == lineage["training_job"] in outcome.job_names
+    assert record["trials_completed"] == 3
+    # The best is the lowest validation loss the trainers really reported, with the values it ran.
+    losses = {}
+    for job in outcome.job_names:
+        log = (tmp_path / "demo-test" / f"{job}.log").read_text()
+        losses[job] = float(re.findall(r"\bstep=\d+ val_loss=(\S+)", log)[-1])
+        # The trainer accepts what SageMaker adds to a trial's hyperparameters.
+        config = json.loads(
+            (
+                tmp_path / "demo-test" / "jobs" / job / "gen-0" / "algo-1" / "input" / "config" / "hyperparameters.json"
+            ).read_text()
+        )
+        assert config["_tuning_objective_metric"] == "validation:loss"
+    assert record["best_training_job"] == min(losses, key=lambda j: losses[j])
+    assert record["objective_value"] == pytest.approx(losses[record["best_training_job"]])
+    assert lineage["hyperparameters"]["lr"] == record["hyperparameters"]["lr"]
+    assert "Denied: 0" in outcome.report.read_text()
