@@ -106,6 +106,12 @@ class BudgetStop(Construct):
                     resources=["*"],
                 ),
                 iam.PolicyStatement(
+                    sid="NoNewTuningJobs",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:CreateHyperParameterTuningJob"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
                     sid="BudgetStopInForce",
                     effect=iam.Effect.DENY,
                     actions=["sagemaker:DescribeTrainingJob"],

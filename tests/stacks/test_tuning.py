@@ -185,3 +185,10 @@ def test_the_state_machine_may_create_tuning_jobs_only_as_the_platform_configure
         {"StoppingCondition__MaxRuntimeInSeconds": 10**7},
     ):
         assert not allowed(_call(state, **change)), change
+
+
+def test_the_budget_stop_also_denies_new_tuning_jobs(iam: AssemblyIam) -> None:
+    (deny,) = [props for _, logical, props in iam.resources("AWS::IAM::ManagedPolicy") if "BudgetStopDeny" in logical]
+    statements = {s["Sid"]: s for s in deny["PolicyDocument"]["Statement"]}
+    assert statements["NoNewTuningJobs"]["Effect"] == "Deny"
+    assert statements["NoNewTuningJobs"]["Action"] == "sagemaker:CreateHyperParameterTuningJob"
