@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from unittest import mock
 
 import pytest
+from moto.sagemaker.exceptions import ValidationError
+from moto.sagemaker.responses import SageMakerResponse
 
 from localrun.engine import Clock
 from localrun.scripted import Poll
@@ -186,3 +189,20 @@ def test_bad_tuning_inputs_are_rejected_before_anything_runs(
     error, cause = pipeline.error(described)
     assert error == "InvalidRequest" and expected in cause
     assert pipeline.jobs() == [] and pipeline.local.tuning.jobs == {}
+
+
+def test_a_tuning_job_sagemaker_refuses_fails_the_run_after_stopping_what_it_may_have_started(
+    pipeline: Pipeline,
+) -> None:
+    def refuse(_response: Any) -> Any:
+        raise ValidationError(message="The account-level service limit for tuning jobs is exceeded")
+
+    with mock.patch.object(SageMakerResponse, "create_hyper_parameter_tuning_job", refuse):
+        arn = pipeline.start(tuning_input(pipeline), name="refused")
+        described = pipeline.finish(arn)
+
+    assert described["status"] == "FAILED"
+    error, cause = pipeline.error(described)
+    assert error == "TuningJobNotCreated" and "service limit for tuning jobs" in cause
+    assert "Stop the run's jobs (tuning not created)" in pipeline.local.states_entered(arn)
+    assert pipeline.jobs() == []
