@@ -54,6 +54,7 @@ def test_examples_cover_the_documented_shapes() -> None:
     assert shapes["multi-node-fsdp-spot"]["distribution"] == "fsdp"
     assert shapes["warm-pool-iteration"]["warm_pool_minutes"] > 0
     assert shapes["single-node-ddp"]["instance_count"] == 1
+    assert shapes["tuning"]["tuning"]["max_jobs"] == 4 and shapes["tuning"]["tuning"]["max_parallel_jobs"] == 2
 
 
 def test_resolution_is_stable_per_execution_and_unique_across_them() -> None:
