@@ -195,6 +195,9 @@ def resolve_tuning(
         if name in given:
             problems.append(f"tuning.ranges.{name}: also fixed in `hyperparameters`; tune it or fix it, not both")
             continue
+        if name in fixed:  # e.g. checkpoint intervals when `checkpoints` is false
+            problems.append(f"tuning.ranges.{name}: set to {fixed[name]} for this request by the platform; not tunable")
+            continue
         resolved = _check_range(name, spec, fixed, problems)
         if resolved is not None:
             ranges[f"{spec.type.title()}ParameterRanges"].append(resolved)

@@ -114,6 +114,15 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         {"tuning_ranges": {"lr": {"type": "continuous", "min": 0.1, "max": 1, "scaling": "Log"}}},
         "scaling",
     ),
+    (
+        "set by the platform",
+        {
+            "checkpoints": False,
+            "spot": False,
+            "tuning_ranges": {"checkpoint.interval_minutes": {"type": "integer", "min": 5, "max": 9}},
+        },
+        "set to 0 for this request by the platform",
+    ),
     ("objective not reported", {"tuning_objective": {"metric": "accuracy"}}, "'accuracy' is not reported"),
     ("objective type", {"tuning_objective": {"metric": "validation:loss", "type": "Lowest"}}, "tuning.objective.type"),
     ("unknown strategy", {"tuning_strategy": "Grid"}, "tuning.strategy"),
