@@ -29,6 +29,7 @@ from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
+from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_training import SageMakerTraining
 from stacks.pipeline.training_step import by_backend
 from stacks.settings import PlatformSettings
@@ -78,6 +79,18 @@ class PipelineStack(Stack):
         context.key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
         self.approval.grant_decisions(self.state_machine)
         self._acknowledge_state_machine_grants(context, registration.packages)
+        dead_letters = dict(training.dead_letters)
+        if data.retrain_windows is not None:
+            retrain = RetrainTriggers(
+                self,
+                "Retrain",
+                context=context,
+                table=data.retrain_windows,
+                state_machine=self.state_machine,
+                execution_key=self.execution_key.key,
+                backends=training.backends,
+            )
+            dead_letters.update(retrain.dead_letters)
 
         budget = PlatformBudget(
             self,
@@ -106,7 +119,7 @@ class PipelineStack(Stack):
             "Alarms",
             state_machine=self.state_machine,
             functions=functions,
-            dead_letters=training.dead_letters,
+            dead_letters=dead_letters,
             topic=context.topics.alarms,
         )
         PlatformDashboard(
