@@ -188,7 +188,9 @@ class LocalPlatform:
 
     def __exit__(self, *exc: object) -> None:
         self.events.close()  # executions stopped on closing are not runs ending: nothing to deliver
-        for arn in self._started:
+        # Executions the platform started itself (a retrain sweep) are stopped like the harness's own.
+        running = self.sfn.list_executions(stateMachineArn=self.state_machine_arn, statusFilter="RUNNING")
+        for arn in dict.fromkeys([*self._started, *(e["executionArn"] for e in running["executions"])]):
             if self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
                 self.sfn.stop_execution(executionArn=arn, error="PlatformClosed", cause="local platform closed")
         with self._inflight:
