@@ -1,4 +1,4 @@
-"""Data stack (stateful, retained): the platform key, the S3 buckets and the Lustre file system."""
+"""Data stack (stateful, retained): the platform key, the S3 buckets, the Lustre file system and the tables."""
 
 from __future__ import annotations
 

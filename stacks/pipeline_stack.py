@@ -4,7 +4,8 @@ a dashboard.
 An ML engineer starts an execution with a small JSON input (README: "Starting a training run");
 the state machine validates it, estimates its cost, asks for approval when it is expensive,
 runs the training step to its end, evaluates the model, registers it with its lineage and asks
-for promotion. Each part is a construct in `stacks/pipeline/`; this stack composes them.
+for promotion. Each part is a construct in `stacks/pipeline/`; this stack composes them. New data
+under a prefix registered in settings `retrain` starts runs as well (stacks/pipeline/retrain.py).
 """
 
 from __future__ import annotations

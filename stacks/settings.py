@@ -389,7 +389,7 @@ class RetrainTrigger(_Model):
             raise ValueError("input: drop `requester_proof`; the trigger proves who starts the run itself")
         fsx = f"{FSX_SCHEME}/datasets/{self.prefix}"
         dataset = template.get("dataset")
-        if dataset is not None and dataset.rstrip("/") + "/" != fsx:
+        if dataset is not None and (not isinstance(dataset, str) or dataset.rstrip("/") + "/" != fsx):
             raise ValueError(
                 f"input: dataset {dataset!r} is not the new data's location; leave `dataset` out (the run then "
                 f"reads s3://<datasets bucket>/{self.prefix}) or set it to {fsx!r}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -10,9 +13,10 @@ import pytest
 
 from lambdas.retrain.window import execution_name, parse_time, stamp
 from localrun.cfn import REGION
-from localrun.engine import Clock
-from tests.conftest import RETRAIN_TRIGGER
-from tests.pipeline.conftest import Pipeline
+from localrun.engine import Clock, LocalPlatform
+from localrun.scripted import Poll, ScriptedTraining
+from tests.conftest import RETRAIN_TRIGGER, platform_context
+from tests.pipeline.conftest import COMPLETED, Pipeline
 
 PREFIX = RETRAIN_TRIGGER["prefix"]
 QUIET = timedelta(minutes=RETRAIN_TRIGGER["quiet_minutes"])
@@ -121,3 +125,41 @@ def test_objects_outside_the_registered_prefixes_or_bucket_start_nothing(retrain
     assert [d for d in retraining.local.events.deliveries if d["event"]["source"] == "aws.s3"] == []
     assert _sweep(retraining) == []
     assert _executions(retraining) == []
+
+
+@pytest.fixture(scope="module")
+def guarded_clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory, guarded_clock: Clock) -> Iterator[Pipeline]:
+    """A platform that refuses runs without a proof of who started them (pipeline.forbid_self_approval)."""
+    from stacks.app_builder import build_platform
+
+    context = platform_context()
+    context["platform"]["pipeline"] = {"forbid_self_approval": True}
+    outdir = tmp_path_factory.mktemp("retrain-guarded")
+    build_platform(context, outdir=str(outdir)).synth()
+    training = ScriptedTraining(scripts=[[Poll(), COMPLETED]])
+    with LocalPlatform(outdir, training=training, clock=guarded_clock) as local:
+        yield Pipeline(local, training)
+
+
+def test_a_triggered_run_proves_who_started_it_where_self_approval_is_forbidden(
+    guarded: Pipeline, guarded_clock: Clock
+) -> None:
+    template = json.loads((Path(__file__).resolve().parents[2] / RETRAIN_TRIGGER["input"]).read_text())
+    unproven = guarded.local.start(template, name="by-hand")  # the same template, started without a proof
+    assert guarded.error(guarded.finish(unproven))[0] == "InvalidRequest"
+
+    _put(guarded, f"{PREFIX}shard-0000.bin")
+    guarded.local.events.drain()
+    guarded_clock.advance(QUIET)
+    (started,) = _sweep(guarded)
+    (execution,) = [e for e in _executions(guarded) if e["name"] == started["execution_name"]]
+    assert guarded.run_until(execution["executionArn"], "Approval gate (promotion)")["status"] == "RUNNING"
+    sweep = guarded.local.functions.named("RetrainSweep")
+    assert guarded.pending("promotion")["requested_by"] == guarded.local.resolver.resolve(
+        sweep.stack, sweep.resource["Properties"]["Role"]
+    )

@@ -44,6 +44,7 @@ def test_the_readme_trigger_is_valid() -> None:
         ({"input": "README.md"}, "the template file 'README.md' is not JSON"),
         ({"prefix": "incoming/other/"}, r"dataset 'fsx:///datasets/incoming/web-text/' is not the new data's location"),
         ({"input": {"requester_proof": "x"}}, "drop `requester_proof`; the trigger proves who starts the run"),
+        ({"input": {"dataset": 7}}, "dataset 7 is not the new data's location"),
     ],
 )
 def test_a_bad_trigger_stops_synth_naming_what_to_fix(change: dict[str, Any], message: str) -> None:
