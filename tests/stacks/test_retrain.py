@@ -185,3 +185,12 @@ def test_without_triggers_nothing_is_deployed(variant: Any) -> None:
         assert [k for k in template_json["Resources"] if "Retrain" in k] == []
     buckets = resources(variant, variant.data, "AWS::S3::Bucket")
     assert all("NotificationConfiguration" not in b["Properties"] for b in buckets.values())
+
+
+def test_triggers_can_be_given_on_the_command_line() -> None:
+    from stacks.settings import settings_from_context
+
+    context = cdk_context()
+    context["retrain"] = json.dumps([RETRAIN_TRIGGER])  # -c retrain='[...]' arrives as text
+    (trigger,) = settings_from_context(context).retrain
+    assert (trigger.name, trigger.prefix, trigger.quiet_minutes) == ("web-text", "incoming/web-text/", 30)
