@@ -446,7 +446,9 @@ class LocalTraining:
     # -- what SageMaker reports ------------------------------------------------------------------------
     def logs(self, name: str) -> str:
         local = self.jobs[name]
-        return "".join(p.read_text(errors="replace") for p in sorted((local.workdir / "logs").glob("algo-1-gen*.log")))
+        return "".join(
+            p.read_text(errors="replace") for p in sorted((local.workdir / "logs").glob(f"{local.primary}-gen*.log"))
+        )
 
     def _final_metrics(self, local: LocalJob) -> list[dict[str, Any]]:
         parsed = parse_metrics(self.logs(local.name))
