@@ -78,3 +78,15 @@ def test_bad_groups_end_the_run_before_anything_is_created(pipeline: Pipeline) -
         cause
     )
     assert pipeline.jobs() == []
+
+
+def test_the_launch_approval_shows_every_group_and_the_summed_cost(pipeline: Pipeline) -> None:
+    groups = [GPU | {"instance_type": "ml.p5.48xlarge"}, CPU]
+    arn = pipeline.start(_hetero(pipeline, groups, max_runtime_hours=10))
+    pipeline.run_until(arn, "Approval gate (pre-launch)")
+    summary = json.loads(pipeline.pending("launch")["summary"])
+    assert summary["instances"] == "2 x ml.p5.48xlarge (gpu) + 1 x ml.c5.4xlarge (cpu)"
+    hourly = 2 * INSTANCE_TYPES["ml.p5.48xlarge"].price_per_hour + INSTANCE_TYPES["ml.c5.4xlarge"].price_per_hour
+    assert float(summary["max_cost_usd"]) == round(hourly * 10, 2)
+    pipeline.decide("launch", "reject", reason="not this quarter")
+    assert pipeline.finish(arn)["status"] == "FAILED" and pipeline.jobs() == []
