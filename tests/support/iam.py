@@ -49,7 +49,9 @@ class AssemblyIam:
             )
             role.policies += [Policy.parse(p["PolicyName"], p["PolicyDocument"]) for p in props.get("Policies", [])]
             self.roles[arn] = role
-        for stack, logical, resource in self.assembly.resources("AWS::IAM::Policy"):
+        # CDK moves what exceeds a role's inline policy size into managed "overflow" policies attached to it.
+        policies = [*self.assembly.resources("AWS::IAM::Policy"), *self.assembly.resources("AWS::IAM::ManagedPolicy")]
+        for stack, logical, resource in policies:
             props = self.resolver.resolve(stack, resource["Properties"])
             for name in props.get("Roles", []):
                 role_arn = f"arn:aws:iam::{ACCOUNT}:role/{name}"
