@@ -296,15 +296,15 @@ class DistributedTrainingJob(Construct):
             flags["sagemaker:NetworkIsolation"] = True
         ebs = [t for t in self.instance_types if not INSTANCE_TYPES[t].local_storage]
         instance_store = [t for t in self.instance_types if INSTANCE_TYPES[t].local_storage]
-        # (sid, every type of the job among, some type among, with the volume key)
+        # (sid, every type of the job among, some type among, with the volume key). Any instance-store
+        # type in the job (one group of a heterogeneous cluster is enough) means no volume key: SageMaker
+        # rejects one. A job of EBS types only always takes the platform's key.
         shapes = [
             ("CreateJobsOnEbsTypes", ebs, None, True),
-            ("CreateJobsOnInstanceStoreTypes", instance_store, None, False),
-            # A heterogeneous cluster with any instance-store group takes no volume key (SageMaker rejects one).
-            ("CreateMixedJobsWithInstanceStore", self.instance_types, instance_store, False),
+            ("CreateJobsOnInstanceStoreTypes", self.instance_types, instance_store, False),
         ]
         for sid, types, some_of, volume_key in shapes:
-            if not types or (some_of is not None and (not some_of or not ebs)):
+            if not types or some_of == []:
                 continue
             state_machine_role.add_to_principal_policy(
                 iam.PolicyStatement(

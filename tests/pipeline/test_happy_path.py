@@ -130,6 +130,7 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
         "TRAINING_EFA": "false",
         "TRAINING_EXPECTED_GPUS": "0",
         "TRAINING_MIN_BUSBW_GBPS": "0.0",
+        "TRAINING_GROUPS": "train",  # one group: every host trains
     }
 
 
