@@ -26,6 +26,7 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline.approvals import Approvals
+from stacks.pipeline.batch_training import BatchTraining
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
@@ -56,7 +57,11 @@ class PipelineStack(Stack):
 
         intake = Intake(self, "Intake", context=context)
         approvals = Approvals(self, "Approvals", context=context)
-        training = by_backend(self, SageMakerTraining(self, "TrainingStep", context=context))
+        training = by_backend(
+            self,
+            SageMakerTraining(self, "TrainingStep", context=context),
+            BatchTraining(self, "BatchTrainingStep", context=context),
+        )
         evaluation = Evaluation(self, "Evaluation", context=context)
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
@@ -153,7 +158,7 @@ class PipelineStack(Stack):
             role,
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
-            "take no resource scope.",
+            "take no resource scope; nor does batch:ListJobs (finding a submitted AWS Batch job by name).",
         )
         invoked = [*context.functions.values(), self.approval.request]
         for resource, reason in {
