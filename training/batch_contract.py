@@ -23,7 +23,7 @@ import sys
 import tarfile
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -230,31 +230,47 @@ class CheckpointSync:
         self.sync()
 
 
-def _launch(env: Mapping[str, str], master_addr: str) -> tuple[int, str]:
-    """The launcher as a child process (SIGTERM forwarded); its exit status and output."""
+def _launch(
+    env: Mapping[str, str],
+    master_addr: str,
+    *,
+    echo: Callable[[str], None] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> tuple[int, str]:
+    """The launcher as a child process in its own session (SIGTERM forwarded); its exit status and output."""
     child_env = {**env, PREPARED_ENV: "1", "TRAINING_MASTER_ADDR": master_addr}
     child = subprocess.Popen(
         [sys.executable, "-m", "training.launcher", "train"],
         env=child_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
+    if started is not None:
+        started(child)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         child.send_signal(signum)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    # Batch's TerminateJob (and a host's shutdown) signals this process; the launcher checkpoints on SIGTERM.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward) if main_thread else None
     lines = []
     try:
         assert child.stdout is not None
         for raw in child.stdout:
             line = raw.decode(errors="replace")
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            (echo or _print)(line)
             lines.append(line)
         return child.wait(), "".join(lines)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def _put_json(s3: Any, uri: str, body: dict[str, Any]) -> None:
@@ -278,7 +294,14 @@ def result_key(output: str, attempt: int, node: int) -> str:
     return f"{output}attempt-{attempt}/node-{node}.json"
 
 
-def run(node: BatchNode, env: Mapping[str, str], s3: Any) -> int:
+def run(
+    node: BatchNode,
+    env: Mapping[str, str],
+    s3: Any,
+    *,
+    echo: Callable[[str], None] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> int:
     """Prepare, train with checkpoints synced to S3, then record this node's result; the launcher's exit status."""
     paths = Paths.from_env(env)
     output = _required(env, OUTPUT_ENV)
@@ -296,7 +319,7 @@ def run(node: BatchNode, env: Mapping[str, str], s3: Any) -> int:
         return EXIT_INVALID_INPUT
     interval = float(env.get(SYNC_SECONDS_ENV) or 30)
     with CheckpointSync(s3, paths.checkpoints, _required(env, CHECKPOINTS_ENV), interval=interval):
-        returncode, text = _launch(env, node.master_addr)
+        returncode, text = _launch(env, node.master_addr, echo=echo, started=started)
     failure = paths.failure.read_text().splitlines()[0] if paths.failure.exists() else None
     result.update(exit_code=returncode, failure=failure)
     if node.is_main:
