@@ -191,7 +191,8 @@ class CheckpointSync:
     def _files(self) -> list[Path]:
         if not self._local.is_dir():
             return []
-        return sorted(p for p in self._local.rglob("*") if p.is_file() and not p.name.startswith("."))
+        # Everything but the manifest's temporary file (DCP's own .metadata included).
+        return sorted(p for p in self._local.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
 
     def sync(self) -> int:
         """One pass; manifests last, so a step's manifest never reaches S3 before this host's shards of it."""

@@ -48,6 +48,11 @@ class BatchPipeline(Pipeline):
     def approve_launch(self, arn: str) -> None:
         self.decide("launch", "approve")
 
+    def last_poll(self) -> dict[str, Any]:
+        """What BatchMonitor answered last."""
+        name = self.local.functions.named("BatchMonitor").name
+        return [c.result for c in self.local.lambda_calls if c.function == name and c.result][-1]  # type: ignore[no-any-return]
+
     def s3_keys(self, bucket_env: str, prefix: str) -> list[str]:
         bucket = self.local.environment("BatchMonitor")[bucket_env]
         listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
@@ -94,10 +99,99 @@ def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> N
     output = json.loads(described["output"])
     assert output["job"]["status"] == "Completed"
     assert "validation:loss" in output["job"]["final_metrics"]
-    assert output["job"]["model_artifacts"] == f"s3://{pipeline.local.environment('BatchMonitor')['ARTIFACTS_BUCKET']}/runs/{job.name}/output/model.tar.gz"
+    assert (
+        output["job"]["model_artifacts"]
+        == f"s3://{pipeline.local.environment('BatchMonitor')['ARTIFACTS_BUCKET']}/runs/{job.name}/output/model.tar.gz"
+    )
     assert output["job"]["cost"]["spot_savings_usd"] == 0.0
     base = job.name.rsplit("-", 1)[0]
     assert any(k.endswith("manifest.json") for k in pipeline.s3_keys("CHECKPOINTS_BUCKET", f"runs/{base}/checkpoints/"))
     (package,) = pipeline.model_packages()
     assert package["InferenceSpecification"]["Containers"][0]["ModelDataUrl"] == output["job"]["model_artifacts"]
+    assert pipeline.local.iam.denials() == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"spot": True}, "AWS Batch runs multi-node parallel jobs on On-Demand instances only"),
+        ({"warm_pool_minutes": 10}, "warm_pool_minutes: warm pools are SageMaker's"),
+        ({"distribution": "smddp"}, "distribution 'smddp' needs SageMaker"),
+        ({"instance_type": "ml.g5.2xlarge"}, "the AWS Batch compute environment runs ml.p5.48xlarge only"),
+        ({"instance_count": 64}, "hold 4 nodes at most"),
+    ],
+)
+def test_a_request_the_batch_path_cannot_run_is_rejected_before_anything_starts(
+    batch_factory: Any, overrides: dict[str, Any], problem: str
+) -> None:
+    pipeline = batch_factory()
+    arn = pipeline.start(pipeline.batch_input(**overrides))
+    described = pipeline.finish(arn)
+    assert pipeline.error(described)[0] == "InvalidRequest"
+    assert problem in pipeline.error(described)[1]
+    assert pipeline.batch.jobs == {}
+
+
+def test_a_lost_node_is_retried_by_batch_and_resumes_from_the_checkpoints_in_s3(batch_factory: Any) -> None:
+    pipeline = batch_factory(kill_node_after_checkpoint=1)
+    execution_input = pipeline.batch_input()
+    execution_input["hyperparameters"].update({"max_steps": 60, "eval.interval_steps": 30})
+    arn = pipeline.start(execution_input)
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    (job,) = pipeline.batch.jobs.values()
+    assert [a.status_reason.split(" (")[0] for a in job.attempts] == ["Host EC2", "Essential container in task exited"]
+    # The second attempt's nodes restored the run's checkpoints from S3 and went on from there.
+    assert any("resumed from checkpoint step-" in line for line in job.log)
+    output = pipeline.local.sfn.describe_execution(executionArn=arn)
+    states = pipeline.local.states_entered(arn)
+    assert states.count("Submit Batch job") == 1  # Batch retried the job itself: no second job
+    job_progress = pipeline.last_poll()
+    assert job_progress["interruptions"] == 1 and job_progress["status"] == "Completed"
+    assert output["status"] == "RUNNING"
+
+
+def test_no_capacity_in_time_submits_a_new_attempt_that_trains(batch_factory: Any) -> None:
+    pipeline = batch_factory(no_capacity_for=1)
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    states = pipeline.local.states_entered(arn)
+    assert "Next Batch attempt" in states and "Tell the run why Batch retries" in states
+    first, second = sorted(pipeline.batch.jobs.values(), key=lambda j: j.name)
+    assert (first.name[-2:], second.name[-2:]) == ("-1", "-2")
+    # The stuck job was terminated before its replacement was submitted; the replacement trained.
+    assert first.status == "FAILED" and first.status_reason.startswith("Stopped by the training platform: no capacity")
+    assert second.status == "SUCCEEDED"
+    (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
+    assert json.loads(message["Message"])["error"] == "InsufficientCapacity"
+
+
+def test_a_submit_whose_answer_was_lost_is_adopted_not_repeated(batch_factory: Any) -> None:
+    pipeline = batch_factory(lose_submit_responses=1)
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    states = pipeline.local.states_entered(arn)
+    assert "Find submitted Batch job" in states and "Adopt the submitted Batch job" in states
+    assert "Submit Batch job again" not in states
+    assert len(pipeline.batch.jobs) == 1  # one cluster, not two
+
+
+def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> None:
+    pipeline = batch_factory()
+    execution_input = pipeline.batch_input()
+    execution_input["hyperparameters"].update({"max_steps": 100000, "checkpoint.interval_steps": 1000})
+    arn = pipeline.start(execution_input)
+    pipeline.local.wait(
+        arn, 60, until=lambda: any(j.status == "RUNNING" and j.attempts for j in pipeline.batch.jobs.values())
+    )
+    pipeline.local.sfn.stop_execution(executionArn=arn, error="Cancelled", cause="an engineer stopped the run")
+    pipeline.local.wait(
+        arn, 30, until=lambda: any(d["function"].startswith("BatchCleanup") for d in pipeline.local.events.deliveries)
+    )
+    pipeline.local.events.drain()
+    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"].startswith("BatchCleanup")]
+    (job,) = pipeline.batch.jobs.values()
+    assert delivery["permitted"] and delivery["result"]["stopped"] == [job.name]
+    assert job.terminating is not None and "ended" in job.terminating
+    pipeline.local.wait(arn, 60, until=lambda: pipeline.batch.describe([job.job_id])[0]["status"] == "FAILED")
+    assert all(n.process is None or n.process.poll() is not None for n in job.attempts[-1].nodes)
     assert pipeline.local.iam.denials() == []
