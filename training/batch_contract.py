@@ -341,7 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s batch: %(message)s", stream=sys.stdout)
     import boto3  # noqa: PLC0415 - only the Batch path talks to S3 itself
 
-    node = batch_node(os.environ)
+    try:
+        node = batch_node(os.environ)
+    except ContractError as exc:
+        log.error("invalid input: %s", exc)
+        write_failure(Paths.from_env(), str(exc))
+        return EXIT_INVALID_INPUT
     if node is None:
-        raise ContractError(f"{NODE_INDEX_ENV} is not set: not an AWS Batch multi-node job")
+        log.error("%s is not set: not an AWS Batch multi-node job", NODE_INDEX_ENV)
+        return EXIT_INVALID_INPUT
     return run(node, os.environ, boto3.client("s3"))
