@@ -7,7 +7,7 @@ here: hyperparameters.json and resourceconfig.json are written from the job's en
 channels point at FSx (mounted on the host at /fsx) or are downloaded from S3, the run's checkpoints
 are restored from S3 before the launcher starts and uploaded while it runs, and at the end each node
 writes its result (exit status, failure, and on the main node the final metrics and the model
-archive) under the job's output prefix, where the pipeline's BatchMonitor reads it. The launcher
+archive) under the job's output prefix, where the pipeline's PollBatchJob reads it. The launcher
 itself then runs as on SageMaker, as a child process whose SIGTERM this forwards.
 """
 
@@ -291,7 +291,7 @@ def _upload_model(s3: Any, paths: Paths, output: str) -> str:
 
 
 def result_key(output: str, attempt: int, node: int) -> str:
-    """Where a node writes its result for an attempt (BatchMonitor reads the main node's, and any failure)."""
+    """Where a node writes its result for an attempt (PollBatchJob reads the main node's, and any failure)."""
     return f"{output}attempt-{attempt}/node-{node}.json"
 
 

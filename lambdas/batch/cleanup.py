@@ -1,4 +1,4 @@
-"""BatchCleanup handler: no AWS Batch job outlives its execution, and a run's checkpoints stop growing.
+"""StopBatchJobs handler: no AWS Batch job outlives its execution, and a run's checkpoints stop growing.
 
 Invoked by the state machine on every way out of a Batch run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the queue's active jobs tagged with the execution,

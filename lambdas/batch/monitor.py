@@ -1,4 +1,4 @@
-"""BatchMonitor handler: one poll of an AWS Batch multi-node job -> the same `JobProgress` SageMaker's Monitor gives.
+"""PollBatchJob handler: one poll of an AWS Batch multi-node job -> the same `JobProgress` SageMaker's Monitor gives.
 
 Batch has no MetricDefinitions and no model artifacts of its own: the final metrics, the model's
 URI and a failed node's reason come from the result each node's entrypoint writes under the job's
@@ -23,7 +23,7 @@ from training.batch_contract import result_key
 
 logger = Logger(service="training-platform")
 
-# What BatchCleanup and this handler give TerminateJob: a job ended this way was stopped, not failed.
+# What StopBatchJobs and this handler give TerminateJob: a job ended this way was stopped, not failed.
 STOP_REASON = "Stopped by the training platform"
 CAPACITY_REASON = f"{STOP_REASON}: no capacity"
 # Batch's statusReason for an attempt whose instance EC2 terminated (a lost node).

@@ -1,13 +1,13 @@
 """The AWS Batch training step: one request's multi-node parallel job, from submission to its end.
 
 `start` submits the job (SubmitJob, an SDK integration without `.sync`: one name per attempt,
-`<job_name_base>-<attempt>`), then polls it with one BatchMonitor call per round. Batch job names
+`<job_name_base>-<attempt>`), then polls it with one PollBatchJob call per round. Batch job names
 are not unique, so a submit whose answer was lost lists the queue's jobs by this attempt's name and
 adopts the one it finds instead of submitting a second cluster. A job that waited for instances
 longer than the capacity limit, or failed the launcher's pre-flight check, is replaced by a new
 attempt that resumes from the run's checkpoints; a node lost with its host is retried by Batch
 itself (the job definition's retry strategy) and resumes the same way. On every way out
-BatchCleanup terminates the execution's jobs and prunes the run's checkpoints; an execution that
+StopBatchJobs terminates the execution's jobs and prunes the run's checkpoints; an execution that
 ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 """
 
@@ -89,7 +89,7 @@ class BatchTraining(Construct):
 
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
-        return {"BatchCleanup": self.cleanup_dead_letters}
+        return {"StopBatchJobs": self.cleanup_dead_letters}
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
@@ -125,7 +125,7 @@ class BatchTraining(Construct):
     def _monitor_function(self) -> PlatformFunction:
         context = self._context
         monitor = context.function(
-            "BatchMonitor",
+            "PollBatchJob",
             "lambdas.batch.monitor.handler",
             "Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
             {
@@ -163,14 +163,14 @@ class BatchTraining(Construct):
         context = self._context
         self.cleanup_dead_letters = sqs.Queue(
             context.stack,
-            "BatchCleanupDeadLetters",
+            "StopBatchJobsDeadLetters",
             encryption=sqs.QueueEncryption.KMS,
             encryption_master_key=context.key,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
         cleanup = context.function(
-            "BatchCleanup",
+            "StopBatchJobs",
             "lambdas.batch.cleanup.handler",
             "Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
             {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name, "JOB_QUEUE": self.cluster.queue.job_queue_arn},
@@ -237,8 +237,8 @@ class BatchTraining(Construct):
                     {"TargetNodes": "0:", "ContainerOverrides": {"Environment": self._environment()}}
                 ],
             },
-            "Timeout": {"AttemptDurationSeconds.$": "$.request.stopping_condition.MaxRuntimeInSeconds"},
-            # The execution's tag is how BatchCleanup finds the jobs of an execution that ended.
+            "Timeout": {"AttemptDurationSeconds.$": str(REQUEST.max_runtime_seconds)},
+            # The execution's tag is how StopBatchJobs finds the jobs of an execution that ended.
             "Tags": {f"{EXECUTION_TAG}.$": "$$.Execution.Id", "run.$": str(REQUEST.run_name)},
             "PropagateTags": True,
         }
@@ -270,7 +270,7 @@ class BatchTraining(Construct):
                     "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
                 },
                 "ResultSelector": {"jobs.$": "$.JobSummaryList"},
-                "ResultPath": "$.error.found",
+                "ResultPath": str(TRAIN.found),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
                 "Retry": [
                     {
@@ -296,12 +296,12 @@ class BatchTraining(Construct):
             "Adopt the submitted Batch job",
             comment="The submit happened though its answer was lost: follow that job, do not start another",
             parameters={
-                "arn": sfn.JsonPath.string_at("$.error.found.jobs[0].JobArn"),
-                "job_name": sfn.JsonPath.string_at("$.error.found.jobs[0].JobName"),
+                "arn": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobArn"),
+                "job_name": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobName"),
             },
             result_path=str(TRAIN.job),
         ).next(wait)
-        found = "$.error.found.jobs[0]"
+        found = f"{TRAIN.found.jobs}[0]"
         pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))
         first.add_catch(find_first, errors=["States.ALL"], result_path=str(ERROR))
         second.add_catch(find_second, errors=["States.ALL"], result_path=str(ERROR))

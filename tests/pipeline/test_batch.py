@@ -49,12 +49,12 @@ class BatchPipeline(Pipeline):
         self.decide("launch", "approve")
 
     def last_poll(self) -> dict[str, Any]:
-        """What BatchMonitor answered last."""
-        name = self.local.functions.named("BatchMonitor").name
+        """What PollBatchJob answered last."""
+        name = self.local.functions.named("PollBatchJob").name
         return [c.result for c in self.local.lambda_calls if c.function == name and c.result][-1]  # type: ignore[no-any-return]
 
     def s3_keys(self, bucket_env: str, prefix: str) -> list[str]:
-        bucket = self.local.environment("BatchMonitor")[bucket_env]
+        bucket = self.local.environment("PollBatchJob")[bucket_env]
         listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
         return [o["Key"] for o in listed.get("Contents", [])]
 
@@ -101,7 +101,7 @@ def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> N
     assert "validation:loss" in output["job"]["final_metrics"]
     assert (
         output["job"]["model_artifacts"]
-        == f"s3://{pipeline.local.environment('BatchMonitor')['ARTIFACTS_BUCKET']}/runs/{job.name}/output/model.tar.gz"
+        == f"s3://{pipeline.local.environment('PollBatchJob')['ARTIFACTS_BUCKET']}/runs/{job.name}/output/model.tar.gz"
     )
     assert output["job"]["cost"]["spot_savings_usd"] == 0.0
     base = job.name.rsplit("-", 1)[0]
@@ -185,10 +185,10 @@ def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> N
     )
     pipeline.local.sfn.stop_execution(executionArn=arn, error="Cancelled", cause="an engineer stopped the run")
     pipeline.local.wait(
-        arn, 30, until=lambda: any(d["function"].startswith("BatchCleanup") for d in pipeline.local.events.deliveries)
+        arn, 30, until=lambda: any(d["function"].startswith("StopBatchJobs") for d in pipeline.local.events.deliveries)
     )
     pipeline.local.events.drain()
-    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"].startswith("BatchCleanup")]
+    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"].startswith("StopBatchJobs")]
     (job,) = pipeline.batch.jobs.values()
     assert delivery["permitted"] and delivery["result"]["stopped"] == [job.name]
     assert job.terminating is not None and "ended" in job.terminating
