@@ -193,5 +193,7 @@ def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> N
     assert delivery["permitted"] and delivery["result"]["stopped"] == [job.name]
     assert job.terminating is not None and "ended" in job.terminating
     pipeline.local.wait(arn, 60, until=lambda: pipeline.batch.describe([job.job_id])[0]["status"] == "FAILED")
-    assert all(n.process is None or n.process.poll() is not None for n in job.attempts[-1].nodes)
+    nodes = job.attempts[-1].nodes
+    pipeline.local.wait(arn, 60, until=lambda: all(n.process is None or n.process.poll() is not None for n in nodes))
+    assert all(n.process is None or n.process.poll() is not None for n in nodes)
     assert pipeline.local.iam.denials() == []
