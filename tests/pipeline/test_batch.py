@@ -16,6 +16,7 @@ from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
 from localrun.scripted import ScriptedTraining
 from tests.pipeline.conftest import Pipeline
+from tests.pipeline.test_iam_enforced import _assembly_with, _drop
 
 CLUSTER_TYPE = "ml.p5.48xlarge"  # cdk.json's network.largest_cluster: the compute environment's type
 LOCAL = {"model": "tiny", "batch_size": "4", "seq_len": "64", "optim.warmup_steps": "2"}
@@ -64,10 +65,13 @@ def batch_factory(platform: Any, tmp_path: Path) -> Iterator[Any]:
     opened: list[LocalPlatform] = []
     shards = build_shards(tmp_path / "corpus")
 
-    def make(**scenario: Any) -> BatchPipeline:
+    def make(assembly: Path | None = None, **scenario: Any) -> BatchPipeline:
         batch = LocalBatch(root=tmp_path / "batch", datasets_bucket="", local_hyperparameters=LOCAL, **scenario)
         local = LocalPlatform(
-            Path(platform.assembly.directory), training=ScriptedTraining(scripts=[]), batch=batch, clock=Clock()
+            assembly or Path(platform.assembly.directory),
+            training=ScriptedTraining(scripts=[]),
+            batch=batch,
+            clock=Clock(),
         )
         opened.append(local.__enter__())
         pipeline = BatchPipeline(local, batch)
@@ -197,3 +201,30 @@ def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> N
     pipeline.local.wait(arn, 60, until=lambda: all(n.process is None or n.process.poll() is not None for n in nodes))
     assert all(n.process is None or n.process.poll() is not None for n in nodes)
     assert pipeline.local.iam.denials() == []
+
+
+def test_the_job_role_is_enforced_on_the_nodes_s3_calls(batch_factory: Any, platform: Any, tmp_path: Path) -> None:
+    # Without its one statement on the artifacts bucket, no node can record its result, nor the model.
+    pipeline = batch_factory(_assembly_with(platform, tmp_path, _drop("BatchClusterJobRole", "WriteOutputs")))
+    arn = pipeline.start(pipeline.batch_input())
+    described = pipeline.finish(arn, timeout=240)
+    assert pipeline.error(described)[0] == "TrainingJobFailed"
+    denied = {(d.action, d.resource.split("/runs/")[0]) for d in pipeline.local.iam.denials()}
+    artifacts = pipeline.local.environment("PollBatchJob")["ARTIFACTS_BUCKET"]
+    assert denied == {("s3:PutObject", f"arn:aws:s3:::{artifacts}")}
+    assert all("BatchClusterJobRole" in d.principal for d in pipeline.local.iam.denials())
+
+
+def test_the_state_machine_submits_only_what_its_role_allows(batch_factory: Any, platform: Any, tmp_path: Path) -> None:
+    pipeline = batch_factory(
+        _assembly_with(platform, tmp_path, _drop("TrainingPipelineRole", "SubmitBatchTrainingJobs"))
+    )
+    arn = pipeline.start(pipeline.batch_input())
+    described = pipeline.finish(arn, timeout=120)
+    error, cause = pipeline.error(described)
+    assert error == "TrainingJobNotCreated"
+    assert "batch:SubmitJob on resource: arn:aws:batch:us-east-1:123456789012:job-queue/" in cause
+    # Refused twice, and found nothing in between: no job, and the run says why.
+    states = pipeline.local.states_entered(arn)
+    assert states.count("Find submitted Batch job") == 1 and "Submit Batch job again" in states
+    assert pipeline.batch.jobs == {}
