@@ -13,6 +13,7 @@ ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aws_cdk import Aws, Duration
@@ -74,7 +75,7 @@ class BatchTraining(Construct):
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         validate = context.functions["Validate"].function
-        validate.add_environment("BATCH_INSTANCE_TYPES", f'["{largest.instance_type}"]')
+        validate.add_environment("BATCH_INSTANCE_TYPES", json.dumps([largest.instance_type]))
         validate.add_environment("BATCH_MAX_NODES", str(largest.count))
         self.start = sfn.Pass(
             self, "First attempt (Batch)", result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)

@@ -27,6 +27,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Accept request",
         "Estimate cost",
         "Approval needed?",  # 1 x ml.g5.2xlarge x 2 h is far below the approval threshold
+        "Training backend?",  # the request's backend (default sagemaker) picks the training step
         "First attempt",
         "Reset progress",
         "Volume encryption?",
@@ -39,6 +40,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Job finished?",
         "Prune checkpoints",
         "Training step succeeded",
+        "Backend succeeded",
         "Evaluate model",
         "Quality gate met?",
         "Register model",

@@ -82,8 +82,9 @@ def test_a_dropped_statement_fails_the_run_naming_action_and_resource(
     assert described["status"] == "FAILED"
     states = pipeline.local.states_entered(arn)
     # The poll failed, so the run stopped its job and ended with the denial as its cause.
-    assert "Check progress" in states and states[-3:] == [
+    assert "Check progress" in states and states[-4:] == [
         "Training step failed",
+        "Backend failed",
         "Notify training failed",
         "Training failed",
     ]
