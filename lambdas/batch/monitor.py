@@ -17,7 +17,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from lambdas.contract import JobCost, JobProgress, TrainingRequest
-from lambdas.monitor.handler import PREFLIGHT_FAILED, latest_checkpoint, record_metrics
+from lambdas.monitor.handler import PREFLIGHT_FAILED, latest_checkpoint, metrics, record_metrics
 from lambdas.shared.env import env_int, env_str
 from training.batch_contract import result_key
 
@@ -54,7 +54,12 @@ def _seconds(describe: dict[str, Any]) -> int | None:
 
 
 def job_cost(seconds: int | None, hourly_usd: float) -> JobCost | None:
-    """On-Demand only (Batch runs no multi-node job on Spot): the billed time at the estimate's cluster price."""
+    """On-Demand only (Batch runs no multi-node job on Spot): the attempts' run time at the estimate's price.
+
+    That price is the catalog's SageMaker list price of the `ml.` type (lambdas/shared/catalog.py). The
+    instances are billed as the EC2 type behind it, whose On-Demand price AWS lists lower and the catalog
+    does not hold, so this is an upper bound, as the estimate is.
+    """
     if seconds is None:
         return None
     actual = round(hourly_usd * seconds / 3600, 4)
@@ -144,6 +149,7 @@ def capacity_wait_exceeded(describe: dict[str, Any], now: datetime, minutes: int
 
 
 @logger.inject_lambda_context
+@metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {"request", "job": {"arn", "job_name"}, "previous", "hourly_usd"}."""
     request = TrainingRequest.parse(event["request"])
