@@ -19,8 +19,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+TRAIN_ROLE = "train"
+AUXILIARY_ROLE = "auxiliary"
+
+
 class InstanceGroup(_Model):
-    """Instances of one type; a request holds a list of them (today one)."""
+    """Instances of one type; a request holds one group, or several for a heterogeneous cluster."""
 
     name: str = "train"
     instance_type: str
@@ -34,6 +38,10 @@ class InstanceGroup(_Model):
     """CUDA GPUs each instance has (the catalog's): the launcher's pre-flight check expects every host to see them."""
     allreduce_floor_gbps: float = 0.0
     """The pre-flight's all-reduce bus bandwidth floor across instances (GB/s); 0 when the group does not use EFA."""
+    role: str = TRAIN_ROLE
+    """`train`: its hosts run the torchrun job; `auxiliary`: its hosts are told their role and do not train."""
+    channels: list[str] | None = None
+    """The input channels its hosts receive (None: all of them)."""
 
 
 class Dataset(_Model):
@@ -58,7 +66,8 @@ class TrainingRequest(_Model):
     run_name: str
     job_name_base: str
     """<run>-<hash of the execution name>: stable for one execution, unique across them."""
-    instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=1)
+    instance_groups: list[InstanceGroup] = Field(min_length=1, max_length=5)
+    """One group, or up to five (SageMaker's limit) for a heterogeneous cluster."""
     volume_size_gb: int
     backend: str
     """Which training step runs the job (stacks/pipeline/training_step.py)."""
@@ -84,25 +93,62 @@ class TrainingRequest(_Model):
         """A request as a state hands it on: its computed fields are dropped, then it is validated again."""
         return cls.model_validate({k: v for k, v in data.items() if k not in cls.model_computed_fields})
 
+    @property
+    def _training(self) -> InstanceGroup:
+        return next(group for group in self.instance_groups if group.role == TRAIN_ROLE)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def heterogeneous(self) -> bool:
+        """More than one instance group: CreateTrainingJob takes `InstanceGroups` instead of a type and count."""
+        return len(self.instance_groups) > 1
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def sagemaker_instance_groups(self) -> list[dict[str, Any]]:
+        """ResourceConfig.InstanceGroups, as CreateTrainingJob takes them."""
+        return [
+            {"InstanceGroupName": g.name, "InstanceType": g.instance_type, "InstanceCount": g.instance_count}
+            for g in self.instance_groups
+        ]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def training_groups(self) -> str:
+        """The groups whose hosts train, comma-separated: the launcher's TRAINING_GROUPS (training/roles.py)."""
+        return ",".join(g.name for g in self.instance_groups if g.role == TRAIN_ROLE)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def cluster(self) -> str:
+        """The cluster in a few words, for people: `2 x ml.p4d.24xlarge` or `2 x ml.p4d.24xlarge (gpu) + ...`."""
+        if not self.heterogeneous:
+            return f"{self.instance_count} x {self.instance_type}"
+        return " + ".join(f"{g.instance_count} x {g.instance_type} ({g.name})" for g in self.instance_groups)
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def instance_type(self) -> str:
-        return self.instance_groups[0].instance_type
+        """The (first) training group's type."""
+        return self._training.instance_type
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def instance_count(self) -> int:
-        return self.instance_groups[0].instance_count
+        """Instances in every group together."""
+        return sum(group.instance_count for group in self.instance_groups)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def local_storage(self) -> bool:
-        return self.instance_groups[0].local_storage
+        """Any group on an instance-store type: SageMaker then takes no volume KMS key for the job."""
+        return any(group.local_storage for group in self.instance_groups)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def efa(self) -> bool:
-        return all(group.efa for group in self.instance_groups)
+        """The training groups use EFA (the other groups' hosts never join NCCL)."""
+        return all(group.efa for group in self.instance_groups if group.role == TRAIN_ROLE)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -113,12 +159,12 @@ class TrainingRequest(_Model):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def gpus(self) -> int:
-        return self.instance_groups[0].gpus
+        return self._training.gpus
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def allreduce_floor_gbps(self) -> float:
-        return self.instance_groups[0].allreduce_floor_gbps
+        return self._training.allreduce_floor_gbps
 
 
 class Validation(_Model):

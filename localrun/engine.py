@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -42,6 +43,7 @@ from localrun.services import (
     execution_status_changes,
     failing_publish,
     lambda_throttle,
+    object_created_events,
     stop_training_job,
 )
 
@@ -68,6 +70,7 @@ class Clock:
     retry_scale: Retry intervals likewise.
     approval_timeout_scale: `.waitForTaskToken` timeouts are multiplied by this (human approvals
     time out in hours; a test can make that seconds without changing the definition).
+    ahead: how far the time of events (schedules, S3 objects) is ahead of wall time; `advance` moves it.
     """
 
     wait_scale: float = 0.0
@@ -75,6 +78,14 @@ class Clock:
     approval_timeout_scale: float = 1.0
     waits: list[float] = field(default_factory=list)
     retries: list[float] = field(default_factory=list)
+    ahead: timedelta = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.ahead
+
+    def advance(self, by: timedelta) -> None:
+        """Let time pass for events (a quiet period, a schedule) without sleeping."""
+        self.ahead += by
 
 
 @dataclass
@@ -162,11 +173,12 @@ class LocalPlatform:
         for patch in self._moto_fixes() + (self.batch.patches() if self.batch is not None else []):
             self._stack.enter_context(patch)
         self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
-        self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler)
+        self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler, now=self.clock.now)
         for patch in (
             failing_publish(self.faults),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
+            object_created_events(self.events),
         ):
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -183,7 +195,9 @@ class LocalPlatform:
 
     def __exit__(self, *exc: object) -> None:
         self.events.close()  # executions stopped on closing are not runs ending: nothing to deliver
-        for arn in self._started:
+        # Executions the platform started itself (a retrain sweep) are stopped like the harness's own.
+        running = self.sfn.list_executions(stateMachineArn=self.state_machine_arn, statusFilter="RUNNING")
+        for arn in dict.fromkeys([*self._started, *(e["executionArn"] for e in running["executions"])]):
             if self.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
                 self.sfn.stop_execution(executionArn=arn, error="PlatformClosed", cause="local platform closed")
         with self._inflight:
@@ -300,10 +314,15 @@ class LocalPlatform:
     def _deploy(self) -> None:
         self.iam.deploy_roles()
         s3 = boto3.client("s3", region_name=REGION)
-        for stack, logical, _ in self.assembly.resources("AWS::S3::Bucket"):
+        for stack, logical, bucket in self.assembly.resources("AWS::S3::Bucket"):
             name = self.resolver.ref(stack, logical)
             s3.create_bucket(Bucket=name)
             s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+            notifications = bucket["Properties"].get("NotificationConfiguration", {})
+            if notifications.get("EventBridgeConfiguration", {}).get("EventBridgeEnabled"):
+                s3.put_bucket_notification_configuration(
+                    Bucket=name, NotificationConfiguration={"EventBridgeConfiguration": {}}
+                )
         for stack, _, policy in self.assembly.resources("AWS::S3::BucketPolicy"):
             props = self.resolver.resolve(stack, policy["Properties"])
             s3.put_bucket_policy(Bucket=props["Bucket"], Policy=json.dumps(props["PolicyDocument"]))

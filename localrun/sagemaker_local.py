@@ -45,6 +45,7 @@ from localrun import netns
 from localrun.cfn import REGION
 from localrun.netns import LoopbackNamespace
 from training.metrics import parse_metrics
+from training.roles import TRAINING_GROUPS_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # SageMaker's StopTrainingJob: SIGTERM, then SIGKILL after 120 seconds.
@@ -93,6 +94,13 @@ class LocalJob:
     namespace: LoopbackNamespace | None = None
     """The hosts' loopback-only network, when the request asks for network isolation."""
     notes: list[str] = field(default_factory=list)
+    groups: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    """A heterogeneous cluster's instance groups: name -> (instance type, hosts); empty for one group."""
+    primary: str = "algo-1"
+    """The first host that trains: its log is followed, its model uploaded."""
+
+    def group_of(self, host: str) -> str | None:
+        return next((name for name, (_, hosts) in self.groups.items() if host in hosts), None)
 
     def tree(self, host: str) -> Path:
         return self.workdir / f"gen-{self.generation}" / host
@@ -140,8 +148,7 @@ class LocalTraining:
         )
 
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
-        count = min(int(request["ResourceConfig"]["InstanceCount"]), self.max_hosts)
-        local = LocalJob(name, request, self.root / name, [f"algo-{i + 1}" for i in range(count)])
+        local = self._cluster(name, request)
         self.jobs[name] = local
         self._start(local)
         job.secondary_status = "Training"
@@ -149,6 +156,22 @@ class LocalTraining:
         job.training_start_time = datetime.now(UTC)
         if self.spot_interrupt_after_checkpoint:
             threading.Thread(target=self._reclaim_after_first_checkpoint, args=(local, job), daemon=True).start()
+
+    def _cluster(self, name: str, request: dict[str, Any]) -> LocalJob:
+        """The job's hosts, at most `max_hosts` per group; a heterogeneous cluster's hosts in group order."""
+        resource = request["ResourceConfig"]
+        if "InstanceGroups" not in resource:
+            count = min(int(resource["InstanceCount"]), self.max_hosts)
+            return LocalJob(name, request, self.root / name, [f"algo-{i + 1}" for i in range(count)])
+        groups: dict[str, tuple[str, list[str]]] = {}
+        hosts: list[str] = []
+        for group in resource["InstanceGroups"]:
+            members = [f"algo-{len(hosts) + i + 1}" for i in range(min(int(group["InstanceCount"]), self.max_hosts))]
+            groups[group["InstanceGroupName"]] = (group["InstanceType"], members)
+            hosts += members
+        training = request.get("Environment", {}).get(TRAINING_GROUPS_ENV, "").split(",")
+        primary = next(h for h in hosts if any(h in groups[g][1] for g in training if g in groups))
+        return LocalJob(name, request, self.root / name, hosts, groups=groups, primary=primary)
 
     def stopped(self, name: str, job: Any) -> None:
         """StopTrainingJob: SIGTERM to every host (the trainer checkpoints and exits), as SageMaker does."""
@@ -222,9 +245,7 @@ class LocalTraining:
             config = tree / "input" / "config"
             config.mkdir(parents=True, exist_ok=True)
             (config / "hyperparameters.json").write_text(json.dumps(hyperparameters, indent=2))
-            (config / "resourceconfig.json").write_text(
-                json.dumps({"current_host": host, "hosts": local.hosts, "network_interface_name": "lo"})
-            )
+            (config / "resourceconfig.json").write_text(json.dumps(self._resource_config(local, host)))
             (config / "inputdataconfig.json").write_text(
                 json.dumps(
                     {
@@ -234,7 +255,9 @@ class LocalTraining:
                 )
             )
             for channel in request["InputDataConfig"]:
-                self._download_channel(local, channel, tree / "input" / "data" / channel["ChannelName"])
+                receivers = channel["DataSource"].get("S3DataSource", {}).get("InstanceGroupNames")
+                if receivers is None or local.group_of(host) in receivers:
+                    self._download_channel(local, channel, tree / "input" / "data" / channel["ChannelName"])
             self._restore_checkpoints(local, tree / "checkpoints")
         logs = local.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -268,9 +291,25 @@ class LocalTraining:
                 start_new_session=True,
             )
             local.processes.append(process)
-            if host == local.hosts[0]:
+            if host == local.primary:
                 local.log = log
                 threading.Thread(target=self._follow, args=(local, log, process), daemon=True).start()
+
+    @staticmethod
+    def _resource_config(local: LocalJob, host: str) -> dict[str, Any]:
+        """resourceconfig.json as SageMaker writes it; a heterogeneous cluster's lists its instance groups."""
+        config: dict[str, Any] = {"current_host": host, "hosts": local.hosts, "network_interface_name": "lo"}
+        if local.groups:
+            group = local.group_of(host)
+            config |= {
+                "current_group_name": group,
+                "current_instance_type": local.groups[str(group)][0],
+                "instance_groups": [
+                    {"instance_group_name": name, "instance_type": instance_type, "hosts": hosts}
+                    for name, (instance_type, hosts) in local.groups.items()
+                ],
+            }
+        return config
 
     def _isolation(self, local: LocalJob) -> Callable[[list[str]], list[str]]:
         """How to start the job's hosts: in one loopback-only network when the request isolates them."""
@@ -387,11 +426,11 @@ class LocalTraining:
                 continue  # pruned by the trainer since the listing; a newer checkpoint is committed
 
     def _has_checkpoint(self, local: LocalJob) -> bool:
-        folder = local.tree(local.hosts[0]) / "checkpoints"
+        folder = local.tree(local.primary) / "checkpoints"
         return any(folder.glob("step-*/manifest.json"))
 
     def _upload_model(self, local: LocalJob, job: Any) -> None:
-        model = local.tree(local.hosts[0]) / "model"
+        model = local.tree(local.primary) / "model"
         archive = local.workdir / "model.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             for path in sorted(model.rglob("*")):
@@ -407,7 +446,9 @@ class LocalTraining:
     # -- what SageMaker reports ------------------------------------------------------------------------
     def logs(self, name: str) -> str:
         local = self.jobs[name]
-        return "".join(p.read_text(errors="replace") for p in sorted((local.workdir / "logs").glob("algo-1-gen*.log")))
+        return "".join(
+            p.read_text(errors="replace") for p in sorted((local.workdir / "logs").glob(f"{local.primary}-gen*.log"))
+        )
 
     def _final_metrics(self, local: LocalJob) -> list[dict[str, Any]]:
         parsed = parse_metrics(self.logs(local.name))
@@ -432,4 +473,4 @@ class LocalTraining:
 
     def copy_outputs(self, name: str, destination: Path) -> None:
         local = self.jobs[name]
-        shutil.copytree(local.tree(local.hosts[0]) / "model", destination / "model", dirs_exist_ok=True)
+        shutil.copytree(local.tree(local.primary) / "model", destination / "model", dirs_exist_ok=True)

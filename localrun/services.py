@@ -2,9 +2,10 @@
 
 - SageMaker StopTrainingJob (moto has none): the job goes Stopping, its instances are stopped,
   and the next DescribeTrainingJob reports Stopped.
-- EventBridge delivering a Step Functions execution's status change to the rules' Lambda targets
-  (moto's rules deliver to SQS, logs and buses only), checked against the target function's
-  resource policy as Lambda checks it.
+- EventBridge delivering a Step Functions execution's status change, and an S3 object created in a
+  bucket whose EventBridge notifications are on, to the rules' Lambda targets (moto's rules deliver
+  to SQS, logs and buses only), checked against the target function's resource policy as Lambda
+  checks it.
 - Faults a test injects where AWS could produce them: a throttled Lambda, a failing SNS publish.
 """
 
@@ -21,6 +22,7 @@ from unittest import mock
 
 from moto.awslambda.exceptions import LambdaClientError
 from moto.events.models import EventPattern
+from moto.s3 import notifications as s3_notifications
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
 from moto.sns.exceptions import SNSException
@@ -120,6 +122,8 @@ class EventRules:
     assembly: Assembly
     resolver: Resolver
     invoke: Callable[[str, Any], Any]
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    """When events happen: the local Clock's time, so a test can let a quiet period pass."""
     deliveries: list[dict[str, Any]] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -154,7 +158,8 @@ class EventRules:
         """Deliver one "Scheduled Event" to the targets of every schedule rule, as EventBridge does when due."""
         for rule_arn, props in self.rules():
             if "ScheduleExpression" in props:
-                self._targets(rule_arn, props, event_envelope("Scheduled Event", "aws.events", rule_arn, {}))
+                event = event_envelope("Scheduled Event", "aws.events", rule_arn, {}, time=self.now())
+                self._targets(rule_arn, props, event)
 
     def _targets(self, rule_arn: str, props: dict[str, Any], event: dict[str, Any]) -> None:
         if self._closed:
@@ -189,15 +194,18 @@ class EventRules:
         self.drain(timeout)
 
 
-def event_envelope(detail_type: str, source: str, resource: str, detail: dict[str, Any]) -> dict[str, Any]:
+def event_envelope(
+    detail_type: str, source: str, resource: str, detail: dict[str, Any], *, time: datetime | None = None
+) -> dict[str, Any]:
     """An event as EventBridge delivers it to a target."""
+    moment = time or datetime.now(UTC)
     return {
         "version": "0",
         "id": str(uuid.uuid4()),
         "detail-type": detail_type,
         "source": source,
         "account": ACCOUNT,
-        "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "time": moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "region": REGION,
         "resources": [resource],
         "detail": detail,
@@ -228,3 +236,32 @@ def execution_status_changes(rules: EventRules) -> Any:
         )
 
     return mock.patch.object(BaseExecutionWorkerCommunication, "terminated", terminated)
+
+
+def object_created_events(rules: EventRules) -> Any:
+    """S3 sends "Object Created" to EventBridge for buckets whose notification configuration turns it on.
+
+    moto builds that event for its own rules only; here it is built as S3 sends it (at the local
+    Clock's time) and delivered to the assembly's rules.
+    """
+
+    def send(_account_id: str, bucket: Any, event_name: str, key: Any) -> None:
+        if not event_name.startswith("s3:ObjectCreated:"):
+            return
+        detail = {
+            "version": "0",
+            "bucket": {"name": bucket.name},
+            "object": {
+                "key": key.name,
+                "size": key.size,
+                "etag": key.etag.replace('"', ""),
+                "version-id": key.version_id,
+                "sequencer": uuid.uuid4().hex[:16].upper(),
+            },
+            "request-id": uuid.uuid4().hex[:16].upper(),
+            "requester": ACCOUNT,
+            "reason": event_name.split(":")[2].replace("Put", "PutObject"),
+        }
+        rules.put(event_envelope("Object Created", "aws.s3", f"arn:aws:s3:::{bucket.name}", detail, time=rules.now()))
+
+    return mock.patch.object(s3_notifications, "_send_event_bridge_message", send)

@@ -1,4 +1,4 @@
-"""Data stack (stateful, retained): the platform key, the S3 buckets and the Lustre file system."""
+"""Data stack (stateful, retained): the platform key, the S3 buckets, the Lustre file system and the tables."""
 
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ class DataStack(Stack):
             settings=settings.storage,
         )
         self.approvals = self._approvals_table()
+        # Retrain triggers (settings `retrain`): new objects reach EventBridge, their windows a table.
+        self.retrain_windows: dynamodb.Table | None = None
+        if settings.retrain:
+            self.buckets.enable_event_bridge(self.buckets.datasets)
+            self.retrain_windows = self._retrain_windows_table()
         self.model_registry = sagemaker.CfnModelPackageGroup(
             self,
             "ModelRegistry",
@@ -91,6 +96,30 @@ class DataStack(Stack):
                 )
             )
         return key
+
+    def _retrain_windows_table(self) -> dynamodb.Table:
+        """One item per retrain trigger: its open window of new data and the last run it started."""
+        table = dynamodb.Table(
+            self,
+            "RetrainWindows",
+            partition_key=dynamodb.Attribute(name="trigger", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            deletion_protection=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
+            acknowledge(
+                table,
+                f"{pack}-DynamoDBInBackupPlan",
+                "Point-in-time recovery (35 days) protects the retrain windows; an AWS Backup plan is the "
+                "platform team's account-wide choice.",
+            )
+        return table
 
     def _approvals_table(self) -> dynamodb.Table:
         """Approval requests: the audit record of who decided what; the task tokens are encrypted here."""

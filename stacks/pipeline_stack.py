@@ -4,7 +4,8 @@ a dashboard.
 An ML engineer starts an execution with a small JSON input (README: "Starting a training run");
 the state machine validates it, estimates its cost, asks for approval when it is expensive,
 runs the training step to its end, evaluates the model, registers it with its lineage and asks
-for promotion. Each part is a construct in `stacks/pipeline/`; this stack composes them.
+for promotion. Each part is a construct in `stacks/pipeline/`; this stack composes them. New data
+under a prefix registered in settings `retrain` starts runs as well (stacks/pipeline/retrain.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from stacks.pipeline.batch_training import BatchTraining
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
+from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_training import SageMakerTraining
 from stacks.pipeline.training_step import by_backend
 from stacks.settings import PlatformSettings
@@ -83,6 +85,18 @@ class PipelineStack(Stack):
         context.key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
         self.approval.grant_decisions(self.state_machine)
         self._acknowledge_state_machine_grants(context, registration.packages)
+        dead_letters = dict(training.dead_letters)
+        if data.retrain_windows is not None:
+            retrain = RetrainTriggers(
+                self,
+                "Retrain",
+                context=context,
+                table=data.retrain_windows,
+                state_machine=self.state_machine,
+                execution_key=self.execution_key.key,
+                backends=training.backends,
+            )
+            dead_letters.update(retrain.dead_letters)
 
         budget = PlatformBudget(
             self,
@@ -111,7 +125,7 @@ class PipelineStack(Stack):
             "Alarms",
             state_machine=self.state_machine,
             functions=functions,
-            dead_letters=training.dead_letters,
+            dead_letters=dead_letters,
             topic=context.topics.alarms,
         )
         PlatformDashboard(

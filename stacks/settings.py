@@ -13,11 +13,16 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
+from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.request import FSX_SCHEME, PlatformLimits, resolve
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -331,6 +336,95 @@ class PipelineSettings(_Model):
         return value
 
 
+# Relative `retrain[].input` paths are read from the project root (where cdk.json is).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Lambda's environment holds 4 KB in all; the triggers' share leaves room for the other variables.
+RETRAIN_ENVIRONMENT_BYTES = 3072
+# What the synth-time check resolves a template against in place of the deployed names.
+_SYNTH_DATASETS_BUCKET = "datasets-bucket"
+
+
+class RetrainTrigger(_Model):
+    """A prefix of the datasets bucket whose new objects start a run, once per quiet period."""
+
+    name: str = Field(description="3-40 of a-z, 0-9, '-'; names the trigger and its executions.")
+    prefix: str = Field(description="Key prefix in the datasets bucket, ending in '/', e.g. 'incoming/web-text/'.")
+    input: str | dict[str, Any] = Field(
+        description="Execution-input template: a JSON file (relative to cdk.json) or an inline object."
+    )
+    quiet_minutes: int = Field(
+        30, ge=5, le=1440, description="Start the run once no new object has arrived for this long."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,38}[a-z0-9]", value):
+            raise ValueError(
+                "must be 3-40 lowercase letters, digits and '-', starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        parts = value.split("/")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9!_.*'()/-]{0,200}/", value) or ".." in parts or "" in parts[:-1]:
+            raise ValueError(
+                "must be a folder of the datasets bucket: a key prefix such as 'incoming/web-text/' "
+                "(no leading '/', no '..' or empty segments, ending in '/')"
+            )
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        _load_template(value)
+        return value
+
+    @model_validator(mode="after")
+    def _dataset(self) -> RetrainTrigger:
+        template = self.template()
+        if "requester_proof" in template:
+            raise ValueError("input: drop `requester_proof`; the trigger proves who starts the run itself")
+        fsx = f"{FSX_SCHEME}/datasets/{self.prefix}"
+        dataset = template.get("dataset")
+        if dataset is not None and (not isinstance(dataset, str) or dataset.rstrip("/") + "/" != fsx):
+            raise ValueError(
+                f"input: dataset {dataset!r} is not the new data's location; leave `dataset` out (the run then "
+                f"reads s3://<datasets bucket>/{self.prefix}) or set it to {fsx!r}"
+            )
+        return self
+
+    def template(self) -> dict[str, Any]:
+        """The execution-input template, read from its file where it names one."""
+        return _load_template(self.input)
+
+    def as_trigger(self) -> Trigger:
+        return Trigger(name=self.name, prefix=self.prefix, quiet_minutes=self.quiet_minutes, input=self.template())
+
+
+def _source(value: str | dict[str, Any]) -> str:
+    return value if isinstance(value, str) else "inline"
+
+
+def _load_template(value: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    path = PROJECT_ROOT / value
+    try:
+        loaded = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read the template file {value!r} ({exc.strerror}); paths are relative to cdk.json"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the template file {value!r} is not JSON ({exc})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"the template file {value!r} must hold a JSON object (README: Starting a training run)")
+    return loaded
+
+
 class PlatformSettings(_Model):
     """Everything a platform team chooses; nothing else in the app is configurable."""
 
@@ -350,6 +444,11 @@ class PlatformSettings(_Model):
         default_factory=list,
         description="IAM principal ARNs (administrators) allowed to decrypt execution inputs, outputs and history; "
         "the platform's own roles always can.",
+    )
+    retrain: list[RetrainTrigger] = Field(
+        default_factory=list,
+        description="Retrain triggers: `{name, prefix, input, quiet_minutes}` each; new objects under `prefix` "
+        'start one run of `input` per quiet period (README: "Retraining on new data").',
     )
 
     @field_validator("stage")
@@ -391,6 +490,49 @@ class PlatformSettings(_Model):
                 "-c approvers='[\"arn:aws:iam::123456789012:role/MLLead\"]' or cdk.json's platform.approvers"
             )
         return self
+
+    @model_validator(mode="after")
+    def _retrain_templates_run(self) -> PlatformSettings:
+        names = [t.name for t in self.retrain]
+        if len(set(names)) != len(names):
+            raise ValueError(f"retrain: trigger names must be unique; {sorted(names)}")
+        for trigger in self.retrain:
+            problems = self.retrain_problems(trigger, backends=None)
+            if problems:
+                raise ValueError(f"retrain trigger {trigger.name!r}: {problems}")
+        size = len(json.dumps([asdict(t.as_trigger()) for t in self.retrain]))
+        if size > RETRAIN_ENVIRONMENT_BYTES:
+            raise ValueError(
+                f"retrain: the triggers and their templates take {size} bytes, more than the "
+                f"{RETRAIN_ENVIRONMENT_BYTES} a Lambda environment leaves them; register fewer or smaller templates"
+            )
+        return self
+
+    def retrain_problems(self, trigger: RetrainTrigger, *, backends: tuple[str, ...] | None) -> str | None:
+        """What Validate would say of the trigger's run, or None; `backends` None skips the backend check."""
+        run_input = execution_input(trigger.as_trigger(), _SYNTH_DATASETS_BUCKET)
+        limits = PlatformLimits(
+            datasets_bucket=_SYNTH_DATASETS_BUCKET,
+            fsx_file_system_id="fs-synth",
+            fsx_mount_name="synth",
+            training_subnet_ips=training_subnet_ips(self.network.training_subnet_mask),
+            max_runtime_hours=self.pipeline.max_runtime_hours,
+            allowed_instance_types=tuple(self.pipeline.instance_types()),
+            poll_interval_seconds=self.pipeline.poll_interval_seconds,
+            capacity_retries=self.pipeline.capacity_retries,
+            volume_size_gb=self.pipeline.volume_size_gb,
+            run_emails=tuple(self.notifications.run_emails),
+            tags={},
+            backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),),
+        )
+        try:
+            resolve(run_input, execution_name=f"{NAME_PREFIX}{trigger.name}-0123456789abcdef", limits=limits)
+        except InvalidRequest as exc:
+            problems = str(exc).removeprefix("The training request cannot run:\n").replace("\n", "\n  ")
+            return (
+                f"its input template ({_source(trigger.input)}) would be rejected when new data arrives:\n  {problems}"
+            )
+        return None
 
     @model_validator(mode="after")
     def _azs_in_region(self) -> PlatformSettings:
@@ -523,7 +665,7 @@ def _describe(exc: ValidationError, tree: Mapping[str, Any]) -> str:
             msg = "unknown setting" + (f" (did you mean {near[0]!r}?)" if near else "")
             lines.append(f"  - {loc}: {msg}")
             continue
-        value = _lookup(tree, err["loc"])
+        value = _lookup(tree, err["loc"]) if err["loc"] else _MISSING  # the root: the whole tree says nothing
         shown = f" = {value!r}" if value is not _MISSING else ""
         lines.append(f"  - {loc}{shown}: {msg}")
     return "\n".join(lines)

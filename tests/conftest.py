@@ -40,6 +40,13 @@ def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
 
 
 RUN_EMAIL = "alice@example.org"
+# The README's retrain trigger: new objects under the prefix start examples/retrain-on-new-data.json.
+RETRAIN_TRIGGER = {
+    "name": "web-text",
+    "prefix": "incoming/web-text/",
+    "input": "examples/retrain-on-new-data.json",
+    "quiet_minutes": 30,
+}
 
 
 def platform_context() -> dict[str, Any]:
@@ -51,6 +58,7 @@ def platform_context() -> dict[str, Any]:
         "approval_emails": ["lead@example.org"],
         "run_emails": [RUN_EMAIL, "bob@example.org"],
     }
+    context["platform"]["retrain"] = [RETRAIN_TRIGGER]
     return context
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +71,32 @@ class ResourceConfig:
     current_host: str
     hosts: tuple[str, ...]
     network_interface_name: str | None = None
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """A heterogeneous cluster's instance groups and their hosts; empty for one group."""
 
     @property
     def node_rank(self) -> int:
         return self.hosts.index(self.current_host)
+
+    def of_groups(self, names: Sequence[str]) -> ResourceConfig | None:
+        """The cluster of the named groups only (hosts in the job's order), or None when this host is not in it.
+
+        A cluster without groups is all one group, whatever the names.
+        """
+        if not self.groups:
+            return self
+        known = dict(self.groups)
+        unknown = sorted(set(names) - set(known))
+        if unknown or not names:
+            raise ContractError(
+                f"the job's instance groups are {', '.join(known)}; the training groups named are "
+                f"{', '.join(names) or 'none'}"
+            )
+        members = {host for name in names for host in known[name]}
+        if self.current_host not in members:
+            return None
+        hosts = tuple(host for host in self.hosts if host in members)
+        return ResourceConfig(self.current_host, hosts, self.network_interface_name)
 
 
 def read_hyperparameters(paths: Paths) -> dict[str, object]:
@@ -105,15 +127,33 @@ def read_resource_config(paths: Paths, env: Mapping[str, str] | None = None) -> 
             data.get("hosts"),
             data.get("network_interface_name"),
         )
+        groups = _instance_groups(paths, data.get("instance_groups"))
     elif "SM_CURRENT_HOST" in env:
         current, hosts, ifname = env["SM_CURRENT_HOST"], json.loads(env.get("SM_HOSTS", "[]")), None
+        groups = ()
     else:
         return ResourceConfig(current_host="localhost", hosts=("localhost",))
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
         raise ContractError(f"{paths.resource_config}: 'hosts' must be a non-empty list of names, got {hosts!r}")
     if current not in hosts:
         raise ContractError(f"{paths.resource_config}: current_host {current!r} is not in hosts {hosts}")
-    return ResourceConfig(current_host=str(current), hosts=tuple(hosts), network_interface_name=ifname or None)
+    return ResourceConfig(
+        current_host=str(current), hosts=tuple(hosts), network_interface_name=ifname or None, groups=groups
+    )
+
+
+def _instance_groups(paths: Paths, groups: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """resourceconfig.json's `instance_groups` (a heterogeneous cluster's), as (name, hosts) pairs."""
+    if groups is None:
+        return ()
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("instance_group_name"), str) and isinstance(g.get("hosts"), list)
+        for g in groups
+    ):
+        raise ContractError(f"{paths.resource_config}: 'instance_groups' must be a list of groups with their hosts")
+    if len(groups) < 2:  # one group (SageMaker may list a homogeneous job's too) is no heterogeneous cluster
+        return ()
+    return tuple((g["instance_group_name"], tuple(str(h) for h in g["hosts"])) for g in groups)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """The image's entrypoint: SageMaker's container contract in, one torchrun (or mpirun) per host out.
 
-SageMaker runs ``<entrypoint> train`` on every host. The launcher validates hyperparameters and data
-channels before anything starts (failing fast with the reason in /opt/ml/output/failure), runs the
-pre-flight check on every host (training/preflight.py) unless the `preflight` hyperparameter turns it
-off, starts torchrun with this host's node rank, forwards SIGTERM to the workers so they can
-checkpoint, and exits 0 (done, or stopped after a checkpoint), 1 (training failed), 2 (invalid input),
-3 (workers did not stop within the grace period) or 4 (the pre-flight check failed). Torch-free, so
-that invalid input fails in milliseconds.
+SageMaker runs ``<entrypoint> train`` on every host. On a heterogeneous cluster only the hosts of the
+groups that train (training/roles.py) start workers; the others follow the training until it ends.
+The launcher validates hyperparameters and data channels before anything starts (failing fast with
+the reason in /opt/ml/output/failure), runs the pre-flight check on every host that trains
+(training/preflight.py) unless the `preflight` hyperparameter turns it off, starts torchrun with this
+host's node rank, forwards SIGTERM to the workers so they can checkpoint, and exits 0 (done, or
+stopped after a checkpoint), 1 (training failed), 2 (invalid input), 3 (workers did not stop within
+the grace period) or 4 (the pre-flight check failed). Torch-free, so that invalid input fails in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ from training.contract import (
 )
 from training.distributions import distribution, module_available
 from training.preflight import PORT_OFFSET, Checks, checks_from_env, failure_line
+from training.roles import (
+    AUXILIARY_START_TIMEOUT_ENV,
+    DEFAULT_START_TIMEOUT_SECONDS,
+    Auxiliary,
+    follow_training,
+    training_cluster,
+)
 
 log = logging.getLogger("training.launcher")
 
@@ -361,7 +370,9 @@ def _start_sshd() -> None:
 
 def _validate(paths: Paths, env: Mapping[str, str]) -> tuple[JobConfig, ResourceConfig, LaunchPlan]:
     cfg = from_hyperparameters(read_hyperparameters(paths))
-    resources = read_resource_config(paths, env)
+    resources = training_cluster(read_resource_config(paths, env), env)
+    if resources is None:
+        raise ContractError("this host does not train (see _auxiliary)")
     find_data_files(paths)
     strategy = distribution(cfg.distribution)
     if strategy.required_module and not module_available(strategy.required_module):
@@ -500,6 +511,31 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
     return EXIT_FAILED
 
 
+def _auxiliary(paths: Paths, env: Mapping[str, str]) -> Auxiliary | None:
+    """This host's place when its instance group does not train (a heterogeneous cluster); None when it trains."""
+    resources = read_resource_config(paths, env)
+    if training_cluster(resources, env) is not None:
+        return None
+    return Auxiliary.of(
+        resources, env, _int_env(env, MASTER_PORT_ENV) or DEFAULT_MASTER_PORT, env.get(MASTER_ADDR_ENV) or None
+    )
+
+
+def _follow(paths: Paths, aux: Auxiliary, env: Mapping[str, str]) -> int:
+    raw = env.get(AUXILIARY_START_TIMEOUT_ENV, "").strip()
+    try:
+        timeout = float(raw) if raw else DEFAULT_START_TIMEOUT_SECONDS
+    except ValueError:
+        raise ContractError(f"environment variable {AUXILIARY_START_TIMEOUT_ENV}={raw!r} must be seconds") from None
+    if follow_training(aux, start_timeout=timeout) == 0:
+        return EXIT_OK
+    write_failure(
+        paths,
+        f"auxiliary host (group {aux.group}): the training did not start at {aux.master_addr} within {timeout:.0f}s",
+    )
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if batch_contract.on_batch(os.environ):  # AWS Batch: lay out /opt/ml and sync S3, then run this as a child
@@ -510,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("ignoring unexpected arguments %s", argv)
     paths = Paths.from_env()
     try:
+        if (aux := _auxiliary(paths, os.environ)) is not None:
+            return _follow(paths, aux, os.environ)
         launch = _validate_launch(paths, os.environ)
     except (ConfigError, ContractError) as exc:
         log.error("invalid input: %s", exc)

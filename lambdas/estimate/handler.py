@@ -22,27 +22,41 @@ def estimate(
     spot_fraction: tuple[float, float],
     price_overrides: dict[str, float],
 ) -> dict[str, Any]:
-    """count x hourly price x max runtime (+ warm-pool keep-alive); spot as an estimated range."""
-    name = request["instance_type"]
-    override = price_overrides.get(name)
-    hourly = override if override is not None else instance_type(name).price_per_hour
-    count = request["instance_count"]
+    """Every group's count x hourly price, x max runtime (+ warm-pool keep-alive); spot as an estimated range."""
+    prices = {
+        group["instance_type"]: price_overrides.get(group["instance_type"]) for group in request["instance_groups"]
+    }
+    cluster_hourly = sum(
+        group["instance_count"]
+        * (prices[group["instance_type"]] or instance_type(group["instance_type"]).price_per_hour)
+        for group in request["instance_groups"]
+    )
+    overridden = [name for name, price in prices.items() if price is not None]
     runtime_hours = request["stopping_condition"]["MaxRuntimeInSeconds"] / 3600
     keep_alive_hours = request["keep_alive_seconds"] / 3600
-    on_demand = count * hourly * (runtime_hours + keep_alive_hours)
+    on_demand = cluster_hourly * (runtime_hours + keep_alive_hours)
     spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request["spot"] else None
     # Approval is decided on the worst case the run can cost. For spot that is the on-demand price too:
     # the spot price can rise to it, so the expected range is shown but never approved on.
     max_cost = on_demand
     return {
-        "hourly_usd": round(hourly * count, 4),
+        "hourly_usd": round(cluster_hourly, 4),
         "on_demand_usd": round(on_demand, 2),
         "spot_usd": spot,
         "max_cost_usd": round(max_cost, 2),
         "threshold_usd": threshold_usd,
         "approval_required": max_cost > threshold_usd,
-        "price_source": "settings override" if override is not None else f"list price, reviewed {PRICES_REVIEWED}",
+        "price_source": _price_source(overridden, len(prices)),
     }
+
+
+def _price_source(overridden: list[str], types: int) -> str:
+    listed = f"list price, reviewed {PRICES_REVIEWED}"
+    if not overridden:
+        return listed
+    if len(overridden) == types:
+        return "settings override"
+    return f"settings override for {', '.join(sorted(overridden))}; {listed} for the rest"
 
 
 @logger.inject_lambda_context

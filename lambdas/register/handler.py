@@ -76,6 +76,10 @@ def _lineage(
         "cluster": {
             "instance_type": request["instance_type"],
             "instance_count": request["instance_count"],
+            "groups": [
+                {k: group[k] for k in ("name", "instance_type", "instance_count", "role")}
+                for group in request["instance_groups"]
+            ],
             "spot": request["spot"],
             "interruptions": job.get("interruptions", 0),
         },

@@ -16,13 +16,19 @@ def batch_problems(request: ExecutionInput, limits: PlatformLimits) -> list[str]
     if not limits.batch_instance_types:
         problems.append('backend "batch": this platform deploys no AWS Batch compute environment')
         return problems
-    if request.instance_type not in limits.batch_instance_types:
+    if request.instance_groups is not None:
+        problems.append(
+            "instance_groups: heterogeneous clusters are SageMaker's; give instance_type and instance_count with "
+            'backend "batch"'
+        )
+        return problems
+    if request.instance_type is not None and request.instance_type not in limits.batch_instance_types:
         problems.append(
             f"instance_type {request.instance_type!r}: the AWS Batch compute environment runs "
             f"{', '.join(limits.batch_instance_types)} only (network.largest_cluster.instance_type); use it, or "
             'backend "sagemaker"'
         )
-    if request.instance_count > limits.batch_max_nodes:
+    if (request.instance_count or 1) > limits.batch_max_nodes:
         problems.append(
             f"instance_count {request.instance_count}: the AWS Batch job definition and compute environment hold "
             f"{limits.batch_max_nodes} nodes at most (network.largest_cluster.count)"

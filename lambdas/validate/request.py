@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from lambdas.approvals import identity
-from lambdas.contract import Dataset, InstanceGroup, Quality, Tag, TrainingRequest
+from lambdas.contract import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
@@ -48,6 +48,22 @@ class QualityGate(BaseModel):
     min: float | None = None
 
 
+GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MAX_INSTANCE_GROUPS = 5  # SageMaker's limit per training job
+CHANNEL_NAMES = ("train", "validation")
+
+
+class GroupInput(BaseModel):
+    """One instance group of a heterogeneous cluster (README: "Heterogeneous clusters")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    instance_type: str
+    instance_count: int = Field(1, ge=1)
+    role: str = TRAIN_ROLE
+    channels: list[str] | None = None
+
+
 class ExecutionInput(BaseModel):
     """What an ML engineer passes to StartExecution (see README: "Starting a training run")."""
 
@@ -59,8 +75,17 @@ class ExecutionInput(BaseModel):
         description="Training shards: `fsx:///datasets/<path>/` or `s3://<datasets bucket>/<prefix>/`."
     )
     validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
-    instance_type: str = Field(description="SageMaker training instance type, e.g. `ml.p5.48xlarge`.")
-    instance_count: int = Field(1, ge=1, description="Instances; bounded by the training subnet's capacity.")
+    instance_type: str | None = Field(
+        None, description="SageMaker training instance type, e.g. `ml.p5.48xlarge` (or `instance_groups`)."
+    )
+    instance_count: int | None = Field(
+        None, ge=1, description="Instances (default 1); bounded by the training subnet's capacity."
+    )
+    instance_groups: list[GroupInput] | None = Field(
+        None,
+        description="A heterogeneous cluster instead of `instance_type`: up to 5 groups of `name`, `instance_type`, "
+        "`instance_count`, `role` (train or auxiliary) and `channels` (those its hosts receive; default all).",
+    )
     backend: str = Field(
         "sagemaker", description="Where the job runs: one of the training backends the platform deploys."
     )
@@ -178,36 +203,133 @@ def _dataset_channel(
     return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, s3_uri
 
 
-def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
-    instance = INSTANCE_TYPES.get(request.instance_type)
+def _asked_groups(request: ExecutionInput, problems: list[str]) -> list[GroupInput]:
+    """The groups the input names: `instance_type` x `instance_count` as one, or `instance_groups`."""
+    if request.instance_groups is None:
+        if request.instance_type is None:
+            problems.append(
+                "instance_type: Field required; name an instance type, or give instance_groups for a heterogeneous"
+                " cluster"
+            )
+            return []
+        return [
+            GroupInput(name=TRAIN_ROLE, instance_type=request.instance_type, instance_count=request.instance_count or 1)
+        ]
+    groups = request.instance_groups
+    if request.instance_type is not None or request.instance_count is not None:
+        problems.append(
+            "instance_groups names each group's instance_type and instance_count; drop instance_type and"
+            " instance_count from the top level"
+        )
+    if not 2 <= len(groups) <= MAX_INSTANCE_GROUPS:
+        problems.append(
+            f"instance_groups: give 2 to {MAX_INSTANCE_GROUPS} groups (SageMaker's limit); for one, use"
+            " instance_type and instance_count"
+        )
+    names = [group.name for group in groups]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"instance_groups: the name {name!r} is used twice; each group needs its own")
+    for group in groups:
+        where = f"instance_groups[{group.name}]"
+        if not GROUP_NAME.match(group.name):
+            problems.append(
+                f"{where}: name {group.name!r} must be 1-63 of a-z, 0-9, '-', starting with a letter or digit"
+            )
+        if group.role not in (TRAIN_ROLE, AUXILIARY_ROLE):
+            problems.append(f"{where}: role {group.role!r} must be {TRAIN_ROLE!r} or {AUXILIARY_ROLE!r}")
+        for channel in group.channels or []:
+            if channel not in CHANNEL_NAMES:
+                problems.append(f"{where}: channel {channel!r} is not one of {', '.join(CHANNEL_NAMES)}")
+    if not any(group.role == TRAIN_ROLE for group in groups):
+        problems.append(f"instance_groups: no group has role {TRAIN_ROLE!r}; name the group(s) that train")
+    return groups
+
+
+def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> list[InstanceGroup] | None:
+    """Every group's type, EFA and strategy checked; the groups resolved, or None when a type is unknown."""
+    asked = _asked_groups(request, problems)
+    resolved: list[InstanceGroup] = []
+    for group in asked:
+        instance = _instance_type(group.instance_type, limits, problems)
+        if instance is None:
+            continue
+        training = group.role == TRAIN_ROLE
+        if request.efa and training and not instance.supports_efa:
+            efa_types = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.supports_efa))
+            problems.append(f"efa is true but {instance.name} has no EFA; use one of {efa_types} or drop `efa`")
+        strategy = DISTRIBUTIONS.get(request.distribution)
+        allowed = strategy.instance_types if strategy is not None and training else None
+        if strategy is not None and allowed is not None and instance.name not in allowed:
+            problems.append(
+                f"distribution {strategy.name!r} runs on {', '.join(sorted(allowed))} only, not {instance.name}"
+            )
+        # Hosts that do not train never join NCCL: no EFA, no GPUs or bandwidth expected of them.
+        efa = training and (instance.supports_efa if request.efa is None else request.efa)
+        resolved.append(
+            InstanceGroup(
+                name=group.name,
+                instance_type=instance.name,
+                instance_count=group.instance_count,
+                efa=efa,
+                local_storage=instance.local_storage,
+                gpus=instance.cuda_gpus if training else 0,
+                # The floor is EFA's: over TCP sockets the pre-flight has none to hold a run to.
+                allreduce_floor_gbps=instance.allreduce_floor_gbps if efa else 0.0,
+                role=group.role,
+                channels=group.channels,
+            )
+        )
+    if request.distribution not in DISTRIBUTIONS:
+        problems.append(f"distribution {request.distribution!r} is not one of {', '.join(DISTRIBUTION_NAMES)}")
+    if len(resolved) != len(asked) or not resolved:
+        return None
+    _check_capacity(resolved, limits, problems)
+    if len(resolved) > 1:
+        gpus = {g.gpus for g in resolved if g.role == TRAIN_ROLE}
+        if len(gpus) > 1:
+            problems.append(
+                "instance_groups: the groups that train must have as many GPUs per instance as each other "
+                f"(one torchrun job); these have {', '.join(str(n) for n in sorted(gpus))}"
+            )
+        if request.warm_pool_minutes:
+            problems.append("warm_pool_minutes: SageMaker warm pools do not support heterogeneous clusters; drop it")
+    return resolved
+
+
+def _instance_type(name: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
+    instance = INSTANCE_TYPES.get(name)
     if instance is None:
-        family = request.instance_type.rsplit(".", 1)[0]
+        family = name.rsplit(".", 1)[0]
         near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
-        problems.append(f"instance_type {request.instance_type!r} is not a known training type; e.g. {', '.join(near)}")
+        problems.append(f"instance_type {name!r} is not a known training type; e.g. {', '.join(near)}")
         return None
     if instance.name not in limits.allowed_instance_types:
         problems.append(
             f"instance_type {instance.name!r} is not allowed on this platform; use one of "
             f"{', '.join(limits.allowed_instance_types)} (settings: pipeline.allowed_instance_types)"
         )
-    capacity = limits.training_subnet_ips // instance.private_ips_needed
-    if request.instance_count > capacity:
-        problems.append(
-            f"instance_count {request.instance_count} exceeds what the training subnet holds for "
-            f"{instance.name} ({capacity}, at {instance.private_ips_needed} private IPs each)"
-        )
-    if request.efa and not instance.supports_efa:
-        efa_types = ", ".join(sorted(t.name for t in INSTANCE_TYPES.values() if t.supports_efa))
-        problems.append(f"efa is true but {instance.name} has no EFA; use one of {efa_types} or drop `efa`")
-    strategy = DISTRIBUTIONS.get(request.distribution)
-    if strategy is None:
-        problems.append(f"distribution {request.distribution!r} is not one of {', '.join(DISTRIBUTION_NAMES)}")
-    elif strategy.instance_types is not None and instance.name not in strategy.instance_types:
-        problems.append(
-            f"distribution {strategy.name!r} runs on {', '.join(sorted(strategy.instance_types))} only, "
-            f"not {instance.name}"
-        )
     return instance
+
+
+def _check_capacity(groups: list[InstanceGroup], limits: PlatformLimits, problems: list[str]) -> None:
+    """The whole cluster's interfaces must fit in the training subnet, every group's together."""
+    needs = {g.name: INSTANCE_TYPES[g.instance_type].private_ips_needed for g in groups}
+    if len(groups) == 1:
+        (group,) = groups
+        capacity = limits.training_subnet_ips // needs[group.name]
+        if group.instance_count > capacity:
+            problems.append(
+                f"instance_count {group.instance_count} exceeds what the training subnet holds for "
+                f"{group.instance_type} ({capacity}, at {needs[group.name]} private IPs each)"
+            )
+        return
+    total = sum(g.instance_count * needs[g.name] for g in groups)
+    if total > limits.training_subnet_ips:
+        parts = ", ".join(f"{g.name}: {g.instance_count} x {needs[g.name]}" for g in groups)
+        problems.append(
+            f"instance_groups need {total} private IPs ({parts}); the training subnet holds "
+            f"{limits.training_subnet_ips}: make the groups smaller"
+        )
 
 
 def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> dict[str, int]:
@@ -299,11 +421,13 @@ def resolve(
             f"run_name {request.run_name!r}: use 3-40 lowercase letters, digits and '-', starting and ending"
             " with a letter or digit"
         )
-    instance = _check_cluster(request, limits, problems)
+    groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
     hyperparameters = _hyperparameters(request, problems)
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
+    if groups is not None and len(groups) > 1:
+        channels = _channels_for_groups(channels, groups, problems)
     if request.backend not in limits.backends:
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     elif request.backend == "batch":
@@ -314,25 +438,15 @@ def resolve(
             f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
             " to notifications.run_emails"
         )
-    if problems or instance is None or dataset is None:
+    if problems or groups is None or dataset is None:
         raise InvalidRequest(_format(problems))
     # Stable for one execution (Lambda retries resolve the same names), unique across executions.
     suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
-    efa = instance.supports_efa if request.efa is None else request.efa
-    group = InstanceGroup(
-        instance_type=instance.name,
-        instance_count=request.instance_count,
-        efa=efa,
-        local_storage=instance.local_storage,
-        gpus=instance.cuda_gpus,
-        # The floor is EFA's: over TCP sockets the pre-flight has none to hold a run to.
-        allreduce_floor_gbps=instance.allreduce_floor_gbps if efa else 0.0,
-    )
     tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
     resolved = TrainingRequest(
         run_name=request.run_name,
         job_name_base=f"{request.run_name}-{suffix}",
-        instance_groups=[group],
+        instance_groups=groups,
         volume_size_gb=limits.volume_size_gb,
         backend=request.backend,
         distribution=request.distribution,
@@ -380,6 +494,41 @@ def _channels(
         if validation:
             channels.append(validation[0])
     return channels, (Dataset(uri=request.dataset, s3_uri=train[1]) if train else None)
+
+
+def _channels_for_groups(
+    channels: list[dict[str, Any]], groups: list[InstanceGroup], problems: list[str]
+) -> list[dict[str, Any]]:
+    """Each channel limited to the groups that take it (S3DataSource.InstanceGroupNames)."""
+    names = [channel["ChannelName"] for channel in channels]
+    for group in groups:
+        taken = names if group.channels is None else group.channels
+        for channel in taken:
+            if channel not in names:
+                problems.append(
+                    f"instance_groups[{group.name}]: channel {channel!r} is not in this run (it has {', '.join(names)})"
+                )
+        if group.role == TRAIN_ROLE and (missing := [n for n in names if n not in taken]):
+            problems.append(
+                f"instance_groups[{group.name}]: a group that trains reads every channel; add {', '.join(missing)}"
+            )
+    limited = []
+    for channel in channels:
+        name = channel["ChannelName"]
+        receivers = [g.name for g in groups if g.channels is None or name in g.channels]
+        if len(receivers) == len(groups):
+            limited.append(channel)
+            continue
+        source = channel["DataSource"]
+        if "S3DataSource" not in source:
+            problems.append(
+                f"channel {name!r} reads FSx, which every host of the job mounts: only s3:// datasets can be limited"
+                " to some instance groups (give every group this channel, or use an s3:// dataset)"
+            )
+            continue
+        s3_source = {**source["S3DataSource"], "InstanceGroupNames": receivers}
+        limited.append({**channel, "DataSource": {"S3DataSource": s3_source}})
+    return limited
 
 
 def _poll_seconds(stopping: dict[str, int], limits: PlatformLimits) -> int:

@@ -67,6 +67,17 @@ class TrainingBuckets(Construct):
             )
         return bucket
 
+    @staticmethod
+    def enable_event_bridge(bucket: s3.Bucket) -> None:
+        """Send the bucket's object events to EventBridge: a property of the bucket, updated in place.
+
+        Set on the bucket resource itself, not through CDK's notifications custom resource (a Lambda
+        of its own in this stack); changing it never replaces the bucket.
+        """
+        cfn = bucket.node.default_child
+        assert isinstance(cfn, s3.CfnBucket)
+        cfn.add_property_override("NotificationConfiguration.EventBridgeConfiguration.EventBridgeEnabled", True)
+
     def _bucket(self, id_: str, *extra_rules: s3.LifecycleRule) -> s3.Bucket:
         """A data bucket: the platform key, TLS only, versioned, access-logged, retained."""
         settings = self._settings

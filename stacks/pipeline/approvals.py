@@ -53,9 +53,7 @@ class Approvals(Construct):
             "Approval gate (pre-launch)",
             name="launch",
             summary={
-                "instances": sfn.JsonPath.format(
-                    "{} x {}", string(REQUEST.instance_count), string(REQUEST.instance_type)
-                ),
+                "instances": string(REQUEST.cluster),
                 "spot": string(REQUEST.spot),
                 "max_cost_usd": string(ESTIMATE.max_cost_usd),
                 "threshold_usd": string(ESTIMATE.threshold_usd),

@@ -24,6 +24,7 @@ from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknow
 from stacks.pipeline.context import PipelineContext
 from training.metrics import METRIC_DEFINITIONS
 from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
+from training.roles import TRAINING_GROUPS_ENV
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
@@ -156,10 +157,15 @@ class DistributedTrainingJob(Construct):
         }.items():
             acknowledge_wildcard(self.role, resource, reason)
 
-    def _create_parameters(self, *, kms_volume: bool) -> dict[str, Any]:
+    def _create_parameters(self, *, kms_volume: bool, groups: bool = False) -> dict[str, Any]:
+        """CreateTrainingJob's parameters; `groups`: a heterogeneous cluster (ResourceConfig.InstanceGroups)."""
+        cluster = (
+            {"InstanceGroups.$": str(REQUEST.sagemaker_instance_groups)}
+            if groups
+            else {"InstanceType.$": str(REQUEST.instance_type), "InstanceCount.$": str(REQUEST.instance_count)}
+        )
         resource: dict[str, Any] = {
-            "InstanceType.$": str(REQUEST.instance_type),
-            "InstanceCount.$": str(REQUEST.instance_count),
+            **cluster,
             "VolumeSizeInGB.$": str(REQUEST.volume_size_gb),
             "KeepAlivePeriodInSeconds.$": str(REQUEST.keep_alive_seconds),
         }
@@ -185,6 +191,8 @@ class DistributedTrainingJob(Construct):
                 # What the launcher's pre-flight check holds every host to (from the instance catalog).
                 f"{EXPECTED_GPUS_ENV}.$": f"States.Format('{{}}', {REQUEST.gpus})",
                 f"{MIN_BUSBW_ENV}.$": f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
+                # Which instance groups' hosts train; the others are auxiliary (one group: all train).
+                f"{TRAINING_GROUPS_ENV}.$": str(REQUEST.training_groups),
             },
             "InputDataConfig.$": str(REQUEST.channels),
             "OutputDataConfig": {
@@ -219,7 +227,7 @@ class DistributedTrainingJob(Construct):
             "Tags.$": str(REQUEST.tags),
         }
 
-    def create_state(self, scope: Construct, id_: str, *, kms_volume: bool) -> sfn.CustomState:
+    def create_state(self, scope: Construct, id_: str, *, kms_volume: bool, groups: bool = False) -> sfn.CustomState:
         """CreateTrainingJob; its result is the job's name and ARN under `$.train.job`."""
         return sfn.CustomState(
             scope,
@@ -227,9 +235,10 @@ class DistributedTrainingJob(Construct):
             state_json={
                 "Type": "Task",
                 "Comment": "Starts the training job"
+                + (" on a heterogeneous cluster" if groups else "")
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
                 "Resource": _sdk_arn("createTrainingJob"),
-                "Parameters": self._create_parameters(kms_volume=kms_volume),
+                "Parameters": self._create_parameters(kms_volume=kms_volume, groups=groups),
                 "ResultSelector": {
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
@@ -277,16 +286,25 @@ class DistributedTrainingJob(Construct):
 
         CreateTrainingJob is allowed only with the platform's subnet, security group, output key,
         allowed instance types, runtime limit, encryption and isolation flags; on EBS-backed types
-        only with the platform's volume key, on instance-store types only with none.
+        only with the platform's volume key, on instance-store types (or a heterogeneous cluster with an
+        instance-store group) only with none.
         """
         stack = Stack.of(self)
         jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
         flags = {"sagemaker:InterContainerTrafficEncryption": self.inter_container_encryption}
         if self.network_isolation:
             flags["sagemaker:NetworkIsolation"] = True
-        for sid, local_storage in (("CreateJobsOnEbsTypes", False), ("CreateJobsOnInstanceStoreTypes", True)):
-            types = [t for t in self.instance_types if INSTANCE_TYPES[t].local_storage == local_storage]
-            if not types:
+        ebs = [t for t in self.instance_types if not INSTANCE_TYPES[t].local_storage]
+        instance_store = [t for t in self.instance_types if INSTANCE_TYPES[t].local_storage]
+        # (sid, every type of the job among, some type among, with the volume key)
+        shapes = [
+            ("CreateJobsOnEbsTypes", ebs, None, True),
+            ("CreateJobsOnInstanceStoreTypes", instance_store, None, False),
+            # A heterogeneous cluster with any instance-store group takes no volume key (SageMaker rejects one).
+            ("CreateMixedJobsWithInstanceStore", self.instance_types, instance_store, False),
+        ]
+        for sid, types, some_of, volume_key in shapes:
+            if not types or (some_of is not None and (not some_of or not ebs)):
                 continue
             state_machine_role.add_to_principal_policy(
                 iam.PolicyStatement(
@@ -299,15 +317,16 @@ class DistributedTrainingJob(Construct):
                             "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
                             "sagemaker:InstanceTypes": types,
                         },
+                        **({"ForAnyValue:StringEquals": {"sagemaker:InstanceTypes": some_of}} if some_of else {}),
                         "Null": {
                             "sagemaker:VpcSubnets": "false",
                             "sagemaker:VpcSecurityGroupIds": "false",
                             "sagemaker:InstanceTypes": "false",
-                            "sagemaker:VolumeKmsKey": str(local_storage).lower(),
+                            "sagemaker:VolumeKmsKey": str(not volume_key).lower(),
                         },
                         "StringEquals": {
                             "sagemaker:OutputKmsKey": self.key.key_arn,
-                            **({} if local_storage else {"sagemaker:VolumeKmsKey": self.key.key_arn}),
+                            **({"sagemaker:VolumeKmsKey": self.key.key_arn} if volume_key else {}),
                         },
                         "Bool": {k: str(v).lower() for k, v in flags.items()},
                         "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(self.max_runtime_seconds)},

@@ -243,6 +243,10 @@ class SageMakerTraining(Construct):
     def _create(self, wait: sfn.Wait, stop: sfn.IChainable) -> sfn.Choice:
         create_kms = self.job.create_state(self, "Create training job", kms_volume=True)
         create_local = self.job.create_state(self, "Create training job (instance storage)", kms_volume=False)
+        groups_kms = self.job.create_state(self, "Create training job (instance groups)", kms_volume=True, groups=True)
+        groups_local = self.job.create_state(
+            self, "Create training job (instance groups, instance storage)", kms_volume=False, groups=True
+        )
         adopt = sfn.Pass(
             self,
             "Adopt the created job",
@@ -258,13 +262,22 @@ class SageMakerTraining(Construct):
         )
         # The create may have happened even so (a timeout): stop whatever this execution started.
         not_created.next(self._clean_up("Stop the run's jobs (not created)", self.failed))
-        for state in (create_kms, create_local):
+        for state in (create_kms, create_local, groups_kms, groups_local):
             state.add_catch(adopt, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
             state.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
             state.next(wait)
+        local = sfn.Condition.boolean_equals(str(REQUEST.local_storage), True)
+        heterogeneous = sfn.Condition.boolean_equals(str(REQUEST.heterogeneous), True)
         return (
-            sfn.Choice(self, "Volume encryption?", comment="Instance-store types take no volume KMS key")
-            .when(sfn.Condition.boolean_equals(str(REQUEST.local_storage), True), create_local)
+            sfn.Choice(
+                self,
+                "Volume encryption?",
+                comment="Instance-store types take no volume KMS key; a heterogeneous cluster is given as instance "
+                "groups",
+            )
+            .when(sfn.Condition.and_(heterogeneous, local), groups_local)
+            .when(heterogeneous, groups_kms)
+            .when(local, create_local)
             .otherwise(create_kms)
         )
 

@@ -114,6 +114,32 @@ def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path)
         assert "Note: network isolation: the hosts share a network namespace with loopback only" in report
 
 
+def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any, tmp_path: Path) -> None:
+    """An auxiliary group first, as the input lists it: the training group's hosts still form the job."""
+    execution_input = _input(run_name="demo-hetero", spot=False, hyperparameters={"max_steps": 20})
+    del execution_input["instance_type"], execution_input["instance_count"]
+    execution_input["instance_groups"] = [
+        {"name": "cpu", "instance_type": "ml.c5.2xlarge", "instance_count": 1, "role": "auxiliary"},
+        {"name": "train", "instance_type": "ml.m5.xlarge", "instance_count": 2},
+    ]
+    outcome = _demo(platform, tmp_path, execution_input)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    (job,) = outcome.job_names
+    jobs = tmp_path / "demo-hetero" / "jobs" / job
+    config = json.loads((jobs / "gen-0" / "algo-1" / "input" / "config" / "resourceconfig.json").read_text())
+    assert config["current_group_name"] == "cpu" and [g["hosts"] for g in config["instance_groups"]] == [
+        ["algo-1"],
+        ["algo-2", "algo-3"],
+    ]
+    auxiliary = (jobs / "logs" / "algo-1-gen0.log").read_text()
+    assert "host is auxiliary (group cpu)" in auxiliary and "the training ended" in auxiliary
+    trained = (jobs / "logs" / "algo-2-gen0.log").read_text()
+    assert "host algo-2 is node 0 of 2" in trained and "step=20 loss=" in trained
+    assert (jobs / "gen-0" / "algo-2" / "model" / "model.safetensors").stat().st_size > 0
+    lineage = json.loads((tmp_path / "demo-hetero" / "lineage.json").read_text())
+    assert [g["name"] for g in lineage["cluster"]["groups"]] == ["cpu", "train"]
+
+
 def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:
     outcome = _demo(platform, tmp_path, _input(run_name="demo-spot"), spot_interrupt=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described

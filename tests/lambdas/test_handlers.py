@@ -89,15 +89,28 @@ def test_the_preflight_hyperparameter_is_checked_like_the_trainers_own() -> None
         resolve(base | {"hyperparameters": {"preflight": "maybe"}}, execution_name="e", limits=LIMITS)
 
 
-def _request(**overrides: Any) -> dict[str, Any]:
+def _request(instance_type: str = "ml.p5.48xlarge", instance_count: int = 4, **overrides: Any) -> dict[str, Any]:
+    """What Estimate reads of a request: the cluster's groups, the runtime, warm pool and spot."""
     request = {
-        "instance_type": "ml.p5.48xlarge",
-        "instance_count": 4,
+        "instance_groups": [{"name": "train", "instance_type": instance_type, "instance_count": instance_count}],
         "stopping_condition": {"MaxRuntimeInSeconds": 36000},
         "keep_alive_seconds": 0,
         "spot": False,
     }
     return request | overrides
+
+
+def test_the_estimate_of_a_heterogeneous_cluster_sums_its_groups() -> None:
+    groups = [
+        {"name": "gpu", "instance_type": "ml.p4d.24xlarge", "instance_count": 2},
+        {"name": "cpu", "instance_type": "ml.c5.4xlarge", "instance_count": 3},
+    ]
+    request = _request(instance_groups=groups, stopping_condition={"MaxRuntimeInSeconds": 7200})
+    result = estimate(request, threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={"ml.c5.4xlarge": 1.0})
+    hourly = 2 * INSTANCE_TYPES["ml.p4d.24xlarge"].price_per_hour + 3 * 1.0
+    assert result["hourly_usd"] == round(hourly, 4)
+    assert result["on_demand_usd"] == round(hourly * 2, 2) == result["max_cost_usd"]
+    assert result["price_source"].startswith("settings override for ml.c5.4xlarge; list price, reviewed ")
 
 
 def test_instance_types_outside_the_allow_list_are_refused() -> None:
@@ -123,6 +136,8 @@ def test_the_batch_backend_refuses_what_its_compute_environment_cannot_run() -> 
     assert "the AWS Batch compute environment runs ml.p5.48xlarge only" in message
     assert "On-Demand instances only" in message
     assert "distribution 'mpi' needs SageMaker" in message
+    with pytest.raises(InvalidRequest, match="heterogeneous clusters are SageMaker's"):
+        resolve(_example("heterogeneous-cluster") | {"backend": "batch"}, execution_name="e", limits=LIMITS)
     no_batch = dataclasses.replace(LIMITS, batch_instance_types=())
     with pytest.raises(InvalidRequest, match="deploys no AWS Batch compute environment"):
         resolve(_example("batch-multi-node"), execution_name="e", limits=no_batch)

@@ -237,3 +237,33 @@ def test_instance_types_volume_key_and_runtime_are_conditions_too(pipeline: Pipe
     assert not allowed({"InstanceType": "ml.m5.xlarge", "VolumeKmsKeyId": key.replace(key[-12:], "0" * 12)})
     assert not allowed({"InstanceType": "ml.r5.large"})  # not a type of the platform's catalog
     assert not allowed({}, runtime=120 * 3600 + 1)  # beyond pipeline.max_runtime_hours
+
+
+def test_a_heterogeneous_cluster_takes_the_volume_key_exactly_when_every_group_is_on_ebs(pipeline: Pipeline) -> None:
+    """InstanceGroups under the same grant: instance-store anywhere means no key; EBS only means the platform's."""
+    from localrun.iam import REQUEST_MODEL, Call
+    from localrun.iam_policy import evaluate
+
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Wait for training")
+    (sent,) = pipeline.local.training_requests.values()
+    policies = pipeline.local.iam.role_policies(pipeline.local.state_machine_role_arn.rsplit("/", 1)[1])
+    key = pipeline.local.training_key_arn()
+
+    def allowed(types: list[str], volume_key: str | None) -> bool:
+        params = json.loads(json.dumps(sent))
+        resource = {k: v for k, v in params["ResourceConfig"].items() if k not in ("InstanceType", "InstanceCount")}
+        resource["InstanceGroups"] = [
+            {"InstanceGroupName": f"g{i}", "InstanceType": t, "InstanceCount": 1} for i, t in enumerate(types)
+        ]
+        resource.pop("VolumeKmsKeyId", None)
+        params["ResourceConfig"] = resource | ({"VolumeKmsKeyId": volume_key} if volume_key else {})
+        (create, *_) = REQUEST_MODEL[("sagemaker", "CreateTrainingJob")](Call("sagemaker", "CreateTrainingJob", params))
+        return evaluate(policies, create).allowed
+
+    mixed = ["ml.p4d.24xlarge", "ml.c5.4xlarge"]  # instance-store GPU group, EBS CPU group
+    assert allowed(mixed, None)
+    assert not allowed(mixed, key)
+    assert allowed(["ml.m5.xlarge", "ml.c5.4xlarge"], key)
+    assert not allowed(["ml.m5.xlarge", "ml.c5.4xlarge"], None)  # EBS only: never without the platform key
+    assert not allowed(["ml.p4d.24xlarge", "ml.r5.large"], None)  # a type outside the catalog, in any group

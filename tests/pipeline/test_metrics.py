@@ -67,7 +67,8 @@ def test_the_scheduled_gauge_counts_approvals_still_waiting(
     pipeline.run_until(arn, "Approval gate (pre-launch)")
     pipeline.local.events.schedule_due()  # EventBridge's five-minute schedule, due now
     pipeline.local.events.drain()
-    (delivery,) = [d for d in pipeline.local.events.deliveries if d["event"]["detail-type"] == "Scheduled Event"]
+    gauge = pipeline.local.functions.named("Pending").name
+    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"] == gauge]
     assert delivery["permitted"] and delivery["result"]["pending"] == 1, delivery
     lines = _emf(capsys.readouterr().out)
     assert _values(lines, Metric.APPROVALS_PENDING) == [1]

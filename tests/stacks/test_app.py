@@ -32,6 +32,7 @@ STATEFUL = {
         "BucketsArtifactsB9EE6400": "AWS::S3::Bucket",
         "LustreFileSystem46590C25": "AWS::FSx::FileSystem",
         "Approvals8537C562": "AWS::DynamoDB::Table",
+        "RetrainWindows2C8CE6A3": "AWS::DynamoDB::Table",
         "ModelRegistry": "AWS::SageMaker::ModelPackageGroup",
     },
     "image": {"TrainingImageRepositoryA4686A09": "AWS::ECR::Repository"},

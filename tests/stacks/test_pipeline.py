@@ -14,7 +14,11 @@ def test_an_execution_that_ends_badly_stops_its_jobs(platform: Any) -> None:
     t = template(platform, stack)
     machine = logical_id(platform, stack, "AWS::StepFunctions::StateMachine", "TrainingPipeline")
     cleanup = logical_id(platform, stack, "AWS::Lambda::Function", "CleanupFunction")
-    (rule,) = [r for r in resources(platform, stack, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
+    (rule,) = [
+        r
+        for r in resources(platform, stack, "AWS::Events::Rule").values()
+        if r["Properties"].get("EventPattern", {}).get("source") == ["aws.states"]
+    ]
     assert rule["Properties"]["EventPattern"] == {
         "source": ["aws.states"],
         "detail-type": ["Step Functions Execution Status Change"],

@@ -1,0 +1,69 @@
+"""Retrain handlers: `record` (EventBridge "Object Created" on the datasets bucket) and `sweep` (a schedule).
+
+Both read the triggers from RETRAIN_TRIGGERS (settings `retrain`, validated at synth) and time from
+their events: an object's creation time and the schedule's time, so a replayed event is judged by
+when it happened.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.retrain.window import Trigger, matching, parse_time, record, sweep
+from lambdas.shared.env import env_json, env_str
+
+logger = Logger(service="training-platform")
+
+
+def _triggers() -> list[Trigger]:
+    return [Trigger.parse(t) for t in env_json("RETRAIN_TRIGGERS")]
+
+
+def _table() -> Any:
+    return boto3.resource("dynamodb").Table(env_str("TABLE_NAME"))
+
+
+@logger.inject_lambda_context
+def record_handler(event: dict[str, Any], _context: Any) -> dict[str, str]:
+    """Event: S3 "Object Created" through EventBridge; the rule matches the registered prefixes only."""
+    detail = event["detail"]
+    key, bucket = detail["object"]["key"], detail["bucket"]["name"]
+    if bucket != env_str("DATASETS_BUCKET"):
+        raise ValueError(f"object of bucket {bucket!r} delivered; the rule matches the datasets bucket only")
+    created = parse_time(event["time"])
+    table = _table()
+    outcome = {t.name: record(table, t.name, created) for t in matching(_triggers(), key)}
+    logger.info("new data", extra={"key": key, "object_time": event["time"], "triggers": outcome})
+    return outcome
+
+
+@logger.inject_lambda_context
+def sweep_handler(event: dict[str, Any], _context: Any) -> list[dict[str, Any]]:
+    """Event: "Scheduled Event"; starts the run of every trigger whose window has been quiet long enough."""
+    now = parse_time(event["time"])
+    table, sfn = _table(), boto3.client("stepfunctions")
+    session = boto3.session.Session()
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise RuntimeError("no credentials to sign the requester proof with")
+    started = []
+    for trigger in _triggers():
+        run = sweep(
+            table,
+            sfn,
+            trigger,
+            state_machine_arn=env_str("STATE_MACHINE_ARN"),
+            datasets_bucket=env_str("DATASETS_BUCKET"),
+            now=now,
+            credentials=credentials.get_frozen_credentials(),
+            region=session.region_name or os.environ["AWS_REGION"],
+        )
+        if run is not None:
+            logger.info("retrain run started", extra=asdict(run))
+            started.append(asdict(run))
+    return started
