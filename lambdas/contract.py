@@ -165,6 +165,12 @@ class TrainingRequest(_Model):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def max_runtime_seconds(self) -> int:
+        """The training time limit (AWS Batch's attempt timeout)."""
+        return self.stopping_condition["MaxRuntimeInSeconds"]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def gpus(self) -> int:
         return self._training.gpus
 
@@ -286,6 +292,12 @@ class CreatedJob(_Model):
     arn: str | None = None
 
 
+class FoundJobs(_Model):
+    """ListJobs' summaries (JobArn, JobName, ...), as the AWS Batch step finds a job it may have submitted."""
+
+    jobs: list[dict[str, Any]]
+
+
 class Attempt(_Model):
     """The training step's own state: which attempt, and the job it created (or adopted)."""
 
@@ -293,6 +305,8 @@ class Attempt(_Model):
     job: CreatedJob | None = None
     retried_after: Failure | None = None
     """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
+    found: FoundJobs | None = None
+    """AWS Batch: the jobs of this attempt's name that a submit whose answer was lost finds on the queue."""
 
 
 class Path:

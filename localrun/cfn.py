@@ -198,6 +198,8 @@ class Resolver:
             return f"fs-{_digest(logical, 17)}"
         if type_ == "AWS::SageMaker::ModelPackageGroup":
             return self.get_att(stack, logical, "ModelPackageGroupArn")
+        if type_ == "AWS::Batch::JobDefinition":  # Ref is the definition's ARN, with its revision
+            return f"arn:aws:batch:{REGION}:{ACCOUNT}:job-definition/{logical}:1"
         if type_ == "AWS::IAM::ManagedPolicy":  # Ref is the policy's ARN
             return f"arn:aws:iam::{ACCOUNT}:policy/{self.resolve(stack, props.get('ManagedPolicyName', logical))}"
         name_prop = {
@@ -226,6 +228,8 @@ class Resolver:
             repository = self.ref(stack, props["RepositoryName"]["Ref"])
             uri = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{repository}@{digest}"
             return {"ImageDigest": digest, "ImageUri": uri, "ImageTag": props["ImageTag"]}[attribute]
+        if type_ == "AWS::Batch::JobQueue" and attribute == "JobQueueArn":
+            return f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/{logical}"
         if type_ == "AWS::SageMaker::ModelPackageGroup" and attribute == "ModelPackageGroupArn":
             group = self.resolve(stack, props["ModelPackageGroupName"])
             return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package-group/{group}"

@@ -26,6 +26,7 @@ from typing import Any
 import boto3
 
 from localrun import report
+from localrun.batch_local import LocalBatch
 from localrun.cfn import ACCOUNT, REGION
 from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
@@ -136,13 +137,25 @@ def run_demo(
         spot_interrupt_after_checkpoint=spot_interrupt,
         on_line=printer.training_line,
     )
+    # `"backend": "batch"`: AWS Batch multi-node jobs, their nodes on this machine (--spot-interrupt loses a node).
+    batch = LocalBatch(
+        root=run_dir / "batch",
+        datasets_bucket="",
+        max_nodes=max_hosts,
+        kill_node_after_checkpoint=1 if spot_interrupt else None,
+        on_line=printer.training_line,
+    )
     # Polls every `pipeline.poll_interval_seconds` in the definition; here they last `wait_seconds`.
     clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)
     handler_log = (run_dir / "handlers.log").open("w")
-    with handler_log, LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log) as platform:
-        training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+    with (
+        handler_log,
+        LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, batch=batch) as platform,
+    ):
+        training.datasets_bucket = batch.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         _seed_datasets(platform, execution_input, out / "corpus")
         training.local_hyperparameters = _local_hyperparameters(execution_input, steps)
+        batch.local_hyperparameters = training.local_hyperparameters
         name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
@@ -158,6 +171,7 @@ def run_demo(
             )
         finally:
             training.stop_all()
+            batch.close()
         facts = report.collect(platform, training, arn, described, decisions)
     return _write_report(facts, arn, described, run_dir)
 

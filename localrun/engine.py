@@ -33,6 +33,7 @@ from botocore.credentials import Credentials
 from moto import mock_aws
 
 from localrun import constructs, moto_fixes
+from localrun.batch_local import ECS_TASKS, LocalBatch
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.environ import handler_environment, handler_stdout
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
@@ -135,11 +136,14 @@ class LocalPlatform:
         handler_log: TextIO | None = None,
         enforce_iam: bool = True,
         state_machine: str | None = None,
+        batch: LocalBatch | None = None,
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
         self.state_machine = constructs.state_machine(self.assembly, state_machine)
         self.training = training
+        self.batch = batch
+        """What AWS Batch jobs do (localrun/batch_local.py); None: the Batch API is moto's own."""
         self.clock = clock or Clock()
         self.lambda_calls: list[LambdaCall] = []
         # Where the handlers' (Powertools) log lines go; None leaves them on stdout, as in Lambda.
@@ -167,7 +171,7 @@ class LocalPlatform:
                 }
             )
         )
-        for patch in self._moto_fixes():
+        for patch in self._moto_fixes() + (self.batch.patches() if self.batch is not None else []):
             self._stack.enter_context(patch)
         self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler, now=self.clock.now)
@@ -188,6 +192,9 @@ class LocalPlatform:
         if self.enforce_iam:
             self._stack.enter_context(self.iam.enforced())
             self.training.bind(lambda role: self.iam.credentials(role, SAGEMAKER))
+        if self.batch is not None:
+            credentials = (lambda role: self.iam.credentials(role, ECS_TASKS)) if self.enforce_iam else None
+            self.batch.bind(credentials, self._batch_definitions())
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,6 +207,8 @@ class LocalPlatform:
         with self._inflight:
             self._closed = True
             self._inflight.wait_for(lambda: self._handlers_running == 0, timeout=30)
+        if self.batch is not None:
+            self.batch.close()
         self._stack.close()
         for handler in self._redirected:  # the handler modules outlive this platform
             handler.setStream(sys.stdout)
@@ -353,6 +362,13 @@ class LocalPlatform:
             name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
+
+    def _batch_definitions(self) -> dict[str, dict[str, Any]]:
+        """The AWS Batch job definitions by ARN, their properties resolved as CloudFormation would."""
+        return {
+            str(self.resolver.ref(stack, logical)): self.resolver.resolve(stack, resource["Properties"])
+            for stack, logical, resource in self.assembly.resources("AWS::Batch::JobDefinition")
+        }
 
     def _sqs_subscriptions(self, sns: Any) -> None:
         """An SQS queue on every topic, so tests and the demo can read what was published."""

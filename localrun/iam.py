@@ -246,7 +246,27 @@ def _table(call: Call) -> str:
     return f"{table}/index/{index}" if index else table
 
 
+def _submit_job(call: Call) -> list[Request]:
+    """SubmitJob is authorized on the queue and on the job definition; tags on the job need TagResource."""
+    p = call.params
+    job = call.arn("batch", "job/*")
+    requests = [Request("batch:SubmitJob", p["jobQueue"]), Request("batch:SubmitJob", p["jobDefinition"])]
+    if p.get("tags"):
+        requests.append(Request("batch:TagResource", job, _tags(p["tags"])))
+    return requests
+
+
+_BATCH_OPERATIONS = {
+    "submitjob": "SubmitJob",
+    "describejobs": "DescribeJobs",
+    "listjobs": "ListJobs",
+    "terminatejob": "TerminateJob",
+}
 REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
+    ("batch", "SubmitJob"): _submit_job,
+    ("batch", "DescribeJobs"): _everything("batch:DescribeJobs"),
+    ("batch", "ListJobs"): _everything("batch:ListJobs"),
+    ("batch", "TerminateJob"): _one("batch:TerminateJob", lambda c: c.arn("batch", f"job/{c.params['jobId']}")),
     ("sagemaker", "CreateTrainingJob"): _create_training_job,
     ("sagemaker", "DescribeTrainingJob"): _one("sagemaker:DescribeTrainingJob", _training_job),
     ("sagemaker", "StopTrainingJob"): _one("sagemaker:StopTrainingJob", _training_job),
@@ -495,6 +515,8 @@ class LocalIam:
         if service == "s3":
             return [_s3_request(response, response.data["Action"], resource)]
         operation = response._get_action()
+        # moto's Batch names the action by its lower-case URL path (/v1/submitjob).
+        operation = _BATCH_OPERATIONS.get(operation, operation) if service == "batch" else operation
         if (service, operation) == ("sts", "GetCallerIdentity"):
             return []  # needs no permission in AWS
         model = REQUEST_MODEL.get((service, operation))

@@ -150,14 +150,67 @@ def approval_timeouts_on(clock: Clock) -> Any:
 def sdk_results_as_json() -> Any:
     """moto leaves an SDK task's result as boto3 returned it (datetime objects); Step Functions
     serialises results to JSON, so timestamps reach the next state as ISO strings.
+
+    And moto passes an SDK task's parameters to boto3 as written, and its result back as boto3 names
+    it; Step Functions takes and gives every member name in PascalCase (`JobName`, `JobArn` for
+    Batch's camelCase `jobName`, `jobArn`), map keys (tags) as they are.
     """
     original = sdk.StateTaskServiceAwsSdk._eval_service_task
 
-    def eval_service_task(task: Any, env: Any, *args: Any, **kwargs: Any) -> None:
-        original(task, env, *args, **kwargs)
-        env.stack[-1] = json.loads(to_json_str(env.stack[-1]))
+    def eval_service_task(
+        task: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict[str, Any], **kwargs: Any
+    ) -> None:
+        operation = _operation_model(task._get_boto_service_name(), task._get_boto_service_action())
+        parameters = _to_member_names(normalised_parameters, operation.input_shape)
+        original(
+            task,
+            env=env,
+            resource_runtime_part=resource_runtime_part,
+            normalised_parameters=parameters,
+            **kwargs,
+        )
+        env.stack[-1] = _to_pascal_case(json.loads(to_json_str(env.stack[-1])), operation.output_shape)
 
     return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", eval_service_task)
+
+
+def _operation_model(service: str, action: str) -> Any:
+    import botocore.session  # noqa: PLC0415
+    from botocore import xform_name  # noqa: PLC0415
+
+    model = botocore.session.get_session().get_service_model(service)
+    (name,) = [op for op in model.operation_names if xform_name(op) == action]
+    return model.operation_model(name)
+
+
+def _to_member_names(value: Any, shape: Any) -> Any:
+    """Parameter names as the service's model spells them, matched without regard to case."""
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        names = {name.lower(): name for name in shape.members}
+        out = {}
+        for key, item in value.items():
+            name = names.get(key.lower(), key)
+            out[name] = _to_member_names(item, shape.members.get(name))
+        return out
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_to_member_names(item, shape.member) for item in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {key: _to_member_names(item, shape.value) for key, item in value.items()}
+    return value
+
+
+def _to_pascal_case(value: Any, shape: Any) -> Any:
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {key[:1].upper() + key[1:]: _to_pascal_case(item, shape.members.get(key)) for key, item in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_to_pascal_case(item, shape.member) for item in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {key: _to_pascal_case(item, shape.value) for key, item in value.items()}
+    return value
 
 
 def sdk_service_error_names() -> Any:

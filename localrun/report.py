@@ -17,10 +17,13 @@ from typing import Any
 
 import boto3
 
+from localrun.batch_local import BatchJob
 from localrun.cfn import REGION
 from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
 from localrun.sagemaker_local import LocalTraining
+from training.batch_contract import CHECKPOINTS_ENV
+from training.metrics import parse_metrics
 
 STEP_LOSS = re.compile(r"\bstep=(\d+) loss=(\S+)")
 STEP_VAL_LOSS = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
@@ -97,7 +100,8 @@ def collect(
         cause=described.get("cause"),
         states=durations(platform.history(execution_arn)),
         estimate=next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None),
-        jobs=[_job(platform, training, name) for name in platform.training_requests],
+        jobs=[_job(platform, training, name) for name in platform.training_requests]
+        + [_batch_job(job) for job in (platform.batch.jobs.values() if platform.batch is not None else [])],
         registrations=_registrations(platform),
         decisions=decisions,
         roles=_roles(platform),
@@ -149,6 +153,30 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
         notes=list(training.jobs[name].notes),
         transitions=[t["Status"] for t in described.get("SecondaryStatusTransitions", [])],
         metrics={m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])},
+        checkpoints_uri=checkpoints_uri,
+        checkpoint_steps=sorted({int(m.group(1)) for k in keys if (m := _CHECKPOINT.search(k))}),
+    )
+
+
+def _batch_job(job: BatchJob) -> Job:
+    """An AWS Batch job as the local runner played it: its nodes' log, its attempts, its checkpoints in S3."""
+    log = "".join(job.log)
+    train, val = loss_curve(log)
+    checkpoints_uri = job.environment[CHECKPOINTS_ENV]
+    bucket, prefix = checkpoints_uri.removeprefix("s3://").split("/", 1)
+    listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
+    keys = [o["Key"] for o in listed.get("Contents", [])]
+    return Job(
+        name=job.name,
+        log=log,
+        train_loss=train,
+        val_loss=val,
+        status=job.status,
+        secondary_status=None,
+        failure=job.status_reason if job.status == "FAILED" else None,
+        notes=[f"AWS Batch attempt {a.number}: {a.status_reason or 'running'}" for a in job.attempts],
+        transitions=[f"attempt {a.number}" for a in job.attempts],
+        metrics={name: values[-1] for name, values in sorted(parse_metrics(log).items())},
         checkpoints_uri=checkpoints_uri,
         checkpoint_steps=sorted({int(m.group(1)) for k in keys if (m := _CHECKPOINT.search(k))}),
     )

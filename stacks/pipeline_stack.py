@@ -27,6 +27,7 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline.approvals import Approvals
+from stacks.pipeline.batch_training import BatchTraining
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
@@ -62,7 +63,7 @@ class PipelineStack(Stack):
         sagemaker = SageMakerTraining(self, "TrainingStep", context=context)
         training = with_tuning(
             self,
-            by_backend(self, sagemaker),
+            by_backend(self, sagemaker, BatchTraining(self, "BatchTrainingStep", context=context)),
             SageMakerTuning(self, "TuningStep", context=context, training=sagemaker),
         )
         evaluation = Evaluation(self, "Evaluation", context=context)
@@ -173,7 +174,7 @@ class PipelineStack(Stack):
             role,
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
-            "take no resource scope.",
+            "take no resource scope; nor does batch:ListJobs (finding a submitted AWS Batch job by name).",
         )
         invoked = [*context.functions.values(), self.approval.request]
         for resource, reason in {

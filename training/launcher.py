@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from training import batch_contract
 from training.config import ConfigError, JobConfig, from_hyperparameters
 from training.contract import (
     ContractError,
@@ -537,6 +538,8 @@ def _follow(paths: Paths, aux: Auxiliary, env: Mapping[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if batch_contract.on_batch(os.environ):  # AWS Batch: lay out /opt/ml and sync S3, then run this as a child
+        return batch_contract.main(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s", stream=sys.stdout)
     # SageMaker passes "train"; nothing else is expected (configuration comes from /opt/ml).
     if argv not in ([], ["train"]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +35,9 @@ def limits_from_env() -> PlatformLimits:
         run_emails=tuple(env_json("RUN_EMAILS")),
         tags=dict(env_json("JOB_TAGS")),
         backends=tuple(env_json("TRAINING_BACKENDS")),
+        # Set only where the platform deploys the AWS Batch backend.
+        batch_instance_types=tuple(json.loads(os.environ.get("BATCH_INSTANCE_TYPES", "[]"))),
+        batch_max_nodes=int(os.environ.get("BATCH_MAX_NODES", "0")),
     )
 
 

@@ -20,6 +20,7 @@ from lambdas.contract import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup,
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.batch import batch_problems
 from lambdas.validate.tuning import TuningInput, resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
@@ -148,6 +149,9 @@ class PlatformLimits:
     run_emails: tuple[str, ...]
     tags: dict[str, str]
     backends: tuple[str, ...] = ("sagemaker",)
+    batch_instance_types: tuple[str, ...] = ()
+    """The instance types of the AWS Batch compute environment (empty when the platform has none)."""
+    batch_max_nodes: int = 0
 
 
 def _problems_from(exc: ValidationError) -> list[str]:
@@ -432,6 +436,8 @@ def resolve(
         channels = _channels_for_groups(channels, groups, problems)
     if request.backend not in limits.backends:
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
+    elif request.backend == "batch":
+        problems.extend(batch_problems(request, limits))
     unknown = sorted(set(request.notify) - set(limits.run_emails))
     if unknown:
         problems.append(

@@ -102,7 +102,8 @@ class BudgetStop(Construct):
                 iam.PolicyStatement(
                     sid="NoNewTrainingJobs",
                     effect=iam.Effect.DENY,
-                    actions=["sagemaker:CreateTrainingJob"],
+                    # SageMaker jobs, and AWS Batch jobs (the batch backend's submits).
+                    actions=["sagemaker:CreateTrainingJob", "batch:SubmitJob"],
                     resources=["*"],
                 ),
                 iam.PolicyStatement(

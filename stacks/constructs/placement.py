@@ -26,19 +26,7 @@ class EfaClusterPlacement(Construct):
     ) -> None:
         super().__init__(scope, id_)
         self.placement_group = ec2.PlacementGroup(self, "Group", strategy=ec2.PlacementGroupStrategy.CLUSTER)
-        # Card 0 carries the primary interface (device 0); the other cards' EFA interfaces are device 1.
-        interfaces = [
-            ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-                device_index=0 if card == 0 else 1,
-                network_card_index=card,
-                interface_type="efa" if instance.supports_efa else None,
-                groups=[security_group.security_group_id],
-                subnet_id=subnet.subnet_id,
-                delete_on_termination=True,
-                description=f"training network card {card}",
-            )
-            for card in range(max(1, instance.efa_interfaces))
-        ]
+        interfaces = efa_interfaces(instance, subnet=subnet, security_group=security_group)
         self.launch_template = ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
@@ -52,3 +40,22 @@ class EfaClusterPlacement(Construct):
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
             ),
         )
+
+
+def efa_interfaces(
+    instance: InstanceType, *, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup
+) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
+    """One interface per network card, EFA where the type has it, in the training subnet and security group."""
+    # Card 0 carries the primary interface (device 0); the other cards' EFA interfaces are device 1.
+    return [
+        ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+            device_index=0 if card == 0 else 1,
+            network_card_index=card,
+            interface_type="efa" if instance.supports_efa else None,
+            groups=[security_group.security_group_id],
+            subnet_id=subnet.subnet_id,
+            delete_on_termination=True,
+            description=f"training network card {card}",
+        )
+        for card in range(max(1, instance.efa_interfaces))
+    ]

@@ -228,3 +228,23 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform
     assert record["objective_value"] == pytest.approx(losses[record["best_training_job"]])
     assert lineage["hyperparameters"]["lr"] == record["hyperparameters"]["lr"]
     assert "Denied: 0" in outcome.report.read_text()
+
+
+def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platform: Any, tmp_path: Path) -> None:
+    execution_input = json.loads(
+        (Path(__file__).resolve().parents[2] / "examples" / "batch-multi-node.json").read_text()
+    )
+    execution_input["notify"] = [RUN_EMAIL]
+    execution_input["hyperparameters"].update({"max_steps": 60, "checkpoint.interval_steps": 20})
+    outcome = _demo(platform, tmp_path, execution_input, spot_interrupt=True)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    states = _states(outcome)
+    assert "Submit Batch job" in states and "Create training job" not in states
+    (job,) = outcome.job_names
+    report = outcome.report.read_text()
+    # Batch retried the attempt whose host was lost; its nodes resumed from the checkpoints in S3.
+    assert "AWS Batch attempt 1: Host EC2" in report and "AWS Batch attempt 2: Essential container" in report
+    lineage = json.loads((tmp_path / execution_input["run_name"] / "lineage.json").read_text())
+    assert lineage["training_job"] == job and lineage["cluster"]["interruptions"] == 1
+    assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
+    assert "| BatchClusterJobRole" in report and "Denied: 0" in report

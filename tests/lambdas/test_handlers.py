@@ -32,6 +32,9 @@ LIMITS = PlatformLimits(
     volume_size_gb=200,
     run_emails=("alice@example.org", "ml-engineer@example.org"),  # the demo subscribes the latter
     tags={"platform": "distributed-training"},
+    backends=("sagemaker", "batch"),
+    batch_instance_types=("ml.p5.48xlarge",),
+    batch_max_nodes=4,
 )
 
 
@@ -55,6 +58,7 @@ def test_examples_cover_the_documented_shapes() -> None:
     assert shapes["warm-pool-iteration"]["warm_pool_minutes"] > 0
     assert shapes["single-node-ddp"]["instance_count"] == 1
     assert shapes["tuning"]["tuning"]["max_jobs"] == 4 and shapes["tuning"]["tuning"]["max_parallel_jobs"] == 2
+    assert shapes["batch-multi-node"]["backend"] == "batch" and shapes["batch-multi-node"]["instance_count"] > 1
 
 
 def test_resolution_is_stable_per_execution_and_unique_across_them() -> None:
@@ -119,12 +123,25 @@ def test_instance_types_outside_the_allow_list_are_refused() -> None:
 
 
 def test_a_backend_the_platform_does_not_deploy_is_refused() -> None:
+    limits = dataclasses.replace(LIMITS, backends=("sagemaker",))
     with pytest.raises(InvalidRequest, match=r"backend 'batch': this platform deploys sagemaker"):
-        resolve(_example("single-node-ddp") | {"backend": "batch"}, execution_name="e", limits=LIMITS)
-    limits = dataclasses.replace(LIMITS, backends=("sagemaker", "batch"))
-    assert resolve(_example("single-node-ddp") | {"backend": "batch"}, execution_name="e", limits=limits)[
-        "backend"
-    ] == ("batch")
+        resolve(_example("batch-multi-node"), execution_name="e", limits=limits)
+    assert resolve(_example("batch-multi-node"), execution_name="e", limits=LIMITS)["backend"] == "batch"
+
+
+def test_the_batch_backend_refuses_what_its_compute_environment_cannot_run() -> None:
+    request = _example("single-node-ddp") | {"backend": "batch", "spot": True, "distribution": "mpi"}
+    with pytest.raises(InvalidRequest) as raised:
+        resolve(request, execution_name="e", limits=LIMITS)
+    message = str(raised.value)
+    assert "the AWS Batch compute environment runs ml.p5.48xlarge only" in message
+    assert "On-Demand instances only" in message
+    assert "distribution 'mpi' needs SageMaker" in message
+    with pytest.raises(InvalidRequest, match="heterogeneous clusters are SageMaker's"):
+        resolve(_example("heterogeneous-cluster") | {"backend": "batch"}, execution_name="e", limits=LIMITS)
+    no_batch = dataclasses.replace(LIMITS, batch_instance_types=())
+    with pytest.raises(InvalidRequest, match="deploys no AWS Batch compute environment"):
+        resolve(_example("batch-multi-node"), execution_name="e", limits=no_batch)
 
 
 def test_estimate_is_count_times_price_times_runtime() -> None:

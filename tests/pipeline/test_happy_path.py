@@ -28,6 +28,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Estimate cost",
         "Approval needed?",  # 1 x ml.g5.2xlarge x 2 h is far below the approval threshold
         "Tuning job?",  # no `tuning`: one training job
+        "Training backend?",  # the request's backend (default sagemaker) picks the training step
         "First attempt",
         "Reset progress",
         "Volume encryption?",
@@ -40,6 +41,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Job finished?",
         "Prune checkpoints",
         "Training step succeeded",
+        "Backend succeeded",
         "Tuning or job succeeded",
         "Evaluate model",
         "Quality gate met?",

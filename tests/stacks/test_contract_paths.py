@@ -104,6 +104,6 @@ def test_a_hand_typed_path_the_models_lack_is_reported() -> None:
         "instance_groups, volume_size_gb, backend, distribution, spot, stopping_condition, poll_seconds, "
         "keep_alive_seconds, hyperparameters, channels, dataset, quality, notify, recipients, requested_by, tags, "
         "tuning, heterogeneous, sagemaker_instance_groups, training_groups, cluster, instance_type, instance_count, "
-        "local_storage, efa, gpus, allreduce_floor_gbps",
+        "local_storage, efa, max_runtime_seconds, gpus, allreduce_floor_gbps",
         "$.jobs: no part of the state is called 'jobs'",
     ]

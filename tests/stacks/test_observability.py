@@ -65,7 +65,7 @@ def test_the_budget_alerts_at_80_percent_and_stops_new_jobs_at_100(platform: Any
     deny = resources(platform, stack, "AWS::IAM::ManagedPolicy")[definition["PolicyArn"]["Ref"]]
     statements = {s["Sid"]: s for s in deny["Properties"]["PolicyDocument"]["Statement"]}
     assert statements["NoNewTrainingJobs"]["Effect"] == "Deny"
-    assert statements["NoNewTrainingJobs"]["Action"] == "sagemaker:CreateTrainingJob"
+    assert statements["NoNewTrainingJobs"]["Action"] == ["batch:SubmitJob", "sagemaker:CreateTrainingJob"]
     assert BUDGET_PROBE_JOB in json.dumps(statements["BudgetStopInForce"]["Resource"])
     assert "Roles" not in deny["Properties"]  # attached by Budgets only, never by the deploy
 

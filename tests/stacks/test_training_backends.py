@@ -107,4 +107,4 @@ def test_validate_accepts_the_backends_the_pipeline_runs(platform: Any) -> None:
         for props in (r["Properties"] for r in resources(platform, platform.pipeline, "AWS::Lambda::Function").values())
         if props["Handler"] == "lambdas.validate.handler.handler"
     ]
-    assert json.loads(validate["Environment"]["Variables"]["TRAINING_BACKENDS"]) == ["sagemaker"]
+    assert json.loads(validate["Environment"]["Variables"]["TRAINING_BACKENDS"]) == ["sagemaker", "batch"]

@@ -1,0 +1,70 @@
+"""StopBatchJobs handler: no AWS Batch job outlives its execution, and a run's checkpoints stop growing.
+
+Invoked by the state machine on every way out of a Batch run, and by EventBridge when an execution
+ends ABORTED, TIMED_OUT or FAILED: terminates the queue's active jobs tagged with the execution,
+then prunes the run's checkpoints to the newest complete one (lambdas/cleanup/handler.py's pruning).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.batch.monitor import STOP_REASON
+from lambdas.cleanup.handler import prune_checkpoints
+from lambdas.shared.env import env_str
+from lambdas.validate.request import EXECUTION_TAG
+
+logger = Logger(service="training-platform")
+ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
+
+
+def active_jobs(batch: Any, queue: str, execution: str) -> list[dict[str, str]]:
+    """The queue's jobs that have not ended and carry this execution's tag."""
+    summaries = [
+        summary
+        for status in ACTIVE
+        for page in batch.get_paginator("list_jobs").paginate(jobQueue=queue, jobStatus=status)
+        for summary in page["jobSummaryList"]
+    ]
+    ids = [s["jobId"] for s in summaries]
+    found = []
+    for start in range(0, len(ids), 100):
+        for job in batch.describe_jobs(jobs=ids[start : start + 100])["jobs"]:
+            if job.get("tags", {}).get(EXECUTION_TAG) == execution:
+                found.append({"job_id": job["jobId"], "job_name": job["jobName"]})
+    return found
+
+
+def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, batch: Any, s3: Any) -> dict[str, Any]:
+    """Terminate the execution's jobs, then prune the checkpoints of the given runs and of the jobs terminated."""
+    terminated = []
+    for job in active_jobs(batch, queue, execution):
+        batch.terminate_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
+        terminated.append(job["job_name"])
+        logger.info("batch job terminated", extra={"job": job["job_name"], "execution": execution})
+    runs = {f"runs/{name.rsplit('-', 1)[0]}/checkpoints/" for name in terminated}
+    pruned = [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
+    return {"stopped": terminated, "pruned": pruned}
+
+
+@logger.inject_lambda_context(log_event=False)
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
+    bucket = env_str("CHECKPOINTS_BUCKET")
+    if event.get("detail-type") == "Step Functions Execution Status Change":
+        execution, prefixes = event["detail"]["executionArn"], []
+    else:
+        execution, prefixes = event["execution"], [f"runs/{event['job_name_base']}/checkpoints/"]
+    result = clean_up(
+        execution,
+        queue=env_str("JOB_QUEUE"),
+        prefixes=prefixes,
+        bucket=bucket,
+        batch=boto3.client("batch"),
+        s3=boto3.client("s3"),
+    )
+    logger.info("batch run cleaned up", extra={"execution": execution, **result})
+    return result

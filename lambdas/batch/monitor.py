@@ -1,0 +1,184 @@
+"""PollBatchJob handler: one poll of an AWS Batch multi-node job -> the same `JobProgress` SageMaker's Monitor gives.
+
+Batch has no MetricDefinitions and no model artifacts of its own: the final metrics, the model's
+URI and a failed node's reason come from the result each node's entrypoint writes under the job's
+output prefix (training/batch_contract.py). A job still waiting for instances after the capacity
+limit is terminated here and reported as insufficient capacity, which the step retries as a new job.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
+
+from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.monitor.handler import PREFLIGHT_FAILED, latest_checkpoint, metrics, record_metrics
+from lambdas.shared.env import env_int, env_str
+from training.batch_contract import result_key
+
+logger = Logger(service="training-platform")
+
+# What StopBatchJobs and this handler give TerminateJob: a job ended this way was stopped, not failed.
+STOP_REASON = "Stopped by the training platform"
+CAPACITY_REASON = f"{STOP_REASON}: no capacity"
+# Batch's statusReason for an attempt whose instance EC2 terminated (a lost node).
+HOST_LOST = "Host EC2"
+_SECONDARY = {"SUBMITTED": "Starting", "PENDING": "Starting", "RUNNABLE": "Starting", "STARTING": "Starting"}
+
+
+def _ms(value: Any) -> datetime | None:
+    return datetime.fromtimestamp(value / 1000, UTC) if value else None
+
+
+def _status(describe: dict[str, Any]) -> tuple[str, str]:
+    """SageMaker's vocabulary for Batch's status: (status, secondary status)."""
+    batch_status, reason = describe["status"], describe.get("statusReason", "")
+    if batch_status == "SUCCEEDED":
+        return "Completed", "Completed"
+    if batch_status == "FAILED":
+        stopped = reason.startswith(STOP_REASON) and not reason.startswith(CAPACITY_REASON)
+        return ("Stopped", "Stopped") if stopped else ("Failed", "Failed")
+    return "InProgress", _SECONDARY.get(batch_status, "Training")
+
+
+def _seconds(describe: dict[str, Any]) -> int | None:
+    """Instance time the job's attempts ran (from each attempt's start to its stop)."""
+    spans = [(a.get("startedAt"), a.get("stoppedAt")) for a in describe.get("attempts", [])]
+    spans = [(start, stop) for start, stop in spans if start and stop]
+    return sum(round((stop - start) / 1000) for start, stop in spans) if spans else None
+
+
+def job_cost(seconds: int | None, hourly_usd: float) -> JobCost | None:
+    """On-Demand only (Batch runs no multi-node job on Spot): the attempts' run time at the estimate's price.
+
+    That price is the catalog's SageMaker list price of the `ml.` type (lambdas/shared/catalog.py). The
+    instances are billed as the EC2 type behind it, whose On-Demand price AWS lists lower and the catalog
+    does not hold, so this is an upper bound, as the estimate is.
+    """
+    if seconds is None:
+        return None
+    actual = round(hourly_usd * seconds / 3600, 4)
+    return JobCost(actual_usd=actual, on_demand_usd=actual, spot_savings_usd=0.0)
+
+
+def summarize(
+    describe: dict[str, Any],
+    *,
+    previous: dict[str, Any],
+    results: list[dict[str, Any]],
+    checkpoint: dict[str, Any] | None,
+    now: datetime,
+    stale_minutes: int,
+    hourly_usd: float,
+    capacity_error: str | None = None,
+) -> dict[str, Any]:
+    """The poll's verdict from DescribeJobs and the final attempt's node results (empty while running)."""
+    status, secondary = _status(describe)
+    if capacity_error:
+        status, secondary = "Failed", "Failed"
+    main = next((r for r in results if r.get("node") == describe.get("nodeProperties", {}).get("mainNode", 0)), None)
+    failed_node = next((r for r in sorted(results, key=lambda r: r["node"]) if r.get("failure")), None)
+    reason = capacity_error or (failed_node or {}).get("failure") or ""
+    error: str | None = None
+    retry = False
+    if capacity_error:
+        error, retry = "InsufficientCapacity", True
+    elif status == "Completed" and (main is None or not main.get("model_artifacts")):
+        status, secondary = "Failed", "Failed"
+        error, reason = "TrainingJobFailed", "the job succeeded but its main node recorded no model in S3"
+    elif status == "Failed":
+        retry = reason.startswith(f"{PREFLIGHT_FAILED}: ")
+        error = PREFLIGHT_FAILED if retry else "TrainingJobFailed"
+        reason = reason or describe.get("statusReason", "") or f"{describe['jobName']} failed"
+    elif status == "Stopped":
+        error, reason = "TrainingJobStopped", describe.get("statusReason", "")
+    started = _ms(describe.get("startedAt"))
+    since = datetime.fromisoformat(checkpoint["written_at"]) if checkpoint else started
+    age = round((now - since).total_seconds() / 60, 1) if since else None
+    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
+    seconds = _seconds(describe)
+    finished = status != "InProgress"
+    return {
+        "job_name": describe["jobName"],
+        "status": status,
+        "secondary_status": secondary,
+        "finished": finished,
+        "error": error,
+        "failure_reason": reason,
+        "retry_on_new_nodes": retry,
+        "interruptions": sum(
+            1 for a in describe.get("attempts", []) if a.get("statusReason", "").startswith(HOST_LOST)
+        ),
+        "checkpoint": checkpoint,
+        "checkpoint_age_minutes": age,
+        "stale": stale,
+        "warn_stale": stale and not previous.get("stale_warned"),
+        "stale_warned": stale,
+        "final_metrics": (main or {}).get("final_metrics", {}),
+        "billable_seconds": seconds,
+        "training_seconds": seconds,
+        "cost": job_cost(seconds, hourly_usd) if finished else None,
+        "model_artifacts": (main or {}).get("model_artifacts"),
+    }
+
+
+def node_results(s3: Any, output: str, attempt: int, nodes: int) -> list[dict[str, Any]]:
+    """What each node of an attempt wrote (nodes that wrote nothing are left out)."""
+    bucket, _, prefix = output.removeprefix("s3://").partition("/")
+    results = []
+    for node in range(nodes):
+        key = result_key(f"s3://{bucket}/{prefix}", attempt, node).split(f"s3://{bucket}/", 1)[1]
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] not in ("NoSuchKey", "404"):
+                raise
+            continue
+        results.append(json.loads(body))
+    return results
+
+
+def capacity_wait_exceeded(describe: dict[str, Any], now: datetime, minutes: int) -> bool:
+    created = _ms(describe.get("createdAt"))
+    return describe["status"] == "RUNNABLE" and created is not None and (now - created).total_seconds() > minutes * 60
+
+
+@logger.inject_lambda_context
+@metrics.flushed
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Event: {"request", "job": {"arn", "job_name"}, "previous", "hourly_usd"}."""
+    request = TrainingRequest.parse(event["request"])
+    batch, s3 = boto3.client("batch"), boto3.client("s3")
+    job_id = event["job"]["arn"].rsplit("/", 1)[1]
+    (describe,) = batch.describe_jobs(jobs=[job_id])["jobs"]
+    now = datetime.now(UTC)
+    capacity_error = None
+    if capacity_wait_exceeded(describe, now, env_int("CAPACITY_WAIT_MINUTES")):
+        capacity_error = f"{CAPACITY_REASON}: the job waited {env_int('CAPACITY_WAIT_MINUTES')} minutes for its nodes"
+        batch.terminate_job(jobId=job_id, reason=capacity_error)
+    results: list[dict[str, Any]] = []
+    if describe["status"] in ("SUCCEEDED", "FAILED"):
+        output = f"s3://{env_str('ARTIFACTS_BUCKET')}/runs/{describe['jobName']}/output/"
+        attempts = max(1, len(describe.get("attempts", [])))
+        results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
+    checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), f"runs/{request.job_name_base}/checkpoints/")
+    summary = summarize(
+        describe,
+        previous=event["previous"],
+        results=results,
+        checkpoint=checkpoint,
+        now=now,
+        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
+        hourly_usd=float(event["hourly_usd"]),
+        capacity_error=capacity_error,
+    )
+    record_metrics(summary)
+    logger.info(
+        "batch job polled", extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions")}
+    )
+    return JobProgress.model_validate(summary).model_dump(mode="json")

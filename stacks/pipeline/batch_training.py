@@ -1,0 +1,447 @@
+"""The AWS Batch training step: one request's multi-node parallel job, from submission to its end.
+
+`start` submits the job (SubmitJob, an SDK integration without `.sync`: one name per attempt,
+`<job_name_base>-<attempt>`), then polls it with one PollBatchJob call per round. Batch job names
+are not unique, so a submit whose answer was lost lists the queue's jobs by this attempt's name and
+adopts the one it finds instead of submitting a second cluster. A job that waited for instances
+longer than the capacity limit, or failed the launcher's pre-flight check, is replaced by a new
+attempt that resumes from the run's checkpoints; a node lost with its host is retried by Batch
+itself (the job definition's retry strategy) and resumes the same way. On every way out
+StopBatchJobs terminates the execution's jobs and prunes the run's checkpoints; an execution that
+ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.shared.catalog import instance_type
+from lambdas.validate.request import EXECUTION_TAG
+from stacks.constructs.batch_cluster import BatchTrainingCluster
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.constructs.tasks import invoke
+from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.sagemaker_job import JOB_NAME, SDK_TIMEOUT_SECONDS
+from training.batch_contract import (
+    CHANNELS_ENV,
+    CHECKPOINTS_ENV,
+    HYPERPARAMETERS_ENV,
+    JOB_NAME_ENV,
+    OUTPUT_ENV,
+)
+from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
+
+# A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as
+# insufficient capacity, and a new attempt is submitted (Batch itself would wait for ever).
+CAPACITY_WAIT_MINUTES = 30
+
+
+def _sdk_arn(action: str) -> str:
+    return f"arn:{Aws.PARTITION}:states:::aws-sdk:batch:{action}"
+
+
+class BatchTraining(Construct):
+    """Submit + poll an AWS Batch multi-node parallel job; terminate it and prune checkpoints on every way out."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        self._context = context
+        largest = context.settings.network.largest_cluster
+        self.cluster = BatchTrainingCluster(
+            context.stack,
+            "BatchCluster",
+            instance=instance_type(largest.instance_type),
+            max_nodes=largest.count,
+            network=context.network.network,
+            placement=context.network.placement,
+            image=context.image,
+            key=context.key,
+            file_system=context.data.lustre.file_system,
+            datasets=context.datasets,
+            checkpoints=context.checkpoints,
+            artifacts=context.artifacts,
+        )
+        self.monitor = self._monitor_function()
+        self.cleanup = self._cleanup_function()
+        validate = context.functions["Validate"].function
+        validate.add_environment("BATCH_INSTANCE_TYPES", json.dumps([largest.instance_type]))
+        validate.add_environment("BATCH_MAX_NODES", str(largest.count))
+        self.start = sfn.Pass(
+            self, "First attempt (Batch)", result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
+        )
+        self.failed = sfn.Pass(self, "Batch step failed", comment="$.failure says why")
+        self.succeeded = sfn.Pass(self, "Batch step succeeded", comment="$.job holds the finished job")
+        self._poll()
+
+    @property
+    def backends(self) -> list[str]:
+        return ["batch"]
+
+    @property
+    def dead_letters(self) -> dict[str, sqs.IQueue]:
+        return {"StopBatchJobs": self.cleanup_dead_letters}
+
+    def bind(self, state_machine: sfn.StateMachine) -> None:
+        """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
+        self.cluster.grant_submit(state_machine.role)
+        self.cluster.grant_list(state_machine.role)
+        acknowledge_wildcard(
+            state_machine.role,
+            self._context.arn("batch", "job/*"),
+            "Job IDs are Batch's; SubmitJob is limited to the platform's queue and job definition.",
+        )
+        events.Rule(
+            self._context.stack,
+            "BatchExecutionEnded",
+            description="Terminates the AWS Batch jobs of a pipeline execution that was aborted, timed out or failed",
+            event_pattern=events.EventPattern(
+                source=["aws.states"],
+                detail_type=["Step Functions Execution Status Change"],
+                detail={
+                    "stateMachineArn": [state_machine.state_machine_arn],
+                    "status": ["ABORTED", "TIMED_OUT", "FAILED"],
+                },
+            ),
+            targets=[
+                targets.LambdaFunction(
+                    self.cleanup.function,
+                    dead_letter_queue=self.cleanup_dead_letters,
+                    retry_attempts=8,
+                    max_event_age=Duration.hours(6),
+                )
+            ],
+        )
+
+    def _monitor_function(self) -> PlatformFunction:
+        context = self._context
+        monitor = context.function(
+            "PollBatchJob",
+            "lambdas.batch.monitor.handler",
+            "Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
+            {
+                "CHECKPOINTS_BUCKET": context.checkpoints.bucket_name,
+                "ARTIFACTS_BUCKET": context.artifacts.bucket_name,
+                "CHECKPOINT_STALE_MINUTES": str(context.pipeline.checkpoint_stale_minutes),
+                "CAPACITY_WAIT_MINUTES": str(CAPACITY_WAIT_MINUTES),
+            },
+        )
+        monitor.function.add_to_role_policy(self._list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        monitor.function.add_to_role_policy(self._list_runs(context.artifacts.bucket_arn, "ListRunOutputs"))
+        outputs = f"{context.artifacts.bucket_arn}/runs/*/output/*"
+        # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
+        monitor.function.add_to_role_policy(
+            iam.PolicyStatement(sid="ReadJobResults", actions=["s3:GetObject"], resources=[outputs])
+        )
+        context.key.grant_decrypt(monitor.function)
+        self.cluster.grant_follow(monitor.role)
+        # A job that waited too long for instances is terminated before its replacement is submitted.
+        self.cluster.grant_terminate(monitor.role)
+        acknowledge_wildcard(monitor.role, outputs, "Reads the result files the launcher wrote for the polled job.")
+        acknowledge_wildcard(
+            monitor.role,
+            context.arn("batch", "job/*"),
+            "Terminates the polled job when it waited too long for capacity.",
+        )
+        acknowledge(
+            monitor.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "batch:DescribeJobs and batch:ListJobs take no resource scope.",
+        )
+        return monitor
+
+    def _cleanup_function(self) -> PlatformFunction:
+        context = self._context
+        self.cleanup_dead_letters = sqs.Queue(
+            context.stack,
+            "StopBatchJobsDeadLetters",
+            encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=context.key,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        cleanup = context.function(
+            "StopBatchJobs",
+            "lambdas.batch.cleanup.handler",
+            "Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
+            {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name, "JOB_QUEUE": self.cluster.queue.job_queue_arn},
+            timeout=Duration.minutes(5),
+            dead_letter_queue=self.cleanup_dead_letters,
+        )
+        context.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
+        cleanup.function.add_to_role_policy(self._list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        superseded = f"{context.checkpoints.bucket_arn}/runs/*/checkpoints/*"
+        cleanup.function.add_to_role_policy(
+            iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
+        )
+        self.cluster.grant_follow(cleanup.role)
+        self.cluster.grant_terminate(cleanup.role)
+        acknowledge(
+            cleanup.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "batch:DescribeJobs and batch:ListJobs take no resource scope.",
+        )
+        for resource, reason in {
+            superseded: "Superseded checkpoints of the run that ended (the bucket keeps their versions a while).",
+            context.arn("batch", "job/*"): "Terminates the jobs tagged with the execution that ended.",
+        }.items():
+            acknowledge_wildcard(cleanup.role, resource, reason)
+        return cleanup
+
+    @staticmethod
+    def _list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid=sid,
+            actions=["s3:ListBucket"],
+            resources=[bucket_arn],
+            conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+        )
+
+    def _environment(self) -> list[dict[str, str]]:
+        """The run's variables on every node: what SageMaker's CreateTrainingJob carries in its own fields."""
+        context = self._context
+        values = {
+            JOB_NAME_ENV: JOB_NAME,
+            HYPERPARAMETERS_ENV: f"States.JsonToString({REQUEST.hyperparameters})",
+            CHANNELS_ENV: f"States.JsonToString({REQUEST.channels})",
+            CHECKPOINTS_ENV: (
+                f"States.Format('s3://{context.checkpoints.bucket_name}/runs/{{}}/checkpoints/', "
+                f"{REQUEST.job_name_base})"
+            ),
+            OUTPUT_ENV: f"States.Format('s3://{context.artifacts.bucket_name}/runs/{{}}/output/', {JOB_NAME})",
+            "TRAINING_EFA": f"States.Format('{{}}', {REQUEST.efa})",
+            EXPECTED_GPUS_ENV: f"States.Format('{{}}', {REQUEST.gpus})",
+            MIN_BUSBW_ENV: f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
+        }
+        return [{"Name": name, "Value.$": value} for name, value in values.items()]
+
+    def _submit_state(self, id_: str) -> sfn.CustomState:
+        cluster = self.cluster
+        parameters: dict[str, Any] = {
+            # One name per attempt; Batch does not refuse a second job of the same name, the adoption path finds it.
+            "JobName.$": JOB_NAME,
+            "JobQueue": cluster.queue.job_queue_arn,
+            "JobDefinition": cluster.job_definition.job_definition_arn,
+            "NodeOverrides": {
+                "NumNodes.$": str(REQUEST.instance_count),
+                "NodePropertyOverrides": [
+                    {"TargetNodes": "0:", "ContainerOverrides": {"Environment": self._environment()}}
+                ],
+            },
+            "Timeout": {"AttemptDurationSeconds.$": str(REQUEST.max_runtime_seconds)},
+            # The execution's tag is how StopBatchJobs finds the jobs of an execution that ended.
+            "Tags": {f"{EXECUTION_TAG}.$": "$$.Execution.Id", "run.$": str(REQUEST.run_name)},
+            "PropagateTags": True,
+        }
+        return sfn.CustomState(
+            self,
+            id_,
+            state_json={
+                "Type": "Task",
+                "Comment": "Submits the multi-node parallel job (no .sync: the pipeline polls it)",
+                "Resource": _sdk_arn("submitJob"),
+                "Parameters": parameters,
+                "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName"},
+                "ResultPath": str(TRAIN.job),
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+            },
+        )
+
+    def _find_state(self, id_: str) -> sfn.CustomState:
+        """This attempt's jobs on the queue, by name (names are per execution and attempt)."""
+        return sfn.CustomState(
+            self,
+            id_,
+            state_json={
+                "Type": "Task",
+                "Comment": "A submit whose answer was lost may have created the job: look for it by name",
+                "Resource": _sdk_arn("listJobs"),
+                "Parameters": {
+                    "JobQueue": self.cluster.queue.job_queue_arn,
+                    "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
+                },
+                "ResultSelector": {"jobs.$": "$.JobSummaryList"},
+                "ResultPath": str(TRAIN.found),
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+                "Retry": [
+                    {
+                        "ErrorEquals": ["Batch.ClientException", "Batch.ServerException", "States.Timeout"],
+                        "IntervalSeconds": 5,
+                        "BackoffRate": 2,
+                        "MaxAttempts": 4,
+                        "JitterStrategy": "FULL",
+                    }
+                ],
+            },
+        )
+
+    def _submit(self, wait: sfn.Wait, stop_not_created: sfn.IChainable) -> sfn.IChainable:
+        """Submit; on an error, adopt this attempt's job if the submit happened after all, else submit once more."""
+        first, second = self._submit_state("Submit Batch job"), self._submit_state("Submit Batch job again")
+        find_first, find_second = (
+            self._find_state("Find submitted Batch job"),
+            self._find_state("Find resubmitted Batch job"),
+        )
+        adopt = sfn.Pass(
+            self,
+            "Adopt the submitted Batch job",
+            comment="The submit happened though its answer was lost: follow that job, do not start another",
+            parameters={
+                "arn": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobArn"),
+                "job_name": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobName"),
+            },
+            result_path=str(TRAIN.job),
+        ).next(wait)
+        found = f"{TRAIN.found.jobs}[0]"
+        pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))
+        first.add_catch(find_first, errors=["States.ALL"], result_path=str(ERROR))
+        second.add_catch(find_second, errors=["States.ALL"], result_path=str(ERROR))
+        find_first.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
+        find_second.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
+        find_first.next(
+            sfn.Choice(self, "Submitted after all?")
+            .when(sfn.Condition.is_present(found), adopt)
+            .otherwise(pause.next(second))
+        )
+        find_second.next(
+            sfn.Choice(self, "Resubmitted after all?")
+            .when(sfn.Condition.is_present(found), adopt)
+            .otherwise(stop_not_created)
+        )
+        first.next(wait)
+        second.next(wait)
+        return first
+
+    def _poll(self) -> None:
+        """Wait, check, decide: running, stale, completed, a failure to retry on fresh instances, or failed."""
+        context = self._context
+        reset = sfn.Pass(
+            self, "Reset Batch progress", result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
+        )
+        stop = self._stop_and_fail()
+        wait = sfn.Wait(
+            self,
+            "Wait for Batch training",
+            time=sfn.WaitTime.seconds_path(str(REQUEST.poll_seconds)),
+            comment="Between polls",
+        )
+        not_created = sfn.Pass(
+            self,
+            "Record Batch job not submitted",
+            parameters={"error": "TrainingJobNotCreated", "cause": string(ERROR.Cause)},
+            result_path=str(FAILURE),
+        )
+        not_created.next(self._clean_up("Terminate the run's Batch jobs (not submitted)", self.failed))
+        submit = self._submit(wait, not_created)
+        check = invoke(
+            self,
+            "Check Batch progress",
+            self.monitor,
+            {
+                "request": obj(REQUEST),
+                "job": obj(TRAIN.job),
+                "previous": obj(JOB),
+                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+            },
+            str(JOB),
+        )
+        check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        stale = context.notify(
+            self,
+            "Warn stale Batch checkpoints",
+            subject="Training run has not checkpointed recently",
+            fields={
+                "job": string(JOB.job_name),
+                "checkpoint_age_minutes": string(JOB.checkpoint_age_minutes),
+                "latest_checkpoint": obj(JOB.checkpoint),
+            },
+        )
+        stale.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
+        stale.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        next_attempt = sfn.Pass(
+            self,
+            "Next Batch attempt",
+            comment="No capacity in time or a failed pre-flight check: a new job, with a new name, resuming from the "
+            "run's checkpoints",
+            parameters={
+                "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
+                "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+            },
+            result_path=str(TRAIN),
+        )
+        retrying = context.notify(
+            self,
+            "Tell the run why Batch retries",
+            subject="Training job replaced: retrying on fresh instances",
+            fields={
+                "failed_job": string(JOB.job_name),
+                "error": string(TRAIN.retried_after.error),
+                "reason": string(TRAIN.retried_after.cause),
+                "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
+            },
+        )
+        retrying.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
+        retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        job_failed = sfn.Pass(
+            self,
+            "Record Batch job failure",
+            parameters={"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+            result_path=str(FAILURE),
+        )
+        self.start.next(reset).next(submit)
+        next_attempt.next(retrying).next(reset)
+        retries = context.pipeline.capacity_retries
+        wait.next(check).next(
+            sfn.Choice(self, "Batch job finished?")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.boolean_equals(str(JOB.finished), False),
+                    sfn.Condition.boolean_equals(str(JOB.warn_stale), True),
+                ),
+                stale.next(wait),
+            )
+            .when(sfn.Condition.boolean_equals(str(JOB.finished), False), wait)
+            .when(
+                sfn.Condition.string_equals(str(JOB.status), "Completed"),
+                self._clean_up("Prune Batch checkpoints", self.succeeded),
+            )
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.boolean_equals(str(JOB.retry_on_new_nodes), True),
+                    sfn.Condition.number_less_than(str(TRAIN.attempt), retries + 1),
+                ),
+                next_attempt,
+            )
+            .otherwise(job_failed.next(self._clean_up("Prune Batch checkpoints (failed job)", self.failed)))
+        )
+
+    def _stop_and_fail(self) -> sfn.IChainable:
+        record = sfn.Pass(
+            self,
+            "Record Batch orchestration failure",
+            parameters={"error": string(ERROR.Error), "cause": string(ERROR.Cause)},
+            result_path=str(FAILURE),
+        )
+        return record.next(self._clean_up("Terminate the run's Batch jobs", self.failed))
+
+    def _clean_up(self, id_: str, then: sfn.IChainable) -> sfn.IChainable:
+        """Terminate this execution's active jobs and prune the run's checkpoints, then go on to `then`."""
+        task = invoke(
+            self,
+            id_,
+            self.cleanup,
+            {"execution": sfn.JsonPath.execution_id, "job_name_base": string(REQUEST.job_name_base)},
+            str(CLEANUP),
+        )
+        task.add_catch(then, errors=["States.ALL"], result_path=str(CLEANUP))
+        return task.next(then)

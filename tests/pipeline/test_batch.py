@@ -1,0 +1,234 @@
+"""The AWS Batch backend, executed: submit + poll, nodes that really train on localhost, IAM enforced."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from localrun.batch_local import LocalBatch
+from localrun.cfn import REGION
+from localrun.corpus import build_shards
+from localrun.engine import Clock, LocalPlatform
+from localrun.scripted import ScriptedTraining
+from tests.pipeline.conftest import Pipeline
+from tests.pipeline.test_iam_enforced import _assembly_with, _drop
+
+CLUSTER_TYPE = "ml.p5.48xlarge"  # cdk.json's network.largest_cluster: the compute environment's type
+LOCAL = {"model": "tiny", "batch_size": "4", "seq_len": "64", "optim.warmup_steps": "2"}
+
+
+class BatchPipeline(Pipeline):
+    def __init__(self, local: LocalPlatform, batch: LocalBatch) -> None:
+        super().__init__(local, ScriptedTraining(scripts=[]))
+        self.batch = batch
+
+    def batch_input(self, **overrides: Any) -> dict[str, Any]:
+        return self.input(
+            **{
+                "backend": "batch",
+                "instance_type": CLUSTER_TYPE,
+                "instance_count": 2,
+                "hyperparameters": {
+                    "max_steps": 12,
+                    "optim.warmup_steps": 2,
+                    "checkpoint.interval_steps": 4,
+                    "eval.interval_steps": 6,
+                    "eval.max_sequences": 8,
+                    "metrics.log_interval": 2,
+                },
+                "quality": {"metric": "validation:loss", "max": 20.0},
+                **overrides,
+            }
+        )
+
+    def approve_launch(self, arn: str) -> None:
+        self.decide("launch", "approve")
+
+    def last_poll(self) -> dict[str, Any]:
+        """What PollBatchJob answered last."""
+        name = self.local.functions.named("PollBatchJob").name
+        return [c.result for c in self.local.lambda_calls if c.function == name and c.result][-1]  # type: ignore[no-any-return]
+
+    def s3_keys(self, bucket_env: str, prefix: str) -> list[str]:
+        bucket = self.local.environment("PollBatchJob")[bucket_env]
+        listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return [o["Key"] for o in listed.get("Contents", [])]
+
+
+@pytest.fixture
+def batch_factory(platform: Any, tmp_path: Path) -> Iterator[Any]:
+    opened: list[LocalPlatform] = []
+    shards = build_shards(tmp_path / "corpus")
+
+    def make(assembly: Path | None = None, **scenario: Any) -> BatchPipeline:
+        batch = LocalBatch(root=tmp_path / "batch", datasets_bucket="", local_hyperparameters=LOCAL, **scenario)
+        local = LocalPlatform(
+            assembly or Path(platform.assembly.directory),
+            training=ScriptedTraining(scripts=[]),
+            batch=batch,
+            clock=Clock(),
+        )
+        opened.append(local.__enter__())
+        pipeline = BatchPipeline(local, batch)
+        batch.datasets_bucket = pipeline.datasets_bucket
+        s3 = boto3.client("s3", region_name=REGION)
+        for shard in shards:
+            s3.upload_file(str(shard), pipeline.datasets_bucket, f"corpus/{shard.name}")
+        return pipeline
+
+    yield make
+    for local in opened:
+        local.__exit__(None, None, None)
+
+
+def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> None:
+    pipeline = batch_factory()
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(arn)
+    states = pipeline.local.states_entered(arn)
+    assert described["status"] == "SUCCEEDED", (pipeline.error(described), states, pipeline.local.iam.denials())
+    assert "Submit Batch job" in states and "Check Batch progress" in states
+    assert "Create training job" not in states  # the SageMaker path was not taken
+    (job,) = pipeline.batch.jobs.values()
+    assert job.name.endswith("-1") and job.num_nodes == 2 and len(job.attempts) == 1
+    # Two launchers, one torchrun job: node 1 joined node 0's rendezvous.
+    assert any("node 1 of 2" in line for line in job.log), "".join(job.log[-20:])
+    output = json.loads(described["output"])
+    assert output["job"]["status"] == "Completed"
+    assert "validation:loss" in output["job"]["final_metrics"]
+    assert (
+        output["job"]["model_artifacts"]
+        == f"s3://{pipeline.local.environment('PollBatchJob')['ARTIFACTS_BUCKET']}/runs/{job.name}/output/model.tar.gz"
+    )
+    assert output["job"]["cost"]["spot_savings_usd"] == 0.0
+    base = job.name.rsplit("-", 1)[0]
+    assert any(k.endswith("manifest.json") for k in pipeline.s3_keys("CHECKPOINTS_BUCKET", f"runs/{base}/checkpoints/"))
+    (package,) = pipeline.model_packages()
+    assert package["InferenceSpecification"]["Containers"][0]["ModelDataUrl"] == output["job"]["model_artifacts"]
+    assert pipeline.local.iam.denials() == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"spot": True}, "AWS Batch runs multi-node parallel jobs on On-Demand instances only"),
+        ({"warm_pool_minutes": 10}, "warm_pool_minutes: warm pools are SageMaker's"),
+        ({"distribution": "smddp"}, "distribution 'smddp' needs SageMaker"),
+        ({"instance_type": "ml.g5.2xlarge"}, "the AWS Batch compute environment runs ml.p5.48xlarge only"),
+        ({"instance_count": 64}, "hold 4 nodes at most"),
+    ],
+)
+def test_a_request_the_batch_path_cannot_run_is_rejected_before_anything_starts(
+    batch_factory: Any, overrides: dict[str, Any], problem: str
+) -> None:
+    pipeline = batch_factory()
+    arn = pipeline.start(pipeline.batch_input(**overrides))
+    described = pipeline.finish(arn)
+    assert pipeline.error(described)[0] == "InvalidRequest"
+    assert problem in pipeline.error(described)[1]
+    assert pipeline.batch.jobs == {}
+
+
+def test_a_lost_node_is_retried_by_batch_and_resumes_from_the_checkpoints_in_s3(batch_factory: Any) -> None:
+    pipeline = batch_factory(kill_node_after_checkpoint=1)
+    execution_input = pipeline.batch_input()
+    execution_input["hyperparameters"].update({"max_steps": 60, "eval.interval_steps": 30})
+    arn = pipeline.start(execution_input)
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    (job,) = pipeline.batch.jobs.values()
+    assert [a.status_reason.split(" (")[0] for a in job.attempts] == ["Host EC2", "Essential container in task exited"]
+    # The second attempt's nodes restored the run's checkpoints from S3 and went on from there.
+    assert any("resumed from checkpoint step-" in line for line in job.log)
+    output = pipeline.local.sfn.describe_execution(executionArn=arn)
+    states = pipeline.local.states_entered(arn)
+    assert states.count("Submit Batch job") == 1  # Batch retried the job itself: no second job
+    job_progress = pipeline.last_poll()
+    assert job_progress["interruptions"] == 1 and job_progress["status"] == "Completed"
+    assert output["status"] == "RUNNING"
+
+
+def test_no_capacity_in_time_submits_a_new_attempt_that_trains(batch_factory: Any) -> None:
+    pipeline = batch_factory(no_capacity_for=1)
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    states = pipeline.local.states_entered(arn)
+    assert "Next Batch attempt" in states and "Tell the run why Batch retries" in states
+    first, second = sorted(pipeline.batch.jobs.values(), key=lambda j: j.name)
+    assert (first.name[-2:], second.name[-2:]) == ("-1", "-2")
+    # The stuck job was terminated before its replacement was submitted; the replacement trained.
+    assert first.status == "FAILED" and first.status_reason.startswith("Stopped by the training platform: no capacity")
+    assert second.status == "SUCCEEDED"
+    (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
+    assert json.loads(message["Message"])["error"] == "InsufficientCapacity"
+
+
+def test_a_submit_whose_answer_was_lost_is_adopted_not_repeated(batch_factory: Any) -> None:
+    pipeline = batch_factory(lose_submit_responses=1)
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    states = pipeline.local.states_entered(arn)
+    assert "Find submitted Batch job" in states and "Adopt the submitted Batch job" in states
+    assert "Submit Batch job again" not in states
+    assert len(pipeline.batch.jobs) == 1  # one cluster, not two
+
+
+def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> None:
+    pipeline = batch_factory()
+    execution_input = pipeline.batch_input()
+    execution_input["hyperparameters"].update({"max_steps": 100000, "checkpoint.interval_steps": 1000})
+    arn = pipeline.start(execution_input)
+    pipeline.local.wait(
+        arn, 60, until=lambda: any(j.status == "RUNNING" and j.attempts for j in pipeline.batch.jobs.values())
+    )
+    pipeline.local.sfn.stop_execution(executionArn=arn, error="Cancelled", cause="an engineer stopped the run")
+    pipeline.local.wait(
+        arn, 30, until=lambda: any(d["function"].startswith("StopBatchJobs") for d in pipeline.local.events.deliveries)
+    )
+    pipeline.local.events.drain()
+    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"].startswith("StopBatchJobs")]
+    (job,) = pipeline.batch.jobs.values()
+    assert delivery["permitted"] and delivery["result"]["stopped"] == [job.name]
+    assert job.terminating is not None and "ended" in job.terminating
+    # The execution has ended; the job ends once its nodes have stopped (SIGTERM, then SIGKILL after 30 s).
+    nodes = job.attempts[-1].nodes
+    deadline = time.monotonic() + 60
+    while pipeline.batch.describe([job.job_id])[0]["status"] != "FAILED" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pipeline.batch.describe([job.job_id])[0]["status"] == "FAILED"
+    assert all(n.process is None or n.process.poll() is not None for n in nodes)
+    assert pipeline.local.iam.denials() == []
+
+
+def test_the_job_role_is_enforced_on_the_nodes_s3_calls(batch_factory: Any, platform: Any, tmp_path: Path) -> None:
+    # Without its one statement on the artifacts bucket, no node can record its result, nor the model.
+    pipeline = batch_factory(_assembly_with(platform, tmp_path, _drop("BatchClusterJobRole", "WriteOutputs")))
+    arn = pipeline.start(pipeline.batch_input())
+    described = pipeline.finish(arn, timeout=240)
+    assert pipeline.error(described)[0] == "TrainingJobFailed"
+    denied = {(d.action, d.resource.split("/runs/")[0]) for d in pipeline.local.iam.denials()}
+    artifacts = pipeline.local.environment("PollBatchJob")["ARTIFACTS_BUCKET"]
+    assert denied == {("s3:PutObject", f"arn:aws:s3:::{artifacts}")}
+    assert all("BatchClusterJobRole" in d.principal for d in pipeline.local.iam.denials())
+
+
+def test_the_state_machine_submits_only_what_its_role_allows(batch_factory: Any, platform: Any, tmp_path: Path) -> None:
+    pipeline = batch_factory(
+        _assembly_with(platform, tmp_path, _drop("TrainingPipelineRole", "SubmitBatchTrainingJobs"))
+    )
+    arn = pipeline.start(pipeline.batch_input())
+    described = pipeline.finish(arn, timeout=120)
+    error, cause = pipeline.error(described)
+    assert error == "TrainingJobNotCreated"
+    assert "batch:SubmitJob on resource: arn:aws:batch:us-east-1:123456789012:job-queue/" in cause
+    # Refused twice, and found nothing in between: no job, and the run says why.
+    states = pipeline.local.states_entered(arn)
+    assert states.count("Find submitted Batch job") == 1 and "Submit Batch job again" in states
+    assert pipeline.batch.jobs == {}

@@ -1,0 +1,139 @@
+"""The launcher on AWS Batch: Batch's multi-node variables in, the /opt/ml tree and S3 by hand out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from training import batch_contract as contract
+from training.config import from_hyperparameters
+from training.contract import ContractError, Paths, read_resource_config
+from training.launcher import plan_launch
+
+BUCKET = "tp-dev-checkpoints-123456789012-us-east-1"
+
+
+def _env(index: int, nodes: int = 2, **extra: str) -> dict[str, str]:
+    env = {contract.NODE_INDEX_ENV: str(index), contract.NUM_NODES_ENV: str(nodes), contract.MAIN_NODE_INDEX_ENV: "0"}
+    if index != 0:
+        env[contract.MAIN_NODE_ADDRESS_ENV] = "10.20.0.17"
+    return {**env, **extra}
+
+
+def test_batch_variables_give_the_node_its_rank_and_the_main_nodes_address() -> None:
+    assert contract.batch_node({}) is None  # SageMaker (or a plain container): not on Batch
+    main, child = contract.batch_node(_env(0)), contract.batch_node(_env(1, AWS_BATCH_JOB_ATTEMPT="2"))
+    assert main is not None and child is not None
+    assert (main.is_main, main.master_addr, main.attempt) == (True, "127.0.0.1", 1)
+    assert (child.is_main, child.master_addr, child.attempt) == (False, "10.20.0.17", 2)
+    resources = child.resource_config()
+    assert (resources.hosts, resources.current_host, resources.node_rank) == (("node-0", "node-1"), "node-1", 1)
+
+
+def test_the_main_node_is_rank_0_whatever_its_index() -> None:
+    node = contract.batch_node(
+        {**_env(0, nodes=3), contract.MAIN_NODE_INDEX_ENV: "2", contract.MAIN_NODE_ADDRESS_ENV: "10.0.0.5"}
+    )
+    assert node is not None and not node.is_main
+    assert node.resource_config().hosts == ("node-2", "node-0", "node-1")
+    assert node.resource_config().node_rank == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({contract.NODE_INDEX_ENV: "x", contract.NUM_NODES_ENV: "2"}, "must be an integer"),
+        (_env(2, nodes=2), "inconsistent"),
+        ({contract.NODE_INDEX_ENV: "1", contract.NUM_NODES_ENV: "2"}, "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"),
+    ],
+)
+def test_inconsistent_batch_variables_are_contract_errors(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ContractError, match=message):
+        contract.batch_node(env)
+
+
+@mock_aws
+def test_prepare_writes_the_launchers_inputs_links_fsx_and_restores_checkpoints(tmp_path: Path) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="runs/r-1/checkpoints/step-4/manifest.json", Body=b"{}")
+    fsx = tmp_path / "fsx"
+    (fsx / "datasets" / "corpus").mkdir(parents=True)
+    channels = [
+        {
+            "ChannelName": "train",
+            "DataSource": {"FileSystemDataSource": {"DirectoryPath": "/abcd1234/datasets/corpus/"}},
+        }
+    ]
+    env = _env(
+        1,
+        TRAINING_HYPERPARAMETERS=json.dumps({"model": "tiny", "max_steps": "500"}),
+        TRAINING_CHANNELS=json.dumps(channels),
+        TRAINING_CHECKPOINTS_S3=f"s3://{BUCKET}/runs/r-1/checkpoints/",
+        TRAINING_FSX_ROOT=str(fsx),
+        OPT_ML_ROOT=str(tmp_path / "opt-ml"),
+    )
+    node = contract.batch_node(env)
+    assert node is not None
+    paths = Paths.from_env(env)
+    contract.prepare(paths, node, env, s3)
+    # The launcher reads what it reads on SageMaker: the same files, the same plan.
+    resources = read_resource_config(paths, {})
+    plan = plan_launch(
+        from_hyperparameters(json.loads(paths.hyperparameters.read_text())),
+        resources,
+        {"TRAINING_MASTER_ADDR": node.master_addr},
+    )
+    assert (plan.nnodes, plan.node_rank, plan.master_addr) == (2, 1, "10.20.0.17")
+    assert paths.channel("train").resolve() == (fsx / "datasets" / "corpus").resolve()
+    assert (paths.checkpoints / "step-4" / "manifest.json").is_file()
+
+
+@mock_aws
+def test_checkpoint_sync_uploads_new_files_with_the_manifest_last(tmp_path: Path) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    uploaded: list[str] = []
+    original = s3.upload_file
+
+    def upload(path: str, bucket: str, key: str, **kwargs: Any) -> None:
+        uploaded.append(key)
+        original(path, bucket, key, **kwargs)
+
+    s3.upload_file = upload  # type: ignore[method-assign]
+    local = tmp_path / "checkpoints"
+    (local / "step-2").mkdir(parents=True)
+    (local / "step-2" / "manifest.json").write_text("{}")
+    (local / "step-2" / ".metadata").write_text("m")
+    (local / "step-2" / "__0_0.distcp").write_text("shard")
+    (local / "step-2" / "manifest.json.tmp").write_text("partial")
+    sync = contract.CheckpointSync(s3, tmp_path / "empty", f"s3://{BUCKET}/runs/r/checkpoints/", interval=60)
+    sync._local = local  # files that appeared after the restore
+    assert sync.sync() == 3
+    assert uploaded[-1] == "runs/r/checkpoints/step-2/manifest.json"
+    assert "runs/r/checkpoints/step-2/.metadata" in uploaded  # DCP's metadata, though a dot file
+    assert sync.sync() == 0  # unchanged files are not uploaded again
+
+
+def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **_env(1)}
+    env.pop(contract.MAIN_NODE_ADDRESS_ENV)  # a child node without the main node's address
+    result = subprocess.run(
+        [sys.executable, "-m", "training.launcher", "train"],
+        env={**env, "OPT_ML_ROOT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == contract.EXIT_INVALID_INPUT
+    assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set on node 1" in result.stdout + result.stderr
+    assert (tmp_path / "output" / "failure").read_text().startswith("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS")
+    assert contract.on_batch(_env(0)) and not contract.on_batch({**_env(0), contract.PREPARED_ENV: "1"})
