@@ -444,23 +444,25 @@ def resolve(
             f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
             " to notifications.run_emails"
         )
-    if problems or groups is None or dataset is None:
-        raise InvalidRequest(_format(problems))
     # Stable for one execution (Lambda retries resolve the same names), unique across executions.
     suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
-    tuning = resolve_tuning(
-        request.tuning,
-        run_name=request.run_name,
-        suffix=suffix,
-        fixed=hyperparameters,
-        given=dict(request.hyperparameters),
-        top_level=TOP_LEVEL_HYPERPARAMETERS,
-        groups=groups,
-        backend=request.backend,
-        warm_pool_minutes=request.warm_pool_minutes,
-        problems=problems,
+    tuning = (
+        resolve_tuning(
+            request.tuning,
+            run_name=request.run_name,
+            suffix=suffix,
+            fixed=hyperparameters,
+            given=dict(request.hyperparameters),
+            top_level=TOP_LEVEL_HYPERPARAMETERS,
+            groups=groups,
+            backend=request.backend,
+            warm_pool_minutes=request.warm_pool_minutes,
+            problems=problems,
+        )
+        if groups is not None
+        else None
     )
-    if problems:
+    if problems or groups is None or dataset is None:
         raise InvalidRequest(_format(problems))
     tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
     resolved = TrainingRequest(

@@ -160,7 +160,7 @@ def test_aborting_a_run_stops_its_tuning_job_and_trials(pipeline_factory: Any) -
     pipeline.local.events.drain()
 
     ((name, tuning),) = pipeline.local.tuning.jobs.items()
-    (delivery,) = pipeline.local.events.deliveries
+    (delivery,) = [d for d in pipeline.local.events.deliveries if d["function"].startswith("Cleanup")]
     assert delivery["event"]["detail"]["status"] == "ABORTED" and delivery["permitted"]
     assert delivery["result"]["stopped_tuning_jobs"] == [name]
     assert tuning.status == "Stopping" and sorted(pipeline.training.stopped_names) == sorted(pipeline.jobs())

@@ -14,10 +14,12 @@ def test_an_execution_that_ends_badly_stops_its_jobs(platform: Any) -> None:
     t = template(platform, stack)
     machine = logical_id(platform, stack, "AWS::StepFunctions::StateMachine", "TrainingPipeline")
     cleanup = logical_id(platform, stack, "AWS::Lambda::Function", "CleanupFunction")
+    # One such rule per training backend; this is SageMaker's, whose target is its Cleanup function.
     (rule,) = [
         r
         for r in resources(platform, stack, "AWS::Events::Rule").values()
         if r["Properties"].get("EventPattern", {}).get("source") == ["aws.states"]
+        and r["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [cleanup, "Arn"]}
     ]
     assert rule["Properties"]["EventPattern"] == {
         "source": ["aws.states"],

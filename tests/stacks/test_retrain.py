@@ -89,9 +89,9 @@ def test_a_backend_the_pipeline_does_not_deploy_stops_synth(tmp_path: Path) -> N
 
     context = platform_context()
     context["platform"]["retrain"] = [
-        {**RETRAIN_TRIGGER, "input": {**_inline("incoming/web-text/"), "backend": "batch"}}
+        {**RETRAIN_TRIGGER, "input": {**_inline("incoming/web-text/"), "backend": "slurm"}}
     ]
-    with pytest.raises(SettingsError, match="backend 'batch': this platform deploys sagemaker"):
+    with pytest.raises(SettingsError, match="backend 'slurm': this platform deploys sagemaker, batch"):
         build_platform(context, outdir=str(tmp_path))
 
 
