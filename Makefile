@@ -40,7 +40,7 @@ typecheck: setup  ## mypy on the app, stacks, lambdas and training package.
 	$(VENV)/bin/mypy
 
 unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch).
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 test: lint typecheck unit  ## Everything CI runs.
 

@@ -235,7 +235,7 @@ def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platfo
         (Path(__file__).resolve().parents[2] / "examples" / "batch-multi-node.json").read_text()
     )
     execution_input["notify"] = [RUN_EMAIL]
-    execution_input["hyperparameters"].update({"max_steps": 60, "checkpoint.interval_steps": 20})
+    execution_input["hyperparameters"].update({"max_steps": 24, "checkpoint.interval_steps": 8})
     outcome = _demo(platform, tmp_path, execution_input, spot_interrupt=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     states = _states(outcome)

@@ -140,7 +140,7 @@ def test_a_request_the_batch_path_cannot_run_is_rejected_before_anything_starts(
 def test_a_lost_node_is_retried_by_batch_and_resumes_from_the_checkpoints_in_s3(batch_factory: Any) -> None:
     pipeline = batch_factory(kill_node_after_checkpoint=1)
     execution_input = pipeline.batch_input()
-    execution_input["hyperparameters"].update({"max_steps": 60, "eval.interval_steps": 30})
+    execution_input["hyperparameters"].update({"max_steps": 24, "eval.interval_steps": 12})
     arn = pipeline.start(execution_input)
     pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
     (job,) = pipeline.batch.jobs.values()
