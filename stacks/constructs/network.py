@@ -26,9 +26,15 @@ INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "StepFunctions": ec2.InterfaceVpcEndpointAwsService.STEP_FUNCTIONS,
     "Sns": ec2.InterfaceVpcEndpointAwsService.SNS,
     "XRay": ec2.InterfaceVpcEndpointAwsService.XRAY,
+    # The Batch path: its handlers call Batch; its instances' ECS agent registers and reports through ECS's three.
+    "Batch": ec2.InterfaceVpcEndpointAwsService.BATCH,
+    "Ecs": ec2.InterfaceVpcEndpointAwsService.ECS,
+    "EcsAgent": ec2.InterfaceVpcEndpointAwsService.ECS_AGENT,
+    "EcsTelemetry": ec2.InterfaceVpcEndpointAwsService.ECS_TELEMETRY,
 }
-# Services whose endpoints do not take a policy keep the default (full access).
-_NO_ENDPOINT_POLICY = frozenset({"XRay"})
+# Services whose endpoints do not take a policy, or whose support for one the platform has not confirmed
+# (ECS's), keep the default (full access).
+_NO_ENDPOINT_POLICY = frozenset({"XRay", "Ecs", "EcsAgent", "EcsTelemetry"})
 
 
 class TrainingNetwork(Construct):

@@ -114,6 +114,10 @@ def test_endpoint_set(platform: Any) -> None:
                 "states",
                 "sns",
                 "xray",
+                "batch",
+                "ecs",
+                "ecs-agent",
+                "ecs-telemetry",
             )
         ),
     }
@@ -146,7 +150,7 @@ def test_endpoint_policies_scope_to_this_account(platform: Any) -> None:
     for e in resources(platform, platform.network, "AWS::EC2::VPCEndpoint").values():
         service = e["Properties"]["ServiceName"]["Fn::Join"][1][2]
         policy = e["Properties"].get("PolicyDocument")
-        if service == ".xray":
+        if service in (".xray", ".ecs", ".ecs-agent", ".ecs-telemetry"):
             assert policy is None
             continue
         statements = policy["Statement"]
@@ -160,7 +164,7 @@ def test_endpoint_policies_scope_to_this_account(platform: Any) -> None:
                 {"aws:ResourceAccount": own_account},
             )
         scoped += 1
-    assert scoped == 11
+    assert scoped == 12
 
 
 def test_cluster_placement_group_and_efa_launch_template(platform: Any) -> None:

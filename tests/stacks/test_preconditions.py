@@ -19,6 +19,7 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from localrun.cfn import ACCOUNT, REGION
 from localrun.iam_policy import Policy, Request, evaluate
 from tests.support.iam import AssemblyIam, Role, calls_in_handler, task_states
+from tests.support.templates import resources
 
 S3_READ, S3_WRITE = ("s3:GetObject",), ("s3:PutObject",)
 TABLE_READ = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:BatchGetItem")
@@ -272,3 +273,46 @@ def test_the_training_role_can_run_a_vpc_job_with_fsx_ecr_and_kms(iam: AssemblyI
     ]
     missing = [(action, resource) for action, resource, context in needs if not role.may(action, resource, **context)]
     assert missing == []
+
+
+# The endpoint (interface or gateway service name) a VPC function's call to each service goes through.
+ENDPOINT_OF = {
+    "s3": "s3",
+    "dynamodb": "dynamodb",
+    "sagemaker": "sagemaker.api",
+    "states": "states",
+    "sns": "sns",
+    "sts": "sts",
+    "kms": "kms",
+    "cloudwatch": "monitoring",
+    "logs": "logs",
+    "xray": "xray",
+    "batch": "batch",
+    "ecr": "ecr.api",
+}
+# Called with the function's role by Lambda itself, outside the VPC: its interfaces, its dead letters.
+NOT_FROM_THE_VPC = {"ec2", "sqs"}
+
+
+def test_every_service_a_vpc_function_may_call_has_an_endpoint(platform: Any, iam: AssemblyIam) -> None:
+    """The VPC has no internet path: a call to a service without an endpoint times out in AWS, never locally."""
+    endpoints = {
+        props["ServiceName"]["Fn::Join"][1][2].lstrip(".")
+        for props in (e["Properties"] for e in resources(platform, platform.network, "AWS::EC2::VPCEndpoint").values())
+    }
+    missing: dict[str, set[str]] = {}
+    for logical, props, role in _function_roles(iam):
+        if not props.get("VpcConfig"):
+            continue
+        services = {
+            action.split(":")[0]
+            for policy in role.policies
+            for statement in policy.statements()
+            if statement.get("Effect") == "Allow"
+            for action in _as_list(statement.get("Action", []))
+        } - NOT_FROM_THE_VPC
+        unknown = services - set(ENDPOINT_OF)
+        assert not unknown, f"{logical} may call {unknown}: name the endpoint its calls go through in ENDPOINT_OF"
+        if lacking := {ENDPOINT_OF[s] for s in services} - endpoints:
+            missing[logical] = lacking
+    assert missing == {}
