@@ -281,58 +281,60 @@ class DistributedTrainingJob(Construct):
             )
         )
 
-    def grant_run(self, state_machine_role: iam.IRole) -> None:
-        """What the state machine needs: create (as the platform configures jobs only), tag, pass the role.
-
-        CreateTrainingJob is allowed only with the platform's subnet, security group, output key,
-        allowed instance types, runtime limit, encryption and isolation flags; on EBS-backed types
-        only with the platform's volume key, on instance-store types (or a heterogeneous cluster with an
-        instance-store group) only with none.
+    def create_statements(self, action: str, resource: str, *, sid_prefix: str) -> list[iam.PolicyStatement]:
+        """`action` allowed only as the platform configures jobs: its subnet, security group, output key, instance
+        types, runtime limit, encryption and isolation flags; on EBS types only with its volume key, with an
+        instance-store type anywhere in the job (one group of a heterogeneous cluster is enough) only with none.
         """
-        stack = Stack.of(self)
-        jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
         flags = {"sagemaker:InterContainerTrafficEncryption": self.inter_container_encryption}
         if self.network_isolation:
             flags["sagemaker:NetworkIsolation"] = True
         ebs = [t for t in self.instance_types if not INSTANCE_TYPES[t].local_storage]
         instance_store = [t for t in self.instance_types if INSTANCE_TYPES[t].local_storage]
-        # (sid, every type of the job among, some type among, with the volume key). Any instance-store
-        # type in the job (one group of a heterogeneous cluster is enough) means no volume key: SageMaker
-        # rejects one. A job of EBS types only always takes the platform's key.
+        # (sid, every type of the job among, some type among, with the volume key)
         shapes = [
-            ("CreateJobsOnEbsTypes", ebs, None, True),
-            ("CreateJobsOnInstanceStoreTypes", self.instance_types, instance_store, False),
+            (f"{sid_prefix}OnEbsTypes", ebs, None, True),
+            (f"{sid_prefix}OnInstanceStoreTypes", self.instance_types, instance_store, False),
         ]
-        for sid, types, some_of, volume_key in shapes:
-            if not types or some_of == []:
-                continue
-            state_machine_role.add_to_principal_policy(
-                iam.PolicyStatement(
-                    sid=sid,
-                    actions=["sagemaker:CreateTrainingJob"],
-                    resources=[jobs],
-                    conditions={
-                        "ForAllValues:StringEquals": {
-                            "sagemaker:VpcSubnets": [self.subnet.subnet_id],
-                            "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
-                            "sagemaker:InstanceTypes": types,
-                        },
-                        **({"ForAnyValue:StringEquals": {"sagemaker:InstanceTypes": some_of}} if some_of else {}),
-                        "Null": {
-                            "sagemaker:VpcSubnets": "false",
-                            "sagemaker:VpcSecurityGroupIds": "false",
-                            "sagemaker:InstanceTypes": "false",
-                            "sagemaker:VolumeKmsKey": str(not volume_key).lower(),
-                        },
-                        "StringEquals": {
-                            "sagemaker:OutputKmsKey": self.key.key_arn,
-                            **({"sagemaker:VolumeKmsKey": self.key.key_arn} if volume_key else {}),
-                        },
-                        "Bool": {k: str(v).lower() for k, v in flags.items()},
-                        "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(self.max_runtime_seconds)},
+        return [
+            iam.PolicyStatement(
+                sid=sid,
+                actions=[action],
+                resources=[resource],
+                conditions={
+                    "ForAllValues:StringEquals": {
+                        "sagemaker:VpcSubnets": [self.subnet.subnet_id],
+                        "sagemaker:VpcSecurityGroupIds": [self.security_group.security_group_id],
+                        "sagemaker:InstanceTypes": types,
                     },
-                )
+                    **({"ForAnyValue:StringEquals": {"sagemaker:InstanceTypes": some_of}} if some_of else {}),
+                    "Null": {
+                        "sagemaker:VpcSubnets": "false",
+                        "sagemaker:VpcSecurityGroupIds": "false",
+                        "sagemaker:InstanceTypes": "false",
+                        "sagemaker:VolumeKmsKey": str(not volume_key).lower(),
+                    },
+                    "StringEquals": {
+                        "sagemaker:OutputKmsKey": self.key.key_arn,
+                        **({"sagemaker:VolumeKmsKey": self.key.key_arn} if volume_key else {}),
+                    },
+                    "Bool": {k: str(v).lower() for k, v in flags.items()},
+                    "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(self.max_runtime_seconds)},
+                },
             )
+            for sid, types, some_of, volume_key in shapes
+            if types and some_of != []
+        ]
+
+    def grant_run(self, state_machine_role: iam.IRole) -> None:
+        """What the state machine needs: create (as the platform configures jobs only), tag, pass the role.
+
+        CreateTrainingJob only under `create_statements`' conditions.
+        """
+        stack = Stack.of(self)
+        jobs = f"arn:{stack.partition}:sagemaker:{stack.region}:{stack.account}:training-job/*"
+        for statement in self.create_statements("sagemaker:CreateTrainingJob", jobs, sid_prefix="CreateJobs"):
+            state_machine_role.add_to_principal_policy(statement)
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTrainingJobs", actions=["sagemaker:AddTags"], resources=[jobs])
         )

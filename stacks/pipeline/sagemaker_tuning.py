@@ -18,7 +18,6 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
-from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
@@ -135,39 +134,11 @@ class SageMakerTuning(Construct):
         """CreateHyperParameterTuningJob under CreateTrainingJob's conditions (the keys SageMaker supports for it)."""
         job = self.job
         tuning_jobs = self._context.arn("sagemaker", "hyper-parameter-tuning-job/*")
-        flags = {"sagemaker:InterContainerTrafficEncryption": job.inter_container_encryption}
-        if job.network_isolation:
-            flags["sagemaker:NetworkIsolation"] = True
-        for sid, local_storage in (("CreateTuningOnEbsTypes", False), ("CreateTuningOnInstanceStoreTypes", True)):
-            types = [t for t in job.instance_types if INSTANCE_TYPES[t].local_storage == local_storage]
-            if not types:
-                continue
-            state_machine_role.add_to_principal_policy(
-                iam.PolicyStatement(
-                    sid=sid,
-                    actions=["sagemaker:CreateHyperParameterTuningJob"],
-                    resources=[tuning_jobs],
-                    conditions={
-                        "ForAllValues:StringEquals": {
-                            "sagemaker:VpcSubnets": [job.subnet.subnet_id],
-                            "sagemaker:VpcSecurityGroupIds": [job.security_group.security_group_id],
-                            "sagemaker:InstanceTypes": types,
-                        },
-                        "Null": {
-                            "sagemaker:VpcSubnets": "false",
-                            "sagemaker:VpcSecurityGroupIds": "false",
-                            "sagemaker:InstanceTypes": "false",
-                            "sagemaker:VolumeKmsKey": str(local_storage).lower(),
-                        },
-                        "StringEquals": {
-                            "sagemaker:OutputKmsKey": job.key.key_arn,
-                            **({} if local_storage else {"sagemaker:VolumeKmsKey": job.key.key_arn}),
-                        },
-                        "Bool": {k: str(v).lower() for k, v in flags.items()},
-                        "NumericLessThanEquals": {"sagemaker:MaxRuntimeInSeconds": str(job.max_runtime_seconds)},
-                    },
-                )
-            )
+        statements = job.create_statements(
+            "sagemaker:CreateHyperParameterTuningJob", tuning_jobs, sid_prefix="CreateTuning"
+        )
+        for statement in statements:
+            state_machine_role.add_to_principal_policy(statement)
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTuningJobs", actions=["sagemaker:AddTags"], resources=[tuning_jobs])
         )
