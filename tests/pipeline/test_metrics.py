@@ -65,6 +65,7 @@ def test_the_scheduled_gauge_counts_approvals_still_waiting(
 ) -> None:
     arn = pipeline.start(pipeline.input(**EXPENSIVE), name="waiting")
     pipeline.run_until(arn, "Approval gate (pre-launch)")
+    pipeline.pending("launch")  # the request is stored: entering the gate comes before its function runs
     pipeline.local.events.schedule_due()  # EventBridge's five-minute schedule, due now
     pipeline.local.events.drain()
     gauge = pipeline.local.functions.named("Pending").name
