@@ -476,4 +476,15 @@ class LocalPlatform:
             moto_fixes.execution_start_time_as_iso(),
             moto_fixes.create_training_job(self._training_job_created),
             moto_fixes.describe_training_job(self.training.described),
+            moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),
+            moto_fixes.definitions_validated_once(),
         ]
+
+    def _aws_managed_policies(self) -> list[str]:
+        """The names of the AWS managed policies that roles of the assembly attach."""
+        arns = [
+            arn
+            for stack, _, role in self.assembly.resources("AWS::IAM::Role")
+            for arn in self.resolver.resolve(stack, role["Properties"].get("ManagedPolicyArns", []))
+        ]
+        return [arn.rsplit("/", 1)[1] for arn in arns if ":iam::aws:policy/" in arn]

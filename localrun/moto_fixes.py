@@ -6,15 +6,17 @@ moto lacks altogether are in localrun/services.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from moto.awslambda.models import LambdaBackend
 from moto.iam.access_control import PermissionResult
+from moto.iam.models import AWSManagedPolicy, IAMBackend
 from moto.s3.models import FakeBucket
 from moto.sagemaker.exceptions import ResourceInUseException
 from moto.sagemaker.models import SageMakerModelBackend
@@ -31,6 +33,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
 if TYPE_CHECKING:
     from localrun.engine import Clock
@@ -83,6 +86,33 @@ def lambda_service_error_names() -> Any:
         )
 
     return mock.patch.object(StateTaskLambda, "_from_error", from_error)
+
+
+# -- IAM ---------------------------------------------------------------------------------------------
+@functools.cache
+def _aws_managed_policy_data() -> dict[str, Any]:
+    from moto.iam.aws_managed_policies import aws_managed_policies_data  # noqa: PLC0415
+
+    return json.loads(aws_managed_policies_data)  # type: ignore[no-any-return]
+
+
+def aws_managed_policies_only(names: Iterable[str]) -> Any:
+    """Load only the AWS managed policies named (those the assembly attaches), parsed once per process.
+
+    moto parses its copy of every AWS managed policy (about 1,600) again for each account and
+    partition it touches: over a second of every local platform's start. The policies a role of
+    the assembly does not attach cannot change what IAM allows it.
+    """
+    wanted = sorted(set(names))
+    unknown = [name for name in wanted if name not in _aws_managed_policy_data()]
+    if unknown:
+        raise ValueError(f"not an AWS managed policy moto knows: {', '.join(unknown)}")
+
+    def init_aws_policies(backend: IAMBackend) -> list[AWSManagedPolicy]:
+        data = _aws_managed_policy_data()
+        return [AWSManagedPolicy.from_data(n, backend.account_id, backend.region_name, data[n]) for n in wanted]
+
+    return mock.patch.object(IAMBackend, "_init_aws_policies", init_aws_policies)
 
 
 # -- S3 ----------------------------------------------------------------------------------------------
@@ -144,6 +174,26 @@ def approval_timeouts_on(clock: Clock) -> Any:
             state.timeout = timeout
 
     return mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
+
+
+# -- Step Functions: definitions -------------------------------------------------------------------
+_VALID_DEFINITIONS: set[str] = set()
+
+
+def definitions_validated_once() -> Any:
+    """Validate a state machine definition once per process, not at every CreateStateMachine.
+
+    moto validates by parsing the whole definition (over a second for the pipeline's); a definition
+    it accepted before is accepted again. Invalid ones are parsed, and refused, every time.
+    """
+    validate = StepFunctionsParserBackend._validate_definition
+
+    def validate_once(definition: str) -> None:
+        if definition not in _VALID_DEFINITIONS:
+            validate(definition)
+            _VALID_DEFINITIONS.add(definition)
+
+    return mock.patch.object(StepFunctionsParserBackend, "_validate_definition", staticmethod(validate_once))
 
 
 # -- Step Functions: SDK integrations --------------------------------------------------------------

@@ -1,0 +1,37 @@
+"""The harness's shortcuts through moto change what it costs, never what it accepts."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from localrun import moto_fixes
+
+ROLE = "arn:aws:iam::123456789012:role/StateMachineRole"
+VALID = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}})
+INVALID = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed", "Next": "Nowhere"}}})
+
+
+def test_an_invalid_definition_is_refused_every_time_a_valid_one_is_accepted_every_time() -> None:
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), moto_fixes.definitions_validated_once():
+        sfn = boto3.client("stepfunctions", region_name="us-east-1")
+        for attempt in range(2):
+            sfn.create_state_machine(name=f"valid-{attempt}", definition=VALID, roleArn=ROLE)
+            with pytest.raises(ClientError, match="Succeed states are terminal states"):
+                sfn.create_state_machine(name=f"invalid-{attempt}", definition=INVALID, roleArn=ROLE)
+
+
+def test_only_the_named_aws_managed_policies_exist_and_unknown_names_are_refused() -> None:
+    with mock_aws(), moto_fixes.aws_managed_policies_only(["AWSLambdaBasicExecutionRole"]):
+        iam = boto3.client("iam", region_name="us-east-1")
+        iam.create_role(RoleName="fn", AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}))
+        basic = "arn:aws:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+        iam.attach_role_policy(RoleName="fn", PolicyArn=basic)
+        with pytest.raises(ClientError, match="NoSuchEntity"):
+            iam.attach_role_policy(RoleName="fn", PolicyArn="arn:aws:iam::aws:policy/AdministratorAccess")
+    with pytest.raises(ValueError, match="not an AWS managed policy moto knows: AWSLambdaBasicExecutionRoel"):
+        moto_fixes.aws_managed_policies_only(["AWSLambdaBasicExecutionRoel"])
