@@ -10,7 +10,7 @@ of this process so that its S3 calls (channels, checkpoints, its result) go to m
 session of the job definition's job role: IAM is enforced as in AWS. FSx is a local directory
 holding what the datasets bucket holds, as the file system's lazy load would.
 
-A node lost with its host is played as Batch reports it: the node's launcher is killed, the attempt
+A node lost with its host is played as Batch reports it: every process of the node is killed, the attempt
 ends with statusReason "Host EC2 (instance ...) terminated.", and the job definition's retry
 strategy starts a new attempt whose nodes restore the run's checkpoints from S3.
 """
@@ -36,6 +36,7 @@ from botocore.credentials import Credentials
 from moto.batch.responses import BatchResponse
 from moto.core.exceptions import JsonRESTError
 
+from localrun import processes
 from localrun.cfn import ACCOUNT, REGION
 from localrun.sagemaker_local import REPO, _download_prefix, _free_port
 from training import batch_contract as contract
@@ -320,26 +321,43 @@ class LocalBatch:
                 _download_prefix(s3, self.datasets_bucket, relative + "/", target)
 
     def _lose_host_after_checkpoint(self, job: BatchJob, attempt: Attempt) -> None:
+        """Lose a node's host once a checkpoint of the run is in S3, while the run still has steps to go.
+
+        The node is frozen as soon as a checkpoint is committed on the hosts, before that checkpoint
+        reaches S3: its peers then wait in their next collective, so the run cannot finish while the
+        checkpoint uploads, however fast its steps are. Then the host is lost with every process on it.
+        """
+        node = attempt.nodes[min(self.kill_node_after_checkpoint or 0, len(attempt.nodes) - 1)]
+        hosts = job.workdir / f"attempt-{attempt.number}"
+
+        def running() -> bool:
+            return all(n.exit_code is None for n in attempt.nodes) and job.terminating is None
+
+        while running() and not any(hosts.glob("node-*/checkpoints/step-*/manifest.json")):
+            time.sleep(0.02)
+        if not running() or node.process is None:
+            return
+        processes.freeze(node.process.pid)
         bucket, prefix = contract.split_s3(job.environment[contract.CHECKPOINTS_ENV])
         with self._client_lock:
             s3 = boto3.client("s3", region_name=REGION)
-        while all(n.exit_code is None for n in attempt.nodes) and job.terminating is None:
+        while running():
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
             if any(o["Key"].endswith("manifest.json") for o in listed):
                 break
             time.sleep(0.1)
-        else:
-            return
-        index = min(self.kill_node_after_checkpoint or 0, len(attempt.nodes) - 1)
-        node = attempt.nodes[index]
         self._killed = True
         node.lost = True
-        self._say(job, f"-- node {index}'s host is lost (EC2 terminated it) --")
+        self._say(job, f"-- node {node.index}'s host is lost (EC2 terminated it) --")
         self._signal(node, signal.SIGKILL)
 
     @staticmethod
     def _signal(node: Node, signum: int) -> None:
+        """SIGTERM to the container's main process (ECS's stop); SIGKILL to every process of the container."""
         if node.process is not None and node.process.poll() is None:
+            if signum == signal.SIGKILL:
+                processes.kill(node.process.pid)
+                return
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.process.pid, signum)
 

@@ -41,7 +41,7 @@ from typing import Any
 import boto3
 from botocore.credentials import Credentials
 
-from localrun import netns
+from localrun import netns, processes
 from localrun.cfn import REGION
 from localrun.netns import LoopbackNamespace
 from training.metrics import parse_metrics
@@ -197,7 +197,7 @@ class LocalTraining:
             # SageMaker fails the job as soon as one host's container exits with an error, and stops the rest.
             for process in local.processes:
                 if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
+                    processes.kill(process.pid)
                     process.wait()
             local.finished = True
             if local.namespace is not None:
@@ -225,7 +225,7 @@ class LocalTraining:
                 return
             for process in local.processes:
                 if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
+                    processes.kill(process.pid)
                     process.wait()
         self._sync_checkpoints(local)
         if local.namespace is not None:
@@ -466,7 +466,7 @@ class LocalTraining:
         for local in self.jobs.values():
             for process in local.processes:
                 if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
+                    processes.kill(process.pid)
             if local.namespace is not None:
                 local.namespace.close()
             local.finished = True

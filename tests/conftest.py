@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,29 @@ os.environ["PLATFORM_REVISION"] = "0123456789ab"
 APPROVER = "arn:aws:iam::123456789012:role/MLLead"
 READER = "arn:aws:iam::123456789012:role/PlatformAuditor"
 PATH_APPROVER = "arn:aws:iam::123456789012:role/ml-team/TeamLead"
+
+
+def hosts_left_running(root: Path, timeout: float = 10) -> list[str]:
+    """Processes of local training hosts under `root` (their OPT_ML_ROOT) still alive after `timeout` s.
+
+    torchrun and its workers run in sessions of their own: a runner that kills a host's launcher alone
+    leaves them training, orphaned, on this machine's cores.
+    """
+    marker = f"OPT_ML_ROOT={root}".encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for entry in Path("/proc").iterdir():
+            try:
+                environ = (entry / "environ").read_bytes() if entry.name.isdigit() else b""
+                if any(v.startswith(marker) for v in environ.split(b"\0")):
+                    command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    left.append(f"{entry.name}: {command}")
+            except OSError:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def cdk_context(**platform_overrides: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from localrun import netns
 from localrun.cfn import Assembly, Resolver
 from localrun.constructs import Functions
 from localrun.demo import run_demo
-from tests.conftest import APPROVER, RUN_EMAIL
+from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +61,14 @@ def _demo(platform: Any, tmp_path: Path, execution_input: dict[str, Any], **opti
         "wait_seconds": 1.0,
         "timeout_seconds": 240.0,
     }
-    return run_demo(
+    outcome = run_demo(
         execution_input=execution_input,
         out=tmp_path,
         assembly=Path(platform.assembly.directory),
         **(arguments | options),
     )
+    assert hosts_left_running(tmp_path) == []
+    return outcome
 
 
 def _model_package_group(platform: Any) -> str:

@@ -16,6 +16,7 @@ from localrun.cfn import REGION
 from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
 from localrun.scripted import ScriptedTraining
+from tests.conftest import hosts_left_running
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
 
@@ -85,6 +86,7 @@ def batch_factory(platform: Any, tmp_path: Path) -> Iterator[Any]:
     yield make
     for local in opened:
         local.__exit__(None, None, None)
+    assert hosts_left_running(tmp_path / "batch") == []
 
 
 def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> None:

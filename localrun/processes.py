@@ -1,0 +1,65 @@
+"""A local host's processes as one tree: frozen and killed together, as losing the instance would.
+
+A host's launcher starts torchrun in a session of its own, and torchrun its workers in theirs
+(training/launcher.py), so signalling the launcher's process group leaves them running. The
+tree is found from /proc's parent links; stopped processes cannot fork, so freezing the tree
+first and re-reading it until nothing new appears catches a process started meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may contain spaces; the parent pid follows its closing paren.
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, parents before children."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        found.append(current)
+        queue.extend(children.get(current, []))
+    return found
+
+
+def _send(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def freeze(pid: int) -> list[int]:
+    """SIGSTOP `pid`'s whole tree, including what it starts meanwhile; the frozen pids."""
+    frozen: list[int] = []
+    while True:
+        new = [p for p in tree(pid) if p not in frozen]
+        if not new:
+            return frozen
+        for p in new:
+            _send(p, signal.SIGSTOP)
+        frozen += new
+
+
+def kill(pid: int) -> None:
+    """SIGKILL `pid` and every process descended from it, as a host's loss ends its container."""
+    for p in freeze(pid):
+        _send(p, signal.SIGKILL)
