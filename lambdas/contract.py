@@ -219,6 +219,9 @@ class TunedTrial(_Model):
     objective_value: float | None
     trials_completed: int
     trials_launched: int
+    trials_billed: int
+    """Trials with billed time: the progress's seconds and cost are theirs, summed."""
+    best_trial_cost: JobCost | None
 
 
 class JobProgress(_Model):

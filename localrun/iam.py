@@ -275,6 +275,9 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("sagemaker", "DescribeHyperParameterTuningJob"): _one("sagemaker:DescribeHyperParameterTuningJob", _tuning_job),
     ("sagemaker", "StopHyperParameterTuningJob"): _one("sagemaker:StopHyperParameterTuningJob", _tuning_job),
     ("sagemaker", "ListHyperParameterTuningJobs"): _everything("sagemaker:ListHyperParameterTuningJobs"),
+    ("sagemaker", "ListTrainingJobsForHyperParameterTuningJob"): _everything(
+        "sagemaker:ListTrainingJobsForHyperParameterTuningJob"
+    ),
     ("sagemaker", "Search"): _everything("sagemaker:Search"),
     ("sagemaker", "AddTags"): lambda c: [
         Request("sagemaker:AddTags", c.params["ResourceArn"], _tags(c.params["Tags"]))

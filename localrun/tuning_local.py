@@ -97,6 +97,12 @@ class LocalTuning:
             mock.patch.object(SageMakerResponse, "create_hyper_parameter_tuning_job", self._create_response()),
             mock.patch.object(SageMakerModelBackend, "describe_hyper_parameter_tuning_job", self._describe()),
             mock.patch.object(SageMakerResponse, "stop_hyper_parameter_tuning_job", self._stop_response(), create=True),
+            mock.patch.object(
+                SageMakerResponse,
+                "list_training_jobs_for_hyper_parameter_tuning_job",
+                self._list_trials_response(),
+                create=True,
+            ),
         ]
 
     # -- the API ----------------------------------------------------------------------------------
@@ -146,6 +152,26 @@ class LocalTuning:
             return "{}"
 
         return stop
+
+    def _list_trials_response(self) -> Callable[[Any], str]:
+        """ListTrainingJobsForHyperParameterTuningJob: the trials by name, MaxResults (default 10) a page."""
+
+        def list_trials(response: Any) -> str:
+            params = json.loads(response.body)
+            name = params["HyperParameterTuningJobName"]
+            tuning = self.jobs.get(name)
+            if tuning is None:
+                raise ValidationError(message=f"Requested resource not found: tuning job {name}")
+            with self._lock:
+                trials = sorted(tuning.trials, key=lambda t: t.name)
+                start = int(params.get("NextToken") or 0)
+                end = start + int(params.get("MaxResults") or 10)
+                page = [self._trial_summary(tuning, t) for t in trials[start:end]]
+            for summary in page:
+                summary["CreationTime"] = summary["CreationTime"].timestamp()
+            return json.dumps({"TrainingJobSummaries": page, **({"NextToken": str(end)} if end < len(trials) else {})})
+
+        return list_trials
 
     # -- what a tuning job does ---------------------------------------------------------------------
     def _advance(self, backend: Any, tuning: TuningJob) -> None:
@@ -260,7 +286,6 @@ class LocalTuning:
             "NonRetryableError": statuses.count("Failed"),
             "Stopped": statuses.count("Stopped"),
         }
-        objective = tuning.config["HyperParameterTuningJobObjective"]
         described: dict[str, Any] = {
             "HyperParameterTuningJobName": tuning.name,
             "HyperParameterTuningJobArn": tuning.job.arn,
@@ -282,18 +307,26 @@ class LocalTuning:
             described["FailureReason"] = tuning.failure_reason[:1024]
         best = self._best(tuning)
         if best is not None:
-            described["BestTrainingJob"] = {
-                "TrainingJobName": best.name,
-                "TrainingJobArn": best.job.arn,
-                "TuningJobName": tuning.name,
-                "CreationTime": tuning.created_at,
-                "TrainingJobStatus": best.job.training_job_status,
-                "TunedHyperParameters": best.tuned,
-                "FinalHyperParameterTuningJobObjectiveMetric": {
-                    "Type": objective["Type"],
-                    "MetricName": objective["MetricName"],
-                    "Value": self._objective(tuning, best),
-                },
-                "ObjectiveStatus": "Succeeded",
-            }
+            described["BestTrainingJob"] = self._trial_summary(tuning, best)
         return described
+
+    def _trial_summary(self, tuning: TuningJob, trial: Trial) -> dict[str, Any]:
+        """A trial as SageMaker summarises it (HyperParameterTrainingJobSummary)."""
+        summary: dict[str, Any] = {
+            "TrainingJobName": trial.name,
+            "TrainingJobArn": trial.job.arn,
+            "TuningJobName": tuning.name,
+            "CreationTime": tuning.created_at,
+            "TrainingJobStatus": trial.job.training_job_status,
+            "TunedHyperParameters": trial.tuned,
+        }
+        value = self._objective(tuning, trial)
+        if value is not None:
+            objective = tuning.config["HyperParameterTuningJobObjective"]
+            summary["FinalHyperParameterTuningJobObjectiveMetric"] = {
+                "Type": objective["Type"],
+                "MetricName": objective["MetricName"],
+                "Value": value,
+            }
+            summary["ObjectiveStatus"] = "Succeeded"
+        return summary

@@ -3,7 +3,8 @@
 While the tuning job runs, the progress names the tuning job and counts its trials. Once it has
 ended, the progress is that of its best training job (DescribeTrainingJob, summarised as the
 single-job Monitor does), with `tuning` saying which tuning job and trial it is and what it tuned,
-so Evaluate and Register read it as they read any job.
+so Evaluate and Register read it as they read any job. Its seconds and cost are those of every
+trial the tuning job ran, which is what the run cost; `tuning` keeps the best trial's own cost.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobProgress, TrainingRequest, TunedTrial
-from lambdas.monitor.handler import record_metrics, summarize
+from lambdas.contract import JobCost, JobProgress, TrainingRequest, TunedTrial
+from lambdas.monitor.handler import job_cost, record_metrics, summarize
 from lambdas.shared.metrics import Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -54,6 +55,36 @@ def _progress(name: str, status: str, *, error: str | None, reason: str) -> dict
     }
 
 
+def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, Any]:
+    """Every trial's billed and trained seconds and cost, summed (trials never billed add nothing)."""
+    billable = training = billed = 0
+    actual = on_demand = 0.0
+    pages = sagemaker.get_paginator("list_training_jobs_for_hyper_parameter_tuning_job").paginate(
+        HyperParameterTuningJobName=name, PaginationConfig={"PageSize": 100}
+    )
+    for page in pages:
+        for trial in page["TrainingJobSummaries"]:
+            described = sagemaker.describe_training_job(TrainingJobName=trial["TrainingJobName"])
+            cost = job_cost(described, hourly_usd)
+            if cost is None:
+                continue
+            billed += 1
+            billable += int(described["BillableTimeInSeconds"])
+            training += int(described.get("TrainingTimeInSeconds") or 0)
+            actual += cost.actual_usd
+            on_demand += cost.on_demand_usd
+    return {
+        "billable_seconds": billable,
+        "training_seconds": training,
+        "cost": JobCost(
+            actual_usd=round(actual, 4),
+            on_demand_usd=round(on_demand, 4),
+            spot_savings_usd=round(on_demand - actual, 4),
+        ),
+        "trials_billed": billed,
+    }
+
+
 def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict[str, Any]:
     """Describe the tuning job; once it has ended, describe and summarise its best training job."""
     described = sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
@@ -73,6 +104,8 @@ def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict
     summary = summarize({"describe": trial}, checkpoint=None, now=now, stale_minutes=10**6, hourly_usd=hourly_usd)
     objective = best.get("FinalHyperParameterTuningJobObjectiveMetric", {})
     config = described["HyperParameterTuningJobConfig"]["HyperParameterTuningJobObjective"]
+    best_cost = summary["cost"]
+    total = trials_total(sagemaker, name, hourly_usd=hourly_usd)
     summary["tuning"] = TunedTrial(
         tuning_job=name,
         best_training_job=best["TrainingJobName"],
@@ -82,7 +115,10 @@ def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict
         objective_value=objective.get("Value"),
         trials_completed=completed,
         trials_launched=launched,
+        trials_billed=total.pop("trials_billed"),
+        best_trial_cost=best_cost,
     )
+    summary.update(total)
     return summary
 
 

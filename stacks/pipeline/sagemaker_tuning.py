@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
@@ -19,7 +20,7 @@ from constructs import Construct
 
 from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
-from stacks.constructs.nag import acknowledge_wildcard
+from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.sagemaker_job import SDK_TIMEOUT_SECONDS, TRANSIENT_ERRORS, DistributedTrainingJob, _sdk_arn
@@ -167,8 +168,10 @@ class SageMakerTuning(Construct):
         monitor = context.function(
             "TuningProgress",
             "lambdas.tuning.handler.handler",
-            "Summarises a tuning job: its trials while it runs, then its best training job",
+            "Summarises a tuning job: its trials while it runs, then its best training job and what every trial cost",
             {},
+            # An ended tuning job's trials are described one by one (up to 100) to sum what they cost.
+            timeout=Duration.minutes(2),
         )
         tuning_jobs = context.arn("sagemaker", "hyper-parameter-tuning-job/*")
         monitor.function.add_to_role_policy(
@@ -176,12 +179,23 @@ class SageMakerTuning(Construct):
                 sid="FollowTuningJobs", actions=["sagemaker:DescribeHyperParameterTuningJob"], resources=[tuning_jobs]
             )
         )
+        monitor.function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ListTrials", actions=["sagemaker:ListTrainingJobsForHyperParameterTuningJob"], resources=["*"]
+            )
+        )
         self.job.grant_follow(monitor.role)
         for resource, reason in {
             tuning_jobs: "Describes the run's tuning job; tuning job names are per run.",
-            context.arn("sagemaker", "training-job/*"): "Describes the tuning job's best trial, named by SageMaker.",
+            context.arn("sagemaker", "training-job/*"): "Describes the tuning job's trials, named by SageMaker.",
         }.items():
             acknowledge_wildcard(monitor.role, resource, reason)
+        acknowledge(
+            monitor.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "sagemaker:ListTrainingJobsForHyperParameterTuningJob is granted on all resources: a read-only "
+            "listing of a tuning job's trials, whose costs the run's lineage sums.",
+        )
         return monitor
 
     def _poll(self) -> None:

@@ -196,15 +196,29 @@ def test_the_estimate_is_max_jobs_times_the_single_jobs_worst_case() -> None:
 
 
 class _SageMaker:
-    def __init__(self, tuning: dict[str, Any], trial: dict[str, Any] | None = None) -> None:
-        self.tuning, self.trial = tuning, trial
+    """The tuning job `t` and its trials; the trials are listed two to a page."""
+
+    def __init__(self, tuning: dict[str, Any], *trials: dict[str, Any]) -> None:
+        self.tuning, self.trials = tuning, {trial["TrainingJobName"]: trial for trial in trials}
 
     def describe_hyper_parameter_tuning_job(self, **_: Any) -> dict[str, Any]:
         return self.tuning
 
     def describe_training_job(self, **kwargs: Any) -> dict[str, Any]:
-        assert self.trial is not None and kwargs["TrainingJobName"] == self.trial["TrainingJobName"]
-        return self.trial
+        return self.trials[kwargs["TrainingJobName"]]
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "list_training_jobs_for_hyper_parameter_tuning_job"
+        names = list(self.trials)
+
+        class Paginator:
+            @staticmethod
+            def paginate(**kwargs: Any) -> list[dict[str, Any]]:
+                assert kwargs["HyperParameterTuningJobName"] == "t"
+                pages = [names[i : i + 2] for i in range(0, len(names), 2)]
+                return [{"TrainingJobSummaries": [{"TrainingJobName": n} for n in page]} for page in pages]
+
+        return Paginator()
 
 
 CONFIG = {"HyperParameterTuningJobObjective": {"Type": "Minimize", "MetricName": "validation:loss"}}
@@ -228,17 +242,27 @@ def test_a_completed_tuning_job_is_its_best_trial_with_what_it_tuned() -> None:
             "FinalHyperParameterTuningJobObjectiveMetric": {"MetricName": "validation:loss", "Value": 2.1},
         },
     }
-    trial = {
+    best = {
         "TrainingJobName": "t-002-abcdef12",
         "TrainingJobStatus": "Completed",
         "SecondaryStatus": "Completed",
         "FinalMetricDataList": [{"MetricName": "validation:loss", "Value": 2.1}],
         "BillableTimeInSeconds": 3600,
+        "TrainingTimeInSeconds": 3600,
         "ModelArtifacts": {"S3ModelArtifacts": "s3://artifacts/runs/t-002-abcdef12/output/model.tar.gz"},
     }
-    progress = JobProgress.model_validate(poll(_SageMaker(described, trial), "t", hourly_usd=2.0, now=NOW))
+    spot = {"TrainingJobName": "t-001-0badcafe", "BillableTimeInSeconds": 1800, "TrainingTimeInSeconds": 3600}
+    never_billed = {"TrainingJobName": "t-003-12345678", "TrainingJobStatus": "Failed"}
+    also_billed = {"TrainingJobName": "t-004-87654321", "BillableTimeInSeconds": 360, "TrainingTimeInSeconds": 360}
+    sagemaker = _SageMaker(described, spot, best, never_billed, also_billed)
+    progress = JobProgress.model_validate(poll(sagemaker, "t", hourly_usd=2.0, now=NOW))
     assert progress.job_name == "t-002-abcdef12" and progress.status == "Completed" and progress.finished
-    assert progress.final_metrics == {"validation:loss": 2.1} and progress.cost is not None
+    assert progress.final_metrics == {"validation:loss": 2.1}
+    assert progress.model_artifacts == best["ModelArtifacts"]["S3ModelArtifacts"]
+    # What the run cost: every billed trial at $2/h, across both pages of the listing.
+    assert (progress.billable_seconds, progress.training_seconds) == (5760, 7560)
+    assert progress.cost is not None
+    assert progress.cost.model_dump() == {"actual_usd": 3.2, "on_demand_usd": 4.2, "spot_savings_usd": 1.0}
     assert progress.tuning is not None
     assert progress.tuning.model_dump() == {
         "tuning_job": "t",
@@ -249,6 +273,8 @@ def test_a_completed_tuning_job_is_its_best_trial_with_what_it_tuned() -> None:
         "objective_value": 2.1,
         "trials_completed": 3,
         "trials_launched": 4,
+        "trials_billed": 3,
+        "best_trial_cost": {"actual_usd": 2.0, "on_demand_usd": 2.0, "spot_savings_usd": 0.0},
     }
 
 

@@ -132,5 +132,21 @@ def pipeline_factory(platform: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
+def open_platform() -> Iterator[Any]:
+    """A LocalPlatform of another assembly (an edited copy of the platform's), IAM enforced."""
+    opened: list[LocalPlatform] = []
+
+    def open_(assembly: Path, scripts: list[list[Poll]] | None = None) -> Pipeline:
+        training = ScriptedTraining(scripts=scripts or [[Poll(), COMPLETED]])
+        local = LocalPlatform(assembly, training=training)
+        opened.append(local.__enter__())
+        return Pipeline(local, training)
+
+    yield open_
+    for local in opened:
+        local.__exit__(None, None, None)
+
+
+@pytest.fixture
 def pipeline(pipeline_factory: Any) -> Pipeline:
     return pipeline_factory()  # type: ignore[no-any-return]

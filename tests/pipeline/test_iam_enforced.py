@@ -12,10 +12,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localrun.engine import LocalPlatform
 from localrun.iam import LAMBDA, SAGEMAKER, acting_as
-from localrun.scripted import Poll, ScriptedTraining
-from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.pipeline.conftest import Pipeline
 
 Statement = dict[str, Any]
 
@@ -55,21 +53,6 @@ def _drop(role_prefix: str, sid: str) -> Callable[[dict[str, Any]], None]:
         statements[:] = kept
 
     return edit
-
-
-@pytest.fixture
-def open_platform() -> Any:
-    opened: list[LocalPlatform] = []
-
-    def open_(assembly: Path, scripts: list[list[Poll]] | None = None) -> Pipeline:
-        training = ScriptedTraining(scripts=scripts or [[Poll(), COMPLETED]])
-        local = LocalPlatform(assembly, training=training)
-        opened.append(local.__enter__())
-        return Pipeline(local, training)
-
-    yield open_
-    for local in opened:
-        local.__exit__(None, None, None)
 
 
 def test_a_dropped_statement_fails_the_run_naming_action_and_resource(

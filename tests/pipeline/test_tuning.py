@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -13,6 +14,7 @@ from moto.sagemaker.responses import SageMakerResponse
 from localrun.engine import Clock
 from localrun.scripted import Poll
 from tests.pipeline.conftest import Pipeline
+from tests.pipeline.test_iam_enforced import _assembly_with, _drop
 
 TUNING = {
     "ranges": {
@@ -25,10 +27,12 @@ TUNING = {
 }
 # Trial n follows script n: the third trial scores best.
 LOSSES = [2.9, 2.7, 2.2, 2.8]
+BILLED = [600, 900, 1200, 1500]
 
 
-def _trial(loss: float) -> list[Poll]:
-    done = Poll("Completed", "Completed", metrics={"validation:loss": loss, "train:loss": loss - 0.1})
+def _trial(loss: float, billed: int | None = None) -> list[Poll]:
+    metrics = {"validation:loss": loss, "train:loss": loss - 0.1}
+    done = Poll("Completed", "Completed", metrics=metrics, billable_seconds=billed, training_seconds=billed)
     return [Poll(), Poll(), done]
 
 
@@ -51,7 +55,7 @@ def _running_at_each_create(pipeline: Pipeline) -> list[int]:
 
 
 def test_tuning_registers_the_best_trial_with_its_lineage(pipeline_factory: Any) -> None:
-    pipeline = pipeline_factory(scripts=[_trial(loss) for loss in LOSSES])
+    pipeline = pipeline_factory(scripts=[_trial(loss, billed) for loss, billed in zip(LOSSES, BILLED, strict=True)])
     running = _running_at_each_create(pipeline)
     arn = pipeline.start(tuning_input(pipeline))
     pipeline.run_until(arn, "Approval gate (promotion)")
@@ -77,6 +81,12 @@ def test_tuning_registers_the_best_trial_with_its_lineage(pipeline_factory: Any)
     assert record["hyperparameters"] == {"lr": tuned["lr"], "batch_size": tuned["batch_size"]}
     assert record["objective_metric"] == "validation:loss" and record["objective_value"] == 2.2
     assert record["trials_completed"] == 4 and record["trials_launched"] == 4
+    # What the run cost is every trial's billed time at the cluster's price; the best trial's is kept beside it.
+    estimate = next(c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.estimate"))
+    hourly = estimate["hourly_usd"]
+    assert lineage["cost"]["billable_seconds"] == sum(BILLED) and record["trials_billed"] == 4
+    assert lineage["cost"]["actual_usd"] == pytest.approx(hourly * sum(BILLED) / 3600, abs=1e-3)
+    assert record["best_trial_cost"]["actual_usd"] == pytest.approx(hourly * BILLED[2] / 3600, abs=1e-3)
     assert lineage["hyperparameters"]["lr"] == tuned["lr"] and lineage["hyperparameters"]["max_steps"] == "100"
     (package,) = pipeline.model_packages()
     assert package["ModelApprovalStatus"] == "Approved"
@@ -206,3 +216,19 @@ def test_a_tuning_job_sagemaker_refuses_fails_the_run_after_stopping_what_it_may
     assert error == "TuningJobNotCreated" and "service limit for tuning jobs" in cause
     assert "Stop the run's jobs (tuning not created)" in pipeline.local.states_entered(arn)
     assert pipeline.jobs() == []
+
+
+def test_without_listing_the_trials_the_ended_tuning_job_fails_the_run_naming_the_denial(
+    platform: Any, tmp_path: Path, open_platform: Any
+) -> None:
+    # The trials' cost is summed from ListTrainingJobsForHyperParameterTuningJob; that statement is the only grant.
+    assembly = _assembly_with(platform, tmp_path, _drop("TuningProgressRole", "ListTrials"))
+    pipeline = open_platform(
+        assembly, scripts=[_trial(loss, billed) for loss, billed in zip(LOSSES, BILLED, strict=True)]
+    )
+    arn = pipeline.start(tuning_input(pipeline))
+    described = pipeline.finish(arn, timeout=60)
+    assert described["status"] == "FAILED"
+    cause = described["cause"]
+    assert "sagemaker:ListTrainingJobsForHyperParameterTuningJob" in cause and "TuningProgressRole" in cause, cause
+    assert [d.action for d in pipeline.local.iam.denials()] == ["sagemaker:ListTrainingJobsForHyperParameterTuningJob"]
