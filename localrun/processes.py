@@ -11,28 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from pathlib import Path
 
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process, from /proc."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name (field 2) may contain spaces; the parent pid follows its closing paren.
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parents
+from training.launcher import parent_pids
 
 
 def tree(pid: int) -> list[int]:
     """`pid` and every process descended from it, parents before children."""
     children: dict[int, list[int]] = {}
-    for child, parent in _parents().items():
+    for child, parent in parent_pids().items():
         children.setdefault(parent, []).append(child)
     found, queue = [], [pid]
     while queue:

@@ -242,9 +242,9 @@ def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None)
     return [*command, sys.executable, "-m", "training.train"]
 
 
-def child_pids(pid: int) -> list[int]:
-    """Direct children of ``pid`` (torchrun's workers), from /proc."""
-    children = []
+def parent_pids() -> dict[int, int]:
+    """pid -> parent pid of every process, from /proc."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -253,9 +253,13 @@ def child_pids(pid: int) -> list[int]:
         except OSError:
             continue
         # The command name (field 2) may contain spaces; the parent pid follows its closing paren.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            children.append(int(entry.name))
-    return children
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (torchrun's workers), from /proc."""
+    return [child for child, parent in parent_pids().items() if parent == pid]
 
 
 def _signal_group(pid: int, signum: int) -> None:
