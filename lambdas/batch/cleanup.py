@@ -13,7 +13,8 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.batch.monitor import STOP_REASON
-from lambdas.cleanup.handler import prune_checkpoints
+from lambdas.cleanup.handler import ended_execution, prune_checkpoints
+from lambdas.contract import run_checkpoints, run_of
 from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
 
@@ -45,7 +46,7 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
         batch.terminate_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
         terminated.append(job["job_name"])
         logger.info("batch job terminated", extra={"job": job["job_name"], "execution": execution})
-    runs = {f"runs/{name.rsplit('-', 1)[0]}/checkpoints/" for name in terminated}
+    runs = {run_checkpoints(run_of(name)) for name in terminated}
     pruned = [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
     return {"stopped": terminated, "pruned": pruned}
 
@@ -54,10 +55,8 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     bucket = env_str("CHECKPOINTS_BUCKET")
-    if event.get("detail-type") == "Step Functions Execution Status Change":
-        execution, prefixes = event["detail"]["executionArn"], []
-    else:
-        execution, prefixes = event["execution"], [f"runs/{event['job_name_base']}/checkpoints/"]
+    execution, run = ended_execution(event)
+    prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
         execution,
         queue=env_str("JOB_QUEUE"),

@@ -16,7 +16,7 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.contract import JobCost, JobProgress, TrainingRequest, run_checkpoints
 from lambdas.monitor.handler import PREFLIGHT_FAILED, latest_checkpoint, metrics, record_metrics
 from lambdas.shared.env import env_int, env_str
 from training.batch_contract import result_key
@@ -166,7 +166,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         output = f"s3://{env_str('ARTIFACTS_BUCKET')}/runs/{describe['jobName']}/output/"
         attempts = max(1, len(describe.get("attempts", [])))
         results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
-    checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), f"runs/{request.job_name_base}/checkpoints/")
+    checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), run_checkpoints(request.job_name_base))
     summary = summarize(
         describe,
         previous=event["previous"],

@@ -17,6 +17,7 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
+from lambdas.contract import run_checkpoints, run_of
 from lambdas.monitor.handler import latest_checkpoint
 from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
@@ -96,21 +97,27 @@ def clean_up(
     tuning_stopped = stop_tuning_jobs(sagemaker, execution)
     # A trial of a stopped tuning job is stopped here too when it still runs: it carries the execution's tag.
     stopped = stop_jobs(sagemaker, execution)
-    # Job names are <job_name_base>-<attempt>; the run's checkpoints are runs/<job_name_base>/checkpoints/.
-    stopped_runs = [(bucket, f"runs/{name.rsplit('-', 1)[0]}/checkpoints/") for name in stopped]
+    stopped_runs = [(bucket, run_checkpoints(run_of(name))) for name in stopped]
     pruned = [{"prefix": f"s3://{b}/{p}", **prune_checkpoints(s3, b, p)} for b, p in sorted({*prefixes, *stopped_runs})]
     return {"stopped": stopped, "pruned": pruned, "stopped_tuning_jobs": tuning_stopped}
+
+
+def ended_execution(event: dict[str, Any]) -> tuple[str, str | None]:
+    """(the execution, its run's job_name_base when the state machine says it) of a cleanup event.
+
+    The state machine sends {"execution", "job_name_base"}; EventBridge an Execution Status Change.
+    """
+    if event.get("detail-type") == "Step Functions Execution Status Change":
+        return event["detail"]["executionArn"], None
+    return event["execution"], event["job_name_base"]
 
 
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     bucket = env_str("CHECKPOINTS_BUCKET")
-    if event.get("detail-type") == "Step Functions Execution Status Change":
-        execution, prefixes = event["detail"]["executionArn"], []
-    else:
-        execution = event["execution"]
-        prefixes = [(bucket, f"runs/{event['job_name_base']}/checkpoints/")]
+    execution, run = ended_execution(event)
+    prefixes = [(bucket, run_checkpoints(run))] if run is not None else []
     result = clean_up(
         execution, prefixes=prefixes, bucket=bucket, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3")
     )

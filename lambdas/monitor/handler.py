@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.contract import JobCost, JobProgress, TrainingRequest, run_checkpoints
 from lambdas.shared.env import env_int, env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
@@ -165,7 +165,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     request = TrainingRequest.parse(event["request"])
     described = boto3.client("sagemaker").describe_training_job(TrainingJobName=event["job_name"])
     bucket = env_str("CHECKPOINTS_BUCKET")
-    prefix = f"runs/{request.job_name_base}/checkpoints/"
+    prefix = run_checkpoints(request.job_name_base)
     checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
     summary = summarize(
         {**event["previous"], "describe": described},
