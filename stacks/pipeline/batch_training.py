@@ -16,23 +16,29 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import Aws, Duration
-from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.contract import ERROR, ESTIMATE, JOB, REQUEST, TRAIN
 from lambdas.shared.catalog import instance_type
 from lambdas.validate.request import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
-from stacks.constructs.tasks import invoke
-from stacks.pipeline.context import PipelineContext, obj, string
-from stacks.pipeline.sagemaker_job import JOB_NAME, SDK_TIMEOUT_SECONDS
+from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.polled_job import (
+    JOB_NAME,
+    SDK_TIMEOUT_SECONDS,
+    PolledJobStep,
+    StepNames,
+    dead_letter_queue,
+    sdk_arn,
+    sdk_retry,
+    watch_ended_executions,
+)
 from training.batch_contract import (
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
@@ -45,10 +51,10 @@ from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
 # A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as
 # insufficient capacity, and a new attempt is submitted (Batch itself would wait for ever).
 CAPACITY_WAIT_MINUTES = 30
+# Retried with backoff while looking for a submitted job: Batch's errors and a call that timed out.
+TRANSIENT_ERRORS = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
 
-
-def _sdk_arn(action: str) -> str:
-    return f"arn:{Aws.PARTITION}:states:::aws-sdk:batch:{action}"
+NAMES = StepNames(label="Batch")
 
 
 class BatchTraining(Construct):
@@ -77,12 +83,22 @@ class BatchTraining(Construct):
         validate = context.functions["Validate"].function
         validate.add_environment("BATCH_INSTANCE_TYPES", json.dumps([largest.instance_type]))
         validate.add_environment("BATCH_MAX_NODES", str(largest.count))
-        self.start = sfn.Pass(
-            self, "First attempt (Batch)", result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
+        step = PolledJobStep(
+            self,
+            context=context,
+            names=NAMES,
+            create=self._submit,
+            progress=self.monitor,
+            progress_payload={
+                "request": obj(REQUEST),
+                "job": obj(TRAIN.job),
+                "previous": obj(JOB),
+                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+            },
+            cleanup=self.cleanup,
+            replaces_jobs=True,
         )
-        self.failed = sfn.Pass(self, "Batch step failed", comment="$.failure says why")
-        self.succeeded = sfn.Pass(self, "Batch step succeeded", comment="$.job holds the finished job")
-        self._poll()
+        self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
 
     @property
     def backends(self) -> list[str]:
@@ -101,26 +117,13 @@ class BatchTraining(Construct):
             self._context.arn("batch", "job/*"),
             "Job IDs are Batch's; SubmitJob is limited to the platform's queue and job definition.",
         )
-        events.Rule(
-            self._context.stack,
+        watch_ended_executions(
+            self._context,
             "BatchExecutionEnded",
             description="Terminates the AWS Batch jobs of a pipeline execution that was aborted, timed out or failed",
-            event_pattern=events.EventPattern(
-                source=["aws.states"],
-                detail_type=["Step Functions Execution Status Change"],
-                detail={
-                    "stateMachineArn": [state_machine.state_machine_arn],
-                    "status": ["ABORTED", "TIMED_OUT", "FAILED"],
-                },
-            ),
-            targets=[
-                targets.LambdaFunction(
-                    self.cleanup.function,
-                    dead_letter_queue=self.cleanup_dead_letters,
-                    retry_attempts=8,
-                    max_event_age=Duration.hours(6),
-                )
-            ],
+            state_machine=state_machine,
+            cleanup=self.cleanup,
+            dead_letters=self.cleanup_dead_letters,
         )
 
     def _monitor_function(self) -> PlatformFunction:
@@ -162,14 +165,7 @@ class BatchTraining(Construct):
 
     def _cleanup_function(self) -> PlatformFunction:
         context = self._context
-        self.cleanup_dead_letters = sqs.Queue(
-            context.stack,
-            "StopBatchJobsDeadLetters",
-            encryption=sqs.QueueEncryption.KMS,
-            encryption_master_key=context.key,
-            enforce_ssl=True,
-            retention_period=Duration.days(14),
-        )
+        self.cleanup_dead_letters = dead_letter_queue(context, "StopBatchJobsDeadLetters")
         cleanup = context.function(
             "StopBatchJobs",
             "lambdas.batch.cleanup.handler",
@@ -249,7 +245,7 @@ class BatchTraining(Construct):
             state_json={
                 "Type": "Task",
                 "Comment": "Submits the multi-node parallel job (no .sync: the pipeline polls it)",
-                "Resource": _sdk_arn("submitJob"),
+                "Resource": sdk_arn("batch", "submitJob"),
                 "Parameters": parameters,
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName"},
                 "ResultPath": str(TRAIN.job),
@@ -265,7 +261,7 @@ class BatchTraining(Construct):
             state_json={
                 "Type": "Task",
                 "Comment": "A submit whose answer was lost may have created the job: look for it by name",
-                "Resource": _sdk_arn("listJobs"),
+                "Resource": sdk_arn("batch", "listJobs"),
                 "Parameters": {
                     "JobQueue": self.cluster.queue.job_queue_arn,
                     "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
@@ -273,15 +269,7 @@ class BatchTraining(Construct):
                 "ResultSelector": {"jobs.$": "$.JobSummaryList"},
                 "ResultPath": str(TRAIN.found),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": [
-                    {
-                        "ErrorEquals": ["Batch.ClientException", "Batch.ServerException", "States.Timeout"],
-                        "IntervalSeconds": 5,
-                        "BackoffRate": 2,
-                        "MaxAttempts": 4,
-                        "JitterStrategy": "FULL",
-                    }
-                ],
+                "Retry": sdk_retry(TRANSIENT_ERRORS),
             },
         )
 
@@ -321,127 +309,3 @@ class BatchTraining(Construct):
         first.next(wait)
         second.next(wait)
         return first
-
-    def _poll(self) -> None:
-        """Wait, check, decide: running, stale, completed, a failure to retry on fresh instances, or failed."""
-        context = self._context
-        reset = sfn.Pass(
-            self, "Reset Batch progress", result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
-        )
-        stop = self._stop_and_fail()
-        wait = sfn.Wait(
-            self,
-            "Wait for Batch training",
-            time=sfn.WaitTime.seconds_path(str(REQUEST.poll_seconds)),
-            comment="Between polls",
-        )
-        not_created = sfn.Pass(
-            self,
-            "Record Batch job not submitted",
-            parameters={"error": "TrainingJobNotCreated", "cause": string(ERROR.Cause)},
-            result_path=str(FAILURE),
-        )
-        not_created.next(self._clean_up("Terminate the run's Batch jobs (not submitted)", self.failed))
-        submit = self._submit(wait, not_created)
-        check = invoke(
-            self,
-            "Check Batch progress",
-            self.monitor,
-            {
-                "request": obj(REQUEST),
-                "job": obj(TRAIN.job),
-                "previous": obj(JOB),
-                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
-            },
-            str(JOB),
-        )
-        check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        stale = context.notify(
-            self,
-            "Warn stale Batch checkpoints",
-            subject="Training run has not checkpointed recently",
-            fields={
-                "job": string(JOB.job_name),
-                "checkpoint_age_minutes": string(JOB.checkpoint_age_minutes),
-                "latest_checkpoint": obj(JOB.checkpoint),
-            },
-        )
-        stale.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
-        stale.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        next_attempt = sfn.Pass(
-            self,
-            "Next Batch attempt",
-            comment="No capacity in time or a failed pre-flight check: a new job, with a new name, resuming from the "
-            "run's checkpoints",
-            parameters={
-                "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
-                "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
-            },
-            result_path=str(TRAIN),
-        )
-        retrying = context.notify(
-            self,
-            "Tell the run why Batch retries",
-            subject="Training job replaced: retrying on fresh instances",
-            fields={
-                "failed_job": string(JOB.job_name),
-                "error": string(TRAIN.retried_after.error),
-                "reason": string(TRAIN.retried_after.cause),
-                "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
-            },
-        )
-        retrying.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
-        retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        job_failed = sfn.Pass(
-            self,
-            "Record Batch job failure",
-            parameters={"error": string(JOB.error), "cause": string(JOB.failure_reason)},
-            result_path=str(FAILURE),
-        )
-        self.start.next(reset).next(submit)
-        next_attempt.next(retrying).next(reset)
-        retries = context.pipeline.capacity_retries
-        wait.next(check).next(
-            sfn.Choice(self, "Batch job finished?")
-            .when(
-                sfn.Condition.and_(
-                    sfn.Condition.boolean_equals(str(JOB.finished), False),
-                    sfn.Condition.boolean_equals(str(JOB.warn_stale), True),
-                ),
-                stale.next(wait),
-            )
-            .when(sfn.Condition.boolean_equals(str(JOB.finished), False), wait)
-            .when(
-                sfn.Condition.string_equals(str(JOB.status), "Completed"),
-                self._clean_up("Prune Batch checkpoints", self.succeeded),
-            )
-            .when(
-                sfn.Condition.and_(
-                    sfn.Condition.boolean_equals(str(JOB.retry_on_new_nodes), True),
-                    sfn.Condition.number_less_than(str(TRAIN.attempt), retries + 1),
-                ),
-                next_attempt,
-            )
-            .otherwise(job_failed.next(self._clean_up("Prune Batch checkpoints (failed job)", self.failed)))
-        )
-
-    def _stop_and_fail(self) -> sfn.IChainable:
-        record = sfn.Pass(
-            self,
-            "Record Batch orchestration failure",
-            parameters={"error": string(ERROR.Error), "cause": string(ERROR.Cause)},
-            result_path=str(FAILURE),
-        )
-        return record.next(self._clean_up("Terminate the run's Batch jobs", self.failed))
-
-    def _clean_up(self, id_: str, then: sfn.IChainable) -> sfn.IChainable:
-        """Terminate this execution's active jobs and prune the run's checkpoints, then go on to `then`."""
-        task = invoke(
-            self,
-            id_,
-            self.cleanup,
-            {"execution": sfn.JsonPath.execution_id, "job_name_base": string(REQUEST.job_name_base)},
-            str(CLEANUP),
-        )
-        task.add_catch(then, errors=["States.ALL"], result_path=str(CLEANUP))
-        return task.next(then)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aws_cdk import Aws, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
@@ -22,6 +22,7 @@ from lambdas.contract import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext
+from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
 from training.metrics import METRIC_DEFINITIONS
 from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
 from training.roles import TRAINING_GROUPS_ENV
@@ -30,12 +31,6 @@ CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
 # Retried with backoff: throttling and SageMaker's unmodelled transient errors.
 TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
-SDK_TIMEOUT_SECONDS = 60
-JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
-
-
-def _sdk_arn(action: str) -> str:
-    return f"arn:{Aws.PARTITION}:states:::aws-sdk:sagemaker:{action}"
 
 
 class DistributedTrainingJob(Construct):
@@ -157,7 +152,7 @@ class DistributedTrainingJob(Construct):
         }.items():
             acknowledge_wildcard(self.role, resource, reason)
 
-    def _create_parameters(self, *, kms_volume: bool, groups: bool = False) -> dict[str, Any]:
+    def create_parameters(self, *, kms_volume: bool, groups: bool = False) -> dict[str, Any]:
         """CreateTrainingJob's parameters; `groups`: a heterogeneous cluster (ResourceConfig.InstanceGroups)."""
         cluster = (
             {"InstanceGroups.$": str(REQUEST.sagemaker_instance_groups)}
@@ -172,8 +167,7 @@ class DistributedTrainingJob(Construct):
         if kms_volume:
             resource["VolumeKmsKeyId"] = self.key.key_arn
         return {
-            # One name per attempt: a retried create that had in fact succeeded finds its own job
-            # ("name already in use") and adopts it instead of starting a second cluster.
+            # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it.
             "TrainingJobName.$": JOB_NAME,
             "RoleArn": self.role.role_arn,
             "AlgorithmSpecification": {
@@ -237,24 +231,15 @@ class DistributedTrainingJob(Construct):
                 "Comment": "Starts the training job"
                 + (" on a heterogeneous cluster" if groups else "")
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Resource": _sdk_arn("createTrainingJob"),
-                "Parameters": self._create_parameters(kms_volume=kms_volume, groups=groups),
+                "Resource": sdk_arn("sagemaker", "createTrainingJob"),
+                "Parameters": self.create_parameters(kms_volume=kms_volume, groups=groups),
                 "ResultSelector": {
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
                 },
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": [
-                    {
-                        "ErrorEquals": TRANSIENT_ERRORS,
-                        "IntervalSeconds": 5,
-                        "BackoffRate": 2,
-                        "MaxAttempts": 5,
-                        "MaxDelaySeconds": 120,
-                        "JitterStrategy": "FULL",
-                    }
-                ],
+                "Retry": sdk_retry(TRANSIENT_ERRORS),
             },
         )
 

@@ -1,7 +1,7 @@
 """Hyperparameter tuning as Step Functions states: create a SageMaker tuning job, then poll it until it ends.
 
 A request with `tuning` takes this step instead of the single job. The tuning job's training-job
-definition is the single job's CreateTrainingJob parameters (`DistributedTrainingJob._create_parameters`),
+definition is the single job's CreateTrainingJob parameters (`DistributedTrainingJob.create_parameters`),
 renamed to HyperParameterTrainingJobDefinition's keys, so every trial carries the same role, image,
 VPC, KMS keys, encryption and isolation flags, spot and checkpoint settings and channels; IAM
 conditions on CreateHyperParameterTuningJob repeat the ones on CreateTrainingJob. The step leaves
@@ -18,14 +18,14 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.contract import ERROR, ESTIMATE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
-from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj, string
-from stacks.pipeline.sagemaker_job import SDK_TIMEOUT_SECONDS, TRANSIENT_ERRORS, DistributedTrainingJob, _sdk_arn
+from stacks.pipeline.polled_job import SDK_TIMEOUT_SECONDS, PolledJobStep, StepNames, sdk_arn, sdk_retry
+from stacks.pipeline.sagemaker_job import TRANSIENT_ERRORS, DistributedTrainingJob
 from stacks.pipeline.sagemaker_training import SageMakerTraining
-from stacks.pipeline.training_step import TrainingStep
+from stacks.pipeline.training_step import StepChoice, TrainingStep
 
 # CreateTrainingJob fields a tuning job's definition does not take: the tuning job names and tags its
 # trials, and SageMaker's profiler, TensorBoard and warm-pool settings are not part of the definition.
@@ -33,6 +33,10 @@ _NOT_IN_DEFINITION = ("TrainingJobName", "Tags", "ProfilerConfig", "TensorBoardO
 _RENAMED = {"HyperParameters": "StaticHyperParameters"}
 _ALGORITHM_KEYS = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
 _RESOURCE_KEYS_DROPPED = ("KeepAlivePeriodInSeconds",)
+
+NAMES = StepNames(
+    label="tuning", not_created_error="TuningJobNotCreated", succeeded_comment="$.job holds the best trial"
+)
 
 
 def _key(name: str) -> str:
@@ -66,12 +70,22 @@ class SageMakerTuning(Construct):
         self.job: DistributedTrainingJob = training.job
         self.monitor = self._monitor_function()
         self._grant_stop(training.cleanup.role)
-        self.start = sfn.Pass(
-            self, "Tuning attempt", result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
+        # A tuning job is not replaced: SageMaker retries its trials, and it stops them on its own limits.
+        step = PolledJobStep(
+            self,
+            context=context,
+            names=NAMES,
+            create=self._create,
+            progress=self.monitor,
+            progress_payload={
+                "request": obj(REQUEST),
+                "previous": obj(JOB),
+                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+            },
+            # The single job's Cleanup stops an execution's tuning jobs and their trials too.
+            cleanup=training.cleanup,
         )
-        self.failed = sfn.Pass(self, "Tuning step failed", comment="$.failure says why")
-        self.succeeded = sfn.Pass(self, "Tuning step succeeded", comment="$.job holds the best trial")
-        self._poll()
+        self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
 
     @property
     def backends(self) -> list[str]:
@@ -101,14 +115,12 @@ class SageMakerTuning(Construct):
                 "Type": "Task",
                 "Comment": "Starts the tuning job; its trials are the single job's definition with tuned values"
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Resource": _sdk_arn("createHyperParameterTuningJob"),
+                "Resource": sdk_arn("sagemaker", "createHyperParameterTuningJob"),
                 "Parameters": {
                     "HyperParameterTuningJobName.$": str(tuning.job_name),
                     "HyperParameterTuningJobConfig.$": str(tuning.config),
                     # The single job's enforced fields, from the one place they are written.
-                    "TrainingJobDefinition": training_job_definition(
-                        self.job._create_parameters(kms_volume=kms_volume)
-                    ),
+                    "TrainingJobDefinition": training_job_definition(self.job.create_parameters(kms_volume=kms_volume)),
                     # SageMaker adds a tuning job's tags to every training job it launches (the cleanup finds them).
                     "Tags.$": str(REQUEST.tags),
                 },
@@ -118,16 +130,7 @@ class SageMakerTuning(Construct):
                 },
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": [
-                    {
-                        "ErrorEquals": TRANSIENT_ERRORS,
-                        "IntervalSeconds": 5,
-                        "BackoffRate": 2,
-                        "MaxAttempts": 5,
-                        "MaxDelaySeconds": 120,
-                        "JitterStrategy": "FULL",
-                    }
-                ],
+                "Retry": sdk_retry(TRANSIENT_ERRORS),
             },
         )
 
@@ -198,15 +201,8 @@ class SageMakerTuning(Construct):
         )
         return monitor
 
-    def _poll(self) -> None:
-        """Create, then wait and check until the tuning job ends; the best trial goes on, anything else fails."""
-        reset = sfn.Pass(
-            self, "Reset tuning progress", result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
-        )
-        stop = self._stop_and_fail()
-        wait = sfn.Wait(
-            self, "Wait for tuning", time=sfn.WaitTime.seconds_path(str(REQUEST.poll_seconds)), comment="Between polls"
-        )
+    def _create(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.Choice:
+        """CreateHyperParameterTuningJob with or without a volume key; a retried create adopts its own tuning job."""
         create_kms = self.create_state("Create tuning job", kms_volume=True)
         create_local = self.create_state("Create tuning job (instance storage)", kms_volume=False)
         adopt = sfn.Pass(
@@ -216,71 +212,15 @@ class SageMakerTuning(Construct):
             parameters={"job_name": string(REQUEST.tuning.job_name)},
             result_path=str(TRAIN.job),
         ).next(wait)
-        not_created = sfn.Pass(
-            self,
-            "Record tuning job not created",
-            parameters={"error": "TuningJobNotCreated", "cause": string(ERROR.Cause)},
-            result_path=str(FAILURE),
-        )
-        not_created.next(self._clean_up("Stop the run's jobs (tuning not created)", self.failed))
         for state in (create_kms, create_local):
             state.add_catch(adopt, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
             state.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
             state.next(wait)
-        create = (
+        return (
             sfn.Choice(self, "Tuning volume encryption?", comment="Instance-store types take no volume KMS key")
             .when(sfn.Condition.boolean_equals(str(REQUEST.local_storage), True), create_local)
             .otherwise(create_kms)
         )
-        check = invoke(
-            self,
-            "Check tuning progress",
-            self.monitor,
-            {
-                "request": obj(REQUEST),
-                "previous": obj(JOB),
-                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
-            },
-            str(JOB),
-        )
-        check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        job_failed = sfn.Pass(
-            self,
-            "Record tuning failure",
-            parameters={"error": string(JOB.error), "cause": string(JOB.failure_reason)},
-            result_path=str(FAILURE),
-        )
-        self.start.next(reset).next(create)
-        wait.next(check).next(
-            sfn.Choice(self, "Tuning finished?")
-            .when(sfn.Condition.boolean_equals(str(JOB.finished), False), wait)
-            .when(
-                sfn.Condition.string_equals(str(JOB.status), "Completed"),
-                self._clean_up("Prune checkpoints (tuning)", self.succeeded),
-            )
-            .otherwise(job_failed.next(self._clean_up("Prune checkpoints (failed tuning)", self.failed)))
-        )
-
-    def _stop_and_fail(self) -> sfn.IChainable:
-        record = sfn.Pass(
-            self,
-            "Record tuning orchestration failure",
-            parameters={"error": string(ERROR.Error), "cause": string(ERROR.Cause)},
-            result_path=str(FAILURE),
-        )
-        return record.next(self._clean_up("Stop the run's tuning job", self.failed))
-
-    def _clean_up(self, id_: str, then: sfn.IChainable) -> sfn.IChainable:
-        """Stop this execution's tuning job and trials and prune the run's checkpoints, then go on to `then`."""
-        task = invoke(
-            self,
-            id_,
-            self._training.cleanup,
-            {"execution": sfn.JsonPath.execution_id, "job_name_base": string(REQUEST.job_name_base)},
-            str(CLEANUP),
-        )
-        task.add_catch(then, errors=["States.ALL"], result_path=str(CLEANUP))
-        return task.next(then)
 
 
 def with_tuning(scope: Construct, single: TrainingStep, tuning: SageMakerTuning) -> TrainingStep:
@@ -288,43 +228,12 @@ def with_tuning(scope: Construct, single: TrainingStep, tuning: SageMakerTuning)
     return TuningChoice(scope, "Tuning", single, tuning)
 
 
-class TuningChoice(Construct):
-    """The request's `tuning` picks the tuning step or the single-job step; both end where the pipeline goes on."""
+class TuningChoice(StepChoice):
+    """The request's `tuning` picks the tuning step or the single-job step."""
 
     def __init__(self, scope: Construct, id_: str, single: TrainingStep, tuning: SageMakerTuning) -> None:
-        super().__init__(scope, id_)
-        self._steps: tuple[TrainingStep, ...] = (single, tuning)
-        self._single = single
         tuned = sfn.Condition.and_(
             sfn.Condition.is_present(str(REQUEST.tuning)), sfn.Condition.is_not_null(str(REQUEST.tuning))
         )
-        self._start = sfn.Choice(self, "Tuning job?").when(tuned, tuning.start).otherwise(single.start)
-        self._succeeded = sfn.Pass(self, "Tuning or job succeeded")
-        self._failed = sfn.Pass(self, "Tuning or job failed")
-        for step in self._steps:
-            step.succeeded.next(self._succeeded)
-            step.failed.next(self._failed)
-
-    @property
-    def backends(self) -> list[str]:
-        return self._single.backends
-
-    @property
-    def start(self) -> sfn.IChainable:
-        return self._start
-
-    @property
-    def succeeded(self) -> sfn.INextable:
-        return self._succeeded
-
-    @property
-    def failed(self) -> sfn.INextable:
-        return self._failed
-
-    @property
-    def dead_letters(self) -> dict[str, sqs.IQueue]:
-        return {name: queue for step in self._steps for name, queue in step.dead_letters.items()}
-
-    def bind(self, state_machine: sfn.StateMachine) -> None:
-        for step in self._steps:
-            step.bind(state_machine)
+        choice = sfn.Choice(scope, "Tuning job?").when(tuned, tuning.start).otherwise(single.start)
+        super().__init__(scope, id_, steps=(single, tuning), start=choice, outcome="Tuning or job")

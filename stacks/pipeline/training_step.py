@@ -55,33 +55,23 @@ def by_backend(scope: Construct, *steps: TrainingStep) -> TrainingStep:
     return steps[0] if len(steps) == 1 else BackendChoice(scope, "Backends", steps)
 
 
-class BackendChoice(Construct):
-    """The request's `backend` picks the step; every step ends where the pipeline goes on."""
+class StepChoice(Construct):
+    """A Choice between steps (`start`), all of which end where the pipeline goes on."""
 
-    def __init__(self, scope: Construct, id_: str, steps: tuple[TrainingStep, ...]) -> None:
+    def __init__(
+        self, scope: Construct, id_: str, *, steps: tuple[TrainingStep, ...], start: sfn.Choice, outcome: str
+    ) -> None:
         super().__init__(scope, id_)
-        self._steps = steps
-        names = [name for step in steps for name in step.backends]
-        if len(set(names)) != len(names):
-            raise ValueError(f"two training steps claim the same backend: {names}")
-        choice = sfn.Choice(self, "Training backend?")
-        for step in steps:
-            condition = sfn.Condition.or_(
-                *(sfn.Condition.string_equals(str(REQUEST.backend), n) for n in step.backends)
-            )
-            choice.when(condition, step.start)
-        # Validate accepts only `backends`; this is the answer to a request that did not pass it.
-        choice.otherwise(sfn.Fail(self, "No such training backend", error="InvalidRequest", cause=", ".join(names)))
-        self._start = choice
-        self._succeeded = sfn.Pass(self, "Backend succeeded")
-        self._failed = sfn.Pass(self, "Backend failed")
+        self._steps, self._start = steps, start
+        self._succeeded = sfn.Pass(self, f"{outcome} succeeded")
+        self._failed = sfn.Pass(self, f"{outcome} failed")
         for step in steps:
             step.succeeded.next(self._succeeded)
             step.failed.next(self._failed)
 
     @property
     def backends(self) -> list[str]:
-        return [name for step in self._steps for name in step.backends]
+        return list(dict.fromkeys(name for step in self._steps for name in step.backends))
 
     @property
     def start(self) -> sfn.IChainable:
@@ -102,3 +92,21 @@ class BackendChoice(Construct):
     def bind(self, state_machine: sfn.StateMachine) -> None:
         for step in self._steps:
             step.bind(state_machine)
+
+
+class BackendChoice(StepChoice):
+    """The request's `backend` picks the step."""
+
+    def __init__(self, scope: Construct, id_: str, steps: tuple[TrainingStep, ...]) -> None:
+        names = [name for step in steps for name in step.backends]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two training steps claim the same backend: {names}")
+        choice = sfn.Choice(scope, "Training backend?")
+        for step in steps:
+            condition = sfn.Condition.or_(
+                *(sfn.Condition.string_equals(str(REQUEST.backend), n) for n in step.backends)
+            )
+            choice.when(condition, step.start)
+        # Validate accepts only `backends`; this is the answer to a request that did not pass it.
+        choice.otherwise(sfn.Fail(scope, "No such training backend", error="InvalidRequest", cause=", ".join(names)))
+        super().__init__(scope, id_, steps=steps, start=choice, outcome="Backend")

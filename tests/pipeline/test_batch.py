@@ -97,7 +97,7 @@ def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> N
     described = pipeline.finish(arn)
     states = pipeline.local.states_entered(arn)
     assert described["status"] == "SUCCEEDED", (pipeline.error(described), states, pipeline.local.iam.denials())
-    assert "Submit Batch job" in states and "Check Batch progress" in states
+    assert "Submit Batch job" in states and "Check progress (Batch)" in states
     assert "Create training job" not in states  # the SageMaker path was not taken
     (job,) = pipeline.batch.jobs.values()
     assert job.name.endswith("-1") and job.num_nodes == 2 and len(job.attempts) == 1
@@ -162,7 +162,7 @@ def test_no_capacity_in_time_submits_a_new_attempt_that_trains(batch_factory: An
     arn = pipeline.start(pipeline.batch_input())
     pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
     states = pipeline.local.states_entered(arn)
-    assert "Next Batch attempt" in states and "Tell the run why Batch retries" in states
+    assert "Next attempt (Batch)" in states and "Tell the run why it retries (Batch)" in states
     first, second = sorted(pipeline.batch.jobs.values(), key=lambda j: j.name)
     assert (first.name[-2:], second.name[-2:]) == ("-1", "-2")
     # The stuck job was terminated before its replacement was submitted; the replacement trained.

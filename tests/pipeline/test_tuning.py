@@ -155,14 +155,14 @@ def test_a_tuning_job_whose_trials_all_fail_fails_the_run(pipeline_factory: Any)
     assert described["status"] == "FAILED"
     error, cause = pipeline.error(described)
     assert error == "TuningJobFailed" and "loss is NaN" in cause
-    assert "Prune checkpoints (failed tuning)" in pipeline.local.states_entered(arn)
+    assert "Prune checkpoints (failed job, tuning)" in pipeline.local.states_entered(arn)
     assert pipeline.model_packages() == []
 
 
 def test_aborting_a_run_stops_its_tuning_job_and_trials(pipeline_factory: Any) -> None:
     pipeline = pipeline_factory(scripts=[[Poll()]], clock=Clock(wait_scale=0.001))  # trials that never end
     arn = pipeline.start(tuning_input(pipeline), name="aborted")
-    pipeline.run_until(arn, "Check tuning progress")
+    pipeline.run_until(arn, "Check progress (tuning)")
     pipeline.local.wait(arn, 10, until=lambda: len(pipeline.jobs()) == 2)
     pipeline.local.sfn.stop_execution(executionArn=arn, error="Cancelled", cause="an engineer stopped the run")
     # EventBridge delivers the status change to the rule's target (the cleanup handler), asynchronously.
@@ -214,7 +214,7 @@ def test_a_tuning_job_sagemaker_refuses_fails_the_run_after_stopping_what_it_may
     assert described["status"] == "FAILED"
     error, cause = pipeline.error(described)
     assert error == "TuningJobNotCreated" and "service limit for tuning jobs" in cause
-    assert "Stop the run's jobs (tuning not created)" in pipeline.local.states_entered(arn)
+    assert "Stop the run's jobs (not created, tuning)" in pipeline.local.states_entered(arn)
     assert pipeline.jobs() == []
 
 

@@ -1,0 +1,269 @@
+"""The loop every training backend shares: create a job, then poll it until it ends, and never beyond it.
+
+Step Functions' `.sync` integrations cannot record spot interruptions, warn of stale checkpoints
+or replace a job that waits for capacity, so each backend's job is created by an SDK task and
+followed by one progress-handler call per round at the request's `poll_seconds`:
+
+    first attempt -> reset -> create -> wait -> check -> finished?
+      running (checkpoints stale)         -> warn, wait
+      running                             -> wait
+      Completed                           -> clean up -> succeeded
+      retry on new nodes (attempts left)  -> next attempt, tell the run why -> reset
+      otherwise                           -> record the job's failure -> clean up -> failed
+
+A create that fails for good, and any orchestration failure (a handler or notification that keeps
+failing), records `$.failure` and cleans up before the step fails. Cleanup stops the execution's
+jobs and prunes the run's checkpoints; a cleanup that fails is recorded in `$.cleanup`, and the
+ExecutionEnded rule (`watch_ended_executions`) cleans up again, as it does for an execution that
+was aborted or timed out. A backend supplies its create states, its progress and cleanup handlers
+and its label; `replaces_jobs` adds the stale-checkpoint warning and the replacement of a job that
+failed for want of capacity or in the pre-flight check (JobProgress.retry_on_new_nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.contract import CLEANUP, ERROR, FAILURE, JOB, REQUEST, TRAIN
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.tasks import invoke
+from stacks.pipeline.context import PipelineContext, obj, string
+
+# One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it.
+JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
+SDK_TIMEOUT_SECONDS = 60
+
+
+def sdk_arn(service: str, action: str) -> str:
+    """An AWS SDK integration without `.sync`: the step polls what it starts."""
+    return f"arn:{Aws.PARTITION}:states:::aws-sdk:{service}:{action}"
+
+
+def sdk_retry(errors: list[str]) -> list[dict[str, Any]]:
+    """The Retry of an SDK task: `errors` (throttling, the service's transient errors) with backoff and jitter."""
+    return [
+        {
+            "ErrorEquals": errors,
+            "IntervalSeconds": 5,
+            "BackoffRate": 2,
+            "MaxAttempts": 5,
+            "MaxDelaySeconds": 120,
+            "JitterStrategy": "FULL",
+        }
+    ]
+
+
+def retry_notice(task: sfn.TaskStateBase) -> None:
+    """A notification that fails for a moment (throttling, KMS) is retried; beyond that the run stops."""
+    task.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
+
+
+@dataclass(frozen=True)
+class StepNames:
+    """How a backend's states are named: the first backend's names, each of another's marked with its `label`."""
+
+    label: str | None = None
+    not_created_error: str = "TrainingJobNotCreated"
+    succeeded_comment: str = "$.job holds the finished job"
+
+    def __call__(self, name: str) -> str:
+        if self.label is None:
+            return name
+        return f"{name[:-1]}, {self.label})" if name.endswith(")") else f"{name} ({self.label})"
+
+
+Create = Callable[[sfn.Wait, sfn.IChainable], sfn.IChainable]
+"""Builds a backend's create state(s): each goes on to the wait, or to `not_created` (with `$.error`) for good."""
+
+
+class PolledJobStep:
+    """The states of one backend's loop, built into `scope`; `start`, `succeeded` and `failed` are the step's."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        context: PipelineContext,
+        names: StepNames,
+        create: Create,
+        progress: PlatformFunction,
+        progress_payload: dict[str, Any],
+        cleanup: PlatformFunction,
+        replaces_jobs: bool = False,
+    ) -> None:
+        self._scope, self._context, self._names = scope, context, names
+        self._cleanup = cleanup
+        self.start = sfn.Pass(
+            scope, names("First attempt"), result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
+        )
+        self.failed = sfn.Pass(scope, names("Training step failed"), comment="$.failure says why")
+        self.succeeded = sfn.Pass(scope, names("Training step succeeded"), comment=names.succeeded_comment)
+        reset = sfn.Pass(
+            scope, names("Reset progress"), result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
+        )
+        stop = self._stop_and_fail()
+        wait = sfn.Wait(
+            scope,
+            names("Wait for training"),
+            time=sfn.WaitTime.seconds_path(str(REQUEST.poll_seconds)),
+            comment="Between polls",
+        )
+        self.start.next(reset).next(create(wait, self._not_created()))
+        check = invoke(scope, names("Check progress"), progress, progress_payload, str(JOB))
+        check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        finished = sfn.Choice(scope, names("Job finished?"))
+        running = sfn.Condition.boolean_equals(str(JOB.finished), False)
+        if replaces_jobs:
+            stale = self._stale_warning(stop)
+            finished.when(
+                sfn.Condition.and_(running, sfn.Condition.boolean_equals(str(JOB.warn_stale), True)), stale.next(wait)
+            )
+        finished.when(running, wait).when(
+            sfn.Condition.string_equals(str(JOB.status), "Completed"),
+            self._clean_up(names("Prune checkpoints"), self.succeeded),
+        )
+        if replaces_jobs:
+            retries = context.pipeline.capacity_retries
+            finished.when(
+                sfn.Condition.and_(
+                    sfn.Condition.boolean_equals(str(JOB.retry_on_new_nodes), True),
+                    sfn.Condition.number_less_than(str(TRAIN.attempt), retries + 1),
+                ),
+                self._next_attempt(stop, reset),
+            )
+        job_failed = sfn.Pass(
+            scope,
+            names("Record job failure"),
+            parameters={"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+            result_path=str(FAILURE),
+        )
+        finished.otherwise(job_failed.next(self._clean_up(names("Prune checkpoints (failed job)"), self.failed)))
+        wait.next(check).next(finished)
+
+    def _not_created(self) -> sfn.IChainable:
+        """A create that failed for good; it may have happened even so (a timeout): stop what the execution started."""
+        record = sfn.Pass(
+            self._scope,
+            self._names("Record job not created"),
+            parameters={"error": self._names.not_created_error, "cause": string(ERROR.Cause)},
+            result_path=str(FAILURE),
+        )
+        record.next(self._clean_up(self._names("Stop the run's jobs (not created)"), self.failed))
+        return record
+
+    def _stop_and_fail(self) -> sfn.IChainable:
+        """After an orchestration failure ($.error): stop the run's jobs, then fail the step with that error."""
+        record = sfn.Pass(
+            self._scope,
+            self._names("Record orchestration failure"),
+            parameters={"error": string(ERROR.Error), "cause": string(ERROR.Cause)},
+            result_path=str(FAILURE),
+        )
+        return record.next(self._clean_up(self._names("Stop the run's jobs"), self.failed))
+
+    def _stale_warning(self, stop: sfn.IChainable) -> sfn.TaskStateBase:
+        stale = self._context.notify(
+            self._scope,
+            self._names("Warn stale checkpoints"),
+            subject="Training run has not checkpointed recently",
+            fields={
+                "job": string(JOB.job_name),
+                "checkpoint_age_minutes": string(JOB.checkpoint_age_minutes),
+                "latest_checkpoint": obj(JOB.checkpoint),
+            },
+        )
+        retry_notice(stale)
+        stale.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        return stale
+
+    def _next_attempt(self, stop: sfn.IChainable, reset: sfn.IChainable) -> sfn.IChainable:
+        """A new job, with a new name, on fresh instances, resuming from the run's checkpoints; the run is told why."""
+        next_attempt = sfn.Pass(
+            self._scope,
+            self._names("Next attempt"),
+            comment="Insufficient capacity or a failed pre-flight check: a new job, with a new name, on fresh "
+            "instances, resuming from the run's checkpoints",
+            parameters={
+                "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
+                "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+            },
+            result_path=str(TRAIN),
+        )
+        retrying = self._context.notify(
+            self._scope,
+            self._names("Tell the run why it retries"),
+            subject="Training job replaced: retrying on fresh instances",
+            fields={
+                "failed_job": string(JOB.job_name),
+                "error": string(TRAIN.retried_after.error),
+                "reason": string(TRAIN.retried_after.cause),
+                "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
+            },
+        )
+        retry_notice(retrying)
+        retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        next_attempt.next(retrying).next(reset)
+        return next_attempt
+
+    def _clean_up(self, id_: str, then: sfn.IChainable) -> sfn.IChainable:
+        """Stop this execution's running jobs and prune the run's checkpoints, then go on to `then`."""
+        task = invoke(
+            self._scope,
+            id_,
+            self._cleanup,
+            {"execution": sfn.JsonPath.execution_id, "job_name_base": string(REQUEST.job_name_base)},
+            str(CLEANUP),
+        )
+        task.add_catch(then, errors=["States.ALL"], result_path=str(CLEANUP))
+        return task.next(then)
+
+
+def dead_letter_queue(context: PipelineContext, id_: str) -> sqs.Queue:
+    """Where EventBridge's asynchronous invocations of a cleanup handler that failed for good are kept."""
+    return sqs.Queue(
+        context.stack,
+        id_,
+        encryption=sqs.QueueEncryption.KMS,
+        encryption_master_key=context.key,
+        enforce_ssl=True,
+        retention_period=Duration.days(14),
+    )
+
+
+def watch_ended_executions(
+    context: PipelineContext,
+    id_: str,
+    *,
+    description: str,
+    state_machine: sfn.StateMachine,
+    cleanup: PlatformFunction,
+    dead_letters: sqs.IQueue,
+) -> events.Rule:
+    """Cleans up after an execution that was aborted, timed out or failed, which no state of the loop can do."""
+    return events.Rule(
+        context.stack,
+        id_,
+        description=description,
+        event_pattern=events.EventPattern(
+            source=["aws.states"],
+            detail_type=["Step Functions Execution Status Change"],
+            detail={
+                "stateMachineArn": [state_machine.state_machine_arn],
+                "status": ["ABORTED", "TIMED_OUT", "FAILED"],
+            },
+        ),
+        targets=[
+            targets.LambdaFunction(
+                cleanup.function, dead_letter_queue=dead_letters, retry_attempts=8, max_event_age=Duration.hours(6)
+            )
+        ],
+    )
