@@ -23,16 +23,6 @@ TRAIN_ROLE = "train"
 AUXILIARY_ROLE = "auxiliary"
 
 
-def run_checkpoints(job_name_base: str) -> str:
-    """A run's prefix in the checkpoints bucket, which every attempt's job of the run shares."""
-    return f"runs/{job_name_base}/checkpoints/"
-
-
-def run_of(job_name: str) -> str:
-    """The job_name_base of a job named <job_name_base>-<attempt>."""
-    return job_name.rsplit("-", 1)[0]
-
-
 class InstanceGroup(_Model):
     """Instances of one type; a request holds one group, or several for a heterogeneous cluster."""
 

@@ -40,6 +40,7 @@ from localrun import processes
 from localrun.cfn import ACCOUNT, REGION
 from localrun.sagemaker_local import REPO, _download_prefix, _free_port
 from training import batch_contract as contract
+from training import layout
 
 ECS_TASKS = "ecs-tasks.amazonaws.com"
 # ECS stops a container SIGTERM first, then SIGKILL after its stop timeout (30 s by default).
@@ -236,7 +237,7 @@ class LocalBatch:
         self._load_fsx(job, fsx)
         port = _free_port()
         hyperparameters = {
-            **json.loads(job.environment.get(contract.HYPERPARAMETERS_ENV, "{}")),
+            **json.loads(job.environment.get(layout.HYPERPARAMETERS_ENV, "{}")),
             **self.local_hyperparameters,
         }
         for node in attempt.nodes:
@@ -244,27 +245,27 @@ class LocalBatch:
             env.update(job.environment)
             env.update(
                 {
-                    contract.NODE_INDEX_ENV: str(node.index),
-                    contract.NUM_NODES_ENV: str(len(attempt.nodes)),
-                    contract.MAIN_NODE_INDEX_ENV: "0",
-                    contract.ATTEMPT_ENV: str(attempt.number),
-                    contract.HYPERPARAMETERS_ENV: json.dumps(hyperparameters),
-                    contract.FSX_ROOT_ENV: str(fsx),
-                    contract.SYNC_SECONDS_ENV: "0.5",
+                    layout.NODE_INDEX_ENV: str(node.index),
+                    layout.NUM_NODES_ENV: str(len(attempt.nodes)),
+                    layout.MAIN_NODE_INDEX_ENV: "0",
+                    layout.ATTEMPT_ENV: str(attempt.number),
+                    layout.HYPERPARAMETERS_ENV: json.dumps(hyperparameters),
+                    layout.FSX_ROOT_ENV: str(fsx),
+                    layout.SYNC_SECONDS_ENV: "0.5",
                     "AWS_BATCH_JOB_ID": job.job_id,
-                    "OPT_ML_ROOT": str(job.workdir / f"attempt-{attempt.number}" / f"node-{node.index}"),
+                    layout.OPT_ML_ROOT_ENV: str(job.workdir / f"attempt-{attempt.number}" / f"node-{node.index}"),
                     # Loopback CPU processes: no EFA device, no GPU, no bandwidth floor (as sagemaker_local.py).
-                    "TRAINING_EFA": "false",
-                    "TRAINING_EXPECTED_GPUS": "0",
-                    "TRAINING_MIN_BUSBW_GBPS": "0",
-                    "TRAINING_MASTER_PORT": str(port),
-                    "TRAINING_NPROC_PER_NODE": "1",
+                    layout.EFA_ENV: "false",
+                    layout.EXPECTED_GPUS_ENV: "0",
+                    layout.MIN_BUSBW_ENV: "0",
+                    layout.MASTER_PORT_ENV: str(port),
+                    layout.NPROC_ENV: "1",
                     "PYTHONPATH": str(REPO),
                     "OMP_NUM_THREADS": "1",
                 }
             )
             if node.index != 0:
-                env[contract.MAIN_NODE_ADDRESS_ENV] = "127.0.0.1"
+                env[layout.MAIN_NODE_ADDRESS_ENV] = "127.0.0.1"
             node.thread = threading.Thread(target=self._run_node, args=(job, attempt, node, env), daemon=True)
         for node in attempt.nodes:
             assert node.thread is not None
@@ -308,7 +309,7 @@ class LocalBatch:
 
     def _load_fsx(self, job: BatchJob, fsx: Path) -> None:
         """What the FSx channels name, from the datasets bucket (the file system's lazy load, with FSx's own role)."""
-        channels = json.loads(job.environment.get(contract.CHANNELS_ENV, "[]"))
+        channels = json.loads(job.environment.get(layout.CHANNELS_ENV, "[]"))
         for channel in channels:
             source = channel["DataSource"].get("FileSystemDataSource")
             if source is None:
@@ -333,17 +334,17 @@ class LocalBatch:
         def running() -> bool:
             return all(n.exit_code is None for n in attempt.nodes) and job.terminating is None
 
-        while running() and not any(hosts.glob("node-*/checkpoints/step-*/manifest.json")):
+        while running() and not any(hosts.glob(f"node-*/checkpoints/{layout.MANIFEST_GLOB}")):
             time.sleep(0.02)
         if not running() or node.process is None:
             return
         processes.freeze(node.process.pid)
-        bucket, prefix = contract.split_s3(job.environment[contract.CHECKPOINTS_ENV])
+        bucket, prefix = layout.split_s3_uri(job.environment[layout.CHECKPOINTS_ENV])
         with self._client_lock:
             s3 = boto3.client("s3", region_name=REGION)
         while running():
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-            if any(o["Key"].endswith("manifest.json") for o in listed):
+            if layout.complete_steps(o["Key"] for o in listed):
                 break
             time.sleep(0.1)
         self._killed = True

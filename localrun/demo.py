@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -32,6 +31,8 @@ from localrun.corpus import build_shards
 from localrun.engine import Clock, LocalPlatform
 from localrun.sagemaker_local import LocalTraining
 from training.distributions import distribution
+from training.layout import split_s3_uri
+from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
@@ -241,7 +242,7 @@ def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path
         if uri.startswith("fsx:///datasets/"):
             prefix = uri.removeprefix("fsx:///datasets/").strip("/") + "/"
         elif uri.startswith(f"s3://{bucket}/"):
-            prefix = uri.removeprefix(f"s3://{bucket}/").strip("/") + "/"
+            prefix = split_s3_uri(uri)[1].strip("/") + "/"
         else:
             continue  # Validate will reject it
         for shard in shards:
@@ -293,15 +294,13 @@ class _Printer:
             self.seen = len(entered)
 
     def training_line(self, job: str, line: str) -> None:
-        step = report.STEP_LOSS.search(line)
-        val = report.STEP_VAL_LOSS.search(line)
-        throughput = re.search(r"tokens_per_sec=(\S+)", line)
+        step, values = parse_line(line) or (0, {})
         with self.lock:
-            if step:
-                rate = f" tokens/s={float(throughput.group(1)):,.0f}" if throughput else ""
-                _say(f"          [{job}] step {step.group(1):>4} loss {float(step.group(2)):.4f}{rate}")
-            elif val:
-                _say(f"          [{job}] step {val.group(1):>4} validation loss {float(val.group(2)):.4f}")
+            if TRAIN_LOSS in values:
+                rate = f" tokens/s={values[TOKENS_PER_SEC]:,.0f}" if TOKENS_PER_SEC in values else ""
+                _say(f"          [{job}] step {step:>4} loss {values[TRAIN_LOSS]:.4f}{rate}")
+            elif VALIDATION_LOSS in values:
+                _say(f"          [{job}] step {step:>4} validation loss {values[VALIDATION_LOSS]:.4f}")
             elif line.startswith("--") or "resumed from checkpoint" in line or "Error" in line:
                 _say(f"          [{job}] {line.strip()}")
 

@@ -9,7 +9,6 @@ lineage, the IAM judgements); `save` writes the job logs, loss curves and lineag
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,12 +21,8 @@ from localrun.cfn import REGION
 from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
 from localrun.sagemaker_local import LocalTraining
-from training.batch_contract import CHECKPOINTS_ENV
-from training.metrics import parse_metrics
-
-STEP_LOSS = re.compile(r"\bstep=(\d+) loss=(\S+)")
-STEP_VAL_LOSS = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
-_CHECKPOINT = re.compile(r"step-(\d+)/manifest\.json$")
+from training.layout import CHECKPOINTS_ENV, complete_steps, split_s3_uri
+from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series, parse_metrics
 
 
 @dataclass
@@ -129,9 +124,8 @@ def durations(history: list[dict[str, Any]]) -> list[tuple[str, float]]:
 
 def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(step, train loss) and (step, validation loss) from a training log, the last value of each step."""
-    train = sorted({int(m.group(1)): float(m.group(2)) for m in STEP_LOSS.finditer(logs)}.items())
-    val = sorted({int(m.group(1)): float(m.group(2)) for m in STEP_VAL_LOSS.finditer(logs)}.items())
-    return train, val
+    series = metric_series(logs)
+    return sorted(series.get(TRAIN_LOSS, {}).items()), sorted(series.get(VALIDATION_LOSS, {}).items())
 
 
 def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
@@ -139,7 +133,7 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
     train, val = loss_curve(log)
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
     checkpoints_uri = platform.training_requests[name]["CheckpointConfig"]["S3Uri"]
-    bucket, prefix = checkpoints_uri.removeprefix("s3://").split("/", 1)
+    bucket, prefix = split_s3_uri(checkpoints_uri)
     listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
     keys = [o["Key"] for o in listed.get("Contents", [])]
     return Job(
@@ -154,7 +148,7 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
         transitions=[t["Status"] for t in described.get("SecondaryStatusTransitions", [])],
         metrics={m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])},
         checkpoints_uri=checkpoints_uri,
-        checkpoint_steps=sorted({int(m.group(1)) for k in keys if (m := _CHECKPOINT.search(k))}),
+        checkpoint_steps=complete_steps(keys),
     )
 
 
@@ -163,7 +157,7 @@ def _batch_job(job: BatchJob) -> Job:
     log = "".join(job.log)
     train, val = loss_curve(log)
     checkpoints_uri = job.environment[CHECKPOINTS_ENV]
-    bucket, prefix = checkpoints_uri.removeprefix("s3://").split("/", 1)
+    bucket, prefix = split_s3_uri(checkpoints_uri)
     listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
     keys = [o["Key"] for o in listed.get("Contents", [])]
     return Job(
@@ -178,7 +172,7 @@ def _batch_job(job: BatchJob) -> Job:
         transitions=[f"attempt {a.number}" for a in job.attempts],
         metrics={name: values[-1] for name, values in sorted(parse_metrics(log).items())},
         checkpoints_uri=checkpoints_uri,
-        checkpoint_steps=sorted({int(m.group(1)) for k in keys if (m := _CHECKPOINT.search(k))}),
+        checkpoint_steps=complete_steps(keys),
     )
 
 
@@ -192,7 +186,7 @@ def _registrations(platform: LocalPlatform) -> list[Registration]:
     for summary, registration in zip(packages, registered, strict=False):
         package = sagemaker.describe_model_package(ModelPackageName=summary["ModelPackageArn"])
         lineage_uri = registration["lineage_uri"]
-        bucket, key = lineage_uri.removeprefix("s3://").split("/", 1)
+        bucket, key = split_s3_uri(lineage_uri)
         lineage = json.loads(boto3.client("s3", region_name=REGION).get_object(Bucket=bucket, Key=key)["Body"].read())
         out.append(
             Registration(

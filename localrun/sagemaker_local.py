@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -44,20 +43,24 @@ from botocore.credentials import Credentials
 from localrun import netns, processes
 from localrun.cfn import REGION
 from localrun.netns import LoopbackNamespace
+from training.layout import (
+    EFA_ENV,
+    EXPECTED_GPUS_ENV,
+    MANIFEST,
+    MANIFEST_GLOB,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    MIN_BUSBW_ENV,
+    NPROC_ENV,
+    OPT_ML_ROOT_ENV,
+    TRAINING_GROUPS_ENV,
+    split_s3_uri,
+)
 from training.metrics import parse_metrics
-from training.roles import TRAINING_GROUPS_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # SageMaker's StopTrainingJob: SIGTERM, then SIGKILL after 120 seconds.
 STOP_GRACE_SECONDS = 120
-_S3 = re.compile(r"^s3://([^/]+)/(.*)$")
-
-
-def _split(uri: str) -> tuple[str, str]:
-    match = _S3.match(uri)
-    if match is None:
-        raise ValueError(f"not an S3 URI: {uri}")
-    return match.group(1), match.group(2)
 
 
 def _download_prefix(s3: Any, bucket: str, prefix: str, target: Path) -> None:
@@ -270,15 +273,17 @@ class LocalTraining:
                 # Local hosts are CPU processes on loopback: no EFA device and no GPU of the instance
                 # type, and no bandwidth floor to hold loopback to; the pre-flight still checks that
                 # the hosts agree on their GPUs.
-                TRAINING_EFA="false",
-                TRAINING_EXPECTED_GPUS="0",
-                TRAINING_MIN_BUSBW_GBPS="0",
-                OPT_ML_ROOT=str(local.tree(host)),
-                TRAINING_MASTER_ADDR="127.0.0.1",
-                TRAINING_MASTER_PORT=str(port),
-                TRAINING_NPROC_PER_NODE=str(self.procs_per_host),
-                PYTHONPATH=str(REPO),
-                OMP_NUM_THREADS="1",
+                {
+                    EFA_ENV: "false",
+                    EXPECTED_GPUS_ENV: "0",
+                    MIN_BUSBW_ENV: "0",
+                    OPT_ML_ROOT_ENV: str(local.tree(host)),
+                    MASTER_ADDR_ENV: "127.0.0.1",
+                    MASTER_PORT_ENV: str(port),
+                    NPROC_ENV: str(self.procs_per_host),
+                    "PYTHONPATH": str(REPO),
+                    "OMP_NUM_THREADS": "1",
+                }
             )
             log = logs / f"{host}-gen{local.generation}.log"
             handle = log.open("wb")
@@ -385,7 +390,7 @@ class LocalTraining:
     def _download_channel(self, local: LocalJob, channel: dict[str, Any], target: Path) -> None:
         source = channel["DataSource"]
         if "S3DataSource" in source:
-            _download_prefix(self._s3(local), *_split(source["S3DataSource"]["S3Uri"]), target)
+            _download_prefix(self._s3(local), *split_s3_uri(source["S3DataSource"]["S3Uri"]), target)
             return
         # FSx for Lustre: /<mount>/datasets/<path> is the datasets bucket's <path>, lazily loaded by FSx.
         relative = source["FileSystemDataSource"]["DirectoryPath"].split("/datasets/", 1)[1]
@@ -394,7 +399,7 @@ class LocalTraining:
 
     def _checkpoint_location(self, local: LocalJob) -> tuple[str, str] | None:
         config = local.request.get("CheckpointConfig")
-        return _split(config["S3Uri"]) if config else None
+        return split_s3_uri(config["S3Uri"]) if config else None
 
     def _restore_checkpoints(self, local: LocalJob, target: Path) -> None:
         location = self._checkpoint_location(local)
@@ -415,7 +420,7 @@ class LocalTraining:
             if folder.exists():
                 files.extend((folder, p) for p in folder.rglob("*") if p.is_file())
         # Manifests last: a checkpoint is complete in S3 only once all of its files are there.
-        for folder, path in sorted(files, key=lambda f: (f[1].name == "manifest.json", str(f[1]))):
+        for folder, path in sorted(files, key=lambda f: (f[1].name == MANIFEST, str(f[1]))):
             key = f"{prefix}{path.relative_to(folder).as_posix()}"
             try:
                 stamp = path.stat().st_mtime
@@ -427,7 +432,7 @@ class LocalTraining:
 
     def _has_checkpoint(self, local: LocalJob) -> bool:
         folder = local.tree(local.primary) / "checkpoints"
-        return any(folder.glob("step-*/manifest.json"))
+        return any(folder.glob(MANIFEST_GLOB))
 
     def _upload_model(self, local: LocalJob, job: Any) -> None:
         model = local.tree(local.primary) / "model"
@@ -436,7 +441,7 @@ class LocalTraining:
             for path in sorted(model.rglob("*")):
                 tar.add(path, arcname=path.relative_to(model).as_posix())
         output = local.request["OutputDataConfig"]
-        bucket, prefix = _split(output["S3OutputPath"])
+        bucket, prefix = split_s3_uri(output["S3OutputPath"])
         key = f"{prefix}{local.name}/output/model.tar.gz"
         # SageMaker encrypts the model with the request's output key.
         extra = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": output["KmsKeyId"]} if "KmsKeyId" in output else {}

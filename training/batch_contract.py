@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,29 +29,33 @@ from types import FrameType
 from typing import Any
 
 from training.contract import ContractError, Paths, ResourceConfig, write_failure
+from training.layout import (
+    ATTEMPT_ENV,
+    FSX_ROOT_ENV,
+    MAIN_NODE_ADDRESS_ENV,
+    MAIN_NODE_INDEX_ENV,
+    MANIFEST,
+    MASTER_ADDR_ENV,
+    NODE_INDEX_ENV,
+    NUM_NODES_ENV,
+    PREPARED_ENV,
+    SYNC_SECONDS_ENV,
+    split_s3_uri,
+)
+
+# Re-exported only for stacks/pipeline/batch_training.py, which is being rewritten and still imports
+# them from here: delete these once it imports them from training.layout.
+from training.layout import CHANNELS_ENV as CHANNELS_ENV  # noqa: PLC0414
+from training.layout import CHECKPOINTS_ENV as CHECKPOINTS_ENV  # noqa: PLC0414
+from training.layout import HYPERPARAMETERS_ENV as HYPERPARAMETERS_ENV  # noqa: PLC0414
+from training.layout import JOB_NAME_ENV as JOB_NAME_ENV  # noqa: PLC0414
+from training.layout import OUTPUT_ENV as OUTPUT_ENV  # noqa: PLC0414
 from training.metrics import parse_metrics
 
 log = logging.getLogger("training.batch")
 
-NODE_INDEX_ENV = "AWS_BATCH_JOB_NODE_INDEX"
-NUM_NODES_ENV = "AWS_BATCH_JOB_NUM_NODES"
-MAIN_NODE_INDEX_ENV = "AWS_BATCH_JOB_MAIN_NODE_INDEX"
-MAIN_NODE_ADDRESS_ENV = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
-ATTEMPT_ENV = "AWS_BATCH_JOB_ATTEMPT"
-# Set by the pipeline's SubmitJob on every node.
-JOB_NAME_ENV = "TRAINING_JOB_NAME"
-HYPERPARAMETERS_ENV = "TRAINING_HYPERPARAMETERS"
-CHANNELS_ENV = "TRAINING_CHANNELS"
-CHECKPOINTS_ENV = "TRAINING_CHECKPOINTS_S3"
-OUTPUT_ENV = "TRAINING_OUTPUT_S3"
-# Where the host mounts FSx for Lustre (stacks/constructs/batch_cluster.py); local runs relocate it.
-FSX_ROOT_ENV = "TRAINING_FSX_ROOT"
 DEFAULT_FSX_ROOT = "/fsx"
-SYNC_SECONDS_ENV = "TRAINING_CHECKPOINT_SYNC_SECONDS"
-# The launcher child this module starts: it must not start another.
-PREPARED_ENV = "TRAINING_BATCH_PREPARED"
 EXIT_INVALID_INPUT = 2
-_S3 = re.compile(r"^s3://([^/]+)/(.*)$")
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,6 @@ def batch_node(env: Mapping[str, str]) -> BatchNode | None:
     return node
 
 
-def split_s3(uri: str) -> tuple[str, str]:
-    match = _S3.match(uri)
-    if match is None:
-        raise ContractError(f"not an S3 URI: {uri!r}")
-    return match.group(1), match.group(2)
-
-
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name, "").strip()
     if not value:
@@ -128,7 +124,10 @@ def _required(env: Mapping[str, str], name: str) -> str:
 
 
 def _download(s3: Any, uri: str, target: Path) -> int:
-    bucket, prefix = split_s3(uri)
+    try:
+        bucket, prefix = split_s3_uri(uri)
+    except ValueError as exc:  # a channel's or the checkpoints' URI: invalid input
+        raise ContractError(str(exc)) from None
     count = 0
     target.mkdir(parents=True, exist_ok=True)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
@@ -176,7 +175,7 @@ class CheckpointSync:
 
     def __init__(self, s3: Any, local: Path, uri: str, *, interval: float) -> None:
         self._s3, self._local, self._interval = s3, local, interval
-        self._bucket, self._prefix = split_s3(uri)
+        self._bucket, self._prefix = split_s3_uri(uri)
         self._seen: dict[Path, tuple[float, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -204,7 +203,7 @@ class CheckpointSync:
                 continue
             if self._seen.get(path) != (stat.st_mtime, stat.st_size):
                 changed.append((path, (stat.st_mtime, stat.st_size)))
-        changed.sort(key=lambda item: item[0].name == "manifest.json")
+        changed.sort(key=lambda item: item[0].name == MANIFEST)
         for path, signature in changed:
             key = self._prefix + path.relative_to(self._local).as_posix()
             try:
@@ -239,7 +238,7 @@ def _launch(
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> tuple[int, str]:
     """The launcher as a child process in its own session (SIGTERM forwarded); its exit status and output."""
-    child_env = {**env, PREPARED_ENV: "1", "TRAINING_MASTER_ADDR": master_addr}
+    child_env = {**env, PREPARED_ENV: "1", MASTER_ADDR_ENV: master_addr}
     child = subprocess.Popen(
         [sys.executable, "-m", "training.launcher", "train"],
         env=child_env,
@@ -275,12 +274,12 @@ def _print(line: str) -> None:
 
 
 def _put_json(s3: Any, uri: str, body: dict[str, Any]) -> None:
-    bucket, key = split_s3(uri)
+    bucket, key = split_s3_uri(uri)
     s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode(), ContentType="application/json")
 
 
 def _upload_model(s3: Any, paths: Paths, output: str) -> str:
-    bucket, prefix = split_s3(output)
+    bucket, prefix = split_s3_uri(output)
     with tempfile.TemporaryDirectory() as scratch:
         archive = Path(scratch) / "model.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:

@@ -38,6 +38,7 @@ from training.config import from_hyperparameters, parse_overrides
 from training.contract import Paths, ResourceConfig
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.launcher import LaunchPlan, efa_devices, efa_for_host, efa_supports_rdma, network_env, preflight_command
+from training.layout import OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
 from training.preflight import PORT_OFFSET, checks_from_env
 from training.signals import StopRequest
@@ -190,7 +191,7 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[s
                 trainer.checkpoints.save(trainer.state, blocking=False)
                 staging.append(time.perf_counter() - start)
                 trainer.checkpoints.wait()
-            size = sum(f.stat().st_size for f in (paths.checkpoints / f"step-{trainer.state.step}").iterdir())
+            size = sum(f.stat().st_size for f in (paths.checkpoints / step_dir(trainer.state.step)).iterdir())
         finally:
             trainer.close()
     return {
@@ -225,7 +226,7 @@ def _preflight_once(root: Path, hosts: tuple[str, ...], nproc: int) -> tuple[flo
         env = {
             **os.environ,
             **network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and efa_supports_rdma()),
-            "OPT_ML_ROOT": str(tree.root),
+            OPT_ML_ROOT_ENV: str(tree.root),
             "OMP_NUM_THREADS": "1",
         }
         plan = LaunchPlan(hosts, rank, nproc, "127.0.0.1", port, "ddp")

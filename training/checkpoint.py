@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from concurrent.futures import Future
@@ -41,21 +40,16 @@ from training.config import CheckpointConfig
 from training.contract import describe
 from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
+from training.layout import MANIFEST, step_dir, step_of
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint, or a save that could not be committed."""
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step}"
 
 
 def committed_steps(root: Path) -> list[int]:
@@ -64,9 +58,9 @@ def committed_steps(root: Path) -> list[int]:
         return []
     steps = []
     for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and (entry / MANIFEST).is_file():
-            steps.append(int(match.group(1)))
+        step = step_of(entry.name)
+        if step is not None and (entry / MANIFEST).is_file():
+            steps.append(step)
     return sorted(steps, reverse=True)
 
 
@@ -208,7 +202,7 @@ class CheckpointManager:
         step = state.step
         if step in self.committed:
             return
-        directory = step_dir(self.root, step)
+        directory = self.root / step_dir(step)
         if self.env.is_local_main and directory.exists():
             remove_checkpoint(directory)  # debris of an interrupted attempt at this same step
         dist.barrier(group=self.env.ctrl)
@@ -241,7 +235,7 @@ class CheckpointManager:
         self._commit(pending.step, metadata, pending.world_size, pending.tokens_consumed, pending.started)
 
     def _commit(self, step: int, metadata: Any, world_size: int, tokens: int, started: float) -> None:
-        directory = step_dir(self.root, step)
+        directory = self.root / step_dir(step)
         error: str | None = None
         if self.env.is_main:
             try:
@@ -281,9 +275,9 @@ class CheckpointManager:
         if not self.env.is_local_main or not self.root.is_dir():
             return
         for entry in self.root.iterdir():
-            match = _STEP_DIR.match(entry.name)
+            step = step_of(entry.name)
             # Never touch anything newer than the newest commit: it may be a save in progress.
-            if match and int(match.group(1)) < newest and int(match.group(1)) not in keep:
+            if step is not None and step < newest and step not in keep:
                 remove_checkpoint(entry)
                 log.info("removed old checkpoint %s", entry.name)
 
@@ -303,7 +297,7 @@ class CheckpointManager:
         candidates = listing[0]
         problems: list[str] = []
         for step in candidates:
-            directory = step_dir(self.root, step)
+            directory = self.root / step_dir(step)
             errors = self._agree(verify(directory))
             if not errors:
                 same_world = read_manifest(directory).get("world_size") == self.env.world_size
@@ -334,8 +328,8 @@ class CheckpointManager:
             self.committed = sorted(s for s in candidates if s <= step)
             if self.env.is_main:
                 for entry in sorted(self.root.iterdir()):
-                    match = _STEP_DIR.match(entry.name)
-                    if match and int(match.group(1)) > step and not (entry / MANIFEST).exists():
+                    later = step_of(entry.name)
+                    if later is not None and later > step and not (entry / MANIFEST).exists():
                         log.warning("ignoring incomplete checkpoint %s (no %s)", entry.name, MANIFEST)
             log.info("resumed from checkpoint step-%d (%d tokens consumed)", step, state.tokens_consumed)
             return step

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-OPT_ML_ROOT_ENV = "OPT_ML_ROOT"
+from training.layout import OPT_ML_ROOT_ENV
+
 DEFAULT_OPT_ML_ROOT = "/opt/ml"
 TRAIN_CHANNEL = "train"
 VALIDATION_CHANNEL = "validation"

@@ -42,9 +42,9 @@ from training.contract import (
     write_failure,
 )
 from training.distributions import distribution, module_available
+from training.layout import AUXILIARY_START_TIMEOUT_ENV, EFA_ENV, GRACE_ENV, MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV
 from training.preflight import PORT_OFFSET, Checks, checks_from_env, failure_line
 from training.roles import (
-    AUXILIARY_START_TIMEOUT_ENV,
     DEFAULT_START_TIMEOUT_SECONDS,
     Auxiliary,
     follow_training,
@@ -53,12 +53,6 @@ from training.roles import (
 
 log = logging.getLogger("training.launcher")
 
-MASTER_ADDR_ENV = "TRAINING_MASTER_ADDR"
-MASTER_PORT_ENV = "TRAINING_MASTER_PORT"
-NPROC_ENV = "TRAINING_NPROC_PER_NODE"
-GRACE_ENV = "TRAINING_SIGTERM_GRACE_SECONDS"
-# "true" or "false" from the request's `efa` (the pipeline sets it); absent: use EFA where the host has it.
-EFA_ENV = "TRAINING_EFA"
 DEFAULT_MASTER_PORT = 29500
 # SageMaker kills the container 120 s after SIGTERM; keep a margin to write the failure file.
 DEFAULT_GRACE_SECONDS = 110.0

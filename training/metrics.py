@@ -20,16 +20,22 @@ _FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 # dump with "lr=", a validation line with "val_loss=") can ever be read as a train metric.
 _TRAIN = r"\bstep=\d+ loss=\S+ .*?"
 
+TRAIN_LOSS = "train:loss"
+TOKENS_PER_SEC = "train:tokens_per_sec"
+VALIDATION_LOSS = "validation:loss"
+
 METRIC_DEFINITIONS: list[dict[str, str]] = [
-    {"Name": "train:loss", "Regex": rf"\bstep=\d+ loss={_FLOAT}"},
+    {"Name": TRAIN_LOSS, "Regex": rf"\bstep=\d+ loss={_FLOAT}"},
     {"Name": "train:lr", "Regex": rf"{_TRAIN}\blr={_FLOAT}"},
     {"Name": "train:grad_norm", "Regex": rf"{_TRAIN}\bgrad_norm={_FLOAT}"},
-    {"Name": "train:tokens_per_sec", "Regex": rf"{_TRAIN}\btokens_per_sec={_FLOAT}"},
+    {"Name": TOKENS_PER_SEC, "Regex": rf"{_TRAIN}\btokens_per_sec={_FLOAT}"},
     {"Name": "train:mfu", "Regex": rf"{_TRAIN}\bmfu={_FLOAT}"},
-    {"Name": "validation:loss", "Regex": rf"\bstep=\d+ val_loss={_FLOAT}"},
+    {"Name": VALIDATION_LOSS, "Regex": rf"\bstep=\d+ val_loss={_FLOAT}"},
 ]
 
 _COMPILED = [(d["Name"], re.compile(d["Regex"])) for d in METRIC_DEFINITIONS]
+# Every definition matches after "step=N loss=" or "step=N val_loss=": the step of a line they match.
+_STEP = re.compile(r"\bstep=(\d+) (?:val_)?loss=")
 
 
 def format_train_line(
@@ -63,12 +69,30 @@ def _num(value: float) -> str:
     return repr(value)
 
 
+def parse_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """The step and the metrics :data:`METRIC_DEFINITIONS` read from one log line; None for any other line."""
+    values = {name: float(match.group(1)) for name, pattern in _COMPILED if (match := pattern.search(line))}
+    step = _STEP.search(line)
+    if not values or step is None:
+        return None
+    return int(step.group(1)), values
+
+
 def parse_metrics(log_text: str) -> dict[str, list[float]]:
     """Apply :data:`METRIC_DEFINITIONS` line by line like SageMaker; the last value is the final metric."""
     found: dict[str, list[float]] = {}
     for line in log_text.splitlines():
-        for name, pattern in _COMPILED:
-            match = pattern.search(line)
-            if match:
-                found.setdefault(name, []).append(float(match.group(1)))
+        _, values = parse_line(line) or (0, {})
+        for name, value in values.items():
+            found.setdefault(name, []).append(value)
     return found
+
+
+def metric_series(log_text: str) -> dict[str, dict[int, float]]:
+    """Each metric's value by step; a step logged again (a resumed run repeats steps) keeps its last value."""
+    series: dict[str, dict[int, float]] = {}
+    for line in log_text.splitlines():
+        step, values = parse_line(line) or (0, {})
+        for name, value in values.items():
+            series.setdefault(name, {})[step] = value
+    return series

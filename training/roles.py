@@ -17,12 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from training.contract import ContractError, ResourceConfig
+from training.layout import TRAINING_GROUPS_ENV
 
 log = logging.getLogger("training.roles")
 
-TRAINING_GROUPS_ENV = "TRAINING_GROUPS"
-"""Comma-separated names of the instance groups that train (unset: every host trains)."""
-AUXILIARY_START_TIMEOUT_ENV = "TRAINING_AUXILIARY_START_TIMEOUT_SECONDS"
 DEFAULT_START_TIMEOUT_SECONDS = 3600.0
 # Consecutive refused connections that mean the training has ended (not a moment's hiccup).
 _CLOSED_CHECKS = 3

@@ -14,9 +14,9 @@ from aws_lambda_powertools import Logger
 
 from lambdas.batch.monitor import STOP_REASON
 from lambdas.cleanup.handler import ended_execution, prune_checkpoints
-from lambdas.contract import run_checkpoints, run_of
 from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
+from training.layout import run_checkpoints, run_of
 
 logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")

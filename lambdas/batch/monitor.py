@@ -16,10 +16,11 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest, run_checkpoints
-from lambdas.monitor.handler import PREFLIGHT_FAILED, latest_checkpoint, metrics, record_metrics
+from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.monitor.handler import latest_checkpoint, metrics, record_metrics
 from lambdas.shared.env import env_int, env_str
 from training.batch_contract import result_key
+from training.layout import PREFLIGHT_FAILED, run_checkpoints, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -129,10 +130,9 @@ def summarize(
 
 def node_results(s3: Any, output: str, attempt: int, nodes: int) -> list[dict[str, Any]]:
     """What each node of an attempt wrote (nodes that wrote nothing are left out)."""
-    bucket, _, prefix = output.removeprefix("s3://").partition("/")
     results = []
     for node in range(nodes):
-        key = result_key(f"s3://{bucket}/{prefix}", attempt, node).split(f"s3://{bucket}/", 1)[1]
+        bucket, key = split_s3_uri(result_key(output, attempt, node))
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as exc:
@@ -163,7 +163,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         batch.terminate_job(jobId=job_id, reason=capacity_error)
     results: list[dict[str, Any]] = []
     if describe["status"] in ("SUCCEEDED", "FAILED"):
-        output = f"s3://{env_str('ARTIFACTS_BUCKET')}/runs/{describe['jobName']}/output/"
+        output = f"s3://{env_str('ARTIFACTS_BUCKET')}/{run_output(describe['jobName'])}"
         attempts = max(1, len(describe.get("attempts", [])))
         results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
     checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), run_checkpoints(request.job_name_base))

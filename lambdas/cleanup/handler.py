@@ -10,20 +10,18 @@ Invoked two ways:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.contract import run_checkpoints, run_of
 from lambdas.monitor.handler import latest_checkpoint
 from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
+from training.layout import checkpoint_step, run_checkpoints, run_of, split_s3_uri
 
 logger = Logger(service="training-platform")
-_STEP = re.compile(r"(?:^|/)(step-\d+)/")
 
 
 def running_jobs(sagemaker: Any, execution: str) -> list[str]:
@@ -77,12 +75,12 @@ def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
     keep = latest_checkpoint(s3, bucket, prefix)
     if keep is None:  # no complete checkpoint: nothing is known to be superseded
         return {"kept": None, "deleted_objects": 0}
-    kept = keep["uri"].split(f"s3://{bucket}/", 1)[1]
+    kept = split_s3_uri(keep["uri"])[1]
     doomed = [
         obj["Key"]
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         for obj in page.get("Contents", [])
-        if _STEP.search(obj["Key"][len(prefix) :]) and not obj["Key"].startswith(kept)
+        if checkpoint_step(obj["Key"][len(prefix) :]) is not None and not obj["Key"].startswith(kept)
     ]
     for start in range(0, len(doomed), 1000):
         batch = [{"Key": key} for key in doomed[start : start + 1000]]

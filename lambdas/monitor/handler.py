@@ -14,19 +14,18 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest, run_checkpoints
+from lambdas.contract import JobCost, JobProgress, TrainingRequest
 from lambdas.shared.env import env_int, env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
+from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.TRAINING)
 
-_MANIFEST = re.compile(r"step-(\d+)/manifest\.json$")
 # SageMaker's FailureReason for a cluster it could not provision.
 _CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capacity")
-# The launcher's pre-flight check failed (training/preflight.py, FAILURE_TYPE): SageMaker's FailureReason
-# is "AlgorithmError: " and the failure file's first line.
-PREFLIGHT_FAILED = "PreflightFailed"
+# The launcher's pre-flight check failed: SageMaker's FailureReason is "AlgorithmError: " and the
+# failure file's first line.
 _PREFLIGHT = re.compile(rf"(?:^|AlgorithmError: ){PREFLIGHT_FAILED}: ")
 
 
@@ -35,10 +34,10 @@ def latest_checkpoint(s3: Any, bucket: str, prefix: str) -> dict[str, Any] | Non
     newest: dict[str, Any] | None = None
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            match = _MANIFEST.search(obj["Key"])
-            if match and (newest is None or int(match.group(1)) > newest["step"]):
+            step = manifest_step(obj["Key"])
+            if step is not None and (newest is None or step > newest["step"]):
                 newest = {
-                    "step": int(match.group(1)),
+                    "step": step,
                     "uri": f"s3://{bucket}/{obj['Key'].rsplit('/', 1)[0]}/",
                     "written_at": obj["LastModified"].astimezone(UTC).isoformat(),
                 }

@@ -18,6 +18,7 @@ from aws_lambda_powertools import Logger
 from lambdas.contract import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
 from lambdas.shared.env import env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
+from training.layout import run_lineage, split_s3_uri
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.REGISTRATION)
@@ -27,7 +28,7 @@ _MAX_METADATA_VALUE = 256  # SageMaker's limit on CustomerMetadataProperties val
 
 def dataset_versions(s3: Any, s3_uri: str) -> list[dict[str, str]]:
     """The current version of every object under the dataset prefix: what this run could have read."""
-    bucket, _, prefix = s3_uri.removeprefix("s3://").partition("/")
+    bucket, prefix = split_s3_uri(s3_uri)
     versions: list[dict[str, str]] = []
     for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
         versions.extend(
@@ -148,17 +149,17 @@ def _create_package(
 
 def register(event: dict[str, Any], *, s3: Any, sagemaker: Any, where: Destination) -> dict[str, Any]:
     """Write the dataset versions, the lineage and the metrics; register the model pending approval."""
-    prefix = f"runs/{event['request']['job_name_base']}/lineage"
+    prefix = run_lineage(event["request"]["job_name_base"])
     versions = dataset_versions(s3, event["request"]["dataset"]["s3_uri"])
     manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
     bucket = where.artifacts_bucket
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/dataset-versions.jsonl", Body=manifest.encode())
-    lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}/dataset-versions.jsonl", where)
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/lineage.json", Body=json.dumps(lineage, indent=2, sort_keys=True))
+    s3.put_object(Bucket=bucket, Key=f"{prefix}dataset-versions.jsonl", Body=manifest.encode())
+    lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
+    s3.put_object(Bucket=bucket, Key=f"{prefix}lineage.json", Body=json.dumps(lineage, indent=2, sort_keys=True))
     s3.put_object(
-        Bucket=bucket, Key=f"{prefix}/metrics.json", Body=json.dumps(event["job"]["final_metrics"], sort_keys=True)
+        Bucket=bucket, Key=f"{prefix}metrics.json", Body=json.dumps(event["job"]["final_metrics"], sort_keys=True)
     )
-    uris = {"lineage": f"s3://{bucket}/{prefix}/lineage.json", "metrics": f"s3://{bucket}/{prefix}/metrics.json"}
+    uris = {"lineage": f"s3://{bucket}/{prefix}lineage.json", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})
     return {"model_package_arn": package, "lineage_uri": uris["lineage"]}

@@ -25,6 +25,7 @@ from lambdas.validate.tuning import TuningInput, resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
+from training.layout import split_s3_uri
 from training.metrics import METRIC_DEFINITIONS
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
@@ -197,8 +198,11 @@ def _dataset_channel(
         return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, (
             f"s3://{limits.datasets_bucket}/{relative}/"
         )
-    match = re.fullmatch(r"s3://([^/]+)/(.+)", uri)
-    if match is None or match.group(1) != limits.datasets_bucket or ".." in match.group(2).split("/"):
+    try:
+        bucket, prefix = split_s3_uri(uri)
+    except ValueError:
+        bucket = prefix = ""
+    if bucket != limits.datasets_bucket or not prefix or ".." in prefix.split("/"):
         problems.append(
             f"{channel} dataset {uri!r}: must be fsx:///datasets/<path>/ or s3://{limits.datasets_bucket}/<prefix>/"
             " (only the platform's datasets locations can be read)"

@@ -28,6 +28,7 @@ from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknow
 from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.placement import EfaClusterPlacement, efa_interfaces
 from stacks.constructs.training_image import TrainingImage
+from training.layout import ANY_RUN
 
 FSX_MOUNT_PATH = "/fsx"
 ROOT_VOLUME_GB = 200
@@ -194,14 +195,16 @@ class BatchTrainingCluster(Construct):
                 actions=["s3:GetObject", "s3:ListBucket"], resources=[datasets.bucket_arn, f"{datasets.bucket_arn}/*"]
             ),
             "RunCheckpoints": iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject"], resources=[f"{checkpoints.bucket_arn}/runs/*"]
+                actions=["s3:GetObject", "s3:PutObject"], resources=[f"{checkpoints.bucket_arn}/{ANY_RUN}"]
             ),
             "ListRunCheckpoints": iam.PolicyStatement(
                 actions=["s3:ListBucket"],
                 resources=[checkpoints.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+                conditions={"StringLike": {"s3:prefix": [ANY_RUN]}},
             ),
-            "WriteOutputs": iam.PolicyStatement(actions=["s3:PutObject"], resources=[f"{artifacts.bucket_arn}/runs/*"]),
+            "WriteOutputs": iam.PolicyStatement(
+                actions=["s3:PutObject"], resources=[f"{artifacts.bucket_arn}/{ANY_RUN}"]
+            ),
             "UsePlatformKey": iam.PolicyStatement(
                 actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[key.key_arn]
             ),
@@ -212,8 +215,10 @@ class BatchTrainingCluster(Construct):
         acknowledge_inline_policy(role)
         for resource, reason in {
             f"{datasets.bucket_arn}/*": "Read-only: any dataset the request names under the datasets bucket.",
-            f"{checkpoints.bucket_arn}/runs/*": "Each run's checkpoints live under runs/<job_name_base>/checkpoints/.",
-            f"{artifacts.bucket_arn}/runs/*": "The model, metrics and failure of each job under runs/<job>/output/.",
+            f"{checkpoints.bucket_arn}/{ANY_RUN}": (
+                "Each run's checkpoints live under runs/<job_name_base>/checkpoints/."
+            ),
+            f"{artifacts.bucket_arn}/{ANY_RUN}": "The model, metrics and failure of each job under runs/<job>/output/.",
         }.items():
             acknowledge_wildcard(role, resource, reason)
         return role

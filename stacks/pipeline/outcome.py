@@ -18,6 +18,7 @@ from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
 from stacks.pipeline.approvals import Approvals, decided
 from stacks.pipeline.context import PipelineContext, obj, string
+from training.layout import ANY_LINEAGE
 
 
 class Evaluation(Construct):
@@ -77,7 +78,7 @@ class Registration(Construct):
             },
             timeout=Duration.minutes(5),
         )
-        lineage = f"{context.artifacts.bucket_arn}/runs/*/lineage/*"
+        lineage = f"{context.artifacts.bucket_arn}/{ANY_LINEAGE}"
         function = self.register.function
         # Lineage lists the dataset's object versions (it reads no object) and writes its records.
         for sid, actions, resources in (

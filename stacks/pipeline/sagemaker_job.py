@@ -23,9 +23,18 @@ from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext
 from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
+from training.layout import (
+    ANY_RUN,
+    CHECKPOINTS_FORMAT,
+    EFA_ENV,
+    EXPECTED_GPUS_ENV,
+    MIN_BUSBW_ENV,
+    PROFILER,
+    RUNS,
+    TENSORBOARD_FORMAT,
+    TRAINING_GROUPS_ENV,
+)
 from training.metrics import METRIC_DEFINITIONS
-from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
-from training.roles import TRAINING_GROUPS_ENV
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
@@ -84,15 +93,15 @@ class DistributedTrainingJob(Construct):
             ),
             "RunCheckpoints": iam.PolicyStatement(
                 actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                resources=[f"{self.checkpoints.bucket_arn}/runs/*"],
+                resources=[f"{self.checkpoints.bucket_arn}/{ANY_RUN}"],
             ),
             "ListRunCheckpoints": iam.PolicyStatement(
                 actions=["s3:ListBucket"],
                 resources=[self.checkpoints.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
+                conditions={"StringLike": {"s3:prefix": [ANY_RUN]}},
             ),
             "WriteOutputs": iam.PolicyStatement(
-                actions=["s3:PutObject"], resources=[f"{self.artifacts.bucket_arn}/runs/*"]
+                actions=["s3:PutObject"], resources=[f"{self.artifacts.bucket_arn}/{ANY_RUN}"]
             ),
             # Reads datasets and checkpoints, writes checkpoints and outputs under the platform key.
             "UsePlatformKey": iam.PolicyStatement(
@@ -142,8 +151,8 @@ class DistributedTrainingJob(Construct):
         )
         for resource, reason in {
             f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
-            f"{self.checkpoints.bucket_arn}/runs/*": "Each run's checkpoints live under runs/<job>/checkpoints/.",
-            f"{self.artifacts.bucket_arn}/runs/*": "Model artifacts, profiler and TensorBoard output under runs/.",
+            f"{self.checkpoints.bucket_arn}/{ANY_RUN}": "Each run's checkpoints live under runs/<job>/checkpoints/.",
+            f"{self.artifacts.bucket_arn}/{ANY_RUN}": "Model artifacts, profiler and TensorBoard output under runs/.",
             statements["CreateInterfacesInTheTrainingSubnet"].resources[0]: "Interfaces SageMaker creates for the "
             "job; creation is bound to the training subnet and security group, changes to the platform VPC by "
             "condition.",
@@ -181,7 +190,7 @@ class DistributedTrainingJob(Construct):
                 "PYTHONUNBUFFERED": "1",
                 "NCCL_DEBUG": "WARN",
                 # The request's `efa`: the launcher requires EFA devices, or keeps NCCL on TCP sockets.
-                "TRAINING_EFA.$": f"States.Format('{{}}', {REQUEST.efa})",
+                f"{EFA_ENV}.$": f"States.Format('{{}}', {REQUEST.efa})",
                 # What the launcher's pre-flight check holds every host to (from the instance catalog).
                 f"{EXPECTED_GPUS_ENV}.$": f"States.Format('{{}}', {REQUEST.gpus})",
                 f"{MIN_BUSBW_ENV}.$": f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
@@ -190,7 +199,7 @@ class DistributedTrainingJob(Construct):
             },
             "InputDataConfig.$": str(REQUEST.channels),
             "OutputDataConfig": {
-                "S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/",
+                "S3OutputPath": f"s3://{self.artifacts.bucket_name}/{RUNS}",
                 "KmsKeyId": self.key.key_arn,
             },
             "ResourceConfig": resource,
@@ -198,7 +207,7 @@ class DistributedTrainingJob(Construct):
             "EnableManagedSpotTraining.$": str(REQUEST.spot),
             "CheckpointConfig": {
                 "S3Uri.$": (
-                    f"States.Format('s3://{self.checkpoints.bucket_name}/runs/{{}}/checkpoints/', "
+                    f"States.Format('s3://{self.checkpoints.bucket_name}/{CHECKPOINTS_FORMAT}', "
                     f"{REQUEST.job_name_base})"
                 ),
                 "LocalPath": CHECKPOINT_LOCAL_PATH,
@@ -210,12 +219,11 @@ class DistributedTrainingJob(Construct):
             "EnableInterContainerTrafficEncryption": self.inter_container_encryption,
             "EnableNetworkIsolation": self.network_isolation,
             "RetryStrategy": {"MaximumRetryAttempts": 2},
-            "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/runs/profiler/"},
+            "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/{PROFILER}"},
             "TensorBoardOutputConfig": {
                 "LocalPath": TENSORBOARD_LOCAL_PATH,
                 "S3OutputPath.$": (
-                    f"States.Format('s3://{self.artifacts.bucket_name}/runs/{{}}/tensorboard/', "
-                    f"{REQUEST.job_name_base})"
+                    f"States.Format('s3://{self.artifacts.bucket_name}/{TENSORBOARD_FORMAT}', {REQUEST.job_name_base})"
                 ),
             },
             "Tags.$": str(REQUEST.tags),

@@ -298,10 +298,10 @@ def test_readme_input_table_is_current() -> None:
 
 
 def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
-    from lambdas.monitor.handler import PREFLIGHT_FAILED
-    from training.preflight import FAILURE_TYPE, failure_line
+    from training.layout import PREFLIGHT_FAILED
+    from training.preflight import failure_line
 
-    assert PREFLIGHT_FAILED == FAILURE_TYPE  # the Lambda asset holds no training.preflight: one word, kept in step
+    assert failure_line("GPUs missing").startswith(f"{PREFLIGHT_FAILED}: ")  # the word the monitor looks for
     reason = f"AlgorithmError: {failure_line('GPUs missing')}"
     assert (
         summarize(

@@ -13,6 +13,7 @@ import pytest
 from moto import mock_aws
 
 from training import batch_contract as contract
+from training import layout
 from training.config import from_hyperparameters
 from training.contract import ContractError, Paths, read_resource_config
 from training.launcher import plan_launch
@@ -21,9 +22,9 @@ BUCKET = "tp-dev-checkpoints-123456789012-us-east-1"
 
 
 def _env(index: int, nodes: int = 2, **extra: str) -> dict[str, str]:
-    env = {contract.NODE_INDEX_ENV: str(index), contract.NUM_NODES_ENV: str(nodes), contract.MAIN_NODE_INDEX_ENV: "0"}
+    env = {layout.NODE_INDEX_ENV: str(index), layout.NUM_NODES_ENV: str(nodes), layout.MAIN_NODE_INDEX_ENV: "0"}
     if index != 0:
-        env[contract.MAIN_NODE_ADDRESS_ENV] = "10.20.0.17"
+        env[layout.MAIN_NODE_ADDRESS_ENV] = "10.20.0.17"
     return {**env, **extra}
 
 
@@ -39,7 +40,7 @@ def test_batch_variables_give_the_node_its_rank_and_the_main_nodes_address() -> 
 
 def test_the_main_node_is_rank_0_whatever_its_index() -> None:
     node = contract.batch_node(
-        {**_env(0, nodes=3), contract.MAIN_NODE_INDEX_ENV: "2", contract.MAIN_NODE_ADDRESS_ENV: "10.0.0.5"}
+        {**_env(0, nodes=3), layout.MAIN_NODE_INDEX_ENV: "2", layout.MAIN_NODE_ADDRESS_ENV: "10.0.0.5"}
     )
     assert node is not None and not node.is_main
     assert node.resource_config().hosts == ("node-2", "node-0", "node-1")
@@ -49,9 +50,9 @@ def test_the_main_node_is_rank_0_whatever_its_index() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({contract.NODE_INDEX_ENV: "x", contract.NUM_NODES_ENV: "2"}, "must be an integer"),
+        ({layout.NODE_INDEX_ENV: "x", layout.NUM_NODES_ENV: "2"}, "must be an integer"),
         (_env(2, nodes=2), "inconsistent"),
-        ({contract.NODE_INDEX_ENV: "1", contract.NUM_NODES_ENV: "2"}, "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"),
+        ({layout.NODE_INDEX_ENV: "1", layout.NUM_NODES_ENV: "2"}, "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"),
     ],
 )
 def test_inconsistent_batch_variables_are_contract_errors(env: dict[str, str], message: str) -> None:
@@ -124,7 +125,7 @@ def test_checkpoint_sync_uploads_new_files_with_the_manifest_last(tmp_path: Path
 
 def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **_env(1)}
-    env.pop(contract.MAIN_NODE_ADDRESS_ENV)  # a child node without the main node's address
+    env.pop(layout.MAIN_NODE_ADDRESS_ENV)  # a child node without the main node's address
     result = subprocess.run(
         [sys.executable, "-m", "training.launcher", "train"],
         env={**env, "OPT_ML_ROOT": str(tmp_path)},
@@ -136,4 +137,4 @@ def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: 
     assert result.returncode == contract.EXIT_INVALID_INPUT
     assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set on node 1" in result.stdout + result.stderr
     assert (tmp_path / "output" / "failure").read_text().startswith("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS")
-    assert contract.on_batch(_env(0)) and not contract.on_batch({**_env(0), contract.PREPARED_ENV: "1"})
+    assert contract.on_batch(_env(0)) and not contract.on_batch({**_env(0), layout.PREPARED_ENV: "1"})

@@ -12,9 +12,10 @@ import pytest
 from safetensors.torch import load_file
 from training_helpers import make_opt_ml, run_in_process, step_losses, val_losses
 
-from training.checkpoint import MANIFEST, CheckpointError, committed_steps, verify, write_manifest
+from training.checkpoint import CheckpointError, committed_steps, verify, write_manifest
 from training.config import ConfigError
 from training.contract import Paths
+from training.layout import MANIFEST
 from training.signals import StopRequest
 from training.trainer import DataRangeError
 

@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-from training.metrics import METRIC_DEFINITIONS, format_train_line, format_validation_line, parse_metrics
+from training.metrics import (
+    METRIC_DEFINITIONS,
+    format_train_line,
+    format_validation_line,
+    metric_series,
+    parse_line,
+    parse_metrics,
+)
 
 REQUIRED = {"train:loss", "validation:loss", "train:tokens_per_sec", "train:mfu", "train:grad_norm", "train:lr"}
 
@@ -67,6 +74,31 @@ def test_the_last_match_is_the_final_value() -> None:
         format_train_line(step=s, loss=1.0 / s, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0) for s in (1, 2, 3)
     )
     assert parse_metrics(log)["train:loss"] == [1.0, 0.5, 1.0 / 3]
+
+
+def test_a_line_parses_to_its_step_and_metrics_and_other_lines_to_none() -> None:
+    line = format_train_line(step=7, loss=2.5, lr=0.1, grad_norm=1.0, tokens_per_sec=99.0)
+    assert parse_line(f"INFO [rank0] training.trainer: {line}") == (
+        7,
+        {"train:loss": 2.5, "train:lr": 0.1, "train:grad_norm": 1.0, "train:tokens_per_sec": 99.0},
+    )
+    assert parse_line(format_validation_line(step=8, val_loss=3.0)) == (8, {"validation:loss": 3.0})
+    assert parse_line("resumed from checkpoint step-20 (5120 tokens consumed)") is None
+
+
+def test_series_keep_the_last_value_of_a_step_logged_twice() -> None:
+    log = "\n".join(
+        [
+            format_train_line(step=1, loss=4.0, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0),
+            format_train_line(step=2, loss=3.0, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0),
+            "resumed from checkpoint step-1 (32 tokens consumed)",
+            format_train_line(step=2, loss=2.9, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0),
+            format_validation_line(step=2, val_loss=3.5),
+        ]
+    )
+    series = metric_series(log)
+    assert series["train:loss"] == {1: 4.0, 2: 2.9}
+    assert series["validation:loss"] == {2: 3.5}
 
 
 def test_non_finite_values_are_refused_rather_than_silently_unparsed() -> None:

@@ -26,9 +26,10 @@ from training_helpers import (
     val_losses,
 )
 
-from training.checkpoint import MANIFEST, committed_steps
+from training.checkpoint import committed_steps
 from training.contract import Paths
 from training.launcher import EXIT_FAILED
+from training.layout import MANIFEST
 from training.metrics import METRIC_DEFINITIONS, parse_metrics
 
 pytestmark = pytest.mark.slow

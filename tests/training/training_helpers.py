@@ -22,12 +22,11 @@ import torch.distributed as dist
 from training.config import from_hyperparameters
 from training.contract import Paths
 from training.launcher import child_pids
+from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
 from training.signals import StopRequest
 from training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
-_STEP_LOSS = re.compile(r"\bstep=(\d+) loss=(\S+)")
-_STEP_VAL = re.compile(r"\bstep=(\d+) val_loss=(\S+)")
 
 # The tiny job every multi-process test runs; ~20 ms a step on one CPU core per process.
 TINY_JOB: dict[str, str] = {
@@ -146,11 +145,11 @@ def run_until(
 
 def step_losses(log: str) -> dict[int, float]:
     """step -> train loss from the metrics lines (the last occurrence of a step wins)."""
-    return {int(m.group(1)): float(m.group(2)) for m in map(_STEP_LOSS.search, log.splitlines()) if m}
+    return metric_series(log).get(TRAIN_LOSS, {})
 
 
 def val_losses(log: str) -> dict[int, float]:
-    return {int(m.group(1)): float(m.group(2)) for m in map(_STEP_VAL.search, log.splitlines()) if m}
+    return metric_series(log).get(VALIDATION_LOSS, {})
 
 
 class _Capture(logging.Handler):

@@ -1,0 +1,152 @@
+"""Where a run's files live, and the names of the training container's environment.
+
+Torch-free and stdlib only: the trainer, the Lambda handlers (their asset holds this module), the
+stacks and the local platform all take these names from here, so that none spells a path of its own.
+
+    <checkpoints bucket>/runs/<job_name_base>/checkpoints/step-<N>/   one run's checkpoints, every attempt's
+    <artifacts bucket>/runs/<job_name>/output/                        a job's model (SageMaker) or results (Batch)
+    <artifacts bucket>/runs/<job_name_base>/tensorboard/              TensorBoard output (SageMaker)
+    <artifacts bucket>/runs/<job_name_base>/lineage/                  what Register records of the run
+
+A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py):
+a directory, or an S3 prefix, without its manifest is not a checkpoint yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+MANIFEST = "manifest.json"
+"""Written last into a checkpoint's directory: the checkpoint is complete once it exists."""
+MANIFEST_GLOB = f"step-*/{MANIFEST}"
+"""The manifests of the checkpoints in a checkpoint directory, as a `Path.glob` pattern."""
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_IN_STEP_DIR = re.compile(r"(?:^|/)step-(\d+)/")
+_MANIFEST_KEY = re.compile(rf"(?:^|/)step-(\d+)/{re.escape(MANIFEST)}$")
+
+
+def step_dir(step: int) -> str:
+    """The name of the checkpoint directory of `step`: ``step-<step>``."""
+    return f"step-{step}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint directory's name (``step-12`` -> 12); None for any other name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_step(key: str) -> int | None:
+    """The step of the checkpoint directory an S3 key (or relative path) lies in; None outside any."""
+    match = _IN_STEP_DIR.search(key)
+    return int(match.group(1)) if match else None
+
+
+def manifest_step(key: str) -> int | None:
+    """The step whose checkpoint this key's manifest completes (``.../step-12/manifest.json`` -> 12); else None."""
+    match = _MANIFEST_KEY.search(key)
+    return int(match.group(1)) if match else None
+
+
+def complete_steps(keys: Iterable[str]) -> list[int]:
+    """The steps of the complete checkpoints among `keys` (those whose manifest is listed), oldest first."""
+    return sorted({step for key in keys if (step := manifest_step(key)) is not None})
+
+
+# -- a run's S3 prefixes -----------------------------------------------------------------------------
+
+RUNS = "runs/"
+"""Every run's files, in the checkpoints bucket and in the artifacts bucket."""
+ANY_RUN = f"{RUNS}*"
+"""Every key under `RUNS`, as IAM resources and `s3:prefix` conditions match it."""
+PROFILER = f"{RUNS}profiler/"
+"""SageMaker's profiler output of every job (it adds the job's name itself)."""
+
+
+def run_checkpoints(job_name_base: str) -> str:
+    """A run's prefix in the checkpoints bucket, which every attempt's job of the run shares."""
+    return f"{RUNS}{job_name_base}/checkpoints/"
+
+
+def run_output(job_name: str) -> str:
+    """A job's output prefix in the artifacts bucket (SageMaker's S3OutputPath/<job>/output/, Batch's results)."""
+    return f"{RUNS}{job_name}/output/"
+
+
+def run_tensorboard(job_name_base: str) -> str:
+    """A run's TensorBoard prefix in the artifacts bucket."""
+    return f"{RUNS}{job_name_base}/tensorboard/"
+
+
+def run_lineage(job_name_base: str) -> str:
+    """A run's lineage prefix in the artifacts bucket (Register writes lineage.json and the rest under it)."""
+    return f"{RUNS}{job_name_base}/lineage/"
+
+
+def run_of(job_name: str) -> str:
+    """The job_name_base of a job named <job_name_base>-<attempt>."""
+    return job_name.rsplit("-", 1)[0]
+
+
+# States.Format templates, whose `{}` the state machine fills with the run or the job.
+CHECKPOINTS_FORMAT = run_checkpoints("{}")
+OUTPUT_FORMAT = run_output("{}")
+TENSORBOARD_FORMAT = run_tensorboard("{}")
+# IAM resource patterns (after "<bucket arn>/") of every run's files of one kind.
+ANY_CHECKPOINT = f"{run_checkpoints('*')}*"
+ANY_OUTPUT = f"{run_output('*')}*"
+ANY_LINEAGE = f"{run_lineage('*')}*"
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, key) of ``s3://bucket/key``; the key is empty for ``s3://bucket``."""
+    match = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", uri)
+    if match is None:
+        raise ValueError(f"not an S3 URI: {uri!r} (expected s3://<bucket>/<key>)")
+    return match.group(1), match.group(2) or ""
+
+
+# -- the training container's environment -------------------------------------------------------------
+# Set by the pipeline on every host (SageMaker's Environment, Batch's container overrides) or by the
+# local platform; read by the launcher, the pre-flight check and the Batch contract.
+
+EFA_ENV = "TRAINING_EFA"
+""""true" or "false" from the request's `efa`; absent: use EFA where the host has it."""
+EXPECTED_GPUS_ENV = "TRAINING_EXPECTED_GPUS"
+"""The GPUs every host must see (the instance catalog's); absent locally."""
+MIN_BUSBW_ENV = "TRAINING_MIN_BUSBW_GBPS"
+"""The pre-flight's all-reduce bus bandwidth floor (GB/s); absent or 0: no floor."""
+TRAINING_GROUPS_ENV = "TRAINING_GROUPS"
+"""Comma-separated names of the instance groups that train (unset: every host trains)."""
+AUXILIARY_START_TIMEOUT_ENV = "TRAINING_AUXILIARY_START_TIMEOUT_SECONDS"
+MASTER_ADDR_ENV = "TRAINING_MASTER_ADDR"
+MASTER_PORT_ENV = "TRAINING_MASTER_PORT"
+NPROC_ENV = "TRAINING_NPROC_PER_NODE"
+GRACE_ENV = "TRAINING_SIGTERM_GRACE_SECONDS"
+OPT_ML_ROOT_ENV = "OPT_ML_ROOT"
+"""Where the /opt/ml tree is (local runs relocate it)."""
+
+# AWS Batch's multi-node variables.
+NODE_INDEX_ENV = "AWS_BATCH_JOB_NODE_INDEX"
+NUM_NODES_ENV = "AWS_BATCH_JOB_NUM_NODES"
+MAIN_NODE_INDEX_ENV = "AWS_BATCH_JOB_MAIN_NODE_INDEX"
+MAIN_NODE_ADDRESS_ENV = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
+ATTEMPT_ENV = "AWS_BATCH_JOB_ATTEMPT"
+# Set by the pipeline's SubmitJob on every node of a Batch job.
+JOB_NAME_ENV = "TRAINING_JOB_NAME"
+HYPERPARAMETERS_ENV = "TRAINING_HYPERPARAMETERS"
+CHANNELS_ENV = "TRAINING_CHANNELS"
+CHECKPOINTS_ENV = "TRAINING_CHECKPOINTS_S3"
+OUTPUT_ENV = "TRAINING_OUTPUT_S3"
+FSX_ROOT_ENV = "TRAINING_FSX_ROOT"
+"""Where the host mounts FSx for Lustre (stacks/constructs/batch_cluster.py); local runs relocate it."""
+SYNC_SECONDS_ENV = "TRAINING_CHECKPOINT_SYNC_SECONDS"
+PREPARED_ENV = "TRAINING_BATCH_PREPARED"
+"""Set on the launcher child the Batch contract starts: it must not start another."""
+
+PREFLIGHT_FAILED = "PreflightFailed"
+"""The first word of the failure file's first line when the pre-flight check fails; the pipeline then
+retries the job on fresh nodes (SageMaker's FailureReason is "AlgorithmError: " and that line)."""
