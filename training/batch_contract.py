@@ -31,25 +31,21 @@ from typing import Any
 from training.contract import ContractError, Paths, ResourceConfig, write_failure
 from training.layout import (
     ATTEMPT_ENV,
+    CHANNELS_ENV,
+    CHECKPOINTS_ENV,
     FSX_ROOT_ENV,
+    HYPERPARAMETERS_ENV,
     MAIN_NODE_ADDRESS_ENV,
     MAIN_NODE_INDEX_ENV,
     MANIFEST,
     MASTER_ADDR_ENV,
     NODE_INDEX_ENV,
     NUM_NODES_ENV,
+    OUTPUT_ENV,
     PREPARED_ENV,
     SYNC_SECONDS_ENV,
     split_s3_uri,
 )
-
-# Re-exported only for stacks/pipeline/batch_training.py, which is being rewritten and still imports
-# them from here: delete these once it imports them from training.layout.
-from training.layout import CHANNELS_ENV as CHANNELS_ENV  # noqa: PLC0414
-from training.layout import CHECKPOINTS_ENV as CHECKPOINTS_ENV  # noqa: PLC0414
-from training.layout import HYPERPARAMETERS_ENV as HYPERPARAMETERS_ENV  # noqa: PLC0414
-from training.layout import JOB_NAME_ENV as JOB_NAME_ENV  # noqa: PLC0414
-from training.layout import OUTPUT_ENV as OUTPUT_ENV  # noqa: PLC0414
 from training.metrics import parse_metrics
 
 log = logging.getLogger("training.batch")

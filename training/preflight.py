@@ -39,12 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from training.contract import ContractError, Paths, read_resource_config, write_failure
-
-# The two aliases are re-exports only for stacks/pipeline/batch_training.py, which is being rewritten and
-# still imports them from here: delete them once it imports them from training.layout.
-from training.layout import EXPECTED_GPUS_ENV as EXPECTED_GPUS_ENV  # noqa: PLC0414
-from training.layout import MIN_BUSBW_ENV as MIN_BUSBW_ENV  # noqa: PLC0414
-from training.layout import PREFLIGHT_FAILED
+from training.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_FAILED
 
 log = logging.getLogger("training.preflight")
 

@@ -22,7 +22,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, ESTIMATE, JOB, REQUEST, TRAIN
+from lambdas.contract import ERROR, REQUEST, TRAIN
 from lambdas.shared.catalog import instance_type
 from lambdas.validate.request import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
@@ -34,19 +34,25 @@ from stacks.pipeline.polled_job import (
     SDK_TIMEOUT_SECONDS,
     PolledJobStep,
     StepNames,
-    dead_letter_queue,
+    cleanup_function,
+    list_runs,
     sdk_arn,
     sdk_retry,
     watch_ended_executions,
 )
-from training.batch_contract import (
+from training.layout import (
+    ANY_OUTPUT,
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
+    CHECKPOINTS_FORMAT,
+    EFA_ENV,
+    EXPECTED_GPUS_ENV,
     HYPERPARAMETERS_ENV,
     JOB_NAME_ENV,
+    MIN_BUSBW_ENV,
     OUTPUT_ENV,
+    OUTPUT_FORMAT,
 )
-from training.preflight import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV
 
 # A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as
 # insufficient capacity, and a new attempt is submitted (Batch itself would wait for ever).
@@ -89,12 +95,7 @@ class BatchTraining(Construct):
             names=NAMES,
             create=self._submit,
             progress=self.monitor,
-            progress_payload={
-                "request": obj(REQUEST),
-                "job": obj(TRAIN.job),
-                "previous": obj(JOB),
-                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
-            },
+            job={"job": obj(TRAIN.job)},
             cleanup=self.cleanup,
             replaces_jobs=True,
         )
@@ -139,9 +140,9 @@ class BatchTraining(Construct):
                 "CAPACITY_WAIT_MINUTES": str(CAPACITY_WAIT_MINUTES),
             },
         )
-        monitor.function.add_to_role_policy(self._list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
-        monitor.function.add_to_role_policy(self._list_runs(context.artifacts.bucket_arn, "ListRunOutputs"))
-        outputs = f"{context.artifacts.bucket_arn}/runs/*/output/*"
+        monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        monitor.function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunOutputs"))
+        outputs = f"{context.artifacts.bucket_arn}/{ANY_OUTPUT}"
         # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(sid="ReadJobResults", actions=["s3:GetObject"], resources=[outputs])
@@ -165,20 +166,13 @@ class BatchTraining(Construct):
 
     def _cleanup_function(self) -> PlatformFunction:
         context = self._context
-        self.cleanup_dead_letters = dead_letter_queue(context, "StopBatchJobsDeadLetters")
-        cleanup = context.function(
+        cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
+            context,
             "StopBatchJobs",
-            "lambdas.batch.cleanup.handler",
-            "Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
-            {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name, "JOB_QUEUE": self.cluster.queue.job_queue_arn},
-            timeout=Duration.minutes(5),
-            dead_letter_queue=self.cleanup_dead_letters,
-        )
-        context.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
-        cleanup.function.add_to_role_policy(self._list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
-        superseded = f"{context.checkpoints.bucket_arn}/runs/*/checkpoints/*"
-        cleanup.function.add_to_role_policy(
-            iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
+            handler="lambdas.batch.cleanup.handler",
+            description="Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
+            environment={"JOB_QUEUE": self.cluster.queue.job_queue_arn},
+            dead_letters="StopBatchJobsDeadLetters",
         )
         self.cluster.grant_follow(cleanup.role)
         self.cluster.grant_terminate(cleanup.role)
@@ -194,15 +188,6 @@ class BatchTraining(Construct):
             acknowledge_wildcard(cleanup.role, resource, reason)
         return cleanup
 
-    @staticmethod
-    def _list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
-        return iam.PolicyStatement(
-            sid=sid,
-            actions=["s3:ListBucket"],
-            resources=[bucket_arn],
-            conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
-        )
-
     def _environment(self) -> list[dict[str, str]]:
         """The run's variables on every node: what SageMaker's CreateTrainingJob carries in its own fields."""
         context = self._context
@@ -211,11 +196,10 @@ class BatchTraining(Construct):
             HYPERPARAMETERS_ENV: f"States.JsonToString({REQUEST.hyperparameters})",
             CHANNELS_ENV: f"States.JsonToString({REQUEST.channels})",
             CHECKPOINTS_ENV: (
-                f"States.Format('s3://{context.checkpoints.bucket_name}/runs/{{}}/checkpoints/', "
-                f"{REQUEST.job_name_base})"
+                f"States.Format('s3://{context.checkpoints.bucket_name}/{CHECKPOINTS_FORMAT}', {REQUEST.job_name_base})"
             ),
-            OUTPUT_ENV: f"States.Format('s3://{context.artifacts.bucket_name}/runs/{{}}/output/', {JOB_NAME})",
-            "TRAINING_EFA": f"States.Format('{{}}', {REQUEST.efa})",
+            OUTPUT_ENV: f"States.Format('s3://{context.artifacts.bucket_name}/{OUTPUT_FORMAT}', {JOB_NAME})",
+            EFA_ENV: f"States.Format('{{}}', {REQUEST.efa})",
             EXPECTED_GPUS_ENV: f"States.Format('{{}}', {REQUEST.gpus})",
             MIN_BUSBW_ENV: f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
         }

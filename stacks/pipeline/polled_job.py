@@ -29,14 +29,16 @@ from typing import Any
 from aws_cdk import Aws, Duration
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, ERROR, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj, string
+from training.layout import ANY_CHECKPOINT, ANY_RUN
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it.
 JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
@@ -96,7 +98,7 @@ class PolledJobStep:
         names: StepNames,
         create: Create,
         progress: PlatformFunction,
-        progress_payload: dict[str, Any],
+        job: dict[str, Any],
         cleanup: PlatformFunction,
         replaces_jobs: bool = False,
     ) -> None:
@@ -118,7 +120,14 @@ class PolledJobStep:
             comment="Between polls",
         )
         self.start.next(reset).next(create(wait, self._not_created()))
-        check = invoke(scope, names("Check progress"), progress, progress_payload, str(JOB))
+        # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price.
+        payload = {
+            "request": obj(REQUEST),
+            **job,
+            "previous": obj(JOB),
+            "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+        }
+        check = invoke(scope, names("Check progress"), progress, payload, str(JOB))
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         finished = sfn.Choice(scope, names("Job finished?"))
         running = sfn.Condition.boolean_equals(str(JOB.finished), False)
@@ -227,16 +236,51 @@ class PolledJobStep:
         return task.next(then)
 
 
-def dead_letter_queue(context: PipelineContext, id_: str) -> sqs.Queue:
-    """Where EventBridge's asynchronous invocations of a cleanup handler that failed for good are kept."""
-    return sqs.Queue(
+def list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
+    """List the keys under every run's prefix of a bucket (names and dates; reading an object is another grant)."""
+    return iam.PolicyStatement(
+        sid=sid, actions=["s3:ListBucket"], resources=[bucket_arn], conditions={"StringLike": {"s3:prefix": [ANY_RUN]}}
+    )
+
+
+def cleanup_function(
+    context: PipelineContext,
+    name: str,
+    *,
+    handler: str,
+    description: str,
+    environment: dict[str, str],
+    dead_letters: str,
+) -> tuple[PlatformFunction, sqs.Queue, str]:
+    """A backend's cleanup handler, its dead-letter queue and the pattern of the checkpoints it may prune.
+
+    The backend grants it what stopping its jobs takes, and acknowledges the wildcards.
+    """
+    # EventBridge invokes the cleanup asynchronously: what fails there for good is kept here.
+    queue = sqs.Queue(
         context.stack,
-        id_,
+        dead_letters,
         encryption=sqs.QueueEncryption.KMS,
         encryption_master_key=context.key,
         enforce_ssl=True,
         retention_period=Duration.days(14),
     )
+    cleanup = context.function(
+        name,
+        handler,
+        description,
+        {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name, **environment},
+        timeout=Duration.minutes(5),
+        dead_letter_queue=queue,
+    )
+    # Lambda sends failed events to the dead-letter queue with the function's role.
+    context.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
+    cleanup.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+    superseded = f"{context.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
+    cleanup.function.add_to_role_policy(
+        iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
+    )
+    return cleanup, queue, superseded
 
 
 def watch_ended_executions(

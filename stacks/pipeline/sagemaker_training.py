@@ -9,21 +9,20 @@ every way out Cleanup stops the execution's jobs and prunes the run's checkpoint
 
 from __future__ import annotations
 
-from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, ESTIMATE, JOB, REQUEST, TRAIN
+from lambdas.contract import ERROR, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
     StepNames,
-    dead_letter_queue,
+    cleanup_function,
+    list_runs,
     watch_ended_executions,
 )
 from stacks.pipeline.sagemaker_job import DistributedTrainingJob
@@ -46,12 +45,7 @@ class SageMakerTraining(Construct):
             names=NAMES,
             create=self._create,
             progress=self.monitor,
-            progress_payload={
-                "request": obj(REQUEST),
-                "job_name": string(TRAIN.job.job_name),
-                "previous": obj(JOB),
-                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
-            },
+            job={"job_name": string(TRAIN.job.job_name)},
             cleanup=self.cleanup,
             replaces_jobs=True,
         )
@@ -89,7 +83,7 @@ class SageMakerTraining(Construct):
             },
         )
         # It lists checkpoint manifests (key names and dates); it never reads an object.
-        monitor.function.add_to_role_policy(self._list_run_checkpoints())
+        monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
         self.job.grant_follow(monitor.role)
         acknowledge_wildcard(
             monitor.role,
@@ -101,22 +95,13 @@ class SageMakerTraining(Construct):
     def _cleanup_function(self) -> PlatformFunction:
         """The handler that stops a run's jobs and prunes its checkpoints (state machine and EventBridge)."""
         context = self._context
-        # EventBridge invokes Cleanup asynchronously: what fails there for good is kept here.
-        self.cleanup_dead_letters = dead_letter_queue(context, "CleanupDeadLetters")
-        cleanup = context.function(
+        cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
+            context,
             "Cleanup",
-            "lambdas.cleanup.handler.handler",
-            "Stops a run's training jobs and prunes its checkpoints when the run ends",
-            {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name},
-            timeout=Duration.minutes(5),
-            dead_letter_queue=self.cleanup_dead_letters,
-        )
-        # Lambda sends failed events to the dead-letter queue with the function's role.
-        context.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
-        cleanup.function.add_to_role_policy(self._list_run_checkpoints())
-        superseded = f"{context.checkpoints.bucket_arn}/runs/*/checkpoints/*"
-        cleanup.function.add_to_role_policy(
-            iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
+            handler="lambdas.cleanup.handler.handler",
+            description="Stops a run's training jobs and prunes its checkpoints when the run ends",
+            environment={},
+            dead_letters="CleanupDeadLetters",
         )
         self.job.grant_stop(cleanup.role)
         for resource, reason in {
@@ -127,14 +112,6 @@ class SageMakerTraining(Construct):
         }.items():
             acknowledge_wildcard(cleanup.role, resource, reason)
         return cleanup
-
-    def _list_run_checkpoints(self) -> iam.PolicyStatement:
-        return iam.PolicyStatement(
-            sid="ListRunCheckpoints",
-            actions=["s3:ListBucket"],
-            resources=[self._context.checkpoints.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": ["runs/*"]}},
-        )
 
     def _create(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.Choice:
         create_kms = self.job.create_state(self, "Create training job", kms_volume=True)

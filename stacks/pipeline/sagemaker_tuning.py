@@ -18,10 +18,10 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, ESTIMATE, JOB, REQUEST, TRAIN
+from lambdas.contract import ERROR, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.polled_job import SDK_TIMEOUT_SECONDS, PolledJobStep, StepNames, sdk_arn, sdk_retry
 from stacks.pipeline.sagemaker_job import TRANSIENT_ERRORS, DistributedTrainingJob
 from stacks.pipeline.sagemaker_training import SageMakerTraining
@@ -77,11 +77,7 @@ class SageMakerTuning(Construct):
             names=NAMES,
             create=self._create,
             progress=self.monitor,
-            progress_payload={
-                "request": obj(REQUEST),
-                "previous": obj(JOB),
-                "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
-            },
+            job={},
             # The single job's Cleanup stops an execution's tuning jobs and their trials too.
             cleanup=training.cleanup,
         )
