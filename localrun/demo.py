@@ -27,8 +27,9 @@ import boto3
 from localrun import report
 from localrun.batch_local import LocalBatch
 from localrun.cfn import ACCOUNT, REGION
+from localrun.clock import Clock
 from localrun.corpus import build_shards
-from localrun.engine import Clock, LocalPlatform
+from localrun.engine import LocalPlatform
 from localrun.sagemaker_local import LocalTraining
 from training.distributions import distribution
 from training.layout import split_s3_uri

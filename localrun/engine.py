@@ -23,8 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -35,6 +34,7 @@ from moto import mock_aws
 from localrun import constructs, moto_fixes
 from localrun.batch_local import ECS_TASKS, LocalBatch
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+from localrun.clock import Clock
 from localrun.environ import handler_environment, handler_stdout
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.services import (
@@ -61,32 +61,6 @@ class TrainingBackend(Protocol):
 
     def stopped(self, name: str, job: Any) -> None:
         """StopTrainingJob was called: stop the job's instances; describe then reports it Stopped."""
-
-
-@dataclass
-class Clock:
-    """How engine time maps to wall time.
-
-    wait_scale: Wait states sleep `seconds * wait_scale` (0: not at all).
-    retry_scale: Retry intervals likewise.
-    approval_timeout_scale: `.waitForTaskToken` timeouts are multiplied by this (human approvals
-    time out in hours; a test can make that seconds without changing the definition).
-    ahead: how far the time of events (schedules, S3 objects) is ahead of wall time; `advance` moves it.
-    """
-
-    wait_scale: float = 0.0
-    retry_scale: float = 0.0
-    approval_timeout_scale: float = 1.0
-    waits: list[float] = field(default_factory=list)
-    retries: list[float] = field(default_factory=list)
-    ahead: timedelta = timedelta(0)
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + self.ahead
-
-    def advance(self, by: timedelta) -> None:
-        """Let time pass for events (a quiet period, a schedule) without sleeping."""
-        self.ahead += by
 
 
 @dataclass

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from unittest import mock
 
 from moto.awslambda.models import LambdaBackend
@@ -35,8 +35,7 @@ from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
-if TYPE_CHECKING:
-    from localrun.engine import Clock
+from localrun.clock import Clock
 
 
 # -- Lambda ------------------------------------------------------------------------------------------

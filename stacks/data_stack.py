@@ -99,43 +99,12 @@ class DataStack(Stack):
 
     def _retrain_windows_table(self) -> dynamodb.Table:
         """One item per retrain trigger: its open window of new data and the last run it started."""
-        table = dynamodb.Table(
-            self,
-            "RetrainWindows",
-            partition_key=dynamodb.Attribute(name="trigger", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
-            encryption_key=self.key,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            deletion_protection=True,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        for pack in ("NIST.800.53.R5", "HIPAA.Security"):
-            acknowledge(
-                table,
-                f"{pack}-DynamoDBInBackupPlan",
-                "Point-in-time recovery (35 days) protects the retrain windows; an AWS Backup plan is the "
-                "platform team's account-wide choice.",
-            )
-        return table
+        return self._table("RetrainWindows", partition_key="trigger", records="the retrain windows")
 
     def _approvals_table(self) -> dynamodb.Table:
         """Approval requests: the audit record of who decided what; the task tokens are encrypted here."""
-        table = dynamodb.Table(
-            self,
-            "Approvals",
-            partition_key=dynamodb.Attribute(name="request_id", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
-            encryption_key=self.key,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            time_to_live_attribute="ttl",
-            deletion_protection=True,
-            removal_policy=RemovalPolicy.RETAIN,
+        table = self._table(
+            "Approvals", partition_key="request_id", records="the approval records", time_to_live_attribute="ttl"
         )
         # Pending requests, newest first; the index holds what a listing shows and never the task token.
         table.add_global_secondary_index(
@@ -145,11 +114,31 @@ class DataStack(Stack):
             projection_type=dynamodb.ProjectionType.INCLUDE,
             non_key_attributes=["gate", "execution", "run_name", "summary", "expires_at", "requested_by"],
         )
+        return table
+
+    def _table(
+        self, id_: str, *, partition_key: str, records: str, time_to_live_attribute: str | None = None
+    ) -> dynamodb.Table:
+        """An on-demand table under the platform key, retained, with point-in-time recovery for ``records``."""
+        table = dynamodb.Table(
+            self,
+            id_,
+            partition_key=dynamodb.Attribute(name=partition_key, type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute=time_to_live_attribute,
+            deletion_protection=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
         for pack in ("NIST.800.53.R5", "HIPAA.Security"):
             acknowledge(
                 table,
                 f"{pack}-DynamoDBInBackupPlan",
-                "Point-in-time recovery (35 days) protects the approval records; an AWS Backup plan is the "
+                f"Point-in-time recovery (35 days) protects {records}; an AWS Backup plan is the "
                 "platform team's account-wide choice.",
             )
         return table

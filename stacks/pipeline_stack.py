@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import Duration, Stack
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -34,7 +36,7 @@ from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_training import SageMakerTraining
 from stacks.pipeline.sagemaker_tuning import SageMakerTuning, with_tuning
-from stacks.pipeline.training_step import by_backend
+from stacks.pipeline.training_step import TrainingStep, by_backend
 from stacks.settings import PlatformSettings
 
 
@@ -80,13 +82,7 @@ class PipelineStack(Stack):
         self.approval = approvals.gate
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
         self.state_machine = self._state_machine(context, intake.start)
-        self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
-        self.execution_key.bind_log_delivery()
-        training.bind(self.state_machine)
-        # Publishing to the runs topic, which the platform key encrypts.
-        context.key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
-        self.approval.grant_decisions(self.state_machine)
-        self._acknowledge_state_machine_grants(context, registration.packages)
+        self._grant_state_machine(context, training, registration.packages)
         dead_letters = dict(training.dead_letters)
         if data.retrain_windows is not None:
             retrain = RetrainTriggers(
@@ -99,7 +95,20 @@ class PipelineStack(Stack):
                 backends=training.backends,
             )
             dead_letters.update(retrain.dead_letters)
+        self._cost_controls(settings, context, validator=intake.validate.role)
+        self._monitoring(settings, context, dead_letters)
 
+    def _grant_state_machine(self, context: PipelineContext, training: TrainingStep, packages: str) -> None:
+        self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
+        self.execution_key.bind_log_delivery()
+        training.bind(self.state_machine)
+        # Publishing to the runs topic, which the platform key encrypts.
+        context.key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
+        self.approval.grant_decisions(self.state_machine)
+        self._acknowledge_state_machine_grants(context, packages)
+
+    def _cost_controls(self, settings: PlatformSettings, context: PipelineContext, *, validator: iam.IRole) -> None:
+        """The monthly budget, and its stop on the roles that start training jobs."""
         budget = PlatformBudget(
             self,
             "Budget",
@@ -112,10 +121,15 @@ class PipelineStack(Stack):
             "BudgetStop",
             budget=budget.budget,
             creators=[self.state_machine.role],
-            validator=intake.validate.role,
+            validator=validator,
             topic=context.topics.alarms,
             emails=settings.notifications.budget_emails,
         )
+
+    def _monitoring(
+        self, settings: PlatformSettings, context: PipelineContext, dead_letters: dict[str, sqs.IQueue]
+    ) -> None:
+        """Alarms and a dashboard over the state machine and every handler."""
         functions: dict[str, lambda_.IFunction] = {
             **{name: fn.function for name, fn in context.functions.items()},
             "ApprovalRequest": self.approval.request.function,

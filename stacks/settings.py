@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.request import FSX_SCHEME, PlatformLimits, resolve
+from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.request import FSX_SCHEME, resolve
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
 # CloudWatch Logs accepts only these retention periods (days).

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training import distributed, metrics
 from training.checkpoint import CheckpointManager, TrainingState
 from training.config import ConfigError, JobConfig
-from training.contract import Paths, find_data_files
+from training.contract import DataFiles, Paths, find_data_files
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
 from training.distributions import distribution
 from training.export import export_model
@@ -57,6 +57,22 @@ class Trainer:
             raise
 
     def _build(self) -> None:
+        self._init_process()
+        self.param_dtype = self._compute_dtype()
+        files = find_data_files(self.paths)
+        self.seq_len = self.cfg.seq_len
+        self.grad_accum = self.cfg.train.grad_accum_steps(self.env.world_size)
+        self.global_batch = self.cfg.train.micro_batch_size * self.env.world_size * self.grad_accum
+        n_params = self._build_model()
+        self._build_optimizer()
+        loader = self._build_data(files)
+        self._build_checkpoint(loader)
+        self._build_metrics()
+        if self.env.is_main:
+            self._log_setup(n_params, loader.samples.n_samples)
+
+    def _init_process(self) -> None:
+        """The process group and determinism, then the config log and optional outputs."""
         cfg = self.cfg
         self.env = env = distributed.init_distributed(
             distribution=cfg.distribution,
@@ -70,12 +86,9 @@ class Trainer:
         # Optional outputs fail here, on every rank, before any expensive work.
         self.tensorboard = self._tensorboard() if cfg.metrics.tensorboard else None
 
-        self.param_dtype = self._compute_dtype()
-        files = find_data_files(self.paths)
-        self.seq_len = cfg.seq_len
-        self.grad_accum = cfg.train.grad_accum_steps(env.world_size)
-        self.global_batch = cfg.train.micro_batch_size * env.world_size * self.grad_accum
-
+    def _build_model(self) -> int:
+        """Build and parallelise the model; returns its parameter count."""
+        cfg, env = self.cfg, self.env
         # Every rank builds the same weights from the same seed; DDP/FSDP then broadcast or shard them.
         model, self.model_args = build_model(cfg.model, env.device, code_dir=self.paths.channel("code"))
         self.vocab_size = self.model_args.vocab_size
@@ -93,12 +106,17 @@ class Trainer:
             compile=cfg.parallel.compile,
             reshard_after_forward=cfg.parallel.reshard_after_forward,
         )
-        self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.max_steps)
+        return n_params
 
-        samples = TokenSamples(files.train, self.seq_len)
+    def _build_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.train.max_steps)
+
+    def _build_data(self, files: DataFiles) -> DistributedTokenLoader:
+        """The training loader and this rank's fixed validation batches."""
+        cfg, env = self.cfg, self.env
         loader = DistributedTokenLoader(
-            samples,
+            TokenSamples(files.train, self.seq_len),
             micro_batch=cfg.train.micro_batch_size,
             rank=env.rank,
             world_size=env.world_size,
@@ -116,7 +134,11 @@ class Trainer:
             )
         if not self.val_batches and env.is_main:
             log.warning("no validation data (channel 'validation' or *val*.bin in 'train'): val_loss not reported")
+        return loader
 
+    def _build_checkpoint(self, loader: DistributedTokenLoader) -> None:
+        """The resumable state, restored from the latest committed checkpoint if there is one."""
+        cfg, env = self.cfg, self.env
         # Dropout streams differ per rank; a same-size resume restores them from the checkpoint.
         torch.manual_seed(cfg.train.seed + 1 + env.rank)
         self.state = TrainingState(
@@ -131,26 +153,30 @@ class Trainer:
         self.checkpoints.load_latest(self.state)
         self.start_step = self.state.step
 
-        peak = cfg.metrics.peak_tflops * 1e12 or (
+    def _build_metrics(self) -> None:
+        """The device's peak FLOP/s for MFU, and the profiler (which starts at ``start_step``)."""
+        cfg, env = self.cfg, self.env
+        self.peak_flops = cfg.metrics.peak_tflops * 1e12 or (
             peak_flops(torch.cuda.get_device_name(env.device)) if env.device.type == "cuda" else None
         )
-        self.peak_flops = peak
         self.profiler = self._profiler() if cfg.metrics.profile else None
-        if env.is_main:
-            log.info(
-                "model %s: %.2fM parameters, %.3g FLOPs/token; %d processes x %d sequences x %d accumulation "
-                "= %d sequences of %d tokens per step; %d training samples; starting at step %d",
-                cfg.model.factory or cfg.model.name,
-                n_params / 1e6,
-                self.flops_per_token,
-                env.world_size,
-                cfg.train.micro_batch_size,
-                self.grad_accum,
-                self.global_batch,
-                self.seq_len,
-                samples.n_samples,
-                self.start_step,
-            )
+
+    def _log_setup(self, n_params: int, n_samples: int) -> None:
+        cfg = self.cfg
+        log.info(
+            "model %s: %.2fM parameters, %.3g FLOPs/token; %d processes x %d sequences x %d accumulation "
+            "= %d sequences of %d tokens per step; %d training samples; starting at step %d",
+            cfg.model.factory or cfg.model.name,
+            n_params / 1e6,
+            self.flops_per_token,
+            self.env.world_size,
+            cfg.train.micro_batch_size,
+            self.grad_accum,
+            self.global_batch,
+            self.seq_len,
+            n_samples,
+            self.start_step,
+        )
 
     def _compute_dtype(self) -> torch.dtype:
         choice = self.cfg.train.dtype

@@ -78,31 +78,41 @@ def _conditional(exc: ClientError) -> bool:
 def record(table: Any, trigger: str, created: datetime) -> str:
     """Note an object created at `created`: "recorded" in the open window, or "covered" by a started run."""
     at = stamp(created)
+    if _count_object_if(
+        table,
+        trigger,
+        at,
+        update="SET window_start = if_not_exists(window_start, :at), last_seen = :at ADD objects :one",
+        condition="(attribute_not_exists(started_through) OR started_through < :at) "
+        "AND (attribute_not_exists(last_seen) OR last_seen <= :at)",
+    ):
+        return "recorded"
+    # Older than the open window's newest object (delivered late): it joins that window.
+    if _count_object_if(
+        table,
+        trigger,
+        at,
+        update="ADD objects :one",
+        condition="attribute_exists(last_seen) AND (attribute_not_exists(started_through) OR started_through < :at)",
+    ):
+        return "recorded"
+    return "covered"  # created before the newest object a started run saw: that run reads it
+
+
+def _count_object_if(table: Any, trigger: str, at: str, *, update: str, condition: str) -> bool:
+    """Apply `update` (which counts the object created `at`) if `condition` holds; False if it does not."""
     try:
         table.update_item(
             Key={"trigger": trigger},
-            UpdateExpression="SET window_start = if_not_exists(window_start, :at), last_seen = :at ADD objects :one",
-            ConditionExpression="(attribute_not_exists(started_through) OR started_through < :at) "
-            "AND (attribute_not_exists(last_seen) OR last_seen <= :at)",
+            UpdateExpression=update,
+            ConditionExpression=condition,
             ExpressionAttributeValues={":at": at, ":one": 1},
         )
-        return "recorded"
     except ClientError as exc:
         if not _conditional(exc):
             raise
-    try:  # older than the open window's newest object (delivered late): it joins that window
-        table.update_item(
-            Key={"trigger": trigger},
-            UpdateExpression="ADD objects :one",
-            ConditionExpression="attribute_exists(last_seen) "
-            "AND (attribute_not_exists(started_through) OR started_through < :at)",
-            ExpressionAttributeValues={":at": at, ":one": 1},
-        )
-        return "recorded"
-    except ClientError as exc:
-        if not _conditional(exc):
-            raise
-    return "covered"  # created before the newest object a started run saw: that run reads it
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from lambdas.validate.inputs import ExecutionInput, PlatformLimits
 from training.distributions import DISTRIBUTIONS
-
-if TYPE_CHECKING:
-    from lambdas.validate.request import ExecutionInput, PlatformLimits
 
 
 def batch_problems(request: ExecutionInput, limits: PlatformLimits) -> list[str]:

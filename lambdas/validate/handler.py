@@ -15,7 +15,8 @@ from lambdas.shared.env import env_bool, env_float, env_int, env_json, env_str
 from lambdas.shared.errors import InvalidRequest
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from lambdas.validate import budget
-from lambdas.validate.request import PlatformLimits, resolve, start_binding
+from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.request import resolve, start_binding
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.INTAKE)

@@ -1,4 +1,4 @@
-"""The execution input ML engineers write, and its resolution into a complete training request.
+"""The resolution of the execution input (lambdas/validate/inputs.py) into a complete training request.
 
 Every check runs before anything is created; all problems are reported at once, each with
 what to change. The resolved request is the only thing later states read from the input.
@@ -10,10 +10,9 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import ValidationError
 
 from lambdas.approvals import identity
 from lambdas.contract import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
@@ -21,7 +20,8 @@ from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.batch import batch_problems
-from lambdas.validate.tuning import TuningInput, resolve_tuning
+from lambdas.validate.inputs import ExecutionInput, GroupInput, PlatformLimits
+from lambdas.validate.tuning import resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
@@ -38,121 +38,9 @@ EXECUTION_TAG = "execution"
 # Set at the top level of the input, never inside `hyperparameters`.
 TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
 
-HyperparameterValue = StrictStr | StrictInt | StrictFloat | StrictBool
-
-
-class QualityGate(BaseModel):
-    """The final metric a run must reach to be registered."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    metric: str = "validation:loss"
-    max: float | None = None
-    min: float | None = None
-
-
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_INSTANCE_GROUPS = 5  # SageMaker's limit per training job
 CHANNEL_NAMES = ("train", "validation")
-
-
-class GroupInput(BaseModel):
-    """One instance group of a heterogeneous cluster (README: "Heterogeneous clusters")."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
-    instance_type: str
-    instance_count: int = Field(1, ge=1)
-    role: str = TRAIN_ROLE
-    channels: list[str] | None = None
-
-
-class ExecutionInput(BaseModel):
-    """What an ML engineer passes to StartExecution (see README: "Starting a training run")."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    run_name: str = Field(description="3-40 of a-z, 0-9, '-'; names the jobs, checkpoints and model.")
-    model: str | None = Field(None, description="Model preset (hyperparameter `model`): tiny, gpt2, llama-1b, ...")
-    dataset: str = Field(
-        description="Training shards: `fsx:///datasets/<path>/` or `s3://<datasets bucket>/<prefix>/`."
-    )
-    validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
-    instance_type: str | None = Field(
-        None, description="SageMaker training instance type, e.g. `ml.p5.48xlarge` (or `instance_groups`)."
-    )
-    instance_count: int | None = Field(
-        None, ge=1, description="Instances (default 1); bounded by the training subnet's capacity."
-    )
-    instance_groups: list[GroupInput] | None = Field(
-        None,
-        description="A heterogeneous cluster instead of `instance_type`: up to 5 groups of `name`, `instance_type`, "
-        "`instance_count`, `role` (train or auxiliary) and `channels` (those its hosts receive; default all).",
-    )
-    backend: str = Field(
-        "sagemaker", description="Where the job runs: one of the training backends the platform deploys."
-    )
-    distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
-    efa: bool | None = Field(
-        None,
-        description="EFA for NCCL: true requires it (a host without it fails the job at start), false keeps NCCL "
-        "on TCP sockets (default: used whenever the type has it).",
-    )
-    spot: bool = Field(False, description="Managed spot training (resumes from checkpoints after interruptions).")
-    checkpoints: bool = Field(True, description="Write periodic checkpoints (synced to S3); spot runs need them.")
-    max_runtime_hours: float = Field(gt=0, description="Training time limit (SageMaker MaxRuntimeInSeconds).")
-    max_wait_hours: float | None = Field(
-        None, gt=0, description="Spot only: limit on waiting plus training (default: twice the runtime)."
-    )
-    hyperparameters: dict[str, HyperparameterValue] = Field(
-        default_factory=dict, description="Trainer hyperparameters (training/README.md); strings, numbers, booleans."
-    )
-    warm_pool_minutes: int = Field(0, ge=0, le=60, description="Keep the instances warm this long for the next run.")
-    quality: QualityGate | None = Field(
-        None, description='Gate before registration, e.g. `{"metric": "validation:loss", "max": 3.3}`.'
-    )
-    notify: list[str] = Field(
-        default_factory=list, description="Who hears about this run (from notifications.run_emails)."
-    )
-    requester_proof: str | None = Field(
-        None,
-        description="Who starts the run, proven by tools/start_run.py; required when "
-        "pipeline.forbid_self_approval is on.",
-    )
-    tuning: TuningInput | None = Field(
-        None,
-        description="Hyperparameter tuning instead of one job: ranges, objective, strategy, max_jobs, "
-        'max_parallel_jobs (README: "Hyperparameter tuning").',
-    )
-
-
-def input_table() -> str:
-    """The README's table of execution-input keys, generated from the model."""
-    rows = ["| Key | Default | Meaning |", "| --- | --- | --- |"]
-    for name, field in ExecutionInput.model_fields.items():
-        default = "(required)" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
-        rows.append(f"| `{name}` | `{default}` | {field.description} |")
-    return "\n".join(rows)
-
-
-@dataclass(frozen=True)
-class PlatformLimits:
-    """What the deployed platform allows; the stack passes these through the environment."""
-
-    datasets_bucket: str
-    fsx_file_system_id: str
-    fsx_mount_name: str
-    training_subnet_ips: int
-    max_runtime_hours: float
-    allowed_instance_types: tuple[str, ...]
-    poll_interval_seconds: int
-    capacity_retries: int
-    volume_size_gb: int
-    run_emails: tuple[str, ...]
-    tags: dict[str, str]
-    backends: tuple[str, ...] = ("sagemaker",)
-    batch_instance_types: tuple[str, ...] = ()
-    """The instance types of the AWS Batch compute environment (empty when the platform has none)."""
-    batch_max_nodes: int = 0
 
 
 def _problems_from(exc: ValidationError) -> list[str]:

@@ -92,51 +92,12 @@ class BudgetStop(Construct):
         emails: list[str],
     ) -> None:
         super().__init__(scope, id_)
-        stack = Stack.of(self)
-        self.probe_arn = stack.format_arn(service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB)
-        self.policy = iam.ManagedPolicy(
-            self,
-            "Deny",
-            description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
-            statements=[
-                iam.PolicyStatement(
-                    sid="NoNewTrainingJobs",
-                    effect=iam.Effect.DENY,
-                    # SageMaker jobs, and AWS Batch jobs (the batch backend's submits).
-                    actions=["sagemaker:CreateTrainingJob", "batch:SubmitJob"],
-                    resources=["*"],
-                ),
-                iam.PolicyStatement(
-                    sid="NoNewTuningJobs",
-                    effect=iam.Effect.DENY,
-                    actions=["sagemaker:CreateHyperParameterTuningJob"],
-                    resources=["*"],
-                ),
-                iam.PolicyStatement(
-                    sid="BudgetStopInForce",
-                    effect=iam.Effect.DENY,
-                    actions=["sagemaker:DescribeTrainingJob"],
-                    resources=[self.probe_arn],
-                ),
-            ],
+        self.probe_arn = Stack.of(self).format_arn(
+            service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB
         )
+        self.policy = self._deny_policy()
         roles = [*creators, validator]
-        action_role = iam.Role(
-            self,
-            "ActionRole",
-            assumed_by=iam.ServicePrincipal(
-                "budgets.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": stack.account}}
-            ),
-            description="AWS Budgets attaches and detaches the platform's budget stop policy with this role.",
-        )
-        action_role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["iam:AttachRolePolicy", "iam:DetachRolePolicy"],
-                resources=[role.role_arn for role in roles],
-                conditions={"ArnEquals": {"iam:PolicyARN": self.policy.managed_policy_arn}},
-            )
-        )
-        acknowledge_inline_policy(action_role)
+        action_role = self._action_role(roles)
         self.action = budgets.CfnBudgetsAction(
             self,
             "Action",
@@ -162,6 +123,55 @@ class BudgetStop(Construct):
                 sid="BudgetProbe", actions=["sagemaker:DescribeTrainingJob"], resources=[self.probe_arn]
             )
         )
+
+    def _deny_policy(self) -> iam.ManagedPolicy:
+        """The policy AWS Budgets attaches: no new training or tuning jobs, and the probe Validate reads."""
+        return iam.ManagedPolicy(
+            self,
+            "Deny",
+            description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
+            statements=[
+                iam.PolicyStatement(
+                    sid="NoNewTrainingJobs",
+                    effect=iam.Effect.DENY,
+                    # SageMaker jobs, and AWS Batch jobs (the batch backend's submits).
+                    actions=["sagemaker:CreateTrainingJob", "batch:SubmitJob"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
+                    sid="NoNewTuningJobs",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:CreateHyperParameterTuningJob"],
+                    resources=["*"],
+                ),
+                iam.PolicyStatement(
+                    sid="BudgetStopInForce",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:DescribeTrainingJob"],
+                    resources=[self.probe_arn],
+                ),
+            ],
+        )
+
+    def _action_role(self, roles: list[iam.IRole]) -> iam.Role:
+        """The role AWS Budgets uses to attach the deny policy to these roles, and only that policy."""
+        role = iam.Role(
+            self,
+            "ActionRole",
+            assumed_by=iam.ServicePrincipal(
+                "budgets.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}}
+            ),
+            description="AWS Budgets attaches and detaches the platform's budget stop policy with this role.",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["iam:AttachRolePolicy", "iam:DetachRolePolicy"],
+                resources=[target.role_arn for target in roles],
+                conditions={"ArnEquals": {"iam:PolicyARN": self.policy.managed_policy_arn}},
+            )
+        )
+        acknowledge_inline_policy(role)
+        return role
 
 
 class PipelineAlarms(Construct):

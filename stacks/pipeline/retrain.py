@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import Any
 
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
@@ -25,7 +26,7 @@ from constructs import Construct
 
 from stacks.constructs.function import PlatformFunction
 from stacks.pipeline.context import PipelineContext
-from stacks.settings import SettingsError
+from stacks.settings import PlatformSettings, SettingsError
 
 SWEEP_MINUTES = 5
 
@@ -45,24 +46,28 @@ class RetrainTriggers(Construct):
         backends: list[str],
     ) -> None:
         super().__init__(scope, id_)
-        settings = context.settings
-        # Settings checked each template without knowing the training backends; the pipeline knows them.
-        for trigger in settings.retrain:
-            problems = settings.retrain_problems(trigger, backends=tuple(backends))
-            if problems:
-                raise SettingsError(f"Invalid platform settings:\n  - retrain trigger {trigger.name!r}: {problems}")
-        triggers = [asdict(t.as_trigger()) for t in settings.retrain]
-        stack, network = context.stack, context.network.network
+        _check_triggers(context.settings, backends)
+        triggers = [asdict(t.as_trigger()) for t in context.settings.retrain]
+        self.record = self._record(context, table, triggers)
+        self.sweep = self._sweep(context, table, state_machine, triggers)
+        context.functions["RetrainSweep"] = self.sweep  # alarmed and on the dashboard like the others
+        self._grant(context, table, state_machine, execution_key)
+        self._rules(context, triggers)
+
+    def _record(
+        self, context: PipelineContext, table: dynamodb.ITable, triggers: list[dict[str, Any]]
+    ) -> PlatformFunction:
+        """RetrainRecord and the dead-letter queue of the events it failed to record."""
         # EventBridge invokes RetrainRecord asynchronously: events that fail every retry are kept here.
         self.dead_letter_queue = sqs.Queue(
-            stack,
+            context.stack,
             "RetrainDeadLetters",
             encryption=sqs.QueueEncryption.KMS,
             encryption_master_key=context.key,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
-        self.record = context.function(
+        return context.function(
             "RetrainRecord",
             "lambdas.retrain.handler.record_handler",
             "Notes new objects under the datasets bucket's registered retrain prefixes",
@@ -73,8 +78,17 @@ class RetrainTriggers(Construct):
             },
             dead_letter_queue=self.dead_letter_queue,
         )
-        self.sweep = PlatformFunction(
-            stack,
+
+    @staticmethod
+    def _sweep(
+        context: PipelineContext,
+        table: dynamodb.ITable,
+        state_machine: sfn.IStateMachine,
+        triggers: list[dict[str, Any]],
+    ) -> PlatformFunction:
+        network = context.network.network
+        return PlatformFunction(
+            context.stack,
             "RetrainSweep",
             handler="lambdas.retrain.handler.sweep_handler",
             description="Starts one pipeline run per retrain trigger whose new data has been quiet long enough",
@@ -94,12 +108,12 @@ class RetrainTriggers(Construct):
             vpc_subnets=network.services_subnets,
             security_groups=[network.services_sg],
         )
-        context.functions["RetrainSweep"] = self.sweep  # alarmed and on the dashboard like the others
-        self._grant(context, table, state_machine, execution_key)
 
+    def _rules(self, context: PipelineContext, triggers: list[dict[str, Any]]) -> None:
+        """New objects under a registered prefix invoke RetrainRecord; a schedule invokes RetrainSweep."""
         prefixes = sorted({t["prefix"] for t in triggers})
         events.Rule(
-            stack,
+            context.stack,
             "RetrainNewData",
             description="New objects under the datasets bucket's registered retrain prefixes",
             event_pattern=events.EventPattern(
@@ -120,7 +134,7 @@ class RetrainTriggers(Construct):
             ],
         )
         events.Rule(
-            stack,
+            context.stack,
             "RetrainSweepSchedule",
             description="Starts the runs of retrain windows that have been quiet long enough",
             schedule=events.Schedule.rate(Duration.minutes(SWEEP_MINUTES)),
@@ -168,3 +182,11 @@ class RetrainTriggers(Construct):
                 },
             )
         )
+
+
+def _check_triggers(settings: PlatformSettings, backends: list[str]) -> None:
+    """Settings checked each template without knowing the training backends; the pipeline knows them."""
+    for trigger in settings.retrain:
+        problems = settings.retrain_problems(trigger, backends=tuple(backends))
+        if problems:
+            raise SettingsError(f"Invalid platform settings:\n  - retrain trigger {trigger.name!r}: {problems}")

@@ -17,7 +17,8 @@ from lambdas.evaluate.handler import evaluate
 from lambdas.monitor.handler import job_cost, summarize
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.request import PlatformLimits, resolve
+from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.request import resolve
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
 LIMITS = PlatformLimits(
@@ -291,7 +292,7 @@ def test_request_ids_are_stable_per_token_and_reveal_nothing() -> None:
 
 
 def test_readme_input_table_is_current() -> None:
-    from lambdas.validate.request import input_table
+    from lambdas.validate.inputs import input_table
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert input_table() in readme, "README.md's execution-input table is stale: regenerate it from input_table()"

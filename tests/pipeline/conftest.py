@@ -12,7 +12,8 @@ import boto3
 import pytest
 
 from localrun.cfn import REGION
-from localrun.engine import Clock, LocalPlatform
+from localrun.clock import Clock
+from localrun.engine import LocalPlatform
 from localrun.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER
 

@@ -13,8 +13,9 @@ import pytest
 
 from localrun.batch_local import LocalBatch
 from localrun.cfn import REGION
+from localrun.clock import Clock
 from localrun.corpus import build_shards
-from localrun.engine import Clock, LocalPlatform
+from localrun.engine import LocalPlatform
 from localrun.scripted import ScriptedTraining
 from tests.conftest import hosts_left_running
 from tests.pipeline.conftest import Pipeline

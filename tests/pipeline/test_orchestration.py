@@ -10,7 +10,7 @@ import boto3
 from moto.sagemaker.exceptions import SagemakerClientError
 
 from lambdas.shared import history
-from localrun.engine import Clock
+from localrun.clock import Clock
 from localrun.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.pipeline.conftest import COMPLETED, Pipeline

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
-from localrun.engine import Clock
+from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline

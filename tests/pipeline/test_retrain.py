@@ -13,7 +13,8 @@ import pytest
 
 from lambdas.retrain.window import execution_name, parse_time, stamp
 from localrun.cfn import REGION
-from localrun.engine import Clock, LocalPlatform
+from localrun.clock import Clock
+from localrun.engine import LocalPlatform
 from localrun.scripted import Poll, ScriptedTraining
 from tests.conftest import RETRAIN_TRIGGER, platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline

@@ -11,7 +11,7 @@ import pytest
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
 
-from localrun.engine import Clock
+from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop

@@ -12,7 +12,8 @@ import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
-from lambdas.validate.request import PlatformLimits, resolve
+from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.request import resolve
 from localrun.iam import Call, _create_tuning_job
 from localrun.iam_policy import evaluate
 from stacks.pipeline.sagemaker_tuning import training_job_definition
