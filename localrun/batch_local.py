@@ -57,6 +57,8 @@ def _now_ms() -> int:
 @dataclass
 class Node:
     index: int
+    root: Path
+    """The node's /opt/ml tree (its OPT_ML_ROOT): every process of its container carries it."""
     thread: threading.Thread | None = None
     process: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
@@ -228,8 +230,13 @@ class LocalBatch:
 
     # -- nodes --------------------------------------------------------------------------------------
     def _start_attempt(self, job: BatchJob) -> None:
+        number = len(job.attempts) + 1
         attempt = Attempt(
-            number=len(job.attempts) + 1, nodes=[Node(i) for i in range(min(job.num_nodes, self.max_nodes))]
+            number=number,
+            nodes=[
+                Node(i, job.workdir / f"attempt-{number}" / f"node-{i}")
+                for i in range(min(job.num_nodes, self.max_nodes))
+            ],
         )
         job.attempts.append(attempt)
         job.status = "RUNNING"
@@ -253,7 +260,7 @@ class LocalBatch:
                     layout.FSX_ROOT_ENV: str(fsx),
                     layout.SYNC_SECONDS_ENV: "0.5",
                     "AWS_BATCH_JOB_ID": job.job_id,
-                    layout.OPT_ML_ROOT_ENV: str(job.workdir / f"attempt-{attempt.number}" / f"node-{node.index}"),
+                    layout.OPT_ML_ROOT_ENV: str(node.root),
                     # Loopback CPU processes: no EFA device, no GPU, no bandwidth floor (as sagemaker_local.py).
                     layout.EFA_ENV: "false",
                     layout.EXPECTED_GPUS_ENV: "0",
@@ -287,11 +294,14 @@ class LocalBatch:
                 self._say(job, line.rstrip("\n"))
 
         try:
-            node.exit_code = contract.run(batch_node, env, self._s3(job), echo=echo, started=started)
+            exit_code = contract.run(batch_node, env, self._s3(job), echo=echo, started=started)
         except Exception as exc:  # the entrypoint itself failed (an S3 call IAM refused, say)
             job.log.append(f"node {node.index}: {type(exc).__name__}: {exc}\n")
             self._say(job, f"-- node {node.index} entrypoint failed: {type(exc).__name__}: {exc} --")
-            node.exit_code = 1
+            exit_code = 1
+        # The container ends with its main process, and every process still in it with the container.
+        processes.end([], node.root)
+        node.exit_code = exit_code
 
     def _s3(self, job: BatchJob) -> Any:
         """An S3 client acting as the job role, as the container's credentials would."""
@@ -355,10 +365,9 @@ class LocalBatch:
     @staticmethod
     def _signal(node: Node, signum: int) -> None:
         """SIGTERM to the container's main process (ECS's stop); SIGKILL to every process of the container."""
-        if node.process is not None and node.process.poll() is None:
-            if signum == signal.SIGKILL:
-                processes.kill(node.process.pid)
-                return
+        if signum == signal.SIGKILL:
+            processes.end([node.process] if node.process is not None else [], node.root)
+        elif node.process is not None and node.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.process.pid, signum)
 

@@ -3,7 +3,10 @@
 A host's launcher starts torchrun in a session of its own, and torchrun its workers in theirs
 (training/launcher.py), so signalling the launcher's process group leaves them running. The
 tree is found from /proc's parent links; stopped processes cannot fork, so freezing the tree
-first and re-reading it until nothing new appears catches a process started meanwhile.
+first and re-reading it until nothing new appears catches a process started meanwhile. A process
+whose parent has exited leaves the tree (init adopts it) but not the host: `end` also finds every
+process whose OPT_ML_ROOT lies under the host's (or job's) directory, as a container's end takes
+every process in it.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from training.launcher import parent_pids
+from training.layout import OPT_ML_ROOT_ENV
 
 
 def tree(pid: int) -> list[int]:
@@ -33,11 +40,26 @@ def _send(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def freeze(pid: int) -> list[int]:
-    """SIGSTOP `pid`'s whole tree, including what it starts meanwhile; the frozen pids."""
+def under(root: Path) -> list[int]:
+    """Processes whose OPT_ML_ROOT is `root` or lies under it: a local host's (or job's), orphans included."""
+    marker = f"{OPT_ML_ROOT_ENV}={root}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v == marker or v.startswith(marker + b"/") for v in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def _freeze(members: Callable[[], list[int]]) -> list[int]:
     frozen: list[int] = []
     while True:
-        new = [p for p in tree(pid) if p not in frozen]
+        new = [p for p in members() if p not in frozen]
         if not new:
             return frozen
         for p in new:
@@ -45,7 +67,26 @@ def freeze(pid: int) -> list[int]:
         frozen += new
 
 
+def freeze(pid: int) -> list[int]:
+    """SIGSTOP `pid`'s whole tree, including what it starts meanwhile; the frozen pids."""
+    return _freeze(lambda: tree(pid))
+
+
 def kill(pid: int) -> None:
     """SIGKILL `pid` and every process descended from it, as a host's loss ends its container."""
     for p in freeze(pid):
+        _send(p, signal.SIGKILL)
+
+
+def end(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> None:
+    """SIGKILL a host's (or a job's) processes: its live launchers' trees and whatever else runs under `root`.
+
+    A launcher that has exited is not signalled (its pid may be another process's by now).
+    """
+
+    def members() -> list[int]:
+        found = [p for launcher in launchers if launcher.poll() is None for p in tree(launcher.pid)]
+        return found + [p for p in under(root) if p not in found]
+
+    for p in _freeze(members):
         _send(p, signal.SIGKILL)

@@ -198,10 +198,7 @@ class LocalTraining:
             if None in codes and not failed:
                 return
             # SageMaker fails the job as soon as one host's container exits with an error, and stops the rest.
-            for process in local.processes:
-                if process.poll() is None:
-                    processes.kill(process.pid)
-                    process.wait()
+            self._end_hosts(local)
             local.finished = True
             if local.namespace is not None:
                 local.namespace.close()
@@ -221,15 +218,19 @@ class LocalTraining:
             job.secondary_status_transitions.append({"Status": job.secondary_status, "StartTime": datetime.now(UTC)})
             job.training_end_time = datetime.now(UTC)
 
+    @staticmethod
+    def _end_hosts(local: LocalJob) -> None:
+        """Kill every process of the job's hosts (their containers end), and reap the launchers."""
+        processes.end(local.processes, local.workdir)
+        for process in local.processes:
+            process.wait()
+
     def _finish_stopping(self, local: LocalJob, job: Any) -> None:
         """A stopped job is Stopped once its hosts have exited (after SageMaker's grace, killed)."""
         if any(p.poll() is None for p in local.processes):
             if time.monotonic() - local.stop_requested_at < STOP_GRACE_SECONDS:
                 return
-            for process in local.processes:
-                if process.poll() is None:
-                    processes.kill(process.pid)
-                    process.wait()
+            self._end_hosts(local)
         self._sync_checkpoints(local)
         if local.namespace is not None:
             local.namespace.close()
@@ -469,9 +470,7 @@ class LocalTraining:
 
     def stop_all(self) -> None:
         for local in self.jobs.values():
-            for process in local.processes:
-                if process.poll() is None:
-                    processes.kill(process.pid)
+            self._end_hosts(local)
             if local.namespace is not None:
                 local.namespace.close()
             local.finished = True

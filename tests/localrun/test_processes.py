@@ -44,3 +44,27 @@ def test_killing_a_host_kills_what_its_launcher_started_in_other_sessions() -> N
     while any(_alive(pid) for pid in tree):
         assert time.monotonic() < deadline, [pid for pid in tree if _alive(pid)]
         time.sleep(0.05)
+
+
+# A launcher that starts a worker in a session of its own and exits without waiting for it.
+_EXITING_LAUNCHER = """
+import subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(worker.pid, flush=True)
+"""
+
+
+def test_ending_a_host_kills_what_its_exited_launcher_left_running(tmp_path: Path) -> None:
+    # init adopts the orphan, so no tree from the launcher finds it; the host's OPT_ML_ROOT still does.
+    root = tmp_path / "host-1"
+    env = {"PATH": "/usr/bin:/bin", "OPT_ML_ROOT": str(root)}
+    launcher = subprocess.Popen([sys.executable, "-c", _EXITING_LAUNCHER], stdout=subprocess.PIPE, env=env)
+    assert launcher.stdout is not None
+    worker = int(launcher.stdout.readline())
+    launcher.wait(timeout=10)
+    assert _alive(worker) and worker in processes.under(tmp_path) and processes.under(tmp_path / "host-2") == []
+    processes.end([launcher], tmp_path)
+    deadline = time.monotonic() + 10
+    while _alive(worker):
+        assert time.monotonic() < deadline, worker
+        time.sleep(0.05)
