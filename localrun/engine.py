@@ -31,7 +31,7 @@ import boto3
 from botocore.credentials import Credentials
 from moto import mock_aws
 
-from localrun import constructs, moto_fixes
+from localrun import construct_paths, moto_fixes
 from localrun.batch_local import ECS_TASKS, LocalBatch
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.clock import Clock
@@ -98,7 +98,7 @@ class LocalPlatform:
 
     `state_machine` is the construct path of the state machine to run (default: the pipeline
     stack's `TrainingPipeline`). Functions are named by the end of their construct path
-    (localrun/constructs.py): `invoke("ApprovalDecide", ...)`, `environment("Monitor")`.
+    (localrun/construct_paths.py): `invoke("ApprovalDecide", ...)`, `environment("Monitor")`.
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class LocalPlatform:
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
-        self.state_machine = constructs.state_machine(self.assembly, state_machine)
+        self.state_machine = construct_paths.state_machine(self.assembly, state_machine)
         self.training = training
         self.batch = batch
         """What AWS Batch jobs do (localrun/batch_local.py); None: the Batch API is moto's own."""
@@ -124,7 +124,7 @@ class LocalPlatform:
         self.handler_log = handler_log
         self._redirected: list[logging.StreamHandler[Any]] = []
         self.training_requests: dict[str, dict[str, Any]] = {}
-        self.functions = constructs.Functions(self.assembly, self.resolver)
+        self.functions = construct_paths.Functions(self.assembly, self.resolver)
         # Executions run on moto's threads; none may outlive this platform into the next mock.
         self._started: list[str] = []
         self._inflight = threading.Condition()

@@ -19,7 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, FAILURE
+from lambdas.execution_state import CLEANUP, FAILURE
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
 from stacks.constructs.dashboard import PlatformDashboard
 from stacks.constructs.execution_key import ExecutionDataKey
@@ -29,14 +29,14 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline.approvals import Approvals
-from stacks.pipeline.batch_training import BatchTraining
+from stacks.pipeline.batch_step import BatchTraining
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
-from stacks.pipeline.sagemaker_training import SageMakerTraining
-from stacks.pipeline.sagemaker_tuning import SageMakerTuning, with_tuning
+from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import TrainingStep, by_backend
+from stacks.pipeline.tuning_step import SageMakerTuning, with_tuning
 from stacks.settings import PlatformSettings
 
 

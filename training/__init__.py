@@ -1,5 +1,5 @@
 """The training package baked into the platform's image: launcher, trainer, data, checkpoints, metrics.
 
-Importing ``training`` (and ``training.config``, ``training.metrics``, ``training.contract``) must not
+Importing ``training`` (and ``training.config``, ``training.metrics``, ``training.sagemaker_contract``) must not
 import torch: the launcher and the platform's Lambdas use them on machines without it.
 """

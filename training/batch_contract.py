@@ -28,7 +28,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from training.contract import ContractError, Paths, ResourceConfig, write_failure
 from training.layout import (
     ATTEMPT_ENV,
     CHANNELS_ENV,
@@ -47,6 +46,7 @@ from training.layout import (
     split_s3_uri,
 )
 from training.metrics import parse_metrics
+from training.sagemaker_contract import ContractError, Paths, ResourceConfig, write_failure
 
 log = logging.getLogger("training.batch")
 

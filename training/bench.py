@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from training.config import from_hyperparameters, parse_overrides
-from training.contract import Paths, ResourceConfig
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.launcher import LaunchPlan, efa_devices, efa_for_host, efa_supports_rdma, network_env, preflight_command
 from training.layout import OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
 from training.preflight import PORT_OFFSET, checks_from_env
+from training.sagemaker_contract import Paths, ResourceConfig
 from training.signals import StopRequest
 
 

@@ -37,10 +37,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.lr_scheduler import LRScheduler
 
 from training.config import CheckpointConfig
-from training.contract import describe
 from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
 from training.layout import MANIFEST, step_dir, step_of
+from training.sagemaker_contract import describe
 
 log = logging.getLogger(__name__)
 

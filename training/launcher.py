@@ -31,16 +31,6 @@ from typing import IO
 
 from training import batch_contract
 from training.config import ConfigError, JobConfig, from_hyperparameters
-from training.contract import (
-    ContractError,
-    Paths,
-    ResourceConfig,
-    describe,
-    find_data_files,
-    read_hyperparameters,
-    read_resource_config,
-    write_failure,
-)
 from training.distributions import distribution, module_available
 from training.layout import AUXILIARY_START_TIMEOUT_ENV, EFA_ENV, GRACE_ENV, MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV
 from training.preflight import PORT_OFFSET, Checks, checks_from_env, failure_line
@@ -49,6 +39,16 @@ from training.roles import (
     Auxiliary,
     follow_training,
     training_cluster,
+)
+from training.sagemaker_contract import (
+    ContractError,
+    Paths,
+    ResourceConfig,
+    describe,
+    find_data_files,
+    read_hyperparameters,
+    read_resource_config,
+    write_failure,
 )
 
 log = logging.getLogger("training.launcher")

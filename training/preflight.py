@@ -38,8 +38,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from training.contract import ContractError, Paths, read_resource_config, write_failure
 from training.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_FAILED
+from training.sagemaker_contract import ContractError, Paths, read_resource_config, write_failure
 
 log = logging.getLogger("training.preflight")
 

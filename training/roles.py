@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from training.contract import ContractError, ResourceConfig
 from training.layout import TRAINING_GROUPS_ENV
+from training.sagemaker_contract import ContractError, ResourceConfig
 
 log = logging.getLogger("training.roles")
 

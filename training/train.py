@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.config import JobConfig, from_hyperparameters, parse_overrides
-from training.contract import Paths, describe, read_hyperparameters, write_failure
+from training.sagemaker_contract import Paths, describe, read_hyperparameters, write_failure
 from training.signals import StopRequest
 
 log = logging.getLogger("training.train")

@@ -23,7 +23,6 @@ from torch.nn.parallel import DistributedDataParallel
 from training import distributed, metrics
 from training.checkpoint import CheckpointManager, TrainingState
 from training.config import ConfigError, JobConfig
-from training.contract import DataFiles, Paths, find_data_files
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
 from training.distributions import distribution
 from training.export import export_model
@@ -31,6 +30,7 @@ from training.flops import mfu, peak_flops
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallelize import parallelize
+from training.sagemaker_contract import DataFiles, Paths, find_data_files
 from training.signals import StopRequest
 
 log = logging.getLogger(__name__)

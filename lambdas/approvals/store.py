@@ -17,7 +17,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lambdas.contract import Decision
+from lambdas.execution_state import Decision
 
 PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}

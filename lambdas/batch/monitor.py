@@ -16,7 +16,7 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
 from lambdas.monitor.handler import latest_checkpoint, metrics, record_metrics
 from lambdas.shared.env import env_int, env_str
 from training.batch_contract import result_key

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import CostEstimate, TrainingRequest
+from lambdas.execution_state import CostEstimate, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.env import env_float, env_json
 from lambdas.shared.metrics import Metric, Stage, StageMetrics

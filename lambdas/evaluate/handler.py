@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import Evaluation, Quality
+from lambdas.execution_state import Evaluation, Quality
 
 logger = Logger(service="training-platform")
 

@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest
+from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
 from lambdas.shared.env import env_int, env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
+from lambdas.execution_state import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
 from lambdas.shared.env import env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import run_lineage, split_s3_uri

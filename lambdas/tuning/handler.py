@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.contract import JobCost, JobProgress, TrainingRequest, TunedTrial
+from lambdas.execution_state import JobCost, JobProgress, TrainingRequest, TunedTrial
 from lambdas.monitor.handler import job_cost, record_metrics, summarize
 from lambdas.shared.metrics import Stage, StageMetrics
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.contract import TRAIN_ROLE
+from lambdas.execution_state import TRAIN_ROLE
 from lambdas.validate.tuning import TuningInput
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 

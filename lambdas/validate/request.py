@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lambdas.approvals import identity
-from lambdas.contract import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
+from lambdas.execution_state import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.contract import InstanceGroup, Tuning
+from lambdas.execution_state import InstanceGroup, Tuning
 from training.config import ConfigError, from_hyperparameters
 from training.metrics import METRIC_DEFINITIONS
 

@@ -19,7 +19,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.approvals.store import PENDING_INDEX
-from lambdas.contract import REQUEST, Path
+from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_inline_policy
 

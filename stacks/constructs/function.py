@@ -28,7 +28,7 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 TRAINING_MODULES = (
     "training/__init__.py",
     "training/batch_contract.py",
-    "training/contract.py",
+    "training/sagemaker_contract.py",
     "training/config.py",
     "training/distributions.py",
     "training/layout.py",

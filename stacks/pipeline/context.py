@@ -18,7 +18,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.contract import REQUEST, Path
+from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.notifications import PlatformTopics
 from stacks.constructs.training_image import TrainingImage

@@ -1,7 +1,7 @@
 """Intake: an execution input becomes a validated request with a cost estimate, or the run ends here.
 
 Nothing is created for an input that cannot run: Validate resolves the input into a
-`TrainingRequest` (lambdas/contract.py) or rejects it with every problem listed; Estimate
+`TrainingRequest` (lambdas/execution_state.py) or rejects it with every problem listed; Estimate
 bounds its cost and says whether it needs approval.
 """
 
@@ -12,7 +12,7 @@ import json
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ESTIMATE, INPUT, REQUEST, VALIDATION
+from lambdas.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke

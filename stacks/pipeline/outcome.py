@@ -13,7 +13,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.contract import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
+from lambdas.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
 from stacks.pipeline.approvals import Approvals, decided

@@ -34,7 +34,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj, string

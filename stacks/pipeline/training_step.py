@@ -9,7 +9,7 @@ machine's role gets what the step's states call, and anything that watches the m
 executions is set up. The pipeline alarms on the handlers the step makes (through the context)
 and on messages in its `dead_letters`.
 
-`SageMakerTraining` (stacks/pipeline/sagemaker_training.py) is the first backend.
+`SageMakerTraining` (stacks/pipeline/sagemaker_step.py) is the first backend.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import REQUEST
+from lambdas.execution_state import REQUEST
 
 
 class TrainingStep(Protocol):

@@ -12,7 +12,7 @@ import pytest
 
 from localrun import netns
 from localrun.cfn import Assembly, Resolver
-from localrun.constructs import Functions
+from localrun.construct_paths import Functions
 from localrun.demo import run_demo
 from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 

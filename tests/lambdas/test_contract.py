@@ -8,7 +8,7 @@ from pathlib import Path as FilePath
 import pytest
 from pydantic import ValidationError
 
-from lambdas.contract import JOB, REQUEST, Path, TrainingRequest
+from lambdas.execution_state import JOB, REQUEST, Path, TrainingRequest
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
 from training.distributions import DISTRIBUTIONS

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lambdas.contract import TrainingRequest
+from lambdas.execution_state import TrainingRequest
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import resolve

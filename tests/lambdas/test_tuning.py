@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from lambdas.contract import JobProgress, TrainingRequest
 from lambdas.estimate.handler import estimate
+from lambdas.execution_state import JobProgress, TrainingRequest
 from lambdas.shared.errors import InvalidRequest
 from lambdas.tuning.handler import poll
 from lambdas.validate.request import resolve
@@ -166,7 +166,7 @@ def test_tuning_on_another_backend_is_refused() -> None:
 
 
 def test_tuning_more_than_one_instance_group_is_refused() -> None:
-    from lambdas.contract import InstanceGroup
+    from lambdas.execution_state import InstanceGroup
     from lambdas.validate.tuning import TuningInput, resolve_tuning
 
     group = InstanceGroup(instance_type="ml.m5.xlarge", instance_count=1, efa=False, local_storage=False)

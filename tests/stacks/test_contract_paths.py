@@ -1,4 +1,4 @@
-"""Every JSONPath the state machine reads or writes names a field of the typed contract (lambdas/contract.py).
+"""Every JSONPath the state machine reads or writes names a field of the typed contract (lambdas/execution_state.py).
 
 The stacks generate their paths from the contract's models, so a renamed field fails at synth;
 this test reads the synthesized definition, so a path typed by hand that the models do not have
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lambdas import contract
+from lambdas import execution_state as contract
 from tests.support.iam import AssemblyIam
 
 # Where each part of an execution's state is described; the others are kept whole and read whole.

@@ -16,7 +16,7 @@ from lambdas.validate.inputs import PlatformLimits
 from lambdas.validate.request import resolve
 from localrun.iam import Call, _create_tuning_job
 from localrun.iam_policy import evaluate
-from stacks.pipeline.sagemaker_tuning import training_job_definition
+from stacks.pipeline.tuning_step import training_job_definition
 from tests.support.iam import AssemblyIam, task_states
 
 TUNING = {

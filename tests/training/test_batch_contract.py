@@ -15,8 +15,8 @@ from moto import mock_aws
 from training import batch_contract as contract
 from training import layout
 from training.config import from_hyperparameters
-from training.contract import ContractError, Paths, read_resource_config
 from training.launcher import plan_launch
+from training.sagemaker_contract import ContractError, Paths, read_resource_config
 
 BUCKET = "tp-dev-checkpoints-123456789012-us-east-1"
 

@@ -14,8 +14,8 @@ from training_helpers import make_opt_ml, run_in_process, step_losses, val_losse
 
 from training.checkpoint import CheckpointError, committed_steps, verify, write_manifest
 from training.config import ConfigError
-from training.contract import Paths
 from training.layout import MANIFEST
+from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import DataRangeError
 

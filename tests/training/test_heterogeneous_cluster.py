@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml
 
-from training.contract import ContractError, Paths, ResourceConfig, read_resource_config
 from training.roles import Auxiliary, follow_training, training_cluster
+from training.sagemaker_contract import ContractError, Paths, ResourceConfig, read_resource_config
 
 GROUPS = (("cpu", ("algo-1",)), ("gpu", ("algo-2", "algo-3")))
 HOSTS = ("algo-1", "algo-2", "algo-3")

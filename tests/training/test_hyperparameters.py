@@ -145,7 +145,7 @@ def test_readme_documents_every_hyperparameter() -> None:
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, training, training.config, training.metrics, training.contract, training.launcher, "
+        "import sys, training, training.config, training.metrics, training.sagemaker_contract, training.launcher, "
         "training.flops, training.signals, training.prepare, training.preflight\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
         "assert not heavy, heavy"

@@ -14,7 +14,6 @@ import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
 from training.config import JobConfig
-from training.contract import ContractError, Paths, ResourceConfig, read_resource_config
 from training.launcher import (
     EXIT_INVALID_INPUT,
     EXIT_PREFLIGHT_FAILED,
@@ -27,6 +26,7 @@ from training.launcher import (
     plan_launch,
     torchrun_command,
 )
+from training.sagemaker_contract import ContractError, Paths, ResourceConfig, read_resource_config
 
 
 def _first_line(paths: Paths) -> str:

@@ -27,10 +27,10 @@ from training_helpers import (
 )
 
 from training.checkpoint import committed_steps
-from training.contract import Paths
 from training.launcher import EXIT_FAILED
 from training.layout import MANIFEST
 from training.metrics import METRIC_DEFINITIONS, parse_metrics
+from training.sagemaker_contract import Paths
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = int(TINY_JOB["max_steps"])

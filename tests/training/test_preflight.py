@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from training.config import JobConfig
-from training.contract import ContractError, ResourceConfig
 from training.launcher import plan_launch, preflight_command
 from training.preflight import (
     Checks,
@@ -25,6 +24,7 @@ from training.preflight import (
     nccl_network,
     run_checks,
 )
+from training.sagemaker_contract import ContractError, ResourceConfig
 
 # NCCL's and aws-ofi-nccl's INFO lines (NCCL_DEBUG_SUBSYS=INIT,NET): from a published two-host EFA log
 # (aws-ofi-nccl before 1.14 wrote "Selected Provider is"); the current wording, from both projects'

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.contract import ContractError, Paths, find_data_files
 from training.data import (
     HEADER_BYTES,
     MAGIC,
@@ -18,6 +17,7 @@ from training.data import (
     validation_batches,
     write_shard,
 )
+from training.sagemaker_contract import ContractError, Paths, find_data_files
 
 
 def test_shard_round_trip_in_llm_c_layout(tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from training.config import from_hyperparameters
-from training.contract import Paths
 from training.launcher import child_pids
 from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
+from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import Trainer
 

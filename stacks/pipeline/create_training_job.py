@@ -18,7 +18,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import REQUEST, TRAIN
+from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext

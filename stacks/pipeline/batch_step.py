@@ -22,7 +22,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, REQUEST, TRAIN
+from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from lambdas.shared.catalog import instance_type
 from lambdas.validate.request import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localrun.cfn import Assembly, Resolver
-from localrun.constructs import Functions, state_machine
+from localrun.construct_paths import Functions, state_machine
 from localrun.services import Faults
 
 

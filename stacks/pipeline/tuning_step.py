@@ -18,13 +18,13 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, REQUEST, TRAIN
+from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
+from stacks.pipeline.create_training_job import TRANSIENT_ERRORS, DistributedTrainingJob
 from stacks.pipeline.polled_job import SDK_TIMEOUT_SECONDS, PolledJobStep, StepNames, sdk_arn, sdk_retry
-from stacks.pipeline.sagemaker_job import TRANSIENT_ERRORS, DistributedTrainingJob
-from stacks.pipeline.sagemaker_training import SageMakerTraining
+from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import StepChoice, TrainingStep
 
 # CreateTrainingJob fields a tuning job's definition does not take: the tuning job names and tags its

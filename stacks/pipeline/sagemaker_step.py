@@ -13,10 +13,11 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.contract import ERROR, REQUEST, TRAIN
+from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
+from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
@@ -25,7 +26,6 @@ from stacks.pipeline.polled_job import (
     list_runs,
     watch_ended_executions,
 )
-from stacks.pipeline.sagemaker_job import DistributedTrainingJob
 
 NAMES = StepNames()
 
