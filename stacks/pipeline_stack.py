@@ -10,7 +10,7 @@ under a prefix registered in settings `retrain` starts runs as well (stacks/pipe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
@@ -19,6 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.backends.sagemaker import SAGEMAKER
 from lambdas.execution_state import CLEANUP, FAILURE
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
 from stacks.constructs.dashboard import PlatformDashboard
@@ -29,13 +30,12 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline.approvals import Approvals
-from stacks.pipeline.batch_step import BatchTraining
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_step import SageMakerTraining
-from stacks.pipeline.training_step import TrainingStep, by_backend
+from stacks.pipeline.training_step import TrainingStep, backend_steps, by_backend
 from stacks.pipeline.tuning_step import SageMakerTuning, with_tuning
 from stacks.settings import PlatformSettings
 
@@ -62,17 +62,18 @@ class PipelineStack(Stack):
 
         intake = Intake(self, "Intake", context=context)
         approvals = Approvals(self, "Approvals", context=context)
-        sagemaker = SageMakerTraining(self, "TrainingStep", context=context)
+        steps = backend_steps(self, context=context)
+        # Tuning jobs are SageMaker's: the tuning step reuses the SageMaker step's job and cleanup.
+        sagemaker = cast(SageMakerTraining, steps[SAGEMAKER.name])
         training = with_tuning(
             self,
-            by_backend(self, sagemaker, BatchTraining(self, "BatchTrainingStep", context=context)),
+            by_backend(self, *steps.values()),
             SageMakerTuning(self, "TuningStep", context=context, training=sagemaker),
         )
         evaluation = Evaluation(self, "Evaluation", context=context)
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
 
-        intake.accept(training.backends)
         intake.estimated.next(approvals.before_launch(then=training.start))
         training.failed.next(self._training_failed(context))
         training.succeeded.next(evaluation.start)

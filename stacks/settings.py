@@ -12,17 +12,19 @@ import difflib
 import ipaddress
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lambdas.backends import BACKENDS
+from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import FSX_SCHEME, resolve
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
@@ -512,17 +514,10 @@ class PlatformSettings(_Model):
     def retrain_problems(self, trigger: RetrainTrigger, *, backends: tuple[str, ...] | None) -> str | None:
         """What Validate would say of the trigger's run, or None; `backends` None skips the backend check."""
         run_input = execution_input(trigger.as_trigger(), _SYNTH_DATASETS_BUCKET)
-        limits = PlatformLimits(
+        limits = self.platform_limits(
             datasets_bucket=_SYNTH_DATASETS_BUCKET,
             fsx_file_system_id="fs-synth",
             fsx_mount_name="synth",
-            training_subnet_ips=training_subnet_ips(self.network.training_subnet_mask),
-            max_runtime_hours=self.pipeline.max_runtime_hours,
-            allowed_instance_types=tuple(self.pipeline.instance_types()),
-            poll_interval_seconds=self.pipeline.poll_interval_seconds,
-            capacity_retries=self.pipeline.capacity_retries,
-            volume_size_gb=self.pipeline.volume_size_gb,
-            run_emails=tuple(self.notifications.run_emails),
             tags={},
             backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),),
         )
@@ -534,6 +529,35 @@ class PlatformSettings(_Model):
                 f"its input template ({_source(trigger.input)}) would be rejected when new data arrives:\n  {problems}"
             )
         return None
+
+    def platform_limits(
+        self,
+        *,
+        datasets_bucket: str,
+        fsx_file_system_id: str,
+        fsx_mount_name: str,
+        tags: dict[str, str],
+        backends: Sequence[str],
+    ) -> PlatformLimits:
+        """What Validate allows on the platform these settings deploy, beside what the deployment names
+        (its datasets bucket, its file system, the jobs' tags, the backends its pipeline runs)."""
+        largest = self.network.largest_cluster
+        deployment = Deployment(largest_cluster_type=largest.instance_type, largest_cluster_count=largest.count)
+        return PlatformLimits(
+            datasets_bucket=datasets_bucket,
+            fsx_file_system_id=fsx_file_system_id,
+            fsx_mount_name=fsx_mount_name,
+            training_subnet_ips=training_subnet_ips(self.network.training_subnet_mask),
+            max_runtime_hours=self.pipeline.max_runtime_hours,
+            allowed_instance_types=tuple(self.pipeline.instance_types()),
+            poll_interval_seconds=self.pipeline.poll_interval_seconds,
+            capacity_retries=self.pipeline.capacity_retries,
+            volume_size_gb=self.pipeline.volume_size_gb,
+            run_emails=tuple(self.notifications.run_emails),
+            tags=tags,
+            backends=tuple(backends),
+            backend_limits={name: backend.limits.from_deployment(deployment) for name, backend in BACKENDS.items()},
+        )
 
     @model_validator(mode="after")
     def _azs_in_region(self) -> PlatformSettings:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,35 +9,15 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.approvals import identity
-from lambdas.shared.env import env_bool, env_float, env_int, env_json, env_str
+from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from lambdas.validate import budget
-from lambdas.validate.inputs import PlatformLimits
+from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import resolve, start_binding
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.INTAKE)
-
-
-def limits_from_env() -> PlatformLimits:
-    return PlatformLimits(
-        datasets_bucket=env_str("DATASETS_BUCKET"),
-        fsx_file_system_id=env_str("FSX_FILE_SYSTEM_ID"),
-        fsx_mount_name=env_str("FSX_MOUNT_NAME"),
-        training_subnet_ips=env_int("TRAINING_SUBNET_IPS"),
-        max_runtime_hours=float(env_str("MAX_RUNTIME_HOURS")),
-        allowed_instance_types=tuple(env_json("ALLOWED_INSTANCE_TYPES")),
-        poll_interval_seconds=env_int("POLL_INTERVAL_SECONDS"),
-        capacity_retries=env_int("CAPACITY_RETRIES"),
-        volume_size_gb=env_int("VOLUME_SIZE_GB"),
-        run_emails=tuple(env_json("RUN_EMAILS")),
-        tags=dict(env_json("JOB_TAGS")),
-        backends=tuple(env_json("TRAINING_BACKENDS")),
-        # Set only where the platform deploys the AWS Batch backend.
-        batch_instance_types=tuple(json.loads(os.environ.get("BATCH_INSTANCE_TYPES", "[]"))),
-        batch_max_nodes=int(os.environ.get("BATCH_MAX_NODES", "0")),
-    )
 
 
 def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
@@ -84,7 +62,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         request = resolve(
             event["input"],
             execution_name=event["execution_name"],
-            limits=limits_from_env(),
+            limits=PlatformLimits.from_environment(),
             requested_by=requested_by,
             execution=event["execution"],
         )

@@ -1,9 +1,8 @@
-"""What Validate reads: the execution input ML engineers write, and the limits the deployed platform sets."""
+"""What Validate reads: the execution input ML engineers write (the deployed platform's limits are in limits.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -100,24 +99,3 @@ def input_table() -> str:
         default = "(required)" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
         rows.append(f"| `{name}` | `{default}` | {field.description} |")
     return "\n".join(rows)
-
-
-@dataclass(frozen=True)
-class PlatformLimits:
-    """What the deployed platform allows; the stack passes these through the environment."""
-
-    datasets_bucket: str
-    fsx_file_system_id: str
-    fsx_mount_name: str
-    training_subnet_ips: int
-    max_runtime_hours: float
-    allowed_instance_types: tuple[str, ...]
-    poll_interval_seconds: int
-    capacity_retries: int
-    volume_size_gb: int
-    run_emails: tuple[str, ...]
-    tags: dict[str, str]
-    backends: tuple[str, ...] = ("sagemaker",)
-    batch_instance_types: tuple[str, ...] = ()
-    """The instance types of the AWS Batch compute environment (empty when the platform has none)."""
-    batch_max_nodes: int = 0

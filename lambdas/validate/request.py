@@ -15,12 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from lambdas.approvals import identity
+from lambdas.backends import tuning_backends
 from lambdas.execution_state import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.batch import batch_problems
-from lambdas.validate.inputs import ExecutionInput, GroupInput, PlatformLimits
+from lambdas.validate.inputs import ExecutionInput, GroupInput
+from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.tuning import resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
@@ -328,8 +329,8 @@ def resolve(
         channels = _channels_for_groups(channels, groups, problems)
     if request.backend not in limits.backends:
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
-    elif request.backend == "batch":
-        problems.extend(batch_problems(request, limits))
+    else:
+        problems.extend(limits.problems(request.backend, request))
     unknown = sorted(set(request.notify) - set(limits.run_emails))
     if unknown:
         problems.append(
@@ -338,6 +339,9 @@ def resolve(
         )
     # Stable for one execution (Lambda retries resolve the same names), unique across executions.
     suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    tunes = tuning_backends()
+    if request.tuning is not None and groups is not None and request.backend not in tunes:
+        problems.append(f"tuning runs on the {' or '.join(tunes)} backend only, not {request.backend!r}")
     tuning = (
         resolve_tuning(
             request.tuning,
@@ -347,7 +351,6 @@ def resolve(
             given=dict(request.hyperparameters),
             top_level=TOP_LEVEL_HYPERPARAMETERS,
             groups=groups,
-            backend=request.backend,
             warm_pool_minutes=request.warm_pool_minutes,
             problems=problems,
         )

@@ -155,9 +155,7 @@ def _strategy(tuning: TuningInput, problems: list[str]) -> dict[str, object]:
     return config
 
 
-def _check_cluster(groups: list[InstanceGroup], backend: str, warm_pool_minutes: int, problems: list[str]) -> None:
-    if backend != "sagemaker":
-        problems.append(f"tuning runs on the sagemaker backend only, not {backend!r}")
+def _check_cluster(groups: list[InstanceGroup], warm_pool_minutes: int, problems: list[str]) -> None:
     if len(groups) > 1:
         problems.append(
             f"tuning needs one instance group (every trial runs the same cluster); this request has {len(groups)}"
@@ -175,14 +173,14 @@ def resolve_tuning(
     given: dict[str, object],
     top_level: dict[str, str],
     groups: list[InstanceGroup],
-    backend: str,
     warm_pool_minutes: int,
     problems: list[str],
 ) -> Tuning | None:
-    """The tuning job's settings, or None for a single job; problems are appended, not raised."""
+    """The tuning job's settings, or None for a single job; problems are appended, not raised (whether the
+    request's backend tunes at all is Validate's check, lambdas/validate/request.py)."""
     if tuning is None:
         return None
-    _check_cluster(groups, backend, warm_pool_minutes, problems)
+    _check_cluster(groups, warm_pool_minutes, problems)
     ranges: dict[str, list[dict[str, object]]] = {
         "ContinuousParameterRanges": [],
         "IntegerParameterRanges": [],

@@ -13,6 +13,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.backends import BACKENDS
 from stacks.constructs.nag import acknowledge_inline_policy
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
@@ -134,8 +135,8 @@ class BudgetStop(Construct):
                 iam.PolicyStatement(
                     sid="NoNewTrainingJobs",
                     effect=iam.Effect.DENY,
-                    # SageMaker jobs, and AWS Batch jobs (the batch backend's submits).
-                    actions=["sagemaker:CreateTrainingJob", "batch:SubmitJob"],
+                    # What starts each backend's jobs (lambdas/backends/).
+                    actions=[action for backend in BACKENDS.values() for action in backend.denies],
                     resources=["*"],
                 ),
                 iam.PolicyStatement(

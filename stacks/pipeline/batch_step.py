@@ -13,7 +13,6 @@ ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aws_cdk import Duration
@@ -86,9 +85,6 @@ class BatchTraining(Construct):
         )
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
-        validate = context.functions["Validate"].function
-        validate.add_environment("BATCH_INSTANCE_TYPES", json.dumps([largest.instance_type]))
-        validate.add_environment("BATCH_MAX_NODES", str(largest.count))
         step = PolledJobStep(
             self,
             context=context,

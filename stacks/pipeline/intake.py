@@ -12,12 +12,12 @@ import json
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.backends import BACKENDS
 from lambdas.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj
-from stacks.settings import training_subnet_ips
 
 
 class Intake(Construct):
@@ -58,40 +58,32 @@ class Intake(Construct):
         )
         accept.next(self.estimated)
 
-    def accept(self, backends: list[str]) -> None:
-        """The training backends a request may name (those the pipeline's training step runs)."""
-        self.validate.function.add_environment("TRAINING_BACKENDS", json.dumps(backends))
-
     @staticmethod
     def _validate_function(context: PipelineContext) -> PlatformFunction:
         pipeline, settings, lustre = context.pipeline, context.settings, context.data.lustre
         cost_tag_key, cost_tag_value = COST_TAG.split("$")
+        limits = settings.platform_limits(
+            datasets_bucket=context.datasets.bucket_name,
+            fsx_file_system_id=lustre.file_system_id,
+            fsx_mount_name=lustre.mount_name,
+            tags={
+                cost_tag_key: cost_tag_value,
+                "stage": settings.stage,
+                "team": settings.tags.team,
+                "cost-centre": settings.tags.cost_centre,
+            },
+            # The pipeline's training step runs every registered backend (stacks/pipeline_stack.py).
+            backends=list(BACKENDS),
+        )
         return context.function(
             "Validate",
             "lambdas.validate.handler.handler",
             "Validates an execution input into a complete training request",
             {
-                "DATASETS_BUCKET": context.datasets.bucket_name,
-                "FSX_FILE_SYSTEM_ID": lustre.file_system_id,
-                "FSX_MOUNT_NAME": lustre.mount_name,
-                "TRAINING_SUBNET_IPS": str(training_subnet_ips(settings.network.training_subnet_mask)),
-                "MAX_RUNTIME_HOURS": str(pipeline.max_runtime_hours),
-                "ALLOWED_INSTANCE_TYPES": json.dumps(pipeline.instance_types()),
+                **limits.environment(),
                 "FORBID_SELF_APPROVAL": str(pipeline.forbid_self_approval).lower(),
-                "POLL_INTERVAL_SECONDS": str(pipeline.poll_interval_seconds),
-                "CAPACITY_RETRIES": str(pipeline.capacity_retries),
-                "VOLUME_SIZE_GB": str(pipeline.volume_size_gb),
-                "RUN_EMAILS": json.dumps(settings.notifications.run_emails),
                 "BUDGET_PROBE_JOB": BUDGET_PROBE_JOB,
                 "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
                 "BUDGET_CONTACT": settings.budget_contact,
-                "JOB_TAGS": json.dumps(
-                    {
-                        cost_tag_key: cost_tag_value,
-                        "stage": settings.stage,
-                        "team": settings.tags.team,
-                        "cost-centre": settings.tags.cost_centre,
-                    }
-                ),
             },
         )

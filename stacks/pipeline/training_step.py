@@ -9,18 +9,23 @@ machine's role gets what the step's states call, and anything that watches the m
 executions is set up. The pipeline alarms on the handlers the step makes (through the context)
 and on messages in its `dead_letters`.
 
-`SageMakerTraining` (stacks/pipeline/sagemaker_step.py) is the first backend.
+`SageMakerTraining` (stacks/pipeline/sagemaker_step.py) is the first backend. The pipeline builds one step per
+backend of the registry (lambdas/backends/), each from the class its declaration names (`backend_steps`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+from typing import Any, Protocol, cast
 
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.backends import BACKENDS
+from lambdas.backends.backend import Backend
 from lambdas.execution_state import REQUEST
+from stacks.pipeline.context import PipelineContext
 
 
 class TrainingStep(Protocol):
@@ -48,6 +53,28 @@ class TrainingStep(Protocol):
         ...
 
     def bind(self, state_machine: sfn.StateMachine) -> None: ...
+
+
+class StepClass(Protocol):
+    """How the pipeline makes a backend's step."""
+
+    def __call__(self, scope: Construct, id_: str, *, context: PipelineContext) -> TrainingStep: ...
+
+
+def step_class(backend: Backend[Any]) -> StepClass:
+    """The step class a backend's declaration names (`module.Class`)."""
+    module, _, name = backend.step.rpartition(".")
+    return cast(StepClass, getattr(importlib.import_module(module), name))
+
+
+def backend_steps(scope: Construct, *, context: PipelineContext) -> dict[str, TrainingStep]:
+    """One step per registered backend, by name; each must run its own backend and no other."""
+    steps = {}
+    for name, backend in BACKENDS.items():
+        step = steps[name] = step_class(backend)(scope, backend.step_id, context=context)
+        if step.backends != [name]:
+            raise ValueError(f"{backend.step} runs {step.backends}, not the {name!r} backend that names it")
+    return steps
 
 
 def by_backend(scope: Construct, *steps: TrainingStep) -> TrainingStep:

@@ -12,30 +12,26 @@ import pytest
 
 from lambdas.approvals.identity import Principal
 from lambdas.approvals.store import request_id_for
+from lambdas.backends.batch import BatchLimits
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
 from lambdas.monitor.handler import job_cost, summarize
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.inputs import PlatformLimits
 from lambdas.validate.request import resolve
+from stacks.settings import settings_from_context
+from tests.conftest import cdk_context
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
-LIMITS = PlatformLimits(
+# The limits cdk.json's settings deploy: every catalog type, a /20 training subnet, Batch on 4 x ml.p5.48xlarge.
+LIMITS = settings_from_context(
+    cdk_context(notifications={"run_emails": ["alice@example.org", "ml-engineer@example.org"]})  # the demo's
+).platform_limits(
     datasets_bucket="tp-dev-datasets-123456789012-us-east-1",
     fsx_file_system_id="fs-0123456789abcdef0",
     fsx_mount_name="abcdef12",
-    training_subnet_ips=4075,
-    max_runtime_hours=120,
-    allowed_instance_types=tuple(sorted(INSTANCE_TYPES)),
-    poll_interval_seconds=300,
-    capacity_retries=3,
-    volume_size_gb=200,
-    run_emails=("alice@example.org", "ml-engineer@example.org"),  # the demo subscribes the latter
     tags={"platform": "distributed-training"},
     backends=("sagemaker", "batch"),
-    batch_instance_types=("ml.p5.48xlarge",),
-    batch_max_nodes=4,
 )
 
 
@@ -140,7 +136,7 @@ def test_the_batch_backend_refuses_what_its_compute_environment_cannot_run() -> 
     assert "distribution 'mpi' needs SageMaker" in message
     with pytest.raises(InvalidRequest, match="heterogeneous clusters are SageMaker's"):
         resolve(_example("heterogeneous-cluster") | {"backend": "batch"}, execution_name="e", limits=LIMITS)
-    no_batch = dataclasses.replace(LIMITS, batch_instance_types=())
+    no_batch = dataclasses.replace(LIMITS, backend_limits={**LIMITS.backend_limits, "batch": BatchLimits()})
     with pytest.raises(InvalidRequest, match="deploys no AWS Batch compute environment"):
         resolve(_example("batch-multi-node"), execution_name="e", limits=no_batch)
 

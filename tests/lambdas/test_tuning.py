@@ -179,7 +179,6 @@ def test_tuning_more_than_one_instance_group_is_refused() -> None:
         given={},
         top_level={},
         groups=[group, group.model_copy(update={"name": "second"})],
-        backend="sagemaker",
         warm_pool_minutes=0,
         problems=problems,
     )

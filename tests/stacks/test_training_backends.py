@@ -15,6 +15,7 @@ from aws_cdk.assertions import Template
 from constructs import Construct
 from moto import mock_aws
 
+from lambdas.backends import BACKENDS
 from stacks.pipeline.training_step import BackendChoice, by_backend
 from tests.support.templates import resources
 
@@ -108,3 +109,20 @@ def test_validate_accepts_the_backends_the_pipeline_runs(platform: Any) -> None:
         if props["Handler"] == "lambdas.validate.handler.handler"
     ]
     assert json.loads(validate["Environment"]["Variables"]["TRAINING_BACKENDS"]) == ["sagemaker", "batch"]
+
+
+def test_the_pipeline_runs_one_step_per_registered_backend(platform: Any) -> None:
+    for name, declared in BACKENDS.items():
+        step = platform.pipeline.node.try_find_child(declared.step_id)
+        assert type(step).__module__ + "." + type(step).__name__ == declared.step
+        assert step.backends == [name]
+
+
+def test_the_budget_stop_denies_what_starts_every_backends_jobs(platform: Any) -> None:
+    (deny,) = [
+        props
+        for logical, props in resources(platform, platform.pipeline, "AWS::IAM::ManagedPolicy").items()
+        if "BudgetStopDeny" in logical
+    ]
+    (statement,) = [s for s in deny["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "NoNewTrainingJobs"]
+    assert sorted(statement["Action"]) == sorted(a for declared in BACKENDS.values() for a in declared.denies)

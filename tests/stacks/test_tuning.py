@@ -12,11 +12,12 @@ import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
-from lambdas.validate.inputs import PlatformLimits
 from lambdas.validate.request import resolve
 from localrun.iam import Call, _create_tuning_job
 from localrun.iam_policy import evaluate
 from stacks.pipeline.tuning_step import training_job_definition
+from stacks.settings import settings_from_context
+from tests.conftest import cdk_context
 from tests.support.iam import AssemblyIam, task_states
 
 TUNING = {
@@ -53,18 +54,23 @@ def _creates(iam: AssemblyIam, action: str) -> list[dict[str, Any]]:
 
 def _request() -> dict[str, Any]:
     """A request Validate resolved, for the JSONPaths of the definition to read."""
-    limits = PlatformLimits(
+    settings = settings_from_context(
+        cdk_context(
+            pipeline={
+                "max_runtime_hours": 10,
+                "allowed_instance_types": ["ml.m5.xlarge"],
+                "poll_interval_seconds": 60,
+                "capacity_retries": 1,
+                "volume_size_gb": 100,
+            }
+        )
+    )
+    limits = settings.platform_limits(
         datasets_bucket="datasets",
         fsx_file_system_id="fs-0123456789abcdef0",
         fsx_mount_name="abcdef",
-        training_subnet_ips=4000,
-        max_runtime_hours=10,
-        allowed_instance_types=("ml.m5.xlarge",),
-        poll_interval_seconds=60,
-        capacity_retries=1,
-        volume_size_gb=100,
-        run_emails=(),
         tags={"team": "ml"},
+        backends=("sagemaker",),
     )
     execution_input = {
         "run_name": "a-run-name-long-enough-to-be-cut-for-it",

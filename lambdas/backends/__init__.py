@@ -1,0 +1,25 @@
+"""The training backends the platform deploys, in the order the pipeline offers them (README: "Adding a training
+backend"). Validate, its environment, the pipeline's steps, the budget stop and the local platform iterate these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lambdas.backends.backend import Backend
+from lambdas.backends.batch import BATCH
+from lambdas.backends.sagemaker import SAGEMAKER
+
+BACKENDS: dict[str, Backend[Any]] = {backend.name: backend for backend in (SAGEMAKER, BATCH)}
+
+
+def backend(name: str) -> Backend[Any]:
+    """The backend of this name, or KeyError naming the ones there are."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"no training backend {name!r}; the platform has {', '.join(BACKENDS)}") from None
+
+
+def tuning_backends() -> list[str]:
+    """The backends whose requests may ask for hyperparameter tuning."""
+    return [name for name, declared in BACKENDS.items() if declared.tuning]

@@ -1,0 +1,82 @@
+"""What the deployed platform allows: the stack writes it into Validate's environment, and Validate reads it back.
+
+`environment` and `from_environment` are each other's inverse; stacks/settings.py builds the limits from the
+settings (`PlatformSettings.platform_limits`), each backend's part from its declaration (lambdas/backends/).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lambdas.backends import BACKENDS, backend
+from lambdas.backends.backend import BackendLimits
+from lambdas.shared.env import env_int, env_json, env_str
+from lambdas.validate.inputs import ExecutionInput
+
+
+@dataclass(frozen=True)
+class PlatformLimits:
+    """What the deployed platform allows; the stack passes these through the environment."""
+
+    datasets_bucket: str
+    fsx_file_system_id: str
+    fsx_mount_name: str
+    training_subnet_ips: int
+    max_runtime_hours: float
+    allowed_instance_types: tuple[str, ...]
+    poll_interval_seconds: int
+    capacity_retries: int
+    volume_size_gb: int
+    run_emails: tuple[str, ...]
+    tags: dict[str, str]
+    backends: tuple[str, ...]
+    """The backends a request may name (those the pipeline's training step runs)."""
+    backend_limits: Mapping[str, BackendLimits]
+    """Each registered backend's limits, by name (lambdas/backends/)."""
+
+    @classmethod
+    def from_environment(cls) -> PlatformLimits:
+        return cls(
+            datasets_bucket=env_str("DATASETS_BUCKET"),
+            fsx_file_system_id=env_str("FSX_FILE_SYSTEM_ID"),
+            fsx_mount_name=env_str("FSX_MOUNT_NAME"),
+            training_subnet_ips=env_int("TRAINING_SUBNET_IPS"),
+            max_runtime_hours=float(env_str("MAX_RUNTIME_HOURS")),
+            allowed_instance_types=tuple(env_json("ALLOWED_INSTANCE_TYPES")),
+            poll_interval_seconds=env_int("POLL_INTERVAL_SECONDS"),
+            capacity_retries=env_int("CAPACITY_RETRIES"),
+            volume_size_gb=env_int("VOLUME_SIZE_GB"),
+            run_emails=tuple(env_json("RUN_EMAILS")),
+            tags=dict(env_json("JOB_TAGS")),
+            backends=tuple(env_json("TRAINING_BACKENDS")),
+            backend_limits={name: declared.limits.from_environment() for name, declared in BACKENDS.items()},
+        )
+
+    def environment(self) -> dict[str, str]:
+        """Validate's environment variables that `from_environment` reads."""
+        variables = {
+            "DATASETS_BUCKET": self.datasets_bucket,
+            "FSX_FILE_SYSTEM_ID": self.fsx_file_system_id,
+            "FSX_MOUNT_NAME": self.fsx_mount_name,
+            "TRAINING_SUBNET_IPS": str(self.training_subnet_ips),
+            "MAX_RUNTIME_HOURS": str(self.max_runtime_hours),
+            "ALLOWED_INSTANCE_TYPES": json.dumps(list(self.allowed_instance_types)),
+            "POLL_INTERVAL_SECONDS": str(self.poll_interval_seconds),
+            "CAPACITY_RETRIES": str(self.capacity_retries),
+            "VOLUME_SIZE_GB": str(self.volume_size_gb),
+            "RUN_EMAILS": json.dumps(list(self.run_emails)),
+            "JOB_TAGS": json.dumps(self.tags),
+            "TRAINING_BACKENDS": json.dumps(list(self.backends)),
+        }
+        for limits in self.backend_limits.values():
+            variables |= limits.environment()
+        return variables
+
+    def problems(self, name: str, request: ExecutionInput) -> list[str]:
+        """Why backend `name`, which this platform deploys, cannot run the request (empty when it can). A name no
+        backend is registered under has no rules here: settings check a retrain template before the pipeline says
+        which backends it runs, and that check refuses the name."""
+        limits = self.backend_limits.get(name)
+        return [] if limits is None else backend(name).problems(request, limits)
