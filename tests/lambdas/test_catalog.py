@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from lambdas.shared.catalog import ALLREDUCE_FLOOR_GBPS, INSTANCE_TYPES, instance_type
+from lambdas.shared.catalog import INSTANCE_TYPES, instance_type
+
+ALLREDUCE_FLOOR_GBPS = {t.name: t.allreduce_floor_gbps for t in INSTANCE_TYPES.values() if t.allreduce_floor_gbps}
 
 
 def test_cuda_gpus_count_nvidia_gpus_only() -> None:
@@ -12,6 +14,8 @@ def test_cuda_gpus_count_nvidia_gpus_only() -> None:
     # Trainium's devices are Neuron cores, which CUDA does not see.
     assert instance_type("ml.trn1.32xlarge").gpus == 16
     assert instance_type("ml.trn1.32xlarge").cuda_gpus == 0
+    assert {t.accelerator for t in INSTANCE_TYPES.values() if t.gpus and not t.cuda} == {"Trainium"}
+    assert not any(t.cuda for t in INSTANCE_TYPES.values() if not t.gpus)
 
 
 def test_every_floor_belongs_to_a_cuda_type_with_efa() -> None:
@@ -31,4 +35,4 @@ def test_every_cuda_type_with_efa_and_several_gpus_has_a_floor() -> None:
         for t in INSTANCE_TYPES.values()
         if t.supports_efa and t.cuda_gpus > 1 and t.name not in ALLREDUCE_FLOOR_GBPS
     ]
-    assert not missing, f"add a floor to ALLREDUCE_FLOOR_GBPS for {missing}"
+    assert not missing, f"give {missing} an all-reduce floor in the catalog"
