@@ -38,9 +38,12 @@ from moto.core.exceptions import JsonRESTError
 
 from localrun import processes
 from localrun.cfn import ACCOUNT, REGION
+from localrun.engine import LocalPlatform
+from localrun.jobs import Job, checkpoint_steps, loss_curve
 from localrun.sagemaker_local import REPO, _download_prefix, _free_port
 from training import batch_contract as contract
 from training import layout
+from training.metrics import parse_metrics
 
 ECS_TASKS = "ecs-tasks.amazonaws.com"
 # ECS stops a container SIGTERM first, then SIGKILL after its stop timeout (30 s by default).
@@ -130,8 +133,19 @@ class LocalBatch:
             if not k.startswith(("SM_", "TRAINING_", "OPT_ML", "AWS_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))
         }
 
-    def bind(self, credentials: Callable[[str], Credentials] | None, definitions: dict[str, dict[str, Any]]) -> None:
-        self.credentials, self.definitions = credentials, definitions
+    def bind(self, platform: LocalPlatform) -> None:
+        """Act as the job role (when the platform enforces IAM) and run the assembly's job definitions."""
+        if platform.enforce_iam:
+            self.credentials = lambda role: platform.iam.credentials(role, ECS_TASKS)
+        # By ARN, their properties resolved as CloudFormation would.
+        self.definitions = {
+            str(platform.resolver.ref(stack, logical)): platform.resolver.resolve(stack, resource["Properties"])
+            for stack, logical, resource in platform.assembly.resources("AWS::Batch::JobDefinition")
+        }
+
+    def job_facts(self) -> list[Job]:
+        """Each job as the local runner played it: its nodes' log, its attempts, its checkpoints in S3."""
+        return [_facts(job) for job in self.jobs.values()]
 
     # -- the API ----------------------------------------------------------------------------------
     def submit(self, params: dict[str, Any]) -> dict[str, str]:
@@ -488,3 +502,36 @@ class LocalBatch:
                 ("terminatejob", terminate),
             )
         ]
+
+
+def local_player(
+    root: Path, *, max_hosts: int, spot_interrupt: bool, on_line: Callable[[str, str], None]
+) -> LocalBatch:
+    """The demo's AWS Batch: a job's nodes on this machine; `spot_interrupt` loses a node's host once."""
+    return LocalBatch(
+        root=root,
+        datasets_bucket="",
+        max_nodes=max_hosts,
+        kill_node_after_checkpoint=1 if spot_interrupt else None,
+        on_line=on_line,
+    )
+
+
+def _facts(job: BatchJob) -> Job:
+    log = "".join(job.log)
+    train, val = loss_curve(log)
+    checkpoints_uri = job.environment[layout.CHECKPOINTS_ENV]
+    return Job(
+        name=job.name,
+        log=log,
+        train_loss=train,
+        val_loss=val,
+        status=job.status,
+        secondary_status=None,
+        failure=job.status_reason if job.status == "FAILED" else None,
+        notes=[f"AWS Batch attempt {a.number}: {a.status_reason or 'running'}" for a in job.attempts],
+        transitions=[f"attempt {a.number}" for a in job.attempts],
+        metrics={name: values[-1] for name, values in sorted(parse_metrics(log).items())},
+        checkpoints_uri=checkpoints_uri,
+        checkpoint_steps=checkpoint_steps(checkpoints_uri),
+    )

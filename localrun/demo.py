@@ -25,11 +25,10 @@ from typing import Any
 import boto3
 
 from localrun import report
-from localrun.batch_local import LocalBatch
 from localrun.cfn import ACCOUNT, REGION
 from localrun.clock import Clock
 from localrun.corpus import build_shards
-from localrun.engine import LocalPlatform
+from localrun.engine import LocalPlatform, player_factories
 from localrun.sagemaker_local import LocalTraining
 from training.distributions import distribution
 from training.layout import split_s3_uri
@@ -139,25 +138,24 @@ def run_demo(
         spot_interrupt_after_checkpoint=spot_interrupt,
         on_line=printer.training_line,
     )
-    # `"backend": "batch"`: AWS Batch multi-node jobs, their nodes on this machine (--spot-interrupt loses a node).
-    batch = LocalBatch(
-        root=run_dir / "batch",
-        datasets_bucket="",
-        max_nodes=max_hosts,
-        kill_node_after_checkpoint=1 if spot_interrupt else None,
-        on_line=printer.training_line,
-    )
+    # The other backends' jobs, e.g. `"backend": "batch"`: AWS Batch multi-node jobs, their nodes on this machine.
+    players = {
+        name: make(run_dir / name, max_hosts=max_hosts, spot_interrupt=spot_interrupt, on_line=printer.training_line)
+        for name, make in player_factories().items()
+    }
     # Polls every `pipeline.poll_interval_seconds` in the definition; here they last `wait_seconds`.
     clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)
     handler_log = (run_dir / "handlers.log").open("w")
     with (
         handler_log,
-        LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, batch=batch) as platform,
+        LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
     ):
-        training.datasets_bucket = batch.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+        training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         _seed_datasets(platform, execution_input, out / "corpus")
         training.local_hyperparameters = _local_hyperparameters(execution_input, steps)
-        batch.local_hyperparameters = training.local_hyperparameters
+        for player in players.values():
+            player.datasets_bucket = training.datasets_bucket
+            player.local_hyperparameters = training.local_hyperparameters
         name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
@@ -173,7 +171,8 @@ def run_demo(
             )
         finally:
             training.stop_all()
-            batch.close()
+            for player in players.values():
+                player.close()
         facts = report.collect(platform, training, arn, described, decisions)
     return _write_report(facts, arn, described, run_dir)
 

@@ -25,18 +25,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO, cast
 
 import boto3
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from lambdas.backends import BACKENDS, backend
 from localrun import construct_paths, moto_fixes
-from localrun.batch_local import ECS_TASKS, LocalBatch
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.clock import Clock
 from localrun.environ import handler_environment, handler_stdout
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
+from localrun.jobs import Job
 from localrun.services import (
     EventRules,
     Faults,
@@ -61,6 +62,46 @@ class TrainingBackend(Protocol):
 
     def stopped(self, name: str, job: Any) -> None:
         """StopTrainingJob was called: stop the job's instances; describe then reports it Stopped."""
+
+
+class LocalPlayer(Protocol):
+    """A backend other than SageMaker, played on this machine: it answers its service's API in moto's place.
+
+    Each backend's declaration (lambdas/backends/) names the function that makes its player for the demo
+    (`PlayerFactory`); SageMaker's jobs are moto's own, played by the platform's `training`.
+    """
+
+    datasets_bucket: str
+    local_hyperparameters: dict[str, str]
+    """What its jobs run instead of the request's hyperparameters (the demo's local scale)."""
+
+    def patches(self) -> list[Any]:
+        """moto's responses for the backend's API, answered by the player."""
+
+    def bind(self, platform: LocalPlatform) -> None:
+        """The platform is deployed: take what the player needs of it (roles, resources of the assembly)."""
+
+    def job_facts(self) -> list[Job]:
+        """Its jobs, as the run report shows them."""
+
+    def close(self) -> None:
+        """Stop whatever still runs."""
+
+
+class PlayerFactory(Protocol):
+    def __call__(
+        self, root: Path, *, max_hosts: int, spot_interrupt: bool, on_line: Callable[[str, str], None]
+    ) -> LocalPlayer: ...
+
+
+def player_factories() -> dict[str, PlayerFactory]:
+    """How the demo plays each registered backend that has a local player, by name."""
+    factories = {}
+    for name, declared in BACKENDS.items():
+        if declared.local is not None:
+            module, _, attribute = declared.local.rpartition(".")
+            factories[name] = cast(PlayerFactory, getattr(importlib.import_module(module), attribute))
+    return factories
 
 
 @dataclass
@@ -110,14 +151,17 @@ class LocalPlatform:
         handler_log: TextIO | None = None,
         enforce_iam: bool = True,
         state_machine: str | None = None,
-        batch: LocalBatch | None = None,
+        players: dict[str, LocalPlayer] | None = None,
     ) -> None:
         self.assembly = Assembly.load(assembly_dir)
         self.resolver = Resolver(self.assembly)
         self.state_machine = construct_paths.state_machine(self.assembly, state_machine)
         self.training = training
-        self.batch = batch
-        """What AWS Batch jobs do (localrun/batch_local.py); None: the Batch API is moto's own."""
+        self.players = dict(players or {})
+        """What each other backend's jobs do, by backend name (e.g. localrun/batch_local.py); a backend without
+        one is left to moto's own API."""
+        for name in self.players:
+            backend(name)  # a registered backend, or KeyError naming them
         self.clock = clock or Clock()
         self.lambda_calls: list[LambdaCall] = []
         # Where the handlers' (Powertools) log lines go; None leaves them on stdout, as in Lambda.
@@ -145,7 +189,7 @@ class LocalPlatform:
                 }
             )
         )
-        for patch in self._moto_fixes() + (self.batch.patches() if self.batch is not None else []):
+        for patch in self._moto_fixes() + [p for player in self.players.values() for p in player.patches()]:
             self._stack.enter_context(patch)
         self.faults = Faults(function_named=lambda name: self.functions.named(name).name)
         self.events = EventRules(self.assembly, self.resolver, invoke=self._run_handler, now=self.clock.now)
@@ -166,9 +210,8 @@ class LocalPlatform:
         if self.enforce_iam:
             self._stack.enter_context(self.iam.enforced())
             self.training.bind(lambda role: self.iam.credentials(role, SAGEMAKER))
-        if self.batch is not None:
-            credentials = (lambda role: self.iam.credentials(role, ECS_TASKS)) if self.enforce_iam else None
-            self.batch.bind(credentials, self._batch_definitions())
+        for player in self.players.values():
+            player.bind(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -181,8 +224,8 @@ class LocalPlatform:
         with self._inflight:
             self._closed = True
             self._inflight.wait_for(lambda: self._handlers_running == 0, timeout=30)
-        if self.batch is not None:
-            self.batch.close()
+        for player in self.players.values():
+            player.close()
         self._stack.close()
         for handler in self._redirected:  # the handler modules outlive this platform
             handler.setStream(sys.stdout)
@@ -336,13 +379,6 @@ class LocalPlatform:
             name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
-
-    def _batch_definitions(self) -> dict[str, dict[str, Any]]:
-        """The AWS Batch job definitions by ARN, their properties resolved as CloudFormation would."""
-        return {
-            str(self.resolver.ref(stack, logical)): self.resolver.resolve(stack, resource["Properties"])
-            for stack, logical, resource in self.assembly.resources("AWS::Batch::JobDefinition")
-        }
 
     def _sqs_subscriptions(self, sns: Any) -> None:
         """An SQS queue on every topic, so tests and the demo can read what was published."""

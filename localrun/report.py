@@ -16,31 +16,12 @@ from typing import Any
 
 import boto3
 
-from localrun.batch_local import BatchJob
 from localrun.cfn import REGION
 from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
+from localrun.jobs import Job, checkpoint_steps, loss_curve
 from localrun.sagemaker_local import LocalTraining
-from training.layout import CHECKPOINTS_ENV, complete_steps, split_s3_uri
-from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series, parse_metrics
-
-
-@dataclass
-class Job:
-    """A training job as SageMaker describes it, with its log and its checkpoints in S3."""
-
-    name: str
-    log: str
-    train_loss: list[tuple[int, float]]
-    val_loss: list[tuple[int, float]]
-    status: str
-    secondary_status: str | None
-    failure: str | None
-    notes: list[str]
-    transitions: list[str]
-    metrics: dict[str, float]
-    checkpoints_uri: str
-    checkpoint_steps: list[int]
+from training.layout import split_s3_uri
 
 
 @dataclass
@@ -96,7 +77,7 @@ def collect(
         states=durations(platform.history(execution_arn)),
         estimate=next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None),
         jobs=[_job(platform, training, name) for name in platform.training_requests]
-        + [_batch_job(job) for job in (platform.batch.jobs.values() if platform.batch is not None else [])],
+        + [job for player in platform.players.values() for job in player.job_facts()],
         registrations=_registrations(platform),
         decisions=decisions,
         roles=_roles(platform),
@@ -122,20 +103,11 @@ def durations(history: list[dict[str, Any]]) -> list[tuple[str, float]]:
     return out
 
 
-def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(step, train loss) and (step, validation loss) from a training log, the last value of each step."""
-    series = metric_series(logs)
-    return sorted(series.get(TRAIN_LOSS, {}).items()), sorted(series.get(VALIDATION_LOSS, {}).items())
-
-
 def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
     log = training.logs(name)
     train, val = loss_curve(log)
     described = boto3.client("sagemaker", region_name=REGION).describe_training_job(TrainingJobName=name)
     checkpoints_uri = platform.training_requests[name]["CheckpointConfig"]["S3Uri"]
-    bucket, prefix = split_s3_uri(checkpoints_uri)
-    listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
-    keys = [o["Key"] for o in listed.get("Contents", [])]
     return Job(
         name=name,
         log=log,
@@ -148,31 +120,7 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
         transitions=[t["Status"] for t in described.get("SecondaryStatusTransitions", [])],
         metrics={m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])},
         checkpoints_uri=checkpoints_uri,
-        checkpoint_steps=complete_steps(keys),
-    )
-
-
-def _batch_job(job: BatchJob) -> Job:
-    """An AWS Batch job as the local runner played it: its nodes' log, its attempts, its checkpoints in S3."""
-    log = "".join(job.log)
-    train, val = loss_curve(log)
-    checkpoints_uri = job.environment[CHECKPOINTS_ENV]
-    bucket, prefix = split_s3_uri(checkpoints_uri)
-    listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
-    keys = [o["Key"] for o in listed.get("Contents", [])]
-    return Job(
-        name=job.name,
-        log=log,
-        train_loss=train,
-        val_loss=val,
-        status=job.status,
-        secondary_status=None,
-        failure=job.status_reason if job.status == "FAILED" else None,
-        notes=[f"AWS Batch attempt {a.number}: {a.status_reason or 'running'}" for a in job.attempts],
-        transitions=[f"attempt {a.number}" for a in job.attempts],
-        metrics={name: values[-1] for name, values in sorted(parse_metrics(log).items())},
-        checkpoints_uri=checkpoints_uri,
-        checkpoint_steps=complete_steps(keys),
+        checkpoint_steps=checkpoint_steps(checkpoints_uri),
     )
 
 

@@ -73,6 +73,9 @@ class Backend(Generic[L]):
     """The pipeline step that runs its jobs (a TrainingStep, stacks/pipeline/training_step.py): `module.Class`."""
     step_id: str
     """The step's construct ID in the pipeline stack (its resources' logical IDs derive from it)."""
+    local: str | None
+    """The function that makes its local player for the demo (a PlayerFactory, localrun/engine.py):
+    `module.function`; None where moto's own API plays it (SageMaker's, played by LocalPlatform `training`)."""
     tuning: bool = False
     """Whether a request on this backend may ask for hyperparameter tuning."""
     denies: tuple[str, ...] = ()

@@ -84,5 +84,6 @@ BATCH = Backend(
     check=batch_problems,
     step="stacks.pipeline.batch_step.BatchTraining",
     step_id="BatchTrainingStep",
+    local="localrun.batch_local.local_player",
     denies=("batch:SubmitJob",),
 )

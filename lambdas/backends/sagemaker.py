@@ -11,6 +11,7 @@ SAGEMAKER = Backend(
     check=no_problems,
     step="stacks.pipeline.sagemaker_step.SageMakerTraining",
     step_id="TrainingStep",
+    local=None,
     tuning=True,
     denies=("sagemaker:CreateTrainingJob",),
 )

@@ -73,7 +73,7 @@ def batch_factory(platform: Any, tmp_path: Path) -> Iterator[Any]:
         local = LocalPlatform(
             assembly or Path(platform.assembly.directory),
             training=ScriptedTraining(scripts=[]),
-            batch=batch,
+            players={"batch": batch},
             clock=Clock(),
         )
         opened.append(local.__enter__())
