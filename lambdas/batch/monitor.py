@@ -16,9 +16,9 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
+from lambdas.batch.environment import BatchMonitorEnvironment
 from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
 from lambdas.monitor.handler import latest_checkpoint, metrics, record_metrics
-from lambdas.shared.env import env_int, env_str
 from training.batch_contract import result_key
 from training.layout import PREFLIGHT_FAILED, run_checkpoints, run_output, split_s3_uri
 
@@ -152,28 +152,30 @@ def capacity_wait_exceeded(describe: dict[str, Any], now: datetime, minutes: int
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {"request", "job": {"arn", "job_name"}, "previous", "hourly_usd"}."""
+    environment = BatchMonitorEnvironment.from_environ()
     request = TrainingRequest.parse(event["request"])
     batch, s3 = boto3.client("batch"), boto3.client("s3")
     job_id = event["job"]["arn"].rsplit("/", 1)[1]
     (describe,) = batch.describe_jobs(jobs=[job_id])["jobs"]
     now = datetime.now(UTC)
     capacity_error = None
-    if capacity_wait_exceeded(describe, now, env_int("CAPACITY_WAIT_MINUTES")):
-        capacity_error = f"{CAPACITY_REASON}: the job waited {env_int('CAPACITY_WAIT_MINUTES')} minutes for its nodes"
+    wait = environment.capacity_wait_minutes
+    if capacity_wait_exceeded(describe, now, wait):
+        capacity_error = f"{CAPACITY_REASON}: the job waited {wait} minutes for its nodes"
         batch.terminate_job(jobId=job_id, reason=capacity_error)
     results: list[dict[str, Any]] = []
     if describe["status"] in ("SUCCEEDED", "FAILED"):
-        output = f"s3://{env_str('ARTIFACTS_BUCKET')}/{run_output(describe['jobName'])}"
+        output = f"s3://{environment.artifacts_bucket}/{run_output(describe['jobName'])}"
         attempts = max(1, len(describe.get("attempts", [])))
         results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
-    checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), run_checkpoints(request.job_name_base))
+    checkpoint = latest_checkpoint(s3, environment.checkpoints_bucket, run_checkpoints(request.job_name_base))
     summary = summarize(
         describe,
         previous=event["previous"],
         results=results,
         checkpoint=checkpoint,
         now=now,
-        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
+        stale_minutes=environment.checkpoint_stale_minutes,
         hourly_usd=float(event["hourly_usd"]),
         capacity_error=capacity_error,
     )

@@ -16,8 +16,8 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
+from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.monitor.handler import latest_checkpoint
-from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import checkpoint_step, run_checkpoints, run_of, split_s3_uri
 
@@ -113,7 +113,7 @@ def ended_execution(event: dict[str, Any]) -> tuple[str, str | None]:
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
-    bucket = env_str("CHECKPOINTS_BUCKET")
+    bucket = CleanupEnvironment.from_environ().checkpoints_bucket
     execution, run = ended_execution(event)
     prefixes = [(bucket, run_checkpoints(run))] if run is not None else []
     result = clean_up(

@@ -6,9 +6,9 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from lambdas.estimate.environment import EstimateEnvironment
 from lambdas.execution_state import CostEstimate, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
-from lambdas.shared.env import env_float, env_json
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -69,13 +69,13 @@ def _price_source(overridden: list[str], types: int) -> str:
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    low, high = env_json("SPOT_COST_FRACTION")
+    environment = EstimateEnvironment.from_environ()
     request = TrainingRequest.parse(event["request"]).model_dump(mode="json")
     result = estimate(
         request,
-        threshold_usd=env_float("APPROVAL_THRESHOLD_USD"),
-        spot_fraction=(float(low), float(high)),
-        price_overrides={k: float(v) for k, v in env_json("PRICE_OVERRIDES").items()},
+        threshold_usd=environment.approval_threshold_usd,
+        spot_fraction=environment.spot_cost_fraction,
+        price_overrides=environment.price_overrides,
     )
     logger.info("cost estimated", extra=result)
     metrics.record(Metric.ESTIMATED_MAX_COST, result["max_cost_usd"])

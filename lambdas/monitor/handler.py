@@ -15,7 +15,7 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
-from lambdas.shared.env import env_int, env_str
+from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints
 
@@ -163,14 +163,14 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """
     request = TrainingRequest.parse(event["request"])
     described = boto3.client("sagemaker").describe_training_job(TrainingJobName=event["job_name"])
-    bucket = env_str("CHECKPOINTS_BUCKET")
+    environment = MonitorEnvironment.from_environ()
     prefix = run_checkpoints(request.job_name_base)
-    checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
+    checkpoint = latest_checkpoint(boto3.client("s3"), environment.checkpoints_bucket, prefix)
     summary = summarize(
         {**event["previous"], "describe": described},
         checkpoint=checkpoint,
         now=datetime.now(UTC),
-        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
+        stale_minutes=environment.checkpoint_stale_minutes,
         hourly_usd=float(event["hourly_usd"]),
     )
     record_metrics(summary)

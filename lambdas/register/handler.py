@@ -16,7 +16,7 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
-from lambdas.shared.env import env_str
+from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import run_lineage, split_s3_uri
 
@@ -176,11 +176,12 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         "estimate": CostEstimate.model_validate(event["estimate"]).model_dump(mode="json"),
         "evaluation": Evaluation.model_validate(event["evaluation"]).model_dump(mode="json"),
     }
+    environment = RegisterEnvironment.from_environ()
     where = Destination(
-        artifacts_bucket=env_str("ARTIFACTS_BUCKET"),
-        group=env_str("MODEL_PACKAGE_GROUP"),
-        image_uri=env_str("IMAGE_URI"),
-        revision=env_str("PLATFORM_REVISION"),
+        artifacts_bucket=environment.artifacts_bucket,
+        group=environment.model_package_group,
+        image_uri=environment.image_uri,
+        revision=environment.platform_revision,
     )
     result = register(parsed, s3=boto3.client("s3"), sagemaker=boto3.client("sagemaker"), where=where)
     metrics.record(Metric.MODELS_REGISTERED)
