@@ -187,13 +187,13 @@ def test_monitor_counts_spot_interruptions() -> None:
         {"Status": s} for s in ("Starting", "Training", "Interrupted", "Starting", "Training", "Interrupted")
     ]
     summary = summarize(
-        {"describe": _describe(SecondaryStatusTransitions=transitions)},
+        _describe(SecondaryStatusTransitions=transitions),
         checkpoint=None,
         now=NOW,
         stale_minutes=90,
         hourly_usd=10.0,
     )
-    assert summary["interruptions"] == 2 and summary["finished"] is False
+    assert summary.interruptions == 2 and summary.finished is False
 
 
 def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
@@ -202,15 +202,17 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
         "uri": "s3://b/runs/x/checkpoints/step-10/",
         "written_at": (NOW - timedelta(hours=2)).isoformat(),
     }
-    first = summarize({"describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert first["stale"] and first["warn_stale"] and first["checkpoint_age_minutes"] == 120.0
-    again = summarize({**first, "describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert again["stale"] and not again["warn_stale"]
+    first = summarize(_describe(), checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
+    assert first.stale and first.warn_stale and first.checkpoint_age_minutes == 120.0
+    again = summarize(
+        _describe(), checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0, stale_warned=first.stale_warned
+    )
+    assert again.stale and not again.warn_stale
     fresh = {**old, "written_at": (NOW - timedelta(minutes=5)).isoformat()}
     recovered = summarize(
-        {**again, "describe": _describe()}, checkpoint=fresh, now=NOW, stale_minutes=90, hourly_usd=10.0
+        _describe(), checkpoint=fresh, now=NOW, stale_minutes=90, hourly_usd=10.0, stale_warned=again.stale_warned
     )
-    assert not recovered["stale"] and not recovered["stale_warned"]
+    assert not recovered.stale and not recovered.stale_warned
 
 
 @pytest.mark.parametrize(
@@ -241,12 +243,12 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
 )
 def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str, error: str | None) -> None:
     describe = _describe(TrainingJobStatus=status, SecondaryStatus=secondary, FailureReason=reason)
-    summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert summary["finished"] is True
-    assert summary["error"] == error
-    assert summary["retry_on_new_nodes"] is (error in ("InsufficientCapacity", "PreflightFailed"))
+    summary = summarize(describe, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
+    assert summary.finished is True
+    assert summary.error == error
+    assert summary.retry_on_new_nodes is (error in ("InsufficientCapacity", "PreflightFailed"))
     if error and not reason:
-        assert secondary in summary["failure_reason"]
+        assert secondary in summary.failure_reason
 
 
 def test_a_finished_jobs_cost_is_billable_time_at_list_price_and_spot_saves_the_rest() -> None:
@@ -306,11 +308,11 @@ def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
     reason = f"AlgorithmError: {failure_line('GPUs missing')}"
     assert (
         summarize(
-            {"describe": _describe(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason)},
+            _describe(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason),
             checkpoint=None,
             now=NOW,
             stale_minutes=90,
             hourly_usd=10.0,
-        )["error"]
+        ).error
         == "PreflightFailed"
     )
