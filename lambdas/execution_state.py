@@ -345,6 +345,36 @@ class BatchPoll(Poll):
     job: CreatedJob
 
 
+class EstimateEvent(_Model):
+    """Estimate's event (stacks/pipeline/intake.py)."""
+
+    request: HandedOnRequest
+
+
+class EvaluateEvent(_Model):
+    """Evaluate's event (stacks/pipeline/outcome.py): the request's gate and the finished job's metrics."""
+
+    quality: Quality | None
+    final_metrics: dict[str, float]
+
+
+class RegisterEvent(_Model):
+    """Register's event (stacks/pipeline/outcome.py)."""
+
+    request: HandedOnRequest
+    job: JobProgress
+    estimate: CostEstimate
+    evaluation: Evaluation
+    execution: str
+
+
+class EndedRun(_Model):
+    """The state machine's cleanup event, on every way out of a run."""
+
+    execution: str
+    job_name_base: str
+
+
 class Path:
     """A JSONPath into the execution's state, checked against the model of what is there.
 

@@ -14,7 +14,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
-from lambdas.cleanup.handler import ended_execution, prune_checkpoints
+from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_checkpoints
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 
@@ -55,7 +55,7 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     environment = BatchCleanupEnvironment.from_environ()
-    execution, run = ended_execution(event)
+    execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
     prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
         execution,

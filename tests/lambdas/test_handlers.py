@@ -14,6 +14,7 @@ from lambdas.approvals.identity import Principal
 from lambdas.approvals.store import request_id_for
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
+from lambdas.execution_state import Quality, TrainingRequest
 from lambdas.monitor.handler import job_cost, summarize
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
@@ -91,15 +92,17 @@ def test_the_preflight_hyperparameter_is_checked_like_the_trainers_own() -> None
         resolve(base | {"hyperparameters": {"preflight": "maybe"}}, execution_name="e", limits=LIMITS)
 
 
-def _request(instance_type: str = "ml.p5.48xlarge", instance_count: int = 4, **overrides: Any) -> dict[str, Any]:
-    """What Estimate reads of a request: the cluster's groups, the runtime, warm pool and spot."""
-    request = {
+def _request(instance_type: str = "ml.p5.48xlarge", instance_count: int = 4, **overrides: Any) -> TrainingRequest:
+    """A request with what Estimate reads set: the cluster's groups, the runtime, warm pool and spot."""
+    request = resolve(_example("single-node-ddp"), execution_name="e", limits=LIMITS) | {
         "instance_groups": [{"name": "train", "instance_type": instance_type, "instance_count": instance_count}],
         "stopping_condition": {"MaxRuntimeInSeconds": 36000},
         "keep_alive_seconds": 0,
         "spot": False,
     }
-    return request | overrides
+    request |= overrides
+    request["instance_groups"] = [{"efa": False, "local_storage": False} | g for g in request["instance_groups"]]
+    return TrainingRequest.parse(request)
 
 
 def test_the_estimate_of_a_heterogeneous_cluster_sums_its_groups() -> None:
@@ -110,9 +113,9 @@ def test_the_estimate_of_a_heterogeneous_cluster_sums_its_groups() -> None:
     request = _request(instance_groups=groups, stopping_condition={"MaxRuntimeInSeconds": 7200})
     result = estimate(request, threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={"ml.c5.4xlarge": 1.0})
     hourly = 2 * INSTANCE_TYPES["ml.p4d.24xlarge"].price_per_hour + 3 * 1.0
-    assert result["hourly_usd"] == round(hourly, 4)
-    assert result["on_demand_usd"] == round(hourly * 2, 2) == result["max_cost_usd"]
-    assert result["price_source"].startswith("settings override for ml.c5.4xlarge; list price, reviewed ")
+    assert result.hourly_usd == round(hourly, 4)
+    assert result.on_demand_usd == round(hourly * 2, 2) == result.max_cost_usd
+    assert result.price_source.startswith("settings override for ml.c5.4xlarge; list price, reviewed ")
 
 
 def test_instance_types_outside_the_allow_list_are_refused() -> None:
@@ -147,9 +150,9 @@ def test_the_batch_backend_refuses_what_its_compute_environment_cannot_run() -> 
 
 def test_estimate_is_count_times_price_times_runtime() -> None:
     result = estimate(_request(), threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={})
-    assert result["on_demand_usd"] == round(4 * 113.07 * 10, 2)
-    assert result["approval_required"] is True
-    assert result["spot_usd"] is None
+    assert result.on_demand_usd == round(4 * 113.07 * 10, 2)
+    assert result.approval_required is True
+    assert result.spot_usd is None
 
 
 def test_spot_estimate_is_a_range_but_decides_on_the_on_demand_price_it_can_reach() -> None:
@@ -159,10 +162,10 @@ def test_spot_estimate_is_a_range_but_decides_on_the_on_demand_price_it_can_reac
         spot_fraction=(0.3, 0.7),
         price_overrides={"ml.p5.48xlarge": 100.0},
     )
-    assert result["spot_usd"] == [30.0, 70.0]
-    assert result["max_cost_usd"] == result["on_demand_usd"] == 100.0
-    assert result["approval_required"] is True  # its expected upper end (70) is below the threshold; 100 is not
-    assert result["price_source"] == "settings override"
+    assert result.spot_usd == [30.0, 70.0]
+    assert result.max_cost_usd == result.on_demand_usd == 100.0
+    assert result.approval_required is True  # its expected upper end (70) is below the threshold; 100 is not
+    assert result.price_source == "settings override"
 
 
 def test_warm_pool_keep_alive_is_billed() -> None:
@@ -172,7 +175,7 @@ def test_warm_pool_keep_alive_is_billed() -> None:
         spot_fraction=(0.3, 0.7),
         price_overrides={},
     )
-    assert result["on_demand_usd"] == round(113.07 * 1.5, 2)
+    assert result.on_demand_usd == round(113.07 * 1.5, 2)
 
 
 def _describe(**fields: Any) -> dict[str, Any]:
@@ -271,9 +274,9 @@ def test_a_finished_jobs_cost_is_billable_time_at_list_price_and_spot_saves_the_
     ],
 )
 def test_evaluate(quality: dict[str, Any] | None, metrics: dict[str, float], passed: bool, reason: str) -> None:
-    result = evaluate(quality, metrics)
-    assert result["passed"] is passed
-    assert reason in result["reason"]
+    result = evaluate(Quality.model_validate(quality) if quality is not None else None, metrics)
+    assert result.passed is passed
+    assert reason in result.reason
 
 
 def test_principals_compare_by_account_kind_and_name_not_path() -> None:
