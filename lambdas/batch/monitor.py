@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from lambdas.batch.environment import BatchMonitorEnvironment
 from lambdas.execution_state import BatchPoll, JobCost, JobProgress
-from lambdas.monitor.handler import latest_checkpoint, metrics, record_metrics
+from lambdas.monitor.handler import freshness, latest_checkpoint, metrics, record_metrics
 from training.batch_contract import result_key
 from training.layout import PREFLIGHT_FAILED, run_checkpoints, run_output, split_s3_uri
 
@@ -101,8 +101,6 @@ def summarize(
         error, reason = "TrainingJobStopped", describe.get("statusReason", "")
     started = _ms(describe.get("startedAt"))
     since = datetime.fromisoformat(checkpoint["written_at"]) if checkpoint else started
-    age = round((now - since).total_seconds() / 60, 1) if since else None
-    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
     seconds = _seconds(describe)
     finished = status != "InProgress"
     return JobProgress(
@@ -115,10 +113,7 @@ def summarize(
         retry_on_new_nodes=retry,
         interruptions=sum(1 for a in describe.get("attempts", []) if a.get("statusReason", "").startswith(HOST_LOST)),
         checkpoint=checkpoint,
-        checkpoint_age_minutes=age,
-        stale=stale,
-        warn_stale=stale and not stale_warned,
-        stale_warned=stale,
+        **freshness(since, status, secondary, now=now, stale_minutes=stale_minutes, stale_warned=stale_warned),
         final_metrics=(main or {}).get("final_metrics", {}),
         billable_seconds=seconds,
         training_seconds=seconds,

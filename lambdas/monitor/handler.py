@@ -93,6 +93,24 @@ def job_cost(describe: dict[str, Any], hourly_usd: float) -> JobCost | None:
     )
 
 
+def freshness(
+    since: datetime | None, status: str, secondary: str, *, now: datetime, stale_minutes: int, stale_warned: bool
+) -> dict[str, Any]:
+    """A poll's checkpoint_age_minutes, stale, warn_stale and stale_warned (JobProgress's fields).
+
+    `since`: the newest complete checkpoint's time, or training's start if none yet.
+    """
+    age = round((now - since).total_seconds() / 60, 1) if since else None
+    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
+    # Warn once per stall; a fresh checkpoint re-arms the warning.
+    return {
+        "checkpoint_age_minutes": age,
+        "stale": stale,
+        "warn_stale": stale and not stale_warned,
+        "stale_warned": stale,
+    }
+
+
 def summarize(
     describe: dict[str, Any],
     *,
@@ -109,10 +127,7 @@ def summarize(
     cause = retry_cause(status, reason)
     interruptions = sum(1 for t in describe.get("SecondaryStatusTransitions", []) if t.get("Status") == "Interrupted")
 
-    # Freshness: time since the newest complete checkpoint, or since training started if none yet.
     since = _time(checkpoint["written_at"]) if checkpoint else _time(describe.get("TrainingStartTime"))
-    age = round((now - since).total_seconds() / 60, 1) if since else None
-    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
     error = _error(status, secondary, cause)
     finished = status in ("Completed", "Failed", "Stopped")
     return JobProgress(
@@ -125,11 +140,7 @@ def summarize(
         retry_on_new_nodes=cause is not None,
         interruptions=interruptions,
         checkpoint=checkpoint,
-        checkpoint_age_minutes=age,
-        stale=stale,
-        # Warn once per stall; a fresh checkpoint re-arms the warning.
-        warn_stale=stale and not stale_warned,
-        stale_warned=stale,
+        **freshness(since, status, secondary, now=now, stale_minutes=stale_minutes, stale_warned=stale_warned),
         final_metrics={m["MetricName"]: m["Value"] for m in describe.get("FinalMetricDataList", [])},
         billable_seconds=describe.get("BillableTimeInSeconds"),
         training_seconds=describe.get("TrainingTimeInSeconds"),
