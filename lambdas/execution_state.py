@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
 
 class _Model(BaseModel):
@@ -180,6 +180,14 @@ class TrainingRequest(_Model):
         return self._training.allreduce_floor_gbps
 
 
+def _handed_on(data: Any) -> Any:
+    return TrainingRequest.parse(data) if isinstance(data, dict) else data
+
+
+HandedOnRequest = Annotated[TrainingRequest, BeforeValidator(_handed_on)]
+"""A request in a handler's event: as a state hands it on, with its computed fields (`TrainingRequest.parse`)."""
+
+
 class Validation(_Model):
     valid: bool
     message: str
@@ -310,6 +318,61 @@ class Attempt(_Model):
     """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
     found: FoundJobs | None = None
     """AWS Batch: the jobs of this attempt's name that a submit whose answer was lost finds on the queue."""
+
+
+class LastPoll(BaseModel):
+    """What a poll reads of the previous one: its JobProgress, or a new attempt's {"stale_warned": false}."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    stale_warned: bool = False
+
+
+class Poll(_Model):
+    """A progress handler's event (stacks/pipeline/polled_job.py): the request, the previous poll, the price."""
+
+    request: HandedOnRequest
+    previous: LastPoll
+    hourly_usd: float
+    """The estimate's list price of the whole cluster per hour."""
+
+
+class SageMakerPoll(Poll):
+    job_name: str
+
+
+class BatchPoll(Poll):
+    job: CreatedJob
+
+
+class EstimateEvent(_Model):
+    """Estimate's event (stacks/pipeline/intake.py)."""
+
+    request: HandedOnRequest
+
+
+class EvaluateEvent(_Model):
+    """Evaluate's event (stacks/pipeline/outcome.py): the request's gate and the finished job's metrics."""
+
+    quality: Quality | None
+    final_metrics: dict[str, float]
+
+
+class RegisterEvent(_Model):
+    """Register's event (stacks/pipeline/outcome.py)."""
+
+    request: HandedOnRequest
+    job: JobProgress
+    estimate: CostEstimate
+    evaluation: Evaluation
+    execution: str
+
+
+class EndedRun(_Model):
+    """The state machine's cleanup event, on every way out of a run."""
+
+    execution: str
+    job_name_base: str
 
 
 class Path:

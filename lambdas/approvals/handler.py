@@ -19,17 +19,17 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.approvals import identity
+from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.approvals.identity import IdentityError, Principal
 from lambdas.approvals.store import PAGE_SIZE, ApprovalStore, DecisionError, now_utc
-from lambdas.shared.env import env_bool, env_int, env_json, env_str
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.APPROVAL)
 
 
-def _store() -> ApprovalStore:
-    table = boto3.resource("dynamodb").Table(env_str("TABLE_NAME"))
+def _store(environment: ApprovalsEnvironment) -> ApprovalStore:
+    table = boto3.resource("dynamodb").Table(environment.table_name)
     return ApprovalStore(table=table, sfn=boto3.client("stepfunctions"))
 
 
@@ -55,8 +55,9 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
 @metrics.flushed
 def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {gate, token, execution, run_name, summary}; the execution waits on the token."""
-    timeout_hours = env_int("APPROVAL_TIMEOUT_HOURS")
-    request_id = _store().create(
+    environment = RequestEnvironment.from_environ()
+    timeout_hours = environment.approval_timeout_hours
+    request_id = _store(environment).create(
         token=event["token"],
         gate=event["gate"],
         execution=event["execution"],
@@ -66,9 +67,9 @@ def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         timeout_hours=timeout_hours,
         now=now_utc(),
     )
-    subject, body = notification(request_id, event, env_str("DECISION_URL"), timeout_hours)
+    subject, body = notification(request_id, event, environment.decision_url, timeout_hours)
     boto3.client("sns").publish(
-        TopicArn=env_str("TOPIC_ARN"),
+        TopicArn=environment.topic_arn,
         Subject=subject,
         Message=body,
         MessageAttributes={"kind": {"DataType": "String", "StringValue": "approval"}},
@@ -86,7 +87,9 @@ def _region() -> str:
     return str(boto3.session.Session().region_name)
 
 
-def _caller(event: dict[str, Any], purpose: str, request: dict[str, Any]) -> tuple[str, Principal]:
+def _caller(
+    event: dict[str, Any], purpose: str, request: dict[str, Any], environment: DecideEnvironment
+) -> tuple[str, Principal]:
     """Who signed this call's identity proof (for exactly this request), and whether they approve here."""
     headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
     caller = identity.verify(
@@ -96,21 +99,21 @@ def _caller(event: dict[str, Any], purpose: str, request: dict[str, Any]) -> tup
         now=now_utc(),
     )
     principal = Principal.parse(caller)
-    if principal not in {Principal.parse(arn) for arn in env_json("APPROVERS")}:
+    if principal not in {Principal.parse(arn) for arn in environment.approvers}:
         raise IdentityError(403, f"{principal} is not an approver of this platform (settings: approvers)")
     return caller, principal
 
 
-def _list(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
+def _list(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvironment) -> dict[str, Any]:
     query = event.get("queryStringParameters") or {}
     asked = {"cursor": query.get("cursor") or "", "limit": query.get("limit") or str(PAGE_SIZE)}
-    _caller(event, "list", asked)
+    _caller(event, "list", asked, environment)
     if not asked["limit"].isdigit() or not 1 <= int(asked["limit"]) <= PAGE_SIZE:
         return _response(400, {"error": f"limit must be a whole number from 1 to {PAGE_SIZE}"})
     return _response(200, store.pending(cursor=asked["cursor"] or None, limit=int(asked["limit"])))
 
 
-def _decide(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
+def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvironment) -> dict[str, Any]:
     try:
         body = json.loads(event.get("body") or "{}")
     except json.JSONDecodeError:
@@ -118,12 +121,12 @@ def _decide(event: dict[str, Any], store: ApprovalStore) -> dict[str, Any]:
     if not isinstance(body, dict):
         return _response(400, {"error": "the body must be a JSON object: {request_id, decision, reason}"})
     asked = {key: str(body.get(key, "")) for key in ("request_id", "decision", "reason")}
-    caller, principal = _caller(event, "decide", asked)
+    caller, principal = _caller(event, "decide", asked, environment)
     result = store.decide(
         **asked,
         caller=caller,
         principal=str(principal),
-        forbid_self_approval=env_bool("FORBID_SELF_APPROVAL"),
+        forbid_self_approval=environment.forbid_self_approval,
         now=now_utc(),
     )
     logger.info("decision recorded", extra={k: result[k] for k in ("request_id", "gate", "decision", "by")})
@@ -141,12 +144,13 @@ def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     Every call carries an identity proof for what it asks (tools/approve.py builds it).
     """
     method = (event.get("requestContext") or {}).get("http", {}).get("method")
-    store = _store()
+    environment = DecideEnvironment.from_environ()
+    store = _store(environment)
     try:
         if method == "GET":
-            return _list(event, store)
+            return _list(event, store, environment)
         if method == "POST":
-            return _decide(event, store)
+            return _decide(event, store, environment)
         return _response(405, {"error": "use GET to list requests or POST to decide one"})
     except (IdentityError, DecisionError) as exc:
         logger.warning("request refused", extra={"status": exc.status, "error": str(exc)})
@@ -158,7 +162,7 @@ def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
 def report_pending(_event: Any, _context: Any) -> dict[str, Any]:
     """Scheduled: how many requests wait for a decision and how long the oldest has waited (0 when none)."""
     now = now_utc()
-    waiting = _store().open_requests(now=now)
+    waiting = _store(ApprovalsEnvironment.from_environ()).open_requests(now=now)
     oldest = max((now - datetime.fromisoformat(r["requested_at"]) for r in waiting), default=timedelta(0))
     metrics.record(Metric.APPROVALS_PENDING, len(waiting))
     metrics.record(Metric.OLDEST_PENDING_APPROVAL, oldest.total_seconds())

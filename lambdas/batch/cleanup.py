@@ -12,9 +12,9 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
+from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
-from lambdas.cleanup.handler import ended_execution, prune_checkpoints
-from lambdas.shared.env import env_str
+from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_checkpoints
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 
@@ -54,14 +54,14 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
-    bucket = env_str("CHECKPOINTS_BUCKET")
-    execution, run = ended_execution(event)
+    environment = BatchCleanupEnvironment.from_environ()
+    execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
     prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
         execution,
-        queue=env_str("JOB_QUEUE"),
+        queue=environment.job_queue,
         prefixes=prefixes,
-        bucket=bucket,
+        bucket=environment.checkpoints_bucket,
         batch=boto3.client("batch"),
         s3=boto3.client("s3"),
     )

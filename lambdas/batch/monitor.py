@@ -16,9 +16,9 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
-from lambdas.monitor.handler import latest_checkpoint, metrics, record_metrics
-from lambdas.shared.env import env_int, env_str
+from lambdas.batch.environment import BatchMonitorEnvironment
+from lambdas.execution_state import BatchPoll, JobCost, JobProgress
+from lambdas.monitor.handler import freshness, latest_checkpoint, metrics, record_metrics
 from training.batch_contract import result_key
 from training.layout import PREFLIGHT_FAILED, run_checkpoints, run_output, split_s3_uri
 
@@ -70,15 +70,16 @@ def job_cost(seconds: int | None, hourly_usd: float) -> JobCost | None:
 def summarize(
     describe: dict[str, Any],
     *,
-    previous: dict[str, Any],
     results: list[dict[str, Any]],
     checkpoint: dict[str, Any] | None,
     now: datetime,
     stale_minutes: int,
     hourly_usd: float,
     capacity_error: str | None = None,
-) -> dict[str, Any]:
-    """The poll's verdict from DescribeJobs and the final attempt's node results (empty while running)."""
+    stale_warned: bool = False,
+) -> JobProgress:
+    """The poll's verdict from DescribeJobs and the final attempt's node results (empty while running);
+    `stale_warned`: the previous poll warned of a stall."""
     status, secondary = _status(describe)
     if capacity_error:
         status, secondary = "Failed", "Failed"
@@ -100,32 +101,25 @@ def summarize(
         error, reason = "TrainingJobStopped", describe.get("statusReason", "")
     started = _ms(describe.get("startedAt"))
     since = datetime.fromisoformat(checkpoint["written_at"]) if checkpoint else started
-    age = round((now - since).total_seconds() / 60, 1) if since else None
-    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
     seconds = _seconds(describe)
     finished = status != "InProgress"
-    return {
-        "job_name": describe["jobName"],
-        "status": status,
-        "secondary_status": secondary,
-        "finished": finished,
-        "error": error,
-        "failure_reason": reason,
-        "retry_on_new_nodes": retry,
-        "interruptions": sum(
-            1 for a in describe.get("attempts", []) if a.get("statusReason", "").startswith(HOST_LOST)
-        ),
-        "checkpoint": checkpoint,
-        "checkpoint_age_minutes": age,
-        "stale": stale,
-        "warn_stale": stale and not previous.get("stale_warned"),
-        "stale_warned": stale,
-        "final_metrics": (main or {}).get("final_metrics", {}),
-        "billable_seconds": seconds,
-        "training_seconds": seconds,
-        "cost": job_cost(seconds, hourly_usd) if finished else None,
-        "model_artifacts": (main or {}).get("model_artifacts"),
-    }
+    return JobProgress(
+        job_name=describe["jobName"],
+        status=status,
+        secondary_status=secondary,
+        finished=finished,
+        error=error,
+        failure_reason=reason,
+        retry_on_new_nodes=retry,
+        interruptions=sum(1 for a in describe.get("attempts", []) if a.get("statusReason", "").startswith(HOST_LOST)),
+        checkpoint=checkpoint,
+        **freshness(since, status, secondary, now=now, stale_minutes=stale_minutes, stale_warned=stale_warned),
+        final_metrics=(main or {}).get("final_metrics", {}),
+        billable_seconds=seconds,
+        training_seconds=seconds,
+        cost=job_cost(seconds, hourly_usd) if finished else None,
+        model_artifacts=(main or {}).get("model_artifacts"),
+    )
 
 
 def node_results(s3: Any, output: str, attempt: int, nodes: int) -> list[dict[str, Any]]:
@@ -148,37 +142,52 @@ def capacity_wait_exceeded(describe: dict[str, Any], now: datetime, minutes: int
     return describe["status"] == "RUNNABLE" and created is not None and (now - created).total_seconds() > minutes * 60
 
 
-@logger.inject_lambda_context
-@metrics.flushed
-def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"request", "job": {"arn", "job_name"}, "previous", "hourly_usd"}."""
-    request = TrainingRequest.parse(event["request"])
-    batch, s3 = boto3.client("batch"), boto3.client("s3")
-    job_id = event["job"]["arn"].rsplit("/", 1)[1]
+def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvironment, now: datetime) -> JobProgress:
+    """DescribeJobs, the nodes' results once the job has ended, and the run's checkpoints, summarised.
+
+    A job that waited too long for its nodes is terminated here.
+    """
+    if event.job.arn is None:
+        raise ValueError(f"the submitted job {event.job.job_name} has no ARN to follow")
+    job_id = event.job.arn.rsplit("/", 1)[1]
     (describe,) = batch.describe_jobs(jobs=[job_id])["jobs"]
-    now = datetime.now(UTC)
     capacity_error = None
-    if capacity_wait_exceeded(describe, now, env_int("CAPACITY_WAIT_MINUTES")):
-        capacity_error = f"{CAPACITY_REASON}: the job waited {env_int('CAPACITY_WAIT_MINUTES')} minutes for its nodes"
+    wait = environment.capacity_wait_minutes
+    if capacity_wait_exceeded(describe, now, wait):
+        capacity_error = f"{CAPACITY_REASON}: the job waited {wait} minutes for its nodes"
         batch.terminate_job(jobId=job_id, reason=capacity_error)
     results: list[dict[str, Any]] = []
     if describe["status"] in ("SUCCEEDED", "FAILED"):
-        output = f"s3://{env_str('ARTIFACTS_BUCKET')}/{run_output(describe['jobName'])}"
+        output = f"s3://{environment.artifacts_bucket}/{run_output(describe['jobName'])}"
         attempts = max(1, len(describe.get("attempts", [])))
         results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
-    checkpoint = latest_checkpoint(s3, env_str("CHECKPOINTS_BUCKET"), run_checkpoints(request.job_name_base))
-    summary = summarize(
+    checkpoint = latest_checkpoint(s3, environment.checkpoints_bucket, run_checkpoints(event.request.job_name_base))
+    return summarize(
         describe,
-        previous=event["previous"],
         results=results,
         checkpoint=checkpoint,
         now=now,
-        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
-        hourly_usd=float(event["hourly_usd"]),
+        stale_minutes=environment.checkpoint_stale_minutes,
+        hourly_usd=event.hourly_usd,
         capacity_error=capacity_error,
+        stale_warned=event.previous.stale_warned,
+    )
+
+
+@logger.inject_lambda_context
+@metrics.flushed
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Event: a `BatchPoll` (the job: {"arn", "job_name"})."""
+    summary = poll(
+        BatchPoll.model_validate(event),
+        batch=boto3.client("batch"),
+        s3=boto3.client("s3"),
+        environment=BatchMonitorEnvironment.from_environ(),
+        now=datetime.now(UTC),
     )
     record_metrics(summary)
     logger.info(
-        "batch job polled", extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions")}
+        "batch job polled",
+        extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions"}),
     )
-    return JobProgress.model_validate(summary).model_dump(mode="json")
+    return summary.model_dump(mode="json")

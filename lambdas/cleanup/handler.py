@@ -10,14 +10,17 @@ Invoked two ways:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from botocore.exceptions import ClientError
+from pydantic import BaseModel, Field, TypeAdapter
 
+from lambdas.cleanup.environment import CleanupEnvironment
+from lambdas.execution_state import EndedRun
 from lambdas.monitor.handler import latest_checkpoint
-from lambdas.shared.env import env_str
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import checkpoint_step, run_checkpoints, run_of, split_s3_uri
 
@@ -100,21 +103,33 @@ def clean_up(
     return {"stopped": stopped, "pruned": pruned, "stopped_tuning_jobs": tuning_stopped}
 
 
-def ended_execution(event: dict[str, Any]) -> tuple[str, str | None]:
-    """(the execution, its run's job_name_base when the state machine says it) of a cleanup event.
+class ExecutionStatus(BaseModel):
+    executionArn: str  # noqa: N815 (EventBridge's name)
 
-    The state machine sends {"execution", "job_name_base"}; EventBridge an Execution Status Change.
-    """
-    if event.get("detail-type") == "Step Functions Execution Status Change":
-        return event["detail"]["executionArn"], None
-    return event["execution"], event["job_name_base"]
+
+class ExecutionEnded(EventBridgeModel):
+    """EventBridge's Step Functions Execution Status Change, as the ended-execution rule matches it."""
+
+    detail_type: Literal["Step Functions Execution Status Change"] = Field(alias="detail-type")
+    detail: ExecutionStatus
+
+
+CLEANUP_EVENT: TypeAdapter[EndedRun | ExecutionEnded] = TypeAdapter(EndedRun | ExecutionEnded)
+"""The state machine's `EndedRun`, or EventBridge's `ExecutionEnded`."""
+
+
+def ended_execution(event: EndedRun | ExecutionEnded) -> tuple[str, str | None]:
+    """(the execution, its run's job_name_base when the state machine says it) of a cleanup event."""
+    if isinstance(event, ExecutionEnded):
+        return event.detail.executionArn, None
+    return event.execution, event.job_name_base
 
 
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
-    bucket = env_str("CHECKPOINTS_BUCKET")
-    execution, run = ended_execution(event)
+    bucket = CleanupEnvironment.from_environ().checkpoints_bucket
+    execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
     prefixes = [(bucket, run_checkpoints(run))] if run is not None else []
     result = clean_up(
         execution, prefixes=prefixes, bucket=bucket, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3")

@@ -6,9 +6,9 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import CostEstimate, TrainingRequest
+from lambdas.estimate.environment import EstimateEnvironment
+from lambdas.execution_state import CostEstimate, EstimateEvent, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
-from lambdas.shared.env import env_float, env_json
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -16,45 +16,42 @@ metrics = StageMetrics(Stage.INTAKE)
 
 
 def estimate(
-    request: dict[str, Any],
+    request: TrainingRequest,
     *,
     threshold_usd: float,
     spot_fraction: tuple[float, float],
     price_overrides: dict[str, float],
-) -> dict[str, Any]:
+) -> CostEstimate:
     """Every group's count x hourly price, x max runtime (+ warm-pool keep-alive); spot as an estimated range.
 
     A tuning job is max_jobs such jobs, each at the single job's worst case, however many run at once.
     """
-    prices = {
-        group["instance_type"]: price_overrides.get(group["instance_type"]) for group in request["instance_groups"]
-    }
+    prices = {group.instance_type: price_overrides.get(group.instance_type) for group in request.instance_groups}
     cluster_hourly = sum(
-        group["instance_count"]
-        * (prices[group["instance_type"]] or instance_type(group["instance_type"]).price_per_hour)
-        for group in request["instance_groups"]
+        group.instance_count * (prices[group.instance_type] or instance_type(group.instance_type).price_per_hour)
+        for group in request.instance_groups
     )
     overridden = [name for name, price in prices.items() if price is not None]
-    runtime_hours = request["stopping_condition"]["MaxRuntimeInSeconds"] / 3600
-    keep_alive_hours = request["keep_alive_seconds"] / 3600
-    tuning = request.get("tuning")
-    jobs = tuning["max_jobs"] if tuning else 1
+    runtime_hours = request.stopping_condition["MaxRuntimeInSeconds"] / 3600
+    keep_alive_hours = request.keep_alive_seconds / 3600
+    tuning = request.tuning
+    jobs = tuning.max_jobs if tuning else 1
     on_demand = jobs * cluster_hourly * (runtime_hours + keep_alive_hours)
-    spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request["spot"] else None
+    spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request.spot else None
     # Approval is decided on the worst case the run can cost. For spot that is the on-demand price too:
     # the spot price can rise to it, so the expected range is shown but never approved on.
     max_cost = on_demand
-    return {
-        "hourly_usd": round(cluster_hourly, 4),
-        "on_demand_usd": round(on_demand, 2),
-        "spot_usd": spot,
-        "max_cost_usd": round(max_cost, 2),
-        "threshold_usd": threshold_usd,
-        "approval_required": max_cost > threshold_usd,
-        "price_source": _price_source(overridden, len(prices)),
-        "training_jobs": jobs,
-        "parallel_jobs": tuning["max_parallel_jobs"] if tuning else 1,
-    }
+    return CostEstimate(
+        hourly_usd=round(cluster_hourly, 4),
+        on_demand_usd=round(on_demand, 2),
+        spot_usd=spot,
+        max_cost_usd=round(max_cost, 2),
+        threshold_usd=threshold_usd,
+        approval_required=max_cost > threshold_usd,
+        price_source=_price_source(overridden, len(prices)),
+        training_jobs=jobs,
+        parallel_jobs=tuning.max_parallel_jobs if tuning else 1,
+    )
 
 
 def _price_source(overridden: list[str], types: int) -> str:
@@ -69,14 +66,13 @@ def _price_source(overridden: list[str], types: int) -> str:
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    low, high = env_json("SPOT_COST_FRACTION")
-    request = TrainingRequest.parse(event["request"]).model_dump(mode="json")
+    environment = EstimateEnvironment.from_environ()
     result = estimate(
-        request,
-        threshold_usd=env_float("APPROVAL_THRESHOLD_USD"),
-        spot_fraction=(float(low), float(high)),
-        price_overrides={k: float(v) for k, v in env_json("PRICE_OVERRIDES").items()},
+        EstimateEvent.model_validate(event).request,
+        threshold_usd=environment.approval_threshold_usd,
+        spot_fraction=environment.spot_cost_fraction,
+        price_overrides=environment.price_overrides,
     )
-    logger.info("cost estimated", extra=result)
-    metrics.record(Metric.ESTIMATED_MAX_COST, result["max_cost_usd"])
-    return CostEstimate.model_validate(result).model_dump(mode="json")
+    logger.info("cost estimated", extra=result.model_dump(mode="json"))
+    metrics.record(Metric.ESTIMATED_MAX_COST, result.max_cost_usd)
+    return result.model_dump(mode="json")

@@ -14,8 +14,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import JobCost, JobProgress, TrainingRequest
-from lambdas.shared.env import env_int, env_str
+from lambdas.execution_state import JobCost, JobProgress, SageMakerPoll
+from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints
 
@@ -93,89 +93,108 @@ def job_cost(describe: dict[str, Any], hourly_usd: float) -> JobCost | None:
     )
 
 
+def freshness(
+    since: datetime | None, status: str, secondary: str, *, now: datetime, stale_minutes: int, stale_warned: bool
+) -> dict[str, Any]:
+    """A poll's checkpoint_age_minutes, stale, warn_stale and stale_warned (JobProgress's fields).
+
+    `since`: the newest complete checkpoint's time, or training's start if none yet.
+    """
+    age = round((now - since).total_seconds() / 60, 1) if since else None
+    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
+    # Warn once per stall; a fresh checkpoint re-arms the warning.
+    return {
+        "checkpoint_age_minutes": age,
+        "stale": stale,
+        "warn_stale": stale and not stale_warned,
+        "stale_warned": stale,
+    }
+
+
 def summarize(
-    job: dict[str, Any],
+    describe: dict[str, Any],
     *,
     checkpoint: dict[str, Any] | None,
     now: datetime,
     stale_minutes: int,
     hourly_usd: float,
-) -> dict[str, Any]:
-    """The poll's verdict; `job` is the previous summary plus this poll's DescribeTrainingJob as `describe`."""
-    describe = job["describe"]
+    stale_warned: bool = False,
+) -> JobProgress:
+    """The poll's verdict from DescribeTrainingJob; `stale_warned`: the previous poll warned of a stall."""
     status = describe["TrainingJobStatus"]
     secondary = describe.get("SecondaryStatus", "")
     reason = describe.get("FailureReason", "")
     cause = retry_cause(status, reason)
     interruptions = sum(1 for t in describe.get("SecondaryStatusTransitions", []) if t.get("Status") == "Interrupted")
 
-    # Freshness: time since the newest complete checkpoint, or since training started if none yet.
     since = _time(checkpoint["written_at"]) if checkpoint else _time(describe.get("TrainingStartTime"))
-    age = round((now - since).total_seconds() / 60, 1) if since else None
-    stale = status == "InProgress" and secondary == "Training" and age is not None and age > stale_minutes
-    warned_before = bool(job.get("stale_warned"))
     error = _error(status, secondary, cause)
-    return {
-        "job_name": describe["TrainingJobName"],
-        "status": status,
-        "secondary_status": secondary,
-        "finished": status in ("Completed", "Failed", "Stopped"),
-        "error": error,
-        "failure_reason": reason or (f"{describe['TrainingJobName']} ended {status} ({secondary})" if error else ""),
-        "retry_on_new_nodes": cause is not None,
-        "interruptions": interruptions,
-        "checkpoint": checkpoint,
-        "checkpoint_age_minutes": age,
-        "stale": stale,
-        # Warn once per stall; a fresh checkpoint re-arms the warning.
-        "warn_stale": stale and not warned_before,
-        "stale_warned": stale,
-        "final_metrics": {m["MetricName"]: m["Value"] for m in describe.get("FinalMetricDataList", [])},
-        "billable_seconds": describe.get("BillableTimeInSeconds"),
-        "training_seconds": describe.get("TrainingTimeInSeconds"),
-        "cost": job_cost(describe, hourly_usd) if status in ("Completed", "Failed", "Stopped") else None,
-        "model_artifacts": describe.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
-    }
+    finished = status in ("Completed", "Failed", "Stopped")
+    return JobProgress(
+        job_name=describe["TrainingJobName"],
+        status=status,
+        secondary_status=secondary,
+        finished=finished,
+        error=error,
+        failure_reason=reason or (f"{describe['TrainingJobName']} ended {status} ({secondary})" if error else ""),
+        retry_on_new_nodes=cause is not None,
+        interruptions=interruptions,
+        checkpoint=checkpoint,
+        **freshness(since, status, secondary, now=now, stale_minutes=stale_minutes, stale_warned=stale_warned),
+        final_metrics={m["MetricName"]: m["Value"] for m in describe.get("FinalMetricDataList", [])},
+        billable_seconds=describe.get("BillableTimeInSeconds"),
+        training_seconds=describe.get("TrainingTimeInSeconds"),
+        cost=job_cost(describe, hourly_usd) if finished else None,
+        model_artifacts=describe.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
+    )
 
 
-def record_metrics(summary: dict[str, Any]) -> None:
+def record_metrics(summary: JobProgress) -> None:
     """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once."""
-    if summary["status"] == "InProgress" and summary["checkpoint_age_minutes"] is not None:
-        metrics.record(Metric.CHECKPOINT_AGE, summary["checkpoint_age_minutes"] * 60)
-    if not summary["finished"]:
+    if summary.status == "InProgress" and summary.checkpoint_age_minutes is not None:
+        metrics.record(Metric.CHECKPOINT_AGE, summary.checkpoint_age_minutes * 60)
+    if not summary.finished:
         return
-    metrics.record(Metric.JOBS_COMPLETED if summary["status"] == "Completed" else Metric.JOBS_FAILED)
-    metrics.record(Metric.SPOT_INTERRUPTIONS, summary["interruptions"])
-    if summary["training_seconds"] is not None:
-        metrics.record(Metric.JOB_DURATION, summary["training_seconds"])
-    if summary["cost"] is not None:
-        metrics.record(Metric.TRAINING_COST, summary["cost"].actual_usd)
-        metrics.record(Metric.SPOT_SAVINGS, summary["cost"].spot_savings_usd)
+    metrics.record(Metric.JOBS_COMPLETED if summary.status == "Completed" else Metric.JOBS_FAILED)
+    metrics.record(Metric.SPOT_INTERRUPTIONS, summary.interruptions)
+    if summary.training_seconds is not None:
+        metrics.record(Metric.JOB_DURATION, summary.training_seconds)
+    if summary.cost is not None:
+        metrics.record(Metric.TRAINING_COST, summary.cost.actual_usd)
+        metrics.record(Metric.SPOT_SAVINGS, summary.cost.spot_savings_usd)
+
+
+def poll(
+    event: SageMakerPoll, *, sagemaker: Any, s3: Any, environment: MonitorEnvironment, now: datetime
+) -> JobProgress:
+    """DescribeTrainingJob and the run's checkpoints, summarised."""
+    described = sagemaker.describe_training_job(TrainingJobName=event.job_name)
+    checkpoint = latest_checkpoint(s3, environment.checkpoints_bucket, run_checkpoints(event.request.job_name_base))
+    return summarize(
+        described,
+        checkpoint=checkpoint,
+        now=now,
+        stale_minutes=environment.checkpoint_stale_minutes,
+        hourly_usd=event.hourly_usd,
+        stale_warned=event.previous.stale_warned,
+    )
 
 
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"request", "job_name", "previous": the previous poll's summary, "hourly_usd": the estimate's}.
-
-    One poll: DescribeTrainingJob and the run's checkpoints, summarised (one state per poll keeps
-    the execution's history short).
-    """
-    request = TrainingRequest.parse(event["request"])
-    described = boto3.client("sagemaker").describe_training_job(TrainingJobName=event["job_name"])
-    bucket = env_str("CHECKPOINTS_BUCKET")
-    prefix = run_checkpoints(request.job_name_base)
-    checkpoint = latest_checkpoint(boto3.client("s3"), bucket, prefix)
-    summary = summarize(
-        {**event["previous"], "describe": described},
-        checkpoint=checkpoint,
+    """Event: a `SageMakerPoll`. One poll: DescribeTrainingJob and the run's checkpoints, summarised
+    (one state per poll keeps the execution's history short)."""
+    summary = poll(
+        SageMakerPoll.model_validate(event),
+        sagemaker=boto3.client("sagemaker"),
+        s3=boto3.client("s3"),
+        environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
-        stale_minutes=env_int("CHECKPOINT_STALE_MINUTES"),
-        hourly_usd=float(event["hourly_usd"]),
     )
     record_metrics(summary)
     logger.info(
         "training job polled",
-        extra={k: summary[k] for k in ("job_name", "status", "secondary_status", "interruptions", "stale")},
+        extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions", "stale"}),
     )
-    return JobProgress.model_validate(summary).model_dump(mode="json")
+    return summary.model_dump(mode="json")

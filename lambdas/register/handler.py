@@ -15,8 +15,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import CostEstimate, Evaluation, JobProgress, Registration, TrainingRequest
-from lambdas.shared.env import env_str
+from lambdas.execution_state import RegisterEvent, Registration
+from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import run_lineage, split_s3_uri
 
@@ -55,133 +55,124 @@ class Destination:
 
 
 def _lineage(
-    event: dict[str, Any], versions: list[dict[str, str]], manifest: str, versions_uri: str, where: Destination
+    event: RegisterEvent, versions: list[dict[str, str]], manifest: str, versions_uri: str, where: Destination
 ) -> dict[str, Any]:
     """The lineage record: what was trained, on what, with what, and what it cost."""
-    request, job, estimate = event["request"], event["job"], event["estimate"]
-    cost = job.get("cost") or {}
-    tuning = job.get("tuning")
+    request, job = event.request, event.job
     lineage = {
-        "run_name": request["run_name"],
-        "execution": event["execution"],
-        "training_job": job["job_name"],
+        "run_name": request.run_name,
+        "execution": event.execution,
+        "training_job": job.job_name,
         "dataset": {
-            "uri": request["dataset"]["uri"],
-            "s3_uri": request["dataset"]["s3_uri"],
+            "uri": request.dataset.uri,
+            "s3_uri": request.dataset.s3_uri,
             "objects": len(versions),
             "versions_sha256": hashlib.sha256(manifest.encode()).hexdigest(),
             "versions_uri": versions_uri,
         },
         "image": where.image_uri,
         "platform_revision": where.revision,
-        "hyperparameters": request["hyperparameters"],
+        "hyperparameters": request.hyperparameters,
         "cluster": {
-            "instance_type": request["instance_type"],
-            "instance_count": request["instance_count"],
+            "instance_type": request.instance_type,
+            "instance_count": request.instance_count,
             "groups": [
-                {k: group[k] for k in ("name", "instance_type", "instance_count", "role")}
-                for group in request["instance_groups"]
+                group.model_dump(include={"name", "instance_type", "instance_count", "role"})
+                for group in request.instance_groups
             ],
-            "spot": request["spot"],
-            "interruptions": job.get("interruptions", 0),
+            "spot": request.spot,
+            "interruptions": job.interruptions,
         },
-        "checkpoints": job.get("checkpoint"),
-        "model_artifacts": job["model_artifacts"],
-        "metrics": job["final_metrics"],
-        "evaluation": event["evaluation"]["reason"],
+        "checkpoints": job.checkpoint,
+        "model_artifacts": job.model_artifacts,
+        "metrics": job.final_metrics,
+        "evaluation": event.evaluation.reason,
         "cost": {
-            "estimate_usd": estimate["max_cost_usd"],
-            "billable_seconds": job.get("billable_seconds"),
-            "training_seconds": job.get("training_seconds"),
+            "estimate_usd": event.estimate.max_cost_usd,
+            "billable_seconds": job.billable_seconds,
+            "training_seconds": job.training_seconds,
             # At list price: billable seconds already net out spot savings (lambdas/monitor/handler.py job_cost).
-            "actual_usd": cost.get("actual_usd"),
-            "on_demand_usd": cost.get("on_demand_usd"),
-            "spot_savings_usd": cost.get("spot_savings_usd"),
+            "actual_usd": job.cost.actual_usd if job.cost else None,
+            "on_demand_usd": job.cost.on_demand_usd if job.cost else None,
+            "spot_savings_usd": job.cost.spot_savings_usd if job.cost else None,
         },
     }
-    if tuning is not None:
+    if job.tuning is not None:
         # The best trial of a tuning job: which tuning job and trial, what it tuned, how it scored.
-        lineage["tuning"] = tuning
-        lineage["hyperparameters"] = {**request["hyperparameters"], **tuning["hyperparameters"]}
+        lineage["tuning"] = job.tuning.model_dump(mode="json")
+        lineage["hyperparameters"] = {**request.hyperparameters, **job.tuning.hyperparameters}
     return lineage
 
 
 def _create_package(
-    sagemaker: Any, event: dict[str, Any], lineage: dict[str, Any], uris: dict[str, str], where: Destination
+    sagemaker: Any, event: RegisterEvent, lineage: dict[str, Any], uris: dict[str, str], where: Destination
 ) -> str:
     """A model package pending approval that points at the lineage and carries its summary."""
-    request, job = event["request"], event["job"]
+    request, job = event.request, event.job
     package = sagemaker.create_model_package(
         ModelPackageGroupName=where.group,
-        ModelPackageDescription=f"{request['run_name']}: {event['evaluation']['reason']}"[:1000],
+        ModelPackageDescription=f"{request.run_name}: {event.evaluation.reason}"[:1000],
         ModelApprovalStatus="PendingManualApproval",
-        ClientToken=job["job_name"],  # a retried registration returns the same package
+        ClientToken=job.job_name,  # a retried registration returns the same package
         InferenceSpecification={
-            "Containers": [{"Image": where.image_uri, "ModelDataUrl": job["model_artifacts"]}],
+            "Containers": [{"Image": where.image_uri, "ModelDataUrl": job.model_artifacts}],
             "SupportedContentTypes": ["application/json"],
             "SupportedResponseMIMETypes": ["application/json"],
         },
         ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": uris["metrics"]}}},
         MetadataProperties={
             "CommitId": where.revision,
-            "GeneratedBy": event["execution"],
-            "ProjectId": request["run_name"],
+            "GeneratedBy": event.execution,
+            "ProjectId": request.run_name,
         },
         CustomerMetadataProperties={
             "lineage": uris["lineage"],
-            "training_job": job["job_name"],
-            "dataset": _clip(request["dataset"]["uri"]),
+            "training_job": job.job_name,
+            "dataset": _clip(request.dataset.uri),
             "dataset_versions_sha256": lineage["dataset"]["versions_sha256"],
             "image": _clip(where.image_uri),
             "platform_revision": where.revision,
-            "checkpoints": _clip((job.get("checkpoint") or {}).get("uri", "none")),
+            "checkpoints": _clip((job.checkpoint or {}).get("uri", "none")),
             "hyperparameters": _clip(lineage["hyperparameters"]),
-            "metrics": _clip(job["final_metrics"]),
-            "cost_estimate_usd": str(event["estimate"]["max_cost_usd"]),
+            "metrics": _clip(job.final_metrics),
+            "cost_estimate_usd": str(event.estimate.max_cost_usd),
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
             "spot_savings_usd": str(lineage["cost"]["spot_savings_usd"]),
-            **({"tuning_job": job["tuning"]["tuning_job"]} if job.get("tuning") else {}),
+            **({"tuning_job": job.tuning.tuning_job} if job.tuning else {}),
         },
-        Tags=request["tags"],
+        Tags=[tag.model_dump() for tag in request.tags],
     )
     return str(package["ModelPackageArn"])
 
 
-def register(event: dict[str, Any], *, s3: Any, sagemaker: Any, where: Destination) -> dict[str, Any]:
+def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destination) -> Registration:
     """Write the dataset versions, the lineage and the metrics; register the model pending approval."""
-    prefix = run_lineage(event["request"]["job_name_base"])
-    versions = dataset_versions(s3, event["request"]["dataset"]["s3_uri"])
+    prefix = run_lineage(event.request.job_name_base)
+    versions = dataset_versions(s3, event.request.dataset.s3_uri)
     manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
     bucket = where.artifacts_bucket
     s3.put_object(Bucket=bucket, Key=f"{prefix}dataset-versions.jsonl", Body=manifest.encode())
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
     s3.put_object(Bucket=bucket, Key=f"{prefix}lineage.json", Body=json.dumps(lineage, indent=2, sort_keys=True))
-    s3.put_object(
-        Bucket=bucket, Key=f"{prefix}metrics.json", Body=json.dumps(event["job"]["final_metrics"], sort_keys=True)
-    )
+    s3.put_object(Bucket=bucket, Key=f"{prefix}metrics.json", Body=json.dumps(event.job.final_metrics, sort_keys=True))
     uris = {"lineage": f"s3://{bucket}/{prefix}lineage.json", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})
-    return {"model_package_arn": package, "lineage_uri": uris["lineage"]}
+    return Registration(model_package_arn=package, lineage_uri=uris["lineage"])
 
 
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {request, job, estimate, evaluation, execution}, each as the contract defines it."""
-    parsed = {
-        **event,
-        "request": TrainingRequest.parse(event["request"]).model_dump(mode="json"),
-        "job": JobProgress.model_validate(event["job"]).model_dump(mode="json"),
-        "estimate": CostEstimate.model_validate(event["estimate"]).model_dump(mode="json"),
-        "evaluation": Evaluation.model_validate(event["evaluation"]).model_dump(mode="json"),
-    }
+    """Event: a `RegisterEvent`: the request, the finished job, its estimate and evaluation, the execution."""
+    parsed = RegisterEvent.model_validate(event)
+    environment = RegisterEnvironment.from_environ()
     where = Destination(
-        artifacts_bucket=env_str("ARTIFACTS_BUCKET"),
-        group=env_str("MODEL_PACKAGE_GROUP"),
-        image_uri=env_str("IMAGE_URI"),
-        revision=env_str("PLATFORM_REVISION"),
+        artifacts_bucket=environment.artifacts_bucket,
+        group=environment.model_package_group,
+        image_uri=environment.image_uri,
+        revision=environment.platform_revision,
     )
     result = register(parsed, s3=boto3.client("s3"), sagemaker=boto3.client("sagemaker"), where=where)
     metrics.record(Metric.MODELS_REGISTERED)
-    return Registration.model_validate(result).model_dump(mode="json")
+    return result.model_dump(mode="json")

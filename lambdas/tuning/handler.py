@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import JobCost, JobProgress, TrainingRequest, TunedTrial
+from lambdas.execution_state import JobCost, JobProgress, Poll, TunedTrial
 from lambdas.monitor.handler import job_cost, record_metrics, summarize
 from lambdas.shared.metrics import Stage, StageMetrics
 
@@ -31,28 +31,28 @@ def _counters(described: dict[str, Any]) -> tuple[int, int]:
     return int(counters.get("Completed", 0)), sum(int(v) for v in counters.values())
 
 
-def _progress(name: str, status: str, *, error: str | None, reason: str) -> dict[str, Any]:
+def _progress(name: str, status: str, *, error: str | None, reason: str) -> JobProgress:
     """A JobProgress of the tuning job itself (no trial to report yet, or none to report)."""
-    return {
-        "job_name": name,
-        "status": status,
-        "secondary_status": status,
-        "finished": status in _ENDED,
-        "error": error,
-        "failure_reason": reason,
-        "retry_on_new_nodes": False,
-        "interruptions": 0,
-        "checkpoint": None,
-        "checkpoint_age_minutes": None,
-        "stale": False,
-        "warn_stale": False,
-        "stale_warned": False,
-        "final_metrics": {},
-        "billable_seconds": None,
-        "training_seconds": None,
-        "cost": None,
-        "model_artifacts": None,
-    }
+    return JobProgress(
+        job_name=name,
+        status=status,
+        secondary_status=status,
+        finished=status in _ENDED,
+        error=error,
+        failure_reason=reason,
+        retry_on_new_nodes=False,
+        interruptions=0,
+        checkpoint=None,
+        checkpoint_age_minutes=None,
+        stale=False,
+        warn_stale=False,
+        stale_warned=False,
+        final_metrics={},
+        billable_seconds=None,
+        training_seconds=None,
+        cost=None,
+        model_artifacts=None,
+    )
 
 
 def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, A
     }
 
 
-def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict[str, Any]:
+def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> JobProgress:
     """Describe the tuning job; once it has ended, describe and summarise its best training job."""
     described = sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
     status = described["HyperParameterTuningJobStatus"]
@@ -101,12 +101,11 @@ def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict
         error = "TuningJobStopped" if status == "Stopped" else "TuningJobFailed"
         return _progress(name, "Stopped" if status == "Stopped" else "Failed", error=error, reason=reason)
     trial = sagemaker.describe_training_job(TrainingJobName=best["TrainingJobName"])
-    summary = summarize({"describe": trial}, checkpoint=None, now=now, stale_minutes=10**6, hourly_usd=hourly_usd)
+    summary = summarize(trial, checkpoint=None, now=now, stale_minutes=10**6, hourly_usd=hourly_usd)
     objective = best.get("FinalHyperParameterTuningJobObjectiveMetric", {})
     config = described["HyperParameterTuningJobConfig"]["HyperParameterTuningJobObjective"]
-    best_cost = summary["cost"]
     total = trials_total(sagemaker, name, hourly_usd=hourly_usd)
-    summary["tuning"] = TunedTrial(
+    tuning = TunedTrial(
         tuning_job=name,
         best_training_job=best["TrainingJobName"],
         hyperparameters=dict(best.get("TunedHyperParameters", {})),
@@ -116,23 +115,22 @@ def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> dict
         trials_completed=completed,
         trials_launched=launched,
         trials_billed=total.pop("trials_billed"),
-        best_trial_cost=best_cost,
+        best_trial_cost=summary.cost,
     )
-    summary.update(total)
-    return summary
+    return summary.model_copy(update={"tuning": tuning, **total})
 
 
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"request", "previous", "hourly_usd"}; the tuning job is the request's."""
-    request = TrainingRequest.parse(event["request"])
-    if request.tuning is None:
+    """Event: a `Poll`; the tuning job is the request's."""
+    parsed = Poll.model_validate(event)
+    if parsed.request.tuning is None:
         raise ValueError("the request has no tuning job to poll")
     summary = poll(
-        boto3.client("sagemaker"), request.tuning.job_name, hourly_usd=float(event["hourly_usd"]), now=datetime.now(UTC)
+        boto3.client("sagemaker"), parsed.request.tuning.job_name, hourly_usd=parsed.hourly_usd, now=datetime.now(UTC)
     )
-    if summary.get("tuning") is not None:
+    if summary.tuning is not None:
         record_metrics(summary)
-    logger.info("tuning job polled", extra={k: summary[k] for k in ("job_name", "status", "error")})
-    return JobProgress.model_validate(summary).model_dump(mode="json")
+    logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))
+    return summary.model_dump(mode="json")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aws_cdk import Duration
@@ -18,6 +17,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
@@ -58,11 +58,9 @@ class ApprovalGate(Construct):
             handler="lambdas.approvals.handler.decide",
             description="Records an approver's decision and resumes the waiting execution",
             log_key=key,
-            environment={
-                "TABLE_NAME": table.table_name,
-                "APPROVERS": json.dumps(sorted(approvers)),
-                "FORBID_SELF_APPROVAL": str(forbid_self_approval).lower(),
-            },
+            environment=DecideEnvironment(
+                table_name=table.table_name, approvers=sorted(approvers), forbid_self_approval=forbid_self_approval
+            ).variables(),
             **placement,
         )
         self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
@@ -74,12 +72,12 @@ class ApprovalGate(Construct):
             handler="lambdas.approvals.handler.request",
             description="Stores an approval request with its task token and notifies approvers",
             log_key=key,
-            environment={
-                "TABLE_NAME": table.table_name,
-                "TOPIC_ARN": topic.topic_arn,
-                "DECISION_URL": self.url.url,
-                "APPROVAL_TIMEOUT_HOURS": str(int(timeout.to_hours())),
-            },
+            environment=RequestEnvironment(
+                table_name=table.table_name,
+                topic_arn=topic.topic_arn,
+                decision_url=self.url.url,
+                approval_timeout_hours=int(timeout.to_hours()),
+            ).variables(),
             **placement,
         )
         self.pending = self._pending_gauge(table_name=table.table_name, key=key, placement=placement)
@@ -115,7 +113,7 @@ class ApprovalGate(Construct):
             handler="lambdas.approvals.handler.report_pending",
             description="Counts approval requests waiting for a decision, for the dashboard",
             log_key=key,
-            environment={"TABLE_NAME": table_name},
+            environment=ApprovalsEnvironment(table_name=table_name).variables(),
             reserved_concurrency=1,
             no_dead_letters_reason=(
                 "A scheduled gauge: a failed run loses one five-minute datapoint, which the next run replaces; "

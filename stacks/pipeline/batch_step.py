@@ -21,6 +21,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from lambdas.shared.catalog import instance_type
 from lambdas.validate.request import EXECUTION_TAG
@@ -129,12 +130,12 @@ class BatchTraining(Construct):
             "PollBatchJob",
             "lambdas.batch.monitor.handler",
             "Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
-            {
-                "CHECKPOINTS_BUCKET": context.checkpoints.bucket_name,
-                "ARTIFACTS_BUCKET": context.artifacts.bucket_name,
-                "CHECKPOINT_STALE_MINUTES": str(context.pipeline.checkpoint_stale_minutes),
-                "CAPACITY_WAIT_MINUTES": str(CAPACITY_WAIT_MINUTES),
-            },
+            BatchMonitorEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
+                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+                capacity_wait_minutes=CAPACITY_WAIT_MINUTES,
+            ).variables(),
         )
         monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
         monitor.function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunOutputs"))
@@ -167,7 +168,9 @@ class BatchTraining(Construct):
             "StopBatchJobs",
             handler="lambdas.batch.cleanup.handler",
             description="Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
-            environment={"JOB_QUEUE": self.cluster.queue.job_queue_arn},
+            environment=BatchCleanupEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name, job_queue=self.cluster.queue.job_queue_arn
+            ),
             dead_letters="StopBatchJobsDeadLetters",
         )
         self.cluster.grant_follow(cleanup.role)

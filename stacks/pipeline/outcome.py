@@ -14,6 +14,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
+from lambdas.register.environment import RegisterEnvironment
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
 from stacks.pipeline.approvals import Approvals, decided
@@ -70,12 +71,12 @@ class Registration(Construct):
             "Register",
             "lambdas.register.handler.handler",
             "Registers the trained model with its lineage",
-            {
-                "ARTIFACTS_BUCKET": context.artifacts.bucket_name,
-                "MODEL_PACKAGE_GROUP": group,
-                "IMAGE_URI": context.image.image_uri,
-                "PLATFORM_REVISION": context.revision,
-            },
+            RegisterEnvironment(
+                artifacts_bucket=context.artifacts.bucket_name,
+                model_package_group=group,
+                image_uri=context.image.image_uri,
+                platform_revision=context.revision,
+            ).variables(),
             timeout=Duration.minutes(5),
         )
         lineage = f"{context.artifacts.bucket_arn}/{ANY_LINEAGE}"

@@ -34,6 +34,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.tasks import invoke
@@ -249,12 +250,13 @@ def cleanup_function(
     *,
     handler: str,
     description: str,
-    environment: dict[str, str],
+    environment: CleanupEnvironment,
     dead_letters: str,
 ) -> tuple[PlatformFunction, sqs.Queue, str]:
     """A backend's cleanup handler, its dead-letter queue and the pattern of the checkpoints it may prune.
 
-    The backend grants it what stopping its jobs takes, and acknowledges the wildcards.
+    `environment` names the checkpoints bucket it prunes. The backend grants it what stopping its jobs
+    takes, and acknowledges the wildcards.
     """
     # EventBridge invokes the cleanup asynchronously: what fails there for good is kept here.
     queue = sqs.Queue(
@@ -269,7 +271,7 @@ def cleanup_function(
         name,
         handler,
         description,
-        {"CHECKPOINTS_BUCKET": context.checkpoints.bucket_name, **environment},
+        environment.variables(),
         timeout=Duration.minutes(5),
         dead_letter_queue=queue,
     )

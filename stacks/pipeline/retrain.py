@@ -10,7 +10,6 @@ the sweep's role as `requested_by`, and `pipeline.forbid_self_approval` holds fo
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -24,6 +23,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.pipeline.context import PipelineContext
 from stacks.settings import PlatformSettings, SettingsError
@@ -71,11 +71,11 @@ class RetrainTriggers(Construct):
             "RetrainRecord",
             "lambdas.retrain.handler.record_handler",
             "Notes new objects under the datasets bucket's registered retrain prefixes",
-            {
-                "TABLE_NAME": table.table_name,
-                "DATASETS_BUCKET": context.datasets.bucket_name,
-                "RETRAIN_TRIGGERS": json.dumps([{"name": t["name"], "prefix": t["prefix"]} for t in triggers]),
-            },
+            RecordEnvironment(
+                table_name=table.table_name,
+                datasets_bucket=context.datasets.bucket_name,
+                retrain_triggers=[{"name": t["name"], "prefix": t["prefix"]} for t in triggers],
+            ).variables(),
             dead_letter_queue=self.dead_letter_queue,
         )
 
@@ -93,12 +93,12 @@ class RetrainTriggers(Construct):
             handler="lambdas.retrain.handler.sweep_handler",
             description="Starts one pipeline run per retrain trigger whose new data has been quiet long enough",
             log_key=context.key,
-            environment={
-                "TABLE_NAME": table.table_name,
-                "DATASETS_BUCKET": context.datasets.bucket_name,
-                "STATE_MACHINE_ARN": state_machine.state_machine_arn,
-                "RETRAIN_TRIGGERS": json.dumps(triggers),
-            },
+            environment=SweepEnvironment(
+                table_name=table.table_name,
+                datasets_bucket=context.datasets.bucket_name,
+                state_machine_arn=state_machine.state_machine_arn,
+                retrain_triggers=triggers,
+            ).variables(),
             reserved_concurrency=1,
             no_dead_letters_reason=(
                 "A schedule: the next sweep, five minutes later, finds the same open window and starts its run "

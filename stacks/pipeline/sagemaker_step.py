@@ -13,7 +13,9 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
+from lambdas.monitor.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
@@ -77,10 +79,10 @@ class SageMakerTraining(Construct):
             "Monitor",
             "lambdas.monitor.handler.handler",
             "Summarises a running job: status, spot interruptions, checkpoint freshness",
-            {
-                "CHECKPOINTS_BUCKET": context.checkpoints.bucket_name,
-                "CHECKPOINT_STALE_MINUTES": str(context.pipeline.checkpoint_stale_minutes),
-            },
+            MonitorEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+            ).variables(),
         )
         # It lists checkpoint manifests (key names and dates); it never reads an object.
         monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
@@ -100,7 +102,7 @@ class SageMakerTraining(Construct):
             "Cleanup",
             handler="lambdas.cleanup.handler.handler",
             description="Stops a run's training jobs and prunes its checkpoints when the run ends",
-            environment={},
+            environment=CleanupEnvironment(checkpoints_bucket=context.checkpoints.bucket_name),
             dead_letters="CleanupDeadLetters",
         )
         self.job.grant_stop(cleanup.role)

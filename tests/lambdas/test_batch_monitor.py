@@ -20,10 +20,9 @@ def _job(status: str, **extra: Any) -> dict[str, Any]:
     return {"jobName": "run-abc-1", "status": status, "nodeProperties": {"numNodes": 2, "mainNode": 0}, **extra}
 
 
-def _summary(describe: dict[str, Any], results: list[dict[str, Any]] | None = None, **kwargs: Any) -> dict[str, Any]:
+def _summary(describe: dict[str, Any], results: list[dict[str, Any]] | None = None, **kwargs: Any) -> JobProgress:
     summary = summarize(
         describe,
-        previous={"stale_warned": False},
         results=results or [],
         checkpoint=None,
         now=NOW,
@@ -37,8 +36,8 @@ def _summary(describe: dict[str, Any], results: list[dict[str, Any]] | None = No
 
 def test_a_running_job_is_in_progress_and_training() -> None:
     summary = _summary(_job("RUNNING", startedAt=_ms(5)))
-    assert (summary["status"], summary["secondary_status"], summary["finished"]) == ("InProgress", "Training", False)
-    assert _summary(_job("RUNNABLE"))["secondary_status"] == "Starting"
+    assert (summary.status, summary.secondary_status, summary.finished) == ("InProgress", "Training", False)
+    assert _summary(_job("RUNNABLE")).secondary_status == "Starting"
 
 
 def test_a_succeeded_job_reports_the_main_nodes_metrics_model_and_on_demand_cost() -> None:
@@ -51,37 +50,37 @@ def test_a_succeeded_job_reports_the_main_nodes_metrics_model_and_on_demand_cost
         {"node": 0, "exit_code": 0, "final_metrics": {"validation:loss": 2.1}, "model_artifacts": "s3://a/m.tar.gz"},
     ]
     summary = _summary(_job("SUCCEEDED", attempts=attempts), results)
-    assert (summary["status"], summary["error"], summary["interruptions"]) == ("Completed", None, 1)
-    assert summary["final_metrics"] == {"validation:loss": 2.1} and summary["model_artifacts"] == "s3://a/m.tar.gz"
-    assert summary["billable_seconds"] == 3600
-    assert summary["cost"].actual_usd == 100.0 and summary["cost"].spot_savings_usd == 0.0
+    assert (summary.status, summary.error, summary.interruptions) == ("Completed", None, 1)
+    assert summary.final_metrics == {"validation:loss": 2.1} and summary.model_artifacts == "s3://a/m.tar.gz"
+    assert summary.billable_seconds == 3600
+    assert summary.cost.actual_usd == 100.0 and summary.cost.spot_savings_usd == 0.0
 
 
 def test_success_without_a_model_in_s3_is_a_failure() -> None:
     summary = _summary(_job("SUCCEEDED"), [{"node": 0, "exit_code": 0}])
-    assert (summary["status"], summary["error"]) == ("Failed", "TrainingJobFailed")
-    assert "recorded no model" in summary["failure_reason"]
+    assert (summary.status, summary.error) == ("Failed", "TrainingJobFailed")
+    assert "recorded no model" in summary.failure_reason
 
 
 def test_a_failed_preflight_is_retried_on_new_nodes_and_other_failures_are_not() -> None:
     preflight = [{"node": 1, "exit_code": 4, "failure": "PreflightFailed: host node-1 sees 7 GPUs, expected 8"}]
     summary = _summary(_job("FAILED", statusReason="Essential container in task exited"), preflight)
-    assert (summary["error"], summary["retry_on_new_nodes"]) == ("PreflightFailed", True)
-    assert summary["failure_reason"].startswith("PreflightFailed: host node-1")
+    assert (summary.error, summary.retry_on_new_nodes) == ("PreflightFailed", True)
+    assert summary.failure_reason.startswith("PreflightFailed: host node-1")
     crashed = [{"node": 0, "exit_code": 1, "failure": "training failed: workers exited with status 1"}]
     summary = _summary(_job("FAILED"), crashed)
-    assert (summary["error"], summary["retry_on_new_nodes"]) == ("TrainingJobFailed", False)
+    assert (summary.error, summary.retry_on_new_nodes) == ("TrainingJobFailed", False)
 
 
 def test_terminated_by_the_platform_is_stopped_and_waiting_too_long_is_insufficient_capacity() -> None:
     stopped = _summary(_job("FAILED", statusReason=f"{STOP_REASON}: execution x ended"))
-    assert (stopped["status"], stopped["error"]) == ("Stopped", "TrainingJobStopped")
+    assert (stopped.status, stopped.error) == ("Stopped", "TrainingJobStopped")
     stuck = _job("RUNNABLE", createdAt=_ms(31))
     assert capacity_wait_exceeded(stuck, NOW, 30) and not capacity_wait_exceeded(
         _job("RUNNABLE", createdAt=_ms(29)), NOW, 30
     )
     summary = _summary(stuck, capacity_error=f"{CAPACITY_REASON}: the job waited 30 minutes for its nodes")
-    assert (summary["status"], summary["error"], summary["retry_on_new_nodes"]) == (
+    assert (summary.status, summary.error, summary.retry_on_new_nodes) == (
         "Failed",
         "InsufficientCapacity",
         True,

@@ -15,6 +15,7 @@ from lambdas.approvals.store import request_id_for
 from lambdas.backends.batch import BatchLimits
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
+from lambdas.execution_state import Quality, TrainingRequest
 from lambdas.monitor.handler import job_cost, summarize
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
@@ -87,15 +88,17 @@ def test_the_preflight_hyperparameter_is_checked_like_the_trainers_own() -> None
         resolve(base | {"hyperparameters": {"preflight": "maybe"}}, execution_name="e", limits=LIMITS)
 
 
-def _request(instance_type: str = "ml.p5.48xlarge", instance_count: int = 4, **overrides: Any) -> dict[str, Any]:
-    """What Estimate reads of a request: the cluster's groups, the runtime, warm pool and spot."""
-    request = {
+def _request(instance_type: str = "ml.p5.48xlarge", instance_count: int = 4, **overrides: Any) -> TrainingRequest:
+    """A request with what Estimate reads set: the cluster's groups, the runtime, warm pool and spot."""
+    request = resolve(_example("single-node-ddp"), execution_name="e", limits=LIMITS) | {
         "instance_groups": [{"name": "train", "instance_type": instance_type, "instance_count": instance_count}],
         "stopping_condition": {"MaxRuntimeInSeconds": 36000},
         "keep_alive_seconds": 0,
         "spot": False,
     }
-    return request | overrides
+    request |= overrides
+    request["instance_groups"] = [{"efa": False, "local_storage": False} | g for g in request["instance_groups"]]
+    return TrainingRequest.parse(request)
 
 
 def test_the_estimate_of_a_heterogeneous_cluster_sums_its_groups() -> None:
@@ -106,9 +109,9 @@ def test_the_estimate_of_a_heterogeneous_cluster_sums_its_groups() -> None:
     request = _request(instance_groups=groups, stopping_condition={"MaxRuntimeInSeconds": 7200})
     result = estimate(request, threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={"ml.c5.4xlarge": 1.0})
     hourly = 2 * INSTANCE_TYPES["ml.p4d.24xlarge"].price_per_hour + 3 * 1.0
-    assert result["hourly_usd"] == round(hourly, 4)
-    assert result["on_demand_usd"] == round(hourly * 2, 2) == result["max_cost_usd"]
-    assert result["price_source"].startswith("settings override for ml.c5.4xlarge; list price, reviewed ")
+    assert result.hourly_usd == round(hourly, 4)
+    assert result.on_demand_usd == round(hourly * 2, 2) == result.max_cost_usd
+    assert result.price_source.startswith("settings override for ml.c5.4xlarge; list price, reviewed ")
 
 
 def test_instance_types_outside_the_allow_list_are_refused() -> None:
@@ -143,9 +146,9 @@ def test_the_batch_backend_refuses_what_its_compute_environment_cannot_run() -> 
 
 def test_estimate_is_count_times_price_times_runtime() -> None:
     result = estimate(_request(), threshold_usd=500, spot_fraction=(0.3, 0.7), price_overrides={})
-    assert result["on_demand_usd"] == round(4 * 113.07 * 10, 2)
-    assert result["approval_required"] is True
-    assert result["spot_usd"] is None
+    assert result.on_demand_usd == round(4 * 113.07 * 10, 2)
+    assert result.approval_required is True
+    assert result.spot_usd is None
 
 
 def test_spot_estimate_is_a_range_but_decides_on_the_on_demand_price_it_can_reach() -> None:
@@ -155,10 +158,10 @@ def test_spot_estimate_is_a_range_but_decides_on_the_on_demand_price_it_can_reac
         spot_fraction=(0.3, 0.7),
         price_overrides={"ml.p5.48xlarge": 100.0},
     )
-    assert result["spot_usd"] == [30.0, 70.0]
-    assert result["max_cost_usd"] == result["on_demand_usd"] == 100.0
-    assert result["approval_required"] is True  # its expected upper end (70) is below the threshold; 100 is not
-    assert result["price_source"] == "settings override"
+    assert result.spot_usd == [30.0, 70.0]
+    assert result.max_cost_usd == result.on_demand_usd == 100.0
+    assert result.approval_required is True  # its expected upper end (70) is below the threshold; 100 is not
+    assert result.price_source == "settings override"
 
 
 def test_warm_pool_keep_alive_is_billed() -> None:
@@ -168,7 +171,7 @@ def test_warm_pool_keep_alive_is_billed() -> None:
         spot_fraction=(0.3, 0.7),
         price_overrides={},
     )
-    assert result["on_demand_usd"] == round(113.07 * 1.5, 2)
+    assert result.on_demand_usd == round(113.07 * 1.5, 2)
 
 
 def _describe(**fields: Any) -> dict[str, Any]:
@@ -183,13 +186,13 @@ def test_monitor_counts_spot_interruptions() -> None:
         {"Status": s} for s in ("Starting", "Training", "Interrupted", "Starting", "Training", "Interrupted")
     ]
     summary = summarize(
-        {"describe": _describe(SecondaryStatusTransitions=transitions)},
+        _describe(SecondaryStatusTransitions=transitions),
         checkpoint=None,
         now=NOW,
         stale_minutes=90,
         hourly_usd=10.0,
     )
-    assert summary["interruptions"] == 2 and summary["finished"] is False
+    assert summary.interruptions == 2 and summary.finished is False
 
 
 def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
@@ -198,15 +201,17 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
         "uri": "s3://b/runs/x/checkpoints/step-10/",
         "written_at": (NOW - timedelta(hours=2)).isoformat(),
     }
-    first = summarize({"describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert first["stale"] and first["warn_stale"] and first["checkpoint_age_minutes"] == 120.0
-    again = summarize({**first, "describe": _describe()}, checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert again["stale"] and not again["warn_stale"]
+    first = summarize(_describe(), checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0)
+    assert first.stale and first.warn_stale and first.checkpoint_age_minutes == 120.0
+    again = summarize(
+        _describe(), checkpoint=old, now=NOW, stale_minutes=90, hourly_usd=10.0, stale_warned=first.stale_warned
+    )
+    assert again.stale and not again.warn_stale
     fresh = {**old, "written_at": (NOW - timedelta(minutes=5)).isoformat()}
     recovered = summarize(
-        {**again, "describe": _describe()}, checkpoint=fresh, now=NOW, stale_minutes=90, hourly_usd=10.0
+        _describe(), checkpoint=fresh, now=NOW, stale_minutes=90, hourly_usd=10.0, stale_warned=again.stale_warned
     )
-    assert not recovered["stale"] and not recovered["stale_warned"]
+    assert not recovered.stale and not recovered.stale_warned
 
 
 @pytest.mark.parametrize(
@@ -237,12 +242,12 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
 )
 def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str, error: str | None) -> None:
     describe = _describe(TrainingJobStatus=status, SecondaryStatus=secondary, FailureReason=reason)
-    summary = summarize({"describe": describe}, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
-    assert summary["finished"] is True
-    assert summary["error"] == error
-    assert summary["retry_on_new_nodes"] is (error in ("InsufficientCapacity", "PreflightFailed"))
+    summary = summarize(describe, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
+    assert summary.finished is True
+    assert summary.error == error
+    assert summary.retry_on_new_nodes is (error in ("InsufficientCapacity", "PreflightFailed"))
     if error and not reason:
-        assert secondary in summary["failure_reason"]
+        assert secondary in summary.failure_reason
 
 
 def test_a_finished_jobs_cost_is_billable_time_at_list_price_and_spot_saves_the_rest() -> None:
@@ -265,9 +270,9 @@ def test_a_finished_jobs_cost_is_billable_time_at_list_price_and_spot_saves_the_
     ],
 )
 def test_evaluate(quality: dict[str, Any] | None, metrics: dict[str, float], passed: bool, reason: str) -> None:
-    result = evaluate(quality, metrics)
-    assert result["passed"] is passed
-    assert reason in result["reason"]
+    result = evaluate(Quality.model_validate(quality) if quality is not None else None, metrics)
+    assert result.passed is passed
+    assert reason in result.reason
 
 
 def test_principals_compare_by_account_kind_and_name_not_path() -> None:
@@ -302,11 +307,11 @@ def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
     reason = f"AlgorithmError: {failure_line('GPUs missing')}"
     assert (
         summarize(
-            {"describe": _describe(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason)},
+            _describe(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason),
             checkpoint=None,
             now=NOW,
             stale_minutes=90,
             hourly_usd=10.0,
-        )["error"]
+        ).error
         == "PreflightFailed"
     )

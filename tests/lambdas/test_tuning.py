@@ -186,12 +186,14 @@ def test_tuning_more_than_one_instance_group_is_refused() -> None:
 
 
 def test_the_estimate_is_max_jobs_times_the_single_jobs_worst_case() -> None:
-    request = TrainingRequest.parse(_resolve()).model_dump(mode="json")
-    single = estimate({**request, "tuning": None}, threshold_usd=0.5, spot_fraction=(0.3, 0.7), price_overrides={})
+    request = TrainingRequest.parse(_resolve())
+    single = estimate(
+        request.model_copy(update={"tuning": None}), threshold_usd=0.5, spot_fraction=(0.3, 0.7), price_overrides={}
+    )
     tuned = estimate(request, threshold_usd=0.5, spot_fraction=(0.3, 0.7), price_overrides={})
-    assert tuned["max_cost_usd"] == pytest.approx(4 * single["max_cost_usd"], abs=0.01)
-    assert (tuned["training_jobs"], tuned["parallel_jobs"]) == (4, 2)
-    assert not single["approval_required"] and tuned["approval_required"]  # 0.23 alone, 0.92 for four
+    assert tuned.max_cost_usd == pytest.approx(4 * single.max_cost_usd, abs=0.01)
+    assert (tuned.training_jobs, tuned.parallel_jobs) == (4, 2)
+    assert not single.approval_required and tuned.approval_required  # 0.23 alone, 0.92 for four
 
 
 class _SageMaker:

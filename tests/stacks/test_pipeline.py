@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aws_cdk.assertions import Match
 
+from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
+from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
+from lambdas.cleanup.environment import CleanupEnvironment
+from lambdas.estimate.environment import EstimateEnvironment
+from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.register.environment import RegisterEnvironment
+from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
+from lambdas.shared.env import HandlerEnvironment
 from tests.support.templates import logical_id, resources, template
 
 
@@ -70,3 +79,33 @@ def test_a_cleanup_that_fails_pages_the_platform_team(platform: Any) -> None:
             "AlarmActions": Match.any_value(),
         },
     )
+
+
+HANDLER_ENVIRONMENTS: dict[str, type[HandlerEnvironment]] = {
+    "lambdas.estimate.handler.handler": EstimateEnvironment,
+    "lambdas.monitor.handler.handler": MonitorEnvironment,
+    "lambdas.cleanup.handler.handler": CleanupEnvironment,
+    "lambdas.batch.monitor.handler": BatchMonitorEnvironment,
+    "lambdas.batch.cleanup.handler": BatchCleanupEnvironment,
+    "lambdas.register.handler.handler": RegisterEnvironment,
+    "lambdas.approvals.handler.decide": DecideEnvironment,
+    "lambdas.approvals.handler.request": RequestEnvironment,
+    "lambdas.approvals.handler.report_pending": ApprovalsEnvironment,
+    "lambdas.retrain.handler.record_handler": RecordEnvironment,
+    "lambdas.retrain.handler.sweep_handler": SweepEnvironment,
+}
+
+
+def test_every_handler_reads_the_environment_its_stack_gives_it(platform: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    functions = resources(platform, platform.pipeline, "AWS::Lambda::Function")
+    handlers = {f["Properties"]["Handler"]: f["Properties"]["Environment"]["Variables"] for f in functions.values()}
+    assert set(HANDLER_ENVIRONMENTS) <= set(handlers)
+    for handler, model in HANDLER_ENVIRONMENTS.items():
+        variables = handlers[handler]
+        assert set(variables) - {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_LOG_LEVEL"} == {
+            name.upper() for name in model.model_fields
+        }, handler
+        with monkeypatch.context() as env:
+            for name, value in variables.items():
+                env.setenv(name, value if isinstance(value, str) else "resolved-at-deploy")  # a Ref, a GetAtt
+            model.from_environ()

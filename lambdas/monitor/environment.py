@@ -1,0 +1,12 @@
+"""The Monitor handler's environment (stacks/pipeline/sagemaker_step.py sets it)."""
+
+from __future__ import annotations
+
+from lambdas.shared.env import HandlerEnvironment
+
+
+class MonitorEnvironment(HandlerEnvironment):
+    checkpoints_bucket: str
+    """Where SageMaker uploads the run's checkpoints."""
+    checkpoint_stale_minutes: int
+    """A training job whose newest checkpoint is older than this is stale."""
