@@ -1,9 +1,10 @@
 """Exact, atomic checkpoints with torch.distributed.checkpoint (DCP).
 
-Layout: ``<root>/step-<N>/`` holds DCP's files (``__<rank>_0.distcp`` shards and ``.metadata``) and,
-written last by rank 0 via temp file + rename + directory fsync, ``manifest.json``. A directory
-without a manifest is never loaded. The manifest lists every file with its size, so a checkpoint that
-was truncated (a partial S3 sync, a kill mid-write) is detected and skipped for the previous one.
+Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_0.distcp``
+shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
+``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
+its size, so a checkpoint that was truncated (a partial S3 sync, a kill mid-write) is detected and
+skipped for the previous one.
 
 A checkpoint holds the model and optimizer (resharded by DCP when the number of processes changes),
 the LR schedule, the step, the data position and every rank's RNG state (restored only when the
@@ -214,8 +215,8 @@ class CheckpointManager:
             future = response if isinstance(response, Future) else response.upload_completion
             self.pending = _Pending(step, future, self.env.world_size, state.tokens_consumed, started)
             log.info(
-                "checkpoint step-%d: staged in %.2fs, writing in the background",
-                step,
+                "checkpoint %s: staged in %.2fs, writing in the background",
+                step_dir(step),
                 time.monotonic() - started,
             )
             return
@@ -260,10 +261,10 @@ class CheckpointManager:
         outcome: list[str | None] = [error]
         dist.broadcast_object_list(outcome, src=0, group=self.env.ctrl)
         if outcome[0] is not None:
-            raise CheckpointError(f"checkpoint step-{step} could not be committed: {outcome[0]}")
+            raise CheckpointError(f"checkpoint {step_dir(step)} could not be committed: {outcome[0]}")
         self.committed.append(step)
         self.last_save_time = time.monotonic()
-        log.info("checkpoint step-%d committed in %.2fs", step, time.monotonic() - started)
+        log.info("checkpoint %s committed in %.2fs", step_dir(step), time.monotonic() - started)
         self._prune()
 
     def _prune(self) -> None:
@@ -314,14 +315,14 @@ class CheckpointManager:
             if errors:
                 problems.extend(errors)
                 if self.env.is_main:
-                    log.warning("skipping checkpoint step-%d: %s", step, "; ".join(errors))
+                    log.warning("skipping checkpoint %s: %s", step_dir(step), "; ".join(errors))
                 continue
             state.load_state_dict(template)
             if not same_world:
                 log.warning(
-                    "checkpoint step-%d was written by %d processes, resuming on %d: model and optimizer "
+                    "checkpoint %s was written by %d processes, resuming on %d: model and optimizer "
                     "resharded, data position kept, RNG streams reseeded",
-                    step,
+                    step_dir(step),
                     read_manifest(directory)["world_size"],
                     self.env.world_size,
                 )
@@ -331,7 +332,7 @@ class CheckpointManager:
                     later = step_of(entry.name)
                     if later is not None and later > step and not (entry / MANIFEST).exists():
                         log.warning("ignoring incomplete checkpoint %s (no %s)", entry.name, MANIFEST)
-            log.info("resumed from checkpoint step-%d (%d tokens consumed)", step, state.tokens_consumed)
+            log.info("resumed from checkpoint %s (%d tokens consumed)", step_dir(step), state.tokens_consumed)
             return step
         if candidates:
             raise CheckpointError(

@@ -27,6 +27,7 @@ from training.data import DistributedTokenLoader, TokenSamples, validation_batch
 from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
+from training.layout import step_dir
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallelize import parallelize
@@ -254,7 +255,7 @@ class Trainer:
                 window_start = time.perf_counter()
             if stop:
                 if self.env.is_main:
-                    log.info("stopped by signal at step %d: checkpoint step-%d is committed", step, step)
+                    log.info("stopped by signal at step %d: checkpoint %s is committed", step, step_dir(step))
                 return False
         self._finish()
         return True
