@@ -166,15 +166,16 @@ class EventRules:
             return
         for target in props.get("Targets", []):
             name = target["Arn"].rsplit(":function:", 1)[-1]
-            delivery = {"rule": rule_arn, "function": name, "event": event, "permitted": False}
-            self.deliveries.append(delivery)
-            if not self._permitted(target["Arn"], rule_arn):
-                continue  # Lambda refuses; EventBridge retries, then the dead-letter queue
-            delivery["permitted"] = True
-            thread = threading.Thread(target=self._deliver, args=(delivery, name, event), daemon=True)
+            # Lambda refuses what its policy does not permit; EventBridge retries, then the dead-letter queue.
+            permitted = self._permitted(target["Arn"], rule_arn)
+            delivery = {"rule": rule_arn, "function": name, "event": event, "permitted": permitted}
+            # A delivery is listed together with its thread, so that `drain` waits for every listed one.
             with self._lock:
-                thread.start()
-                self._threads.append(thread)
+                self.deliveries.append(delivery)
+                if permitted:
+                    thread = threading.Thread(target=self._deliver, args=(delivery, name, event), daemon=True)
+                    thread.start()
+                    self._threads.append(thread)
 
     def _deliver(self, delivery: dict[str, Any], name: str, event: dict[str, Any]) -> None:
         try:
