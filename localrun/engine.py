@@ -245,14 +245,21 @@ class LocalPlatform:
     def wait(
         self, execution_arn: str, timeout: float = 60.0, *, until: Callable[[], bool] | None = None
     ) -> dict[str, Any]:
-        """Describe the execution once it ends (or `until()` holds); fail after `timeout` seconds."""
+        """Describe the execution once `until()` holds (without `until`, once it ends); fail after `timeout` seconds.
+
+        An ended execution does not end the wait for `until`: what follows its end (the EventBridge
+        deliveries of its status change) happens on other threads, after the status is ABORTED.
+        """
         deadline = time.monotonic() + timeout
         while True:
             described: dict[str, Any] = self.sfn.describe_execution(executionArn=execution_arn)
-            if described["status"] != "RUNNING" or (until is not None and until()):
+            if until() if until is not None else described["status"] != "RUNNING":
                 return described
             if time.monotonic() > deadline:
-                raise TimeoutError(f"execution still RUNNING after {timeout} s: {self.states_entered(execution_arn)}")
+                raise TimeoutError(
+                    f"execution {described['status']} after {timeout} s, and what was awaited did not happen: "
+                    f"{self.states_entered(execution_arn)}"
+                )
             time.sleep(0.01)
 
     def history(self, execution_arn: str) -> list[dict[str, Any]]:
