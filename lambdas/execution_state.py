@@ -304,9 +304,10 @@ class CreatedJob(_Model):
 
 
 class FoundJobs(_Model):
-    """ListJobs' summaries (JobArn, JobName, ...), as the AWS Batch step finds a job it may have submitted."""
+    """The ARNs and names of ListJobs' summaries, as the AWS Batch step finds a job it may have submitted."""
 
-    jobs: list[dict[str, Any]]
+    arns: list[str]
+    names: list[str]
 
 
 class Attempt(_Model):

@@ -249,7 +249,9 @@ class BatchTraining(Construct):
                     "JobQueue": self.cluster.queue.job_queue_arn,
                     "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
                 },
-                "ResultSelector": {"jobs.$": "$.JobSummaryList"},
+                # Lists of fields, read with States.ArrayGetItem: a path through an index
+                # ($.JobSummaryList[0].JobArn) is a string in AWS's engine and a list in the local one.
+                "ResultSelector": {"arns.$": "$.JobSummaryList[*].JobArn", "names.$": "$.JobSummaryList[*].JobName"},
                 "ResultPath": str(TRAIN.found),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
                 "Retry": sdk_retry(TRANSIENT_ERRORS),
@@ -268,12 +270,12 @@ class BatchTraining(Construct):
             "Adopt the submitted Batch job",
             comment="The submit happened though its answer was lost: follow that job, do not start another",
             parameters={
-                "arn": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobArn"),
-                "job_name": sfn.JsonPath.string_at(f"{TRAIN.found.jobs}[0].JobName"),
+                "arn": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at(str(TRAIN.found.arns)), 0),
+                "job_name": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at(str(TRAIN.found.names)), 0),
             },
             result_path=str(TRAIN.job),
         ).next(wait)
-        found = f"{TRAIN.found.jobs}[0]"
+        found = f"{TRAIN.found.arns}[0]"
         pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))
         first.add_catch(find_first, errors=["States.ALL"], result_path=str(ERROR))
         second.add_catch(find_second, errors=["States.ALL"], result_path=str(ERROR))
