@@ -434,9 +434,11 @@ class CheckpointManager:
                     error = None
                 # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
                 except (Exception, CheckpointException) as exc:
-                    # DCP wraps the cause; its last line says what was wrong with the files.
-                    lines = str(exc).strip().splitlines()
-                    error = f"{directory.name}: {lines[-1].strip() if lines else describe(exc)}"
+                    # DCP wraps the cause; its last line says what was wrong with the files, except for a
+                    # refused weights_only load, whose reason is the line naming the global.
+                    lines = [line.strip() for line in str(exc).strip().splitlines()]
+                    refused = [line for line in lines if "Unsupported global" in line]
+                    error = f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
                 errors = self._agree(error)
             if errors:
                 problems.extend(errors)

@@ -130,5 +130,5 @@ def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp
     completed, log = run_in_process(root, JOB)
     assert not marker.exists(), "loading the planted progress item ran its code"
     assert completed
-    assert "skipping checkpoint step-12: rank 0: step-12: " in log
+    assert "skipping checkpoint step-12: rank 0: step-12: WeightsUnpickler error: Unsupported global" in log
     assert "resumed from checkpoint step-8" in log
