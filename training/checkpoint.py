@@ -3,8 +3,11 @@
 Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_0.distcp``
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
-its size, so a checkpoint that was truncated (a partial S3 sync, a kill mid-write) is detected and
-skipped for the previous one.
+its size and SHA-256, so a checkpoint that was truncated or changed (a partial S3 sync, a kill
+mid-write, a file replaced in S3) is detected, before anything reads it, and skipped for the previous
+one. Loading never unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows
+only DCP's metadata types, and the non-tensor items (optimizer settings, progress) with torch's
+``weights_only`` loader, so a planted ``.metadata`` or item cannot run code.
 
 A checkpoint holds the model and optimizer (resharded by DCP when the number of processes changes),
 the LR schedule, the step, the data position and every rank's RNG state (restored only when the
@@ -16,9 +19,12 @@ one is committed, manifest first, so that a half-deleted checkpoint is never tak
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
+import pickle
 import shutil
 import time
 from concurrent.futures import Future
@@ -29,8 +35,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
@@ -46,7 +56,9 @@ from training.sagemaker_contract import describe
 log = logging.getLogger(__name__)
 
 DCP_METADATA = ".metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: every file with its size and SHA-256 (1 had sizes only and is no longer loaded)."""
+_HASH_CHUNK = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -70,23 +82,50 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return data
 
 
-def verify(directory: Path) -> str | None:
-    """Why this checkpoint directory cannot be loaded, or None if its manifest and files are intact."""
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify(directory: Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
+    """Why this checkpoint directory cannot be loaded, or None if its manifest and files are intact.
+
+    `share` (index, count): hash only every count-th data file from index (the processes of one host
+    split the work); DCP's ``.metadata`` is hashed by every caller, as every process unpickles it.
+    """
     try:
         manifest = read_manifest(directory)
-        files: dict[str, int] = manifest["files"]
-        if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or not files:
+        files: dict[str, dict[str, Any]] = manifest["files"]
+        if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or DCP_METADATA not in files:
             return f"{directory.name}: manifest has an unknown format"
+        expected = {name: (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{directory.name}: unreadable manifest ({describe(exc)})"
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{directory.name}: {name} is missing"
-        size = path.stat().st_size
-        # DCP shard sizes come from its metadata (end of the last item): a longer file is still whole.
-        if size < expected or (name == DCP_METADATA and size != expected):
-            return f"{directory.name}: {name} is truncated ({size} bytes, expected {expected})"
+    index, count = share
+    data = sorted(name for name in expected if name != DCP_METADATA)
+    mine = {DCP_METADATA, *data[index::count]}
+    for name, (size, digest) in expected.items():
+        problem = _file_problem(directory, name, size, digest if name in mine else None)
+        if problem is not None:
+            return f"{directory.name}: {problem}"
+    return None
+
+
+def _file_problem(directory: Path, name: str, size: int, digest: str | None) -> str | None:
+    """What is wrong with one file of a checkpoint; its content is hashed only when `digest` is given."""
+    path = directory / name
+    if Path(name).name != name or not path.is_file():
+        return f"{name} is missing"
+    actual = path.stat().st_size
+    if actual < size:
+        return f"{name} is truncated ({actual} bytes, expected {size})"
+    if actual != size:
+        return f"{name} has {actual} bytes, its manifest {size}"
+    if digest is not None and sha256_of(path) != digest:
+        return f"{name} does not match the SHA-256 in its manifest"
     return None
 
 
@@ -115,12 +154,73 @@ def remove_checkpoint(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def shard_sizes(metadata: Metadata) -> dict[str, int]:
-    """Expected size of each DCP data file: the end of the last item DCP placed in it."""
-    sizes: dict[str, int] = {}
-    for info in metadata.storage_data.values():
-        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
-    return sizes
+def data_files(metadata: Metadata) -> list[str]:
+    """The DCP data files a checkpoint's metadata refers to."""
+    return sorted({info.relative_path for info in metadata.storage_data.values()})
+
+
+def file_entries(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The manifest's entries of those of `names` present in `directory`: size and SHA-256."""
+    return {
+        name: {"size": (directory / name).stat().st_size, "sha256": sha256_of(directory / name)}
+        for name in names
+        if (directory / name).is_file()
+    }
+
+
+# What DCP's .metadata may name: its own metadata types, torch's dtypes, sizes and layouts, and paths.
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "StorageMeta",
+        "MetadataIndex",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's metadata and refuses every other global (a planted one could run any code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{DCP_METADATA} names {module}.{name}, which DCP metadata never holds")
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file-system reader, reading ``.metadata`` with `_MetadataUnpickler` instead of `pickle.load`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as stream:
+            metadata = _MetadataUnpickler(stream).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")
+        storage_meta = metadata.storage_meta or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+class _WeightsOnlyPlanner(DefaultLoadPlanner):
+    """DCP's load planner, loading non-tensor items (optimizer settings, progress) with ``weights_only``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 @dataclass
@@ -170,6 +270,11 @@ class TrainingState:
         else:
             # Another world size: rank r's old stream has no successor, so derive a fresh one.
             torch.manual_seed(self.seed + 1_000_003 * self.step + self.rank)
+
+
+def _local_world_size() -> int:
+    """The processes on this host (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 @dataclass
@@ -238,12 +343,28 @@ class CheckpointManager:
     def _commit(self, step: int, metadata: Any, world_size: int, tokens: int, started: float) -> None:
         directory = self.root / step_dir(step)
         error: str | None = None
+        # Each process hashes the data files it wrote (hosts do not share /opt/ml/checkpoints).
+        own: dict[str, dict[str, Any]] | str
+        try:
+            if not isinstance(metadata, Metadata):
+                raise CheckpointError(f"DCP returned {type(metadata).__name__}, not its Metadata")
+            names = [n for n in data_files(metadata) if n.startswith(f"__{self.env.rank}_")]
+            own = file_entries(directory, names + ([DCP_METADATA] if self.env.is_main else []))
+        except Exception as exc:
+            own = describe(exc)
+        gathered: list[dict[str, dict[str, Any]] | str | None] = [None] * self.env.world_size
+        dist.all_gather_object(gathered, own, group=self.env.ctrl)
         if self.env.is_main:
             try:
-                if not isinstance(metadata, Metadata):
-                    raise CheckpointError(f"DCP returned {type(metadata).__name__}, not its Metadata")
-                files = shard_sizes(metadata)
-                files[DCP_METADATA] = (directory / DCP_METADATA).stat().st_size
+                files: dict[str, dict[str, Any]] = {}
+                for rank, entries in enumerate(gathered):
+                    if not isinstance(entries, dict):
+                        raise CheckpointError(f"rank {rank} could not hash its files: {entries}")
+                    files.update(entries)
+                assert isinstance(metadata, Metadata)
+                missing = sorted({*data_files(metadata), DCP_METADATA} - set(files))
+                if missing:
+                    raise CheckpointError(f"no process hashed {', '.join(missing)}")
                 write_manifest(
                     directory,
                     {
@@ -299,18 +420,25 @@ class CheckpointManager:
         problems: list[str] = []
         for step in candidates:
             directory = self.root / step_dir(step)
-            errors = self._agree(verify(directory))
+            errors = self._agree(verify(directory, share=(self.env.local_rank, _local_world_size())))
             if not errors:
                 same_world = read_manifest(directory).get("world_size") == self.env.world_size
                 template = state.state_dict(with_rng=same_world)
                 try:
-                    dcp_load(template, checkpoint_id=directory, process_group=self.env.ctrl)
+                    dcp_load(
+                        template,
+                        storage_reader=_SafeReader(directory),
+                        planner=_WeightsOnlyPlanner(),
+                        process_group=self.env.ctrl,
+                    )
                     error = None
                 # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
                 except (Exception, CheckpointException) as exc:
-                    # DCP wraps the cause; its last line says what was wrong with the files.
-                    lines = str(exc).strip().splitlines()
-                    error = f"{directory.name}: {lines[-1].strip() if lines else describe(exc)}"
+                    # DCP wraps the cause; its last line says what was wrong with the files, except for a
+                    # refused weights_only load, whose reason is the line naming the global.
+                    lines = [line.strip() for line in str(exc).strip().splitlines()]
+                    refused = [line for line in lines if "Unsupported global" in line]
+                    error = f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
                 errors = self._agree(error)
             if errors:
                 problems.extend(errors)

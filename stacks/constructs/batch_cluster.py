@@ -28,7 +28,7 @@ from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknow
 from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.placement import EfaClusterPlacement, efa_interfaces
 from stacks.constructs.training_image import TrainingImage
-from training.layout import ANY_RUN
+from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 
 FSX_MOUNT_PATH = "/fsx"
 ROOT_VOLUME_GB = 200
@@ -191,20 +191,7 @@ class BatchTrainingCluster(Construct):
             description="Training containers of AWS Batch jobs (datasets in; checkpoints and outputs out)",
         )
         statements = {
-            "ReadDatasets": iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:ListBucket"], resources=[datasets.bucket_arn, f"{datasets.bucket_arn}/*"]
-            ),
-            "RunCheckpoints": iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject"], resources=[f"{checkpoints.bucket_arn}/{ANY_RUN}"]
-            ),
-            "ListRunCheckpoints": iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[checkpoints.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [ANY_RUN]}},
-            ),
-            "WriteOutputs": iam.PolicyStatement(
-                actions=["s3:PutObject"], resources=[f"{artifacts.bucket_arn}/{ANY_RUN}"]
-            ),
+            **training_storage_statements(datasets=datasets, checkpoints=checkpoints, artifacts=artifacts),
             "UsePlatformKey": iam.PolicyStatement(
                 actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[key.key_arn]
             ),
@@ -213,14 +200,7 @@ class BatchTrainingCluster(Construct):
             statement.sid = sid
             role.add_to_policy(statement)
         acknowledge_inline_policy(role)
-        for resource, reason in {
-            f"{datasets.bucket_arn}/*": "Read-only: any dataset the request names under the datasets bucket.",
-            f"{checkpoints.bucket_arn}/{ANY_RUN}": (
-                "Each run's checkpoints live under runs/<job_name_base>/checkpoints/."
-            ),
-            f"{artifacts.bucket_arn}/{ANY_RUN}": "The model, metrics and failure of each job under runs/<job>/output/.",
-        }.items():
-            acknowledge_wildcard(role, resource, reason)
+        acknowledge_training_storage(role, datasets=datasets, checkpoints=checkpoints, artifacts=artifacts)
         return role
 
     def _launch_template(

@@ -21,10 +21,10 @@ from constructs import Construct
 from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.pipeline.context import PipelineContext
 from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
 from training.layout import (
-    ANY_RUN,
     CHECKPOINTS_FORMAT,
     EFA_ENV,
     EXPECTED_GPUS_ENV,
@@ -73,7 +73,7 @@ class DistributedTrainingJob(Construct):
         self._acknowledge_execution_role(context.datasets, statements)
 
     def _execution_statements(self, datasets: s3.IBucket, file_system_arn: str) -> dict[str, iam.PolicyStatement]:
-        """What the training containers may do: read datasets, write their run's outputs, nothing else."""
+        """What the training containers may do: read datasets, read and write checkpoints, write outputs."""
         stack = Stack.of(self)
         region_account = f"{stack.region}:{stack.account}"
         ec2_arn = f"arn:{stack.partition}:ec2:{region_account}"
@@ -88,21 +88,7 @@ class DistributedTrainingJob(Construct):
                 resources=["*"],
                 conditions={"StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*"]}},
             ),
-            "ReadDatasets": iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:ListBucket"], resources=[datasets.bucket_arn, f"{datasets.bucket_arn}/*"]
-            ),
-            "RunCheckpoints": iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                resources=[f"{self.checkpoints.bucket_arn}/{ANY_RUN}"],
-            ),
-            "ListRunCheckpoints": iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[self.checkpoints.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [ANY_RUN]}},
-            ),
-            "WriteOutputs": iam.PolicyStatement(
-                actions=["s3:PutObject"], resources=[f"{self.artifacts.bucket_arn}/{ANY_RUN}"]
-            ),
+            **training_storage_statements(datasets=datasets, checkpoints=self.checkpoints, artifacts=self.artifacts),
             # Reads datasets and checkpoints, writes checkpoints and outputs under the platform key.
             "UsePlatformKey": iam.PolicyStatement(
                 actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], resources=[self.key.key_arn]
@@ -149,10 +135,10 @@ class DistributedTrainingJob(Construct):
             "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by condition), "
             "EC2 Describe* and DeleteNetworkInterfacePermission take no resource scope.",
         )
+        acknowledge_training_storage(
+            self.role, datasets=datasets, checkpoints=self.checkpoints, artifacts=self.artifacts
+        )
         for resource, reason in {
-            f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
-            f"{self.checkpoints.bucket_arn}/{ANY_RUN}": "Each run's checkpoints live under runs/<job>/checkpoints/.",
-            f"{self.artifacts.bucket_arn}/{ANY_RUN}": "Model artifacts, profiler and TensorBoard output under runs/.",
             statements["CreateInterfacesInTheTrainingSubnet"].resources[0]: "Interfaces SageMaker creates for the "
             "job; creation is bound to the training subnet and security group, changes to the platform VPC by "
             "condition.",

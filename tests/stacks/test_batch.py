@@ -105,10 +105,19 @@ def test_instance_role_runs_the_agent_only(platform: Any) -> None:
 
 def test_job_role_reads_datasets_and_writes_run_outputs_only(platform: Any) -> None:
     statements = _statements(platform, "BatchClusterJobRole")
-    assert set(statements) == {"ReadDatasets", "RunCheckpoints", "ListRunCheckpoints", "WriteOutputs", "UsePlatformKey"}
+    assert set(statements) == {
+        "ReadDatasets",
+        "RunCheckpoints",
+        "ListRunCheckpoints",
+        "WriteOutputs",
+        "NoLineageWrites",
+        "NoDeletes",
+        "UsePlatformKey",
+    }
     assert statements["WriteOutputs"]["Action"] == "s3:PutObject"
     assert statements["RunCheckpoints"]["Action"] == ["s3:GetObject", "s3:PutObject"]  # no delete
-    assert statements["ListRunCheckpoints"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/*"]}}
+    assert statements["ListRunCheckpoints"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/*/checkpoints/*"]}}
+    assert statements["NoLineageWrites"]["Effect"] == statements["NoDeletes"]["Effect"] == "Deny"
 
 
 def test_state_machine_submits_only_to_the_platform_queue_and_definition(platform: Any) -> None:

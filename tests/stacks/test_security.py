@@ -110,8 +110,10 @@ def test_one_run_cannot_destroy_anothers_checkpoints(iam: AssemblyIam) -> None:
         for _, logical_id, props in iam.resources("AWS::S3::Bucket")
         if logical_id.startswith("BucketsCheckpoints")
     )
-    assert role.may("s3:DeleteObject", f"{bucket}/runs/other-run/checkpoints/step-1/manifest.json")
-    # ...but a delete or overwrite leaves the previous version, which the role cannot remove or expire early.
+    # It may overwrite (the role is shared), never delete; an overwrite leaves the previous version, which the
+    # role cannot remove or expire early.
+    assert role.may("s3:PutObject", f"{bucket}/runs/other-run/checkpoints/step-1/manifest.json")
+    assert not role.may("s3:DeleteObject", f"{bucket}/runs/other-run/checkpoints/step-1/manifest.json")
     for action in (
         "s3:DeleteObjectVersion",
         "s3:PutBucketVersioning",

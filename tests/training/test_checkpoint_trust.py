@@ -1,0 +1,134 @@
+"""A checkpoint planted in a run's prefix, or changed after its commit, is refused before anything unpickles it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from training_helpers import make_opt_ml, run_in_process, step_losses
+
+from training.layout import MANIFEST
+
+JOB = {
+    "model": "tiny",
+    "seq_len": "32",
+    "batch_size": "4",
+    "max_steps": "12",
+    "optim.lr": "0.002",
+    "optim.warmup_steps": "2",
+    "metrics.log_interval": "1",
+    "checkpoint.interval_steps": "4",
+    "checkpoint.keep_last": "5",
+    "eval.max_sequences": "16",
+    "train.deterministic": "true",
+}
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An uninterrupted 12-step run with checkpoints at steps 4, 8 and 12."""
+    root = tmp_path_factory.mktemp("reference")
+    make_opt_ml(root, {}, corpus=corpus)
+    completed, log = run_in_process(root, JOB)
+    assert completed
+    return root, log
+
+
+def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
+    root = tmp_path / "ml"
+    shutil.copytree(reference[0], root)
+    shutil.rmtree(root / "model")
+    return root
+
+
+class _Payload:
+    """Unpickling this writes `marker`: what planted training code would do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+
+
+def _recommit(directory: Path) -> None:
+    """Rewrite the manifest so that it checks out against the files now there (whatever its format)."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    for name, entry in manifest["files"].items():
+        data = (directory / name).read_bytes()
+        if isinstance(entry, dict):
+            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        else:
+            manifest["files"][name] = len(data)
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_planted_metadata_with_a_valid_manifest_runs_no_code_and_is_not_loaded(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    root = _copy(reference, tmp_path)
+    marker = tmp_path / "marker"
+    planted = root / "checkpoints" / "step-12"
+    (planted / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    _recommit(planted)
+    completed, log = run_in_process(root, JOB)
+    assert not marker.exists(), "unpickling the planted .metadata ran its code"
+    assert completed
+    assert "skipping checkpoint step-12" in log and "which DCP metadata never holds" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    root = _copy(reference, tmp_path)
+    shard = next((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-8:] = bytes(8)  # same size: only the digest tells
+    shard.write_bytes(bytes(data))
+    completed, log = run_in_process(root, JOB)
+    assert completed
+    assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the SHA-256" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_manifest_names_every_file_with_its_size_and_sha256(reference: tuple[Path, str]) -> None:
+    directory = reference[0] / "checkpoints" / "step-12"
+    files = json.loads((directory / MANIFEST).read_text())["files"]
+    assert set(files) == {p.name for p in directory.iterdir() if p.name != MANIFEST}
+    for name, entry in files.items():
+        data = (directory / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path) -> None:
+    """The progress item (like the optimizer's settings) is a pickled object: it is read with weights_only."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    root = _copy(reference, tmp_path)
+    marker = tmp_path / "marker"
+    planted = root / "checkpoints" / "step-12"
+    shard = next(planted.glob("__0_*.distcp"))
+    payload = io.BytesIO()
+    torch.save(_Payload(marker), payload)
+    offset = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes() + payload.getvalue())
+    metadata = pickle.loads((planted / ".metadata").read_bytes())  # the test's own, trusted file
+    metadata.storage_data[MetadataIndex("progress")] = _StorageInfo(shard.name, offset, len(payload.getvalue()))
+    (planted / ".metadata").write_bytes(pickle.dumps(metadata))
+    _recommit(planted)
+    completed, log = run_in_process(root, JOB)
+    assert not marker.exists(), "loading the planted progress item ran its code"
+    assert completed
+    assert "skipping checkpoint step-12: rank 0: step-12: WeightsUnpickler error: Unsupported global" in log
+    assert "resumed from checkpoint step-8" in log
