@@ -26,7 +26,7 @@ from constructs import Construct
 from lambdas.shared.catalog import InstanceType
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.network import TrainingNetwork
-from stacks.constructs.placement import EfaClusterPlacement, efa_interfaces
+from stacks.constructs.placement import INSTANCE_METADATA_HOP_LIMIT, EfaClusterPlacement, efa_interfaces
 from stacks.constructs.training_image import TrainingImage
 from training.layout import ANY_RUN
 
@@ -244,7 +244,7 @@ class BatchTrainingCluster(Construct):
             "LaunchTemplate",
             user_data=user_data,
             require_imdsv2=True,
-            http_put_response_hop_limit=2,
+            http_put_response_hop_limit=INSTANCE_METADATA_HOP_LIMIT,
             detailed_monitoring=True,
             block_devices=[
                 ec2.BlockDevice(
@@ -273,6 +273,11 @@ class BatchTrainingCluster(Construct):
                     "Groups": interface.groups,
                     "SubnetId": interface.subnet_id,
                     "DeleteOnTermination": True,
+                    **(
+                        {"AssociatePublicIpAddress": interface.associate_public_ip_address}
+                        if interface.associate_public_ip_address is not None
+                        else {}
+                    ),
                     "Description": interface.description,
                 }
                 for interface in interfaces
