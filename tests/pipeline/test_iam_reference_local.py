@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import APPROVER
 from tests.pipeline.test_iam_enforced import _assembly_with
+from tests.support.iam_reference import actions_matching, resource_matches
 
 
 def _send_task_success_on_the_state_machine(template: dict[str, Any]) -> None:
@@ -42,3 +43,24 @@ def test_send_task_success_scoped_to_the_state_machine_resumes_nothing(
     denied = [(d.action, d.resource) for d in pipeline.local.iam.denials()]
     assert denied == [("states:SendTaskSuccess", "*")]
     assert pipeline.local.states_entered(arn)[-1] == "Approval gate (promotion)"
+
+
+def test_every_call_of_a_run_is_authorized_on_a_resource_the_reference_names(pipeline: Any) -> None:
+    """The request model names, for each call, the resource AWS authorizes it on: "*" exactly for an
+    action that takes no resource type, otherwise an ARN of a type the action accepts."""
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.decide("promotion", "approve")
+    assert pipeline.finish(arn)["status"] == "SUCCEEDED"
+
+    judged = {(j.action, j.resource) for j in pipeline.local.iam.judgements if not j.action.startswith("s3:")}
+    assert len({action for action, _ in judged}) >= 15
+    wrong = []
+    for action, resource in sorted(judged):
+        (found,) = actions_matching(action)
+        if resource == "*":
+            if found.resource_formats:
+                wrong.append(f"{action} on *: the reference names {[t for t, _ in found.resource_formats]}")
+        elif not any(resource_matches(resource, f) for _, f in found.resource_formats):
+            wrong.append(f"{action} on {resource}: the reference takes {found.resource_formats or 'only *'}")
+    assert wrong == []
