@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import APPROVER
 from tests.pipeline.test_iam_enforced import _assembly_with
+from tests.pipeline.test_tuning import BILLED, LOSSES, _trial, tuning_input
 from tests.support.iam_reference import actions_matching, resource_matches
 
 
@@ -45,10 +46,18 @@ def test_send_task_success_scoped_to_the_state_machine_resumes_nothing(
     assert pipeline.local.states_entered(arn)[-1] == "Approval gate (promotion)"
 
 
-def test_every_call_of_a_run_is_authorized_on_a_resource_the_reference_names(pipeline: Any) -> None:
+@pytest.mark.parametrize("tuning", [False, True], ids=["training job", "tuning job"])
+def test_every_call_of_a_run_is_authorized_on_a_resource_the_reference_names(
+    pipeline_factory: Any, tuning: bool
+) -> None:
     """The request model names, for each call, the resource AWS authorizes it on: "*" exactly for an
     action that takes no resource type, otherwise an ARN of a type the action accepts."""
-    arn = pipeline.start(pipeline.input())
+    if tuning:
+        pipeline = pipeline_factory(scripts=[_trial(loss, billed) for loss, billed in zip(LOSSES, BILLED, strict=True)])
+        arn = pipeline.start(tuning_input(pipeline))
+    else:
+        pipeline = pipeline_factory()
+        arn = pipeline.start(pipeline.input())
     pipeline.run_until(arn, "Approval gate (promotion)")
     pipeline.decide("promotion", "approve")
     assert pipeline.finish(arn)["status"] == "SUCCEEDED"
