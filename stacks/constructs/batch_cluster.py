@@ -32,6 +32,8 @@ from training.layout import ANY_RUN
 
 FSX_MOUNT_PATH = "/fsx"
 ROOT_VOLUME_GB = 200
+# The ECS agent setting that keeps awsvpc tasks (every multi-node job) from the instance metadata.
+ECS_BLOCK_IMDS = "ECS_AWSVPC_BLOCK_IMDS=true"
 # What the host keeps for itself (ECS agent, Docker, the OS); the job's container gets the rest.
 HOST_MEMORY_FRACTION = 0.9
 BATCH_COMMAND = ["train"]
@@ -235,6 +237,9 @@ class BatchTrainingCluster(Construct):
             f"mount -t lustre -o relatime,flock {file_system.dns_name}@tcp:/{file_system.mount_name} {FSX_MOUNT_PATH}",
             f"echo '{file_system.dns_name}@tcp:/{file_system.mount_name} {FSX_MOUNT_PATH} lustre "
             "defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0' >> /etc/fstab",
+            # Multi-node jobs run in awsvpc mode, where the hop limit alone does not keep a container from
+            # the instance metadata (and the instance role): the ECS agent blocks it for those tasks.
+            f"echo {ECS_BLOCK_IMDS} >> /etc/ecs/ecs.config",
         )
         # AWS Batch merges its own user data with the launch template's, which must be MIME multi-part.
         user_data = ec2.MultipartUserData()

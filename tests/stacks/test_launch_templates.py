@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stacks.constructs.batch_cluster import ECS_BLOCK_IMDS
 from tests.support.iam import AssemblyIam
 
 
@@ -24,6 +26,18 @@ def test_containers_cannot_reach_the_instance_role(built: str, request: Any) -> 
         options = data.get("MetadataOptions", {})
         assert options.get("HttpTokens") == "required", logical
         assert options.get("HttpPutResponseHopLimit") == 1, logical
+
+
+@pytest.mark.parametrize("built", ["platform", "variant"])
+def test_awsvpc_jobs_cannot_reach_the_instance_metadata(built: str, request: Any) -> None:
+    """Multi-node jobs run in awsvpc mode, their own network namespace on a task ENI: the hop limit
+    does not cover them, the ECS agent's ECS_AWSVPC_BLOCK_IMDS does."""
+    with_user_data = [
+        (logical, data) for logical, data in _launch_templates(request.getfixturevalue(built)) if "UserData" in data
+    ]
+    assert with_user_data, "the Batch compute environment's launch template"
+    for logical, data in with_user_data:
+        assert f"echo {ECS_BLOCK_IMDS} >> /etc/ecs/ecs.config" in json.dumps(data["UserData"]), logical
 
 
 @pytest.mark.parametrize("built", ["platform", "variant"])
