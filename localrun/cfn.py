@@ -50,6 +50,7 @@ _ARNS = {
     "AWS::DynamoDB::Table": "arn:aws:dynamodb:{region}:{account}:table/{name}",
     "AWS::Events::Rule": "arn:aws:events:{region}:{account}:rule/{name}",
     "AWS::SQS::Queue": "arn:aws:sqs:{region}:{account}:{name}",
+    "AWS::CodeBuild::Project": "arn:aws:codebuild:{region}:{account}:project/{name}",
 }
 
 

@@ -210,17 +210,6 @@ def sagemaker_backend(call: Call) -> Any:
     return sagemaker_backends[call.account][call.region]
 
 
-def _state_machine_of_token(call: Call) -> str:
-    """Step Functions authorizes SendTask* on the state machine whose execution holds the token."""
-    token = call.params["taskToken"]
-    for machine in stepfunctions_parser_backends[call.account][call.region].state_machines:
-        for execution in machine.executions:
-            worker = getattr(execution, "exec_worker", None)
-            if worker is not None and worker.env.callback_pool_manager.get(token) is not None:
-                return str(machine.arn)
-    return "*"  # an unknown token: the service answers InvalidToken after authorization
-
-
 def _lambda_function(call: Call) -> str:
     name = call.params["FunctionName"]
     arn = name if name.startswith("arn:") else call.arn("lambda", f"function:{name}")
@@ -275,8 +264,8 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("sagemaker", "DescribeHyperParameterTuningJob"): _one("sagemaker:DescribeHyperParameterTuningJob", _tuning_job),
     ("sagemaker", "StopHyperParameterTuningJob"): _one("sagemaker:StopHyperParameterTuningJob", _tuning_job),
     ("sagemaker", "ListHyperParameterTuningJobs"): _everything("sagemaker:ListHyperParameterTuningJobs"),
-    ("sagemaker", "ListTrainingJobsForHyperParameterTuningJob"): _everything(
-        "sagemaker:ListTrainingJobsForHyperParameterTuningJob"
+    ("sagemaker", "ListTrainingJobsForHyperParameterTuningJob"): _one(
+        "sagemaker:ListTrainingJobsForHyperParameterTuningJob", _tuning_job
     ),
     ("sagemaker", "Search"): _everything("sagemaker:Search"),
     ("sagemaker", "AddTags"): lambda c: [
@@ -305,9 +294,10 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("dynamodb", "DescribeTable"): _one("dynamodb:DescribeTable", _table),
     ("sns", "Publish"): _one("sns:Publish", lambda c: c.params.get("TopicArn") or c.params["TargetArn"]),
     ("lambda", "Invoke"): _one("lambda:InvokeFunction", _lambda_function),
-    ("stepfunctions", "SendTaskSuccess"): _one("states:SendTaskSuccess", _state_machine_of_token),
-    ("stepfunctions", "SendTaskFailure"): _one("states:SendTaskFailure", _state_machine_of_token),
-    ("stepfunctions", "SendTaskHeartbeat"): _one("states:SendTaskHeartbeat", _state_machine_of_token),
+    # The reference lets SendTask* name no resource: IAM authorizes them on "*", whatever the token.
+    ("stepfunctions", "SendTaskSuccess"): _everything("states:SendTaskSuccess"),
+    ("stepfunctions", "SendTaskFailure"): _everything("states:SendTaskFailure"),
+    ("stepfunctions", "SendTaskHeartbeat"): _everything("states:SendTaskHeartbeat"),
     ("stepfunctions", "StartExecution"): _one("states:StartExecution", lambda c: c.params["stateMachineArn"]),
     ("stepfunctions", "DescribeExecution"): _one("states:DescribeExecution", lambda c: c.params["executionArn"]),
     ("stepfunctions", "StopExecution"): _one("states:StopExecution", lambda c: c.params["executionArn"]),

@@ -13,6 +13,7 @@ from constructs import Construct
 
 from lambdas.approvals.store import PENDING_INDEX
 from stacks.constructs.buckets import TrainingBuckets
+from stacks.constructs.keys import account_key
 from stacks.constructs.logs import allow_cloudwatch_logs
 from stacks.constructs.lustre import LustreDataRepository
 from stacks.constructs.nag import acknowledge
@@ -60,12 +61,8 @@ class DataStack(Stack):
 
     def _platform_key(self) -> kms.Key:
         """The one customer-managed key of the platform's data; AWS services may use it for this account only."""
-        key = kms.Key(
-            self,
-            "DataKey",
-            description="Encrypts the training platform's data: S3, FSx, ECR, logs, topics, tables",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.RETAIN,
+        key = account_key(
+            self, "DataKey", description="Encrypts the training platform's data: S3, FSx, ECR, logs, topics, tables"
         )
         allow_cloudwatch_logs(key)
         # Alarms and budget alerts publish to topics, and EventBridge rules dead-letter to queues,

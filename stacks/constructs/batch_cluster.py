@@ -26,12 +26,14 @@ from constructs import Construct
 from lambdas.shared.catalog import InstanceType
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.network import TrainingNetwork
-from stacks.constructs.placement import EfaClusterPlacement, efa_interfaces
+from stacks.constructs.placement import INSTANCE_METADATA_HOP_LIMIT, EfaClusterPlacement, efa_interfaces
 from stacks.constructs.training_image import TrainingImage
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 
 FSX_MOUNT_PATH = "/fsx"
 ROOT_VOLUME_GB = 200
+# The ECS agent setting that keeps awsvpc tasks (every multi-node job) from the instance metadata.
+ECS_BLOCK_IMDS = "ECS_AWSVPC_BLOCK_IMDS=true"
 # What the host keeps for itself (ECS agent, Docker, the OS); the job's container gets the rest.
 HOST_MEMORY_FRACTION = 0.9
 BATCH_COMMAND = ["train"]
@@ -215,6 +217,9 @@ class BatchTrainingCluster(Construct):
             f"mount -t lustre -o relatime,flock {file_system.dns_name}@tcp:/{file_system.mount_name} {FSX_MOUNT_PATH}",
             f"echo '{file_system.dns_name}@tcp:/{file_system.mount_name} {FSX_MOUNT_PATH} lustre "
             "defaults,relatime,flock,_netdev,x-systemd.automount,x-systemd.requires=network.service 0 0' >> /etc/fstab",
+            # Multi-node jobs run in awsvpc mode, where the hop limit alone does not keep a container from
+            # the instance metadata (and the instance role): the ECS agent blocks it for those tasks.
+            f"echo {ECS_BLOCK_IMDS} >> /etc/ecs/ecs.config",
         )
         # AWS Batch merges its own user data with the launch template's, which must be MIME multi-part.
         user_data = ec2.MultipartUserData()
@@ -224,7 +229,7 @@ class BatchTrainingCluster(Construct):
             "LaunchTemplate",
             user_data=user_data,
             require_imdsv2=True,
-            http_put_response_hop_limit=2,
+            http_put_response_hop_limit=INSTANCE_METADATA_HOP_LIMIT,
             detailed_monitoring=True,
             block_devices=[
                 ec2.BlockDevice(
@@ -253,6 +258,11 @@ class BatchTrainingCluster(Construct):
                     "Groups": interface.groups,
                     "SubnetId": interface.subnet_id,
                     "DeleteOnTermination": True,
+                    **(
+                        {"AssociatePublicIpAddress": interface.associate_public_ip_address}
+                        if interface.associate_public_ip_address is not None
+                        else {}
+                    ),
                     "Description": interface.description,
                 }
                 for interface in interfaces

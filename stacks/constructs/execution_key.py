@@ -78,7 +78,8 @@ class ExecutionDataKey(Construct):
                 iam.PolicyStatement(
                     sid="NamedReaders",
                     principals=[iam.ArnPrincipal(arn) for arn in sorted(readers)],
-                    actions=["kms:Decrypt", "kms:DescribeKey"],
+                    # Decrypt only: no describe action supports the encryption context the condition names.
+                    actions=["kms:Decrypt"],
                     resources=["*"],
                     conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
                 )

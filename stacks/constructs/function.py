@@ -17,7 +17,7 @@ from constructs import Construct
 
 from lambdas.shared.metrics import SERVICE
 from stacks.constructs.logs import encrypted_log_group
-from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -100,7 +100,7 @@ class PlatformFunction(Construct):
         if (vpc is None) == (outside_vpc_reason is None):
             raise ValueError(f"{id_}: give either a vpc or the reason the function must run outside one")
         self.log_group = encrypted_log_group(self, "Logs", key=log_key, retention_days=log_retention_days)
-        self.role = self._role(description, in_vpc=vpc is not None)
+        self.role = self._role(description)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -127,14 +127,16 @@ class PlatformFunction(Construct):
             vpc_subnets=vpc_subnets,
             security_groups=security_groups,
         )
+        if vpc is not None:
+            self._grant_vpc_attachment(vpc, vpc_subnets)
         self._acknowledge(
             in_vpc=vpc is not None,
             no_dead_letters_reason=None if dead_letter_queue is not None else no_dead_letters_reason,
             outside_vpc_reason=outside_vpc_reason,
         )
 
-    def _role(self, description: str, *, in_vpc: bool) -> iam.Role:
-        """A role that may write this function's log group and, in a VPC, attach the function to it."""
+    def _role(self, description: str) -> iam.Role:
+        """A role that may write this function's log group (and, in a VPC, attach the function to it)."""
         role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description)
         role.add_to_policy(
             iam.PolicyStatement(
@@ -142,24 +144,62 @@ class PlatformFunction(Construct):
                 resources=[self.log_group.log_group_arn],
             )
         )
-        if in_vpc:
-            # What Lambda needs to attach the function to the VPC (the actions of the managed
-            # AWSLambdaVPCAccessExecutionRole policy, inline so they stay with this one role).
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="VpcNetworkInterfaces",
-                    actions=[
-                        "ec2:CreateNetworkInterface",
-                        "ec2:DescribeNetworkInterfaces",
-                        "ec2:DescribeSubnets",
-                        "ec2:DeleteNetworkInterface",
-                        "ec2:AssignPrivateIpAddresses",
-                        "ec2:UnassignPrivateIpAddresses",
-                    ],
-                    resources=["*"],
-                )
-            )
         return role
+
+    def _grant_vpc_attachment(self, vpc: ec2.IVpc, vpc_subnets: ec2.SubnetSelection | None) -> None:
+        """What Lambda needs to attach the function to the VPC (the actions of the managed
+        AWSLambdaVPCAccessExecutionRole policy), each on what the Service Authorization Reference lets
+        it name: interfaces are created only in the function's subnets with its security groups, and
+        changed or deleted only in its VPC. The describe actions take no resource."""
+        stack = Stack.of(self)
+        ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
+        interfaces = f"{ec2_arn}:network-interface/*"
+        selection = vpc_subnets or ec2.SubnetSelection()
+        subnets = vpc.select_subnets(
+            availability_zones=selection.availability_zones,
+            one_per_az=selection.one_per_az,
+            subnet_filters=selection.subnet_filters,
+            subnet_group_name=selection.subnet_group_name,
+            subnets=selection.subnets,
+            subnet_type=selection.subnet_type,
+        ).subnet_ids
+        groups = [group.security_group_id for group in self.function.connections.security_groups]
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DescribeTheNetwork",
+                actions=["ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets"],
+                resources=["*"],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="CreateInterfacesInTheFunctionSubnets",
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[
+                    interfaces,
+                    *(f"{ec2_arn}:subnet/{subnet}" for subnet in subnets),
+                    *(f"{ec2_arn}:security-group/{group}" for group in groups),
+                ],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ManageInterfacesInTheVpc",
+                actions=[
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:AssignPrivateIpAddresses",
+                    "ec2:UnassignPrivateIpAddresses",
+                ],
+                resources=[interfaces],
+                conditions={"ArnEquals": {"ec2:Vpc": f"{ec2_arn}:vpc/{vpc.vpc_id}"}},
+            )
+        )
+        acknowledge_wildcard(
+            self.role,
+            interfaces,
+            "Lambda creates the function's network interfaces, whose IDs nobody knows in advance; creation "
+            "is bound to the function's subnets and security groups, changes to the platform VPC by condition.",
+        )
 
     def _acknowledge(self, *, in_vpc: bool, no_dead_letters_reason: str | None, outside_vpc_reason: str | None) -> None:
         acknowledge(
@@ -167,8 +207,8 @@ class PlatformFunction(Construct):
             "AwsSolutions-IAM5[Resource::*]",
             "X-Ray trace upload takes no resource scope"
             + (
-                "; the network-interface actions Lambda needs to attach the function to the VPC are granted on "
-                "all resources, as AWS's AWSLambdaVPCAccessExecutionRole grants them."
+                "; nor do ec2:DescribeNetworkInterfaces and ec2:DescribeSubnets, which Lambda needs to attach the "
+                "function to the VPC."
                 if in_vpc
                 else "."
             ),

@@ -47,7 +47,11 @@ def encrypted_log_group(scope: Construct, id_: str, *, key: kms.IKey, retention_
 
 
 def allow_cloudwatch_logs(key: kms.IKey) -> None:
-    """Let CloudWatch Logs use `key`, for this account's log groups only."""
+    """Let CloudWatch Logs use `key`, for this account's log groups only.
+
+    Only actions that carry an encryption context: under the `aws:logs:arn` condition a describe
+    action would grant nothing, since no describe action supports the key (Service Authorization
+    Reference)."""
     key.add_to_resource_policy(
         iam.PolicyStatement(
             sid="CloudWatchLogs",
@@ -57,7 +61,6 @@ def allow_cloudwatch_logs(key: kms.IKey) -> None:
                 "kms:Decrypt*",
                 "kms:ReEncrypt*",
                 "kms:GenerateDataKey*",
-                "kms:Describe*",
             ],
             resources=["*"],
             conditions={

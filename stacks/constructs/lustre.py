@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws, RemovalPolicy, Stack
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
@@ -110,8 +110,3 @@ class LustreDataRepository(Construct):
     @property
     def file_system_id(self) -> str:
         return self.file_system.file_system_id
-
-    @property
-    def file_system_arn(self) -> str:
-        stack = Stack.of(self)
-        return f"arn:{stack.partition}:fsx:{stack.region}:{stack.account}:file-system/{self.file_system_id}"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import Aws
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from stacks.constructs.keys import account_key
 from stacks.constructs.logs import allow_cloudwatch_logs, encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 from stacks.settings import NetworkSettings
@@ -83,13 +83,7 @@ class TrainingNetwork(Construct):
         self.training_subnet: ec2.ISubnet = self.vpc.select_subnets(subnet_group_name="training").subnets[0]
         self.services_subnets = ec2.SubnetSelection(subnet_group_name="services")
 
-        self.flow_logs_key = kms.Key(
-            self,
-            "FlowLogsKey",
-            description="Encrypts the training VPC's flow logs",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.RETAIN,
-        )
+        self.flow_logs_key = account_key(self, "FlowLogsKey", description="Encrypts the training VPC's flow logs")
         allow_cloudwatch_logs(self.flow_logs_key)
         self.flow_logs = encrypted_log_group(
             self, "FlowLogs", key=self.flow_logs_key, retention_days=settings.flow_log_retention_days

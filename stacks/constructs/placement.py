@@ -7,6 +7,10 @@ from constructs import Construct
 
 from lambdas.shared.catalog import InstanceType
 
+# IMDSv2 answers one hop only: the instance itself, never a container behind the Docker bridge,
+# so a job cannot take the instance role (its own role comes from the ECS credentials endpoint).
+INSTANCE_METADATA_HOP_LIMIT = 1
+
 
 class EfaClusterPlacement(Construct):
     """A cluster placement group plus a launch template with one EFA interface per network card.
@@ -35,7 +39,9 @@ class EfaClusterPlacement(Construct):
                 placement=ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.placement_group_name),
                 network_interfaces=interfaces,
                 metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_tokens="required", http_endpoint="enabled", http_put_response_hop_limit=2
+                    http_tokens="required",
+                    http_endpoint="enabled",
+                    http_put_response_hop_limit=INSTANCE_METADATA_HOP_LIMIT,
                 ),
                 monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
             ),
@@ -45,7 +51,8 @@ class EfaClusterPlacement(Construct):
 def efa_interfaces(
     instance: InstanceType, *, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup
 ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
-    """One interface per network card, EFA where the type has it, in the training subnet and security group."""
+    """One interface per network card, EFA where the type has it, in the training subnet and security group,
+    without a public IP (only the primary interface could have one)."""
     # Card 0 carries the primary interface (device 0); the other cards' EFA interfaces are device 1.
     return [
         ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
@@ -55,6 +62,7 @@ def efa_interfaces(
             groups=[security_group.security_group_id],
             subnet_id=subnet.subnet_id,
             delete_on_termination=True,
+            associate_public_ip_address=False if card == 0 else None,
             description=f"training network card {card}",
         )
         for card in range(max(1, instance.efa_interfaces))

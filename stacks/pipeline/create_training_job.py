@@ -66,13 +66,13 @@ class DistributedTrainingJob(Construct):
             description="SageMaker training jobs of the distributed training platform",
         )
         context.image.repository.grant_pull(self.role)
-        statements = self._execution_statements(context.datasets, context.data.lustre.file_system_arn)
+        statements = self._execution_statements(context.datasets)
         for sid, statement in statements.items():
             statement.sid = sid
             self.role.add_to_policy(statement)
         self._acknowledge_execution_role(context.datasets, statements)
 
-    def _execution_statements(self, datasets: s3.IBucket, file_system_arn: str) -> dict[str, iam.PolicyStatement]:
+    def _execution_statements(self, datasets: s3.IBucket) -> dict[str, iam.PolicyStatement]:
         """What the training containers may do: read datasets, read and write checkpoints, write outputs."""
         stack = Stack.of(self)
         region_account = f"{stack.region}:{stack.account}"
@@ -109,13 +109,16 @@ class DistributedTrainingJob(Construct):
                 ],
             ),
             "ManageInterfacesInTheVpc": iam.PolicyStatement(
-                actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+                actions=[
+                    "ec2:CreateNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterface",
+                ],
                 resources=[interfaces],
                 conditions={"ArnEquals": {"ec2:Vpc": f"{ec2_arn}:vpc/{self.vpc.vpc_id}"}},
             ),
             "DescribeTheNetwork": iam.PolicyStatement(
                 actions=[
-                    "ec2:DeleteNetworkInterfacePermission",
                     "ec2:DescribeNetworkInterfaces",
                     "ec2:DescribeVpcs",
                     "ec2:DescribeDhcpOptions",
@@ -124,7 +127,8 @@ class DistributedTrainingJob(Construct):
                 ],
                 resources=["*"],
             ),
-            "LustreDataSource": iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=[file_system_arn]),
+            # The reference lets DescribeFileSystems name no file system: on one ARN it grants nothing.
+            "LustreDataSource": iam.PolicyStatement(actions=["fsx:DescribeFileSystems"], resources=["*"]),
         }
 
     def _acknowledge_execution_role(self, datasets: s3.IBucket, statements: dict[str, iam.PolicyStatement]) -> None:
@@ -133,7 +137,7 @@ class DistributedTrainingJob(Construct):
             self.role,
             "AwsSolutions-IAM5[Resource::*]",
             "ECR GetAuthorizationToken, CloudWatch PutMetricData (limited to SageMaker namespaces by condition), "
-            "EC2 Describe* and DeleteNetworkInterfacePermission take no resource scope.",
+            "EC2 Describe* and FSx DescribeFileSystems take no resource scope.",
         )
         acknowledge_training_storage(
             self.role, datasets=datasets, checkpoints=self.checkpoints, artifacts=self.artifacts

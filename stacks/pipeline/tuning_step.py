@@ -20,7 +20,7 @@ from constructs import Construct
 
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from stacks.constructs.function import PlatformFunction
-from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.create_training_job import TRANSIENT_ERRORS, DistributedTrainingJob
 from stacks.pipeline.polled_job import SDK_TIMEOUT_SECONDS, PolledJobStep, StepNames, sdk_arn, sdk_retry
@@ -180,21 +180,17 @@ class SageMakerTuning(Construct):
         )
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(
-                sid="ListTrials", actions=["sagemaker:ListTrainingJobsForHyperParameterTuningJob"], resources=["*"]
+                sid="ListTrials",
+                actions=["sagemaker:ListTrainingJobsForHyperParameterTuningJob"],
+                resources=[tuning_jobs],
             )
         )
         self.job.grant_follow(monitor.role)
         for resource, reason in {
-            tuning_jobs: "Describes the run's tuning job; tuning job names are per run.",
+            tuning_jobs: "Describes the run's tuning job and lists its trials; tuning job names are per run.",
             context.arn("sagemaker", "training-job/*"): "Describes the tuning job's trials, named by SageMaker.",
         }.items():
             acknowledge_wildcard(monitor.role, resource, reason)
-        acknowledge(
-            monitor.role,
-            "AwsSolutions-IAM5[Resource::*]",
-            "sagemaker:ListTrainingJobsForHyperParameterTuningJob is granted on all resources: a read-only "
-            "listing of a tuning job's trials, whose costs the run's lineage sums.",
-        )
         return monitor
 
     def _create(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.Choice:
