@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.session
 import pytest
 from botocore.exceptions import ClientError
+from policy_sentry.querying.actions import get_action_data
 
 from lambdas.shared.metrics import NAMESPACE, Metric
 from localrun.cfn import ACCOUNT, REGION
@@ -64,7 +67,9 @@ def test_a_power_user_reading_the_approvals_table_finds_no_token_it_can_use(pipe
     kms = insider.client("kms")
     context = {k: item[k]["S"] for k in ("request_id", "execution", "gate")}
     blob = base64.b64decode(sealed)
-    assert _failed_denied(lambda: kms.decrypt(CiphertextBlob=blob, EncryptionContext=context)) == "AccessDeniedException"
+    assert (
+        _failed_denied(lambda: kms.decrypt(CiphertextBlob=blob, EncryptionContext=context)) == "AccessDeniedException"
+    )
     assert any(
         d.action == "kms:Decrypt" and "insider" in d.principal and "no identity-based policy" in d.reason
         for d in pipeline.local.iam.denials()
@@ -122,3 +127,23 @@ def test_a_decision_sent_with_the_token_outside_the_decision_url_fails_the_run_a
     ]
     assert [e["_aws"]["CloudWatchMetrics"][0]["Namespace"] for e in emitted] == [NAMESPACE]
     assert emitted[0][Metric.UNRECORDED_DECISIONS.value] == [1.0]
+
+
+def test_the_readme_gives_a_valid_scp_that_reserves_every_task_result_call_to_the_decision_role() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("#### Service control policy: only the decision function resumes a gate", 1)[1]
+    policy = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    (statement,) = policy["Statement"]
+    assert (policy["Version"], statement["Effect"], statement["Resource"]) == ("2012-10-17", "Deny", "*")
+    # Every Step Functions operation that hands a task its result, as the service's own model names them.
+    operations = botocore.session.get_session().get_service_model("stepfunctions").operation_names
+    assert sorted(statement["Action"]) == sorted(f"states:{op}" for op in operations if op.startswith("SendTask"))
+    # The Service Authorization Reference: each exists and takes only `*`, so no resource can narrow it.
+    for action in statement["Action"]:
+        (reference,) = get_action_data("states", action.split(":")[1])["states"]
+        assert reference["resource_arn_format"] == "*", reference
+    # aws:PrincipalArn is a global condition key; ArnNotLike exempts exactly the decision role.
+    assert list(statement["Condition"]) == ["ArnNotLike"]
+    (principals,) = statement["Condition"]["ArnNotLike"].values()
+    assert list(statement["Condition"]["ArnNotLike"]) == ["aws:PrincipalArn"]
+    assert len(principals) == 1 and ":role/" in principals[0]
