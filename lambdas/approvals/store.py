@@ -303,7 +303,7 @@ def _encode_cursor(key: dict[str, Any]) -> str:
 def _decode_cursor(cursor: str) -> dict[str, Any]:
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise DecisionError(400, "cursor is not one this service returned as `next`") from None
     if not isinstance(key, dict) or set(key) != {"request_id", "status", "requested_at"}:
         raise DecisionError(400, "cursor is not one this service returned as `next`")
