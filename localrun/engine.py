@@ -354,6 +354,7 @@ class LocalPlatform:
         for stack, _, policy in self.assembly.resources("AWS::S3::BucketPolicy"):
             props = self.resolver.resolve(stack, policy["Properties"])
             s3.put_bucket_policy(Bucket=props["Bucket"], Policy=json.dumps(props["PolicyDocument"]))
+        self._deploy_keys()
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         for stack, logical, resource in self.assembly.resources("AWS::DynamoDB::Table"):
             props = resource["Properties"]
@@ -386,6 +387,19 @@ class LocalPlatform:
             name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
+
+    def _deploy_keys(self) -> None:
+        """Every KMS key with its key policy, under the key ID the templates' references resolve to."""
+        from moto.kms.models import kms_backends  # noqa: PLC0415 - moto loads backends lazily
+
+        backend = kms_backends[ACCOUNT][REGION]
+        for stack, logical, resource in self.assembly.resources("AWS::KMS::Key"):
+            wanted = str(self.resolver.ref(stack, logical))
+            policy = self.resolver.resolve(stack, resource["Properties"].get("KeyPolicy"))
+            key = backend.create_key(json.dumps(policy), "ENCRYPT_DECRYPT", "SYMMETRIC_DEFAULT", logical, None)
+            del backend.keys[key.id]
+            key.id, key.arn = wanted, f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{wanted}"
+            backend.keys[wanted] = key
 
     def _sqs_subscriptions(self, sns: Any) -> None:
         """An SQS queue on every topic, so tests and the demo can read what was published."""

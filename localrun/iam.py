@@ -21,6 +21,7 @@ saying so: a gap in the model is never an Allow.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -245,6 +246,29 @@ def _submit_job(call: Call) -> list[Request]:
     return requests
 
 
+def _kms_key(call: Call) -> str:
+    """The key's ARN: named by KeyId, or (Decrypt of a symmetric ciphertext) by the ciphertext itself."""
+    from moto.kms.models import kms_backends  # noqa: PLC0415 - moto loads backends lazily
+    from moto.kms.utils import _deserialize_ciphertext_blob  # noqa: PLC0415
+
+    backend = kms_backends[call.account][call.region]
+    named = call.params.get("KeyId") or _deserialize_ciphertext_blob(call.params["CiphertextBlob"]).key_id
+    return str(backend.describe_key(named).arn)
+
+
+def _kms_use(action: str) -> Callable[[Call], list[Request]]:
+    """Encrypt/Decrypt on the key, with the request's encryption context as condition keys."""
+
+    def requests(call: Call) -> list[Request]:
+        pairs = call.params.get("EncryptionContext") or {}
+        context: dict[str, Any] = {f"kms:EncryptionContext:{k}": v for k, v in pairs.items()}
+        if pairs:
+            context["kms:EncryptionContextKeys"] = list(pairs)
+        return [Request(action, _kms_key(call), context, None)]
+
+    return requests
+
+
 _BATCH_OPERATIONS = {
     "submitjob": "SubmitJob",
     "describejobs": "DescribeJobs",
@@ -302,6 +326,8 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("stepfunctions", "DescribeExecution"): _one("states:DescribeExecution", lambda c: c.params["executionArn"]),
     ("stepfunctions", "StopExecution"): _one("states:StopExecution", lambda c: c.params["executionArn"]),
     ("sts", "AssumeRole"): _one("sts:AssumeRole", lambda c: c.params["RoleArn"]),
+    ("kms", "Encrypt"): _kms_use("kms:Encrypt"),
+    ("kms", "Decrypt"): _kms_use("kms:Decrypt"),
 }
 # S3 condition keys the model computes (moto names S3's IAM action and resource itself).
 _S3_KEYS = frozenset(
@@ -490,8 +516,11 @@ class LocalIam:
                 principal=session.arn,
                 principal_role=f"arn:aws:iam::{ACCOUNT}:role/{role_name}",
             )
-            policies = self.role_policies(role_name) + self._resource_policies(response, request)
-            decision = evaluate(policies, request)
+            if response.boto3_service_name == "kms":
+                decision = self._key_policy_decision(request, role_name)
+            else:
+                policies = self.role_policies(role_name) + self._resource_policies(response, request)
+                decision = evaluate(policies, request)
             self._record(session.arn, request, decision)
             if not decision.allowed:
                 raise _denied(
@@ -520,6 +549,19 @@ class LocalIam:
                 "add its actions, resources and condition keys from the Service Authorization Reference",
             )
         return model(Call(service, operation, _request_params(response, operation), response.region))
+
+    def _key_policy_decision(self, request: Request, role_name: str) -> Decision:
+        """KMS: the key policy decides; IAM policies count only where it lets the account's IAM grant the action."""
+        from moto.kms.models import kms_backends  # noqa: PLC0415 - moto loads backends lazily
+
+        key = kms_backends[ACCOUNT][REGION].describe_key(request.resource)
+        key_policy = Policy.parse(f"key policy of {key.id}", key.policy, resource_policy=True)
+        direct = evaluate([key_policy], request)
+        root = f"arn:aws:iam::{ACCOUNT}:root"
+        delegated = evaluate([key_policy], dataclasses.replace(request, principal=root, principal_role=root))
+        if direct.allowed or not delegated.allowed:
+            return direct
+        return evaluate([key_policy, *self.role_policies(role_name)], request)
 
     def _resource_policies(self, response: Any, request: Request) -> list[Policy]:
         if response.boto3_service_name != "s3":

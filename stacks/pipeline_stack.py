@@ -21,8 +21,9 @@ from constructs import Construct
 
 from lambdas.backends.sagemaker import SAGEMAKER
 from lambdas.execution_state import CLEANUP, FAILURE
+from lambdas.shared.metrics import Metric
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
-from stacks.constructs.dashboard import PlatformDashboard
+from stacks.constructs.dashboard import PlatformDashboard, platform_metric
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
@@ -136,6 +137,7 @@ class PipelineStack(Stack):
             "ApprovalRequest": self.approval.request.function,
             "ApprovalDecide": self.approval.decide.function,
             "ApprovalPending": self.approval.pending.function,
+            "ApprovalVerify": self.approval.verify.function,
         }
         PipelineAlarms(
             self,
@@ -144,6 +146,13 @@ class PipelineStack(Stack):
             functions=functions,
             dead_letters=dead_letters,
             topic=context.topics.alarms,
+            metrics={
+                "UnrecordedDecisions": (
+                    platform_metric(Metric.UNRECORDED_DECISIONS),
+                    "An approval gate resumed with a decision the decision function did not record: someone "
+                    "used a gate's task token outside the decision URL (the run was stopped)",
+                )
+            },
         )
         PlatformDashboard(
             self, "Dashboard", name=settings.name_prefix, state_machine=self.state_machine, functions=functions
@@ -191,7 +200,7 @@ class PipelineStack(Stack):
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
             "take no resource scope; nor does batch:ListJobs (finding a submitted AWS Batch job by name).",
         )
-        invoked = [*context.functions.values(), self.approval.request]
+        invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {
             context.arn("sagemaker", "training-job/*"): (
                 "Job names are per run and attempt; CreateTrainingJob is further limited by condition to the "

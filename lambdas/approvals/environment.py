@@ -12,13 +12,20 @@ class ApprovalsEnvironment(HandlerEnvironment):
     """The approval requests' table."""
 
 
-class DecideEnvironment(ApprovalsEnvironment):
+class TokenKeyEnvironment(ApprovalsEnvironment):
+    """The handlers that seal (request) or open (decide) task tokens."""
+
+    token_key_arn: str
+    """The approval token key: only the request function encrypts with it, only the decision function decrypts."""
+
+
+class DecideEnvironment(TokenKeyEnvironment):
     approvers: list[str]
     """The principals (role or user ARNs) who may list and decide requests."""
     forbid_self_approval: bool
 
 
-class RequestEnvironment(ApprovalsEnvironment):
+class RequestEnvironment(TokenKeyEnvironment):
     topic_arn: str
     """Where approvers are notified."""
     decision_url: str

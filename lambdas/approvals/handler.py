@@ -1,7 +1,8 @@
 """Approval-gate handlers.
 
-`request`: invoked by the state machine with `.waitForTaskToken`; stores the request and
-notifies approvers. `report_pending`: on a schedule, counts the requests still waiting and the
+`request`: invoked by the state machine with `.waitForTaskToken`; seals the token, stores the
+request and notifies approvers. `verify`: after a gate resumes, fails the run unless the decision
+it resumed with is the one `decide` recorded. `report_pending`: on a schedule, counts the requests still waiting and the
 age of the oldest, as metrics. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
 granted lambda:InvokeFunctionUrl reach it), it takes the caller's identity from a proof STS
 attests (lambdas/approvals/identity.py), never from the event, so a direct invocation with a
@@ -11,6 +12,8 @@ ever logs its event.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,18 +22,81 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.approvals import identity
-from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
+from lambdas.approvals.environment import (
+    ApprovalsEnvironment,
+    DecideEnvironment,
+    RequestEnvironment,
+    TokenKeyEnvironment,
+)
 from lambdas.approvals.identity import IdentityError, Principal
-from lambdas.approvals.store import PAGE_SIZE, ApprovalStore, DecisionError, now_utc
+from lambdas.approvals.store import (
+    MAX_REASON,
+    PAGE_SIZE,
+    ApprovalStore,
+    DecisionError,
+    DecisionNotRecordedError,
+    now_utc,
+)
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.APPROVAL)
 
 
+# A decision body is three short strings; anything far larger is not one.
+MAX_BODY_BYTES = 4 * MAX_REASON + 1024
+# Nesting deeper than this is not a decision (the body is a flat object); json.loads would recurse.
+MAX_BODY_DEPTH = 8
+BODY_SHAPE = "{request_id, decision, reason}"
+
+
 def _store(environment: ApprovalsEnvironment) -> ApprovalStore:
     table = boto3.resource("dynamodb").Table(environment.table_name)
+    if isinstance(environment, TokenKeyEnvironment):
+        return ApprovalStore(
+            table=table,
+            sfn=boto3.client("stepfunctions"),
+            kms=boto3.client("kms"),
+            token_key=environment.token_key_arn,
+        )
     return ApprovalStore(table=table, sfn=boto3.client("stepfunctions"))
+
+
+def decision_body(event: dict[str, Any]) -> dict[str, str]:
+    """The decision a POST asks for, or a DecisionError(400) saying what is wrong with its body.
+
+    Any body the handler cannot read (not UTF-8, too large, nested too deep, not JSON, not an object
+    of strings) is the caller's error, answered as such.
+    """
+    raw: str | bytes = event.get("body") or "{}"
+    if event.get("isBase64Encoded"):
+        try:
+            raw = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise DecisionError(400, f"the body is marked base64 but is not valid base64: send {BODY_SHAPE}") from None
+    data = raw.encode() if isinstance(raw, str) else raw
+    if len(data) > MAX_BODY_BYTES:
+        raise DecisionError(400, f"the body takes at most {MAX_BODY_BYTES} bytes: send {BODY_SHAPE}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecisionError(400, f"the body must be UTF-8 JSON: {BODY_SHAPE}") from None
+    depth = 0
+    for char in text:  # brackets inside strings count too: a real decision body stays far below the limit
+        depth += (char in "[{") - (char in "]}")
+        if depth > MAX_BODY_DEPTH:
+            raise DecisionError(400, f"the body is nested too deeply to be a decision: send {BODY_SHAPE}")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        raise DecisionError(400, f"the body must be JSON: {BODY_SHAPE}") from None
+    if not isinstance(body, dict):
+        raise DecisionError(400, f"the body must be a JSON object: {BODY_SHAPE}")
+    fields = {key: body.get(key, "") for key in ("request_id", "decision", "reason")}
+    wrong = sorted(key for key, value in fields.items() if not isinstance(value, str))
+    if wrong:
+        raise DecisionError(400, f"{', '.join(wrong)} must be a string: send {BODY_SHAPE}")
+    return fields
 
 
 def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours: int) -> tuple[str, str]:
@@ -114,13 +180,7 @@ def _list(event: dict[str, Any], store: ApprovalStore, environment: DecideEnviro
 
 
 def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvironment) -> dict[str, Any]:
-    try:
-        body = json.loads(event.get("body") or "{}")
-    except json.JSONDecodeError:
-        return _response(400, {"error": "the body must be JSON: {request_id, decision, reason}"})
-    if not isinstance(body, dict):
-        return _response(400, {"error": "the body must be a JSON object: {request_id, decision, reason}"})
-    asked = {key: str(body.get(key, "")) for key in ("request_id", "decision", "reason")}
+    asked = decision_body(event)
     caller, principal = _caller(event, "decide", asked, environment)
     result = store.decide(
         **asked,
@@ -155,6 +215,20 @@ def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     except (IdentityError, DecisionError) as exc:
         logger.warning("request refused", extra={"status": exc.status, "error": str(exc)})
         return _response(exc.status, {"error": str(exc)})
+
+
+@logger.inject_lambda_context(log_event=False)
+@metrics.flushed
+def verify(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """Event: {gate, execution, decision}, after a gate resumed; raises unless that decision was recorded."""
+    store = _store(ApprovalsEnvironment.from_environ())
+    try:
+        store.verify(execution=event["execution"], gate=event["gate"], decision=event.get("decision") or {})
+    except DecisionNotRecordedError:
+        metrics.record(Metric.UNRECORDED_DECISIONS)
+        logger.error("decision not recorded", extra={"gate": event["gate"], "execution": event["execution"]})
+        raise
+    return {"recorded": True}
 
 
 @logger.inject_lambda_context(log_event=False)

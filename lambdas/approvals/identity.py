@@ -93,7 +93,7 @@ def _proof_headers(proof: str | None) -> dict[str, str]:
         )
     try:
         headers = json.loads(base64.b64decode(proof, validate=True))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise IdentityError(401, "the identity proof is not base64-encoded JSON") from None
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise IdentityError(401, "the identity proof must be a JSON object of header names to values")

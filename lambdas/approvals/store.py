@@ -1,8 +1,11 @@
-"""Approval requests in DynamoDB: create, list, decide exactly once, deliver the decision.
+"""Approval requests in DynamoDB: create, list, decide exactly once, deliver the decision, verify it.
 
-The task token is kept in the table (encrypted with the platform key) and is never logged, never
-sent in a notification, never listed and never part of a URL: approvers refer to a request by its
-ID. Pending requests are listed from an index that does not hold the token.
+The task token is sealed before it is stored: encrypted under the approval token key, whose key
+policy lets only the request function encrypt and only the decision function decrypt, with an
+encryption context naming the request, its execution and its gate. Whoever reads the table (it is
+also encrypted with the platform key) finds ciphertext no one else can open. The token is never
+logged, never sent in a notification, never listed and never part of a URL: approvers refer to a
+request by its ID. Pending requests are listed from an index that does not hold it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ PENDING_INDEX = "by-status"
 PAGE_SIZE = 50
 
 
+class DecisionNotRecordedError(Exception):
+    """A gate resumed with a decision the decision function did not record: the run must stop."""
+
+
 class DecisionError(Exception):
     """A decision that cannot be recorded; `status` is the HTTP status for the caller."""
 
@@ -42,10 +49,17 @@ def request_id_for(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
+def token_context(item: dict[str, Any]) -> dict[str, str]:
+    """The encryption context a request's sealed token is bound to: that request, execution and gate."""
+    return {"request_id": item["request_id"], "execution": item["execution"], "gate": item["gate"]}
+
+
 @dataclass
 class ApprovalStore:
     table: Any  # boto3 DynamoDB Table
     sfn: Any  # boto3 Step Functions client
+    kms: Any = None  # boto3 KMS client (request and decision functions)
+    token_key: str = ""  # the approval token key's ARN (request and decision functions)
 
     def create(
         self,
@@ -67,7 +81,6 @@ class ApprovalStore:
             "execution": execution,
             "run_name": run_name,
             "summary": json.dumps(summary, sort_keys=True, default=str),
-            "task_token": token,
             "status": PENDING,
             "requested_at": now.isoformat(),
             "expires_at": expires.isoformat(),
@@ -75,6 +88,7 @@ class ApprovalStore:
         }
         if requested_by:
             item["requested_by"] = requested_by
+        item["sealed_token"] = self._seal(token, token_context(item))
         try:
             self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(request_id)")
         except ClientError as exc:
@@ -95,7 +109,7 @@ class ApprovalStore:
         if cursor:
             query["ExclusiveStartKey"] = _decode_cursor(cursor)
         page = self.table.query(**query)
-        items = [{k: v for k, v in item.items() if k not in ("task_token", "ttl")} for item in page["Items"]]
+        items = [{k: v for k, v in item.items() if k not in ("sealed_token", "ttl")} for item in page["Items"]]
         last = page.get("LastEvaluatedKey")
         return {"pending": items, "next": _encode_cursor(last) if last else None}
 
@@ -144,8 +158,50 @@ class ApprovalStore:
             requested_at=item["requested_at"],
             decided_at=decided_at.isoformat(),
         )
-        self._deliver(request_id, item["task_token"], output.model_dump())
+        self._deliver(request_id, self._unseal(item), output.model_dump())
         return output.model_dump()
+
+    def verify(self, *, execution: str, gate: str, decision: dict[str, Any]) -> None:
+        """Raise DecisionNotRecordedError unless `decision`, which resumed `gate` of `execution`, is the one recorded.
+
+        A gate can be resumed by anyone holding its task token and states:SendTaskSuccess; only a
+        decision the decision function wrote to the table (same request, execution, gate, outcome
+        and approver) counts.
+        """
+        request_id = decision.get("request_id")
+        item = (
+            self.table.get_item(Key={"request_id": request_id}, ConsistentRead=True).get("Item")
+            if isinstance(request_id, str) and request_id
+            else None
+        )
+        expected = {
+            "execution": execution,
+            "gate": gate,
+            "status": str(decision.get("decision", "")).upper(),
+            "decided_by": decision.get("by"),
+        }
+        if (
+            item is None
+            or expected["status"] not in DECISIONS.values()
+            or any(item.get(k) != v for k, v in expected.items())
+        ):
+            raise DecisionNotRecordedError(
+                f"the {gate} gate of {execution} resumed with a {decision.get('decision')!r} decision that the "
+                "decision function did not record; someone called states:SendTaskSuccess with the gate's task "
+                "token outside the decision URL. The run stops; nothing it would have done was done."
+            )
+
+    def _seal(self, token: str, context: dict[str, str]) -> str:
+        sealed = self.kms.encrypt(KeyId=self.token_key, Plaintext=token.encode(), EncryptionContext=context)
+        return base64.b64encode(sealed["CiphertextBlob"]).decode()
+
+    def _unseal(self, item: dict[str, Any]) -> str:
+        opened = self.kms.decrypt(
+            KeyId=self.token_key,
+            CiphertextBlob=base64.b64decode(item["sealed_token"]),
+            EncryptionContext=token_context(item),
+        )
+        return str(opened["Plaintext"].decode())
 
     def _decidable(
         self, request_id: str, *, decision: str, reason: str, principal: str, forbid_self_approval: bool, now: datetime
@@ -247,7 +303,7 @@ def _encode_cursor(key: dict[str, Any]) -> str:
 def _decode_cursor(cursor: str) -> dict[str, Any]:
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise DecisionError(400, "cursor is not one this service returned as `next`") from None
     if not isinstance(key, dict) or set(key) != {"request_id", "status", "requested_at"}:
         raise DecisionError(400, "cursor is not one this service returned as `next`")

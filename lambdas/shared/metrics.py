@@ -43,6 +43,7 @@ class Metric(StrEnum):
     APPROVAL_WAIT = "ApprovalWaitSeconds"
     APPROVALS_PENDING = "ApprovalsPending"
     OLDEST_PENDING_APPROVAL = "OldestPendingApprovalSeconds"
+    UNRECORDED_DECISIONS = "UnrecordedDecisions"
     CHECKPOINT_AGE = "CheckpointAgeSeconds"
     JOBS_COMPLETED = "TrainingJobsCompleted"
     JOBS_FAILED = "TrainingJobsFailed"
@@ -65,6 +66,7 @@ STAGE_OF: dict[Metric, Stage] = {
             Metric.APPROVAL_WAIT,
             Metric.APPROVALS_PENDING,
             Metric.OLDEST_PENDING_APPROVAL,
+            Metric.UNRECORDED_DECISIONS,
         ),
         Stage.APPROVAL,
     ),

@@ -1,10 +1,10 @@
-"""A reusable human approval gate for Step Functions: task token in DynamoDB, decision over IAM."""
+"""A reusable human approval gate for Step Functions: sealed task token in DynamoDB, decision over IAM, verified."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Duration
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_events as events
@@ -20,18 +20,21 @@ from constructs import Construct
 from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.execution_state import REQUEST, Path
+from stacks.constructs.execution_key import ADMINISTRATION
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
+from stacks.constructs.tasks import invoke
 
 
 class ApprovalGate(Construct):
     """Request and decide functions shared by every gate of a state machine.
 
     `gate()` adds one gate to a definition: a `.waitForTaskToken` task that stores the request
-    (the token stays in the table) and notifies approvers, then a Choice on the decision.
-    Decisions arrive through a Lambda function URL with AWS_IAM auth that only the configured
-    approver principals may invoke; the handler checks the allow-list again, records who
-    decided and why, and accepts one decision per request.
+    (the token sealed under `token_key`) and notifies approvers, then a check that the decision
+    it resumed with is the one the decision function recorded. Decisions arrive through a Lambda
+    function URL with AWS_IAM auth that only the configured approver principals may invoke; the
+    handler checks the allow-list again, records who decided and why, and accepts one decision
+    per request.
     """
 
     def __init__(
@@ -52,6 +55,24 @@ class ApprovalGate(Construct):
         super().__init__(scope, id_)
         self.timeout = timeout
         placement: dict[str, Any] = {"vpc": vpc, "vpc_subnets": subnets, "security_groups": [security_group]}
+        self.token_key = kms.Key(
+            self,
+            "TokenKey",
+            description="Seals approval gates' task tokens: the request function encrypts, only the decision "
+            "function decrypts",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+            policy=iam.PolicyDocument(
+                statements=[
+                    iam.PolicyStatement(
+                        sid="AdministerWithoutUse",
+                        principals=[iam.AccountRootPrincipal()],
+                        actions=ADMINISTRATION,
+                        resources=["*"],
+                    )
+                ]
+            ),
+        )
         self.decide = PlatformFunction(
             self,
             "Decide",
@@ -59,13 +80,25 @@ class ApprovalGate(Construct):
             description="Records an approver's decision and resumes the waiting execution",
             log_key=key,
             environment=DecideEnvironment(
-                table_name=table.table_name, approvers=sorted(approvers), forbid_self_approval=forbid_self_approval
+                table_name=table.table_name,
+                token_key_arn=self.token_key.key_arn,
+                approvers=sorted(approvers),
+                forbid_self_approval=forbid_self_approval,
             ).variables(),
             **placement,
         )
         self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         for principal in sorted(approvers):
             self.decide.function.grant_invoke_url(iam.ArnPrincipal(principal))
+        self.verify = PlatformFunction(
+            self,
+            "Verify",
+            handler="lambdas.approvals.handler.verify",
+            description="Fails a run whose gate resumed with a decision the decision function did not record",
+            log_key=key,
+            environment=ApprovalsEnvironment(table_name=table.table_name).variables(),
+            **placement,
+        )
         self.request = PlatformFunction(
             self,
             "Request",
@@ -74,6 +107,7 @@ class ApprovalGate(Construct):
             log_key=key,
             environment=RequestEnvironment(
                 table_name=table.table_name,
+                token_key_arn=self.token_key.key_arn,
                 topic_arn=topic.topic_arn,
                 decision_url=self.url.url,
                 approval_timeout_hours=int(timeout.to_hours()),
@@ -92,6 +126,7 @@ class ApprovalGate(Construct):
                 "DecideRequests": (["dynamodb:GetItem", "dynamodb:UpdateItem"], table.table_arn),
             },
             self.pending: {"ListPendingRequests": (["dynamodb:Query"], pending_index)},
+            self.verify: {"ReadDecisions": (["dynamodb:GetItem"], table.table_arn)},
         }
         for function, statements in grants.items():
             for sid, (actions, resource) in statements.items():
@@ -103,7 +138,28 @@ class ApprovalGate(Construct):
         )
         for function in (self.request, self.decide):
             key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
-        key.grant(self.pending.function, "kms:Decrypt")
+        for function in (self.pending, self.verify):
+            key.grant(function.function, "kms:Decrypt")
+        self._seal_tokens(request=self.request.role, decide=self.decide.role)
+
+    def _seal_tokens(self, *, request: iam.IRole, decide: iam.IRole) -> None:
+        """The token key's use, in its key policy alone: no IAM policy in the account can grant it to anyone else.
+
+        Only the request function encrypts and only the decision function decrypts, and only under
+        an encryption context naming an execution of this account's state machines.
+        """
+        execution = f"arn:{Aws.PARTITION}:states:{Aws.REGION}:{Aws.ACCOUNT_ID}:execution:*"
+        executions = {"StringLike": {"kms:EncryptionContext:execution": execution}}
+        for sid, role, action in (("SealTokens", request, "kms:Encrypt"), ("OpenTokens", decide, "kms:Decrypt")):
+            self.token_key.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    principals=[iam.ArnPrincipal(role.role_arn)],
+                    actions=[action],
+                    resources=["*"],
+                    conditions=executions,
+                )
+            )
 
     def _pending_gauge(self, *, table_name: str, key: kms.IKey, placement: dict[str, Any]) -> PlatformFunction:
         """Every five minutes: requests waiting for a decision and the oldest one's age, as metrics."""
@@ -161,8 +217,12 @@ class ApprovalGate(Construct):
         summary: dict[str, Any],
         result: Path,
         on_timeout: sfn.IChainable,
-    ) -> tuple[sfn.TaskStateBase, sfn.Condition]:
-        """The waiting task and the condition "approved" on its result; a timeout goes to `on_timeout`."""
+    ) -> tuple[sfn.Chain, sfn.Condition]:
+        """The waiting task, then the check that its decision was recorded; and the condition "approved".
+
+        A timeout goes to `on_timeout`. A decision the decision function did not record (someone
+        resumed the gate with its token directly) fails the run.
+        """
         task = tasks.LambdaInvoke(
             scope,
             id_,
@@ -187,5 +247,25 @@ class ApprovalGate(Construct):
             errors=["States.Timeout", "States.HeartbeatTimeout"],
             result_path=f"{result}_error",
         )
+        verify = invoke(
+            scope,
+            f"{id_}: decision recorded?",
+            self.verify,
+            {"gate": name, "execution": sfn.JsonPath.execution_id, "decision": sfn.JsonPath.object_at(str(result))},
+            sfn.JsonPath.DISCARD,
+        )
+        verify.add_catch(
+            sfn.Fail(
+                scope,
+                f"{id_}: decision not recorded",
+                error="DecisionNotRecorded",
+                cause=(
+                    f"The {name} gate resumed with a decision the decision function did not record (its task "
+                    "token was used outside the decision URL); the run stops and the UnrecordedDecisions alarm "
+                    "is raised."
+                ),
+            ),
+            errors=["DecisionNotRecordedError"],
+        )
         approved = sfn.Condition.string_equals(str(result.decision), "approved")
-        return task, approved
+        return sfn.Chain.start(task).next(verify), approved

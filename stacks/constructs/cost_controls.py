@@ -176,7 +176,7 @@ class BudgetStop(Construct):
 
 
 class PipelineAlarms(Construct):
-    """Alarms on handler errors and on executions that fail, are aborted, time out or are throttled.
+    """Alarms on handler errors, on executions that fail, are aborted, time out or are throttled, and on `metrics`.
 
     A failed execution is often a run's own outcome (rejected input, failed job, quality gate) and
     its requester hears of it; the alarm tells the platform team that a run ended that way.
@@ -191,6 +191,7 @@ class PipelineAlarms(Construct):
         functions: dict[str, lambda_.IFunction],
         dead_letters: dict[str, sqs.IQueue],
         topic: sns.ITopic,
+        metrics: dict[str, tuple[cloudwatch.IMetric, str]] | None = None,
     ) -> None:
         super().__init__(scope, id_)
         action = actions.SnsAction(topic)
@@ -215,6 +216,7 @@ class PipelineAlarms(Construct):
                 queue.metric_approximate_number_of_messages_visible(period=period),
                 f"{name}: events that failed every retry are waiting in its dead-letter queue",
             )
+        watched.update(metrics or {})
         self.alarms = [
             cloudwatch.Alarm(
                 self,

@@ -91,8 +91,8 @@ class PlatformDashboard(Construct):
                     right=[m(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
                 ),
                 graph(
-                    title="Approval decisions, and time to decide (s)",
-                    left=[m(Metric.APPROVALS_REQUESTED), m(Metric.APPROVALS_DECIDED)],
+                    title="Approval decisions (and any not recorded), and time to decide (s)",
+                    left=[m(Metric.APPROVALS_REQUESTED), m(Metric.APPROVALS_DECIDED), m(Metric.UNRECORDED_DECISIONS)],
                     right=[m(Metric.APPROVAL_WAIT, "Average"), m(Metric.APPROVAL_WAIT, "Maximum")],
                 ),
             ],

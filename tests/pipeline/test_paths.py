@@ -295,16 +295,22 @@ def test_task_tokens_never_reach_logs_or_messages(pipeline: Pipeline, capsys: py
     pipeline.pending("promotion")  # the request is stored
     table = pipeline.local.environment("ApprovalDecide")["TABLE_NAME"]
     (item,) = boto3.resource("dynamodb", region_name="us-east-1").Table(table).scan()["Items"]
-    token = item["task_token"]
+    history = pipeline.local.history(arn)
+    scheduled = [
+        json.loads(e["taskScheduledEventDetails"]["parameters"]) for e in history if e["type"] == "TaskScheduled"
+    ]
+    (token,) = [p["Payload"]["token"] for p in scheduled if "token" in p.get("Payload", {})]
+    sealed = item["sealed_token"]
     pipeline.decide("promotion", "approve")
     pipeline.finish(arn)
     captured = capsys.readouterr()
-    assert token not in captured.out + captured.err
     published = json.dumps(pipeline.local.messages("TopicsRuns"))
-    assert token not in published
-    assert item["request_id"] in published  # approvers refer to the request by its ID
     listing = pipeline.decide_raw(APPROVER, method="GET")["body"]
-    assert token not in listing
+    for secret in (token, sealed):
+        assert secret not in captured.out + captured.err
+        assert secret not in published
+        assert secret not in listing
+    assert item["request_id"] in published  # approvers refer to the request by its ID
 
 
 def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline) -> None:
