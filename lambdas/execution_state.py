@@ -310,6 +310,18 @@ class FoundJobs(_Model):
     names: list[str]
 
 
+class Owners(_Model):
+    """The values of an existing job's execution tag (none when it has no such tag)."""
+
+    executions: list[str]
+
+
+class Ownership(_Model):
+    """Whether an existing job of this attempt's name carries this execution's tag."""
+
+    value: bool
+
+
 class Attempt(_Model):
     """The training step's own state: which attempt, and the job it created (or adopted)."""
 
@@ -319,6 +331,10 @@ class Attempt(_Model):
     """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
     found: FoundJobs | None = None
     """AWS Batch: the jobs of this attempt's name that a submit whose answer was lost finds on the queue."""
+    owners: Owners | None = None
+    """The execution tag(s) of an existing job of this attempt's name, read before it is adopted."""
+    own: Ownership | None = None
+    """Whether that job is this execution's: only then is it adopted."""
 
 
 class LastPoll(BaseModel):
