@@ -311,15 +311,17 @@ class FoundJobs(_Model):
 
 
 class Owners(_Model):
-    """The values of an existing job's execution tag (none when it has no such tag)."""
+    """An existing job's execution tag, as its service reports it: the values of SageMaker's tag list, or
+    the description of one AWS Batch job (its `Tags` map)."""
 
-    executions: list[str]
+    executions: list[str] | None = None
+    jobs: list[dict[str, Any]] | None = None
 
 
 class Ownership(_Model):
-    """Whether an existing job of this attempt's name carries this execution's tag."""
+    """What an existing job's execution tag is compared with: this execution's ARN."""
 
-    value: bool
+    execution: str
 
 
 class Attempt(_Model):

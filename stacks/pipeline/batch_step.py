@@ -111,7 +111,7 @@ class BatchTraining(Construct):
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
         self.cluster.grant_submit(state_machine.role)
-        # ListJobs finds a job a submit may have created, DescribeJobs reads its execution tag before adopting it.
+        # ListJobs finds a job a submit may have created; DescribeJobs reads its execution tag before it is adopted.
         self.cluster.grant_follow(state_machine.role)
         acknowledge_wildcard(
             state_machine.role,
@@ -286,7 +286,7 @@ class BatchTraining(Construct):
                 "Comment": "A job of this attempt's name is on the queue: read whose it is before following it",
                 "Resource": sdk_arn("batch", "describeJobs"),
                 "Parameters": {"Jobs.$": f"States.Array(States.ArrayGetItem({TRAIN.found.arns}, 0))"},
-                "ResultSelector": {"executions.$": f"$.Jobs[*].Tags.{EXECUTION_TAG}"},
+                "ResultSelector": {"jobs.$": "$.Jobs"},
                 "ResultPath": str(TRAIN.owners),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
                 "Retry": sdk_retry(TRANSIENT_ERRORS),

@@ -78,17 +78,25 @@ def adopt_if_own(
     adopt: sfn.IChainable,
     not_created: sfn.IChainable,
 ) -> sfn.IChainable:
-    """After `read_owners` (the existing job's execution tag values at `$.train.owners.executions`): adopt the job only
-    when it is this execution's; any other job of that name fails the create, naming the job."""
+    """After `read_owners` has put the existing job's execution tag at `$.train.owners` (`executions`: the
+    values of SageMaker's tag list, or `jobs`: one AWS Batch job's description with its tag map): adopt the
+    job only when it is this execution's; any other job of that name fails the create, naming the job."""
+    owners, own = TRAIN.owners, TRAIN.own
     check = sfn.Pass(
         scope,
         f"Is the existing {label} this execution's?",
-        parameters={
-            "value": sfn.JsonPath.array_contains(
-                sfn.JsonPath.list_at(str(TRAIN.owners.executions)), sfn.JsonPath.execution_id
-            )
-        },
-        result_path=str(TRAIN.own),
+        parameters={"execution": sfn.JsonPath.execution_id},
+        result_path=str(own),
+    )
+    tagged = f"{owners.jobs}[0].Tags.{EXECUTION_TAG}"
+    is_own = sfn.Condition.or_(
+        sfn.Condition.and_(
+            sfn.Condition.is_present(f"{owners.executions}[0]"),
+            sfn.Condition.string_equals_json_path(f"{owners.executions}[0]", str(own.execution)),
+        ),
+        sfn.Condition.and_(
+            sfn.Condition.is_present(tagged), sfn.Condition.string_equals_json_path(tagged, str(own.execution))
+        ),
     )
     conflict = sfn.Pass(
         scope,
@@ -105,11 +113,7 @@ def adopt_if_own(
         },
         result_path=str(ERROR),
     ).next(not_created)
-    choice = (
-        sfn.Choice(scope, f"Adopt the existing {label}?")
-        .when(sfn.Condition.boolean_equals(str(TRAIN.own.value), True), adopt)
-        .otherwise(conflict)
-    )
+    choice = sfn.Choice(scope, f"Adopt the existing {label}?").when(is_own, adopt).otherwise(conflict)
     return sfn.Chain.start(read_owners).next(check).next(choice)
 
 

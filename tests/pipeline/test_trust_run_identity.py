@@ -20,6 +20,7 @@ from lambdas.validate.request import EXECUTION_TAG
 from localrun.cfn import REGION
 from localrun.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.pipeline.test_batch import batch_factory  # noqa: F401 (the fixture's definition)
 
 VICTIM, ATTACKER = "approved-run", "cheap-run"
 
@@ -125,3 +126,29 @@ def test_a_job_of_another_execution_is_not_adopted(pipeline: Pipeline) -> None:
     assert f"A training job named {job} already exists" in cause, (error, cause)
     assert f"{EXECUTION_TAG}={arn}" in cause
     assert not _lineages(pipeline)
+
+
+def test_a_batch_job_of_another_execution_is_not_adopted(batch_factory: Any) -> None:  # noqa: F811
+    other = "arn:aws:states:us-east-1:123456789012:execution:elsewhere:someone-else"
+    # The submit creates its job (which waits for capacity) and loses the answer; the job found by this
+    # attempt's name on the queue is another execution's.
+    pipeline = batch_factory(lose_submit_responses=1, no_capacity_for=1)
+    submit = pipeline.batch.submit
+
+    def submit_foreign(params: dict[str, Any]) -> dict[str, str]:
+        try:
+            return submit(params)  # type: ignore[no-any-return]
+        finally:
+            for job in pipeline.batch.jobs.values():
+                job.tags = {**job.tags, EXECUTION_TAG: other}
+
+    pipeline.batch.submit = submit_foreign
+    arn = pipeline.start(pipeline.batch_input())
+    described = pipeline.finish(arn, timeout=60)
+    states = pipeline.local.states_entered(arn)
+    assert "Find submitted Batch job" in states and "Adopt the submitted Batch job" not in states, states
+    assert "Existing Batch job belongs to another execution" in states
+    (job,) = pipeline.batch.jobs.values()
+    assert described["status"] == "FAILED"
+    assert f"A Batch job named {job.name} already exists" in pipeline.error(described)[1]
+    assert job.terminating is None  # the run's cleanup leaves the other execution's job alone
