@@ -1,4 +1,4 @@
-"""A run's identity: 64 bits of its execution ARN and start time, within SageMaker's name limits; lineage written once."""
+"""A run's identity: 64 bits of its execution ARN and start time, within SageMaker's name limits."""
 
 from __future__ import annotations
 
