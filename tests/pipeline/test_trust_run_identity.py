@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
+from moto.sagemaker.responses import SageMakerResponse
 
 from lambdas.validate import request as request_module
 from lambdas.validate.request import EXECUTION_TAG
@@ -152,3 +154,35 @@ def test_a_batch_job_of_another_execution_is_not_adopted(batch_factory: Any) -> 
     assert described["status"] == "FAILED"
     assert f"A Batch job named {job.name} already exists" in pipeline.error(described)[1]
     assert job.terminating is None  # the run's cleanup leaves the other execution's job alone
+
+
+def test_a_tuning_job_of_another_execution_is_not_adopted(pipeline: Pipeline) -> None:
+    other = "arn:aws:states:us-east-1:123456789012:execution:elsewhere:someone-else"
+    create = SageMakerResponse.create_hyper_parameter_tuning_job  # the local platform's
+    calls = {"n": 0}
+
+    def foreign_then_lost(response: Any) -> Any:
+        result = create(response)
+        calls["n"] += 1
+        if calls["n"] == 1:  # created, tagged with another execution, and the answer lost
+            for record in response.sagemaker_backend.hyper_parameter_tuning_jobs.values():
+                record.tags = [t for t in record.tags if t["Key"] != EXECUTION_TAG]
+                record.tags.append({"Key": EXECUTION_TAG, "Value": other})
+            raise SagemakerClientError("ThrottlingException", "Rate exceeded")
+        return result
+
+    tuning = {
+        "ranges": {"lr": {"type": "continuous", "min": 0.0001, "max": 0.01}},
+        "objective": {"metric": "validation:loss", "type": "Minimize"},
+        "max_jobs": 2,
+        "max_parallel_jobs": 1,
+    }
+    with mock.patch.object(SageMakerResponse, "create_hyper_parameter_tuning_job", foreign_then_lost):
+        arn = pipeline.start(pipeline.input(hyperparameters={"max_steps": 100}, tuning=tuning))
+        described = pipeline.finish(arn)
+    states = pipeline.local.states_entered(arn)
+    assert "Adopt the created tuning job" not in states, states
+    assert "Existing tuning job belongs to another execution" in states
+    assert described["status"] == "FAILED"
+    (name,) = pipeline.local.tuning.jobs
+    assert f"A tuning job named {name} already exists" in pipeline.error(described)[1]
