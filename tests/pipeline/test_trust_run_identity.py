@@ -87,17 +87,17 @@ def test_colliding_execution_names_neither_adopt_nor_rewrite_nor_prune(
     # A cheap run whose name-only identity collides runs the same run name.
     attacker = pipeline.start(pipeline.input(hyperparameters={"max_steps": 100, "lr": 0.001}), name=ATTACKER)
     pipeline.run_until(attacker, "Approval gate (promotion)")
+    lineages = _lineages(pipeline)
+    # The first run's lineage is as it was written; the second's is under its own prefix.
+    assert lineages[victim_lineage[0]] == victim_lineage[1], "the first run's lineage was rewritten"
+    # Its cleanup pruned its own prefix only: every checkpoint of the first run is still there.
+    assert set(victim_checkpoints) <= set(_checkpoints(pipeline))
     states = pipeline.local.states_entered(attacker)
     assert "Adopt the created job" not in states, "the second execution adopted the first one's job"
     jobs = pipeline.jobs()
     assert len(jobs) == 2 and jobs[0] == victim_job and jobs[1].rsplit("-", 2)[1] != victim_job.rsplit("-", 2)[1]
-    lineages = _lineages(pipeline)
-    # The first run's lineage is as it was written; the second's is under its own prefix.
-    assert lineages[victim_lineage[0]] == victim_lineage[1]
     (attacker_lineage,) = [v for k, v in lineages.items() if k != victim_lineage[0]]
     assert attacker_lineage["execution"] == attacker and attacker_lineage["training_job"] == jobs[1]
-    # Its cleanup pruned its own prefix only: every checkpoint of the first run is still there.
-    assert set(victim_checkpoints) <= set(_checkpoints(pipeline))
 
 
 def _foreign_then_in_use(other: str) -> Any:
