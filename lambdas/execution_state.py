@@ -310,6 +310,20 @@ class FoundJobs(_Model):
     names: list[str]
 
 
+class Owners(_Model):
+    """An existing job's execution tag, as its service reports it: the values of SageMaker's tag list, or
+    the description of one AWS Batch job (its `Tags` map)."""
+
+    executions: list[str] | None = None
+    jobs: list[dict[str, Any]] | None = None
+
+
+class Ownership(_Model):
+    """What an existing job's execution tag is compared with: this execution's ARN."""
+
+    execution: str
+
+
 class Attempt(_Model):
     """The training step's own state: which attempt, and the job it created (or adopted)."""
 
@@ -319,6 +333,10 @@ class Attempt(_Model):
     """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
     found: FoundJobs | None = None
     """AWS Batch: the jobs of this attempt's name that a submit whose answer was lost finds on the queue."""
+    owners: Owners | None = None
+    """The execution tag(s) of an existing job of this attempt's name, read before it is adopted."""
+    own: Ownership | None = None
+    """Whether that job is this execution's: only then is it adopted."""
 
 
 class LastPoll(BaseModel):

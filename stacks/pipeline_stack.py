@@ -198,7 +198,8 @@ class PipelineStack(Stack):
             role,
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
-            "take no resource scope; nor does batch:ListJobs (finding a submitted AWS Batch job by name).",
+            "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
+            "job by name, and reading its execution tag before adopting it).",
         )
         invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {

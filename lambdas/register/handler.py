@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
 
 from lambdas.execution_state import RegisterEvent, Registration
 from lambdas.register.environment import RegisterEnvironment
@@ -145,16 +146,33 @@ def _create_package(
     return str(package["ModelPackageArn"])
 
 
+class LineageExistsError(Exception):
+    """A run's lineage file is already written: lineage is written once and never replaced."""
+
+
+def _write_once(s3: Any, bucket: str, key: str, body: bytes) -> None:
+    """Put `key` only if no object has it (S3 If-None-Match: *); an existing object is an error, never rewritten."""
+    try:
+        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("PreconditionFailed", "ConditionalRequestConflict"):
+            raise
+        raise LineageExistsError(
+            f"s3://{bucket}/{key} already exists: a run's lineage is written once, by the execution whose identity"
+            " names its prefix, and is never replaced"
+        ) from None
+
+
 def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destination) -> Registration:
     """Write the dataset versions, the lineage and the metrics; register the model pending approval."""
     prefix = run_lineage(event.request.job_name_base)
     versions = dataset_versions(s3, event.request.dataset.s3_uri)
     manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
     bucket = where.artifacts_bucket
-    s3.put_object(Bucket=bucket, Key=f"{prefix}dataset-versions.jsonl", Body=manifest.encode())
+    _write_once(s3, bucket, f"{prefix}dataset-versions.jsonl", manifest.encode())
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
-    s3.put_object(Bucket=bucket, Key=f"{prefix}lineage.json", Body=json.dumps(lineage, indent=2, sort_keys=True))
-    s3.put_object(Bucket=bucket, Key=f"{prefix}metrics.json", Body=json.dumps(event.job.final_metrics, sort_keys=True))
+    _write_once(s3, bucket, f"{prefix}lineage.json", json.dumps(lineage, indent=2, sort_keys=True).encode())
+    _write_once(s3, bucket, f"{prefix}metrics.json", json.dumps(event.job.final_metrics, sort_keys=True).encode())
     uris = {"lineage": f"s3://{bucket}/{prefix}lineage.json", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})

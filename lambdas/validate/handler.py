@@ -46,7 +46,8 @@ def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {"input": <execution input>, "execution_name": $$.Execution.Name, "execution": $$.Execution.Id}.
+    """Event: {"input": <execution input>, "execution_name": $$.Execution.Name, "execution": $$.Execution.Id,
+    "execution_start": $$.Execution.StartTime}.
 
     An invalid input is an answer, not a fault: it returns `valid: false` with the message (so
     handler-error alarms mean platform faults only) and the state machine ends the run there. So is
@@ -65,6 +66,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             limits=PlatformLimits.from_environment(),
             requested_by=requested_by,
             execution=event["execution"],
+            started=event["execution_start"],
         )
     except InvalidRequest as exc:
         logger.info("request rejected", extra={"problems": str(exc)})

@@ -34,8 +34,13 @@ METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
-# The tag that names the execution a training job belongs to (what stops orphaned jobs looks for).
+# The tag that names the execution a training job belongs to: what stops orphaned jobs looks for, and
+# what a create step checks before it adopts a job of its own name.
 EXECUTION_TAG = "execution"
+# A run's identity: 64 bits of SHA-256 over the execution ARN and its start time. An ARN names one
+# execution only while Step Functions remembers it (names are reusable 90 days after an execution
+# ends); with its start time it is unique for the account for ever.
+RUN_ID_HEX = 16
 # Set at the top level of the input, never inside `hyperparameters`.
 TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
 
@@ -304,6 +309,11 @@ def start_binding(event: dict[str, Any], execution_name: str) -> str:
     return identity.binding("start", {"execution_name": execution_name, "input_sha256": digest})
 
 
+def run_identity(execution: str, started: str) -> str:
+    """The run's identity (RUN_ID_HEX hex digits) from its execution ARN and start time ($$.Execution.StartTime)."""
+    return hashlib.sha256(f"{execution}\n{started}".encode()).hexdigest()[:RUN_ID_HEX]
+
+
 def resolve(
     event: Any,
     *,
@@ -311,6 +321,7 @@ def resolve(
     limits: PlatformLimits,
     requested_by: str | None = None,
     execution: str | None = None,
+    started: str = "",
 ) -> dict[str, Any]:
     """Validate the execution input and return the complete request (JSON), or raise InvalidRequest."""
     request = _parse(event)
@@ -337,8 +348,8 @@ def resolve(
             f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
             " to notifications.run_emails"
         )
-    # Stable for one execution (Lambda retries resolve the same names), unique across executions.
-    suffix = hashlib.sha256(execution_name.encode()).hexdigest()[:8]
+    # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
+    suffix = run_identity(execution or execution_name, started)
     tunes = tuning_backends()
     if request.tuning is not None and groups is not None and request.backend not in tunes:
         problems.append(f"tuning runs on the {' or '.join(tunes)} backend only, not {request.backend!r}")

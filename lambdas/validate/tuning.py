@@ -217,7 +217,8 @@ def resolve_tuning(
         },
         "ParameterRanges": ranges,
     }
-    # <run>-<hash>, cut to SageMaker's 32 characters; trials add -<NNN>-<8 hex> themselves.
+    # <run>-<identity>: the run name is cut to fit SageMaker's 32 characters, the identity never is;
+    # trials add -<NNN>-<8 hex> themselves.
     head = run_name[: TUNING_JOB_NAME_LENGTH - len(suffix) - 1].rstrip("-")
     return Tuning(
         job_name=f"{head}-{suffix}",

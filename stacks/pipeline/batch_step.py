@@ -3,7 +3,8 @@
 `start` submits the job (SubmitJob, an SDK integration without `.sync`: one name per attempt,
 `<job_name_base>-<attempt>`), then polls it with one PollBatchJob call per round. Batch job names
 are not unique, so a submit whose answer was lost lists the queue's jobs by this attempt's name and
-adopts the one it finds instead of submitting a second cluster. A job that waited for instances
+adopts the one it finds, when its execution tag is this execution's, instead of submitting a second
+cluster; a job of that name that is another execution's fails the run, naming it. A job that waited for instances
 longer than the capacity limit, or failed the launcher's pre-flight check, is replaced by a new
 attempt that resumes from the run's checkpoints; a node lost with its host is retried by Batch
 itself (the job definition's retry strategy) and resumes the same way. On every way out
@@ -34,6 +35,7 @@ from stacks.pipeline.polled_job import (
     SDK_TIMEOUT_SECONDS,
     PolledJobStep,
     StepNames,
+    adopt_if_own,
     cleanup_function,
     list_runs,
     sdk_arn,
@@ -109,7 +111,8 @@ class BatchTraining(Construct):
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
         self.cluster.grant_submit(state_machine.role)
-        self.cluster.grant_list(state_machine.role)
+        # ListJobs finds a job a submit may have created; DescribeJobs reads its execution tag before it is adopted.
+        self.cluster.grant_follow(state_machine.role)
         acknowledge_wildcard(
             state_machine.role,
             self._context.arn("batch", "job/*"),
@@ -275,6 +278,29 @@ class BatchTraining(Construct):
             },
             result_path=str(TRAIN.job),
         ).next(wait)
+        read_owners = sfn.CustomState(
+            self,
+            "Read the found Batch job's execution",
+            state_json={
+                "Type": "Task",
+                "Comment": "A job of this attempt's name is on the queue: read whose it is before following it",
+                "Resource": sdk_arn("batch", "describeJobs"),
+                "Parameters": {"Jobs.$": f"States.Array(States.ArrayGetItem({TRAIN.found.arns}, 0))"},
+                "ResultSelector": {"jobs.$": "$.Jobs"},
+                "ResultPath": str(TRAIN.owners),
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+                "Retry": sdk_retry(TRANSIENT_ERRORS),
+            },
+        )
+        read_owners.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
+        existing = adopt_if_own(
+            self,
+            "Batch job",
+            read_owners=read_owners,
+            job_name=f"States.ArrayGetItem({TRAIN.found.names}, 0)",
+            adopt=adopt,
+            not_created=stop_not_created,
+        )
         found = f"{TRAIN.found.arns}[0]"
         pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))
         first.add_catch(find_first, errors=["States.ALL"], result_path=str(ERROR))
@@ -283,12 +309,12 @@ class BatchTraining(Construct):
         find_second.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
         find_first.next(
             sfn.Choice(self, "Submitted after all?")
-            .when(sfn.Condition.is_present(found), adopt)
+            .when(sfn.Condition.is_present(found), existing)
             .otherwise(pause.next(second))
         )
         find_second.next(
             sfn.Choice(self, "Resubmitted after all?")
-            .when(sfn.Condition.is_present(found), adopt)
+            .when(sfn.Condition.is_present(found), existing)
             .otherwise(stop_not_created)
         )
         first.next(wait)

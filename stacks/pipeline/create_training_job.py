@@ -166,7 +166,8 @@ class DistributedTrainingJob(Construct):
         if kms_volume:
             resource["VolumeKmsKeyId"] = self.key.key_arn
         return {
-            # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it.
+            # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it
+            # once its execution tag shows it is this execution's (polled_job.adopt_if_own).
             "TrainingJobName.$": JOB_NAME,
             "RoleArn": self.role.role_arn,
             "AlgorithmSpecification": {
@@ -320,6 +321,10 @@ class DistributedTrainingJob(Construct):
             state_machine_role.add_to_principal_policy(statement)
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTrainingJobs", actions=["sagemaker:AddTags"], resources=[jobs])
+        )
+        # Before a job of the attempt's name is adopted: is it this execution's?
+        state_machine_role.add_to_principal_policy(
+            iam.PolicyStatement(sid="ReadTrainingJobTags", actions=["sagemaker:ListTags"], resources=[jobs])
         )
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(

@@ -45,6 +45,7 @@ class Intake(Construct):
                 "input": obj(INPUT),
                 "execution_name": sfn.JsonPath.string_at("$$.Execution.Name"),
                 "execution": sfn.JsonPath.execution_id,
+                "execution_start": sfn.JsonPath.execution_start_time,
             },
             str(VALIDATION),
         )

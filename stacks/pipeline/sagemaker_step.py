@@ -24,8 +24,10 @@ from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
     StepNames,
+    adopt_if_own,
     cleanup_function,
     list_runs,
+    read_sagemaker_owners,
     watch_ended_executions,
 )
 
@@ -129,8 +131,15 @@ class SageMakerTraining(Construct):
             parameters={"job_name": sfn.JsonPath.string_at(JOB_NAME)},
             result_path=str(TRAIN.job),
         ).next(wait)
+        read_owners = read_sagemaker_owners(
+            self, "Read the existing job's execution", resource="training-job", job_name=JOB_NAME
+        )
+        read_owners.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
+        existing = adopt_if_own(
+            self, "training job", read_owners=read_owners, job_name=JOB_NAME, adopt=adopt, not_created=not_created
+        )
         for state in (create_kms, create_local, groups_kms, groups_local):
-            state.add_catch(adopt, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
+            state.add_catch(existing, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
             state.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
             state.next(wait)
         local = sfn.Condition.boolean_equals(str(REQUEST.local_storage), True)

@@ -23,7 +23,15 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.create_training_job import TRANSIENT_ERRORS, DistributedTrainingJob
-from stacks.pipeline.polled_job import SDK_TIMEOUT_SECONDS, PolledJobStep, StepNames, sdk_arn, sdk_retry
+from stacks.pipeline.polled_job import (
+    SDK_TIMEOUT_SECONDS,
+    PolledJobStep,
+    StepNames,
+    adopt_if_own,
+    read_sagemaker_owners,
+    sdk_arn,
+    sdk_retry,
+)
 from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import StepChoice, TrainingStep
 
@@ -142,6 +150,10 @@ class SageMakerTuning(Construct):
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTuningJobs", actions=["sagemaker:AddTags"], resources=[tuning_jobs])
         )
+        # Before a tuning job of the run's name is adopted: is it this execution's?
+        state_machine_role.add_to_principal_policy(
+            iam.PolicyStatement(sid="ReadTuningJobTags", actions=["sagemaker:ListTags"], resources=[tuning_jobs])
+        )
 
     def _grant_stop(self, role: iam.IRole) -> None:
         """Find an execution's tuning jobs by their tags, and stop them (the cleanup's grant)."""
@@ -204,8 +216,16 @@ class SageMakerTuning(Construct):
             parameters={"job_name": string(REQUEST.tuning.job_name)},
             result_path=str(TRAIN.job),
         ).next(wait)
+        name = str(REQUEST.tuning.job_name)
+        read_owners = read_sagemaker_owners(
+            self, "Read the existing tuning job's execution", resource="hyper-parameter-tuning-job", job_name=name
+        )
+        read_owners.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
+        existing = adopt_if_own(
+            self, "tuning job", read_owners=read_owners, job_name=name, adopt=adopt, not_created=not_created
+        )
         for state in (create_kms, create_local):
-            state.add_catch(adopt, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
+            state.add_catch(existing, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
             state.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
             state.next(wait)
         return (
