@@ -150,17 +150,25 @@ class LineageExistsError(Exception):
     """A run's lineage file is already written: lineage is written once and never replaced."""
 
 
-def _write_once(s3: Any, bucket: str, key: str, body: bytes) -> None:
-    """Put `key` only if no object has it (S3 If-None-Match: *); an existing object is an error, never rewritten."""
+def _write_once(s3: Any, bucket: str, key: str, body: bytes, *, execution: str) -> bytes:
+    """Put `key` only if no object has it (S3 If-None-Match: *), marked with the execution that wrote it.
+
+    An object this execution wrote before (a retried Register) stands, and its body is returned; an
+    object of any other writer is an error and is never rewritten.
+    """
     try:
-        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*", Metadata={"execution": execution})
     except ClientError as exc:
         if exc.response["Error"]["Code"] not in ("PreconditionFailed", "ConditionalRequestConflict"):
             raise
+        existing = s3.get_object(Bucket=bucket, Key=key)
+        if existing.get("Metadata", {}).get("execution") == execution:
+            return bytes(existing["Body"].read())
         raise LineageExistsError(
             f"s3://{bucket}/{key} already exists: a run's lineage is written once, by the execution whose identity"
             " names its prefix, and is never replaced"
         ) from None
+    return body
 
 
 def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destination) -> Registration:
@@ -168,11 +176,17 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     prefix = run_lineage(event.request.job_name_base)
     versions = dataset_versions(s3, event.request.dataset.s3_uri)
     manifest = "".join(json.dumps(v, sort_keys=True) + "\n" for v in versions)
-    bucket = where.artifacts_bucket
-    _write_once(s3, bucket, f"{prefix}dataset-versions.jsonl", manifest.encode())
+    bucket, execution = where.artifacts_bucket, event.execution
+    # After a retry, the lineage describes the dataset versions the first attempt recorded.
+    manifest = _write_once(
+        s3, bucket, f"{prefix}dataset-versions.jsonl", manifest.encode(), execution=execution
+    ).decode()
+    versions = [json.loads(line) for line in manifest.splitlines()]
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
-    _write_once(s3, bucket, f"{prefix}lineage.json", json.dumps(lineage, indent=2, sort_keys=True).encode())
-    _write_once(s3, bucket, f"{prefix}metrics.json", json.dumps(event.job.final_metrics, sort_keys=True).encode())
+    lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()
+    lineage = json.loads(_write_once(s3, bucket, f"{prefix}lineage.json", lineage_body, execution=execution))
+    metrics_body = json.dumps(event.job.final_metrics, sort_keys=True).encode()
+    _write_once(s3, bucket, f"{prefix}metrics.json", metrics_body, execution=execution)
     uris = {"lineage": f"s3://{bucket}/{prefix}lineage.json", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})

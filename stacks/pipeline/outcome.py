@@ -81,13 +81,14 @@ class Registration(Construct):
         )
         lineage = f"{context.artifacts.bucket_arn}/{ANY_LINEAGE}"
         function = self.register.function
-        # Lineage lists the dataset's object versions (it reads no object) and writes its records.
+        # Lineage lists the dataset's object versions (it reads no dataset object) and writes its records
+        # once; a retried Register reads back a record to see whether its execution wrote it.
         for sid, actions, resources in (
             ("DatasetVersions", ["s3:ListBucketVersions"], [context.datasets.bucket_arn]),
-            ("WriteLineage", ["s3:PutObject"], [lineage]),
+            ("WriteLineage", ["s3:PutObject", "s3:GetObject"], [lineage]),
         ):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
-        context.key.grant(function, "kms:GenerateDataKey")
+        context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         function.add_to_role_policy(
             iam.PolicyStatement(
                 sid="RegisterModels",

@@ -59,7 +59,17 @@ def test_lineage_is_written_once_and_never_replaced() -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="artifacts-bucket")
     key = "runs/r-0123456789abcdef/lineage/lineage.json"
-    _write_once(s3, "artifacts-bucket", key, b'{"execution": "first"}')
+    _write_once(s3, "artifacts-bucket", key, b'{"execution": "first"}', execution="first")
     with pytest.raises(LineageExistsError, match="written once"):
-        _write_once(s3, "artifacts-bucket", key, b'{"execution": "second"}')
+        _write_once(s3, "artifacts-bucket", key, b'{"execution": "second"}', execution="second")
     assert s3.get_object(Bucket="artifacts-bucket", Key=key)["Body"].read() == b'{"execution": "first"}'
+
+
+@mock_aws
+def test_a_retried_register_keeps_what_its_execution_wrote_first() -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="artifacts-bucket")
+    key = "runs/r-0123456789abcdef/lineage/lineage.json"
+    _write_once(s3, "artifacts-bucket", key, b'{"attempt": 1}', execution="first")
+    assert _write_once(s3, "artifacts-bucket", key, b'{"attempt": 2}', execution="first") == b'{"attempt": 1}'
+    assert s3.get_object(Bucket="artifacts-bucket", Key=key)["Body"].read() == b'{"attempt": 1}'
