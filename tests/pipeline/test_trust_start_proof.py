@@ -13,6 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
 
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import Pipeline
 
@@ -107,3 +111,30 @@ def test_the_proof_goes_no_further_than_validate(pipeline: Pipeline) -> None:
     assert carrying == [], f"events after Validate that hold the proof: {carrying}"
     # The proven identity travels on instead.
     assert VICTIM in json.dumps(events[validated], default=str)
+
+
+def test_training_roles_cannot_write_the_used_proofs(pipeline: Pipeline) -> None:
+    """Training code could otherwise delete a used proof's record and replay the proof."""
+    from moto.iam.models import iam_backends
+
+    table = pipeline.local.environment("Validate")["START_PROOFS_TABLE"]
+    roles = {
+        service: role.arn
+        for role in iam_backends["123456789012"]["aws"].get_roles()
+        for service in ("sagemaker.amazonaws.com", "ecs-tasks.amazonaws.com")
+        if service in json.dumps(role.assume_role_policy_document)
+    }
+    assert set(roles) == {"sagemaker.amazonaws.com", "ecs-tasks.amazonaws.com"}
+    for service, role in roles.items():
+        session = pipeline.local.iam.credentials(role, service)
+        dynamodb = boto3.client(
+            "dynamodb",
+            region_name="us-east-1",
+            aws_access_key_id=session.access_key,
+            aws_secret_access_key=session.secret_key,
+            aws_session_token=session.token,
+        )
+        with pytest.raises(ClientError, match="not authorized to perform: dynamodb:PutItem"):
+            dynamodb.put_item(TableName=table, Item={"proof": {"S": "x"}})
+        with pytest.raises(ClientError, match="not authorized to perform: dynamodb:DeleteItem"):
+            dynamodb.delete_item(TableName=table, Key={"proof": {"S": "x"}})
