@@ -32,6 +32,7 @@ from botocore.credentials import Credentials
 from moto import mock_aws
 
 from lambdas.backends import BACKENDS, backend
+from lambdas.validate import start_proof
 from localrun import construct_paths, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.clock import Clock
@@ -48,6 +49,9 @@ from localrun.services import (
     stop_training_job,
 )
 from localrun.tuning_local import LocalTuning
+
+REQUESTER = f"arn:aws:iam::{ACCOUNT}:role/MLEngineer"
+"""Who starts the local platform's runs unless told otherwise: not an approver, as a person who asks for a run."""
 
 
 class TrainingBackend(Protocol):
@@ -231,12 +235,23 @@ class LocalPlatform:
             handler.setStream(sys.stdout)
 
     # -- what the tests and the demo use -----------------------------------------------------
-    def start(self, execution_input: Any, name: str | None = None) -> str:
+    def start(self, execution_input: Any, name: str | None = None, *, requester: str | None = REQUESTER) -> str:
+        """Start a run as tools/start_run.py does: with a start proof signed by a session of `requester`.
+
+        An input that holds a proof already is sent as it is; `requester=None` sends no proof.
+        """
+        name = name or uuid.uuid4().hex
+        if requester is not None and isinstance(execution_input, dict) and start_proof.FIELD not in execution_input:
+            credentials = self.person(requester, "starter").get_credentials()
+            execution_input = start_proof.attach(
+                execution_input,
+                state_machine=self.state_machine_arn,
+                execution_name=name,
+                credentials=credentials.get_frozen_credentials(),
+            )
         arn = str(
             self.sfn.start_execution(
-                stateMachineArn=self.state_machine_arn,
-                name=name or uuid.uuid4().hex,
-                input=json.dumps(execution_input),
+                stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(execution_input)
             )["executionArn"]
         )
         self._started.append(arn)

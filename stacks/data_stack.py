@@ -46,6 +46,7 @@ class DataStack(Stack):
             settings=settings.storage,
         )
         self.approvals = self._approvals_table()
+        self.start_proofs = self._start_proofs_table()
         # Retrain triggers (settings `retrain`): new objects reach EventBridge, their windows a table.
         self.retrain_windows: dynamodb.Table | None = None
         if settings.retrain:
@@ -97,6 +98,12 @@ class DataStack(Stack):
     def _retrain_windows_table(self) -> dynamodb.Table:
         """One item per retrain trigger: its open window of new data and the last run it started."""
         return self._table("RetrainWindows", partition_key="trigger", records="the retrain windows")
+
+    def _start_proofs_table(self) -> dynamodb.Table:
+        """One item per start proof Validate accepted (a digest of its signature), so none starts two runs."""
+        return self._table(
+            "StartProofs", partition_key="proof", records="the used start proofs", time_to_live_attribute="ttl"
+        )
 
     def _approvals_table(self) -> dynamodb.Table:
         """Approval requests: the audit record of who decided what; the task tokens are encrypted here."""

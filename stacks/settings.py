@@ -274,9 +274,9 @@ class PipelineSettings(_Model):
         True, description="Encrypt traffic between training instances (slower collectives; off only if accepted)."
     )
     forbid_self_approval: bool = Field(
-        False,
-        description="Refuse a decision by whoever started the run; runs must then be started with "
-        "tools/start_run.py, which proves who starts them.",
+        True,
+        description="Refuse a decision by whoever started the run; runs are started with tools/start_run.py, "
+        "which proves who starts them (off only where one person may both start and approve a run).",
     )
     network_isolation: bool = Field(
         True,

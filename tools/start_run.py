@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Start a training run with a proof of who starts it (needed where pipeline.forbid_self_approval is on).
 
-The proof is an STS GetCallerIdentity request signed with your credentials and bound to this
-execution's name and input (lambdas/approvals/identity.py); Validate has STS attest it, and the
-approval gates then refuse your own decisions on the run.
+The proof is an STS GetCallerIdentity request signed with your credentials and bound to this state
+machine, execution name and input (lambdas/validate/start_proof.py). Validate has STS attest it,
+accepts it within 5 minutes of signing and for this one execution only, and the approval gates
+then refuse your own decisions on the run.
 
     python tools/start_run.py --state-machine <TrainingPipeline ARN> --name gpt2-124m-001 \\
         --input examples/single-node-ddp.json
@@ -20,17 +21,20 @@ from typing import Any
 import boto3
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's own modules, from tools/
-from lambdas.approvals import identity
-from lambdas.validate.request import start_binding
+from lambdas.validate import start_proof
 
 
-def with_proof(execution_input: dict[str, Any], name: str, region: str, session: Any) -> dict[str, Any]:
-    """The input plus `requester_proof`, bound to this execution name and this input."""
+def with_proof(execution_input: dict[str, Any], state_machine: str, name: str, session: Any) -> dict[str, Any]:
+    """The input plus `requester_proof`, bound to this state machine, execution name and input."""
     credentials = session.get_credentials()
     if credentials is None:
         raise SystemExit("no AWS credentials found: sign in (e.g. aws sso login) and try again")
-    proof = identity.make_proof(credentials.get_frozen_credentials(), region, start_binding(execution_input, name))
-    return {**execution_input, "requester_proof": proof}
+    return start_proof.attach(
+        execution_input,
+        state_machine=state_machine,
+        execution_name=name,
+        credentials=credentials.get_frozen_credentials(),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     started = session.client("stepfunctions").start_execution(
         stateMachineArn=args.state_machine,
         name=args.name,
-        input=json.dumps(with_proof(execution_input, args.name, region, session)),
+        input=json.dumps(with_proof(execution_input, args.state_machine, args.name, session)),
     )
     print(started["executionArn"])
     return 0

@@ -62,6 +62,12 @@ def make_proof(credentials: Any, region: str, bound_to: str) -> str:
     return base64.b64encode(json.dumps(headers).encode()).decode()
 
 
+def signature_digest(proof: str | None) -> str:
+    """A SHA-256 of the proof's signature: what a record of a used proof keeps instead of the proof."""
+    authorization = _proof_headers(proof).get("Authorization", "")
+    return hashlib.sha256(authorization.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Principal:
     """An IAM role or user, as an allow-list names it; a role's path does not take part."""
@@ -100,8 +106,10 @@ def _proof_headers(proof: str | None) -> dict[str, str]:
     return {name: headers[name] for name in _REPLAYED if name in headers}
 
 
-def check(proof: str | None, *, bound_to: str, region: str, now: datetime) -> dict[str, str]:
-    """The proof's headers, once they are fresh, for this Region's STS and for this request."""
+def check(
+    proof: str | None, *, bound_to: str, region: str, now: datetime, max_age: timedelta = MAX_AGE
+) -> dict[str, str]:
+    """The proof's headers, once they are fresh (signed within `max_age`), for this Region's STS and this request."""
     headers = _proof_headers(proof)
     authorization = headers.get("Authorization", "")
     scope, signed = _SCOPE.search(authorization), _SIGNED.search(authorization)
@@ -113,14 +121,23 @@ def check(proof: str | None, *, bound_to: str, region: str, now: datetime) -> di
         signed_at = datetime.strptime(headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
     except (KeyError, ValueError):
         raise IdentityError(403, "the identity proof has no valid X-Amz-Date") from None
-    if abs(now - signed_at) > MAX_AGE:
-        raise IdentityError(403, "the identity proof is older than 15 minutes; sign a new one")
+    if abs(now - signed_at) > max_age:
+        minutes = int(max_age.total_seconds() // 60)
+        raise IdentityError(403, f"the identity proof is older than {minutes} minutes; sign a new one")
     return headers
 
 
-def verify(proof: str | None, *, bound_to: str, region: str, now: datetime, sts: Any = None) -> str:
+def verify(
+    proof: str | None,
+    *,
+    bound_to: str,
+    region: str,
+    now: datetime,
+    sts: Any = None,
+    max_age: timedelta = MAX_AGE,
+) -> str:
     """Who signed the proof, as STS answers it (an ARN); IdentityError if anything does not hold."""
-    headers = check(proof, bound_to=bound_to, region=region, now=now)
+    headers = check(proof, bound_to=bound_to, region=region, now=now, max_age=max_age)
     if sts is None:
         import boto3  # noqa: PLC0415
         from botocore import UNSIGNED  # noqa: PLC0415

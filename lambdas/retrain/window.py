@@ -19,8 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lambdas.approvals import identity
-from lambdas.validate.request import start_binding
+from lambdas.validate import start_proof
 
 # The execution name: "retrain-<trigger>-<16 hex>", within Step Functions' 80 characters.
 NAME_PREFIX = "retrain-"
@@ -146,14 +145,12 @@ def sweep(
     run_input = execution_input(trigger, datasets_bucket)
     # The trigger proves who starts the run, as tools/start_run.py does for a person: the run's
     # requested_by is this function's role, and forbid_self_approval's proof requirement is met.
-    proof = identity.make_proof(credentials, region, start_binding(run_input, name))
+    proven = start_proof.attach(
+        run_input, state_machine=state_machine_arn, execution_name=name, credentials=credentials
+    )
     already = False
     try:
-        sfn.start_execution(
-            stateMachineArn=state_machine_arn,
-            name=name,
-            input=json.dumps({**run_input, "requester_proof": proof}),
-        )
+        sfn.start_execution(stateMachineArn=state_machine_arn, name=name, input=json.dumps(proven))
     except ClientError as exc:
         if exc.response["Error"]["Code"] != "ExecutionAlreadyExists":
             raise

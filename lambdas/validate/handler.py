@@ -8,48 +8,46 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.approvals import identity
 from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate import budget
+from lambdas.validate import budget, start_proof
 from lambdas.validate.limits import PlatformLimits
-from lambdas.validate.request import resolve, start_binding
+from lambdas.validate.request import resolve
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.INTAKE)
 
 
-def requester(event: Any, execution_name: str, *, required: bool) -> str | None:
-    """Who started the run, from the input's identity proof; None when there is none and none is required."""
-    proof = event.get("requester_proof") if isinstance(event, dict) else None
+def requester(event: Any, execution_arn: str, started: str, *, required: bool) -> str | None:
+    """Who started the run, from the input's start proof; None when there is none and none is required."""
+    proof = event.get(start_proof.FIELD) if isinstance(event, dict) else None
     if proof is None and not required:
         return None
     if proof is None:
         raise InvalidRequest(
-            "The training request cannot run:\n  - requester_proof: this platform refuses approvals by whoever "
-            "started a run (pipeline.forbid_self_approval), so it must know who did; start runs with "
+            f"The training request cannot run:\n  - {start_proof.FIELD}: this platform refuses approvals by "
+            "whoever started a run (pipeline.forbid_self_approval), so it must know who did; start runs with "
             "tools/start_run.py, which adds the proof"
         )
+    table = boto3.resource("dynamodb").Table(env_str("START_PROOFS_TABLE"))
     try:
-        caller = identity.verify(
-            proof,
-            bound_to=start_binding(event, execution_name),
-            region=str(boto3.session.Session().region_name),
-            now=datetime.now(UTC),
+        return start_proof.prove(
+            event, execution_arn=execution_arn, started=started, table=table, now=datetime.now(UTC)
         )
-    except identity.IdentityError as exc:
-        raise InvalidRequest(f"The training request cannot run:\n  - requester_proof: {exc}") from None
-    return str(identity.Principal.parse(caller))
+    except start_proof.ProofError as exc:
+        raise InvalidRequest(f"The training request cannot run:\n  - {start_proof.FIELD}: {exc}") from None
 
 
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: {"input": <execution input>, "execution_name": $$.Execution.Name, "execution": $$.Execution.Id,
-    "execution_start": $$.Execution.StartTime}.
+    "started": $$.Execution.StartTime}.
 
-    An invalid input is an answer, not a fault: it returns `valid: false` with the message (so
+    Answers {"input": <the input less its start proof>, "validation": <Validation>}: it becomes the
+    execution's state, so the proof goes no further than this function. An invalid input is an
+    answer, not a fault: it returns `valid: false` with the message (so
     handler-error alarms mean platform faults only) and the state machine ends the run there. So is
     a spent budget: no run is accepted while the budget stop is in force.
     """
@@ -57,21 +55,29 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         message = budget.refusal(limit_usd=env_float("MONTHLY_BUDGET_USD"), contact=env_str("BUDGET_CONTACT"))
         logger.info("request refused: budget spent")
         metrics.record(Metric.RUNS_REFUSED_OVER_BUDGET)
-        return {"valid": False, "message": message, "request": None}
+        return _answer(event, {"valid": False, "message": message, "request": None})
     try:
-        requested_by = requester(event["input"], event["execution_name"], required=env_bool("FORBID_SELF_APPROVAL"))
+        requested_by = requester(
+            event["input"], event["execution"], event["started"], required=env_bool("FORBID_SELF_APPROVAL")
+        )
         request = resolve(
             event["input"],
             execution_name=event["execution_name"],
             limits=PlatformLimits.from_environment(),
             requested_by=requested_by,
             execution=event["execution"],
-            started=event["execution_start"],
+            started=event["started"],
         )
     except InvalidRequest as exc:
         logger.info("request rejected", extra={"problems": str(exc)})
         metrics.record(Metric.RUNS_REJECTED)
-        return {"valid": False, "message": str(exc), "request": None}
+        return _answer(event, {"valid": False, "message": str(exc), "request": None})
     logger.info("request resolved", extra={"run_name": request["run_name"], "job": request["job_name_base"]})
     metrics.record(Metric.RUNS_ACCEPTED)
-    return {"valid": True, "message": "", "request": request}
+    return _answer(event, {"valid": True, "message": "", "request": request})
+
+
+def _answer(event: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:
+    execution_input = event["input"]
+    carried = start_proof.without_proof(execution_input) if isinstance(execution_input, dict) else execution_input
+    return {"input": carried, "validation": validation}

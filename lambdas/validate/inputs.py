@@ -82,8 +82,8 @@ class ExecutionInput(BaseModel):
     )
     requester_proof: str | None = Field(
         None,
-        description="Who starts the run, proven by tools/start_run.py; required when "
-        "pipeline.forbid_self_approval is on.",
+        description="Who starts the run, proven by tools/start_run.py (good for 5 minutes, once); required "
+        "while pipeline.forbid_self_approval is on (the default).",
     )
     tuning: TuningInput | None = Field(
         None,

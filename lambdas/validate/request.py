@@ -7,14 +7,12 @@ what to change. The resolved request is the only thing later states read from th
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from typing import Any
 
 from pydantic import ValidationError
 
-from lambdas.approvals import identity
 from lambdas.backends import tuning_backends
 from lambdas.execution_state import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
 from lambdas.shared import history
@@ -300,13 +298,6 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | No
         problems.append("quality needs exactly one of `max` (lower is better) or `min` (higher is better)")
         return None
     return Quality(metric=gate.metric, max=gate.max, min=gate.min)
-
-
-def start_binding(event: dict[str, Any], execution_name: str) -> str:
-    """What a requester proof is bound to: this execution's name and its input (without the proof)."""
-    execution_input = {k: v for k, v in event.items() if k != "requester_proof"}
-    digest = hashlib.sha256(json.dumps(execution_input, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return identity.binding("start", {"execution_name": execution_name, "input_sha256": digest})
 
 
 def run_identity(execution: str, started: str) -> str:

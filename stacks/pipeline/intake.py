@@ -45,9 +45,10 @@ class Intake(Construct):
                 "input": obj(INPUT),
                 "execution_name": sfn.JsonPath.string_at("$$.Execution.Name"),
                 "execution": sfn.JsonPath.execution_id,
-                "execution_start": sfn.JsonPath.execution_start_time,
+                "started": sfn.JsonPath.execution_start_time,
             },
-            str(VALIDATION),
+            # The answer replaces the state: the input comes back without its start proof.
+            "$",
         )
         rejected = sfn.Fail(self, "Request rejected", error="InvalidRequest", cause_path=str(VALIDATION.message))
         accept = sfn.Pass(self, "Accept request", parameters={"input": obj(INPUT), "request": obj(VALIDATION.request)})
@@ -76,7 +77,7 @@ class Intake(Construct):
             # The pipeline's training step runs every registered backend (stacks/pipeline_stack.py).
             backends=list(BACKENDS),
         )
-        return context.function(
+        function = context.function(
             "Validate",
             "lambdas.validate.handler.handler",
             "Validates an execution input into a complete training request",
@@ -86,5 +87,10 @@ class Intake(Construct):
                 "BUDGET_PROBE_JOB": BUDGET_PROBE_JOB,
                 "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
                 "BUDGET_CONTACT": settings.budget_contact,
+                "START_PROOFS_TABLE": context.data.start_proofs.table_name,
             },
         )
+        # Recording a used proof is a conditional PutItem; nothing else on the table.
+        context.data.start_proofs.grant(function.function, "dynamodb:PutItem")
+        context.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
+        return function

@@ -15,7 +15,7 @@ from moto import mock_aws
 from lambdas.approvals import identity
 from lambdas.retrain import handler
 from lambdas.retrain.window import Trigger, execution_input, execution_name, matching, record, stamp, sweep
-from lambdas.validate.request import start_binding
+from lambdas.validate import start_proof
 
 REGION = "us-east-1"
 BUCKET = "tp-dev-datasets-123456789012-us-east-1"
@@ -78,8 +78,9 @@ def test_several_objects_in_one_window_start_one_run_once_quiet(aws: Aws) -> Non
     run_input = json.loads(execution["input"])
     proof = run_input.pop("requester_proof")
     assert run_input == {**TEMPLATE, "dataset": f"s3://{BUCKET}/incoming/web-text/"}
-    # The proof is bound to this execution's name and input, as Validate checks it.
-    identity.check(proof, bound_to=start_binding(run_input, expected), region=REGION, now=datetime.now(UTC))
+    # The proof is bound to this state machine, execution name and input, as Validate checks it.
+    bound_to = start_proof.binding(run_input, state_machine=aws.machine, execution_name=expected)
+    identity.check(proof, bound_to=bound_to, region=REGION, now=datetime.now(UTC))
     assert aws.sweep(T0 + timedelta(hours=5)) is None  # the window is closed: nothing more to start
 
 

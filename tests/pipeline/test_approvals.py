@@ -125,17 +125,22 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
 def _started_by(pipeline: Pipeline, starter: str, name: str) -> str:
     execution_input = pipeline.input(instance_type="ml.p4d.24xlarge", run_name=name)
     session = pipeline.local.person(starter, "starter")
-    return pipeline.local.start(with_proof(execution_input, name, "us-east-1", session), name=name)
+    return pipeline.local.start(with_proof(execution_input, pipeline.local.state_machine_arn, name, session), name=name)
 
 
 def test_runs_must_prove_who_started_them_where_self_approval_is_forbidden(guarded: Pipeline) -> None:
-    unproven = guarded.local.start(guarded.input(instance_type="ml.p4d.24xlarge", run_name="anonymous"), name="anon")
+    unproven = guarded.local.start(
+        guarded.input(instance_type="ml.p4d.24xlarge", run_name="anonymous"), name="anon", requester=None
+    )
     error, cause = guarded.error(guarded.finish(unproven))
     assert (error, "start runs with tools/start_run.py" in cause) == ("InvalidRequest", True)
     # A proof made for another execution name does not carry over.
     session = guarded.local.person(APPROVER, "starter")
     stolen = with_proof(
-        guarded.input(instance_type="ml.p4d.24xlarge", run_name="stolen"), "other-name", "us-east-1", session
+        guarded.input(instance_type="ml.p4d.24xlarge", run_name="stolen"),
+        guarded.local.state_machine_arn,
+        "other-name",
+        session,
     )
     error, cause = guarded.error(guarded.finish(guarded.local.start(stolen, name="stolen")))
     assert (error, "made for another request" in cause) == ("InvalidRequest", True)

@@ -151,7 +151,7 @@ def test_a_triggered_run_proves_who_started_it_where_self_approval_is_forbidden(
     guarded: Pipeline, guarded_clock: Clock
 ) -> None:
     template = json.loads((Path(__file__).resolve().parents[2] / RETRAIN_TRIGGER["input"]).read_text())
-    unproven = guarded.local.start(template, name="by-hand")  # the same template, started without a proof
+    unproven = guarded.local.start(template, name="by-hand", requester=None)  # the same template, no proof
     assert guarded.error(guarded.finish(unproven))[0] == "InvalidRequest"
 
     _put(guarded, f"{PREFIX}shard-0000.bin")

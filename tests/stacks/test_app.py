@@ -32,6 +32,7 @@ STATEFUL = {
         "BucketsArtifactsB9EE6400": "AWS::S3::Bucket",
         "LustreFileSystem46590C25": "AWS::FSx::FileSystem",
         "Approvals8537C562": "AWS::DynamoDB::Table",
+        "StartProofs7A45704A": "AWS::DynamoDB::Table",
         "RetrainWindows2C8CE6A3": "AWS::DynamoDB::Table",
         "ModelRegistry": "AWS::SageMaker::ModelPackageGroup",
     },

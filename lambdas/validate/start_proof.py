@@ -1,0 +1,107 @@
+"""The start proof: who starts a run, attested by STS, for one execution of one state machine, once.
+
+The starter signs an STS GetCallerIdentity request (lambdas/approvals/identity.py) bound to the
+state machine's ARN (hence account, Region and stage), the execution name and the input. Validate
+accepts it only within `WINDOW` of its signing and only for one execution: a digest of its
+signature is recorded with a conditional write against the execution's ARN and start time (an ARN
+alone comes back when a deployment replaces the state machine), so the same proof cannot start a
+second run, and a retried Validate of the same execution finds its own record and goes on. Validate then drops
+the proof from the execution's state: only the proven identity travels on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from lambdas.approvals import identity
+
+FIELD = "requester_proof"
+"""The execution input's field that holds the proof."""
+WINDOW = timedelta(minutes=5)
+"""How long after signing a proof starts a run: the time to start one, tighter than STS's 15 minutes."""
+RECORD_TTL = timedelta(days=1)
+"""How long a used proof's record is kept: well past WINDOW, so an expired proof is refused by its age."""
+
+
+class ProofError(Exception):
+    """The proof is missing, not STS's, made for another execution, expired or already used."""
+
+
+def execution_parts(execution_arn: str) -> tuple[str, str]:
+    """(state machine ARN, execution name) of a standard execution's ARN."""
+    parts = execution_arn.split(":")
+    if len(parts) != 8 or parts[:3] != ["arn", parts[1], "states"] or parts[5] != "execution":
+        raise ValueError(f"not a Step Functions execution ARN: {execution_arn}")
+    return ":".join([*parts[:5], "stateMachine", parts[6]]), parts[7]
+
+
+def without_proof(execution_input: dict[str, Any]) -> dict[str, Any]:
+    """The input as the run carries it on: everything but the proof."""
+    return {k: v for k, v in execution_input.items() if k != FIELD}
+
+
+def binding(execution_input: dict[str, Any], *, state_machine: str, execution_name: str) -> str:
+    """What a start proof is bound to: the state machine, the execution name and the input (less the proof)."""
+    canonical = json.dumps(without_proof(execution_input), sort_keys=True, separators=(",", ":"))
+    return identity.binding(
+        "start",
+        {
+            "state_machine": state_machine,
+            "execution_name": execution_name,
+            "input_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+        },
+    )
+
+
+def attach(
+    execution_input: dict[str, Any], *, state_machine: str, execution_name: str, credentials: Any
+) -> dict[str, Any]:
+    """The starter's side: the input plus a proof signed with `credentials` (botocore credentials)."""
+    region = state_machine.split(":")[3]
+    bound_to = binding(execution_input, state_machine=state_machine, execution_name=execution_name)
+    return {**without_proof(execution_input), FIELD: identity.make_proof(credentials, region, bound_to)}
+
+
+def prove(
+    execution_input: dict[str, Any], *, execution_arn: str, started: str, table: Any, now: datetime, sts: Any = None
+) -> str:
+    """Who started `execution_arn`, as an IAM principal ARN; ProofError if the proof does not hold.
+
+    `started` is the execution's start time ($$.Execution.StartTime); `table` is the boto3 Table of
+    used proofs (key `proof`), where the proof is recorded for this execution before its signer is returned.
+    """
+    state_machine, execution_name = execution_parts(execution_arn)
+    proof = execution_input.get(FIELD)
+    try:
+        caller = identity.verify(
+            proof,
+            bound_to=binding(execution_input, state_machine=state_machine, execution_name=execution_name),
+            region=state_machine.split(":")[3],
+            now=now,
+            sts=sts,
+            max_age=WINDOW,
+        )
+    except identity.IdentityError as exc:
+        raise ProofError(str(exc)) from None
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+
+    execution = f"{execution_arn}@{started}"
+    try:
+        table.put_item(
+            Item={
+                "proof": identity.signature_digest(proof),
+                "execution": execution,
+                "ttl": int((now + RECORD_TTL).timestamp()),
+            },
+            ConditionExpression="attribute_not_exists(#proof) OR #execution = :execution",
+            ExpressionAttributeNames={"#proof": "proof", "#execution": "execution"},
+            ExpressionAttributeValues={":execution": execution},
+        )
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        raise ProofError("this proof has already started another run; sign a new one for this run") from None
+    return str(identity.Principal.parse(caller))
