@@ -56,10 +56,16 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         logger.info("request refused: budget spent")
         metrics.record(Metric.RUNS_REFUSED_OVER_BUDGET)
         return _answer(event, {"valid": False, "message": message, "request": None})
+    problems: list[str] = []
+    requested_by = None
+    if isinstance(event["input"], dict):  # any other input is refused for its shape alone, below
+        try:
+            requested_by = requester(
+                event["input"], event["execution"], event["started"], required=env_bool("FORBID_SELF_APPROVAL")
+            )
+        except InvalidRequest as exc:
+            problems.append(str(exc))
     try:
-        requested_by = requester(
-            event["input"], event["execution"], event["started"], required=env_bool("FORBID_SELF_APPROVAL")
-        )
         request = resolve(
             event["input"],
             execution_name=event["execution_name"],
@@ -69,9 +75,12 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             started=event["started"],
         )
     except InvalidRequest as exc:
-        logger.info("request rejected", extra={"problems": str(exc)})
+        problems.append(str(exc))
+    if problems:  # every problem at once: the proof's and the input's
+        message = "\n".join([problems[0], *(p.split("\n", 1)[-1] for p in problems[1:])])
+        logger.info("request rejected", extra={"problems": message})
         metrics.record(Metric.RUNS_REJECTED)
-        return _answer(event, {"valid": False, "message": str(exc), "request": None})
+        return _answer(event, {"valid": False, "message": message, "request": None})
     logger.info("request resolved", extra={"run_name": request["run_name"], "job": request["job_name_base"]})
     metrics.record(Metric.RUNS_ACCEPTED)
     return _answer(event, {"valid": True, "message": "", "request": request})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from lambdas.estimate.handler import estimate
 from lambdas.execution_state import JobProgress, TrainingRequest
 from lambdas.shared.errors import InvalidRequest
 from lambdas.tuning.handler import poll
-from lambdas.validate.request import resolve
+from lambdas.validate.request import RUN_ID_HEX, resolve
 from tests.lambdas.test_handlers import LIMITS
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "tuning.json").read_text())
@@ -35,7 +36,8 @@ def test_the_example_resolves_to_sagemakers_tuning_config() -> None:
     request = _resolve()
     tuning = request["tuning"]
     assert TrainingRequest.parse(request).tuning is not None
-    assert len(tuning["job_name"]) <= 32 and tuning["job_name"].startswith("demo-tiny-tuning-")
+    # The run name is cut to fit SageMaker's 32 characters; the run's identity never is.
+    assert re.fullmatch(rf"demo-tiny-tunin-[0-9a-f]{{{RUN_ID_HEX}}}", tuning["job_name"])
     config = tuning["config"]
     assert config["Strategy"] == "Bayesian" and config["TrainingJobEarlyStoppingType"] == "Off"
     assert config["HyperParameterTuningJobObjective"] == {"Type": "Minimize", "MetricName": "validation:loss"}
@@ -54,7 +56,7 @@ def test_the_example_resolves_to_sagemakers_tuning_config() -> None:
 
 def test_a_long_run_name_is_cut_to_sagemakers_32_characters() -> None:
     name = _resolve(run_name="a-very-long-run-name-for-tuning-jobs-01")["tuning"]["job_name"]
-    assert len(name) == 32 and name.startswith("a-very-long-run-name-fo-") and not name.startswith("-")
+    assert len(name) == 32 and re.fullmatch(rf"a-very-long-run-[0-9a-f]{{{RUN_ID_HEX}}}", name)
 
 
 def test_hyperband_takes_its_resource_bounds_and_no_early_stopping_type() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import boto3
 
+from lambdas.validate.request import RUN_ID_HEX
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import Pipeline
 from training.metrics import METRIC_DEFINITIONS
@@ -47,6 +48,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Quality gate met?",
         "Register model",
         "Approval gate (promotion)",
+        "Approval gate (promotion): decision recorded?",  # the decision function recorded this decision
         "Promotion approved?",
         "Approve model",
         "Notify success",
@@ -71,7 +73,7 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
     request = pipeline.local.training_requests[name]
     env = pipeline.local.environment("Validate")
 
-    assert re.fullmatch(r"gpt2-small-[0-9a-f]{8}-1", name)  # run, execution hash, attempt
+    assert re.fullmatch(rf"gpt2-small-[0-9a-f]{{{RUN_ID_HEX}}}-1", name)  # run, execution hash, attempt
     local = pipeline.local
     (role,) = [
         logical for _, logical, _ in local.assembly.resources("AWS::IAM::Role") if "TrainingExecutionRole" in logical

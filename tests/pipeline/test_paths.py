@@ -10,6 +10,7 @@ import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
+from lambdas.validate.request import RUN_ID_HEX
 from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.conftest import APPROVER
@@ -112,7 +113,7 @@ def test_capacity_error_then_success_with_a_new_job_name(pipeline_factory: Any) 
     arn = pipeline.start(pipeline.input())
     pipeline.run_until(arn, "Approval gate (promotion)")
     first, second = pipeline.jobs()
-    assert re.fullmatch(r"gpt2-small-[0-9a-f]{8}-1", first)
+    assert re.fullmatch(rf"gpt2-small-[0-9a-f]{{{RUN_ID_HEX}}}-1", first)
     assert second == first[: -len("1")] + "2"
     requests = pipeline.local.training_requests
     # The new job resumes from the same run-level checkpoints.

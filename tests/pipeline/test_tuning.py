@@ -11,6 +11,7 @@ import pytest
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
 
+from lambdas.validate.request import RUN_ID_HEX
 from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.pipeline.conftest import Pipeline
@@ -122,7 +123,7 @@ def test_every_trial_carries_the_single_jobs_enforced_fields(pipeline_factory: A
         # Under the run's own prefix in the checkpoints bucket, one folder per trial (localrun/tuning_local.py).
         bucket = job["CheckpointConfig"]["S3Uri"].split("/runs/")[0]
         assert re.fullmatch(
-            rf"{bucket}/runs/gpt2-small-[0-9a-f]{{8}}/checkpoints/{trial['TrainingJobName']}/",
+            rf"{bucket}/runs/gpt2-small-[0-9a-f]{{{RUN_ID_HEX}}}/checkpoints/{trial['TrainingJobName']}/",
             trial["CheckpointConfig"]["S3Uri"],
         )
         assert trial["HyperParameters"]["_tuning_objective_metric"] == "validation:loss"
