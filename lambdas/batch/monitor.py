@@ -185,7 +185,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         environment=BatchMonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary)
+    record_metrics(summary, metrics)
     logger.info(
         "batch job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions"}),

@@ -149,19 +149,22 @@ def summarize(
     )
 
 
-def record_metrics(summary: JobProgress) -> None:
-    """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once."""
+def record_metrics(summary: JobProgress, into: StageMetrics) -> None:
+    """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once.
+
+    `into` is the calling handler's own metrics, which its `flushed` decorator emits.
+    """
     if summary.status == "InProgress" and summary.checkpoint_age_minutes is not None:
-        metrics.record(Metric.CHECKPOINT_AGE, summary.checkpoint_age_minutes * 60)
+        into.record(Metric.CHECKPOINT_AGE, summary.checkpoint_age_minutes * 60)
     if not summary.finished:
         return
-    metrics.record(Metric.JOBS_COMPLETED if summary.status == "Completed" else Metric.JOBS_FAILED)
-    metrics.record(Metric.SPOT_INTERRUPTIONS, summary.interruptions)
+    into.record(Metric.JOBS_COMPLETED if summary.status == "Completed" else Metric.JOBS_FAILED)
+    into.record(Metric.SPOT_INTERRUPTIONS, summary.interruptions)
     if summary.training_seconds is not None:
-        metrics.record(Metric.JOB_DURATION, summary.training_seconds)
+        into.record(Metric.JOB_DURATION, summary.training_seconds)
     if summary.cost is not None:
-        metrics.record(Metric.TRAINING_COST, summary.cost.actual_usd)
-        metrics.record(Metric.SPOT_SAVINGS, summary.cost.spot_savings_usd)
+        into.record(Metric.TRAINING_COST, summary.cost.actual_usd)
+        into.record(Metric.SPOT_SAVINGS, summary.cost.spot_savings_usd)
 
 
 def poll(
@@ -192,7 +195,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary)
+    record_metrics(summary, metrics)
     logger.info(
         "training job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions", "stale"}),

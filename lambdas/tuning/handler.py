@@ -131,6 +131,6 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         boto3.client("sagemaker"), parsed.request.tuning.job_name, hourly_usd=parsed.hourly_usd, now=datetime.now(UTC)
     )
     if summary.tuning is not None:
-        record_metrics(summary)
+        record_metrics(summary, metrics)
     logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))
     return summary.model_dump(mode="json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
 
+from lambdas.shared.metrics import Metric
 from lambdas.validate.request import RUN_ID_HEX
 from localrun.clock import Clock
 from localrun.scripted import Poll
@@ -55,7 +57,9 @@ def _running_at_each_create(pipeline: Pipeline) -> list[int]:
     return seen
 
 
-def test_tuning_registers_the_best_trial_with_its_lineage(pipeline_factory: Any) -> None:
+def test_tuning_registers_the_best_trial_with_its_lineage(
+    pipeline_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     pipeline = pipeline_factory(scripts=[_trial(loss, billed) for loss, billed in zip(LOSSES, BILLED, strict=True)])
     running = _running_at_each_create(pipeline)
     arn = pipeline.start(tuning_input(pipeline))
@@ -88,6 +92,9 @@ def test_tuning_registers_the_best_trial_with_its_lineage(pipeline_factory: Any)
     assert lineage["cost"]["billable_seconds"] == sum(BILLED) and record["trials_billed"] == 4
     assert lineage["cost"]["actual_usd"] == pytest.approx(hourly * sum(BILLED) / 3600, abs=1e-3)
     assert record["best_trial_cost"]["actual_usd"] == pytest.approx(hourly * BILLED[2] / 3600, abs=1e-3)
+    # TuningProgress emits the tuning job's figures itself, with its own invocation's metrics.
+    emitted = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert [v for line in emitted for v in line.get(Metric.JOB_DURATION.value, [])] == [sum(BILLED)]
     assert lineage["hyperparameters"]["lr"] == tuned["lr"] and lineage["hyperparameters"]["max_steps"] == "100"
     (package,) = pipeline.model_packages()
     assert package["ModelApprovalStatus"] == "Approved"
