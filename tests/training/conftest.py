@@ -36,3 +36,15 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shards = root / "shards"
     prepare(texts, shards, ByteTokenizer(), shard_tokens=60_000, val_every=5)
     return shards
+
+
+@pytest.fixture(scope="session")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An uninterrupted CHECKPOINTED_JOB run (checkpoints at steps 4, 8 and 12) and its log; tests copy it."""
+    from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process
+
+    root = tmp_path_factory.mktemp("reference")
+    make_opt_ml(root, {}, corpus=corpus)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    return root, log

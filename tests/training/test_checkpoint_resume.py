@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from training_helpers import make_opt_ml, run_in_process, step_losses, val_losses
+from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
 from training.checkpoint import CheckpointError, committed_steps, verify, write_manifest
 from training.config import ConfigError
@@ -18,30 +18,6 @@ from training.layout import MANIFEST
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import DataRangeError
-
-JOB = {
-    "model": "tiny",
-    "seq_len": "32",
-    "batch_size": "4",
-    "max_steps": "12",
-    "optim.lr": "0.002",
-    "optim.warmup_steps": "2",
-    "metrics.log_interval": "1",
-    "checkpoint.interval_steps": "4",
-    "checkpoint.keep_last": "5",
-    "eval.max_sequences": "16",
-    "train.deterministic": "true",
-}
-
-
-@pytest.fixture(scope="module")
-def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """An uninterrupted 12-step run with checkpoints at steps 4, 8 and 12."""
-    root = tmp_path_factory.mktemp("reference")
-    make_opt_ml(root, {}, corpus=corpus)
-    completed, log = run_in_process(root, JOB)
-    assert completed
-    return root, log
 
 
 def _resume_copy(reference: tuple[Path, str], tmp_path: Path) -> Paths:
@@ -71,7 +47,7 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Pa
     paths = _resume_copy(reference, tmp_path)
     for step in (8, 12):
         shutil.rmtree(paths.checkpoints / f"step-{step}")
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert "resumed from checkpoint step-4" in log
     expected = {s: v for s, v in step_losses(reference[1]).items() if s > 4}
@@ -89,7 +65,7 @@ def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(
     paths = _resume_copy(reference, tmp_path)
     shard = _shard(paths.checkpoints / "step-12")
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert "skipping checkpoint step-12: rank 0: step-12: __0_0.distcp is truncated" in log
     assert "resumed from checkpoint step-8" in log
@@ -101,7 +77,7 @@ def test_unreadable_checkpoint_of_the_right_size_is_skipped(reference: tuple[Pat
     paths = _resume_copy(reference, tmp_path)
     metadata = paths.checkpoints / "step-12" / ".metadata"
     metadata.write_bytes(b"\0" * metadata.stat().st_size)  # passes the size check, fails to load
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert "skipping checkpoint step-12" in log
     assert "resumed from checkpoint step-8" in log
@@ -111,7 +87,7 @@ def test_unreadable_checkpoint_of_the_right_size_is_skipped(reference: tuple[Pat
 def test_checkpoint_without_manifest_is_never_loaded(reference: tuple[Path, str], tmp_path: Path) -> None:
     paths = _resume_copy(reference, tmp_path)
     (paths.checkpoints / "step-12" / MANIFEST).unlink()
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert "ignoring incomplete checkpoint step-12 (no manifest.json)" in log
     assert "resumed from checkpoint step-8" in log
@@ -124,14 +100,14 @@ def test_no_loadable_checkpoint_stops_instead_of_silently_restarting(
     for step in (4, 8, 12):
         (paths.checkpoints / f"step-{step}" / ".metadata").unlink()
     with pytest.raises(CheckpointError, match=r"none of the 3 checkpoints .* set checkpoint\.resume=false"):
-        run_in_process(paths.root, JOB)
-    completed, log = run_in_process(paths.root, {**JOB, "checkpoint.resume": "false"})
+        run_in_process(paths.root, CHECKPOINTED_JOB)
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.resume": "false"})
     assert completed and step_losses(log) == step_losses(reference[1])
 
 
 def test_resume_after_completion_only_exports_the_model(reference: tuple[Path, str], tmp_path: Path) -> None:
     paths = _resume_copy(reference, tmp_path)
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert step_losses(log) == {}
     assert val_losses(log) == val_losses(reference[1])
@@ -145,7 +121,7 @@ def test_retention_keeps_the_newest_and_never_touches_newer_debris(corpus: Path,
     for debris in ("step-2", "step-999"):
         (paths.checkpoints / debris).mkdir(parents=True)
         (paths.checkpoints / debris / "__0_0.distcp").write_bytes(b"partial")
-    completed, _ = run_in_process(paths.root, {**JOB, "checkpoint.keep_last": "2"})
+    completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "2"})
     assert completed
     assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-12", "step-8", "step-999"]
 
@@ -169,25 +145,25 @@ def test_stop_request_checkpoints_the_current_step_and_resumes_exactly(
     reference: tuple[Path, str], corpus: Path, tmp_path: Path
 ) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    completed, log = run_in_process(paths.root, JOB, stop=_StopAt(6))
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB, stop=_StopAt(6))
     assert not completed
     assert "stopped by signal at step 6: checkpoint step-6 is committed" in log
     assert committed_steps(paths.checkpoints) == [6, 4]
     assert not paths.model.exists()
-    completed, log = run_in_process(paths.root, JOB)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 6}
 
 
 def test_async_save_commits_the_same_checkpoints(reference: tuple[Path, str], corpus: Path, tmp_path: Path) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    completed, log = run_in_process(paths.root, {**JOB, "checkpoint.async_save": "true"})
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.async_save": "true"})
     assert completed
     assert step_losses(log) == step_losses(reference[1])
     assert committed_steps(paths.checkpoints) == [12, 8, 4]
     assert all(verify(paths.checkpoints / f"step-{s}") is None for s in (4, 8, 12))
     shutil.rmtree(paths.checkpoints / "step-12")
-    completed, log = run_in_process(paths.root, {**JOB, "checkpoint.async_save": "true"})
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.async_save": "true"})
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
@@ -195,7 +171,7 @@ def test_activation_checkpointing_changes_memory_not_results(
     reference: tuple[Path, str], corpus: Path, tmp_path: Path
 ) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    completed, log = run_in_process(paths.root, {**JOB, "parallel.activation_checkpointing": "true"})
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "parallel.activation_checkpointing": "true"})
     assert completed
     assert step_losses(log) == step_losses(reference[1])
     # Checkpoints stay interchangeable: the wrapper's name prefix is not in the saved keys.
@@ -208,7 +184,7 @@ def test_activation_checkpointing_changes_memory_not_results(
 def test_gradient_accumulation_matches_a_larger_micro_batch(corpus: Path, tmp_path: Path) -> None:
     big = make_opt_ml(tmp_path / "big", {}, corpus=corpus)
     small = make_opt_ml(tmp_path / "small", {}, corpus=corpus)
-    job = {**JOB, "max_steps": "4", "checkpoint.interval_steps": "0"}
+    job = {**CHECKPOINTED_JOB, "max_steps": "4", "checkpoint.interval_steps": "0"}
     _, log_big = run_in_process(big.root, {**job, "batch_size": "4"})
     _, log_small = run_in_process(small.root, {**job, "batch_size": "2", "train.global_batch_size": "4"})
     assert "2 accumulation = 4 sequences" in log_small
@@ -218,7 +194,7 @@ def test_gradient_accumulation_matches_a_larger_micro_batch(corpus: Path, tmp_pa
 
 def test_profiler_trace_is_written_under_output(corpus: Path, tmp_path: Path) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    job = {**JOB, "max_steps": "4", "metrics.profile": "true", "metrics.profile_start_step": "2"}
+    job = {**CHECKPOINTED_JOB, "max_steps": "4", "metrics.profile": "true", "metrics.profile_start_step": "2"}
     run_in_process(paths.root, {**job, "metrics.profile_steps": "1"})
     traces = list((paths.output / "data" / "profile").glob("rank0*.pt.trace.json"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
@@ -226,7 +202,7 @@ def test_profiler_trace_is_written_under_output(corpus: Path, tmp_path: Path) ->
 
 def test_tensorboard_writes_events_or_names_the_missing_package(corpus: Path, tmp_path: Path) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    job = {**JOB, "max_steps": "2", "metrics.tensorboard": "true"}
+    job = {**CHECKPOINTED_JOB, "max_steps": "2", "metrics.tensorboard": "true"}
     if importlib.util.find_spec("tensorboard") is None:
         with pytest.raises(ConfigError, match=r"metrics\.tensorboard=true .*no 'tensorboard' package"):
             run_in_process(paths.root, job)
@@ -238,7 +214,7 @@ def test_tensorboard_writes_events_or_names_the_missing_package(corpus: Path, tm
 def test_token_ids_beyond_the_vocabulary_fail_with_the_fix(corpus: Path, tmp_path: Path) -> None:
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
     with pytest.raises(DataRangeError, match=r"token id \d+ does not fit model\.vocab_size=100: set model\.vocab"):
-        run_in_process(paths.root, {**JOB, "model.vocab_size": "100"})
+        run_in_process(paths.root, {**CHECKPOINTED_JOB, "model.vocab_size": "100"})
 
 
 def test_manifest_commit_is_atomic(tmp_path: Path) -> None:

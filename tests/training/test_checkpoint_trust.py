@@ -10,35 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
-from training_helpers import make_opt_ml, run_in_process, step_losses
+from training_helpers import CHECKPOINTED_JOB, run_in_process, step_losses
 
 from training.layout import MANIFEST
-
-JOB = {
-    "model": "tiny",
-    "seq_len": "32",
-    "batch_size": "4",
-    "max_steps": "12",
-    "optim.lr": "0.002",
-    "optim.warmup_steps": "2",
-    "metrics.log_interval": "1",
-    "checkpoint.interval_steps": "4",
-    "checkpoint.keep_last": "5",
-    "eval.max_sequences": "16",
-    "train.deterministic": "true",
-}
-
-
-@pytest.fixture(scope="module")
-def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """An uninterrupted 12-step run with checkpoints at steps 4, 8 and 12."""
-    root = tmp_path_factory.mktemp("reference")
-    make_opt_ml(root, {}, corpus=corpus)
-    completed, log = run_in_process(root, JOB)
-    assert completed
-    return root, log
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -78,7 +53,7 @@ def test_planted_metadata_with_a_valid_manifest_runs_no_code_and_is_not_loaded(
     planted = root / "checkpoints" / "step-12"
     (planted / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     _recommit(planted)
-    completed, log = run_in_process(root, JOB)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert not marker.exists(), "unpickling the planted .metadata ran its code"
     assert completed
     assert "skipping checkpoint step-12" in log and "which DCP metadata never holds" in log
@@ -94,7 +69,7 @@ def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint
     data = bytearray(shard.read_bytes())
     data[-8:] = bytes(8)  # same size: only the digest tells
     shard.write_bytes(bytes(data))
-    completed, log = run_in_process(root, JOB)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the SHA-256" in log
     assert "resumed from checkpoint step-8" in log
@@ -127,7 +102,7 @@ def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp
     metadata.storage_data[MetadataIndex("progress")] = _StorageInfo(shard.name, offset, len(payload.getvalue()))
     (planted / ".metadata").write_bytes(pickle.dumps(metadata))
     _recommit(planted)
-    completed, log = run_in_process(root, JOB)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert not marker.exists(), "loading the planted progress item ran its code"
     assert completed
     assert "skipping checkpoint step-12: rank 0: step-12: WeightsUnpickler error: Unsupported global" in log

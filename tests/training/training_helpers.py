@@ -45,6 +45,22 @@ TINY_JOB: dict[str, str] = {
 }
 
 
+# A 12-step run of the tiny model with checkpoints at steps 4, 8 and 12, deterministic (resume tests).
+CHECKPOINTED_JOB = {
+    "model": "tiny",
+    "seq_len": "32",
+    "batch_size": "4",
+    "max_steps": "12",
+    "optim.lr": "0.002",
+    "optim.warmup_steps": "2",
+    "metrics.log_interval": "1",
+    "checkpoint.interval_steps": "4",
+    "checkpoint.keep_last": "5",
+    "eval.max_sequences": "16",
+    "train.deterministic": "true",
+}
+
+
 def make_opt_ml(
     root: Path,
     hyperparameters: Mapping[str, str],
