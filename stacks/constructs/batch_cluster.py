@@ -346,12 +346,6 @@ class BatchTrainingCluster(Construct):
             )
         )
 
-    def grant_list(self, role: iam.IRole) -> None:
-        """List the queue's jobs (ListJobs is authorized on `*` only)."""
-        role.add_to_principal_policy(
-            iam.PolicyStatement(sid="ListBatchJobs", actions=["batch:ListJobs"], resources=["*"])
-        )
-
     def grant_terminate(self, role: iam.IRole) -> None:
         role.add_to_principal_policy(
             iam.PolicyStatement(sid="TerminateBatchJobs", actions=["batch:TerminateJob"], resources=[self._jobs_arn()])
