@@ -21,3 +21,9 @@ def bucket_name(scope: Construct, stage: str, purpose: str) -> str:
         raise ValueError(f"unknown bucket purpose {purpose!r}; one of {BUCKET_PURPOSES}")
     stack = Stack.of(scope)
     return f"tp-{stage}-{purpose}-{stack.account}-{stack.region}"
+
+
+def ec2_arn_prefix(scope: Construct) -> str:
+    """`arn:<partition>:ec2:<region>:<account>` of the scope's stack; EC2 resource ARNs append `:<type>/<id>`."""
+    stack = Stack.of(scope)
+    return f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"

@@ -18,6 +18,7 @@ from constructs import Construct
 from lambdas.shared.metrics import SERVICE
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.naming import ec2_arn_prefix
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -151,8 +152,7 @@ class PlatformFunction(Construct):
         AWSLambdaVPCAccessExecutionRole policy), each on what the Service Authorization Reference lets
         it name: interfaces are created only in the function's subnets with its security groups, and
         changed or deleted only in its VPC. The describe actions take no resource."""
-        stack = Stack.of(self)
-        ec2_arn = f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
+        ec2_arn = ec2_arn_prefix(self)
         interfaces = f"{ec2_arn}:network-interface/*"
         selection = vpc_subnets or ec2.SubnetSelection()
         subnets = vpc.select_subnets(

@@ -22,6 +22,7 @@ from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
+from stacks.naming import ec2_arn_prefix
 from stacks.pipeline.context import PipelineContext
 from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
 from training.layout import (
@@ -76,7 +77,7 @@ class DistributedTrainingJob(Construct):
         """What the training containers may do: read datasets, read and write checkpoints, write outputs."""
         stack = Stack.of(self)
         region_account = f"{stack.region}:{stack.account}"
-        ec2_arn = f"arn:{stack.partition}:ec2:{region_account}"
+        ec2_arn = ec2_arn_prefix(self)
         interfaces = f"{ec2_arn}:network-interface/*"
         return {
             "TrainingLogs": iam.PolicyStatement(
