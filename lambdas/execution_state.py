@@ -71,6 +71,16 @@ class Tuning(_Model):
     """SageMaker's HyperParameterTuningJobConfig: strategy, objective, resource limits, parameter ranges."""
 
 
+class Continuation(_Model):
+    """The ended run a request continues (`resume_from`), as Validate found it."""
+
+    execution: str
+    run: str
+    """Its job_name_base: its checkpoints' and its ledger's prefix."""
+    earlier: list[str] = Field(default_factory=list)
+    """The executions that run continued in turn, newest first: the rest of the chain."""
+
+
 class TrainingRequest(_Model):
     """A validated, complete request: the only thing later states read from the execution input."""
 
@@ -100,6 +110,8 @@ class TrainingRequest(_Model):
     tags: list[Tag]
     tuning: Tuning | None = None
     """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
+    resume_from: Continuation | None = None
+    """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TrainingRequest:
@@ -351,6 +363,8 @@ class Poll(_Model):
     """A progress handler's event (stacks/pipeline/polled_job.py): the request, the previous poll, the price."""
 
     request: HandedOnRequest
+    execution: str
+    """The execution's ARN, which the run's ledger records."""
     previous: LastPoll
     hourly_usd: float
     """The estimate's list price of the whole cluster per hour."""
@@ -377,6 +391,22 @@ class EvaluateEvent(_Model):
     final_metrics: dict[str, float]
 
 
+class CarryOverEvent(_Model):
+    """The ledger-opening handler's event (stacks/pipeline/continuation.py)."""
+
+    request: HandedOnRequest
+    execution: str
+
+
+class Carried(_Model):
+    """The checkpoint a continuing run started from: what its lineage records of the run it continued."""
+
+    execution: str
+    run: str
+    step: int
+    manifest_sha256: str
+
+
 class RegisterEvent(_Model):
     """Register's event (stacks/pipeline/outcome.py)."""
 
@@ -385,6 +415,7 @@ class RegisterEvent(_Model):
     estimate: CostEstimate
     evaluation: Evaluation
     execution: str
+    continued: Carried | None = None
 
 
 class EndedRun(_Model):
@@ -448,3 +479,5 @@ CLEANUP = Path(None, "$.cleanup")
 """What the cleanup handler did (jobs stopped, checkpoints pruned), or the error it raised."""
 EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")
+CONTINUED = Path(Carried, "$.continued")
+"""The checkpoint carried over from the run `resume_from` names (absent for a run started afresh)."""

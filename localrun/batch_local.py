@@ -39,7 +39,7 @@ from moto.core.exceptions import JsonRESTError
 from localrun import processes
 from localrun.cfn import ACCOUNT, REGION
 from localrun.engine import LocalPlatform
-from localrun.jobs import Job, checkpoint_steps, loss_curve
+from localrun.jobs import Job, checkpoint_steps, loss_curve, recorded_checkpoints
 from localrun.sagemaker_local import REPO, _download_prefix, _free_port
 from training import batch_contract as contract
 from training import layout
@@ -346,11 +346,12 @@ class LocalBatch:
                 _download_prefix(s3, self.datasets_bucket, relative + "/", target)
 
     def _lose_host_after_checkpoint(self, job: BatchJob, attempt: Attempt) -> None:
-        """Lose a node's host once a checkpoint of the run is in S3, while the run still has steps to go.
+        """Lose a node's host once the platform has recorded a checkpoint of the run, while it still has steps to go.
 
         The node is frozen as soon as a checkpoint is committed on the hosts, before that checkpoint
         reaches S3: its peers then wait in their next collective, so the run cannot finish while the
-        checkpoint uploads, however fast its steps are. Then the host is lost with every process on it.
+        checkpoint uploads and PollBatchJob records it in the run's ledger, however fast its steps are.
+        Then the host is lost with every process on it.
         """
         node = attempt.nodes[min(self.kill_node_after_checkpoint or 0, len(attempt.nodes) - 1)]
         hosts = job.workdir / f"attempt-{attempt.number}"
@@ -363,12 +364,12 @@ class LocalBatch:
         if not running() or node.process is None:
             return
         processes.freeze(node.process.pid)
-        bucket, prefix = layout.split_s3_uri(job.environment[layout.CHECKPOINTS_ENV])
         with self._client_lock:
             s3 = boto3.client("s3", region_name=REGION)
+        channels = json.loads(job.environment[layout.CHANNELS_ENV])
         while running():
-            listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-            if layout.complete_steps(o["Key"] for o in listed):
+            # The retried attempt resumes only from what the run's ledger records (training/ledger.py).
+            if recorded_checkpoints(s3, channels):
                 break
             time.sleep(0.1)
         self._killed = True

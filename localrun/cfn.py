@@ -185,7 +185,7 @@ class Resolver:
         if type_ == "AWS::SNS::Topic":
             return f"arn:aws:sns:{REGION}:{ACCOUNT}:{logical}"
         if type_ == "AWS::StepFunctions::StateMachine":
-            return f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{logical}"
+            return f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{props.get('StateMachineName', logical)}"
         if type_ == "AWS::KMS::Key":
             h = _digest(logical, 32)
             return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
@@ -220,6 +220,8 @@ class Resolver:
         props = resource.get("Properties", {})
         if type_ == "AWS::FSx::FileSystem" and attribute == "LustreMountName":
             return _digest(logical + "mount", 8)
+        if type_ == "AWS::StepFunctions::StateMachine" and attribute == "Name":
+            return props.get("StateMachineName", logical)
         if type_ == "AWS::EC2::SecurityGroup" and attribute == "GroupId":
             return self.ref(stack, logical)
         if type_ == "AWS::Lambda::Url" and attribute == "FunctionUrl":

@@ -324,6 +324,7 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("stepfunctions", "SendTaskHeartbeat"): _everything("states:SendTaskHeartbeat"),
     ("stepfunctions", "StartExecution"): _one("states:StartExecution", lambda c: c.params["stateMachineArn"]),
     ("stepfunctions", "DescribeExecution"): _one("states:DescribeExecution", lambda c: c.params["executionArn"]),
+    ("stepfunctions", "GetExecutionHistory"): _one("states:GetExecutionHistory", lambda c: c.params["executionArn"]),
     ("stepfunctions", "StopExecution"): _one("states:StopExecution", lambda c: c.params["executionArn"]),
     ("sts", "AssumeRole"): _one("sts:AssumeRole", lambda c: c.params["RoleArn"]),
     ("kms", "Encrypt"): _kms_use("kms:Encrypt"),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import boto3
 
 from localrun.cfn import REGION
-from training.layout import complete_steps, split_s3_uri
+from training.layout import LEDGER_CHANNEL, split_s3_uri
+from training.ledger import OPENED
 from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
+from training.stored_checkpoints import complete_checkpoints
 
 
 @dataclass
@@ -38,5 +41,13 @@ def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, floa
 def checkpoint_steps(checkpoints_uri: str) -> list[int]:
     """The steps of the complete checkpoints under a run's checkpoints URI in S3."""
     bucket, prefix = split_s3_uri(checkpoints_uri)
-    listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return complete_steps([o["Key"] for o in listed.get("Contents", [])])
+    return sorted(c.step for c in complete_checkpoints(boto3.client("s3", region_name=REGION), bucket, prefix))
+
+
+def recorded_checkpoints(s3: Any, channels: list[dict[str, Any]]) -> list[str]:
+    """The checkpoint records in the run's ledger, as the job's ledger channel names it (training/ledger.py):
+    the checkpoints a restarted job may resume from."""
+    (channel,) = [c for c in channels if c["ChannelName"] == LEDGER_CHANNEL]
+    bucket, prefix = split_s3_uri(channel["DataSource"]["S3DataSource"]["S3Uri"])
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return [o["Key"] for o in listed if o["Key"] != f"{prefix}{OPENED}"]

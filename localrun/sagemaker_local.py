@@ -42,12 +42,12 @@ from botocore.credentials import Credentials
 
 from localrun import netns, processes
 from localrun.cfn import REGION
+from localrun.jobs import recorded_checkpoints
 from localrun.netns import LoopbackNamespace
 from training.layout import (
     EFA_ENV,
     EXPECTED_GPUS_ENV,
     MANIFEST,
-    MANIFEST_GLOB,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MIN_BUSBW_ENV,
@@ -352,16 +352,17 @@ class LocalTraining:
             time.sleep(0.2)
 
     def _reclaim_after_first_checkpoint(self, local: LocalJob, job: Any) -> None:
-        """Reclaim the hosts as soon as the first checkpoint is committed, while training goes on.
+        """Reclaim the hosts as soon as the platform has recorded a checkpoint of the run, while training goes on.
 
-        Watching the checkpoint folder, not waiting for the next DescribeTrainingJob, keeps the
-        reclaim at the same point of training however slowly the pipeline polls.
+        A restarted job resumes only from a checkpoint its run's ledger records (training/ledger.py),
+        so the reclaim comes once the Monitor has recorded one: the point a real interruption after
+        a poll would find.
         """
         while True:
             with self._lock:
                 if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
                     return
-                if self._has_checkpoint(local):
+                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]):
                     local.restarting = True
                     job.secondary_status = "Interrupted"
                     job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
@@ -430,10 +431,6 @@ class LocalTraining:
                     local.synced[f"{folder}:{key}"] = stamp
             except FileNotFoundError:
                 continue  # pruned by the trainer since the listing; a newer checkpoint is committed
-
-    def _has_checkpoint(self, local: LocalJob) -> bool:
-        folder = local.tree(local.primary) / "checkpoints"
-        return any(folder.glob(MANIFEST_GLOB))
 
     def _upload_model(self, local: LocalJob, job: Any) -> None:
         model = local.tree(local.primary) / "model"

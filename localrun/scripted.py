@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,9 @@ class Poll:
     metrics: dict[str, float] = field(default_factory=dict)
     billable_seconds: int | None = None
     training_seconds: int | None = None
+    effect: Callable[[str, dict[str, Any]], None] | None = None
+    """Called with the job's name and CreateTrainingJob request when this poll is reported: what the job (or
+    anything else) does meanwhile, e.g. upload a checkpoint."""
 
 
 @dataclass
@@ -26,6 +30,7 @@ class ScriptedTraining:
     scripts: list[list[Poll]] = field(default_factory=lambda: [[Poll(), Poll("Completed", "Completed")]])
     on_create: list[Any] = field(default_factory=list)
     created_names: list[str] = field(default_factory=list)
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     stopped_names: list[str] = field(default_factory=list)
     _cursor: dict[str, int] = field(default_factory=dict)
 
@@ -34,6 +39,7 @@ class ScriptedTraining:
 
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         self.created_names.append(name)
+        self.requests[name] = request
         for hook in self.on_create:
             hook(name, request, job)
 
@@ -48,6 +54,8 @@ class ScriptedTraining:
         index = self._cursor.get(name, 0)
         poll = script[min(index, len(script) - 1)]
         self._cursor[name] = index + 1
+        if poll.effect is not None:
+            poll.effect(name, self.requests[name])
         if job.secondary_status != poll.secondary:
             job.secondary_status_transitions.append(
                 {"Status": poll.secondary, "StartTime": datetime.now(UTC), "StatusMessage": poll.secondary}

@@ -32,6 +32,7 @@ from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.continuation import Continuation
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
@@ -75,7 +76,9 @@ class PipelineStack(Stack):
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
 
-        intake.estimated.next(approvals.before_launch(then=training.start))
+        continuation = Continuation(self, "Continuation", context=context)
+        intake.estimated.next(approvals.before_launch(then=continuation.start))
+        continuation.then(training.start)
         training.failed.next(self._training_failed(context))
         training.succeeded.next(evaluation.start)
         evaluation.then(registration.start)
@@ -85,6 +88,7 @@ class PipelineStack(Stack):
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
         self.state_machine = self._state_machine(context, intake.start)
         self._grant_state_machine(context, training, registration.packages)
+        intake.read_ended_runs(self.state_machine, self.execution_key)
         dead_letters = dict(training.dead_letters)
         if data.retrain_windows is not None:
             retrain = RetrainTriggers(
@@ -151,7 +155,12 @@ class PipelineStack(Stack):
                     platform_metric(Metric.UNRECORDED_DECISIONS),
                     "An approval gate resumed with a decision the decision function did not record: someone "
                     "used a gate's task token outside the decision URL (the run was stopped)",
-                )
+                ),
+                "CheckpointsNotAsRecorded": (
+                    platform_metric(Metric.CHECKPOINTS_NOT_AS_RECORDED),
+                    "A checkpoint the platform recorded was changed in S3 afterwards: code other than the run's "
+                    "wrote into its prefix (its jobs will not load it; see the Monitor's log for which one)",
+                ),
             },
         )
         PlatformDashboard(

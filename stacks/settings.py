@@ -516,6 +516,7 @@ class PlatformSettings(_Model):
         run_input = execution_input(trigger.as_trigger(), _SYNTH_DATASETS_BUCKET)
         limits = self.platform_limits(
             datasets_bucket=_SYNTH_DATASETS_BUCKET,
+            artifacts_bucket="artifacts-bucket",
             fsx_file_system_id="fs-synth",
             fsx_mount_name="synth",
             tags={},
@@ -534,17 +535,19 @@ class PlatformSettings(_Model):
         self,
         *,
         datasets_bucket: str,
+        artifacts_bucket: str,
         fsx_file_system_id: str,
         fsx_mount_name: str,
         tags: dict[str, str],
         backends: Sequence[str],
     ) -> PlatformLimits:
         """What Validate allows on the platform these settings deploy, beside what the deployment names
-        (its datasets bucket, its file system, the jobs' tags, the backends its pipeline runs)."""
+        (its datasets and artifacts buckets, its file system, the jobs' tags, the backends its pipeline runs)."""
         largest = self.network.largest_cluster
         deployment = Deployment(largest_cluster_type=largest.instance_type, largest_cluster_count=largest.count)
         return PlatformLimits(
             datasets_bucket=datasets_bucket,
+            artifacts_bucket=artifacts_bucket,
             fsx_file_system_id=fsx_file_system_id,
             fsx_mount_name=fsx_mount_name,
             training_subnet_ips=training_subnet_ips(self.network.training_subnet_mask),

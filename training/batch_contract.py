@@ -4,8 +4,9 @@ On Batch every node runs the image's entrypoint with ``AWS_BATCH_JOB_NODE_INDEX`
 ``AWS_BATCH_JOB_NUM_NODES``, ``AWS_BATCH_JOB_MAIN_NODE_INDEX`` and, on the other nodes,
 ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS``. What SageMaker does around the container is done
 here: hyperparameters.json and resourceconfig.json are written from the job's environment, data
-channels point at FSx (mounted on the host at /fsx) or are downloaded from S3, the run's checkpoints
-are restored from S3 before the launcher starts and uploaded while it runs, and at the end each node
+channels point at FSx (mounted on the host at /fsx) or are downloaded from S3, the run's complete
+checkpoints that its ledger records are restored from S3 before the launcher starts, new ones are
+uploaded while it runs, and at the end each node
 writes its result (exit status, failure, and on the main node the final metrics and the model
 archive) under the job's output prefix, where the pipeline's PollBatchJob reads it. The launcher
 itself then runs as on SageMaker, as a child process whose SIGTERM this forwards.
@@ -34,6 +35,7 @@ from training.layout import (
     CHECKPOINTS_ENV,
     FSX_ROOT_ENV,
     HYPERPARAMETERS_ENV,
+    LEDGER_CHANNEL,
     MAIN_NODE_ADDRESS_ENV,
     MAIN_NODE_INDEX_ENV,
     MANIFEST,
@@ -45,8 +47,10 @@ from training.layout import (
     SYNC_SECONDS_ENV,
     split_s3_uri,
 )
+from training.ledger import trusted_digests
 from training.metrics import parse_metrics
 from training.sagemaker_contract import ContractError, Paths, ResourceConfig, write_failure
+from training.stored_checkpoints import complete_checkpoints
 
 log = logging.getLogger("training.batch")
 
@@ -162,8 +166,30 @@ def prepare(paths: Paths, node: BatchNode, env: Mapping[str, str], s3: Any) -> N
             target.symlink_to(fsx_root / relative, target_is_directory=True)
         else:
             _download(s3, source["S3DataSource"]["S3Uri"], target)
-    restored = _download(s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints)
-    log.info("node %d of %d: %d checkpoint files restored from S3", node.index, node.num_nodes, restored)
+    restored = restore_checkpoints(
+        s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints, trusted=trusted_digests(paths.channel(LEDGER_CHANNEL))
+    )
+    log.info("node %d of %d: checkpoints %s restored from S3", node.index, node.num_nodes, restored or "none")
+
+
+def restore_checkpoints(s3: Any, uri: str, target: Path, *, trusted: set[str] | None) -> list[str]:
+    """Download the run's complete checkpoints (training/stored_checkpoints.py) that its ledger records
+    (`trusted`; None: no ledger, every complete one), each manifest after its files; their directories."""
+    try:
+        bucket, prefix = split_s3_uri(uri)
+    except ValueError as exc:
+        raise ContractError(str(exc)) from None
+    restored = []
+    for checkpoint in complete_checkpoints(s3, bucket, prefix):
+        if trusted is not None and checkpoint.manifest_sha256 not in trusted:
+            log.warning("not restoring %s: the run's ledger does not record it", checkpoint.uri)
+            continue
+        directory = target / checkpoint.prefix.removeprefix(prefix)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in sorted(checkpoint.files, key=lambda n: n == MANIFEST):
+            s3.download_file(bucket, f"{checkpoint.prefix}{name}", str(directory / name))
+        restored.append(checkpoint.prefix.removeprefix(prefix))
+    return restored
 
 
 class CheckpointSync:

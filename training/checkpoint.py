@@ -52,12 +52,10 @@ from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
 from training.layout import MANIFEST, step_dir, step_of
 from training.sagemaker_contract import describe
+from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
-DCP_METADATA = ".metadata"
-FORMAT_VERSION = 2
-"""2: every file with its size and SHA-256 (1 had sizes only and is no longer loaded)."""
 _HASH_CHUNK = 1 << 20
 
 
@@ -77,9 +75,9 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
-    return data
+def read_manifest(directory: Path) -> Manifest:
+    """The checkpoint's manifest, parsed by the one rule (training/stored_checkpoints.py); ManifestError if not."""
+    return Manifest.parse((directory / MANIFEST).read_bytes())
 
 
 def sha256_of(path: Path) -> str:
@@ -91,41 +89,29 @@ def sha256_of(path: Path) -> str:
 
 
 def verify(directory: Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
-    """Why this checkpoint directory cannot be loaded, or None if its manifest and files are intact.
+    """Why this checkpoint directory cannot be loaded, or None if it is complete and every file is intact.
 
-    `share` (index, count): hash only every count-th data file from index (the processes of one host
-    split the work); DCP's ``.metadata`` is hashed by every caller, as every process unpickles it.
+    Complete as training/stored_checkpoints.py defines it (every listed file present with its size),
+    and every file's content as its SHA-256 in the manifest says. `share` (index, count): hash only
+    every count-th data file from index (the processes of one host split the work); DCP's
+    ``.metadata`` is hashed by every caller, as every process unpickles it.
     """
     try:
         manifest = read_manifest(directory)
-        files: dict[str, dict[str, Any]] = manifest["files"]
-        if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or DCP_METADATA not in files:
-            return f"{directory.name}: manifest has an unknown format"
-        expected = {name: (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
         return f"{directory.name}: unreadable manifest ({describe(exc)})"
+    except ManifestError as exc:
+        return f"{directory.name}: {exc}"
     index, count = share
-    data = sorted(name for name in expected if name != DCP_METADATA)
+    data = sorted(name for name in manifest.files if name != DCP_METADATA)
     mine = {DCP_METADATA, *data[index::count]}
-    for name, (size, digest) in expected.items():
-        problem = _file_problem(directory, name, size, digest if name in mine else None)
+    for name, (_size, digest) in manifest.files.items():
+        path = directory / name
+        problem = manifest.size_problem(name, path.stat().st_size if path.is_file() else None)
+        if problem is None and name in mine and sha256_of(path) != digest:
+            problem = f"{name} does not match the SHA-256 in its manifest"
         if problem is not None:
             return f"{directory.name}: {problem}"
-    return None
-
-
-def _file_problem(directory: Path, name: str, size: int, digest: str | None) -> str | None:
-    """What is wrong with one file of a checkpoint; its content is hashed only when `digest` is given."""
-    path = directory / name
-    if Path(name).name != name or not path.is_file():
-        return f"{name} is missing"
-    actual = path.stat().st_size
-    if actual < size:
-        return f"{name} is truncated ({actual} bytes, expected {size})"
-    if actual != size:
-        return f"{name} has {actual} bytes, its manifest {size}"
-    if digest is not None and sha256_of(path) != digest:
-        return f"{name} does not match the SHA-256 in its manifest"
     return None
 
 
@@ -289,8 +275,10 @@ class _Pending:
 class CheckpointManager:
     """Saves (optionally in the background), commits, prunes and resumes checkpoints under ``root``."""
 
-    def __init__(self, root: Path, env: DistEnv, cfg: CheckpointConfig) -> None:
-        self.root, self.env, self.cfg = root, env, cfg
+    def __init__(self, root: Path, env: DistEnv, cfg: CheckpointConfig, *, trusted: set[str] | None = None) -> None:
+        """`trusted`: the manifest digests the run's ledger holds (training/ledger.py); only those checkpoints
+        are loaded. None: no ledger (a run outside the pipeline), any intact checkpoint may be."""
+        self.root, self.env, self.cfg, self.trusted = root, env, cfg, trusted
         self.committed: list[int] = []
         self.pending: _Pending | None = None
         self.last_save_time = time.monotonic()
@@ -410,11 +398,23 @@ class CheckpointManager:
         dist.all_gather_object(gathered, local, group=self.env.ctrl)
         return [f"rank {rank}: {msg}" for rank, msg in enumerate(gathered) if msg is not None]
 
+    def _recorded(self, steps: list[int]) -> list[int]:
+        """Those of `steps` whose manifest the run's ledger holds (all of them without a ledger)."""
+        if self.trusted is None:
+            return steps
+        kept = []
+        for step in steps:
+            if sha256_of(self.root / step_dir(step) / MANIFEST) in self.trusted:
+                kept.append(step)
+            else:
+                log.warning("skipping checkpoint %s: the run's ledger does not record it", step_dir(step))
+        return kept
+
     def load_latest(self, state: TrainingState) -> int | None:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
         if not self.cfg.resume:
             return None
-        listing: list[list[int]] = [committed_steps(self.root) if self.env.is_main else []]
+        listing: list[list[int]] = [self._recorded(committed_steps(self.root)) if self.env.is_main else []]
         dist.broadcast_object_list(listing, src=0, group=self.env.ctrl)
         candidates = listing[0]
         problems: list[str] = []
@@ -422,7 +422,7 @@ class CheckpointManager:
             directory = self.root / step_dir(step)
             errors = self._agree(verify(directory, share=(self.env.local_rank, _local_world_size())))
             if not errors:
-                same_world = read_manifest(directory).get("world_size") == self.env.world_size
+                same_world = read_manifest(directory).world_size == self.env.world_size
                 template = state.state_dict(with_rng=same_world)
                 try:
                     dcp_load(
@@ -451,7 +451,7 @@ class CheckpointManager:
                     "checkpoint %s was written by %d processes, resuming on %d: model and optimizer "
                     "resharded, data position kept, RNG streams reseeded",
                     step_dir(step),
-                    read_manifest(directory)["world_size"],
+                    read_manifest(directory).world_size,
                     self.env.world_size,
                 )
             self.committed = sorted(s for s in candidates if s <= step)

@@ -7,15 +7,15 @@ stacks and the local platform all take these names from here, so that none spell
     <artifacts bucket>/runs/<job_name>/output/                        a job's model (SageMaker) or results (Batch)
     <artifacts bucket>/runs/<job_name_base>/tensorboard/              TensorBoard output (SageMaker)
     <artifacts bucket>/runs/<job_name_base>/lineage/                  what Register records of the run
+    <artifacts bucket>/runs/<job_name_base>/lineage/checkpoints/      the run's checkpoint ledger (training/ledger.py)
 
-A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py):
-a directory, or an S3 prefix, without its manifest is not a checkpoint yet.
+A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py);
+when it is complete is training/stored_checkpoints.py's rule.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 # -- checkpoints -------------------------------------------------------------------------------------
 
@@ -24,8 +24,6 @@ MANIFEST = "manifest.json"
 MANIFEST_GLOB = f"step-*/{MANIFEST}"
 """The manifests of the checkpoints in a checkpoint directory, as a `Path.glob` pattern."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_IN_STEP_DIR = re.compile(r"(?:^|/)step-(\d+)/")
-_MANIFEST_KEY = re.compile(rf"(?:^|/)step-(\d+)/{re.escape(MANIFEST)}$")
 
 
 def step_dir(step: int) -> str:
@@ -37,23 +35,6 @@ def step_of(name: str) -> int | None:
     """The step of a checkpoint directory's name (``step-12`` -> 12); None for any other name."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
-
-
-def checkpoint_step(key: str) -> int | None:
-    """The step of the checkpoint directory an S3 key (or relative path) lies in; None outside any."""
-    match = _IN_STEP_DIR.search(key)
-    return int(match.group(1)) if match else None
-
-
-def manifest_step(key: str) -> int | None:
-    """The step whose checkpoint this key's manifest completes (``.../step-12/manifest.json`` -> 12); else None."""
-    match = _MANIFEST_KEY.search(key)
-    return int(match.group(1)) if match else None
-
-
-def complete_steps(keys: Iterable[str]) -> list[int]:
-    """The steps of the complete checkpoints among `keys` (those whose manifest is listed), oldest first."""
-    return sorted({step for key in keys if (step := manifest_step(key)) is not None})
 
 
 # -- a run's S3 prefixes -----------------------------------------------------------------------------
@@ -86,6 +67,11 @@ def run_lineage(job_name_base: str) -> str:
     return f"{RUNS}{job_name_base}/lineage/"
 
 
+def run_ledger(job_name_base: str) -> str:
+    """A run's checkpoint ledger in the artifacts bucket: what the platform saw the run's jobs commit."""
+    return f"{run_lineage(job_name_base)}checkpoints/"
+
+
 def run_of(job_name: str) -> str:
     """The job_name_base of a job named <job_name_base>-<attempt>."""
     return job_name.rsplit("-", 1)[0]
@@ -99,6 +85,9 @@ TENSORBOARD_FORMAT = run_tensorboard("{}")
 ANY_CHECKPOINT = f"{run_checkpoints('*')}*"
 ANY_OUTPUT = f"{run_output('*')}*"
 ANY_LINEAGE = f"{run_lineage('*')}*"
+ANY_LEDGER_RECORD = f"{run_ledger('*')}*"
+ANY_MANIFEST = f"{run_checkpoints('*')}*/{MANIFEST}"
+"""Every run's checkpoint manifests (IAM's `*` spans `/`: a tuning trial's too)."""
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -146,6 +135,9 @@ FSX_ROOT_ENV = "TRAINING_FSX_ROOT"
 SYNC_SECONDS_ENV = "TRAINING_CHECKPOINT_SYNC_SECONDS"
 PREPARED_ENV = "TRAINING_BATCH_PREPARED"
 """Set on the launcher child the Batch contract starts: it must not start another."""
+
+LEDGER_CHANNEL = "ledger"
+"""The input channel that brings every job its run's checkpoint ledger (/opt/ml/input/data/ledger)."""
 
 PREFLIGHT_FAILED = "PreflightFailed"
 """The first word of the failure file's first line when the pre-flight check fails; the pipeline then

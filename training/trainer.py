@@ -27,7 +27,8 @@ from training.data import DistributedTokenLoader, TokenSamples, validation_batch
 from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
-from training.layout import step_dir
+from training.layout import LEDGER_CHANNEL, step_dir
+from training.ledger import trusted_digests
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallelize import parallelize
@@ -150,7 +151,9 @@ class Trainer:
             rank=env.rank,
             seed=cfg.train.seed,
         )
-        self.checkpoints = CheckpointManager(self.paths.checkpoints, env, cfg.checkpoint)
+        self.checkpoints = CheckpointManager(
+            self.paths.checkpoints, env, cfg.checkpoint, trusted=trusted_digests(self.paths.channel(LEDGER_CHANNEL))
+        )
         self.checkpoints.load_latest(self.state)
         self.start_step = self.state.step
 

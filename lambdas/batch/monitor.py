@@ -18,9 +18,9 @@ from botocore.exceptions import ClientError
 
 from lambdas.batch.environment import BatchMonitorEnvironment
 from lambdas.execution_state import BatchPoll, JobCost, JobProgress
-from lambdas.monitor.handler import freshness, latest_checkpoint, metrics, record_metrics
+from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_metrics
 from training.batch_contract import result_key
-from training.layout import PREFLIGHT_FAILED, run_checkpoints, run_output, split_s3_uri
+from training.layout import PREFLIGHT_FAILED, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -161,7 +161,14 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
         output = f"s3://{environment.artifacts_bucket}/{run_output(describe['jobName'])}"
         attempts = max(1, len(describe.get("attempts", [])))
         results = node_results(s3, output, attempts, int(describe.get("nodeProperties", {}).get("numNodes", 1)))
-    checkpoint = latest_checkpoint(s3, environment.checkpoints_bucket, run_checkpoints(event.request.job_name_base))
+    checkpoint = observe_checkpoints(
+        s3,
+        checkpoints_bucket=environment.checkpoints_bucket,
+        artifacts_bucket=environment.artifacts_bucket,
+        poll=event,
+        job=event.job.job_name,
+        into=metrics,
+    )
     return summarize(
         describe,
         results=results,

@@ -3,7 +3,8 @@
 Invoked two ways:
 - by the state machine on every way out of a run (`stop` after an orchestration failure, `prune`
   after the job ended): stops the jobs tagged with this execution, then prunes the run's
-  checkpoints in S3 to the newest complete one (what resume and the lineage point at);
+  checkpoints in S3 to the newest complete one (training/stored_checkpoints.py) of the run, and of
+  each of its tuning trials;
 - by EventBridge when an execution ends ABORTED, TIMED_OUT or FAILED (a person's StopExecution, the
   execution's own timeout): the same, for the jobs tagged with that execution.
 """
@@ -20,9 +21,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import EndedRun
-from lambdas.monitor.handler import latest_checkpoint
 from lambdas.validate.request import EXECUTION_TAG
-from training.layout import checkpoint_step, run_checkpoints, run_of, split_s3_uri
+from training.layout import run_checkpoints, run_of
+from training.stored_checkpoints import list_checkpoints, newest_per_location
 
 logger = Logger(service="training-platform")
 
@@ -74,21 +75,25 @@ def stop_tuning_jobs(sagemaker: Any, execution: str) -> list[str]:
 
 
 def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
-    """Delete every checkpoint under `prefix` but the newest complete one; versioning keeps the rest a while."""
-    keep = latest_checkpoint(s3, bucket, prefix)
-    if keep is None:  # no complete checkpoint: nothing is known to be superseded
-        return {"kept": None, "deleted_objects": 0}
-    kept = split_s3_uri(keep["uri"])[1]
-    doomed = [
-        obj["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for obj in page.get("Contents", [])
-        if checkpoint_step(obj["Key"][len(prefix) :]) is not None and not obj["Key"].startswith(kept)
-    ]
+    """Delete the checkpoints under `prefix` that the newest complete one supersedes; versioning keeps them a while.
+
+    Per location: the run's own checkpoints, and each tuning trial's under it, are pruned apart, so that
+    every trial keeps its newest complete checkpoint, the best trial's included. Only directories older
+    than that checkpoint go, complete or not; a location without a complete checkpoint, and anything
+    newer than its newest complete one, is left as it is (nothing is known to supersede it).
+    """
+    listing = list_checkpoints(s3, bucket, prefix)
+    kept = newest_per_location(listing.complete)
+    doomed = []
+    for directory, keys in listing.directories.items():
+        location, step = directory.removesuffix("/").rsplit("/", 1)
+        newest = kept.get(f"{location}/")
+        if newest is not None and int(step.removeprefix("step-")) < newest.step:
+            doomed.extend(keys)
     for start in range(0, len(doomed), 1000):
         batch = [{"Key": key} for key in doomed[start : start + 1000]]
         s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-    return {"kept": keep, "deleted_objects": len(doomed)}
+    return {"kept": [c.summary() for c in kept.values()], "deleted_objects": len(doomed)}
 
 
 def clean_up(

@@ -8,5 +8,7 @@ from lambdas.shared.env import HandlerEnvironment
 class MonitorEnvironment(HandlerEnvironment):
     checkpoints_bucket: str
     """Where SageMaker uploads the run's checkpoints."""
+    artifacts_bucket: str
+    """Where the run's checkpoint ledger is (training/ledger.py)."""
     checkpoint_stale_minutes: int
     """A training job whose newest checkpoint is older than this is stale."""

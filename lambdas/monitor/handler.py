@@ -2,7 +2,8 @@
 
 It describes the job (DescribeTrainingJob), turns the answer into the few fields the state
 machine's Choice branches on, and looks at the run's checkpoint prefix in S3 (SageMaker uploads
-/opt/ml/checkpoints there as the job writes it).
+/opt/ml/checkpoints there as the job writes it), recording each new complete checkpoint in the
+run's ledger, from which the run's later jobs take what they may load.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import JobCost, JobProgress, SageMakerPoll
+from lambdas.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints
+from training import ledger
+from training.layout import PREFLIGHT_FAILED, run_checkpoints
+from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.TRAINING)
@@ -29,19 +32,24 @@ _CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capa
 _PREFLIGHT = re.compile(rf"(?:^|AlgorithmError: ){PREFLIGHT_FAILED}: ")
 
 
-def latest_checkpoint(s3: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
-    """The newest complete checkpoint (a step directory with its manifest) under the run's prefix."""
-    newest: dict[str, Any] | None = None
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            step = manifest_step(obj["Key"])
-            if step is not None and (newest is None or step > newest["step"]):
-                newest = {
-                    "step": step,
-                    "uri": f"s3://{bucket}/{obj['Key'].rsplit('/', 1)[0]}/",
-                    "written_at": obj["LastModified"].astimezone(UTC).isoformat(),
-                }
-    return newest
+def observe_checkpoints(
+    s3: Any, *, checkpoints_bucket: str, artifacts_bucket: str, poll: Poll, job: str, into: StageMetrics
+) -> dict[str, Any] | None:
+    """Record the run's complete checkpoints in its ledger (training/ledger.py); the newest one as recorded.
+
+    A checkpoint whose manifest is not the one recorded of it was changed after the platform saw it:
+    it is logged and counted (`into`, the calling handler's metrics), and never reported or loaded.
+    """
+    run = poll.request.job_name_base
+    stored = complete_checkpoints(s3, checkpoints_bucket, run_checkpoints(run))
+    seen = ledger.record_seen(s3, artifacts_bucket, run, stored, job=job, execution=poll.execution)
+    for uri in seen.not_as_recorded:
+        logger.warning("checkpoint changed after it was recorded; it will not be loaded", extra={"checkpoint": uri})
+        into.record(Metric.CHECKPOINTS_NOT_AS_RECORDED)
+    for recorded in seen.recorded:
+        logger.info("checkpoint recorded", extra={"checkpoint": recorded.checkpoint, "job": job})
+    intact = [c for c in stored if c.uri not in seen.not_as_recorded]
+    return intact[0].summary() if intact else None
 
 
 def _time(value: Any) -> datetime | None:
@@ -172,7 +180,14 @@ def poll(
 ) -> JobProgress:
     """DescribeTrainingJob and the run's checkpoints, summarised."""
     described = sagemaker.describe_training_job(TrainingJobName=event.job_name)
-    checkpoint = latest_checkpoint(s3, environment.checkpoints_bucket, run_checkpoints(event.request.job_name_base))
+    checkpoint = observe_checkpoints(
+        s3,
+        checkpoints_bucket=environment.checkpoints_bucket,
+        artifacts_bucket=environment.artifacts_bucket,
+        poll=event,
+        job=event.job_name,
+        into=metrics,
+    )
     return summarize(
         described,
         checkpoint=checkpoint,

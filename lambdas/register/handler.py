@@ -85,6 +85,12 @@ def _lineage(
             "interruptions": job.interruptions,
         },
         "checkpoints": job.checkpoint,
+        # The run this one continued (resume_from), the checkpoint it started from, and the runs before it.
+        "continued_from": (
+            {**event.continued.model_dump(), "earlier": request.resume_from.earlier}
+            if event.continued and request.resume_from
+            else None
+        ),
         "model_artifacts": job.model_artifacts,
         "metrics": job.final_metrics,
         "evaluation": event.evaluation.reason,

@@ -51,6 +51,7 @@ class Metric(StrEnum):
     SPOT_INTERRUPTIONS = "SpotInterruptions"
     TRAINING_COST = "TrainingCostUSD"
     SPOT_SAVINGS = "SpotSavingsUSD"
+    CHECKPOINTS_NOT_AS_RECORDED = "CheckpointsNotAsRecorded"
     MODELS_REGISTERED = "ModelsRegistered"
 
 
@@ -79,6 +80,7 @@ STAGE_OF: dict[Metric, Stage] = {
             Metric.SPOT_INTERRUPTIONS,
             Metric.TRAINING_COST,
             Metric.SPOT_SAVINGS,
+            Metric.CHECKPOINTS_NOT_AS_RECORDED,
         ),
         Stage.TRAINING,
     ),

@@ -16,7 +16,8 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, Poll, TunedTrial
-from lambdas.monitor.handler import job_cost, record_metrics, summarize
+from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, summarize
 from lambdas.shared.metrics import Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -127,8 +128,17 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     parsed = Poll.model_validate(event)
     if parsed.request.tuning is None:
         raise ValueError("the request has no tuning job to poll")
-    summary = poll(
-        boto3.client("sagemaker"), parsed.request.tuning.job_name, hourly_usd=parsed.hourly_usd, now=datetime.now(UTC)
+    name = parsed.request.tuning.job_name
+    summary = poll(boto3.client("sagemaker"), name, hourly_usd=parsed.hourly_usd, now=datetime.now(UTC))
+    environment = MonitorEnvironment.from_environ()
+    # Each trial's checkpoints, under the run's prefix, are recorded in the run's ledger as the single job's are.
+    observe_checkpoints(
+        boto3.client("s3"),
+        checkpoints_bucket=environment.checkpoints_bucket,
+        artifacts_bucket=environment.artifacts_bucket,
+        poll=parsed,
+        job=name,
+        into=metrics,
     )
     if summary.tuning is not None:
         record_metrics(summary, metrics)

@@ -11,7 +11,7 @@ from aws_lambda_powertools import Logger
 from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate import budget, start_proof
+from lambdas.validate import budget, resume, start_proof
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import resolve
 
@@ -65,14 +65,28 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             )
         except InvalidRequest as exc:
             problems.append(str(exc))
+    limits = PlatformLimits.from_environment()
+    continues = None
+    if isinstance(event["input"], dict) and isinstance(event["input"].get(resume.FIELD), str):
+        try:
+            continues = resume.find(
+                event["input"][resume.FIELD],
+                own_execution=event["execution"],
+                sfn=boto3.client("stepfunctions"),
+                s3=boto3.client("s3"),
+                artifacts_bucket=limits.artifacts_bucket,
+            )
+        except resume.ResumeError as exc:
+            problems.append(f"The training request cannot run:\n  - {resume.FIELD}: {exc}")
     try:
         request = resolve(
             event["input"],
             execution_name=event["execution_name"],
-            limits=PlatformLimits.from_environment(),
+            limits=limits,
             requested_by=requested_by,
             execution=event["execution"],
             started=event["started"],
+            continues=continues,
         )
     except InvalidRequest as exc:
         problems.append(str(exc))

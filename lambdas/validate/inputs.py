@@ -85,6 +85,11 @@ class ExecutionInput(BaseModel):
         description="Who starts the run, proven by tools/start_run.py (good for 5 minutes, once); required "
         "while pipeline.forbid_self_approval is on (the default).",
     )
+    resume_from: str | None = Field(
+        None,
+        description="Continue an ended run of yours from its newest checkpoint the platform recorded: its execution"
+        ' ARN or run id (README: "Continuing a run").',
+    )
     tuning: TuningInput | None = Field(
         None,
         description="Hyperparameter tuning instead of one job: ranges, objective, strategy, max_jobs, "

@@ -21,6 +21,8 @@ class PlatformLimits:
     """What the deployed platform allows; the stack passes these through the environment."""
 
     datasets_bucket: str
+    artifacts_bucket: str
+    """Where each run's checkpoint ledger is, which every job reads as its ledger channel (training/ledger.py)."""
     fsx_file_system_id: str
     fsx_mount_name: str
     training_subnet_ips: int
@@ -40,6 +42,7 @@ class PlatformLimits:
     def from_environment(cls) -> PlatformLimits:
         return cls(
             datasets_bucket=env_str("DATASETS_BUCKET"),
+            artifacts_bucket=env_str("ARTIFACTS_BUCKET"),
             fsx_file_system_id=env_str("FSX_FILE_SYSTEM_ID"),
             fsx_mount_name=env_str("FSX_MOUNT_NAME"),
             training_subnet_ips=env_int("TRAINING_SUBNET_IPS"),
@@ -58,6 +61,7 @@ class PlatformLimits:
         """Validate's environment variables that `from_environment` reads."""
         variables = {
             "DATASETS_BUCKET": self.datasets_bucket,
+            "ARTIFACTS_BUCKET": self.artifacts_bucket,
             "FSX_FILE_SYSTEM_ID": self.fsx_file_system_id,
             "FSX_MOUNT_NAME": self.fsx_mount_name,
             "TRAINING_SUBNET_IPS": str(self.training_subnet_ips),

@@ -14,17 +14,27 @@ from typing import Any
 from pydantic import ValidationError
 
 from lambdas.backends import tuning_backends
-from lambdas.execution_state import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, InstanceGroup, Quality, Tag, TrainingRequest
+from lambdas.execution_state import (
+    AUXILIARY_ROLE,
+    TRAIN_ROLE,
+    Continuation,
+    Dataset,
+    InstanceGroup,
+    Quality,
+    Tag,
+    TrainingRequest,
+)
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
+from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.tuning import resolve_tuning
 from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
-from training.layout import split_s3_uri
+from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
 from training.metrics import METRIC_DEFINITIONS
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
@@ -103,6 +113,17 @@ def _dataset_channel(
     s3_uri = uri if uri.endswith("/") else f"{uri}/"
     source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": s3_uri, "S3DataDistributionType": "FullyReplicated"}}
     return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, s3_uri
+
+
+def ledger_channel(artifacts_bucket: str, run: str) -> dict[str, Any]:
+    """The input channel that brings every host the run's checkpoint ledger (training/ledger.py); a few small
+    files, which hosts that do not train receive too rather than spend a channel list on them."""
+    source = {
+        "S3DataType": "S3Prefix",
+        "S3Uri": f"s3://{artifacts_bucket}/{run_ledger(run)}",
+        "S3DataDistributionType": "FullyReplicated",
+    }
+    return {"ChannelName": LEDGER_CHANNEL, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
 
 
 def _asked_groups(request: ExecutionInput, problems: list[str]) -> list[GroupInput]:
@@ -313,8 +334,12 @@ def resolve(
     requested_by: str | None = None,
     execution: str | None = None,
     started: str = "",
+    continues: PreviousRun | None = None,
 ) -> dict[str, Any]:
-    """Validate the execution input and return the complete request (JSON), or raise InvalidRequest."""
+    """Validate the execution input and return the complete request (JSON), or raise InvalidRequest.
+
+    `continues` is the run `resume_from` names, as resume.find found it.
+    """
     request = _parse(event)
     problems: list[str] = []
     if not RUN_NAME.match(request.run_name):
@@ -359,8 +384,22 @@ def resolve(
         if groups is not None
         else None
     )
+    if continues is not None and groups is not None:
+        problems.extend(
+            continuation_check(
+                continues, hyperparameters, groups, requested_by=requested_by, tuned=request.tuning is not None
+            )
+        )
     if problems or groups is None or dataset is None:
         raise InvalidRequest(_format(problems))
+    continuation = None
+    if continues is not None:
+        before = continues.request.resume_from
+        continuation = Continuation(
+            execution=continues.execution,
+            run=continues.request.job_name_base,
+            earlier=[before.execution, *before.earlier] if before else [],
+        )
     tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
     resolved = TrainingRequest(
         run_name=request.run_name,
@@ -374,7 +413,7 @@ def resolve(
         poll_seconds=_poll_seconds(stopping, limits),
         keep_alive_seconds=request.warm_pool_minutes * 60,
         hyperparameters=hyperparameters,
-        channels=channels,
+        channels=[*channels, ledger_channel(limits.artifacts_bucket, f"{request.run_name}-{suffix}")],
         dataset=dataset,
         quality=quality,
         notify=request.notify,
@@ -382,6 +421,7 @@ def resolve(
         requested_by=requested_by,
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
         tuning=tuning,
+        resume_from=continuation,
     )
     return resolved.model_dump(mode="json")
 

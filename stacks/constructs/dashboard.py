@@ -111,8 +111,9 @@ class PlatformDashboard(Construct):
             [graph(title=title, left=[per_job(name)], width=8) for name, title in TRAINING_FIGURES],
             [
                 graph(
-                    title="Newest checkpoint's age in running jobs (s)",
+                    title="Newest checkpoint's age in running jobs (s), and checkpoints changed after recording",
                     left=[m(Metric.CHECKPOINT_AGE, "Maximum")],
+                    right=[m(Metric.CHECKPOINTS_NOT_AS_RECORDED)],
                 ),
                 graph(
                     title="Handler errors",

@@ -112,6 +112,24 @@ class ExecutionDataKey(Construct):
             {"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
         )
 
+    def allow_reading(self, role: iam.IRole) -> None:
+        """Let a role decrypt the state machine's data (an execution's history), never encrypt it."""
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ArnPrincipal(role.role_arn)],
+                actions=["kms:Decrypt"],
+                resources=["*"],
+                conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt"],
+                resources=[self.key.key_arn],
+                conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
+            )
+        )
+
     def allow(self, *roles: iam.IRole) -> None:
         """Let these roles decrypt and encrypt the state machine's data (key policy and their own policies)."""
         for role in roles:

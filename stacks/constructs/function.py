@@ -24,13 +24,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 # The handlers import `lambdas.<module>`, so the asset is the repository root reduced to lambdas/ and
 # the training package's torch-free modules that Validate uses: the trainer's own config checks and
-# metric names, so a request is judged by the same code that will run it; the AWS Batch contract
-# (where a node records its result), which PollBatchJob reads; and the run layout every handler shares.
+# metric names, so a request is judged by the same code that will run it, and what a continued run's
+# settings must keep; the AWS Batch contract (where a node records its result), which PollBatchJob
+# reads; the run layout every handler shares; what makes a checkpoint complete, and the ledger of them.
 TRAINING_MODULES = (
     "training/__init__.py",
     "training/batch_contract.py",
     "training/sagemaker_contract.py",
     "training/config.py",
+    "training/continuation.py",
+    "training/ledger.py",
+    "training/stored_checkpoints.py",
     "training/distributions.py",
     "training/layout.py",
     "training/metrics.py",

@@ -3,8 +3,9 @@
 Training code reads datasets, reads and writes checkpoints and writes its outputs; it never writes a
 run's lineage (only Register does) and never deletes: pruning old checkpoints is the platform's
 (lambdas/cleanup). The two denials hold whatever else a role is granted. Training code of one run can
-still write into another run's checkpoint prefix (one role serves every job), which is why loading a
-checkpoint verifies every file's SHA-256 and never unpickles anything but DCP's own metadata types
+still write into another run's checkpoint prefix (one role serves every job), which is why a job loads
+only a checkpoint its run's ledger records (training/ledger.py), which training roles may read and never
+write, verifies every file's SHA-256 and never unpickles anything but DCP's own metadata types
 (training/checkpoint.py).
 """
 
@@ -15,7 +16,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import IConstruct
 
 from stacks.constructs.nag import acknowledge_wildcard
-from training.layout import ANY_CHECKPOINT, ANY_LINEAGE, ANY_RUN
+from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_LINEAGE, ANY_RUN
 
 
 def training_storage_statements(
@@ -33,6 +34,15 @@ def training_storage_statements(
             actions=["s3:ListBucket"],
             resources=[checkpoints.bucket_arn],
             conditions={"StringLike": {"s3:prefix": [ANY_CHECKPOINT]}},
+        ),
+        # The ledger channel: SageMaker (or the Batch contract) downloads the run's ledger with this role.
+        "ReadRunLedgers": iam.PolicyStatement(
+            actions=["s3:GetObject"], resources=[f"{artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"]
+        ),
+        "ListRunLedgers": iam.PolicyStatement(
+            actions=["s3:ListBucket"],
+            resources=[artifacts.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [ANY_LEDGER_RECORD]}},
         ),
         "WriteOutputs": iam.PolicyStatement(actions=["s3:PutObject"], resources=[f"{artifacts.bucket_arn}/{ANY_RUN}"]),
         "NoLineageWrites": iam.PolicyStatement(
@@ -54,6 +64,9 @@ def acknowledge_training_storage(
         f"{datasets.bucket_arn}/*": "Read-only: any dataset the request's channels name under the datasets bucket.",
         f"{checkpoints.bucket_arn}/{ANY_CHECKPOINT}": (
             "Each run's checkpoints live under runs/<run>/checkpoints/; one role serves every job's."
+        ),
+        f"{artifacts.bucket_arn}/{ANY_LEDGER_RECORD}": (
+            "Read-only: each run's checkpoint ledger, which its jobs receive as their ledger channel."
         ),
         f"{artifacts.bucket_arn}/{ANY_RUN}": (
             "Model, results, profiler and TensorBoard output under runs/; lineage and deletes are denied."

@@ -37,7 +37,7 @@ from stacks.pipeline.polled_job import (
     StepNames,
     adopt_if_own,
     cleanup_function,
-    list_runs,
+    grant_checkpoint_ledger,
     sdk_arn,
     sdk_retry,
     watch_ended_executions,
@@ -140,14 +140,12 @@ class BatchTraining(Construct):
                 capacity_wait_minutes=CAPACITY_WAIT_MINUTES,
             ).variables(),
         )
-        monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
-        monitor.function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunOutputs"))
+        grant_checkpoint_ledger(context, monitor)
         outputs = f"{context.artifacts.bucket_arn}/{ANY_OUTPUT}"
         # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(sid="ReadJobResults", actions=["s3:GetObject"], resources=[outputs])
         )
-        context.key.grant_decrypt(monitor.function)
         self.cluster.grant_follow(monitor.role)
         # A job that waited too long for instances is terminated before its replacement is submitted.
         self.cluster.grant_terminate(monitor.role)

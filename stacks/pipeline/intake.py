@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.backends import BACKENDS
 from lambdas.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
+from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj
+from training.layout import ANY_LEDGER_RECORD
 
 
 class Intake(Construct):
@@ -66,6 +71,7 @@ class Intake(Construct):
         cost_tag_key, cost_tag_value = COST_TAG.split("$")
         limits = settings.platform_limits(
             datasets_bucket=context.datasets.bucket_name,
+            artifacts_bucket=context.artifacts.bucket_name,
             fsx_file_system_id=lustre.file_system_id,
             fsx_mount_name=lustre.mount_name,
             tags={
@@ -90,7 +96,42 @@ class Intake(Construct):
                 "START_PROOFS_TABLE": context.data.start_proofs.table_name,
             },
         )
+        # `resume_from` given as a run id is looked up in that run's ledger.
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[context.artifacts.bucket_arn])
+        )
+        records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])
+        )
+        acknowledge_wildcard(function.role, records, "Reads the ledger of the run an input's resume_from names.")
         # Recording a used proof is a conditional PutItem; nothing else on the table.
         context.data.start_proofs.grant(function.function, "dynamodb:PutItem")
         context.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
         return function
+
+    def read_ended_runs(self, state_machine: sfn.StateMachine, execution_key: ExecutionDataKey) -> None:
+        """Let Validate read the executions of `state_machine` that `resume_from` names: status and history.
+
+        A policy of its own, not the role's default one: the function must not wait for the state
+        machine that invokes it.
+        """
+        executions = Stack.of(self).format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{state_machine.state_machine_name}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        policy = iam.Policy(
+            self,
+            "ReadEndedRuns",
+            roles=[self.validate.role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["states:DescribeExecution", "states:GetExecutionHistory"], resources=[executions]
+                )
+            ],
+        )
+        acknowledge_inline_policy(policy)
+        execution_key.allow_reading(self.validate.role)
+        acknowledge_wildcard(self, executions, "Executions of this state machine, which resume_from may name.")

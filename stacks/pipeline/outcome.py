@@ -13,7 +13,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
+from lambdas.execution_state import CONTINUED, ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
 from lambdas.register.environment import RegisterEnvironment
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
@@ -111,6 +111,7 @@ class Registration(Construct):
                 "estimate": obj(ESTIMATE),
                 "evaluation": obj(EVALUATION),
                 "execution": sfn.JsonPath.execution_id,
+                "continued": obj(CONTINUED),
             },
             str(REGISTRATION),
         )

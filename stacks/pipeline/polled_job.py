@@ -38,9 +38,10 @@ from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
 from lambdas.validate.request import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj, string
-from training.layout import ANY_CHECKPOINT, ANY_RUN
+from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_MANIFEST, ANY_RUN
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
 # (`adopt_if_own`: only when the job carries this execution's tag).
@@ -195,6 +196,7 @@ class PolledJobStep:
         # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price.
         payload = {
             "request": obj(REQUEST),
+            "execution": sfn.JsonPath.execution_id,
             **job,
             "previous": obj(JOB),
             "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
@@ -315,6 +317,27 @@ def list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
     )
 
 
+def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction) -> None:
+    """What a progress handler needs to record a run's checkpoints in its ledger (training/ledger.py): list the
+    checkpoints and read their manifests, list the ledger, read and write (once) its records."""
+    manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
+    records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+    function.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+    function.function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunArtifacts"))
+    function.function.add_to_role_policy(
+        iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
+    )
+    function.function.add_to_role_policy(
+        iam.PolicyStatement(sid="RecordCheckpoints", actions=["s3:GetObject", "s3:PutObject"], resources=[records])
+    )
+    context.key.grant(function.function, "kms:GenerateDataKey", "kms:Decrypt")
+    for resource, reason in {
+        manifests: "Reads the manifests of the polled run's checkpoints; run ids are per execution.",
+        records: "Records the polled run's complete checkpoints in its ledger, once each (If-None-Match).",
+    }.items():
+        acknowledge_wildcard(function.role, resource, reason)
+
+
 def cleanup_function(
     context: PipelineContext,
     name: str,
@@ -353,6 +376,12 @@ def cleanup_function(
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
     )
+    # Which checkpoint is complete is read from its manifest (training/stored_checkpoints.py).
+    manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
+    cleanup.function.add_to_role_policy(
+        iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
+    )
+    acknowledge_wildcard(cleanup.role, manifests, "Reads the manifests of the ended run's checkpoints to judge them.")
     return cleanup, queue, superseded
 
 

@@ -26,7 +26,7 @@ from stacks.pipeline.polled_job import (
     StepNames,
     adopt_if_own,
     cleanup_function,
-    list_runs,
+    grant_checkpoint_ledger,
     read_sagemaker_owners,
     watch_ended_executions,
 )
@@ -83,11 +83,11 @@ class SageMakerTraining(Construct):
             "Summarises a running job: status, spot interruptions, checkpoint freshness",
             MonitorEnvironment(
                 checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
                 checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
             ).variables(),
         )
-        # It lists checkpoint manifests (key names and dates); it never reads an object.
-        monitor.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        grant_checkpoint_ledger(context, monitor)
         self.job.grant_follow(monitor.role)
         acknowledge_wildcard(
             monitor.role,

@@ -19,6 +19,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
+from lambdas.monitor.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
@@ -28,6 +29,7 @@ from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
     adopt_if_own,
+    grant_checkpoint_ledger,
     read_sagemaker_owners,
     sdk_arn,
     sdk_retry,
@@ -180,10 +182,15 @@ class SageMakerTuning(Construct):
             "TuningProgress",
             "lambdas.tuning.handler.handler",
             "Summarises a tuning job: its trials while it runs, then its best training job and what every trial cost",
-            {},
+            MonitorEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
+                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+            ).variables(),
             # An ended tuning job's trials are described one by one (up to 100) to sum what they cost.
             timeout=Duration.minutes(2),
         )
+        grant_checkpoint_ledger(context, monitor)
         tuning_jobs = context.arn("sagemaker", "hyper-parameter-tuning-job/*")
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(

@@ -29,6 +29,7 @@ LIMITS = settings_from_context(
     cdk_context(notifications={"run_emails": ["alice@example.org", "ml-engineer@example.org"]})  # the demo's
 ).platform_limits(
     datasets_bucket="tp-dev-datasets-123456789012-us-east-1",
+    artifacts_bucket="tp-dev-artifacts-123456789012-us-east-1",
     fsx_file_system_id="fs-0123456789abcdef0",
     fsx_mount_name="abcdef12",
     tags={"platform": "distributed-training"},

@@ -46,8 +46,9 @@ class Pipeline:
         base.update(overrides)
         return {k: v for k, v in base.items() if v is not None}
 
-    def start(self, execution_input: dict[str, Any], name: str = "run-1") -> str:
-        return self.local.start(execution_input, name=name)
+    def start(self, execution_input: dict[str, Any], name: str = "run-1", **kwargs: Any) -> str:
+        """Start a run; `requester=` another principal than the local platform's ML engineer."""
+        return self.local.start(execution_input, name=name, **kwargs)
 
     def run_until(self, arn: str, state: str, timeout: float = 30) -> dict[str, Any]:
         return self.local.wait(arn, timeout, until=lambda: state in self.local.states_entered(arn))

@@ -28,6 +28,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Accept request",
         "Estimate cost",
         "Approval needed?",  # 1 x ml.g5.2xlarge x 2 h is far below the approval threshold
+        "Open the checkpoint ledger",  # before the first job: the ledger its jobs read is never empty
         "Tuning job?",  # no `tuning`: one training job
         "Training backend?",  # the request's backend (default sagemaker) picks the training step
         "First attempt",
@@ -83,20 +84,34 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
     assert "@sha256:" in image and ".dkr.ecr." in image  # the platform's own repository, pinned by digest
     assert request["AlgorithmSpecification"]["MetricDefinitions"] == METRIC_DEFINITIONS
     assert request["HyperParameters"] == {"max_steps": "100", "lr": "0.0006", "model": "tiny", "distribution": "ddp"}
-    assert request["InputDataConfig"] == [
-        {
-            "ChannelName": "train",
-            "DataSource": {
-                "FileSystemDataSource": {
-                    "FileSystemId": env["FSX_FILE_SYSTEM_ID"],
-                    "FileSystemAccessMode": "ro",
-                    "FileSystemType": "FSxLustre",
-                    "DirectoryPath": f"/{env['FSX_MOUNT_NAME']}/datasets/corpus",
-                }
+    assert (
+        request["InputDataConfig"]
+        == [
+            {
+                "ChannelName": "train",
+                "DataSource": {
+                    "FileSystemDataSource": {
+                        "FileSystemId": env["FSX_FILE_SYSTEM_ID"],
+                        "FileSystemAccessMode": "ro",
+                        "FileSystemType": "FSxLustre",
+                        "DirectoryPath": f"/{env['FSX_MOUNT_NAME']}/datasets/corpus",
+                    }
+                },
+                "InputMode": "File",
             },
-            "InputMode": "File",
-        }
-    ]
+            {  # the run's checkpoint ledger: which checkpoints its jobs may load (training/ledger.py)
+                "ChannelName": "ledger",
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": f"s3://{env['ARTIFACTS_BUCKET']}/runs/{request['TrainingJobName'][:-2]}/lineage/checkpoints/",
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+                "InputMode": "File",
+            },
+        ]
+    )
     key_arn = request["OutputDataConfig"]["KmsKeyId"]
     assert key_arn.startswith("arn:aws:kms:")
     assert request["OutputDataConfig"]["S3OutputPath"] == "s3://tp-dev-artifacts-123456789012-us-east-1/runs/"
@@ -179,7 +194,7 @@ def test_datasets_on_s3_become_s3_channels(pipeline: Pipeline) -> None:
     pipeline.run_until(arn, "Approval gate (promotion)")
     (name,) = pipeline.jobs()
     channels = pipeline.local.training_requests[name]["InputDataConfig"]
-    assert [c["ChannelName"] for c in channels] == ["train", "validation"]
+    assert [c["ChannelName"] for c in channels] == ["train", "validation", "ledger"]
     assert channels[0]["DataSource"]["S3DataSource"]["S3Uri"] == f"s3://{bucket}/corpus/train/"
     s3 = boto3.client("s3", region_name="us-east-1")
     assert s3.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 200

@@ -43,7 +43,8 @@ def test_a_gpu_group_and_an_auxiliary_cpu_group_train_and_register(pipeline: Pip
     assert "InstanceType" not in request["ResourceConfig"] and "VolumeKmsKeyId" not in request["ResourceConfig"]
     assert request["Environment"]["TRAINING_GROUPS"] == "gpu"
     assert request["Environment"]["TRAINING_EXPECTED_GPUS"] == "8"
-    (train,) = request["InputDataConfig"]
+    train, ledger = request["InputDataConfig"]
+    assert "InstanceGroupNames" not in ledger["DataSource"]["S3DataSource"]  # every host gets the few records
     assert train["DataSource"]["S3DataSource"]["InstanceGroupNames"] == ["gpu"]
 
     output = json.loads(described["output"])

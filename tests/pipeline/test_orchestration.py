@@ -14,6 +14,7 @@ from localrun.clock import Clock
 from localrun.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.stored import put_checkpoint
 
 FOREVER = [Poll()]  # a job that trains until something stops it
 
@@ -96,11 +97,11 @@ def test_a_run_keeps_only_its_newest_complete_checkpoint(pipeline: Pipeline) -> 
     bucket = pipeline.local.environment("Cleanup")["CHECKPOINTS_BUCKET"]
 
     def checkpointed(name: str, _request: dict[str, Any], _job: Any) -> None:
-        prefix = f"runs/{name.rsplit('-', 1)[0]}/checkpoints"
-        for step, files in ((10, ("model.distcp", "manifest.json")), (20, ("model.distcp", "manifest.json"))):
-            for file in files:
-                s3.put_object(Bucket=bucket, Key=f"{prefix}/step-{step}/{file}", Body=b"x")
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/step-30/model.distcp", Body=b"x")  # never completed
+        prefix = f"runs/{name.rsplit('-', 1)[0]}/checkpoints/"
+        for step in (10, 20):
+            put_checkpoint(s3, bucket, prefix, step)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}step-5/__0_0.distcp", Body=b"x")  # an older, interrupted save
+        s3.put_object(Bucket=bucket, Key=f"{prefix}step-30/__0_0.distcp", Body=b"x")  # never completed
 
     pipeline.training.on_create.append(checkpointed)
     arn = pipeline.start(pipeline.input())
@@ -108,10 +109,16 @@ def test_a_run_keeps_only_its_newest_complete_checkpoint(pipeline: Pipeline) -> 
     (job,) = pipeline.jobs()
     prefix = f"runs/{job.rsplit('-', 1)[0]}/checkpoints/"
     keys = [o["Key"].removeprefix(prefix) for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
-    assert sorted(keys) == ["step-20/manifest.json", "step-20/model.distcp"]
+    # What the newest complete checkpoint supersedes goes; a newer partial one is left (nothing supersedes it).
+    assert sorted(keys) == [
+        "step-20/.metadata",
+        "step-20/__0_0.distcp",
+        "step-20/manifest.json",
+        "step-30/__0_0.distcp",
+    ]
     # Versioning keeps what was pruned for storage.noncurrent_version_days.
     versions = s3.list_object_versions(Bucket=bucket, Prefix=f"{prefix}step-10/")
-    assert len(versions["DeleteMarkers"]) == 2 and len(versions["Versions"]) == 2
+    assert len(versions["DeleteMarkers"]) == 3 and len(versions["Versions"]) == 3
 
 
 def test_an_approval_that_times_out_tells_the_requester(pipeline_factory: Any) -> None:

@@ -15,6 +15,7 @@ from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.stored import put_checkpoint
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
 # What SageMaker reports when the launcher's pre-flight check fails: the failure file's first line.
@@ -261,7 +262,7 @@ def test_registration_records_the_full_lineage(pipeline: Pipeline) -> None:
     (job,) = pipeline.jobs()
     base = job.rsplit("-", 1)[0]
     checkpoints = pipeline.local.environment("Monitor")["CHECKPOINTS_BUCKET"]
-    s3.put_object(Bucket=checkpoints, Key=f"runs/{base}/checkpoints/step-40/manifest.json", Body=b"{}")
+    put_checkpoint(s3, checkpoints, f"runs/{base}/checkpoints/", 40)
     pipeline.run_until(arn, "Approval gate (promotion)")
 
     lineage = pipeline.lineage()

@@ -18,6 +18,7 @@ from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
+from training.layout import LEDGER_CHANNEL
 
 TUNING = {
     "ranges": {
@@ -100,6 +101,13 @@ def test_tuning_registers_the_best_trial_with_its_lineage(
     assert package["ModelApprovalStatus"] == "Approved"
 
 
+def _without_ledger(value: Any) -> Any:
+    """A request field with the ledger channel left out (it names the run's own ledger)."""
+    if isinstance(value, list):
+        return [c for c in value if not (isinstance(c, dict) and c.get("ChannelName") == LEDGER_CHANNEL)]
+    return value
+
+
 def test_every_trial_carries_the_single_jobs_enforced_fields(pipeline_factory: Any) -> None:
     pipeline = pipeline_factory(scripts=[_trial(loss) for loss in LOSSES])
     arn = pipeline.start(pipeline.input(hyperparameters={"max_steps": 100}), name="single")
@@ -109,6 +117,7 @@ def test_every_trial_carries_the_single_jobs_enforced_fields(pipeline_factory: A
     pipeline.run_until(arn, "Approval gate (promotion)")
     single = {name: r for name, r in pipeline.local.training_requests.items() if r is not job}
     assert len(single) == 2
+    tuned_run = next(iter(single)).rsplit("-", 2)[0]
     for trial in single.values():
         for field in (
             "RoleArn",
@@ -121,7 +130,10 @@ def test_every_trial_carries_the_single_jobs_enforced_fields(pipeline_factory: A
             "EnableManagedSpotTraining",
             "Environment",
         ):
-            assert trial[field] == job[field], field
+            assert _without_ledger(trial[field]) == _without_ledger(job[field]), field
+        # Each run reads its own checkpoint ledger: a trial, its tuning run's.
+        (ledger,) = [c for c in trial["InputDataConfig"] if c["ChannelName"] == LEDGER_CHANNEL]
+        assert ledger["DataSource"]["S3DataSource"]["S3Uri"].endswith(f"/runs/{tuned_run}/lineage/checkpoints/")
         # A tuning job's definition takes no warm pool; everything else of the cluster is the single job's.
         assert trial["ResourceConfig"] == {
             k: v for k, v in job["ResourceConfig"].items() if k != "KeepAlivePeriodInSeconds"

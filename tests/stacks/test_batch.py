@@ -109,6 +109,8 @@ def test_job_role_reads_datasets_and_writes_run_outputs_only(platform: Any) -> N
         "ReadDatasets",
         "RunCheckpoints",
         "ListRunCheckpoints",
+        "ReadRunLedgers",
+        "ListRunLedgers",
         "WriteOutputs",
         "NoLineageWrites",
         "NoDeletes",
@@ -117,6 +119,8 @@ def test_job_role_reads_datasets_and_writes_run_outputs_only(platform: Any) -> N
     assert statements["WriteOutputs"]["Action"] == "s3:PutObject"
     assert statements["RunCheckpoints"]["Action"] == ["s3:GetObject", "s3:PutObject"]  # no delete
     assert statements["ListRunCheckpoints"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/*/checkpoints/*"]}}
+    assert statements["ReadRunLedgers"]["Action"] == "s3:GetObject"  # the ledger: read, never written
+    assert statements["ListRunLedgers"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/*/lineage/checkpoints/*"]}}
     assert statements["NoLineageWrites"]["Effect"] == statements["NoDeletes"]["Effect"] == "Deny"
 
 

@@ -70,7 +70,11 @@ def test_only_the_platform_roles_can_decrypt_execution_data(iam: AssemblyIam) ->
     context = {"kms:EncryptionContext:aws:states:stateMachineArn": machine}
     readers = {role.logical for role in iam.roles.values() if iam.may_use_key(role, "kms:Decrypt", key, **context)}
     decide = next(r.logical for r in iam.roles.values() if r.logical.startswith("ApprovalDecideRole"))
-    assert readers == {iam.roles[props["RoleArn"]].logical, decide}
+    # Validate reads an ended run's history for `resume_from`, with Decrypt alone: it encrypts nothing.
+    validate = next(r.logical for r in iam.roles.values() if r.logical.startswith("ValidateRole"))
+    assert readers == {iam.roles[props["RoleArn"]].logical, decide, validate}
+    writers = {r.logical for r in iam.roles.values() if iam.may_use_key(r, "kms:GenerateDataKey", key, **context)}
+    assert writers == {iam.roles[props["RoleArn"]].logical, decide}
     administrator = _administrator()
     assert not iam.may_use_key(administrator, "kms:Decrypt", key, **context)
     assert iam.may_use_key(administrator, "kms:ScheduleKeyDeletion", key)  # administers, cannot read

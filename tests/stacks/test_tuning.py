@@ -67,6 +67,7 @@ def _request() -> dict[str, Any]:
     )
     limits = settings.platform_limits(
         datasets_bucket="datasets",
+        artifacts_bucket="artifacts",
         fsx_file_system_id="fs-0123456789abcdef0",
         fsx_mount_name="abcdef",
         tags={"team": "ml"},

@@ -12,8 +12,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from tests.stored import put_checkpoint
 from training import batch_contract as contract
-from training import layout
+from training import layout, ledger
 from training.config import from_hyperparameters
 from training.launcher import plan_launch
 from training.sagemaker_contract import ContractError, Paths, read_resource_config
@@ -64,7 +65,7 @@ def test_inconsistent_batch_variables_are_contract_errors(env: dict[str, str], m
 def test_prepare_writes_the_launchers_inputs_links_fsx_and_restores_checkpoints(tmp_path: Path) -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key="runs/r-1/checkpoints/step-4/manifest.json", Body=b"{}")
+    put_checkpoint(s3, BUCKET, "runs/r-1/checkpoints/", 4)
     fsx = tmp_path / "fsx"
     (fsx / "datasets" / "corpus").mkdir(parents=True)
     channels = [
@@ -95,6 +96,42 @@ def test_prepare_writes_the_launchers_inputs_links_fsx_and_restores_checkpoints(
     assert (plan.nnodes, plan.node_rank, plan.master_addr) == (2, 1, "10.20.0.17")
     assert paths.channel("train").resolve() == (fsx / "datasets" / "corpus").resolve()
     assert (paths.checkpoints / "step-4" / "manifest.json").is_file()
+
+
+@mock_aws
+def test_prepare_restores_only_complete_checkpoints_the_runs_ledger_records(tmp_path: Path) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    run = layout.run_checkpoints("r-1")
+    recorded = put_checkpoint(s3, BUCKET, run, 4)
+    ledger.open_ledger(s3, BUCKET, "r-1", execution="arn:execution", continues=None)
+    ledger.record(s3, BUCKET, "r-1", checkpoint="step-4/", step=4, manifest_sha256=recorded, job="r-1-1", execution="e")
+    # Complete, self-consistent and newer, but written where the platform never saw the run write it.
+    put_checkpoint(s3, BUCKET, run, 8, files={".metadata": b"planted", "__0_0.distcp": b"planted"})
+    # Recorded, but a listed file never arrived.
+    partial = put_checkpoint(s3, BUCKET, run, 6, omit=("__0_0.distcp",))
+    ledger.record(s3, BUCKET, "r-1", checkpoint="step-6/", step=6, manifest_sha256=partial, job="r-1-1", execution="e")
+    channels = [
+        {"ChannelName": "train", "DataSource": {"FileSystemDataSource": {"DirectoryPath": "/abcd1234/datasets/c/"}}},
+        {
+            "ChannelName": layout.LEDGER_CHANNEL,
+            "DataSource": {"S3DataSource": {"S3Uri": f"s3://{BUCKET}/{layout.run_ledger('r-1')}"}},
+        },
+    ]
+    (tmp_path / "fsx" / "datasets" / "c").mkdir(parents=True)
+    env = _env(
+        0,
+        TRAINING_CHANNELS=json.dumps(channels),
+        TRAINING_CHECKPOINTS_S3=f"s3://{BUCKET}/{run}",
+        TRAINING_FSX_ROOT=str(tmp_path / "fsx"),
+        OPT_ML_ROOT=str(tmp_path / "opt-ml"),
+    )
+    node = contract.batch_node(env)
+    assert node is not None
+    paths = Paths.from_env(env)
+    contract.prepare(paths, node, env, s3)
+    assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-4"]
+    assert ledger.trusted_digests(paths.channel(layout.LEDGER_CHANNEL)) == {recorded, partial}
 
 
 @mock_aws

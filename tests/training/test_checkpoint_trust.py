@@ -7,13 +7,16 @@ import io
 import json
 import pickle
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from training_helpers import CHECKPOINTED_JOB, run_in_process, step_losses
 
-from training.layout import MANIFEST
+from training.layout import LEDGER_CHANNEL, MANIFEST
+from training.ledger import OPENED, Record
+from training.stored_checkpoints import manifest_sha256
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -106,4 +109,42 @@ def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp
     assert not marker.exists(), "loading the planted progress item ran its code"
     assert completed
     assert "skipping checkpoint step-12: rank 0: step-12: WeightsUnpickler error: Unsupported global" in log
+    assert "resumed from checkpoint step-8" in log
+
+
+def _ledger(root: Path, steps: list[int]) -> None:
+    """The job's ledger channel, recording the manifests of `steps` as they are now (training/ledger.py)."""
+    channel = root / "input" / "data" / LEDGER_CHANNEL
+    channel.mkdir(parents=True)
+    (channel / OPENED).write_text(json.dumps({"run": "r"}))
+    for step in steps:
+        manifest = (root / "checkpoints" / f"step-{step}" / MANIFEST).read_bytes()
+        record = Record(f"step-{step}/", step, manifest_sha256(manifest), "r-1", "arn:execution", "now")
+        (channel / f"step-{step}.json").write_text(json.dumps(asdict(record)))
+
+
+def test_only_checkpoints_the_runs_ledger_records_are_loaded(reference: tuple[Path, str], tmp_path: Path) -> None:
+    root = _copy(reference, tmp_path)
+    _ledger(root, [4, 8])  # step-12 is intact, but the platform never recorded it
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "skipping checkpoint step-12: the run's ledger does not record it" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_recorded_checkpoint_replaced_by_a_consistent_one_is_not_loaded(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Another run's code rewrites step-12 and its manifest so that every digest checks out: the ledger's does not."""
+    root = _copy(reference, tmp_path)
+    _ledger(root, [4, 8, 12])
+    planted = root / "checkpoints" / "step-12"
+    shutil.rmtree(planted)
+    shutil.copytree(root / "checkpoints" / "step-4", planted)
+    manifest = json.loads((planted / MANIFEST).read_text())
+    (planted / MANIFEST).write_text(json.dumps({**manifest, "step": 12}))
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "skipping checkpoint step-12: the run's ledger does not record it" in log
     assert "resumed from checkpoint step-8" in log

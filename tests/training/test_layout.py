@@ -20,33 +20,6 @@ def test_a_step_directory_is_named_and_parsed_back() -> None:
         assert layout.step_of(other) is None
 
 
-def test_keys_are_placed_in_their_checkpoint_directory() -> None:
-    assert layout.checkpoint_step("runs/r/checkpoints/step-40/__0_0.distcp") == 40
-    assert layout.checkpoint_step("step-3/.metadata") == 3
-    assert layout.checkpoint_step("runs/r/checkpoints/notes.txt") is None
-    assert layout.checkpoint_step("runs/r/checkpoints/my-step-3/x") is None
-
-
-def test_a_manifest_key_completes_its_step() -> None:
-    assert layout.manifest_step("runs/r/checkpoints/step-40/manifest.json") == 40
-    assert layout.manifest_step("step-4/manifest.json") == 4
-    assert layout.manifest_step("runs/r/checkpoints/step-40/manifest.json.tmp") is None
-    assert layout.manifest_step("runs/r/checkpoints/step-40/__0_0.distcp") is None
-    assert layout.manifest_step("runs/r/output/manifest.json") is None
-
-
-def test_complete_steps_are_those_with_a_manifest_oldest_first() -> None:
-    prefix = layout.run_checkpoints("r")
-    keys = [
-        f"{prefix}step-20/manifest.json",
-        f"{prefix}step-20/__0_0.distcp",
-        f"{prefix}step-10/manifest.json",
-        f"{prefix}step-30/__0_0.distcp",  # not committed yet
-    ]
-    assert layout.complete_steps(keys) == [10, 20]
-    assert layout.complete_steps([]) == []
-
-
 def test_the_manifest_glob_finds_committed_checkpoints_only(tmp_path: Path) -> None:
     for step, files in ((4, ("__0_0.distcp", layout.MANIFEST)), (8, ("__0_0.distcp",))):
         directory = tmp_path / layout.step_dir(step)
@@ -61,6 +34,7 @@ def test_run_prefixes() -> None:
     assert layout.run_output("demo-1a2b-2") == "runs/demo-1a2b-2/output/"
     assert layout.run_tensorboard("demo-1a2b") == "runs/demo-1a2b/tensorboard/"
     assert layout.run_lineage("demo-1a2b") == "runs/demo-1a2b/lineage/"
+    assert layout.run_ledger("demo-1a2b") == "runs/demo-1a2b/lineage/checkpoints/"
     assert all(
         prefix.startswith(layout.RUNS)
         for prefix in (layout.run_checkpoints("x"), layout.run_output("x"), layout.PROFILER)

@@ -1,0 +1,100 @@
+"""Open the run's checkpoint ledger before its first job, carrying over the checkpoint of a run it continues.
+
+Every run: the ledger's first object is written (training/ledger.py), so that the ledger channel every
+job reads is never empty (SageMaker refuses an input channel with no objects).
+
+A run that continues another (`resume_from`): the continued run's newest checkpoint that is complete
+now (training/stored_checkpoints.py) and whose manifest still has the digest that run's ledger
+recorded is copied into the new run's prefix and recorded in the new run's ledger, so that the new
+run's trainer loads it as its own and nothing else of the old run. A retried call copies the same
+bytes and finds its own records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.execution_state import Carried, CarryOverEvent, Continuation
+from lambdas.resume.environment import CarryOverEnvironment
+from training import ledger
+from training.layout import MANIFEST, run_checkpoints
+from training.stored_checkpoints import complete_checkpoints
+
+logger = Logger(service="training-platform")
+
+
+class NothingToContinueError(Exception):
+    """The continued run has no checkpoint that is complete and still as the platform recorded it."""
+
+
+def carry_over(
+    continued: Continuation, run: str, *, execution: str, s3: Any, environment: CarryOverEnvironment
+) -> Carried:
+    """Copy the newest intact recorded checkpoint of the continued run into `run`'s prefix; record it."""
+    recorded = {r.checkpoint: r for r in ledger.records(s3, environment.artifacts_bucket, continued.run)}
+    source = run_checkpoints(continued.run)
+    for checkpoint in complete_checkpoints(s3, environment.checkpoints_bucket, source):  # newest first
+        relative = checkpoint.prefix.removeprefix(source)
+        record = recorded.get(relative)
+        if record is None or record.manifest_sha256 != checkpoint.manifest_sha256:
+            logger.warning("not carried over", extra={"checkpoint": checkpoint.uri, "recorded": record is not None})
+            continue
+        target = f"{run_checkpoints(run)}{relative}"
+        for name in sorted(checkpoint.files, key=lambda n: n == MANIFEST):  # the manifest last
+            s3.copy_object(
+                Bucket=environment.checkpoints_bucket,
+                Key=f"{target}{name}",
+                CopySource={"Bucket": environment.checkpoints_bucket, "Key": f"{checkpoint.prefix}{name}"},
+            )
+        ledger.record(
+            s3,
+            environment.artifacts_bucket,
+            run,
+            checkpoint=relative,
+            step=checkpoint.step,
+            manifest_sha256=checkpoint.manifest_sha256,
+            job=f"carried over from {continued.run}",
+            execution=execution,
+        )
+        carried = Carried(
+            execution=continued.execution,
+            run=continued.run,
+            step=checkpoint.step,
+            manifest_sha256=checkpoint.manifest_sha256,
+        )
+        logger.info("checkpoint carried over", extra=carried.model_dump())
+        return carried
+    raise NothingToContinueError(
+        f"{continued.run} has no checkpoint that is complete and as the platform recorded it; start the run afresh"
+    )
+
+
+def open_run(event: CarryOverEvent, *, s3: Any, environment: CarryOverEnvironment) -> Carried | None:
+    """Carry the continued run's checkpoint over (if the request continues one), then open the run's ledger."""
+    run = event.request.job_name_base
+    continued = event.request.resume_from
+    carried = (
+        carry_over(continued, run, execution=event.execution, s3=s3, environment=environment)
+        if continued is not None
+        else None
+    )
+    ledger.open_ledger(
+        s3,
+        environment.artifacts_bucket,
+        run,
+        execution=event.execution,
+        continues=carried.model_dump(mode="json") if carried is not None else None,
+    )
+    return carried
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any] | None:
+    """Event: {"request": <TrainingRequest>, "execution": $$.Execution.Id}; what was carried over, or null."""
+    carried = open_run(
+        CarryOverEvent.model_validate(event), s3=boto3.client("s3"), environment=CarryOverEnvironment.from_environ()
+    )
+    return carried.model_dump(mode="json") if carried is not None else None

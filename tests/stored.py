@@ -1,0 +1,41 @@
+"""Checkpoints in S3 as the trainer and SageMaker's upload leave them, for tests of what reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from training.layout import MANIFEST
+from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, manifest_sha256
+
+FILES = {DCP_METADATA: b"metadata", "__0_0.distcp": b"shard of rank 0"}
+
+
+def manifest_of(files: dict[str, bytes], *, step: int, world_size: int = 1) -> bytes:
+    """A format-2 manifest listing `files` with their sizes and SHA-256, as training/checkpoint.py writes it."""
+    listed = {name: {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()} for name, body in files.items()}
+    return json.dumps({"format": FORMAT_VERSION, "step": step, "world_size": world_size, "files": listed}).encode()
+
+
+def put_checkpoint(
+    s3: Any,
+    bucket: str,
+    location: str,
+    step: int,
+    *,
+    files: dict[str, bytes] | None = None,
+    manifest: bytes | None = None,
+    omit: tuple[str, ...] = (),
+) -> str:
+    """Upload checkpoint `step` under `location` (a prefix ending in "/"), its files first; its manifest's digest.
+
+    `manifest` replaces the one that lists `files`; `omit` names listed files left out (a partial upload).
+    """
+    files = dict(FILES if files is None else files)
+    body = manifest if manifest is not None else manifest_of(files, step=step)
+    for name, data in files.items():
+        if name not in omit:
+            s3.put_object(Bucket=bucket, Key=f"{location}step-{step}/{name}", Body=data)
+    s3.put_object(Bucket=bucket, Key=f"{location}step-{step}/{MANIFEST}", Body=body)
+    return manifest_sha256(body)

@@ -1,0 +1,76 @@
+"""The checkpoint ledger: written once per checkpoint, read back by jobs as the digests they may load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests.stored import put_checkpoint
+from training import ledger
+from training.layout import run_checkpoints, run_ledger
+from training.stored_checkpoints import complete_checkpoints
+
+CHECKPOINTS, ARTIFACTS = "checkpoints", "artifacts"
+
+
+@pytest.fixture
+def s3() -> Iterator[Any]:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        for bucket in (CHECKPOINTS, ARTIFACTS):
+            client.create_bucket(Bucket=bucket)
+        yield client
+
+
+def _seen(s3: Any, run: str = "r-1") -> ledger.Seen:
+    stored = complete_checkpoints(s3, CHECKPOINTS, run_checkpoints(run))
+    return ledger.record_seen(s3, ARTIFACTS, run, stored, job=f"{run}-1", execution="arn:execution")
+
+
+def test_each_complete_checkpoint_is_recorded_once_as_first_seen(s3: Any) -> None:
+    first = put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 10)
+    put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 20, omit=("__0_0.distcp",))  # not complete: not recorded
+    assert [(r.checkpoint, r.manifest_sha256) for r in _seen(s3).recorded] == [("step-10/", first)]
+    assert _seen(s3).recorded == []  # nothing new
+    assert [r.step for r in ledger.records(s3, ARTIFACTS, "r-1")] == [10]
+
+
+def test_a_checkpoint_changed_after_it_was_recorded_is_reported_and_its_record_stands(s3: Any) -> None:
+    first = put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 10)
+    _seen(s3)
+    put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 10, files={".metadata": b"other", "__0_0.distcp": b"x"})
+    seen = _seen(s3)
+    assert seen.not_as_recorded == [f"s3://{CHECKPOINTS}/{run_checkpoints('r-1')}step-10/"]
+    assert [r.manifest_sha256 for r in ledger.records(s3, ARTIFACTS, "r-1")] == [first]
+
+
+def test_a_record_is_never_replaced(s3: Any) -> None:
+    kwargs = {"checkpoint": "step-1/", "step": 1, "job": "r-1-1", "execution": "e"}
+    original = ledger.record(s3, ARTIFACTS, "r-1", manifest_sha256="a" * 64, **kwargs)
+    again = ledger.record(s3, ARTIFACTS, "r-1", manifest_sha256="b" * 64, **kwargs)
+    assert again == original
+
+
+def test_tuning_trials_are_recorded_under_their_own_directory(s3: Any) -> None:
+    put_checkpoint(s3, CHECKPOINTS, f"{run_checkpoints('r-1')}tune-001-aa/", 5)
+    assert [r.checkpoint for r in _seen(s3).recorded] == ["tune-001-aa/step-5/"]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=ARTIFACTS)["Contents"]]
+    assert keys == [f"{run_ledger('r-1')}tune-001-aa/step-5.json"]
+
+
+def test_the_ledger_channel_gives_the_digests_a_job_may_load(s3: Any, tmp_path: Path) -> None:
+    assert ledger.trusted_digests(tmp_path / "absent") is None
+    digest = put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 10)
+    ledger.open_ledger(s3, ARTIFACTS, "r-1", execution="e", continues=None)
+    _seen(s3)
+    channel = tmp_path / "ledger"
+    for obj in s3.list_objects_v2(Bucket=ARTIFACTS, Prefix=run_ledger("r-1"))["Contents"]:
+        target = channel / obj["Key"].removeprefix(run_ledger("r-1"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(ARTIFACTS, obj["Key"], str(target))
+    assert ledger.trusted_digests(channel) == {digest}

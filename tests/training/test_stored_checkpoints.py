@@ -1,0 +1,89 @@
+"""One rule for a complete checkpoint in S3: manifest present and parsed, every listed file there at its size."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests.stored import FILES, manifest_of, put_checkpoint
+from training.layout import MANIFEST, run_checkpoints
+from training.stored_checkpoints import DCP_METADATA, Manifest, ManifestError, list_checkpoints
+
+BUCKET = "checkpoints"
+RUN = run_checkpoints("r-1")
+
+
+@pytest.fixture
+def s3() -> Iterator[Any]:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def test_complete_checkpoints_are_newest_first_with_their_manifest_digest(s3: Any) -> None:
+    digests = {step: put_checkpoint(s3, BUCKET, RUN, step) for step in (10, 30, 20)}
+    listing = list_checkpoints(s3, BUCKET, RUN)
+    assert [(c.step, c.manifest_sha256) for c in listing.complete] == [(s, digests[s]) for s in (30, 20, 10)]
+    newest = listing.complete[0]
+    assert (newest.prefix, newest.location) == (f"{RUN}step-30/", RUN)
+    assert newest.files == {**{n: len(b) for n, b in FILES.items()}, MANIFEST: len(manifest_of(FILES, step=30))}
+    assert listing.incomplete == {}
+
+
+@pytest.mark.parametrize(
+    ("plant", "why"),
+    [
+        ({"omit": ("__0_0.distcp",)}, "__0_0.distcp is missing"),
+        ({"omit": (DCP_METADATA,)}, ".metadata is missing"),
+        ({"manifest": manifest_of({**FILES, "__0_0.distcp": b"longer than what arrived"}, step=20)}, "truncated"),
+        ({"manifest": manifest_of({**FILES, "__0_0.distcp": b"x"}, step=20)}, "has 15 bytes, its manifest 1"),
+        ({"manifest": b"{not json"}, "unreadable manifest"),
+        ({"manifest": json.dumps({"format": 1, "files": {}}).encode()}, "unknown format"),
+        ({"manifest": manifest_of({"__0_0.distcp": b"shard of rank 0"}, step=20)}, "unknown format"),
+        ({"manifest": manifest_of({**FILES, "../step-10/.metadata": b"metadata"}, step=20)}, "outside"),
+    ],
+    ids=[
+        "file-missing",
+        "metadata-missing",
+        "truncated",
+        "wrong-size",
+        "unparseable",
+        "old-format",
+        "no-metadata",
+        "escapes-directory",
+    ],
+)
+def test_a_checkpoint_short_of_its_manifest_is_not_complete(s3: Any, plant: dict[str, Any], why: str) -> None:
+    put_checkpoint(s3, BUCKET, RUN, 10)
+    put_checkpoint(s3, BUCKET, RUN, 20, **plant)
+    listing = list_checkpoints(s3, BUCKET, RUN)
+    assert [c.step for c in listing.complete] == [10]
+    assert why in listing.incomplete[f"{RUN}step-20/"]
+
+
+def test_a_directory_without_its_manifest_is_listed_as_incomplete(s3: Any) -> None:
+    s3.put_object(Bucket=BUCKET, Key=f"{RUN}step-5/__0_0.distcp", Body=b"x")
+    listing = list_checkpoints(s3, BUCKET, RUN)
+    assert (listing.complete, listing.incomplete) == ([], {f"{RUN}step-5/": f"no {MANIFEST}"})
+    assert listing.directories == {f"{RUN}step-5/": [f"{RUN}step-5/__0_0.distcp"]}
+
+
+def test_tuning_trials_are_locations_of_their_own(s3: Any) -> None:
+    put_checkpoint(s3, BUCKET, f"{RUN}tune-001-aa/", 40)
+    put_checkpoint(s3, BUCKET, f"{RUN}tune-002-bb/", 10)
+    listing = list_checkpoints(s3, BUCKET, RUN)
+    assert [(c.location, c.step) for c in listing.complete] == [(f"{RUN}tune-001-aa/", 40), (f"{RUN}tune-002-bb/", 10)]
+
+
+def test_the_manifest_rule_names_what_is_wrong() -> None:
+    manifest = Manifest.parse(manifest_of(FILES, step=1))
+    assert manifest.incomplete({n: len(b) for n, b in FILES.items()}) is None
+    assert manifest.incomplete({DCP_METADATA: 8}) == "__0_0.distcp is missing"
+    with pytest.raises(ManifestError, match="unknown format"):
+        Manifest.parse(b'{"format": 2, "files": []}')
