@@ -16,6 +16,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import PREFLIGHT_FAILED, manifest_step, run_checkpoints
 
@@ -183,6 +184,7 @@ def poll(
     )
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
