@@ -7,6 +7,10 @@
    one torchrun job over localhost (gloo).
 4. Answer approval gates (prompt, --auto-approve, or --reject), follow progress, and write a
    run report with the loss curve and the registered model's lineage.
+
+`--fault monitor-throttle` injects a burst of transient errors (throttling, 5xx) into the AWS calls of
+the backend's progress handler, longer than any other handler's retry budget; `--fault monitor-timeout`
+makes it time out three times. The run rides through either and completes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from localrun.clock import Clock
 from localrun.corpus import build_shards
 from localrun.engine import LocalPlatform, player_factories
 from localrun.sagemaker_local import LocalTraining
+from stacks.pipeline.polled_job import CHECK_PROGRESS
 from training.distributions import distribution
 from training.layout import split_s3_uri
 from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
@@ -54,6 +59,11 @@ LOCAL_MODEL = {
 TINY = {"tiny", "llama-tiny"}
 # Longer requests are cut to this many steps locally (a few tens of seconds on 2 cores).
 LOCAL_MAX_STEPS = 300
+
+
+# A burst longer than the short retry budget (stacks/constructs/tasks.py), well within the polling one.
+BURST = ["ThrottlingException", "InternalFailure", "ServiceUnavailable"] * 3 + ["ThrottlingException"]
+FAULTS = ("monitor-throttle", "monitor-timeout")
 
 
 @dataclass
@@ -123,6 +133,7 @@ def run_demo(
     approver: str = DEMO_APPROVER,
     wait_seconds: float = 2.0,
     timeout_seconds: float = 900.0,
+    fault: str | None = None,
 ) -> Outcome:
     """Synthesize (unless given an assembly), run the input to its end locally, and write the run report."""
     out.mkdir(parents=True, exist_ok=True)
@@ -156,6 +167,8 @@ def run_demo(
         for player in players.values():
             player.datasets_bucket = training.datasets_bucket
             player.local_hyperparameters = training.local_hyperparameters
+        if fault is not None:
+            inject(platform, fault)
         name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
@@ -174,7 +187,46 @@ def run_demo(
             for player in players.values():
                 player.close()
         facts = report.collect(platform, training, arn, described, decisions)
+        if fault is not None:
+            _say(f"\n{fault}: {_ridden(platform, arn)}")
     return _write_report(facts, arn, described, run_dir)
+
+
+def progress_handlers(platform: LocalPlatform) -> list[str]:
+    """The progress handler of every backend (LocalPlatform's names): what the Check progress states invoke."""
+    definition = json.loads(
+        platform.sfn.describe_state_machine(stateMachineArn=platform.state_machine_arn)["definition"]
+    )
+    physical = [
+        state["Resource"].rsplit(":function:", 1)[1]
+        for name, state in definition["States"].items()
+        if name.startswith(CHECK_PROGRESS) and ":function:" in state.get("Resource", "")
+    ]
+    return [str(platform.functions[name].key) for name in physical]
+
+
+def inject(platform: LocalPlatform, fault: str) -> None:
+    """Queue `fault` (one of FAULTS) at every backend's progress handler: the run's backend meets it."""
+    for function in progress_handlers(platform):
+        if fault == "monitor-throttle":
+            platform.faults.api_errors[function] = list(BURST)
+        elif fault == "monitor-timeout":
+            platform.faults.timeouts[function] = 3
+        else:
+            raise ValueError(f"--fault {fault!r}: use one of {', '.join(FAULTS)}")
+
+
+def _ridden(platform: LocalPlatform, arn: str) -> str:
+    """What the injected faults did: the handler failures the execution met, and the retries that followed."""
+    failures = [
+        details["error"]
+        for event in platform.history(arn)
+        for key, details in event.items()
+        if key == "lambdaFunctionFailedEventDetails"
+    ]
+    counts = ", ".join(f"{failures.count(error)} {error}" for error in sorted(set(failures)))
+    waits = platform.clock.retries
+    return f"handler failures: {counts or 'none'}; {len(waits)} retries, {sum(waits) / 60:.1f} min of backoff"
 
 
 def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -> dict[str, str]:
@@ -334,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
     parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
     parser.add_argument("--steps", type=int, help="override the local run's max_steps")
+    parser.add_argument("--fault", choices=FAULTS, help="inject transient faults at the progress handler")
     args = parser.parse_args(argv)
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     for var, value in {
@@ -353,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         max_hosts=args.hosts,
         procs_per_host=args.procs_per_host,
         steps=args.steps,
+        fault=args.fault,
     )
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"

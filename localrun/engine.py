@@ -44,7 +44,10 @@ from localrun.services import (
     Faults,
     execution_status_changes,
     failing_publish,
+    first_call_fails,
+    injected_api_errors,
     lambda_throttle,
+    lambda_timeout,
     object_created_events,
     stop_training_job,
 )
@@ -201,6 +204,7 @@ class LocalPlatform:
         self.tuning = LocalTuning(created=self._training_job_created, stopped=self.training.stopped)
         for patch in (
             failing_publish(self.faults),
+            injected_api_errors(),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
             object_created_events(self.events),
@@ -460,6 +464,7 @@ class LocalPlatform:
                 handler_environment(environment),
                 handler_stdout(self.handler_log),
                 acting_as(self._role(function_name)),
+                first_call_fails(self.faults.api_error(function_name)),
             ):
                 try:
                     call.result = handler(event, _Context(function_name))
@@ -493,6 +498,10 @@ class LocalPlatform:
         name = function_name.rsplit(":function:", maxsplit=1)[-1].split(":", maxsplit=1)[0]
         if self.faults.throttled(name):
             raise lambda_throttle()
+        if self.faults.timed_out(name):  # Lambda ends the invocation at its timeout: the handler's work is lost
+            response_headers["x-amz-function-error"] = "Unhandled"
+            timeout = self.functions[name].resource["Properties"].get("Timeout", 3)
+            return json.dumps(lambda_timeout(name, timeout)).encode()
         event = json.loads(body) if body else {}
         try:
             result = self._run_handler(name, event)
@@ -512,6 +521,7 @@ class LocalPlatform:
         return [
             moto_fixes.lambda_in_process(self._invoke),
             moto_fixes.lambda_service_error_names(),
+            moto_fixes.lambda_unknown_errors(),
             moto_fixes.bucket_policies_left_to_local_iam(),
             moto_fixes.wait_states_on(clock),
             moto_fixes.retry_intervals_on(clock),

@@ -53,7 +53,8 @@ def lambda_in_process(invoke: Callable[..., bytes]) -> Any:
 
 
 def lambda_service_error_names() -> Any:
-    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception".
+    """Name a Lambda *service* error as Step Functions does (`Lambda.TooManyRequestsException`), not "Exception",
+    and a function error without errorType (a timeout) `Lambda.Unknown`.
 
     moto's engine gives every ClientError of a Lambda task the name "Exception", so a Retry on
     Lambda's own errors (throttling, service faults) would never match.
@@ -73,7 +74,7 @@ def lambda_service_error_names() -> Any:
 
     def from_error(state: Any, env: Any, ex: Exception) -> Any:
         if not isinstance(ex, ClientError):
-            return original(state, env, ex)
+            return original(state, env, _unknown_named(ex))
         code = ex.response["Error"]["Code"]
         name = f"Lambda.{code}" + ("" if code.endswith("Exception") else "Exception")
         details = LambdaFunctionFailedEventDetails(error=name, cause=ex.response["Error"]["Message"])
@@ -85,6 +86,42 @@ def lambda_service_error_names() -> Any:
         )
 
     return mock.patch.object(StateTaskLambda, "_from_error", from_error)
+
+
+UNKNOWN_CAUSE = "The cause could not be determined because Lambda did not return an error type. Returned payload:"
+
+
+def _unknown_named(ex: Exception) -> Exception:
+    """A function error that carries no errorType, named `Lambda.Unknown` as Step Functions names it."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils  # noqa: PLC0415
+
+    if not isinstance(ex, lambda_eval_utils.LambdaFunctionErrorException):
+        return ex
+    try:
+        if "errorType" in json.loads(ex.payload):
+            return ex
+    except (TypeError, ValueError):
+        pass
+    unknown = {"errorType": "Lambda.Unknown", "errorMessage": f"{UNKNOWN_CAUSE} {ex.payload}"}
+    return lambda_eval_utils.LambdaFunctionErrorException(ex.function_error, json.dumps(unknown))
+
+
+def lambda_unknown_errors() -> Any:
+    """Name a function error that carries no errorType `Lambda.Unknown` (`arn:...:states:::lambda:invoke` tasks).
+
+    Lambda reports a function that timed out or ran out of memory without an errorType; moto's engine
+    names such an error "Exception". (Tasks whose resource is the function's ARN: `lambda_service_error_names`.)
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_lambda import (  # noqa: PLC0415
+        StateTaskServiceLambda,
+    )
+
+    original = StateTaskServiceLambda._from_error
+
+    def from_error(state: Any, env: Any, ex: Exception) -> Any:
+        return original(state, env, _unknown_named(ex))
+
+    return mock.patch.object(StateTaskServiceLambda, "_from_error", from_error)
 
 
 # -- IAM ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
   bucket whose EventBridge notifications are on, to the rules' Lambda targets (moto's rules deliver
   to SQS, logs and buses only), checked against the target function's resource policy as Lambda
   checks it.
-- Faults a test injects where AWS could produce them: a throttled Lambda, a failing SNS publish.
+- Faults a test injects where AWS could produce them: a throttled Lambda, a function that times out, an AWS
+  call inside a handler that fails (throttled, 5xx, access denied), a failing SNS publish.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
+from botocore.client import BaseClient
 from moto.awslambda.exceptions import LambdaClientError
 from moto.events.models import EventPattern
 from moto.s3 import notifications as s3_notifications
@@ -32,42 +35,73 @@ from moto.stepfunctions.parser.backend.execution import BaseExecutionWorkerCommu
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 
 
-class Throttles(dict[str, int]):
-    """Function -> invocations to refuse, each function named as LocalPlatform names it (the end of its
-    construct path); a name that matches no function, or several, is refused when it is set.
+class PerFunction(dict[str, Any]):
+    """Function -> what to inject, each function named as LocalPlatform names it (the end of its construct
+    path); a name that matches no function, or several, is refused when it is set.
     """
 
     def __init__(self, function_named: Callable[[str], str]) -> None:
         super().__init__()
         self.function_named = function_named
 
-    def __setitem__(self, function: str, count: int) -> None:
+    def __setitem__(self, function: str, value: Any) -> None:
         self.function_named(function)
-        super().__setitem__(function, count)
+        super().__setitem__(function, value)
+
+    def take(self, function_name: str) -> Any:
+        """The next fault queued for the function of physical name `function_name` (None when there is none).
+
+        A count gives True that many times; a list gives its items in turn.
+        """
+        for function, left in self.items():
+            if left and self.function_named(function) == function_name:
+                if isinstance(left, int):
+                    super().__setitem__(function, left - 1)
+                    return True
+                super().__setitem__(function, left[1:])
+                return left[0]
+        return None
 
 
 @dataclass
 class Faults:
-    """Failures to inject: `throttle["Monitor"] = 3` refuses the next three invocations of that function.
+    """Failures to inject, per function (named as LocalPlatform names it), each used up by one invocation:
+
+    - `throttle["Monitor"] = 3`: Lambda refuses the next three invocations (reserved concurrency exhausted);
+    - `api_errors["Monitor"] = ["ThrottlingException"] * 3`: in each of the next three invocations, the
+      handler's first AWS call fails with that error code (`API_ERRORS` says how AWS answers each);
+    - `timeouts["Monitor"] = 2`: the next two invocations time out, as Lambda reports it;
+    - `sns_failures = 2`: the next two SNS publishes fail.
 
     `function_named` maps such a name to the function's physical name (or raises, naming the candidates).
     """
 
     function_named: Callable[[str], str]
-    throttle: Throttles = field(init=False)
+    throttle: PerFunction = field(init=False)
+    api_errors: PerFunction = field(init=False)
+    timeouts: PerFunction = field(init=False)
     sns_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.throttle = Throttles(self.function_named)
+        self.throttle = PerFunction(self.function_named)
+        self.api_errors = PerFunction(self.function_named)
+        self.timeouts = PerFunction(self.function_named)
 
     def throttled(self, function_name: str) -> bool:
         with self._lock:
-            for function, left in self.throttle.items():
-                if left > 0 and self.function_named(function) == function_name:
-                    self.throttle[function] = left - 1
-                    return True
-            return False
+            return bool(self.throttle.take(function_name))
+
+    def timed_out(self, function_name: str) -> bool:
+        with self._lock:
+            return bool(self.timeouts.take(function_name))
+
+    def api_error(self, function_name: str) -> str | None:
+        with self._lock:
+            code = self.api_errors.take(function_name)
+        if code is not None and code not in API_ERRORS:
+            raise ValueError(f"api_errors: {code!r} is not an injectable error code; use one of {sorted(API_ERRORS)}")
+        return code  # type: ignore[no-any-return]
 
     def publish_fails(self) -> bool:
         with self._lock:
@@ -82,6 +116,48 @@ def lambda_throttle() -> LambdaClientError:
     error = LambdaClientError("TooManyRequestsException", "Rate exceeded")
     error.code = 429
     return error
+
+
+def lambda_timeout(function_name: str, seconds: float) -> dict[str, str]:
+    """The payload of a function error Lambda reports for an invocation that ran out of time: no errorType."""
+    moment = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"errorMessage": f"{moment} {uuid.uuid4()} Task timed out after {seconds:.2f} seconds ({function_name})"}
+
+
+# Error code -> (HTTP status, message), as the services answer.
+API_ERRORS: dict[str, tuple[int, str]] = {
+    "ThrottlingException": (400, "Rate exceeded"),
+    "InternalFailure": (500, "The request processing has failed because of an unknown error."),
+    "ServiceUnavailable": (503, "Service is unavailable."),
+    "AccessDeniedException": (400, "User is not authorized to perform this action (injected)"),
+}
+_PENDING_API_ERROR = threading.local()
+
+
+@contextmanager
+def first_call_fails(code: str | None) -> Iterator[None]:
+    """Within the block, on this thread, the first AWS API call fails with `code` (None: no fault)."""
+    _PENDING_API_ERROR.code = code
+    try:
+        yield
+    finally:
+        _PENDING_API_ERROR.code = None
+
+
+def injected_api_errors() -> Any:
+    """botocore's API call, failing once with the error `first_call_fails` set on the calling thread."""
+    original = BaseClient._make_api_call
+
+    def make_api_call(client: Any, operation_name: str, api_params: Any) -> Any:
+        code = getattr(_PENDING_API_ERROR, "code", None)
+        if code is not None:
+            _PENDING_API_ERROR.code = None
+            status, message = API_ERRORS[code]
+            response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+            raise client.exceptions.from_code(code)(response, operation_name)
+        return original(client, operation_name, api_params)
+
+    return mock.patch.object(BaseClient, "_make_api_call", make_api_call)
 
 
 def failing_publish(faults: Faults) -> Any:

@@ -37,6 +37,7 @@ from lambdas.approvals.store import (
     DecisionNotRecordedError,
     now_utc,
 )
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -117,6 +118,7 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
     return f"Approval needed: {gate} of {run}"[:100], "\n".join(lines)
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
@@ -196,6 +198,7 @@ def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvi
     return _response(200, result)
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
@@ -217,6 +220,7 @@ def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         return _response(exc.status, {"error": str(exc)})
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def verify(event: dict[str, Any], _context: Any) -> dict[str, Any]:
@@ -231,6 +235,7 @@ def verify(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     return {"recorded": True}
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def report_pending(_event: Any, _context: Any) -> dict[str, Any]:

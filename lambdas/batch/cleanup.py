@@ -15,6 +15,7 @@ from aws_lambda_powertools import Logger
 from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
 from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_checkpoints
+from lambdas.shared.errors import classified
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 
@@ -51,6 +52,7 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
     return {"stopped": terminated, "pruned": pruned}
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""

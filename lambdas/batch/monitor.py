@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from lambdas.batch.environment import BatchMonitorEnvironment
 from lambdas.execution_state import BatchPoll, JobCost, JobProgress
 from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_metrics
+from lambdas.shared.errors import classified
 from training.batch_contract import result_key
 from training.layout import PREFLIGHT_FAILED, run_output, split_s3_uri
 
@@ -181,6 +182,7 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
     )
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import EndedRun
+from lambdas.shared.errors import classified
 from lambdas.validate.request import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 from training.stored_checkpoints import list_checkpoints, newest_per_location
@@ -130,6 +131,7 @@ def ended_execution(event: EndedRun | ExecutionEnded) -> tuple[str, str | None]:
     return event.execution, event.job_name_base
 
 
+@classified
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""

@@ -9,6 +9,7 @@ from aws_lambda_powertools import Logger
 from lambdas.estimate.environment import EstimateEnvironment
 from lambdas.execution_state import CostEstimate, EstimateEvent, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -63,6 +64,7 @@ def _price_source(overridden: list[str], types: int) -> str:
     return f"settings override for {', '.join(sorted(overridden))}; {listed} for the rest"
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import EvaluateEvent, Evaluation, Quality
+from lambdas.shared.errors import classified
 
 logger = Logger(service="training-platform")
 
@@ -32,6 +33,7 @@ def evaluate(quality: Quality | None, final_metrics: dict[str, float]) -> Evalua
     return Evaluation(passed=passed, reason=f"{metric} = {value} {verdict} {bound}", metrics=final_metrics)
 
 
+@classified
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     parsed = EvaluateEvent.model_validate(event)

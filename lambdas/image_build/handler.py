@@ -12,6 +12,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
+from lambdas.shared.errors import classified
+
 logger = Logger(service="training-platform")
 
 _FAILED = {"FAILED", "FAULT", "STOPPED", "TIMED_OUT"}
@@ -53,6 +55,7 @@ def check_build(build_id: str, props: dict[str, Any], codebuild: Any, ecr: Any) 
     return {"IsComplete": True, "Data": {"ImageDigest": digest, "ImageTag": props["ImageTag"], "ImageUri": uri}}
 
 
+@classified
 @logger.inject_lambda_context
 def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     if event["RequestType"] == "Delete":
@@ -60,6 +63,7 @@ def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     return start_build(event["ResourceProperties"], boto3.client("codebuild"))
 
 
+@classified
 @logger.inject_lambda_context
 def is_complete(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     if event["RequestType"] == "Delete":

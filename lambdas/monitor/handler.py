@@ -17,6 +17,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training import ledger
 from training.layout import PREFLIGHT_FAILED, run_checkpoints
@@ -198,6 +199,7 @@ def poll(
     )
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from lambdas.execution_state import RegisterEvent, Registration
 from lambdas.register.environment import RegisterEnvironment
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import run_lineage, split_s3_uri
 
@@ -199,6 +200,7 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     return Registration(model_package_arn=package, lineage_uri=uris["lineage"])
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

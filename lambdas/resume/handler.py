@@ -19,6 +19,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import Carried, CarryOverEvent, Continuation
 from lambdas.resume.environment import CarryOverEnvironment
+from lambdas.shared.errors import classified
 from training import ledger
 from training.layout import MANIFEST, run_checkpoints
 from training.stored_checkpoints import complete_checkpoints
@@ -91,6 +92,7 @@ def open_run(event: CarryOverEvent, *, s3: Any, environment: CarryOverEnvironmen
     return carried
 
 
+@classified
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any] | None:
     """Event: {"request": <TrainingRequest>, "execution": $$.Execution.Id}; what was carried over, or null."""

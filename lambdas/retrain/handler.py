@@ -16,6 +16,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
 from lambdas.retrain.window import Trigger, matching, parse_time, record, sweep
+from lambdas.shared.errors import classified
 
 logger = Logger(service="training-platform")
 
@@ -28,6 +29,7 @@ def _table(environment: RecordEnvironment | SweepEnvironment) -> Any:
     return boto3.resource("dynamodb").Table(environment.table_name)
 
 
+@classified
 @logger.inject_lambda_context
 def record_handler(event: dict[str, Any], _context: Any) -> dict[str, str]:
     """Event: S3 "Object Created" through EventBridge; the rule matches the registered prefixes only."""
@@ -43,6 +45,7 @@ def record_handler(event: dict[str, Any], _context: Any) -> dict[str, str]:
     return outcome
 
 
+@classified
 @logger.inject_lambda_context
 def sweep_handler(event: dict[str, Any], _context: Any) -> list[dict[str, Any]]:
     """Event: "Scheduled Event"; starts the run of every trigger whose window has been quiet long enough."""

@@ -18,6 +18,7 @@ from aws_lambda_powertools import Logger
 from lambdas.execution_state import JobCost, JobProgress, Poll, TunedTrial
 from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, summarize
+from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
 
 logger = Logger(service="training-platform")
@@ -121,6 +122,7 @@ def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> JobP
     return summary.model_copy(update={"tuning": tuning, **total})
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.shared.env import env_bool, env_float, env_str
-from lambdas.shared.errors import InvalidRequest
+from lambdas.shared.errors import InvalidRequest, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from lambdas.validate import budget, resume, start_proof
 from lambdas.validate.limits import PlatformLimits
@@ -39,6 +39,7 @@ def requester(event: Any, execution_arn: str, started: str, *, required: bool) -
         raise InvalidRequest(f"The training request cannot run:\n  - {start_proof.FIELD}: {exc}") from None
 
 
+@classified
 @logger.inject_lambda_context
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:

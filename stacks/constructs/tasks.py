@@ -1,7 +1,14 @@
-"""Task states the pipeline's constructs share: a handler invocation that survives Lambda's transient errors."""
+"""Task states the pipeline's constructs share: a handler invocation that rides through transient faults.
+
+One retry policy for every handler: what passes (the handler's `TransientError`, Lambda's throttling
+and service errors, a function that timed out or ran out of memory) is retried with capped, jittered
+backoff for a bounded time, the handler's `RetryBudget`; anything else (access denied, a bad request,
+a bug) is not retried, and the state's Catch ends the run at once with its cause.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import Duration
@@ -9,17 +16,68 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from lambdas.shared.errors import TransientError
 from stacks.constructs.function import PlatformFunction
 
 LAMBDA_TASK_TIMEOUT = Duration.seconds(60)
-# Reserved concurrency is small (5): a burst of executions is throttled, and waits its turn.
-THROTTLED = ["Lambda.TooManyRequestsException"]
+# The errors that pass. A handler raises TransientError for its own AWS calls (lambdas/shared/errors.py);
+# Lambda.Unknown is a function that timed out or ran out of memory (Sandbox.Timedout in newer runtimes);
+# States.Timeout is the task's own timeout; Lambda.TooManyRequestsException is reserved concurrency (small:
+# a burst of executions waits its turn); the rest are Lambda's service errors.
+TRANSIENT = [
+    TransientError.__name__,
+    "Lambda.Unknown",
+    "Sandbox.Timedout",
+    "States.Timeout",
+    "Lambda.TooManyRequestsException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
+]
+
+
+@dataclass(frozen=True)
+class RetryBudget:
+    """How long a handler's transient errors are retried: `attempts` retries, the n-th after a random wait
+    (FULL jitter) of up to min(interval * backoff**(n-1), max_delay) seconds."""
+
+    interval_seconds: int
+    backoff_rate: float
+    max_delay_seconds: int
+    attempts: int
+
+    def caps(self) -> list[float]:
+        """The longest wait before each retry."""
+        rate, interval = self.backoff_rate, self.interval_seconds
+        return [min(interval * rate**n, self.max_delay_seconds) for n in range(self.attempts)]
+
+    def longest_seconds(self) -> float:
+        """The most a run waits on one call's transient errors before it gives up (every wait at its cap)."""
+        return sum(self.caps())
+
+    def expected_seconds(self) -> float:
+        """What it waits on average (a FULL-jittered wait averages half its cap)."""
+        return self.longest_seconds() / 2
+
+
+# The polling handlers (Check progress, every backend): ~30 min on average (at most ~55 min), while the job
+# runs on; what outlasts it stops the run's jobs.
+POLLING = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=300, attempts=16)
+# Every other handler (validate, estimate, evaluate, register, cleanup, approvals): ~2 min (at most ~4 min).
+SHORT = RetryBudget(interval_seconds=2, backoff_rate=2, max_delay_seconds=60, attempts=8)
 
 
 def invoke(
-    scope: Construct, id_: str, function: PlatformFunction, payload: dict[str, Any], result_path: str
+    scope: Construct,
+    id_: str,
+    function: PlatformFunction,
+    payload: dict[str, Any],
+    result_path: str,
+    *,
+    budget: RetryBudget = SHORT,
 ) -> tasks.LambdaInvoke:
-    """A platform handler as a task: Lambda's service errors and throttling are retried with backoff."""
+    """A platform handler as a task: its transient errors are retried within `budget`, the others are not."""
     timeout = function.function.timeout or LAMBDA_TASK_TIMEOUT
     task = tasks.LambdaInvoke(
         scope,
@@ -29,13 +87,14 @@ def invoke(
         payload_response_only=True,
         result_path=result_path,
         task_timeout=sfn.Timeout.duration(Duration.seconds(timeout.to_seconds() + 30)),
-        retry_on_service_exceptions=True,
+        retry_on_service_exceptions=False,
     )
     task.add_retry(
-        errors=THROTTLED,
-        interval=Duration.seconds(2),
-        backoff_rate=2,
-        max_attempts=6,
+        errors=TRANSIENT,
+        interval=Duration.seconds(budget.interval_seconds),
+        backoff_rate=budget.backoff_rate,
+        max_delay=Duration.seconds(budget.max_delay_seconds),
+        max_attempts=budget.attempts,
         jitter_strategy=sfn.JitterType.FULL,
     )
     return task

@@ -11,13 +11,14 @@ followed by one progress-handler call per round at the request's `poll_seconds`:
       retry on new nodes (attempts left)  -> next attempt, tell the run why -> reset
       otherwise                           -> record the job's failure -> clean up -> failed
 
-A create that fails for good, and any orchestration failure (a handler or notification that keeps
-failing), records `$.failure` and cleans up before the step fails. Cleanup stops the execution's
-jobs and prunes the run's checkpoints; a cleanup that fails is recorded in `$.cleanup`, and the
-ExecutionEnded rule (`watch_ended_executions`) cleans up again, as it does for an execution that
-was aborted or timed out. A backend supplies its create states, its progress and cleanup handlers
-and its label; `replaces_jobs` adds the stale-checkpoint warning and the replacement of a job that
-failed for want of capacity or in the pre-flight check (JobProgress.retry_on_new_nodes).
+A create that fails for good, and any orchestration failure (a handler error that does not pass, or one
+that outlasts its retry budget, stacks/constructs/tasks.py; a notification that keeps failing), records
+`$.failure` and cleans up before the step fails. Cleanup stops the execution's jobs and prunes the
+run's checkpoints; a cleanup that fails is recorded in `$.cleanup`, and the ExecutionEnded rule
+(`watch_ended_executions`) cleans up again, as it does for an execution that was aborted or timed out.
+A backend supplies its create states, its progress and cleanup handlers and its label; `replaces_jobs`
+adds the stale-checkpoint warning and the replacement of a job that failed for want of capacity or in
+the pre-flight check (JobProgress.retry_on_new_nodes).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQU
 from lambdas.validate.request import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import invoke
+from stacks.constructs.tasks import POLLING, invoke
 from stacks.pipeline.context import PipelineContext, obj, string
 from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_MANIFEST, ANY_RUN
 
@@ -47,6 +48,8 @@ from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_MANIFEST, ANY
 # (`adopt_if_own`: only when the job carries this execution's tag).
 JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
 SDK_TIMEOUT_SECONDS = 60
+# The state that calls a backend's progress handler, once per poll (another backend's: "Check progress (<label>)").
+CHECK_PROGRESS = "Check progress"
 # What a create records when a job of its name exists and belongs to another execution.
 JOB_NAME_CONFLICT = "JobNameConflict"
 
@@ -201,7 +204,7 @@ class PolledJobStep:
             "previous": obj(JOB),
             "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
         }
-        check = invoke(scope, names("Check progress"), progress, payload, str(JOB))
+        check = invoke(scope, names(CHECK_PROGRESS), progress, payload, str(JOB), budget=POLLING)
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         finished = sfn.Choice(scope, names("Job finished?"))
         running = sfn.Condition.boolean_equals(str(JOB.finished), False)

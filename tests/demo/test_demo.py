@@ -13,7 +13,7 @@ import pytest
 from localrun import netns
 from localrun.cfn import Assembly, Resolver
 from localrun.construct_paths import Functions
-from localrun.demo import run_demo
+from localrun.demo import BURST, run_demo
 from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 
 pytestmark = pytest.mark.slow
@@ -140,6 +140,16 @@ def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any
     assert (jobs / "gen-0" / "algo-2" / "model" / "model.safetensors").stat().st_size > 0
     lineage = json.loads((tmp_path / "demo-hetero" / "lineage.json").read_text())
     assert [g["name"] for g in lineage["cluster"]["groups"]] == ["cpu", "train"]
+
+
+def test_a_burst_of_faults_at_the_progress_handler_is_ridden_through(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outcome = _demo(platform, tmp_path, _input(spot=False), fault="monitor-throttle")
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    assert "Record orchestration failure" not in _states(outcome)
+    burst = len(BURST)
+    assert f"monitor-throttle: handler failures: {burst} TransientError; {burst} retries" in capsys.readouterr().out
 
 
 def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:

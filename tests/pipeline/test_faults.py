@@ -1,0 +1,128 @@
+"""Transient faults never end a run: every backend's progress handler rides through a burst of them, within
+its retry budget; a fault that lasts ends the run at once, naming its cause, after stopping the job."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from localrun.scripted import Poll
+from stacks.constructs.tasks import POLLING, SHORT
+from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.pipeline.test_batch import BatchPipeline, batch_factory  # noqa: F401 - the fixture
+from tests.pipeline.test_tuning import LOSSES, _trial, tuning_input
+
+# Longer than the other handlers' whole budget: only the polling budget rides it through.
+BURST = ["ThrottlingException", "InternalFailure", "ServiceUnavailable"] * 3 + ["ThrottlingException"]
+assert SHORT.attempts < len(BURST) < POLLING.attempts
+
+
+def _calls(pipeline: Pipeline, function: str) -> list[str | None]:
+    """The errors of the function's invocations, in order (None: it answered)."""
+    name = pipeline.local.functions.named(function).name
+    return [call.error for call in pipeline.local.lambda_calls if call.function == name]
+
+
+def _retried_within(pipeline: Pipeline, retries: int) -> None:
+    """`retries` retries, each waiting no longer than the polling budget allows its place in the burst."""
+    waits = pipeline.local.clock.retries
+    assert len(waits) == retries, waits
+    assert all(0 <= wait <= cap for wait, cap in zip(waits, POLLING.caps(), strict=False)), waits
+
+
+def _promote(pipeline: Pipeline, arn: str) -> dict[str, Any]:
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.decide("promotion", "approve")
+    return pipeline.finish(arn)
+
+
+def test_a_burst_of_failing_calls_in_the_monitor_is_ridden_through(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll(), Poll(), COMPLETED]])
+    pipeline.local.faults.api_errors["Monitor"] = list(BURST)
+    arn = pipeline.start(pipeline.input())
+    described = _promote(pipeline, arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert pipeline.training.stopped_names == []
+    assert _calls(pipeline, "Monitor")[: len(BURST) + 1] == ["TransientError"] * len(BURST) + [None]
+    _retried_within(pipeline, len(BURST))
+    assert "Record orchestration failure" not in pipeline.local.states_entered(arn)
+
+
+def test_a_monitor_that_times_out_is_invoked_again(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll(), COMPLETED]])
+    pipeline.local.faults.timeouts["Monitor"] = 3  # Lambda.Unknown: out of time (or memory), three times
+    arn = pipeline.start(pipeline.input())
+    described = _promote(pipeline, arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert pipeline.training.stopped_names == []
+    failed = [
+        e["lambdaFunctionFailedEventDetails"]
+        for e in pipeline.local.history(arn)
+        if e["type"] == "LambdaFunctionFailed"
+    ]
+    assert [f["error"] for f in failed] == ["Lambda.Unknown"] * 3
+    assert all("Task timed out after" in f["cause"] for f in failed), failed
+    _retried_within(pipeline, 3)
+
+
+def test_a_fault_that_outlasts_the_polling_budget_stops_the_job_and_names_it(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll()]])  # a job that trains until something stops it
+    pipeline.local.faults.api_errors["Monitor"] = ["ThrottlingException"] * (POLLING.attempts + 1)
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    error, cause = pipeline.error(described)
+    assert described["status"] == "FAILED" and error == "TransientError", (error, cause)
+    assert "ThrottlingException" in cause and "DescribeTrainingJob" in cause, cause
+    assert pipeline.training.stopped_names == pipeline.jobs()
+    _retried_within(pipeline, POLLING.attempts)
+
+
+def test_a_lasting_error_ends_the_run_at_once_naming_its_cause(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll()]])
+    pipeline.local.faults.api_errors["Monitor"] = ["AccessDeniedException"]
+    arn = pipeline.start(pipeline.input())
+    described = pipeline.finish(arn)
+    error, cause = pipeline.error(described)
+    assert described["status"] == "FAILED", (error, cause)
+    assert "AccessDeniedException" in cause and "DescribeTrainingJob" in cause, cause
+    assert pipeline.local.clock.retries == []  # not retried
+    assert _calls(pipeline, "Monitor") == ["ClientError"]
+    assert pipeline.training.stopped_names == pipeline.jobs()
+    (message,) = [
+        json.loads(m["Message"]) for m in pipeline.local.messages("TopicsRuns") if m["Subject"] == "Training run failed"
+    ]
+    assert message["error"] == "ClientError" and "AccessDeniedException" in json.dumps(message), message
+
+
+def test_a_burst_of_failing_calls_in_tuning_progress_is_ridden_through(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[_trial(loss) for loss in LOSSES])
+    pipeline.local.faults.api_errors["TuningProgress"] = list(BURST)
+    arn = pipeline.start(tuning_input(pipeline))
+    described = _promote(pipeline, arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert pipeline.training.stopped_names == [] and len(pipeline.jobs()) == len(LOSSES)
+    assert _calls(pipeline, "TuningProgress")[: len(BURST) + 1] == ["TransientError"] * len(BURST) + [None]
+    _retried_within(pipeline, len(BURST))
+
+
+def test_a_burst_of_failing_calls_in_the_batch_monitor_is_ridden_through(batch_factory: Any) -> None:  # noqa: F811
+    pipeline: BatchPipeline = batch_factory()
+    pipeline.local.faults.api_errors["PollBatchJob"] = list(BURST)
+    arn = pipeline.start(pipeline.batch_input())
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=240)
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert _calls(pipeline, "PollBatchJob")[: len(BURST) + 1] == ["TransientError"] * len(BURST) + [None]
+    _retried_within(pipeline, len(BURST))
+    (job,) = pipeline.batch.jobs.values()
+    assert len(job.attempts) == 1  # the job was not stopped or replaced
+
+
+def test_a_short_burst_in_another_handler_is_ridden_through(pipeline: Pipeline) -> None:
+    pipeline.local.faults.api_errors["Register"] = ["ThrottlingException", "ServiceUnavailable"]
+    arn = pipeline.start(pipeline.input())
+    described = _promote(pipeline, arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert _calls(pipeline, "Register") == ["TransientError", "TransientError", None]
+    assert len(pipeline.model_packages()) == 1

@@ -1,0 +1,82 @@
+"""Every handler classifies its errors, and every task that invokes one retries what passes within a budget."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stacks.constructs.tasks import POLLING, SHORT, TRANSIENT, RetryBudget
+from tests.support.iam import AssemblyIam, task_states
+
+
+@pytest.fixture(scope="module")
+def iam(platform: Any) -> AssemblyIam:
+    return AssemblyIam(Path(platform.assembly.directory))
+
+
+def test_every_handler_of_every_stack_classifies_its_errors(iam: AssemblyIam) -> None:
+    handlers = {
+        props["Handler"]
+        for _, _, function in iam.resources("AWS::Lambda::Function")
+        if (props := function).get("Handler", "").startswith("lambdas.")
+    }
+    assert len(handlers) >= 15, handlers
+    unclassified = []
+    for path in sorted(handlers):
+        module, _, name = path.rpartition(".")
+        if not getattr(getattr(importlib.import_module(module), name), "classified", False):
+            unclassified.append(path)
+    assert unclassified == [], "wrap these entry points in lambdas.shared.errors.classified"
+
+
+def _budget(retry: dict[str, Any]) -> RetryBudget:
+    return RetryBudget(
+        interval_seconds=retry["IntervalSeconds"],
+        backoff_rate=retry["BackoffRate"],
+        max_delay_seconds=retry["MaxDelaySeconds"],
+        attempts=retry["MaxAttempts"],
+    )
+
+
+def _handler_tasks(iam: AssemblyIam) -> list[dict[str, Any]]:
+    """The task states that invoke a platform handler and wait for its answer."""
+    handlers = {
+        iam.arn(stack, logical)
+        for stack, logical, function in iam.resources("AWS::Lambda::Function")
+        if function.get("Handler", "").startswith("lambdas.")
+    }
+    machines = [(stack, logical) for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")]
+    return [
+        state
+        for stack, logical in machines
+        for state in task_states(iam.definition(stack, logical))
+        if state["Resource"] in handlers
+    ]
+
+
+def test_every_handler_task_retries_what_passes_within_its_budget_and_nothing_else(iam: AssemblyIam) -> None:
+    tasks = _handler_tasks(iam)
+    invoked = {state["Resource"].rsplit(":", 1)[1].rstrip("0123456789ABCDEF") for state in tasks}
+    assert {"ValidateFunction", "MonitorFunction", "TuningProgressFunction", "PollBatchJobFunction"} <= invoked
+    for state in tasks:
+        (retry,) = state["Retry"]
+        assert retry["ErrorEquals"] == TRANSIENT, state
+        assert retry["JitterStrategy"] == "FULL"
+        assert _budget(retry) in (POLLING, SHORT), retry
+
+
+def test_polling_handlers_ride_through_tens_of_minutes_of_faults_and_the_others_a_few(iam: AssemblyIam) -> None:
+    checks = {
+        name: _budget(state["Retry"][0])
+        for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")
+        for name, state in iam.definition(stack, logical)["States"].items()
+        if name.startswith("Check progress")
+    }
+    # SageMaker, SageMaker (tuning), Batch: each backend's progress handler.
+    assert set(checks) == {"Check progress", "Check progress (tuning)", "Check progress (Batch)"}
+    assert set(checks.values()) == {POLLING}
+    assert POLLING.expected_seconds() >= 20 * 60 and POLLING.longest_seconds() <= 60 * 60
+    assert SHORT.expected_seconds() >= 60 and SHORT.longest_seconds() <= 5 * 60
