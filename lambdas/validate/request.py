@@ -20,8 +20,8 @@ from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
+from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
-from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.layout import split_s3_uri
@@ -264,7 +264,7 @@ def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: l
     return stopping
 
 
-def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, str]:
+def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     for key, value in request.hyperparameters.items():
         if key in TOP_LEVEL_HYPERPARAMETERS:
@@ -281,10 +281,9 @@ def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, 
     if request.model is not None:
         values["model"] = request.model
     values["distribution"] = request.distribution
-    try:
-        from_hyperparameters(values)  # the trainer's own checks, before any instance starts
-    except ConfigError as exc:
-        problems.append(f"hyperparameters: {exc}")
+    refusal = trainer_refusal(values, processes)  # the trainer's own checks, before any instance starts
+    if refusal is not None:
+        problems.append(f"hyperparameters: {refusal}")
     return values
 
 
@@ -324,7 +323,7 @@ def resolve(
         )
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
-    hyperparameters = _hyperparameters(request, problems)
+    hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
     if groups is not None and len(groups) > 1:
