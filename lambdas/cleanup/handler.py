@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import EndedRun
 from lambdas.monitor.handler import latest_checkpoint
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from training.layout import checkpoint_step, run_checkpoints, run_of, split_s3_uri
 
 logger = Logger(service="training-platform")

@@ -18,6 +18,7 @@ from lambdas.execution_state import AUXILIARY_ROLE, TRAIN_ROLE, Dataset, Instanc
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.trials import trainer_refusal, training_processes
@@ -32,9 +33,6 @@ METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
-# The tag that names the execution a training job belongs to: what stops orphaned jobs looks for, and
-# what a create step checks before it adopts a job of its own name.
-EXECUTION_TAG = "execution"
 # A run's identity: 64 bits of SHA-256 over the execution ARN and its start time. An ARN names one
 # execution only while Step Functions remembers it (names are reusable 90 days after an execution
 # ends); with its start time it is unique for the account for ever.
@@ -382,6 +380,10 @@ def resolve(
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
         tuning=tuning,
     )
+    # What the state machine will send for it, as the services check it, before anything is estimated or approved.
+    refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
+    if refused:
+        raise InvalidRequest(_format(refused))
     return resolved.model_dump(mode="json")
 
 

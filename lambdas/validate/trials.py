@@ -29,7 +29,7 @@ SMALL_INTEGER_RANGE = 32
 """An integer range of at most this many values is combined with the other ranges value by value."""
 MAX_COMBINATIONS = 4096
 """Up to this many combinations of the ranges' candidates are checked all together."""
-MAX_CHECKS = 100_000
+MAX_CHECKS = 50_000
 """The most combinations Validate puts to the trainer (a few seconds); ranges that need more are refused."""
 
 

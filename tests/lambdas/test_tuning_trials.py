@@ -13,7 +13,7 @@ import pytest
 
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import resolve
-from lambdas.validate.trials import MAX_COMBINATIONS, MAX_INTEGER_VALUES, TunedRange
+from lambdas.validate.trials import MAX_CHECKS, MAX_COMBINATIONS, MAX_INTEGER_VALUES, TunedRange
 from tests.lambdas.test_handlers import LIMITS
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "tuning.json").read_text())
@@ -159,3 +159,27 @@ def test_every_problem_is_reported_at_once() -> None:
     assert "the same trainer field optim.lr" in message
     assert "5, 7 are refused" in message
     assert "train.max_steps takes int values" in message
+
+
+def test_ranges_needing_more_checks_than_validate_makes_are_refused_with_the_count() -> None:
+    """12 ranges of 30 values: 66 pairs of 900 combinations each, past MAX_CHECKS."""
+    fields = [
+        "train.seed",
+        "eval.max_sequences",
+        "metrics.log_interval",
+        "metrics.profile_steps",
+        "metrics.profile_start_step",
+        "checkpoint.keep_last",
+        "eval.interval_steps",
+        "checkpoint.interval_steps",
+        "model.dim",
+        "model.n_layers",
+        "model.n_heads",
+        "optim.warmup_steps",
+    ]
+    ranges = {name: _categorical(*range(1, 31)) for name in fields}
+    assert MAX_CHECKS < 66 * 900
+    message = _refusal(_input(ranges, {"max_steps": 120}))
+    assert f"takes {66 * 900} combinations of tuned values, more than Validate checks ({MAX_CHECKS})" in message
+    del ranges["optim.warmup_steps"], ranges["model.n_heads"]  # 45 pairs: checked
+    resolve(_input(ranges, {"max_steps": 120}), execution_name="exec-1", limits=LIMITS)
