@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import botocore.session
 from botocore.model import Shape
 from botocore.validate import ParamValidator
 
+from lambdas.backends.batch import BATCH
 from lambdas.execution_state import TrainingRequest
+from lambdas.validate.service_models import service_model
 from training.layout import (
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
@@ -317,8 +318,7 @@ def python_pattern(java: str) -> re.Pattern[str]:
 
 @cache
 def _input_shape(service: str, operation: str) -> Shape:
-    model = botocore.session.get_session().get_service_model(service)
-    return model.operation_model(operation).input_shape
+    return service_model(service).operation_model(operation).input_shape
 
 
 def _shown(value: object) -> str:
@@ -370,7 +370,7 @@ def request_problems(request: TrainingRequest, attempts: int, deployment: Deploy
     if request.tuning is not None:
         params = create_tuning_job(request, deployment)
         found = api_problems("sagemaker", "CreateHyperParameterTuningJob", params)
-    elif request.backend == "batch":
+    elif request.backend == BATCH.name:
         found = api_problems("batch", "SubmitJob", submit_job(request, attempts, deployment))
     else:
         found = api_problems("sagemaker", "CreateTrainingJob", create_training_job(request, attempts, deployment))

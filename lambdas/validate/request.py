@@ -21,6 +21,7 @@ from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
+from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 from training.distributions import DISTRIBUTIONS
@@ -32,7 +33,8 @@ RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
 METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
-HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
+HYPERPARAMETER_KEY_LIMIT = model_limit("sagemaker", "HyperParameterKey")
+HYPERPARAMETER_VALUE_LIMIT = model_limit("sagemaker", "HyperParameterValue")
 # A run's identity: 64 bits of SHA-256 over the execution ARN and its start time. An ARN names one
 # execution only while Step Functions remembers it (names are reusable 90 days after an execution
 # ends); with its start time it is unique for the account for ever.
@@ -41,7 +43,7 @@ RUN_ID_HEX = 16
 TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
 
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-MAX_INSTANCE_GROUPS = 5  # SageMaker's limit per training job
+MAX_INSTANCE_GROUPS = model_limit("sagemaker", "InstanceGroups")  # per training job
 CHANNEL_NAMES = ("train", "validation")
 
 
@@ -269,8 +271,11 @@ def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str
             problems.append(f"hyperparameters.{key}: set `{TOP_LEVEL_HYPERPARAMETERS[key]}` at the top level instead")
             continue
         text = (str(value).lower() if isinstance(value, bool) else str(value)).strip()
-        if len(key) > 256 or len(text) > HYPERPARAMETER_VALUE_LIMIT:
-            problems.append(f"hyperparameters.{key}: keys take at most 256 characters and values 2500")
+        if len(key) > HYPERPARAMETER_KEY_LIMIT or len(text) > HYPERPARAMETER_VALUE_LIMIT:
+            problems.append(
+                f"hyperparameters.{key}: keys take at most {HYPERPARAMETER_KEY_LIMIT} characters and values "
+                f"{HYPERPARAMETER_VALUE_LIMIT}"
+            )
             continue
         values[key] = text
     if not request.checkpoints:

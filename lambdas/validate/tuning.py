@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from lambdas.execution_state import InstanceGroup, Tuning
+from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import (
     MAX_INTEGER_VALUES,
     TunedRange,
@@ -28,8 +29,8 @@ from training.metrics import METRIC_DEFINITIONS
 METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 MAX_JOBS = 100
 MAX_PARALLEL_JOBS = 10
-MAX_CATEGORICAL_VALUES = 30  # SageMaker's limit per categorical range
-TUNING_JOB_NAME_LENGTH = 32  # SageMaker's limit on HyperParameterTuningJobName
+MAX_CATEGORICAL_VALUES = model_limit("sagemaker", "ParameterValues")  # per categorical range
+TUNING_JOB_NAME_LENGTH = model_limit("sagemaker", "HyperParameterTuningJobName")
 HYPERBAND_MAX_RESOURCE = 20_000
 
 Scaling = Literal["Auto", "Linear", "Logarithmic", "ReverseLogarithmic"]
