@@ -302,6 +302,15 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | No
     return Quality(metric=gate.metric, max=gate.max, min=gate.min)
 
 
+def _check_notify(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> None:
+    unknown = sorted(set(request.notify) - set(limits.run_emails))
+    if unknown:
+        problems.append(
+            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
+            " to notifications.run_emails"
+        )
+
+
 def run_identity(execution: str, started: str) -> str:
     """The run's identity (RUN_ID_HEX hex digits) from its execution ARN and start time ($$.Execution.StartTime)."""
     return hashlib.sha256(f"{execution}\n{started}".encode()).hexdigest()[:RUN_ID_HEX]
@@ -335,12 +344,7 @@ def resolve(
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     else:
         problems.extend(limits.problems(request.backend, request))
-    unknown = sorted(set(request.notify) - set(limits.run_emails))
-    if unknown:
-        problems.append(
-            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
-            " to notifications.run_emails"
-        )
+    _check_notify(request, limits, problems)
     # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
     suffix = run_identity(execution or execution_name, started)
     tunes = tuning_backends()
