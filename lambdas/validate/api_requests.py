@@ -27,7 +27,7 @@ from botocore.validate import ParamValidator
 
 from lambdas.backends.batch import BATCH
 from lambdas.execution_state import TrainingRequest
-from lambdas.validate.service_models import service_model
+from lambdas.validate.service_models import model_limit, service_model
 from training.layout import (
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
@@ -270,7 +270,9 @@ def _batch_payload(params: dict[str, Any]) -> str | None:
     return None
 
 
-TUNING_RANGES = 30
+# "the sum of the number of hyperparameters for all the ranges can't exceed the maximum number specified" for
+# each kind of range (API_ParameterRanges): the model's bound on one list bounds all of them together.
+TUNING_RANGES = model_limit("sagemaker", "ContinuousParameterRanges")
 BATCH_PAYLOAD_BYTES = 30 * 1024
 LIMITS: tuple[Limit, ...] = (
     Limit(
