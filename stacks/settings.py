@@ -517,7 +517,7 @@ class PlatformSettings(_Model):
         limits = self.platform_limits(
             datasets_bucket=_SYNTH_DATASETS_BUCKET,
             artifacts_bucket="artifacts-bucket",
-            fsx_file_system_id="fs-synth",
+            fsx_file_system_id="fs-0123456789abcdef0",  # of the form SageMaker takes: the request is checked
             fsx_mount_name="synth",
             tags={},
             backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),),

@@ -304,6 +304,7 @@ def _hyperparameters() -> Iterator[Hyperparameter]:
 
 
 HYPERPARAMETERS: dict[str, Hyperparameter] = {hp.name: hp for hp in _hyperparameters()}
+_SECTION_TYPES: dict[str, Any] = typing.get_type_hints(JobConfig)  # resolved once: most of a parse's time otherwise
 
 
 def hyperparameter_names() -> list[str]:
@@ -391,9 +392,8 @@ def from_hyperparameters(hyperparameters: Mapping[str, object]) -> JobConfig:
             sections.setdefault(spec.section, {})[spec.field_name] = value
         else:
             top[spec.field_name] = value
-    hints = typing.get_type_hints(JobConfig)
     for section, values in sections.items():
-        top[section] = hints[section](**values)
+        top[section] = _SECTION_TYPES[section](**values)
     return JobConfig(**top)  # type: ignore[arg-type]
 
 

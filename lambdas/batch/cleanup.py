@@ -16,7 +16,7 @@ from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
 from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_checkpoints
 from lambdas.shared.errors import classified
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 
 logger = Logger(service="training-platform")

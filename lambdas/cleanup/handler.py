@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import EndedRun
 from lambdas.shared.errors import classified
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from training.layout import run_checkpoints, run_of
 from training.stored_checkpoints import list_checkpoints, newest_per_location
 

@@ -27,11 +27,13 @@ from lambdas.execution_state import (
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
+from lambdas.validate.service_models import model_limit
+from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
-from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
@@ -41,10 +43,8 @@ RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
 METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
-HYPERPARAMETER_VALUE_LIMIT = 2500  # SageMaker's limit per value
-# The tag that names the execution a training job belongs to: what stops orphaned jobs looks for, and
-# what a create step checks before it adopts a job of its own name.
-EXECUTION_TAG = "execution"
+HYPERPARAMETER_KEY_LIMIT = model_limit("sagemaker", "HyperParameterKey")
+HYPERPARAMETER_VALUE_LIMIT = model_limit("sagemaker", "HyperParameterValue")
 # A run's identity: 64 bits of SHA-256 over the execution ARN and its start time. An ARN names one
 # execution only while Step Functions remembers it (names are reusable 90 days after an execution
 # ends); with its start time it is unique for the account for ever.
@@ -53,7 +53,7 @@ RUN_ID_HEX = 16
 TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
 
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-MAX_INSTANCE_GROUPS = 5  # SageMaker's limit per training job
+MAX_INSTANCE_GROUPS = model_limit("sagemaker", "InstanceGroups")  # per training job
 CHANNEL_NAMES = ("train", "validation")
 
 
@@ -285,15 +285,18 @@ def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: l
     return stopping
 
 
-def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, str]:
+def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     for key, value in request.hyperparameters.items():
         if key in TOP_LEVEL_HYPERPARAMETERS:
             problems.append(f"hyperparameters.{key}: set `{TOP_LEVEL_HYPERPARAMETERS[key]}` at the top level instead")
             continue
         text = (str(value).lower() if isinstance(value, bool) else str(value)).strip()
-        if len(key) > 256 or len(text) > HYPERPARAMETER_VALUE_LIMIT:
-            problems.append(f"hyperparameters.{key}: keys take at most 256 characters and values 2500")
+        if len(key) > HYPERPARAMETER_KEY_LIMIT or len(text) > HYPERPARAMETER_VALUE_LIMIT:
+            problems.append(
+                f"hyperparameters.{key}: keys take at most {HYPERPARAMETER_KEY_LIMIT} characters and values "
+                f"{HYPERPARAMETER_VALUE_LIMIT}"
+            )
             continue
         values[key] = text
     if not request.checkpoints:
@@ -302,10 +305,9 @@ def _hyperparameters(request: ExecutionInput, problems: list[str]) -> dict[str, 
     if request.model is not None:
         values["model"] = request.model
     values["distribution"] = request.distribution
-    try:
-        from_hyperparameters(values)  # the trainer's own checks, before any instance starts
-    except ConfigError as exc:
-        problems.append(f"hyperparameters: {exc}")
+    refusal = trainer_refusal(values, processes)  # the trainer's own checks, before any instance starts
+    if refusal is not None:
+        problems.append(f"hyperparameters: {refusal}")
     return values
 
 
@@ -319,6 +321,15 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | No
         problems.append("quality needs exactly one of `max` (lower is better) or `min` (higher is better)")
         return None
     return Quality(metric=gate.metric, max=gate.max, min=gate.min)
+
+
+def _check_notify(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> None:
+    unknown = sorted(set(request.notify) - set(limits.run_emails))
+    if unknown:
+        problems.append(
+            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
+            " to notifications.run_emails"
+        )
 
 
 def run_identity(execution: str, started: str) -> str:
@@ -349,7 +360,7 @@ def resolve(
         )
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
-    hyperparameters = _hyperparameters(request, problems)
+    hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
     if groups is not None and len(groups) > 1:
@@ -358,12 +369,7 @@ def resolve(
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     else:
         problems.extend(limits.problems(request.backend, request))
-    unknown = sorted(set(request.notify) - set(limits.run_emails))
-    if unknown:
-        problems.append(
-            f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
-            " to notifications.run_emails"
-        )
+    _check_notify(request, limits, problems)
     # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
     suffix = run_identity(execution or execution_name, started)
     tunes = tuning_backends()
@@ -423,6 +429,10 @@ def resolve(
         tuning=tuning,
         resume_from=continuation,
     )
+    # What the state machine will send for it, as the services check it, before anything is estimated or approved.
+    refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
+    if refused:
+        raise InvalidRequest(_format(refused))
     return resolved.model_dump(mode="json")
 
 

@@ -1,8 +1,8 @@
 """The execution input's `tuning` key, and its resolution into SageMaker's HyperParameterTuningJobConfig.
 
-Every range names a hyperparameter the trainer knows, and both of its ends (every value, for a
-categorical range) pass the trainer's own config checks with the run's fixed hyperparameters, so
-no trial can fail on a value the tuning job was allowed to pick.
+Every range names a trainer field no other key sets (aliases included), gives values of the field's type, and
+every trial the tuning job may pick passes the trainer's own checks with the run's fixed hyperparameters and
+cluster (lambdas/validate/trials.py says which combinations that takes), so no trial can fail on its values.
 """
 
 from __future__ import annotations
@@ -13,14 +13,24 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from lambdas.execution_state import InstanceGroup, Tuning
-from training.config import ConfigError, from_hyperparameters
+from lambdas.validate.service_models import model_limit
+from lambdas.validate.trials import (
+    MAX_INTEGER_VALUES,
+    TunedRange,
+    field_type_problem,
+    integer_values,
+    refused_alone,
+    refused_together,
+    trainer_field,
+    training_processes,
+)
 from training.metrics import METRIC_DEFINITIONS
 
 METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 MAX_JOBS = 100
 MAX_PARALLEL_JOBS = 10
-MAX_CATEGORICAL_VALUES = 30  # SageMaker's limit per categorical range
-TUNING_JOB_NAME_LENGTH = 32  # SageMaker's limit on HyperParameterTuningJobName
+MAX_CATEGORICAL_VALUES = model_limit("sagemaker", "ParameterValues")  # per categorical range
+TUNING_JOB_NAME_LENGTH = model_limit("sagemaker", "HyperParameterTuningJobName")
 HYPERBAND_MAX_RESOURCE = 20_000
 
 Scaling = Literal["Auto", "Linear", "Logarithmic", "ReverseLogarithmic"]
@@ -102,29 +112,42 @@ def _bounds(where: str, spec: RangeInput) -> str | None:  # noqa: PLR0911 - one 
     return None
 
 
-def _check_range(name: str, spec: RangeInput, fixed: dict[str, str], problems: list[str]) -> dict[str, object] | None:
-    """The range as SageMaker takes it, or None (with the problems) if it is not valid."""
+def _check_range(
+    name: str, spec: RangeInput, fixed: dict[str, str], processes: int, problems: list[str]
+) -> tuple[dict[str, object], TunedRange] | None:
+    """The range as SageMaker takes it and as Validate checks it, or None (with the problems) if it is not valid."""
     where = f"tuning.ranges.{name}"
     sagemaker: dict[str, object]
+    problem = field_type_problem(where, name, spec.type)
+    if problem is not None:
+        problems.append(problem)
+        return None
     if spec.type == "categorical":
         values = _categorical(where, spec, problems)
         if values is None:
             return None
         sagemaker = {"Name": name, "Values": values}
+        tuned = TunedRange(name, tuple(values))
     else:
         problem = _bounds(where, spec)
         if problem is not None:
             problems.append(problem)
             return None
-        values = [_text(spec.min), _text(spec.max)]
-        sagemaker = {"Name": name, "MinValue": values[0], "MaxValue": values[1], "ScalingType": spec.scaling}
-    for value in values:
-        try:
-            from_hyperparameters({**fixed, name: value})  # the trainer's own checks, as each trial will run them
-        except ConfigError as exc:
-            problems.append(f"{where}: {value} is refused by the trainer: {exc}")
+        ends = (_text(spec.min), _text(spec.max))
+        sagemaker = {"Name": name, "MinValue": ends[0], "MaxValue": ends[1], "ScalingType": spec.scaling}
+        every = integer_values(int(ends[0]), int(ends[1])) if spec.type == "integer" else ends
+        if every is None:
+            problems.append(
+                f"{where}: {spec.min} to {spec.max} is more than the {MAX_INTEGER_VALUES} values Validate checks one "
+                "by one (the trainer's rules may refuse values between accepted ends); narrow it"
+            )
             return None
-    return sagemaker
+        tuned = TunedRange(name, every, integer=spec.type == "integer")
+    problem = refused_alone(where, tuned, fixed, processes)  # the trainer's own checks, as each trial will run them
+    if problem is not None:
+        problems.append(problem)
+        return None
+    return sagemaker, tuned
 
 
 def _strategy(tuning: TuningInput, problems: list[str]) -> dict[str, object]:
@@ -186,19 +209,36 @@ def resolve_tuning(
         "IntegerParameterRanges": [],
         "CategoricalParameterRanges": [],
     }
+    processes = training_processes(groups)
+    fields = {trainer_field(key): key for key in given} | {trainer_field(key): key for key in top_level}
+    platform = {trainer_field(key): key for key in fixed}
+    tuned: list[TunedRange] = []
     for name, spec in tuning.ranges.items():
+        field = trainer_field(name)
         if name in top_level:
             problems.append(f"tuning.ranges.{name}: `{top_level[name]}` is set at the top level and is not tuned")
             continue
-        if name in given:
-            problems.append(f"tuning.ranges.{name}: also fixed in `hyperparameters`; tune it or fix it, not both")
+        if field in fields and fields[field] in given:
+            also = fields[field]
+            same = "" if also == name else f" (as {also!r}, the same trainer field {field})"
+            problems.append(f"tuning.ranges.{name}: also fixed in `hyperparameters`{same}; tune it or fix it, not both")
             continue
-        if name in fixed:  # e.g. checkpoint intervals when `checkpoints` is false
-            problems.append(f"tuning.ranges.{name}: set to {fixed[name]} for this request by the platform; not tunable")
+        if field in fields:
+            problems.append(
+                f"tuning.ranges.{name}: the same trainer field {field} as tuning.ranges.{fields[field]}; keep one"
+            )
             continue
-        resolved = _check_range(name, spec, fixed, problems)
+        if field in platform:  # e.g. checkpoint intervals when `checkpoints` is false
+            problems.append(
+                f"tuning.ranges.{name}: set to {fixed[platform[field]]} for this request by the platform; not tunable"
+            )
+            continue
+        fields[field] = name
+        resolved = _check_range(name, spec, fixed, processes, problems)
         if resolved is not None:
-            ranges[f"{spec.type.title()}ParameterRanges"].append(resolved)
+            ranges[f"{spec.type.title()}ParameterRanges"].append(resolved[0])
+            tuned.append(resolved[1])
+    problems.extend(refused_together(tuned, fixed, processes))
     if tuning.objective.metric not in METRIC_NAMES:
         problems.append(
             f"tuning.objective.metric {tuning.objective.metric!r} is not reported by the trainer; use one of "

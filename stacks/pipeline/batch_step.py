@@ -25,7 +25,7 @@ from constructs import Construct
 from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from lambdas.shared.catalog import instance_type
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard

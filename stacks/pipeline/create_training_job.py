@@ -20,6 +20,7 @@ from constructs import Construct
 
 from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
+from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
@@ -37,8 +38,6 @@ from training.layout import (
 )
 from training.metrics import METRIC_DEFINITIONS
 
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
 # Retried with backoff: throttling and SageMaker's unmodelled transient errors.
 TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
 
@@ -210,7 +209,7 @@ class DistributedTrainingJob(Construct):
             },
             "EnableInterContainerTrafficEncryption": self.inter_container_encryption,
             "EnableNetworkIsolation": self.network_isolation,
-            "RetryStrategy": {"MaximumRetryAttempts": 2},
+            "RetryStrategy": {"MaximumRetryAttempts": MAX_RETRY_ATTEMPTS},
             "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/{PROFILER}"},
             "TensorBoardOutputConfig": {
                 "LocalPath": TENSORBOARD_LOCAL_PATH,

@@ -37,7 +37,7 @@ from constructs import Construct
 
 from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, invoke

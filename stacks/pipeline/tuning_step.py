@@ -10,8 +10,6 @@ conditions on CreateHyperParameterTuningJob repeat the ones on CreateTrainingJob
 
 from __future__ import annotations
 
-from typing import Any
-
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
@@ -20,6 +18,7 @@ from constructs import Construct
 
 from lambdas.execution_state import ERROR, REQUEST, TRAIN
 from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.validate.api_requests import training_job_definition
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
@@ -37,37 +36,9 @@ from stacks.pipeline.polled_job import (
 from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import StepChoice, TrainingStep
 
-# CreateTrainingJob fields a tuning job's definition does not take: the tuning job names and tags its
-# trials, and SageMaker's profiler, TensorBoard and warm-pool settings are not part of the definition.
-_NOT_IN_DEFINITION = ("TrainingJobName", "Tags", "ProfilerConfig", "TensorBoardOutputConfig")
-_RENAMED = {"HyperParameters": "StaticHyperParameters"}
-_ALGORITHM_KEYS = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
-_RESOURCE_KEYS_DROPPED = ("KeepAlivePeriodInSeconds",)
-
 NAMES = StepNames(
     label="tuning", not_created_error="TuningJobNotCreated", succeeded_comment="$.job holds the best trial"
 )
-
-
-def _key(name: str) -> str:
-    return name.removesuffix(".$")
-
-
-def training_job_definition(create_parameters: dict[str, Any]) -> dict[str, Any]:
-    """HyperParameterTrainingJobDefinition from the single job's CreateTrainingJob parameters."""
-    definition: dict[str, Any] = {}
-    for name, value in create_parameters.items():
-        key = _key(name)
-        if key in _NOT_IN_DEFINITION:
-            continue
-        suffix = name[len(key) :]
-        kept = value
-        if key == "AlgorithmSpecification":
-            kept = {k: v for k, v in value.items() if _key(k) in _ALGORITHM_KEYS}
-        elif key == "ResourceConfig":
-            kept = {k: v for k, v in value.items() if _key(k) not in _RESOURCE_KEYS_DROPPED}
-        definition[_RENAMED.get(key, key) + suffix] = kept
-    return definition
 
 
 class SageMakerTuning(Construct):

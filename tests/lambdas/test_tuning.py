@@ -79,7 +79,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (
         "an end the trainer refuses",
         {"tuning_ranges": {"optim.warmup_steps": {"type": "integer", "min": -5, "max": 9}}},
-        "-5 is refused by the trainer",
+        "-5, -4, -3, -2, -1 are refused by the trainer",
     ),
     (
         "a categorical value the trainer refuses",

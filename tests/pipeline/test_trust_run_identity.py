@@ -18,7 +18,7 @@ from moto.sagemaker.exceptions import SagemakerClientError
 from moto.sagemaker.responses import SageMakerResponse
 
 from lambdas.validate import request as request_module
-from lambdas.validate.request import EXECUTION_TAG
+from lambdas.validate.api_requests import EXECUTION_TAG
 from localrun.cfn import REGION
 from localrun.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline

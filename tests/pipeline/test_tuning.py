@@ -203,7 +203,7 @@ def test_aborting_a_run_stops_its_tuning_job_and_trials(pipeline_factory: Any) -
         ({"ranges": {"max_steps": {"type": "integer", "min": 1, "max": 9}}}, "also fixed in `hyperparameters`"),
         (
             {"ranges": {"optim.warmup_steps": {"type": "integer", "min": -5, "max": 9}}},
-            "tuning.ranges.optim.warmup_steps: -5 is refused by the trainer",
+            "tuning.ranges.optim.warmup_steps: -5, -4, -3, -2, -1 are refused by the trainer",
         ),
         ({"objective": {"metric": "accuracy"}}, "'accuracy' is not reported"),
         ({"max_parallel_jobs": 5, "max_jobs": 2}, "exceeds max_jobs 2"),

@@ -1,0 +1,151 @@
+"""What Validate checks is what the state machine sends: the requests Validate builds equal the ones the local
+platform's state machine sends to SageMaker and AWS Batch, and an input those services would refuse ends at
+Validate, before any estimate or gate, with nothing created."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import pytest
+from botocore.client import BaseClient
+
+from lambdas.execution_state import TrainingRequest
+from lambdas.validate.api_requests import (
+    EXECUTION_TAG,
+    PLACEHOLDERS,
+    TUNING_RANGES,
+    Deployment,
+    api_problems,
+    create_training_job,
+    create_tuning_job,
+    submit_job,
+)
+from lambdas.validate.trials import trainer_field
+from tests.pipeline.conftest import Pipeline
+from tests.pipeline.test_batch import batch_factory  # noqa: F401 - the fixture, used by name
+from tests.pipeline.test_tuning import TUNING
+from training.config import HYPERPARAMETERS
+from training.layout import CHECKPOINTS_ENV, OUTPUT_ENV, split_s3_uri
+
+SENT = {"CreateTrainingJob": "sagemaker", "CreateHyperParameterTuningJob": "sagemaker", "SubmitJob": "batch"}
+
+
+@contextmanager
+def sent_requests() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every create or submit call, with the parameters the SDK call received (as the state machine sent them)."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    original = BaseClient._make_api_call
+
+    def record(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        if operation in SENT:
+            sent.append((operation, copy.deepcopy(params)))
+        return original(client, operation, params)
+
+    with mock.patch.object(BaseClient, "_make_api_call", record):
+        yield sent
+
+
+def _validated(pipeline: Pipeline) -> TrainingRequest:
+    (result,) = [c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.validate.")]
+    return TrainingRequest.parse(result["validation"]["request"])
+
+
+def _sagemaker_constants(params: dict[str, Any]) -> Deployment:
+    """The deployment's constants as the state machine's definition holds them (not the request's fields)."""
+    return Deployment(
+        role_arn=params["RoleArn"],
+        training_image=params["AlgorithmSpecification"]["TrainingImage"],
+        key_arn=params["OutputDataConfig"]["KmsKeyId"],
+        subnet=params["VpcConfig"]["Subnets"][0],
+        security_group=params["VpcConfig"]["SecurityGroupIds"][0],
+        checkpoints_bucket=split_s3_uri(params["CheckpointConfig"]["S3Uri"])[0],
+        artifacts_bucket=split_s3_uri(params["OutputDataConfig"]["S3OutputPath"])[0],
+        inter_container_encryption=params["EnableInterContainerTrafficEncryption"],
+        network_isolation=params["EnableNetworkIsolation"],
+        job_queue=PLACEHOLDERS.job_queue,
+        job_definition=PLACEHOLDERS.job_definition,
+        execution=PLACEHOLDERS.execution,
+    )
+
+
+def _wait_for(pipeline: Pipeline, arn: str, sent: list[Any], operation: str) -> dict[str, Any]:
+    pipeline.local.wait(arn, 60, until=lambda: any(o == operation for o, _ in sent))
+    (params,) = [p for o, p in sent if o == operation]
+    return params
+
+
+def test_validate_builds_the_single_job_and_the_tuning_job_the_state_machine_sends(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory()
+    with sent_requests() as sent:
+        arn = pipeline.start(pipeline.input(), name="single")
+        created = _wait_for(pipeline, arn, sent, "CreateTrainingJob")
+        request = _validated(pipeline)
+        assert created == create_training_job(request, 1, _sagemaker_constants(created))
+        assert api_problems("sagemaker", "CreateTrainingJob", created) == []
+
+        pipeline.local.lambda_calls.clear()
+        arn = pipeline.start(pipeline.input(hyperparameters={"max_steps": 100}, tuning=TUNING), name="tuned")
+        tuning = _wait_for(pipeline, arn, sent, "CreateHyperParameterTuningJob")
+        request = _validated(pipeline)
+        constants = _sagemaker_constants(
+            {**tuning["TrainingJobDefinition"], "CheckpointConfig": created["CheckpointConfig"]}
+        )
+        assert tuning == create_tuning_job(request, constants)
+        assert api_problems("sagemaker", "CreateHyperParameterTuningJob", tuning) == []
+
+
+def test_validate_builds_the_batch_job_the_state_machine_submits(batch_factory: Any) -> None:  # noqa: F811
+    pipeline = batch_factory(no_capacity_for=3)  # the job waits for instances: no node starts
+    with sent_requests() as sent:
+        arn = pipeline.start(pipeline.batch_input())
+        submitted = _wait_for(pipeline, arn, sent, "SubmitJob")
+    pipeline.local.sfn.stop_execution(executionArn=arn)
+    environment = {
+        e["name"]: e["value"]
+        for e in submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["environment"]
+    }
+    constants = Deployment(
+        **{
+            **PLACEHOLDERS.__dict__,
+            "checkpoints_bucket": split_s3_uri(environment[CHECKPOINTS_ENV])[0],
+            "artifacts_bucket": split_s3_uri(environment[OUTPUT_ENV])[0],
+            "job_queue": submitted["jobQueue"],
+            "job_definition": submitted["jobDefinition"],
+            "execution": arn,
+        }
+    )
+    assert submitted["tags"][EXECUTION_TAG] == arn
+    assert submitted == submit_job(_validated(pipeline), 1, constants)
+    assert api_problems("batch", "SubmitJob", submitted) == []
+
+
+def _too_many_ranges(pipeline: Pipeline) -> dict[str, Any]:
+    fixed = {trainer_field(key) for key in pipeline.input()["hyperparameters"]} | {"model.name", "distribution"}
+    fields = [spec for name, spec in HYPERPARAMETERS.items() if name not in fixed and spec.default != ""]
+    return {spec.name: {"type": "categorical", "values": [spec.default]} for spec in fields[: TUNING_RANGES + 1]}
+
+
+@pytest.mark.parametrize("case", ["31 ranges", "a 308-character categorical value"])
+def test_an_input_sagemaker_would_refuse_ends_at_validate(pipeline: Pipeline, case: str) -> None:
+    if case == "31 ranges":
+        ranges, hint = _too_many_ranges(pipeline), f"{TUNING_RANGES + 1} ranges"
+    else:
+        factory = "models." + "m" * 289 + ":build_model"
+        ranges, hint = (
+            {"model.factory": {"type": "categorical", "values": [factory]}},
+            "has 308 characters; at most 256",
+        )
+    assert len(ranges) in (1, TUNING_RANGES + 1)
+    with sent_requests() as sent:
+        arn = pipeline.start(pipeline.input(tuning={**TUNING, "ranges": ranges}), name="over-limit")
+        described = pipeline.finish(arn)
+    error, cause = pipeline.error(described)
+    states = pipeline.local.states_entered(arn)
+    assert (described["status"], error, states[-1]) == ("FAILED", "InvalidRequest", "Request rejected")
+    assert hint in cause, cause
+    assert not [s for s in states if "gate" in s.lower() or "estimate" in s.lower()], states
+    assert sent == [] and pipeline.local.tuning.jobs == {} and pipeline.jobs() == []
