@@ -11,6 +11,9 @@ SETUP_STAMP := $(VENV)/.setup-done
 # jsii prints a banner on every start because this machine's Node.js 20 is past end of life.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 NODE_STAMP := node_modules/.setup-done
+# CONTEXT='{"approvers": ["arn:aws:iam::123456789012:role/MLLead"]}': settings merged over cdk.json's
+# `platform` object by every synth (synth, deploy, diff, review, demo), read by stacks/settings.py.
+export PLATFORM_CONTEXT := $(CONTEXT)
 
 .PHONY: help setup synth test lint typecheck unit deploy diff review demo constraints clean
 
@@ -54,8 +57,8 @@ diff: setup  ## cdk diff against a deployed platform (needs AWS credentials).
 review: setup  ## Offline change review of the working tree against BASE (default origin/main, else main): review.md.
 	$(PY) -m tools.review $(if $(BASE),--base '$(BASE)',) --output review.md
 
-deploy: setup  ## cdk deploy --all (needs AWS credentials and a bootstrapped account).
-	$(CDK) deploy --all --require-approval broadening
+deploy: setup  ## cdk deploy --all (needs AWS credentials, a bootstrapped account and named approvers; CONTEXT=).
+	$(CDK) deploy --all --require-approval broadening -c platform:deploy=true
 
 demo: setup  ## The whole pipeline, run locally: synth, state machine in moto, real training (INPUT=, ARGS=).
 	$(PY) -m localrun.demo $(if $(INPUT),--input $(INPUT),) $(ARGS)

@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import App, Environment, Tags, Validations, cx_api
+from aws_cdk import Annotations, App, Environment, Tags, Validations, cx_api
 from cdk_nag import AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks
 
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.pipeline_stack import PipelineStack
-from stacks.settings import PlatformSettings, SettingsError, settings_from_context
+from stacks.settings import OVERRIDES_VARIABLE, PlatformSettings, SettingsError, settings_from_context
 
 
 class Platform:
@@ -57,6 +57,12 @@ class Platform:
             description="Training platform: training pipeline (state machine, approvals, budget, alarms)",
         )
         self.stacks = (self.network, self.data, self.image, self.pipeline)
+        if settings.approvers and not settings.notifications.approval_emails:
+            Annotations.of(self.pipeline).add_warning_v2(
+                "platform:no-approval-email",
+                "approvers are named but notifications.approval_emails is empty: approvers learn of a pending "
+                "decision (and its decision URL) only from the pipeline's outputs or the console",
+            )
 
         tags = Tags.of(app)
         tags.add("platform", "distributed-training")
@@ -73,9 +79,14 @@ class Platform:
 
 
 def build_platform(
-    context: Mapping[str, Any] | None = None, outdir: str | None = None, *, revision: str | None = None
+    context: Mapping[str, Any] | None = None,
+    outdir: str | None = None,
+    *,
+    revision: str | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> Platform:
-    """A fresh App from cdk.json-style context (tests pass their own; app.py passes none)."""
+    """A fresh App from cdk.json-style context (tests pass their own; app.py passes none), with
+    PLATFORM_CONTEXT's settings (make's CONTEXT=) merged over cdk.json's."""
     # cfn-lint itself checks every template (make synth, make test); CDK's built-in port of its
     # rules would repeat that and double the synth time.
     app = App(
@@ -83,7 +94,7 @@ def build_platform(
         outdir=outdir,
         builtin_cloud_formation_validation=False,
     )
-    settings = settings_from_context(app.node.get_all_context())
+    settings = settings_from_context(app.node.get_all_context(), environ.get(OVERRIDES_VARIABLE))
     return Platform(app, settings, revision=revision or platform_revision())
 
 

@@ -1,6 +1,7 @@
 """The platform's settings: one typed, validated object, built once in app.py.
 
-Sources, later ones winning: the `platform` object in cdk.json's context, then `-c key=value`
+Sources, later ones winning: the `platform` object in cdk.json's context, then the JSON object in
+the PLATFORM_CONTEXT environment variable (make's `CONTEXT='{"stage": "prod"}'`), then `-c key=value`
 overrides on the CDK command line whose key is a dotted settings path
 (`-c stage=prod -c network.nat_gateways=1 -c notifications.alarm_emails='["a@b.org"]'`).
 Any invalid value stops synth with a message naming the key, the value and what is allowed.
@@ -483,16 +484,16 @@ class PlatformSettings(_Model):
             raise ValueError(f"must be IAM role/user ARNs (arn:aws:iam::123456789012:role/Name); bad: {bad}")
         return value
 
-    @model_validator(mode="after")
-    def _gates_can_be_decided(self) -> PlatformSettings:
+    def require_deployable(self) -> None:
+        """Refuse a deploy whose approval gates no one could decide (synth and review accept it)."""
         if not self.approvers:
-            raise ValueError(
+            raise SettingsError(
                 "approvers is empty, but every run reaches the promotion gate (and runs estimated above "
                 "pipeline.approval_threshold_usd the launch gate): no decision could be made and every run would "
                 "time out. Name the IAM roles or users who decide, e.g. "
+                'CONTEXT=\'{"approvers": ["arn:aws:iam::123456789012:role/MLLead"]}\' make deploy, '
                 "-c approvers='[\"arn:aws:iam::123456789012:role/MLLead\"]' or cdk.json's platform.approvers"
             )
-        return self
 
     @model_validator(mode="after")
     def _retrain_templates_run(self) -> PlatformSettings:
@@ -646,22 +647,59 @@ def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def settings_from_context(context: Mapping[str, Any]) -> PlatformSettings:
-    """Settings from the CDK context: cdk.json's `platform` object plus `-c dotted.key=value` overrides.
+# The environment variable `make` fills from CONTEXT='{...}': a JSON object merged over cdk.json's
+# `platform` object (before `-c` overrides), read by every synth (make synth, deploy, review, demo).
+OVERRIDES_VARIABLE = "PLATFORM_CONTEXT"
+# The context flag `make deploy` sets: only a deploy refuses settings no one could operate.
+DEPLOY_FLAG = "platform:deploy"
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = _merge(below, value) if isinstance(below, Mapping) and isinstance(value, Mapping) else value
+    return merged
+
+
+def parse_overrides(raw: str | None) -> dict[str, Any]:
+    """The JSON object of PLATFORM_CONTEXT (make's CONTEXT=); empty when unset."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        loaded = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{OVERRIDES_VARIABLE} (make's CONTEXT=) is not JSON ({exc}): {raw!r}") from None
+    if not isinstance(loaded, dict):
+        raise SettingsError(
+            f"{OVERRIDES_VARIABLE} (make's CONTEXT=) must be a JSON object of settings, "
+            f'e.g. CONTEXT=\'{{"stage": "prod"}}\'; got {raw!r}'
+        )
+    return loaded
+
+
+def settings_from_context(context: Mapping[str, Any], overrides: str | None = None) -> PlatformSettings:
+    """Settings from the CDK context: cdk.json's `platform` object, the JSON object `overrides`
+    (PLATFORM_CONTEXT) merged over it, then `-c dotted.key=value` overrides.
 
     Keys that are not settings paths are CDK's own (feature flags, `aws:cdk:*`) and are ignored,
-    unless one is a near miss of a settings path: a typo must not be silently dropped.
+    unless one is a near miss of a settings path: a typo must not be silently dropped. With the
+    context flag `platform:deploy` set (make deploy), settings no one could operate are refused.
     """
     base = context.get("platform") or {}
     if not isinstance(base, Mapping):
         raise SettingsError("cdk.json context 'platform' must be an object of settings")
-    overrides: dict[str, Any] = {}
+    base = _merge(base, parse_overrides(overrides))
+    dotted: dict[str, Any] = {}
     for key, value in context.items():
         if key == "platform" or ":" in key or key.startswith("@"):
             continue
         if key in SETTING_PATHS or key in _SECTIONS or difflib.get_close_matches(key, SETTING_PATHS, n=1):
-            overrides[key] = value
-    return build_settings(base, overrides)
+            dotted[key] = value
+    settings = build_settings(base, dotted)
+    if str(context.get(DEPLOY_FLAG, "")).lower() in ("true", "1"):
+        settings.require_deployable()
+    return settings
 
 
 def build_settings(base: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> PlatformSettings:

@@ -225,3 +225,13 @@ def test_the_register_function_records_the_revision_it_was_given(platform: Any) 
         for props in (r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function")
     } - {None}
     assert revisions == {os.environ["PLATFORM_REVISION"]}
+
+
+def _warnings(stack: Any) -> list[str]:
+    return [str(entry.data) for entry in stack.node.metadata if entry.type == "aws:cdk:warning"]
+
+
+def test_approvers_without_an_approval_email_warn_at_synth(platform: Any, tmp_path: Path) -> None:
+    assert not any("approval_emails" in w for w in _warnings(platform.pipeline))
+    built = build_platform(cdk_context(), outdir=str(tmp_path))  # an approver, no approval e-mail
+    assert [w for w in _warnings(built.pipeline) if "notifications.approval_emails is empty" in w]

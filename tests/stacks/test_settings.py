@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from stacks.constructs.logs import _RETENTION
 from stacks.settings import (
+    DEPLOY_FLAG,
     LOG_RETENTION_DAYS,
     PlatformSettings,
     SettingsError,
@@ -22,9 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = cdk_context()["platform"]
 
 
-def test_cdk_json_needs_approvers_named_and_is_otherwise_valid() -> None:
-    with pytest.raises(SettingsError, match=r"approvers is empty.*every run would time out.*-c approvers="):
-        settings_from_context(cdk_context(approvers=[]))
+def test_cdk_json_is_valid() -> None:
     settings = settings_from_context(cdk_context())
     assert isinstance(settings, PlatformSettings)
     assert settings.account is None and settings.region is None  # environment-agnostic synth
@@ -173,3 +173,26 @@ def test_readme_settings_table_is_current() -> None:
     assert table in readme, "README.md's settings table is stale: regenerate with `python -m stacks.settings`"
     for path in re.findall(r"^\| `([^`]+)` \|", table, flags=re.M):
         assert f"`{path}`" in readme
+
+
+def test_shipped_settings_synthesize_and_only_a_deploy_needs_approvers() -> None:
+    shipped = cdk_context(approvers=[])
+    assert settings_from_context(shipped).approvers == []
+    with pytest.raises(SettingsError, match=r"approvers is empty.*every run would time out.*CONTEXT="):
+        settings_from_context({**shipped, DEPLOY_FLAG: "true"})
+    assert settings_from_context({**cdk_context(), DEPLOY_FLAG: "true"}).approvers
+
+
+def test_context_json_merges_over_cdk_json_before_dotted_overrides() -> None:
+    overrides = json.dumps({"stage": "prod", "network": {"nat_gateways": 1}, "approvers": []})
+    settings = settings_from_context({**cdk_context(), "stage": "qa"}, overrides)
+    assert settings.stage == "qa"  # -c wins over CONTEXT
+    assert settings.network.nat_gateways == 1
+    assert settings.network.vpc_cidr == BASE["network"]["vpc_cidr"]  # merged, not replaced
+    assert settings.approvers == []
+    with pytest.raises(SettingsError, match=r"PLATFORM_CONTEXT .*must be a JSON object"):
+        settings_from_context(cdk_context(), '["prod"]')
+    with pytest.raises(SettingsError, match=r"PLATFORM_CONTEXT .*not JSON"):
+        settings_from_context(cdk_context(), "{stage: prod}")
+    with pytest.raises(SettingsError, match=r"network.nat_gatways: unknown setting \(did you mean"):
+        settings_from_context(cdk_context(), '{"network": {"nat_gatways": 1}}')
