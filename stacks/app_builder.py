@@ -14,6 +14,7 @@ from cdk_nag import AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
+from stacks.outputs import pipeline_stack_name
 from stacks.pipeline_stack import PipelineStack
 from stacks.settings import OVERRIDES_VARIABLE, PlatformSettings, SettingsError, settings_from_context
 
@@ -47,7 +48,7 @@ class Platform:
         )
         self.pipeline = PipelineStack(
             app,
-            f"{prefix}-pipeline",
+            pipeline_stack_name(prefix),
             settings=settings,
             network=self.network,
             data=self.data,

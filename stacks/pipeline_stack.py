@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from aws_cdk import Duration, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
@@ -22,6 +22,7 @@ from constructs import Construct
 from lambdas.backends.sagemaker import SAGEMAKER
 from lambdas.execution_state import CLEANUP, FAILURE
 from lambdas.shared.metrics import Metric
+from stacks import outputs
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
 from stacks.constructs.dashboard import PlatformDashboard, platform_metric
 from stacks.constructs.execution_key import ExecutionDataKey
@@ -30,6 +31,7 @@ from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknow
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
+from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.continuation import Continuation
@@ -102,7 +104,24 @@ class PipelineStack(Stack):
             )
             dead_letters.update(retrain.dead_letters)
         self._cost_controls(settings, context, validator=intake.validate.role)
-        self._monitoring(settings, context, dead_letters)
+        dashboard = self._monitoring(settings, context, dead_letters)
+        self._outputs(dashboard)
+
+    def _outputs(self, dashboard: PlatformDashboard) -> None:
+        """What a person or a tool finds a deployed stage by; the keys are stacks/outputs.py's."""
+        region = self.region
+        values = {
+            outputs.STATE_MACHINE_ARN: self.state_machine.state_machine_arn,
+            outputs.DECISION_URL: self.approval.url.url,
+            outputs.DATASETS_BUCKET: self.context.datasets.bucket_name,
+            outputs.ARTIFACTS_BUCKET: self.context.artifacts.bucket_name,
+            outputs.DASHBOARD_URL: f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}"
+            f"#dashboards:name={dashboard.dashboard.dashboard_name}",
+            outputs.TRAINING_LOG_GROUP: SAGEMAKER_TRAINING_LOG_GROUP,
+        }
+        for key, description in outputs.OUTPUTS.items():
+            # The template's output key is the pinned name; the construct ID only has to be unique.
+            CfnOutput(self, f"Output{key}", value=values[key], description=description).override_logical_id(key)
 
     def _grant_state_machine(self, context: PipelineContext, training: TrainingStep, packages: str) -> None:
         self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
@@ -134,7 +153,7 @@ class PipelineStack(Stack):
 
     def _monitoring(
         self, settings: PlatformSettings, context: PipelineContext, dead_letters: dict[str, sqs.IQueue]
-    ) -> None:
+    ) -> PlatformDashboard:
         """Alarms and a dashboard over the state machine and every handler."""
         functions: dict[str, lambda_.IFunction] = {
             **{name: fn.function for name, fn in context.functions.items()},
@@ -163,7 +182,7 @@ class PipelineStack(Stack):
                 ),
             },
         )
-        PlatformDashboard(
+        return PlatformDashboard(
             self, "Dashboard", name=settings.name_prefix, state_machine=self.state_machine, functions=functions
         )
 
@@ -189,6 +208,8 @@ class PipelineStack(Stack):
         return sfn.StateMachine(
             self,
             "TrainingPipeline",
+            # Named: the console user who starts a run finds it by this name.
+            state_machine_name=context.settings.name_prefix,
             definition_body=sfn.DefinitionBody.from_chainable(definition),
             comment="Validate -> estimate -> approve -> train (create + poll) -> evaluate -> register -> promote",
             timeout=Duration.hours(min(hours, 365 * 24)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
 from lambdas.shared.env import HandlerEnvironment
-from tests.support.templates import logical_id, resources, template
+from stacks import outputs
+from tests.support.templates import get_att, logical_id, resources, template
 
 
 def test_an_execution_that_ends_badly_stops_its_jobs(platform: Any) -> None:
@@ -109,3 +111,25 @@ def test_every_handler_reads_the_environment_its_stack_gives_it(platform: Any, m
             for name, value in variables.items():
                 env.setenv(name, value if isinstance(value, str) else "resolved-at-deploy")  # a Ref, a GetAtt
             model.from_environ()
+
+
+def test_the_pipeline_outputs_what_a_deployed_stage_is_found_by(platform: Any) -> None:
+    pipeline = template(platform, platform.pipeline)
+    found = pipeline.find_outputs("*")
+    assert sorted(found) == sorted(outputs.OUTPUTS)
+    machine = logical_id(platform, platform.pipeline, "AWS::StepFunctions::StateMachine", "")
+    assert found[outputs.STATE_MACHINE_ARN]["Value"] == {"Ref": machine}
+    pipeline.has_resource_properties("AWS::StepFunctions::StateMachine", {"StateMachineName": "training-platform-dev"})
+    url = logical_id(platform, platform.pipeline, "AWS::Lambda::Url", "")
+    assert found[outputs.DECISION_URL]["Value"] == get_att(url, "FunctionUrl")
+    board = logical_id(platform, platform.pipeline, "AWS::CloudWatch::Dashboard", "")
+    dashboard = json.dumps(found[outputs.DASHBOARD_URL]["Value"])
+    assert "cloudwatch/home?region=" in dashboard and "#dashboards:name=" in dashboard and board in dashboard
+    assert found[outputs.TRAINING_LOG_GROUP]["Value"] == "/aws/sagemaker/TrainingJobs"
+    names = [
+        json.dumps(b["Properties"]["BucketName"])
+        for b in resources(platform, platform.data, "AWS::S3::Bucket").values()
+    ]
+    for key, purpose in ((outputs.DATASETS_BUCKET, "datasets"), (outputs.ARTIFACTS_BUCKET, "artifacts")):
+        value = json.dumps(found[key]["Value"])
+        assert f"-{purpose}-" in value and value in names  # the data stack's own bucket, by its name
