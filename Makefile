@@ -15,7 +15,7 @@ NODE_STAMP := node_modules/.setup-done
 # `platform` object by every synth (synth, deploy, diff, review, demo), read by stacks/settings.py.
 export PLATFORM_CONTEXT := $(CONTEXT)
 
-.PHONY: help setup synth test lint typecheck unit deploy diff review demo constraints clean
+.PHONY: help setup synth test lint typecheck unit deploy diff outputs review demo constraints clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ review: setup  ## Offline change review of the working tree against BASE (defaul
 
 deploy: setup  ## cdk deploy --all (needs AWS credentials, a bootstrapped account and named approvers; CONTEXT=).
 	$(CDK) deploy --all --require-approval broadening -c platform:deploy=true
+
+outputs: setup  ## The deployed stage's pipeline outputs: state machine, decision URL, buckets, dashboard, logs.
+	$(PY) -m tools.outputs $(ARGS)
 
 demo: setup  ## The whole pipeline, run locally: synth, state machine in moto, real training (INPUT=, ARGS=).
 	$(PY) -m localrun.demo $(if $(INPUT),--input $(INPUT),) $(ARGS)
