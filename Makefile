@@ -15,7 +15,7 @@ NODE_STAMP := node_modules/.setup-done
 # `platform` object by every synth (synth, deploy, diff, review, demo), read by stacks/settings.py.
 export PLATFORM_CONTEXT := $(CONTEXT)
 
-.PHONY: help setup synth test lint typecheck unit deploy diff outputs review demo constraints clean
+.PHONY: help setup synth test lint typecheck unit deploy diff outputs cost review demo constraints clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ deploy: setup  ## cdk deploy --all (needs AWS credentials, a bootstrapped accoun
 
 outputs: setup  ## The deployed stage's pipeline outputs: state machine, decision URL, buckets, dashboard, logs.
 	$(PY) -m tools.outputs $(ARGS)
+
+cost: synth  ## The idle monthly cost of the synthesized platform (FSx, endpoints, keys, alarms, dashboard).
+	$(PY) -m tools.idle_cost cdk.out
 
 demo: setup  ## The whole pipeline, run locally: synth, state machine in moto, real training (INPUT=, ARGS=).
 	$(PY) -m localrun.demo $(if $(INPUT),--input $(INPUT),) $(ARGS)
