@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import cdk_context
 from tools import idle_cost
 from tools.idle_cost import HOURS_PER_MONTH, PRICES, CostError
 
@@ -54,3 +56,13 @@ def test_an_fsx_tier_without_a_price_is_an_error_not_zero(platform: Any) -> None
                 resource["Properties"]["LustreConfiguration"]["PerUnitStorageThroughput"] = 40
     with pytest.raises(CostError, match="no price for FSx for Lustre PERSISTENT_2 at 40"):
         idle_cost.idle_cost(templates)
+
+
+def test_the_readme_quotes_the_shipped_settings_total(tmp_path: Path) -> None:
+    from stacks.app_builder import build_platform
+
+    shipped = build_platform(cdk_context(approvers=[]), outdir=str(tmp_path))
+    shipped.assembly = shipped.synth()
+    total = sum(line.monthly_usd for line in idle_cost.idle_cost(_templates(shipped)))
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"| **Total** | | | **{total:.2f}** |" in readme
