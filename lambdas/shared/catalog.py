@@ -142,3 +142,18 @@ def instance_type(name: str) -> InstanceType:
         raise UnknownInstanceTypeError(
             f"unknown training instance type {name!r}; known types of that family: {', '.join(near)}"
         ) from None
+
+
+def instance_type_table() -> str:
+    """The README's table of supported instance types, generated from INSTANCE_TYPES."""
+    rows = [
+        f"| Type | vCPUs | Memory (GiB) | Accelerators | EFA cards | USD/hour ({PRICES_REVIEWED}, us-east-1) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in INSTANCE_TYPES.values():
+        accelerators = f"{t.gpus} x {t.accelerator}" if t.gpus else "-"
+        rows.append(
+            f"| `{t.name}` | {t.vcpus} | {t.memory_gib} | {accelerators} | {t.efa_interfaces or '-'} | "
+            f"{t.price_per_hour} |"
+        )
+    return "\n".join(rows)

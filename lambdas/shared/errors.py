@@ -10,8 +10,9 @@ apply to each call before giving up: an error that reaches the handler outlived 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
 
 from botocore.exceptions import ClientError
 from botocore.retries.standard import (
@@ -31,8 +32,38 @@ _PASSING = OrRetryChecker([ThrottledRetryableChecker(), TransientRetryableChecke
 _PASSING_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
+REJECTED = "The training request cannot run:"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason an input cannot run: the field (dotted path; "" for the input as a whole), its value, the fix."""
+
+    field: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        # A check's message often begins with its field already ("run_name 'X': use ..."): not said twice.
+        if not self.field or self.message.startswith(self.field):
+            return self.message
+        return f"{self.field}: {self.message}"
+
+
 class InvalidRequest(ValueError):  # noqa: N818 - the name is the error the state machine and users see
-    """The execution input cannot be run; the message lists every problem and how to fix it."""
+    """The execution input cannot be run; the message lists every problem and how to fix it.
+
+    `problems` holds the same list structured (field, value, message), for callers that print a table.
+    """
+
+    def __init__(self, message: str, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [Problem("", None, message)]
+
+    @classmethod
+    def listing(cls, problems: Sequence[Problem]) -> InvalidRequest:
+        """The error of these problems, its message one line each (the state machine's Fail cause shows it)."""
+        return cls(REJECTED + "\n" + "\n".join(f"  - {p}" for p in problems), problems)
 
 
 class TransientError(Exception):

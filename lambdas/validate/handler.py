@@ -9,7 +9,7 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.shared.env import env_bool, env_float, env_str
-from lambdas.shared.errors import InvalidRequest, classified
+from lambdas.shared.errors import InvalidRequest, Problem, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from lambdas.validate import budget, resume, start_proof
 from lambdas.validate.limits import PlatformLimits
@@ -25,10 +25,15 @@ def requester(event: Any, execution_arn: str, started: str, *, required: bool) -
     if proof is None and not required:
         return None
     if proof is None:
-        raise InvalidRequest(
-            f"The training request cannot run:\n  - {start_proof.FIELD}: this platform refuses approvals by "
-            "whoever started a run (pipeline.forbid_self_approval), so it must know who did; start runs with "
-            "tools/start_run.py, which adds the proof"
+        raise InvalidRequest.listing(
+            [
+                Problem(
+                    start_proof.FIELD,
+                    None,
+                    "this platform refuses approvals by whoever started a run (pipeline.forbid_self_approval), so "
+                    "it must know who did; start runs with tools/start_run.py, which adds the proof",
+                )
+            ]
         )
     table = boto3.resource("dynamodb").Table(env_str("START_PROOFS_TABLE"))
     try:
@@ -36,7 +41,7 @@ def requester(event: Any, execution_arn: str, started: str, *, required: bool) -
             event, execution_arn=execution_arn, started=started, table=table, now=datetime.now(UTC)
         )
     except start_proof.ProofError as exc:
-        raise InvalidRequest(f"The training request cannot run:\n  - {start_proof.FIELD}: {exc}") from None
+        raise InvalidRequest.listing([Problem(start_proof.FIELD, proof, str(exc))]) from None
 
 
 @classified
@@ -57,7 +62,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         logger.info("request refused: budget spent")
         metrics.record(Metric.RUNS_REFUSED_OVER_BUDGET)
         return _answer(event, {"valid": False, "message": message, "request": None})
-    problems: list[str] = []
+    problems: list[Problem] = []
     requested_by = None
     if isinstance(event["input"], dict):  # any other input is refused for its shape alone, below
         try:
@@ -65,7 +70,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
                 event["input"], event["execution"], event["started"], required=env_bool("FORBID_SELF_APPROVAL")
             )
         except InvalidRequest as exc:
-            problems.append(str(exc))
+            problems.extend(exc.problems)
     limits = PlatformLimits.from_environment()
     continues = None
     if isinstance(event["input"], dict) and isinstance(event["input"].get(resume.FIELD), str):
@@ -78,7 +83,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
                 artifacts_bucket=limits.artifacts_bucket,
             )
         except resume.ResumeError as exc:
-            problems.append(f"The training request cannot run:\n  - {resume.FIELD}: {exc}")
+            problems.append(Problem(resume.FIELD, event["input"][resume.FIELD], str(exc)))
     try:
         request = resolve(
             event["input"],
@@ -90,9 +95,9 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             continues=continues,
         )
     except InvalidRequest as exc:
-        problems.append(str(exc))
+        problems.extend(exc.problems)
     if problems:  # every problem at once: the proof's and the input's
-        message = "\n".join([problems[0], *(p.split("\n", 1)[-1] for p in problems[1:])])
+        message = str(InvalidRequest.listing(problems))
         logger.info("request rejected", extra={"problems": message})
         metrics.record(Metric.RUNS_REJECTED)
         return _answer(event, {"valid": False, "message": message, "request": None})

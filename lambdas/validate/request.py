@@ -6,12 +6,14 @@ what to change. The resolved request is the only thing later states read from th
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import re
+import typing
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from lambdas.backends import tuning_backends
 from lambdas.execution_state import (
@@ -26,7 +28,7 @@ from lambdas.execution_state import (
 )
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
-from lambdas.shared.errors import InvalidRequest
+from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
@@ -55,24 +57,52 @@ TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribut
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_INSTANCE_GROUPS = model_limit("sagemaker", "InstanceGroups")  # per training job
 CHANNEL_NAMES = ("train", "validation")
+_DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset"}
 
 
-def _problems_from(exc: ValidationError) -> list[str]:
-    problems: list[str] = []
+def _problems_from(exc: ValidationError) -> list[Problem]:
+    problems: list[Problem] = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            known = ", ".join(ExecutionInput.model_fields)
-            problem = f"{loc}: unknown key; the input takes {known}"
+            known = _keys_at(err["loc"][:-1])
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+            fix = f"did you mean {close[0]!r}?" if close else f"this level takes {', '.join(known)}"
+            problem = Problem(loc, err["input"], f"unknown key; {fix}")
         elif err["loc"][0] == "hyperparameters" and len(err["loc"]) > 1:
             # One line per key, not one per member of the str | int | float | bool union.
             key = f"hyperparameters.{err['loc'][1]}"
-            problem = f"{key}: must be a string, number or boolean, not {type(err['input']).__name__}"
+            value = err["input"]
+            problem = Problem(key, value, f"must be a string, number or boolean, not {type(value).__name__}")
         else:
-            problem = f"{loc}: {err['msg'].removeprefix('Value error, ')}"
-        if problem not in problems:
+            problem = Problem(loc, err.get("input"), err["msg"].removeprefix("Value error, "))
+        if str(problem) not in {str(p) for p in problems}:
             problems.append(problem)
     return problems
+
+
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys (field names and aliases) of the model found at `loc` in the input, for did-you-mean."""
+    model: type[BaseModel] = ExecutionInput
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            continue  # a list index
+        inner = _model_in(field.annotation)
+        if inner is None:
+            break
+        model = inner
+    return [key for name, f in model.model_fields.items() for key in (name, f.alias) if key]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
 
 
 def _dataset_channel(
@@ -84,7 +114,7 @@ def _dataset_channel(
         parts = path.split("/")
         if not path.startswith(DATASETS_ROOT) or ".." in parts or len(path) <= len(DATASETS_ROOT):
             problems.append(
-                f"{channel} dataset {uri!r}: FSx paths must name a folder under {FSX_SCHEME}{DATASETS_ROOT}"
+                f"{_DATASET_FIELDS[channel]} {uri!r}: FSx paths must name a folder under {FSX_SCHEME}{DATASETS_ROOT}"
                 " (the file system's link to the datasets bucket)"
             )
             return None
@@ -106,7 +136,7 @@ def _dataset_channel(
         bucket = prefix = ""
     if bucket != limits.datasets_bucket or not prefix or ".." in prefix.split("/"):
         problems.append(
-            f"{channel} dataset {uri!r}: must be fsx:///datasets/<path>/ or s3://{limits.datasets_bucket}/<prefix>/"
+            f"{_DATASET_FIELDS[channel]} {uri!r}: must be fsx:///datasets/<path>/ or s3://{limits.datasets_bucket}/<prefix>/"
             " (only the platform's datasets locations can be read)"
         )
         return None
@@ -173,7 +203,8 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
     asked = _asked_groups(request, problems)
     resolved: list[InstanceGroup] = []
     for group in asked:
-        instance = _instance_type(group.instance_type, limits, problems)
+        field = "instance_type" if request.instance_groups is None else f"instance_groups[{group.name}].instance_type"
+        instance = _instance_type(group.instance_type, field, limits, problems)
         if instance is None:
             continue
         training = group.role == TRAIN_ROLE
@@ -219,12 +250,19 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
     return resolved
 
 
-def _instance_type(name: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
+def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
     instance = INSTANCE_TYPES.get(name)
     if instance is None:
-        family = name.rsplit(".", 1)[0]
-        near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
-        problems.append(f"instance_type {name!r} is not a known training type; e.g. {', '.join(near)}")
+        if f"ml.{name}" in INSTANCE_TYPES:
+            fix = f"did you mean 'ml.{name}'? (SageMaker's names start with ml.)"
+        # Near-misses by edit distance: difflib (stdlib), as training/config.py suggests hyperparameters.
+        elif close := difflib.get_close_matches(name, list(INSTANCE_TYPES), n=3, cutoff=0.75):
+            fix = f"did you mean {' or '.join(repr(c) for c in close)}?"
+        else:
+            family = name.rsplit(".", 1)[0]
+            near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
+            fix = f'e.g. {", ".join(near)} (README: "Supported instance types")'
+        problems.append(f"{field} {name!r} is not a known training type; {fix}")
         return None
     if instance.name not in limits.allowed_instance_types:
         problems.append(
@@ -340,8 +378,8 @@ def run_identity(execution: str, started: str) -> str:
 def resolve(
     event: Any,
     *,
-    execution_name: str,
     limits: PlatformLimits,
+    execution_name: str = "",
     requested_by: str | None = None,
     execution: str | None = None,
     started: str = "",
@@ -349,9 +387,11 @@ def resolve(
 ) -> dict[str, Any]:
     """Validate the execution input and return the complete request (JSON), or raise InvalidRequest.
 
-    `continues` is the run `resume_from` names, as resume.find found it.
+    The one entry for Validate and offline callers (`resolve(input_dict, limits=limits)`): the schema's
+    and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
+    resume.find found it.
     """
-    request = _parse(event)
+    request, schema, rejected = _parse(event, limits)
     problems: list[str] = []
     if not RUN_NAME.match(request.run_name):
         problems.append(
@@ -396,8 +436,8 @@ def resolve(
                 continues, hyperparameters, groups, requested_by=requested_by, tuned=request.tuning is not None
             )
         )
-    if problems or groups is None or dataset is None:
-        raise InvalidRequest(_format(problems))
+    if problems or schema or groups is None or dataset is None:
+        raise _rejection(event, schema, [p for p in problems if not _depends_on(p, rejected)])
     continuation = None
     if continues is not None:
         before = continues.request.resume_from
@@ -432,25 +472,77 @@ def resolve(
     # What the state machine will send for it, as the services check it, before anything is estimated or approved.
     refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
     if refused:
-        raise InvalidRequest(_format(refused))
+        raise _rejection(event, [], refused)
     return resolved.model_dump(mode="json")
 
 
-def _parse(event: Any) -> ExecutionInput:
+def _parse(event: Any, limits: PlatformLimits) -> tuple[ExecutionInput, list[Problem], set[str]]:
+    """The input as the model reads it, the schema's problems, and the top-level keys they reject.
+
+    A rejected key is left out (a required one given a stand-in) so that the other checks still run;
+    their problems that name a rejected key are dropped (`_depends_on`).
+    """
     if not isinstance(event, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
-        raise InvalidRequest(
-            _format(
-                [
-                    f'the execution input must be a JSON object of the keys in README "Starting a training run"'
-                    f' (e.g. {{"run_name": "...", "dataset": "...", ...}}), not {kind}'
-                ]
-            )
+        raise InvalidRequest.listing(
+            [
+                Problem(
+                    "",
+                    event,
+                    'the execution input must be a JSON object of the keys in README "Starting a training run"'
+                    f' (e.g. {{"run_name": "...", "dataset": "...", ...}}), not {kind}',
+                )
+            ]
         )
     try:
-        return ExecutionInput.model_validate(event)
+        return ExecutionInput.model_validate(event), [], set()
     except ValidationError as exc:
-        raise InvalidRequest(_format(_problems_from(exc))) from None
+        schema = _problems_from(exc)
+        rejected = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+    stand_ins: dict[str, Any] = {
+        "run_name": "rejected",
+        "dataset": f"s3://{limits.datasets_bucket}/rejected/",
+        "max_runtime_hours": min(1.0, limits.max_runtime_hours),
+    }
+    kept = {k: v for k, v in event.items() if k not in rejected}
+    try:
+        request = ExecutionInput.model_validate({**{k: stand_ins[k] for k in stand_ins if k not in kept}, **kept})
+    except ValidationError:  # not expected: every rejected key is gone; report the schema's problems alone
+        raise InvalidRequest.listing(schema) from None
+    return request, schema, rejected
+
+
+def _depends_on(problem: str, rejected: set[str]) -> bool:
+    """Whether a check's problem names a key the schema rejected (it judged a default or a stand-in)."""
+    return any(re.search(rf"\b{re.escape(key)}\b", problem) for key in rejected)
+
+
+def _rejection(event: Any, schema: list[Problem], problems: list[str]) -> InvalidRequest:
+    """One InvalidRequest of the schema's problems and the checks' (each check's text read as field: message)."""
+    return InvalidRequest.listing([*schema, *(_structured(p, event) for p in problems)])
+
+
+_LEADING_FIELD = re.compile(r"^([A-Za-z_]\w*(?:\.[\w-]+|\[[^\]]+\])*)(?::\s*|\s+)(.*)$", re.DOTALL)
+
+
+def _structured(text: str, event: dict[str, Any]) -> Problem:
+    """A check's problem as (field, value, message): the checks begin their text with the input key they judge."""
+    match = _LEADING_FIELD.match(text)
+    if match is None or re.split(r"[.\[]", match[1])[0] not in ExecutionInput.model_fields:
+        return Problem("", None, text)
+    field = match[1]
+    value: Any = event
+    for part in re.split(r"\.|\[|\]\.?", field):
+        if not part:
+            continue
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            value = None
+            break
+    return Problem(field, value, text)
 
 
 def _channels(
@@ -508,7 +600,3 @@ def _poll_seconds(stopping: dict[str, int], limits: PlatformLimits) -> int:
         attempt_seconds=attempt_seconds,
         attempts=limits.capacity_retries + 1,
     )
-
-
-def _format(problems: list[str]) -> str:
-    return "The training request cannot run:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -36,3 +36,14 @@ def test_every_cuda_type_with_efa_and_several_gpus_has_a_floor() -> None:
         if t.supports_efa and t.cuda_gpus > 1 and t.name not in ALLREDUCE_FLOOR_GBPS
     ]
     assert not missing, f"give {missing} an all-reduce floor in the catalog"
+
+
+def test_readme_instance_type_table_is_current() -> None:
+    from pathlib import Path
+
+    from lambdas.shared.catalog import instance_type_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = instance_type_table()
+    assert all(f"`{name}`" in table for name in INSTANCE_TYPES)
+    assert table in readme, "README.md's instance-type table is stale: regenerate it from instance_type_table()"

@@ -99,3 +99,16 @@ def test_all_problems_are_reported_at_once(validation_pipeline: Pipeline) -> Non
     )
     _, cause = pipeline.error(pipeline.finish(arn))
     assert cause.count("\n  - ") == 3
+
+
+def test_schema_and_other_problems_fail_the_execution_together(validation_pipeline: Pipeline) -> None:
+    """The issue's case: a typo'd key (the schema's), a type without `ml.` and a foreign bucket (the checks')."""
+    pipeline = validation_pipeline
+    execution_input = pipeline.input(instance_type="p4d.24xlarge", dataset="s3://someone-elses-bucket/data/")
+    execution_input["instance_cuont"] = 1
+    arn = pipeline.start(execution_input, name="one-pass")
+    error, cause = pipeline.error(pipeline.finish(arn))
+    assert error == "InvalidRequest" and cause.count("\n  - ") == 3, cause
+    assert "instance_cuont: unknown key; did you mean 'instance_count'?" in cause, cause
+    assert "instance_type 'p4d.24xlarge' is not a known training type; did you mean 'ml.p4d.24xlarge'?" in cause
+    assert "dataset 's3://someone-elses-bucket/data/': must be" in cause, cause
