@@ -74,6 +74,7 @@ FAULTS = ("monitor-throttle", "monitor-timeout")
 # The approval gates a run can meet (the `name` each ApprovalGate.gate call gives), in the order it meets them.
 GATES = ("launch", "promotion")
 # Loggers of the engine under the demo (moto, the AWS SDK, moto's HTTP layer): shown only with --verbose.
+# moto's Step Functions logs every failure it handles (a rejection, a retried task) at ERROR, with its state's repr.
 ENGINE_LOGGERS = ("moto", "botocore", "boto3", "s3transfer", "urllib3", "werkzeug")
 # A state entered again within this many states is a loop (polling): the quiet trace shows it once.
 LOOP_STATES = 4
@@ -187,12 +188,12 @@ def run_demo(
 
 @contextlib.contextmanager
 def _engine_quiet(quiet: bool) -> Iterator[None]:
-    """Hold the engine's loggers to errors while the quiet demo runs; --verbose leaves them as they are."""
+    """Silence the engine's loggers while the quiet demo runs; --verbose leaves them as they are."""
     loggers = [logging.getLogger(name) for name in ENGINE_LOGGERS]
     levels = [logger.level for logger in loggers]
     if quiet:
         for logger in loggers:
-            logger.setLevel(logging.ERROR)
+            logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
@@ -393,7 +394,15 @@ def _follow(
         described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
         printer.states(platform, arn, started)
         decisions.extend(
-            _answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject, verbose=verbose)
+            _answer_gates(
+                platform,
+                arn,
+                approver=approver,
+                auto_approve=auto_approve,
+                reject=reject,
+                verbose=verbose,
+                before=lambda: printer.states(platform, arn, started),  # the gate's state first, then the gate
+            )
         )
         if described["status"] != "RUNNING":
             break
@@ -429,7 +438,14 @@ def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path
 
 
 def _answer_gates(
-    platform: Any, arn: str, *, approver: str, auto_approve: bool, reject: str | None, verbose: bool
+    platform: Any,
+    arn: str,
+    *,
+    approver: str,
+    auto_approve: bool,
+    reject: str | None,
+    verbose: bool,
+    before: Callable[[], None],
 ) -> list[dict[str, Any]]:
     """Decide open requests of this execution as `approver`, as tools/approve.py does, through the real handler."""
     session = platform.person(approver, "demo")
@@ -438,6 +454,7 @@ def _answer_gates(
     for request in pending:
         if request["execution"] != arn:
             continue
+        before()
         summary = json.loads(request["summary"])
         gate = request["gate"]
         prompt = reject not in ("any", gate) and not auto_approve and sys.stdin.isatty()

@@ -197,7 +197,12 @@ def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: 
 
 def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:
     """An input over the approval threshold meets both gates; `--reject promotion` lets it launch, then rejects."""
-    execution_input = _input(run_name="demo-reject", instance_type="ml.p5.48xlarge", hyperparameters={"max_steps": 20})
+    execution_input = _input(
+        run_name="demo-reject",
+        instance_type="ml.p5.48xlarge",
+        max_runtime_hours=3,  # 2 x ml.p5.48xlarge x 3 h: over the default 500 USD threshold
+        hyperparameters={"max_steps": 20},
+    )
     outcome = _demo(platform, tmp_path, execution_input, reject="promotion")
     assert outcome.described["status"] == "FAILED"
     assert outcome.described["error"] == "PromotionRejected"
@@ -210,7 +215,7 @@ def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) 
 
 
 def test_the_launch_gate_can_be_rejected_and_an_example_reaches_it(
-    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     execution_input = json.loads((EXAMPLES / "batch-multi-node.json").read_text())
     execution_input["notify"] = [RUN_EMAIL]
@@ -219,7 +224,10 @@ def test_the_launch_gate_can_be_rejected_and_an_example_reaches_it(
     assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject launch)"
     assert outcome.job_names == [] and "Launch rejected" in _states(outcome)
     out = capsys.readouterr().out
-    assert "approval needed: launch gate of batch-fsdp-2node" in out
+    gate = out.index("approval needed: launch gate of batch-fsdp-2node")
+    assert out.index("> Approval gate (pre-launch)\n") < gate < out.index("> Launch rejected\n")
+    # moto's Step Functions logs the handled rejection at ERROR; the quiet demo does not show it.
+    assert [r for r in caplog.records if r.name.startswith("moto")] == []
     assert "outcome:       FAILED: LaunchRejected: Rejected by" in out and "model package: none registered" in out
     assert re.search(r"cost estimate: at most \$[\d,.]+ on demand \(threshold \$500\.00: launch approval needed\)", out)
 
