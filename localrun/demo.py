@@ -347,7 +347,6 @@ def local_stand_ins(
 ) -> list[report.StandIn]:
     """What this machine runs in place of the request, old -> new: instances, data, hyperparameters."""
     out: list[report.StandIn] = []
-    host = "CPU processes on this machine (gloo over loopback)"
     groups = execution_input.get("instance_groups") or [
         {"name": "", "instance_type": execution_input.get("instance_type"), "instance_count": 1}
         | ({"instance_count": execution_input["instance_count"]} if "instance_count" in execution_input else {})
@@ -357,7 +356,7 @@ def local_stand_ins(
         count = int(group.get("instance_count", 1))
         out.append(
             report.StandIn(
-                f"instances{label}", f"{count} x {group['instance_type']}", f"{min(count, max_hosts)} {host}"
+                f"instances{label}", f"{count} x {group['instance_type']}", _local_hosts(min(count, max_hosts))
             )
         )
     for key in ("dataset", "validation_dataset"):
@@ -372,7 +371,8 @@ def local_stand_ins(
         "distribution": str(execution_input.get("distribution", "ddp")),
     }
     for key, value in sorted(scaled.items()):
-        out.append(report.StandIn(f"hyperparameter {key}", original.get(key, "(trainer default)"), value))
+        if original.get(key) != value:  # an override that repeats the input's value changes nothing
+            out.append(report.StandIn(f"hyperparameter {key}", original.get(key, "(trainer default)"), value))
     return out
 
 
@@ -413,6 +413,10 @@ def _follow(
         time.sleep(0.3)
     printer.states(platform, arn, started)
     return described, decisions
+
+
+def _local_hosts(count: int) -> str:
+    return f"{count} CPU process{'es' if count != 1 else ''} on this machine (gloo over loopback)"
 
 
 def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path, say: Callable[[str], None]) -> str:
@@ -491,6 +495,7 @@ class _Printer:
         self.seen = 0
         self.recent: list[str] = []
         self.shown_steps: dict[str, int] = {}
+        self.jobs: dict[str, None] = {}
         self.lock = threading.Lock()
 
     def states(self, platform: Any, arn: str, started: float) -> None:
@@ -508,7 +513,8 @@ class _Printer:
             if self.verbose:
                 self._verbose_line(job, line, step, values)
                 return
-            label = f"[{job}] " if len(self.shown_steps) > 1 or job not in self.shown_steps else ""
+            self.jobs.setdefault(job, None)
+            label = f"[{job}] " if len(self.jobs) > 1 else ""  # named once a second job (a trial) speaks
             if TRAIN_LOSS in values:
                 if step < self.shown_steps.get(job, -PROGRESS_STEPS) + PROGRESS_STEPS:
                     return
@@ -518,6 +524,7 @@ class _Printer:
             elif VALIDATION_LOSS in values:
                 _say(f"          {label}step {step:>5}  validation loss {values[VALIDATION_LOSS]:.3f}")
             elif "resumed from checkpoint" in line:
+                self.shown_steps.pop(job, None)  # the resumed run's first step is shown
                 _say(f"          {label}{line[line.index('resumed from checkpoint') :].split(' (', 1)[0]}")
             elif "spot interruption" in line or "host is lost" in line:
                 _say(f"          {label}{line.strip(' -')}")

@@ -258,6 +258,32 @@ def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
     assert local_scale({"model": "gpt2", "distribution": "smddp"}, 50)["distribution"] == "ddp"
 
 
+def test_local_stand_ins_name_what_was_scaled_old_to_new() -> None:
+    from localrun.demo import local_scale, local_stand_ins
+
+    execution_input = json.loads((EXAMPLES / "multi-node-fsdp-spot.json").read_text())
+    requested = {
+        k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in execution_input["hyperparameters"].items()
+    }
+    scaled = local_scale(requested | {"model": execution_input["model"]}, None)
+    stand_ins = {
+        s.what: (s.requested, s.local)
+        for s in local_stand_ins(execution_input, scaled, max_hosts=2, corpus="the corpus")
+    }
+    assert stand_ins["instances"] == ("4 x ml.p5.48xlarge", "2 CPU processes on this machine (gloo over loopback)")
+    assert stand_ins["dataset"] == ("fsx:///datasets/fineweb-edu-100B/", "the corpus")
+    assert stand_ins["hyperparameter model"] == ("llama-1b", "llama-tiny")
+    assert stand_ins["hyperparameter max_steps"] == ("60000", "300")
+    assert stand_ins["hyperparameter seq_len"] == ("2048", "128")
+    assert "hyperparameter batch_size" not in stand_ins  # 8 in the input and here: nothing stood in
+    hetero = json.loads((EXAMPLES / "heterogeneous-cluster.json").read_text())
+    groups = [s for s in local_stand_ins(hetero, {}, max_hosts=2, corpus="c") if s.what.startswith("instances")]
+    assert [(s.what, s.requested) for s in groups] == [
+        ("instances (group gpu)", "2 x ml.p4d.24xlarge"),
+        ("instances (group cpu)", "1 x ml.c5.4xlarge"),
+    ]
+
+
 def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform: Any, tmp_path: Path) -> None:
     tuning = {
         "ranges": {
