@@ -144,6 +144,21 @@ def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str,
     return scaled
 
 
+@contextlib.contextmanager
+def _engine_quiet(quiet: bool) -> Iterator[None]:
+    """Silence the engine's loggers while the quiet demo runs; --verbose leaves them as they are."""
+    loggers = [logging.getLogger(name) for name in ENGINE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    if quiet:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def run_demo(
     *,
     execution_input: dict[str, Any],
@@ -167,57 +182,6 @@ def run_demo(
     """
     if reject not in (None, "any", *GATES):
         raise ValueError(f"reject={reject!r}: use one of any, {', '.join(GATES)}")
-    with _engine_quiet(not verbose):
-        return _run(
-            execution_input=execution_input,
-            out=out,
-            auto_approve=auto_approve,
-            reject=reject,
-            spot_interrupt=spot_interrupt,
-            max_hosts=max_hosts,
-            procs_per_host=procs_per_host,
-            steps=steps,
-            assembly=assembly,
-            approver=approver,
-            wait_seconds=wait_seconds,
-            timeout_seconds=timeout_seconds,
-            fault=fault,
-            verbose=verbose,
-        )
-
-
-@contextlib.contextmanager
-def _engine_quiet(quiet: bool) -> Iterator[None]:
-    """Silence the engine's loggers while the quiet demo runs; --verbose leaves them as they are."""
-    loggers = [logging.getLogger(name) for name in ENGINE_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    if quiet:
-        for logger in loggers:
-            logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-def _run(
-    *,
-    execution_input: dict[str, Any],
-    out: Path,
-    auto_approve: bool,
-    reject: str | None,
-    spot_interrupt: bool,
-    max_hosts: int,
-    procs_per_host: int,
-    steps: int | None,
-    assembly: Path | None,
-    approver: str,
-    wait_seconds: float,
-    timeout_seconds: float,
-    fault: str | None,
-    verbose: bool,
-) -> Outcome:
     out.mkdir(parents=True, exist_ok=True)
     detail = _say if verbose else _quiet
     assembly = assembly or synthesize(out, detail)
@@ -244,6 +208,7 @@ def _run(
     handler_log = (run_dir / "handlers.log").open("w")
     with (
         handler_log,
+        _engine_quiet(not verbose),
         LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
     ):
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
