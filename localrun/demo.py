@@ -8,6 +8,10 @@
 4. Answer approval gates (prompt, --auto-approve, or --reject), follow progress, and write a
    run report with the loss curve and the registered model's lineage.
 
+The terminal shows the states as the execution enters them (a polling loop once), the training
+progress and a summary; `--verbose` adds the harness's own lines and the whole report.
+`--reject` rejects every gate the run reaches, `--reject launch` or `--reject promotion` only that one.
+
 `--fault monitor-throttle` injects a burst of transient errors (throttling, 5xx) into the AWS calls of
 the backend's progress handler, longer than any other handler's retry budget; `--fault monitor-timeout`
 makes it time out three times. The run rides through either and completes.
@@ -16,11 +20,14 @@ makes it time out three times. The run rides through either and completes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +71,15 @@ LOCAL_MAX_STEPS = 300
 # A burst longer than the short retry budget (stacks/constructs/tasks.py), well within the polling one.
 BURST = ["ThrottlingException", "InternalFailure", "ServiceUnavailable"] * 3 + ["ThrottlingException"]
 FAULTS = ("monitor-throttle", "monitor-timeout")
+# The approval gates a run can meet (the `name` each ApprovalGate.gate call gives), in the order it meets them.
+GATES = ("launch", "promotion")
+# Loggers of the engine under the demo (moto, the AWS SDK, moto's HTTP layer): shown only with --verbose.
+# moto's Step Functions logs every failure it handles (a rejection, a retried task) at ERROR, with its state's repr.
+ENGINE_LOGGERS = ("moto", "botocore", "boto3", "s3transfer", "urllib3", "werkzeug")
+# A state entered again within this many states is a loop (polling): the quiet trace shows it once.
+LOOP_STATES = 4
+# The quiet trace shows a training job's loss at most once per this many steps (and every validation).
+PROGRESS_STEPS = 20
 
 
 @dataclass
@@ -75,9 +91,18 @@ class Outcome:
     report: Path
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def run_dir(self) -> Path:
+        """The execution's own folder: its report, logs, loss curves and lineage."""
+        return self.report.parent
+
 
 def _say(message: str) -> None:
     print(message, flush=True)
+
+
+def _quiet(_message: str) -> None:
+    """Where the harness's own lines (set-up, local scale) go without --verbose."""
 
 
 def _context(out: Path) -> dict[str, Any]:
@@ -88,14 +113,14 @@ def _context(out: Path) -> dict[str, Any]:
     return context
 
 
-def synthesize(out: Path) -> Path:
+def synthesize(out: Path, say: Callable[[str], None] = _say) -> Path:
     # Imported here: aws_cdk starts jsii's Node.js runtime on import, after main() set its environment.
     from stacks.app_builder import build_platform  # noqa: PLC0415
 
     assembly = out / "cdk.out"
     started = time.monotonic()
     build_platform(_context(out), outdir=str(assembly)).synth()
-    _say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
+    say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
     return assembly
 
 
@@ -119,12 +144,27 @@ def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str,
     return scaled
 
 
+@contextlib.contextmanager
+def _engine_quiet(quiet: bool) -> Iterator[None]:
+    """Silence the engine's loggers while the quiet demo runs; --verbose leaves them as they are."""
+    loggers = [logging.getLogger(name) for name in ENGINE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    if quiet:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def run_demo(
     *,
     execution_input: dict[str, Any],
     out: Path,
     auto_approve: bool,
-    reject: bool,
+    reject: str | None,
     spot_interrupt: bool,
     max_hosts: int = 2,
     procs_per_host: int = 1,
@@ -134,13 +174,22 @@ def run_demo(
     wait_seconds: float = 2.0,
     timeout_seconds: float = 900.0,
     fault: str | None = None,
+    verbose: bool = False,
 ) -> Outcome:
-    """Synthesize (unless given an assembly), run the input to its end locally, and write the run report."""
+    """Synthesize (unless given an assembly), run the input to its end locally, and write the run report.
+
+    `reject` names the gate to reject (one of GATES), or "any" for every gate; None approves them.
+    """
+    if reject not in (None, "any", *GATES):
+        raise ValueError(f"reject={reject!r}: use one of any, {', '.join(GATES)}")
     out.mkdir(parents=True, exist_ok=True)
-    assembly = assembly or synthesize(out)
-    run_dir = out / execution_input.get("run_name", "run")
+    detail = _say if verbose else _quiet
+    assembly = assembly or synthesize(out, detail)
+    # Each execution its own folder: runs of one input do not overwrite each other's reports.
+    name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    printer = _Printer()
+    printer = _Printer(verbose=verbose)
     training = LocalTraining(
         root=run_dir / "jobs",
         datasets_bucket="",
@@ -159,17 +208,18 @@ def run_demo(
     handler_log = (run_dir / "handlers.log").open("w")
     with (
         handler_log,
+        _engine_quiet(not verbose),
         LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
     ):
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
-        _seed_datasets(platform, execution_input, out / "corpus")
-        training.local_hyperparameters = _local_hyperparameters(execution_input, steps)
+        corpus = _seed_datasets(platform, execution_input, out / "corpus", detail)
+        training.local_hyperparameters = _local_hyperparameters(execution_input, steps, detail)
+        stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
         for player in players.values():
             player.datasets_bucket = training.datasets_bucket
             player.local_hyperparameters = training.local_hyperparameters
         if fault is not None:
             inject(platform, fault)
-        name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%H%M%S')}"
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
         try:
@@ -181,15 +231,16 @@ def run_demo(
                 auto_approve=auto_approve,
                 reject=reject,
                 timeout_seconds=timeout_seconds,
+                verbose=verbose,
             )
         finally:
             training.stop_all()
             for player in players.values():
                 player.close()
-        facts = report.collect(platform, training, arn, described, decisions)
+        facts = report.collect(platform, training, arn, described, decisions, stand_ins=stand_ins)
         if fault is not None:
             _say(f"\n{fault}: {_ridden(platform, arn)}")
-    return _write_report(facts, arn, described, run_dir)
+    return _write_report(facts, arn, described, run_dir, verbose=verbose, reject=reject)
 
 
 def progress_handlers(platform: LocalPlatform) -> list[str]:
@@ -229,7 +280,9 @@ def _ridden(platform: LocalPlatform, arn: str) -> str:
     return f"handler failures: {counts or 'none'}; {len(waits)} retries, {sum(waits) / 60:.1f} min of backoff"
 
 
-def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -> dict[str, str]:
+def _local_hyperparameters(
+    execution_input: dict[str, Any], steps: int | None, say: Callable[[str], None]
+) -> dict[str, str]:
     """What this machine runs instead of the input's hyperparameters (said aloud); {} when it runs them as given."""
     original = {
         k: str(v).lower() if isinstance(v, bool) else str(v)
@@ -245,13 +298,47 @@ def _local_hyperparameters(execution_input: dict[str, Any], steps: int | None) -
     tuned = set((execution_input.get("tuning") or {}).get("ranges", {}))
     scaled = {k: v for k, v in scaled.items() if k not in tuned}
     if scaled:
-        _say(
+        say(
             "local scale (the request, the job and the lineage keep the input's values): "
             + ", ".join(f"{k}={v}" for k, v in sorted(scaled.items()))
         )
     else:
-        _say("the training job runs the input's hyperparameters as given")
+        say("the training job runs the input's hyperparameters as given")
     return scaled
+
+
+def local_stand_ins(
+    execution_input: dict[str, Any], scaled: dict[str, str], *, max_hosts: int, corpus: str
+) -> list[report.StandIn]:
+    """What this machine runs in place of the request, old -> new: instances, data, hyperparameters."""
+    out: list[report.StandIn] = []
+    groups = execution_input.get("instance_groups") or [
+        {"name": "", "instance_type": execution_input.get("instance_type"), "instance_count": 1}
+        | ({"instance_count": execution_input["instance_count"]} if "instance_count" in execution_input else {})
+    ]
+    for group in groups:
+        label = f" (group {group['name']})" if group.get("name") else ""
+        count = int(group.get("instance_count", 1))
+        out.append(
+            report.StandIn(
+                f"instances{label}", f"{count} x {group['instance_type']}", _local_hosts(min(count, max_hosts))
+            )
+        )
+    for key in ("dataset", "validation_dataset"):
+        if isinstance(execution_input.get(key), str):
+            out.append(report.StandIn(key.replace("_", " "), execution_input[key], corpus))
+    original = {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in execution_input.get("hyperparameters", {}).items()
+    }
+    original |= {
+        "model": str(execution_input.get("model") or original.get("model", "tiny")),
+        "distribution": str(execution_input.get("distribution", "ddp")),
+    }
+    for key, value in sorted(scaled.items()):
+        if original.get(key) != value:  # an override that repeats the input's value changes nothing
+            out.append(report.StandIn(f"hyperparameter {key}", original.get(key, "(trainer default)"), value))
+    return out
 
 
 def _follow(
@@ -261,8 +348,9 @@ def _follow(
     *,
     approver: str,
     auto_approve: bool,
-    reject: bool,
+    reject: str | None,
     timeout_seconds: float,
+    verbose: bool,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
     decisions: list[dict[str, Any]] = []
@@ -270,7 +358,17 @@ def _follow(
     while True:
         described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
         printer.states(platform, arn, started)
-        decisions.extend(_answer_gates(platform, arn, approver=approver, auto_approve=auto_approve, reject=reject))
+        decisions.extend(
+            _answer_gates(
+                platform,
+                arn,
+                approver=approver,
+                auto_approve=auto_approve,
+                reject=reject,
+                verbose=verbose,
+                before=lambda: printer.states(platform, arn, started),  # the gate's state first, then the gate
+            )
+        )
         if described["status"] != "RUNNING":
             break
         if time.monotonic() - started > timeout_seconds:
@@ -282,9 +380,14 @@ def _follow(
     return described, decisions
 
 
-def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path) -> None:
-    """Put the generated corpus where the input's datasets point (as if engineers had uploaded it)."""
+def _local_hosts(count: int) -> str:
+    return f"{count} CPU process{'es' if count != 1 else ''} on this machine (gloo over loopback)"
+
+
+def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path, say: Callable[[str], None]) -> str:
+    """Put the generated corpus where the input's datasets point (as if engineers had uploaded it); say what it is."""
     shards = build_shards(workdir)
+    tokens = sum((s.stat().st_size - 1024) // 2 for s in shards)
     bucket = platform.environment("Validate")["DATASETS_BUCKET"]
     s3 = boto3.client("s3", region_name=REGION)
     for key in ("dataset", "validation_dataset"):
@@ -299,11 +402,20 @@ def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path
             continue  # Validate will reject it
         for shard in shards:
             s3.upload_file(str(shard), bucket, prefix + shard.name)
-        tokens = sum((s.stat().st_size - 1024) // 2 for s in shards)
-        _say(f"seeded s3://{bucket}/{prefix} with the demo corpus ({len(shards)} shards, {tokens:,} tokens)")
+        say(f"seeded s3://{bucket}/{prefix} with the demo corpus ({len(shards)} shards, {tokens:,} tokens)")
+    return f"the generated demo corpus ({len(shards)} shards, {tokens:,} tokens)"
 
 
-def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool, reject: bool) -> list[dict[str, Any]]:
+def _answer_gates(
+    platform: Any,
+    arn: str,
+    *,
+    approver: str,
+    auto_approve: bool,
+    reject: str | None,
+    verbose: bool,
+    before: Callable[[], None],
+) -> list[dict[str, Any]]:
     """Decide open requests of this execution as `approver`, as tools/approve.py does, through the real handler."""
     session = platform.person(approver, "demo")
     pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
@@ -311,13 +423,18 @@ def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool,
     for request in pending:
         if request["execution"] != arn:
             continue
+        before()
         summary = json.loads(request["summary"])
-        _say(f"\n  approval needed: {request['gate']} of {request['run_name']} (request {request['request_id']})")
-        for key, value in sorted(summary.items()):
-            _say(f"    {key}: {value}")
-        if reject:
-            decision, reason = "reject", "rejected in the demo (--reject)"
-        elif auto_approve or not sys.stdin.isatty():
+        gate = request["gate"]
+        prompt = reject not in ("any", gate) and not auto_approve and sys.stdin.isatty()
+        _say(f"  approval needed: {gate} gate of {request['run_name']} (request {request['request_id']})")
+        if verbose or prompt:
+            for key, value in sorted(summary.items()):
+                _say(f"    {key}: {value}")
+        if reject in ("any", gate):
+            decision = "reject"
+            reason = f"rejected in the demo (--reject{'' if reject == 'any' else ' ' + gate})"
+        elif not prompt:
             decision, reason = "approve", "approved in the demo (--auto-approve)"
         else:
             answer = input("    approve? [y/N] ").strip().lower()
@@ -326,46 +443,88 @@ def _answer_gates(platform: Any, arn: str, *, approver: str, auto_approve: bool,
         body = {"request_id": request["request_id"], "decision": decision, "reason": reason}
         response = platform.call_decision_url(session, "POST", body)
         result = json.loads(response["body"])
-        _say(f"    -> {result.get('decision', result.get('error'))} by {result.get('by', approver)}\n")
+        _say(f"    -> {result.get('decision', result.get('error'))} by {result.get('by', approver)}")
         answered.append(result)
     return answered
 
 
 class _Printer:
-    """States as they are entered; training steps with loss and throughput."""
+    """States as they are entered; training steps with loss and throughput.
 
-    def __init__(self) -> None:
+    Quiet (the default), a loop's states are shown once, a job's loss every PROGRESS_STEPS steps, and of the
+    local jobs' own lines only interruptions and resumes; verbose shows every state, step and job line.
+    """
+
+    def __init__(self, *, verbose: bool) -> None:
+        self.verbose = verbose
         self.seen = 0
+        self.recent: list[str] = []
+        self.shown_steps: dict[str, int] = {}
+        self.jobs: dict[str, None] = {}
         self.lock = threading.Lock()
 
     def states(self, platform: Any, arn: str, started: float) -> None:
         entered = platform.states_entered(arn)
         with self.lock:
             for name in entered[self.seen :]:
-                _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
+                if self.verbose or name not in self.recent:
+                    _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
+                self.recent = [*self.recent, name][-LOOP_STATES:]
             self.seen = len(entered)
 
     def training_line(self, job: str, line: str) -> None:
         step, values = parse_line(line) or (0, {})
         with self.lock:
+            if self.verbose:
+                self._verbose_line(job, line, step, values)
+                return
+            self.jobs.setdefault(job, None)
+            label = f"[{job}] " if len(self.jobs) > 1 else ""  # named once a second job (a trial) speaks
             if TRAIN_LOSS in values:
-                rate = f" tokens/s={values[TOKENS_PER_SEC]:,.0f}" if TOKENS_PER_SEC in values else ""
-                _say(f"          [{job}] step {step:>4} loss {values[TRAIN_LOSS]:.4f}{rate}")
+                if step < self.shown_steps.get(job, -PROGRESS_STEPS) + PROGRESS_STEPS:
+                    return
+                self.shown_steps[job] = step
+                rate = f"  {values[TOKENS_PER_SEC]:>7,.0f} tokens/s" if TOKENS_PER_SEC in values else ""
+                _say(f"          {label}step {step:>5}  loss {values[TRAIN_LOSS]:.3f}{rate}")
             elif VALIDATION_LOSS in values:
-                _say(f"          [{job}] step {step:>4} validation loss {values[VALIDATION_LOSS]:.4f}")
-            elif line.startswith("--") or "resumed from checkpoint" in line or "Error" in line:
-                _say(f"          [{job}] {line.strip()}")
+                _say(f"          {label}step {step:>5}  validation loss {values[VALIDATION_LOSS]:.3f}")
+            elif "resumed from checkpoint" in line:
+                self.shown_steps.pop(job, None)  # the resumed run's first step is shown
+                _say(f"          {label}{line[line.index('resumed from checkpoint') :].split(' (', 1)[0]}")
+            elif "spot interruption" in line or "host is lost" in line:
+                _say(f"          {label}{line.strip(' -')}")
+
+    @staticmethod
+    def _verbose_line(job: str, line: str, step: int, values: dict[str, float]) -> None:
+        if TRAIN_LOSS in values:
+            rate = f" tokens/s={values[TOKENS_PER_SEC]:,.0f}" if TOKENS_PER_SEC in values else ""
+            _say(f"          [{job}] step {step:>4} loss {values[TRAIN_LOSS]:.4f}{rate}")
+        elif VALIDATION_LOSS in values:
+            _say(f"          [{job}] step {step:>4} validation loss {values[VALIDATION_LOSS]:.4f}")
+        elif line.startswith("--") or "resumed from checkpoint" in line or "Error" in line:
+            _say(f"          [{job}] {line.strip()}")
 
 
-def _write_report(facts: report.RunFacts, arn: str, described: dict[str, Any], run_dir: Path) -> Outcome:
-    """Save the run's files and report.md, print the report, and return the outcome."""
+def _write_report(
+    facts: report.RunFacts,
+    arn: str,
+    described: dict[str, Any],
+    run_dir: Path,
+    *,
+    verbose: bool,
+    reject: str | None,
+) -> Outcome:
+    """Save the run's files and report.md, print a summary (with --verbose, the report), and return the outcome."""
     report.save(facts, run_dir)
     text = report.render(facts, run_dir)
     path = run_dir / "report.md"
     path.write_text(text + "\n")
+    if verbose:
+        _say("")
+        _say(text)
     _say("")
-    _say(text)
-    _say(f"\nreport: {path}")
+    for line in summary(facts, path, reject=reject):
+        _say(line)
     return Outcome(
         execution_arn=arn,
         described=described,
@@ -376,12 +535,42 @@ def _write_report(facts: report.RunFacts, arn: str, described: dict[str, Any], r
     )
 
 
+def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[str]:
+    """The run in a few lines: outcome, report, model package, cost estimate, stand-ins."""
+    outcome = facts.status if facts.status == "SUCCEEDED" else f"{facts.status}: {facts.error}: {facts.cause}"
+    lines = [f"outcome:       {outcome}", f"report:        {path}"]
+    packages = [f"{r.package_arn} ({report.status_words(r.approval_status)})" for r in facts.registrations]
+    lines.append(f"model package: {', '.join(packages) or 'none registered'}")
+    estimate = facts.estimate
+    if estimate:
+        spot = (
+            f", spot ${estimate['spot_usd'][0]:,.2f}-{estimate['spot_usd'][1]:,.2f}" if estimate.get("spot_usd") else ""
+        )
+        gate = "launch approval needed" if estimate["approval_required"] else "no launch approval needed"
+        lines.append(
+            f"cost estimate: at most ${estimate['max_cost_usd']:,.2f} on demand{spot} "
+            f"(threshold ${estimate['threshold_usd']:,.2f}: {gate})"
+        )
+        if reject == "launch" and not estimate["approval_required"]:
+            lines.append("--reject launch: this input's estimate does not reach the launch gate")
+    if facts.stand_ins:
+        lines.append(f"local stand-ins: {len(facts.stand_ins)}, listed in the report")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, default=REPO / "examples" / "demo.json", help="execution input JSON")
     parser.add_argument("--out", type=Path, default=REPO / "demo-out", help="where the run's files go")
     parser.add_argument("--auto-approve", action="store_true", help="approve every gate without asking")
-    parser.add_argument("--reject", action="store_true", help="reject the first gate (the rejection path)")
+    parser.add_argument(
+        "--reject",
+        nargs="?",
+        const="any",
+        choices=("any", *GATES),
+        help="reject a gate: every gate the run reaches (no value), or only the launch or promotion gate",
+    )
+    parser.add_argument("--verbose", action="store_true", help="the harness's own lines and the whole report too")
     parser.add_argument("--spot-interrupt", action="store_true", help="interrupt the job after its first checkpoint")
     parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
     parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
@@ -407,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         procs_per_host=args.procs_per_host,
         steps=args.steps,
         fault=args.fault,
+        verbose=args.verbose,
     )
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,22 @@ def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, floa
     """(step, train loss) and (step, validation loss) from a training log, the last value of each step."""
     series = metric_series(logs)
     return sorted(series.get(TRAIN_LOSS, {}).items()), sorted(series.get(VALIDATION_LOSS, {}).items())
+
+
+_STEP = re.compile(r"\bstep=(\d+) loss=")
+_RESUMED = re.compile(r"resumed from checkpoint step-(\d+)")
+
+
+def interruptions(logs: str) -> list[tuple[int, int]]:
+    """(last step logged before the interruption, step resumed from), for each resume a training log records."""
+    out: list[tuple[int, int]] = []
+    last = 0
+    for line in logs.splitlines():
+        if resumed := _RESUMED.search(line):
+            out.append((last, int(resumed.group(1))))
+        elif step := _STEP.search(line):
+            last = int(step.group(1))
+    return out
 
 
 def checkpoint_steps(checkpoints_uri: str) -> list[int]:

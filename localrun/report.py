@@ -9,6 +9,7 @@ lineage, the IAM judgements); `save` writes the job logs, loss curves and lineag
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +20,7 @@ import boto3
 from localrun.cfn import REGION
 from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
-from localrun.jobs import Job, checkpoint_steps, loss_curve
+from localrun.jobs import Job, checkpoint_steps, interruptions, loss_curve
 from localrun.sagemaker_local import LocalTraining
 from training.layout import split_s3_uri
 
@@ -44,6 +45,25 @@ class RoleCalls:
 
 
 @dataclass
+class StandIn:
+    """Something the local run scaled down: what the request asked for, and what ran here instead."""
+
+    what: str
+    requested: str
+    local: str
+
+
+@dataclass
+class TrialRow:
+    """One trial of a tuning job: its tuned hyperparameters, objective value (if it reported one) and status."""
+
+    name: str
+    hyperparameters: dict[str, str]
+    objective: float | None
+    status: str
+
+
+@dataclass
 class RunFacts:
     """Everything the report says about one execution."""
 
@@ -58,6 +78,8 @@ class RunFacts:
     decisions: list[dict[str, Any]]
     roles: list[RoleCalls]
     denials: list[Judgement]
+    stand_ins: list[StandIn]
+    trials: list[TrialRow]
 
 
 # -- collect -----------------------------------------------------------------------------------------
@@ -67,6 +89,8 @@ def collect(
     execution_arn: str,
     described: dict[str, Any],
     decisions: list[dict[str, Any]],
+    *,
+    stand_ins: list[StandIn],
 ) -> RunFacts:
     """The facts of a finished execution, read while the local platform is open."""
     return RunFacts(
@@ -82,6 +106,16 @@ def collect(
         decisions=decisions,
         roles=_roles(platform),
         denials=platform.iam.denials(),
+        stand_ins=stand_ins,
+        trials=[
+            TrialRow(
+                name=summary["TrainingJobName"],
+                hyperparameters=summary["TunedHyperParameters"],
+                objective=summary.get("FinalHyperParameterTuningJobObjectiveMetric", {}).get("Value"),
+                status=summary["TrainingJobStatus"],
+            )
+            for summary in platform.tuning.trial_summaries()
+        ],
     )
 
 
@@ -164,30 +198,45 @@ def save(facts: RunFacts, run_dir: Path) -> None:
     for job in facts.jobs:
         (run_dir / f"{job.name}.log").write_text(job.log)
         if job.train_loss:
-            _plot(job.train_loss, job.val_loss, run_dir / f"{job.name}-loss.png", job.name)
+            _plot(job, facts.stand_ins, run_dir / f"{job.name}-loss.png")
     for registration in facts.registrations:
         (run_dir / "lineage.json").write_text(json.dumps(registration.lineage, indent=2, sort_keys=True))
 
 
-def _plot(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path, title: str) -> None:
+def _plot(job: Job, stand_ins: list[StandIn], path: Path) -> None:
+    """The loss curves, a red line where the job was interrupted and a green one at the step it resumed from,
+    and the local stand-ins below."""
     import matplotlib  # noqa: PLC0415 - the backend must be chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
-    if train:
-        axes.plot(*zip(*train, strict=True), label="train loss")
-    if val:
-        axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
+    figure, axes = plt.subplots(figsize=(7, 4 + 0.2 * len(stand_ins)), dpi=110)
+    if job.train_loss:
+        axes.plot(*zip(*job.train_loss, strict=True), label="train loss")
+    if job.val_loss:
+        axes.plot(*zip(*job.val_loss, strict=True), "o-", label="validation loss")
+    for number, (interrupted, resumed) in enumerate(interruptions(job.log)):
+        first = number == 0
+        axes.axvline(interrupted, color="tab:red", linestyle="--", label="interrupted" if first else None)
+        axes.axvline(resumed, color="tab:green", linestyle=":", label="resumed from checkpoint" if first else None)
     axes.set_xlabel("step")
     axes.set_ylabel("loss (nats/token)")
-    axes.set_title(title)
+    axes.set_title(job.name)
     axes.grid(alpha=0.3)
     axes.legend()
-    figure.tight_layout()
+    if stand_ins:
+        text = "Local stand-ins (requested -> run here):\n" + "\n".join(_stand_in_line(s) for s in stand_ins)
+        figure.text(0.01, 0.01, text, fontsize=7, va="bottom", family="monospace")
+        figure.tight_layout(rect=(0, 0.04 + 0.045 * len(stand_ins), 1, 1))
+    else:
+        figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def _stand_in_line(stand_in: StandIn) -> str:
+    return f"{stand_in.what}: {stand_in.requested} -> {stand_in.local}"
 
 
 # -- render ------------------------------------------------------------------------------------------
@@ -198,8 +247,10 @@ def render(facts: RunFacts, run_dir: Path) -> str:
         lines.append(f"Error: `{facts.error}`; cause: {facts.cause}")
     lines += ["", "## States", "", "| State | Seconds |", "| --- | --- |"]
     lines += [f"| {name} | {seconds:.2f} |" for name, seconds in facts.states]
+    lines += _render_stand_ins(facts.stand_ins)
     if facts.estimate:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
+    lines += _render_trials(facts.trials)
     for job in facts.jobs:
         lines += _render_job(job, run_dir)
     for registration in facts.registrations:
@@ -213,6 +264,43 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _render_stand_ins(stand_ins: list[StandIn]) -> list[str]:
+    if not stand_ins:
+        return ["", "## Local stand-ins", "", "None: this machine ran the request as given."]
+    lines = [
+        "",
+        "## Local stand-ins",
+        "",
+        "What this machine ran in place of the request (the request, the job and the lineage keep the input's values).",
+        "",
+        "| What | Requested | Run here |",
+        "| --- | --- | --- |",
+    ]
+    return lines + [f"| {s.what} | {s.requested} | {s.local} |" for s in stand_ins]
+
+
+def _render_trials(trials: list[TrialRow]) -> list[str]:
+    if not trials:
+        return []
+    lines = [
+        "",
+        "## Tuning trials",
+        "",
+        "| Trial | Hyperparameters | Objective | Status |",
+        "| --- | --- | --- | --- |",
+    ]
+    for trial in trials:
+        tuned = ", ".join(f"{k}={v}" for k, v in sorted(trial.hyperparameters.items()))
+        objective = "-" if trial.objective is None else f"{trial.objective:.4f}"
+        lines.append(f"| {trial.name} | {tuned} | {objective} | {status_words(trial.status)} |")
+    return lines
+
+
+def status_words(status: str) -> str:
+    """A service's status enum as words: SUCCEEDED -> succeeded, InProgress -> in progress."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", status).replace("_", " ").lower()
+
+
 def _render_job(job: Job, run_dir: Path) -> list[str]:
     lines = ["", f"## Training job {job.name}", "", f"Log: `{run_dir / (job.name + '.log')}`"]
     if job.train_loss:
@@ -220,11 +308,17 @@ def _render_job(job: Job, run_dir: Path) -> list[str]:
             f"Loss curve: ![loss]({job.name}-loss.png)",
             f"First/last train loss: {job.train_loss[0][1]:.4f} -> {job.train_loss[-1][1]:.4f}",
         ]
-    lines.append(f"Status: {job.status} ({job.secondary_status})")
+    status = status_words(job.status)
+    if job.secondary_status and job.secondary_status != job.status:
+        status += f" ({status_words(job.secondary_status)})"
+    lines.append(f"Status: {status}")
     if job.failure:
         lines.append(f"Failure: {job.failure}")
     lines += [f"Note: {note}" for note in job.notes]
-    lines.append(f"Secondary statuses: {' -> '.join(job.transitions)}")
+    if job.secondary_status is not None:
+        lines.append(f"Secondary statuses: {' -> '.join(job.transitions)}")
+    for interrupted, resumed in interruptions(job.log):
+        lines.append(f"Interrupted after step {interrupted}; resumed from the checkpoint of step {resumed}")
     if job.metrics:
         lines += ["Final metrics (MetricDefinitions on the log):", ""]
         lines += [f"- `{k}` = {v}" for k, v in sorted(job.metrics.items())]

@@ -105,6 +105,11 @@ class LocalTuning:
             ),
         ]
 
+    def trial_summaries(self) -> list[dict[str, Any]]:
+        """Every trial of every tuning job, as ListTrainingJobsForHyperParameterTuningJob summarises it."""
+        with self._lock:
+            return [self._trial_summary(tuning, trial) for tuning in self.jobs.values() for trial in tuning.trials]
+
     # -- the API ----------------------------------------------------------------------------------
     def _create_response(self) -> Callable[[Any], Any]:
         original = SageMakerResponse.create_hyper_parameter_tuning_job

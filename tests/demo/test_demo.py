@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import tarfile
@@ -17,6 +18,7 @@ from localrun.demo import BURST, run_demo
 from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 
 pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _input(**overrides: Any) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def _input(**overrides: Any) -> dict[str, Any]:
 def _demo(platform: Any, tmp_path: Path, execution_input: dict[str, Any], **options: Any) -> Any:
     arguments: dict[str, Any] = {
         "auto_approve": True,
-        "reject": False,
+        "reject": None,
         "spot_interrupt": False,
         "approver": APPROVER,
         "wait_seconds": 1.0,
@@ -82,17 +84,22 @@ def _states(outcome: Any) -> list[str]:
     return [name for name, _ in outcome.states]
 
 
-def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path) -> None:
+def test_happy_path_trains_registers_and_promotes(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     outcome = _demo(platform, tmp_path, _input())
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     assert _states(outcome)[-4:] == ["Promotion approved?", "Approve model", "Notify success", "Model promoted"]
     (job,) = outcome.job_names
-    jobs = tmp_path / "demo-test" / "jobs" / job
+    # The execution's own folder, named by the execution: another run of the input writes beside it.
+    run = outcome.run_dir
+    assert run.parent == tmp_path and run.name == outcome.execution_arn.rsplit(":", 1)[-1] != "demo-test"
+    jobs = run / "jobs" / job
     # Two hosts formed one job; rank 0 wrote the model and the loss fell.
     host1 = jobs / "gen-0" / "algo-1"
     assert (host1 / "model" / "model.safetensors").stat().st_size > 0
     assert json.loads((host1 / "model" / "config.json").read_text())
-    log = (tmp_path / "demo-test" / f"{job}.log").read_text()
+    log = (run / f"{job}.log").read_text()
     losses = [float(m) for m in re.findall(r"\bstep=\d+ loss=(\S+)", log)]
     assert losses[-1] < losses[0] - 1.0
     assert "host algo-1 is node 0 of 2" in log and "rank 0/2 on cpu (backend gloo)" in log
@@ -101,8 +108,8 @@ def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path)
     # The report: states with durations, metrics, loss curve, lineage.
     report = outcome.report.read_text()
     assert "Outcome: **SUCCEEDED**" in report and "| Validate request |" in report
-    assert (tmp_path / "demo-test" / f"{job}-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    lineage = json.loads((tmp_path / "demo-test" / "lineage.json").read_text())
+    assert (run / f"{job}-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lineage = json.loads((run / "lineage.json").read_text())
     assert lineage["training_job"] == job
     assert lineage["metrics"]["validation:loss"] < 4.0
     assert lineage["checkpoints"]["step"] == 60
@@ -114,6 +121,23 @@ def test_happy_path_trains_registers_and_promotes(platform: Any, tmp_path: Path)
     assert "Denied: 0" in report
     if netns.available():  # the two hosts trained in a loopback-only network, as EnableNetworkIsolation asks
         assert "Note: network isolation: the hosts share a network namespace with loopback only" in report
+    # What ran in place of the request, old -> new.
+    assert "| instances | 2 x ml.m5.xlarge | 2 CPU processes on this machine (gloo over loopback) |" in report
+    assert "| dataset | fsx:///datasets/demo-corpus/ | the generated demo corpus (" in report
+    assert "Status: completed\n" in report
+    # The terminal: the state trace (a polling loop once), compact progress and a summary; no job internals.
+    out = capsys.readouterr().out
+    trace = [line.split("> ", 1)[1] for line in out.splitlines() if re.match(r"\[\s*\d+\.\ds\] > ", line)]
+    assert trace[:2] == ["Receive input", "Validate request"] and trace[-1] == "Model promoted"
+    assert trace.count("Check progress") == 1 < _states(outcome).count("Check progress")
+    progress = re.findall(r"^ +step +(\d+)  loss \d\.\d{3} +[\d,]+ tokens/s$", out, re.MULTILINE)
+    assert progress and all(int(b) - int(a) >= 20 for a, b in itertools.pairwise(progress))
+    assert "validation loss" in out
+    assert "approval needed: promotion gate of demo-test" in out
+    assert f"outcome:       SUCCEEDED\nreport:        {outcome.report}\n" in out
+    assert re.search(r"^model package: arn:aws:sagemaker:\S+/1 \(approved\)$", out, re.MULTILINE)
+    assert re.search(r"^cost estimate: at most \$[\d.]+ on demand, spot ", out, re.MULTILINE)
+    assert "## States" not in out and "--" not in out and "Traceback" not in out
 
 
 def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any, tmp_path: Path) -> None:
@@ -127,7 +151,7 @@ def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any
     outcome = _demo(platform, tmp_path, execution_input)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     (job,) = outcome.job_names
-    jobs = tmp_path / "demo-hetero" / "jobs" / job
+    jobs = outcome.run_dir / "jobs" / job
     config = json.loads((jobs / "gen-0" / "algo-1" / "input" / "config" / "resourceconfig.json").read_text())
     assert config["current_group_name"] == "cpu" and [g["hosts"] for g in config["instance_groups"]] == [
         ["algo-1"],
@@ -138,7 +162,7 @@ def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any
     trained = (jobs / "logs" / "algo-2-gen0.log").read_text()
     assert "host algo-2 is node 0 of 2" in trained and "step=20 loss=" in trained
     assert (jobs / "gen-0" / "algo-2" / "model" / "model.safetensors").stat().st_size > 0
-    lineage = json.loads((tmp_path / "demo-hetero" / "lineage.json").read_text())
+    lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
     assert [g["name"] for g in lineage["cluster"]["groups"]] == ["cpu", "train"]
 
 
@@ -156,25 +180,56 @@ def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: 
     outcome = _demo(platform, tmp_path, _input(run_name="demo-spot"), spot_interrupt=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     (job,) = outcome.job_names  # SageMaker's managed spot restarts the same job
-    jobs = tmp_path / "demo-spot" / "jobs" / job
+    jobs = outcome.run_dir / "jobs" / job
     assert (jobs / "gen-1" / "algo-1" / "model" / "model.safetensors").exists()  # the fresh hosts finished
     resumed = re.search(r"resumed from checkpoint step-(\d+)", (jobs / "logs" / "algo-1-gen1.log").read_text())
     assert resumed is not None and int(resumed.group(1)) >= 20
     steps = [int(s) for s in re.findall(r"\bstep=(\d+) loss=", (jobs / "logs" / "algo-1-gen1.log").read_text())]
     assert steps and min(steps) > int(resumed.group(1))  # no step before the checkpoint is trained again
-    lineage = json.loads((tmp_path / "demo-spot" / "lineage.json").read_text())
+    lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
     assert lineage["cluster"]["interruptions"] == 1
-    assert "Interrupted -> Training -> Completed" in outcome.report.read_text()
+    report = outcome.report.read_text()
+    assert "Interrupted -> Training -> Completed" in report
+    # The report (and the loss plot, from the same pairs) marks the interruption and the step resumed from.
+    marked = re.search(r"Interrupted after step (\d+); resumed from the checkpoint of step (\d+)", report)
+    assert marked is not None and int(marked.group(1)) > 0 and int(marked.group(2)) == int(resumed.group(1))
 
 
 def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:
-    outcome = _demo(platform, tmp_path, _input(run_name="demo-reject", hyperparameters={"max_steps": 20}), reject=True)
+    """An input over the approval threshold meets both gates; `--reject promotion` lets it launch, then rejects."""
+    execution_input = _input(
+        run_name="demo-reject",
+        instance_type="ml.p5.48xlarge",
+        max_runtime_hours=3,  # 2 x ml.p5.48xlarge x 3 h: over the default 500 USD threshold
+        hyperparameters={"max_steps": 20},
+    )
+    outcome = _demo(platform, tmp_path, execution_input, reject="promotion")
     assert outcome.described["status"] == "FAILED"
     assert outcome.described["error"] == "PromotionRejected"
-    assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject)"
+    assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject promotion)"
+    assert [d["gate"] for d in outcome.decisions] == ["launch", "promotion"]
+    assert [d["decision"] for d in outcome.decisions] == ["approved", "rejected"]
     report = outcome.report.read_text()
     group = re.escape(_model_package_group(platform))
     assert re.search(rf"model-package/{group}/1: \*\*Rejected\*\*", report)
+
+
+def test_the_launch_gate_can_be_rejected_and_an_example_reaches_it(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    execution_input = json.loads((EXAMPLES / "batch-multi-node.json").read_text())
+    execution_input["notify"] = [RUN_EMAIL]
+    outcome = _demo(platform, tmp_path, execution_input, reject="launch")
+    assert outcome.described["status"] == "FAILED" and outcome.described["error"] == "LaunchRejected"
+    assert outcome.described["cause"] == f"Rejected by {APPROVER}: rejected in the demo (--reject launch)"
+    assert outcome.job_names == [] and "Launch rejected" in _states(outcome)
+    out = capsys.readouterr().out
+    gate = out.index("approval needed: launch gate of batch-fsdp-2node")
+    assert out.index("> Approval gate (pre-launch)\n") < gate < out.index("> Launch rejected\n")
+    # moto's Step Functions logs the handled rejection at ERROR; the quiet demo does not show it.
+    assert [r for r in caplog.records if r.name.startswith("moto")] == []
+    assert "outcome:       FAILED: LaunchRejected: Rejected by" in out and "model package: none registered" in out
+    assert re.search(r"cost estimate: at most \$[\d,.]+ on demand \(threshold \$500\.00: launch approval needed\)", out)
 
 
 def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> None:
@@ -183,7 +238,7 @@ def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> 
     assert outcome.described["status"] == "FAILED"
     assert outcome.described["error"] == "TrainingJobFailed"
     (job,) = outcome.job_names
-    failure = (tmp_path / "demo-fail" / "jobs" / job / "gen-0" / "algo-1" / "output" / "failure").read_text()
+    failure = (outcome.run_dir / "jobs" / job / "gen-0" / "algo-1" / "output" / "failure").read_text()
     assert outcome.described["cause"] == f"AlgorithmError: {failure.splitlines()[0]}"
     assert "vocab" in failure.lower()
     assert "Training failed" in _states(outcome)
@@ -203,6 +258,32 @@ def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
     assert local_scale({"model": "gpt2", "distribution": "smddp"}, 50)["distribution"] == "ddp"
 
 
+def test_local_stand_ins_name_what_was_scaled_old_to_new() -> None:
+    from localrun.demo import local_scale, local_stand_ins
+
+    execution_input = json.loads((EXAMPLES / "multi-node-fsdp-spot.json").read_text())
+    requested = {
+        k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in execution_input["hyperparameters"].items()
+    }
+    scaled = local_scale(requested | {"model": execution_input["model"]}, None)
+    stand_ins = {
+        s.what: (s.requested, s.local)
+        for s in local_stand_ins(execution_input, scaled, max_hosts=2, corpus="the corpus")
+    }
+    assert stand_ins["instances"] == ("4 x ml.p5.48xlarge", "2 CPU processes on this machine (gloo over loopback)")
+    assert stand_ins["dataset"] == ("fsx:///datasets/fineweb-edu-100B/", "the corpus")
+    assert stand_ins["hyperparameter model"] == ("llama-1b", "llama-tiny")
+    assert stand_ins["hyperparameter max_steps"] == ("60000", "300")
+    assert stand_ins["hyperparameter seq_len"] == ("2048", "128")
+    assert "hyperparameter batch_size" not in stand_ins  # 8 in the input and here: nothing stood in
+    hetero = json.loads((EXAMPLES / "heterogeneous-cluster.json").read_text())
+    groups = [s for s in local_stand_ins(hetero, {}, max_hosts=2, corpus="c") if s.what.startswith("instances")]
+    assert [(s.what, s.requested) for s in groups] == [
+        ("instances (group gpu)", "2 x ml.p4d.24xlarge"),
+        ("instances (group cpu)", "1 x ml.c5.4xlarge"),
+    ]
+
+
 def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform: Any, tmp_path: Path) -> None:
     tuning = {
         "ranges": {
@@ -220,32 +301,37 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform
 
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     assert "Create tuning job" in _states(outcome) and len(outcome.job_names) == 3
-    lineage = json.loads((tmp_path / "demo-test" / "lineage.json").read_text())
+    lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
     record = lineage["tuning"]
     assert record["best_training_job"] == lineage["training_job"] in outcome.job_names
     assert record["trials_completed"] == 3
     # The best is the lowest validation loss the trainers really reported, with the values it ran.
     losses = {}
     for job in outcome.job_names:
-        log = (tmp_path / "demo-test" / f"{job}.log").read_text()
+        log = (outcome.run_dir / f"{job}.log").read_text()
         losses[job] = float(re.findall(r"\bstep=\d+ val_loss=(\S+)", log)[-1])
         # The trainer accepts what SageMaker adds to a trial's hyperparameters.
         config = json.loads(
             (
-                tmp_path / "demo-test" / "jobs" / job / "gen-0" / "algo-1" / "input" / "config" / "hyperparameters.json"
+                outcome.run_dir / "jobs" / job / "gen-0" / "algo-1" / "input" / "config" / "hyperparameters.json"
             ).read_text()
         )
         assert config["_tuning_objective_metric"] == "validation:loss"
     assert record["best_training_job"] == min(losses, key=lambda j: losses[j])
     assert record["objective_value"] == pytest.approx(losses[record["best_training_job"]])
     assert lineage["hyperparameters"]["lr"] == record["hyperparameters"]["lr"]
-    assert "Denied: 0" in outcome.report.read_text()
+    report = outcome.report.read_text()
+    assert "Denied: 0" in report
+    # A trial table: name, the values it ran, its objective and its status.
+    assert "| Trial | Hyperparameters | Objective | Status |" in report
+    for job in outcome.job_names:
+        assert re.search(
+            rf"^\| {job} \| batch_size=\d, lr=\S+ \| {losses[job]:.4f} \| completed \|$", report, re.MULTILINE
+        )
 
 
 def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platform: Any, tmp_path: Path) -> None:
-    execution_input = json.loads(
-        (Path(__file__).resolve().parents[2] / "examples" / "batch-multi-node.json").read_text()
-    )
+    execution_input = json.loads((EXAMPLES / "batch-multi-node.json").read_text())
     execution_input["notify"] = [RUN_EMAIL]
     execution_input["hyperparameters"].update({"max_steps": 24, "checkpoint.interval_steps": 8})
     outcome = _demo(platform, tmp_path, execution_input, spot_interrupt=True)
@@ -256,7 +342,10 @@ def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platfo
     report = outcome.report.read_text()
     # Batch retried the attempt whose host was lost; its nodes resumed from the checkpoints in S3.
     assert "AWS Batch attempt 1: Host EC2" in report and "AWS Batch attempt 2: Essential container" in report
-    lineage = json.loads((tmp_path / execution_input["run_name"] / "lineage.json").read_text())
+    lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
     assert lineage["training_job"] == job and lineage["cluster"]["interruptions"] == 1
+    # Batch's statuses read as words, and the lost node's interruption and resume are marked.
+    assert "Status: succeeded\n" in report and "(None)" not in report and "Secondary statuses" not in report
+    assert re.search(r"Interrupted after step \d+; resumed from the checkpoint of step \d+\n", report)
     assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
     assert "| BatchClusterJobRole" in report and "Denied: 0" in report
