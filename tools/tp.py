@@ -50,6 +50,9 @@ StateMachine = Annotated[
 DecisionUrl = Annotated[
     str | None, typer.Option(envvar="TP_DECISION_URL", help="the approvals decision URL (else the stack's)")
 ]
+ArtifactsBucket = Annotated[
+    str | None, typer.Option(envvar="TP_ARTIFACTS_BUCKET", help="the artifacts bucket (else the stack's)")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 Reason = Annotated[str, typer.Option(help="recorded with the decision (at most 512 characters)")]
 
@@ -179,11 +182,17 @@ class Target:
     session: Any
     state_machine: str | None
     decision_url: str | None
+    artifacts_bucket: str | None = None
 
     def need_state_machine(self) -> str:
         if not self.state_machine:
             raise typer.BadParameter("no state machine: pass --state-machine or set TP_STATE_MACHINE")
         return self.state_machine
+
+    def need_artifacts_bucket(self) -> str:
+        if not self.artifacts_bucket:
+            raise typer.BadParameter("no artifacts bucket: pass --artifacts-bucket or set TP_ARTIFACTS_BUCKET")
+        return self.artifacts_bucket
 
     def need_decision_url(self) -> str:
         if not self.decision_url:
@@ -201,13 +210,21 @@ def stage_outputs(session: Any, stage: str) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
 
 
-def target(stage: str, region: str | None, state_machine: str | None, decision_url: str | None) -> Target:
+def target(
+    stage: str,
+    region: str | None,
+    state_machine: str | None,
+    decision_url: str | None,
+    artifacts_bucket: str | None = "",
+) -> Target:
+    """What the flags and environment name, the rest from the stage's stack outputs ("" for not needed)."""
     session = boto3.Session(region_name=region)
-    if state_machine is None or decision_url is None:
+    if None in (state_machine, decision_url, artifacts_bucket):
         outputs = stage_outputs(session, stage)
         state_machine = state_machine or _output(outputs, "StateMachine")
         decision_url = decision_url or _output(outputs, "DecisionUrl")
-    return Target(session, state_machine, decision_url)
+        artifacts_bucket = artifacts_bucket or _output(outputs, "ArtifactsBucket")
+    return Target(session, state_machine, decision_url, artifacts_bucket)
 
 
 def _output(outputs: dict[str, str], part: str) -> str | None:
@@ -417,6 +434,100 @@ def reject(
 ) -> None:
     """Reject a pending request (as one of the platform's approvers)."""
     _decide("reject", request_id, reason, target(stage, region, "", decision_url), as_json)
+
+
+LINEAGE_PREFIX = "runs/"
+TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+def lineage_records(s3: Any, bucket: str) -> list[dict[str, Any]]:
+    """Every registered run's lineage record in the artifacts bucket."""
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=LINEAGE_PREFIX)
+        for o in page.get("Contents", [])
+        if o["Key"].endswith("/lineage.json")
+    ]
+    return [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
+
+
+@app.command()
+def cost(
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    artifacts_bucket: ArtifactsBucket = None,
+    as_json: AsJson = False,
+) -> None:
+    """Spend across registered runs, from their lineage records: actual, on demand, spot savings."""
+    t = target(stage, region, "", "", artifacts_bucket)
+    runs = [
+        {"run_name": r["run_name"], "training_job": r["training_job"], **r["cost"]}
+        for r in lineage_records(t.session.client("s3"), t.need_artifacts_bucket())
+    ]
+    totals = {key: sum(r[key] or 0 for r in runs) for key in ("actual_usd", "on_demand_usd", "spot_savings_usd")}
+    if as_json:
+        out.print_json(data={"runs": runs, "total": totals})
+        return
+    table = Table("run", "training job", "actual", "on demand", "spot savings", "estimate")
+    for r in runs:
+        table.add_row(
+            r["run_name"],
+            r["training_job"],
+            *(f"${r[k]:,.2f}" if r[k] is not None else "" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")),
+            f"${r['estimate_usd']:,.2f}",
+        )
+    table.add_row("total", "", *(f"${totals[k]:,.2f}" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")), "")
+    out.print(table)
+
+
+def _training_jobs(sfn: Any, execution_arn: str) -> list[str]:
+    """The training jobs a run created, from its execution history."""
+    events = [
+        e
+        for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+        for e in page["events"]
+    ]
+    names = []
+    for event in events:
+        if event["type"] == "TaskScheduled":
+            parameters = json.loads(event["taskScheduledEventDetails"]["parameters"])
+            name = parameters.get("TrainingJobName")
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+@app.command()
+def logs(
+    run: str,
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    as_json: AsJson = False,
+) -> None:
+    """The run's training job logs from CloudWatch, stream by stream (one stream per host)."""
+    t = target(stage, region, state_machine, "")
+    arn = _execution_arn(t.need_state_machine(), run)
+    cloudwatch = t.session.client("logs")
+    streams: dict[str, list[str]] = {}
+    for job in _training_jobs(t.session.client("stepfunctions"), arn):
+        pages = cloudwatch.get_paginator("filter_log_events").paginate(
+            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job}/"
+        )
+        for page in pages:
+            for event in page["events"]:
+                streams.setdefault(event["logStreamName"], []).append(event["message"])
+    if as_json:
+        out.print_json(data=streams)
+        return
+    if not streams:
+        err.print(f"no training logs yet for {arn}", markup=False, highlight=False)
+    for stream, lines in streams.items():
+        out.rule(stream)
+        for line in lines:
+            out.print(line, markup=False, highlight=False)
 
 
 def main() -> None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,7 @@ def _wired(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
 
     monkeypatch.setattr(tools.tp, "send", deliver)
     monkeypatch.setenv("TP_STATE_MACHINE", pipeline.local.state_machine_arn)
+    monkeypatch.setenv("TP_ARTIFACTS_BUCKET", pipeline.local.environment("Register")["ARTIFACTS_BUCKET"])
     monkeypatch.setenv("TP_DECISION_URL", pipeline.local.environment("ApprovalRequest")["DECISION_URL"])
     return pipeline
 
@@ -152,6 +155,35 @@ def test_start_list_pending_and_approve_a_run(local: Pipeline, tmp_path: Path) -
     result = tp("approve", request_id, "--reason", "val loss is fine", env=_env(local.local.person(APPROVER)))
     assert result.exit_code == 0, result.output
     assert local.finish(arn)["status"] == "SUCCEEDED"
+
+    spent = tp("cost", "--json")
+    assert spent.exit_code == 0, spent.output
+    (run,) = json.loads(spent.output)["runs"]
+    assert run["run_name"] == local.lineage()["run_name"]
+    assert json.loads(spent.output)["total"]["actual_usd"] == pytest.approx(local.lineage()["cost"]["actual_usd"])
+
+
+def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-5")
+    local.run_until(arn, "Approval gate (promotion)")
+    (job,) = local.jobs()
+    cloudwatch = boto3.client("logs", region_name=REGION)  # as SageMaker writes a job's logs, one stream per host
+    with contextlib.suppress(cloudwatch.exceptions.ResourceAlreadyExistsException):
+        cloudwatch.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    for host in ("algo-1", "algo-2"):
+        stream = f"{job}/{host}-1700000000"
+        cloudwatch.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+        cloudwatch.put_log_events(
+            logGroupName="/aws/sagemaker/TrainingJobs",
+            logStreamName=stream,
+            logEvents=[{"timestamp": int(time.time() * 1000), "message": f"step 10 loss 2.5 on {host}"}],
+        )
+    result = tp("logs", "tp-run-5", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {
+        f"{job}/algo-1-1700000000": ["step 10 loss 2.5 on algo-1"],
+        f"{job}/algo-2-1700000000": ["step 10 loss 2.5 on algo-2"],
+    }
 
 
 def test_reject_ends_the_run_without_promotion(local: Pipeline, tmp_path: Path) -> None:
