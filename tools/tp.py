@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +22,7 @@ import typer
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lambdas.approvals import identity
@@ -31,6 +33,7 @@ from lambdas.shared.errors import InvalidRequest
 from lambdas.validate import start_proof
 from lambdas.validate.request import resolve
 from stacks.settings import PlatformSettings, settings_from_context
+from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 out = Console()
@@ -528,6 +531,78 @@ def logs(
         out.rule(stream)
         for line in lines:
             out.print(line, markup=False, highlight=False)
+
+
+def snapshot(session: Any, execution_arn: str) -> dict[str, Any]:
+    """The run now: the execution's status and its latest training job's status and metrics."""
+    sfn = session.client("stepfunctions")
+    described = sfn.describe_execution(executionArn=execution_arn)
+    state: dict[str, Any] = {"run": described["name"], "status": described["status"], "job": None}
+    jobs = _training_jobs(sfn, execution_arn)
+    if jobs:
+        job = session.client("sagemaker").describe_training_job(TrainingJobName=jobs[-1])
+        metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
+        runtime = job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
+        state["job"] = {
+            "name": jobs[-1],
+            "status": job["TrainingJobStatus"],
+            "secondary_status": job.get("SecondaryStatus"),
+            "loss": metrics.get(TRAIN_LOSS),
+            "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
+            "billable_seconds": job.get("BillableTimeInSeconds"),
+            "training_seconds": job.get("TrainingTimeInSeconds"),
+            "max_runtime_seconds": runtime,
+        }
+    return state
+
+
+@app.command()
+def watch(
+    run: str,
+    *,
+    once: Annotated[bool, typer.Option(help="print one snapshot and exit")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between snapshots")] = 30.0,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    as_json: AsJson = False,
+) -> None:
+    """Follow a run: its state, its training job's status, loss and tokens/s, against its time limit."""
+    t = target(stage, region, state_machine, "")
+    arn = _execution_arn(t.need_state_machine(), run)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out, disable=once or as_json
+    ) as progress:
+        task = progress.add_task(run, total=None)
+        while True:
+            state = snapshot(t.session, arn)
+            job = state["job"] or {}
+            if once or as_json:
+                if as_json:
+                    out.print_json(data=state)
+                else:
+                    out.print(_describe(state), markup=False, highlight=False)
+                return
+            progress.update(
+                task,
+                description=_describe(state),
+                completed=job.get("training_seconds") or 0,
+                total=job.get("max_runtime_seconds"),
+            )
+            if state["status"] != "RUNNING":
+                return
+            time.sleep(interval)
+
+
+def _describe(state: dict[str, Any]) -> str:
+    job = state["job"]
+    if job is None:
+        return f"{state['run']}: {state['status']}"
+    loss = "" if job["loss"] is None else f" loss {job['loss']:.4g}"
+    speed = "" if job["tokens_per_sec"] is None else f" {job['tokens_per_sec']:,.0f} tokens/s"
+    return (
+        f"{state['run']}: {state['status']}, job {job['name']} {job['status']}/{job['secondary_status']}{loss}{speed}"
+    )
 
 
 def main() -> None:

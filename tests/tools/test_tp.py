@@ -30,6 +30,13 @@ def tp(*args: str, env: dict[str, str] | None = None) -> Any:
     return runner.invoke(app, list(args), env=env, catch_exceptions=False)
 
 
+def _answer(output: str) -> Any:
+    """tp's (indented) JSON document in the output, less the platform handlers' one-line logs and metrics, which
+    they write to stdout from other threads meanwhile."""
+    lines = [line for line in output.splitlines() if not line.startswith('{"')]
+    return json.loads("\n".join(lines))
+
+
 # -- offline -------------------------------------------------------------------------------------------
 
 
@@ -54,7 +61,7 @@ def test_validate_exits_non_zero_and_names_the_problems(tmp_path: Path) -> None:
 def test_estimate_json_has_the_spot_range_threshold_and_budget() -> None:
     result = tp("estimate", "--json", str(REPO / "examples" / "multi-node-fsdp-spot.json"))
     assert result.exit_code == 0, result.output
-    estimate = json.loads(result.output)
+    estimate = _answer(result.stdout)
     low, high = estimate["spot_usd"]
     assert 0 < low <= high < estimate["on_demand_usd"]
     settings = PipelineSettings.model_validate(
@@ -132,7 +139,7 @@ def _start(local: Pipeline, tmp_path: Path, name: str) -> str:
     engineer = _engineer(local)
     result = tp("start", str(run_input), "--name", name, "--json", env=engineer)
     assert result.exit_code == 0, result.output
-    return str(json.loads(result.output)["execution_arn"])
+    return str(_answer(result.stdout)["execution_arn"])
 
 
 def _pending_id(local: Pipeline, arn: str) -> str:
@@ -140,7 +147,7 @@ def _pending_id(local: Pipeline, arn: str) -> str:
     local.pending("promotion")  # the request is open (the harness's own listing waits for it)
     result = tp("pending", "--json", env=_env(local.local.person(APPROVER)))
     assert result.exit_code == 0, result.output
-    (request,) = [r for r in json.loads(result.output)["pending"] if r["gate"] == "promotion"]
+    (request,) = [r for r in _answer(result.stdout)["pending"] if r["gate"] == "promotion"]
     return str(request["request_id"])
 
 
@@ -150,7 +157,7 @@ def test_start_list_pending_and_approve_a_run(local: Pipeline, tmp_path: Path) -
 
     listed = tp("list", "--json")
     assert listed.exit_code == 0, listed.output
-    assert [(r["name"], r["status"]) for r in json.loads(listed.output)] == [("tp-run-1", "RUNNING")]
+    assert [(r["name"], r["status"]) for r in _answer(listed.stdout)] == [("tp-run-1", "RUNNING")]
 
     result = tp("approve", request_id, "--reason", "val loss is fine", env=_env(local.local.person(APPROVER)))
     assert result.exit_code == 0, result.output
@@ -158,9 +165,9 @@ def test_start_list_pending_and_approve_a_run(local: Pipeline, tmp_path: Path) -
 
     spent = tp("cost", "--json")
     assert spent.exit_code == 0, spent.output
-    (run,) = json.loads(spent.output)["runs"]
+    (run,) = _answer(spent.stdout)["runs"]
     assert run["run_name"] == local.lineage()["run_name"]
-    assert json.loads(spent.output)["total"]["actual_usd"] == pytest.approx(local.lineage()["cost"]["actual_usd"])
+    assert _answer(spent.stdout)["total"]["actual_usd"] == pytest.approx(local.lineage()["cost"]["actual_usd"])
 
 
 def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
@@ -180,7 +187,7 @@ def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
         )
     result = tp("logs", "tp-run-5", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {
+    assert _answer(result.stdout) == {
         f"{job}/algo-1-1700000000": ["step 10 loss 2.5 on algo-1"],
         f"{job}/algo-2-1700000000": ["step 10 loss 2.5 on algo-2"],
     }
@@ -215,3 +222,15 @@ def test_stop_stops_a_run_and_its_job(training_forever: Pipeline, tmp_path: Path
     local.local.wait(arn, 30, until=lambda: bool(local.local.events.deliveries))
     local.local.events.drain()
     assert local.training.stopped_names == local.jobs()
+
+
+def test_watch_once_shows_the_run_and_its_job(training_forever: Pipeline, tmp_path: Path) -> None:
+    local = training_forever
+    arn = _start(local, tmp_path, "tp-run-6")
+    local.run_until(arn, "Check progress")
+    result = tp("watch", "tp-run-6", "--json")
+    assert result.exit_code == 0, result.output
+    state = _answer(result.stdout)
+    (job,) = local.jobs()
+    assert (state["run"], state["status"], state["job"]["name"]) == ("tp-run-6", "RUNNING", job)
+    assert state["job"]["status"] == "InProgress"
