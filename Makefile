@@ -20,9 +20,11 @@ export PLATFORM_CONTEXT := $(CONTEXT)
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(SETUP_STAMP): requirements.txt requirements-dev.txt constraints.txt
+$(SETUP_STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+# The repository's own modules, editable, for the `tp` console script (pyproject.toml's [project.scripts]).
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(NODE_STAMP): package.json package-lock.json
@@ -71,7 +73,7 @@ demo: setup  ## The whole pipeline, run locally: synth, state machine in moto, r
 
 constraints:  ## Re-pin constraints.txt from the current .venv.
 	{ echo "# Full pin set for the dev/CI virtual environment (pip freeze). Regenerate: make constraints"; \
-	  $(PY) -m pip freeze --all | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
+	  $(PY) -m pip freeze --all --exclude-editable | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
 
 clean:  ## Remove build outputs (keeps .venv and node_modules).
 	rm -rf cdk.out demo-out review.md .pytest_cache .mypy_cache .ruff_cache

@@ -240,7 +240,7 @@ class LocalPlatform:
 
     # -- what the tests and the demo use -----------------------------------------------------
     def start(self, execution_input: Any, name: str | None = None, *, requester: str | None = REQUESTER) -> str:
-        """Start a run as tools/start_run.py does: with a start proof signed by a session of `requester`.
+        """Start a run as `tp start` does: with a start proof signed by a session of `requester`.
 
         An input that holds a proof already is sent as it is; `requester=None` sends no proof.
         """
@@ -328,8 +328,8 @@ class LocalPlatform:
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
     ) -> Any:
-        """What tools/approve.py sends to the decision URL, delivered as the function URL delivers it."""
-        from tools.approve import signed_request  # noqa: PLC0415 - the CLI approvers use
+        """What `tp approve|reject|pending` sends to the decision URL, delivered as the function URL delivers it."""
+        from tools.tp import signed_request  # noqa: PLC0415 - the CLI approvers use
 
         url = self.environment("ApprovalRequest")["DECISION_URL"]
         request = signed_request(url, method, body, session, query=query)

@@ -7,7 +7,7 @@ import json
 import boto3
 import pytest
 
-from tools.approve import signed_request
+from tools.tp import signed_request
 
 URL = "https://abc123def456.lambda-url.eu-west-1.on.aws/"
 

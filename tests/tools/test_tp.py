@@ -1,0 +1,236 @@
+"""`tp`, driven through typer's CliRunner: offline against cdk.json's settings, and against the local platform
+(moto, IAM enforced) as an ML engineer and an approver would use it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from localrun.cfn import REGION
+from localrun.clock import Clock
+from localrun.engine import REQUESTER
+from localrun.scripted import Poll
+from stacks.settings import PipelineSettings
+from tests.conftest import APPROVER, REPO
+from tests.pipeline.conftest import Pipeline
+
+runner = CliRunner()
+
+
+def tp(*args: str, env: dict[str, str] | None = None) -> Any:
+    from tools.tp import app
+
+    return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+def _answer(output: str) -> Any:
+    """tp's (indented) JSON document in the output, less the platform handlers' one-line logs and metrics, which
+    they write to stdout from other threads meanwhile."""
+    lines = [line for line in output.splitlines() if not line.startswith('{"')]
+    return json.loads("\n".join(lines))
+
+
+# -- offline -------------------------------------------------------------------------------------------
+
+
+def test_validate_accepts_an_example_and_prints_its_estimate() -> None:
+    result = tp("validate", str(REPO / "examples" / "single-node-ddp.json"))
+    assert result.exit_code == 0, result.output
+    assert "valid" in result.output
+    assert "approval threshold" in result.output
+    assert "share of monthly budget" in result.output
+
+
+def test_validate_exits_non_zero_and_names_the_problems(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    example = json.loads((REPO / "examples" / "single-node-ddp.json").read_text())
+    bad.write_text(json.dumps({**example, "instance_type": "p4d.24xlarge", "dataset": "s3://someone-else/data/"}))
+    result = tp("validate", str(bad))
+    assert result.exit_code == 1
+    assert "instance_type" in result.output
+    assert "dataset" in result.output
+
+
+def test_estimate_json_has_the_spot_range_threshold_and_budget() -> None:
+    result = tp("estimate", "--json", str(REPO / "examples" / "multi-node-fsdp-spot.json"))
+    assert result.exit_code == 0, result.output
+    estimate = _answer(result.stdout)
+    low, high = estimate["spot_usd"]
+    assert 0 < low <= high < estimate["on_demand_usd"]
+    settings = PipelineSettings.model_validate(
+        json.loads((REPO / "cdk.json").read_text())["context"]["platform"]["pipeline"]
+    )
+    assert estimate["threshold_usd"] == settings.approval_threshold_usd
+    assert estimate["monthly_budget_usd"] == settings.monthly_budget_usd
+
+
+# -- against the local platform ------------------------------------------------------------------------
+
+
+def _env(session: Any) -> dict[str, str]:
+    keys = session.get_credentials().get_frozen_credentials()
+    return {
+        "AWS_ACCESS_KEY_ID": keys.access_key,
+        "AWS_SECRET_ACCESS_KEY": keys.secret_key,
+        "AWS_SESSION_TOKEN": keys.token,
+        "AWS_REGION": session.region_name,
+    }
+
+
+@pytest.fixture
+def local(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    return _wired(pipeline, monkeypatch)
+
+
+@pytest.fixture
+def training_forever(pipeline_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    """A platform whose job trains until something stops it."""
+    return _wired(pipeline_factory(scripts=[[Poll()]], clock=Clock(wait_scale=0.001)), monkeypatch)
+
+
+def _wired(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
+    """`tp` pointed at the local platform; the decision URL reached as its function URL delivers a request."""
+    import tools.tp
+
+    def deliver(request: Any) -> tuple[int, str]:
+        query = (
+            dict(pair.split("=", 1) for pair in request.full_url.split("?", 1)[1].split("&"))
+            if "?" in request.full_url
+            else None
+        )
+        event = {
+            "requestContext": {"http": {"method": request.get_method()}},
+            "headers": {k.lower(): v for k, v in request.header_items()},
+            "queryStringParameters": query,
+            "body": request.data.decode() if isinstance(request.data, bytes) else None,
+        }
+        response = pipeline.local.invoke("ApprovalDecide", event)
+        return int(response["statusCode"]), str(response["body"])
+
+    monkeypatch.setattr(tools.tp, "send", deliver)
+    monkeypatch.setenv("TP_STATE_MACHINE", pipeline.local.state_machine_arn)
+    monkeypatch.setenv("TP_ARTIFACTS_BUCKET", pipeline.local.environment("Register")["ARTIFACTS_BUCKET"])
+    monkeypatch.setenv("TP_DECISION_URL", pipeline.local.environment("ApprovalRequest")["DECISION_URL"])
+    return pipeline
+
+
+def _engineer(local: Pipeline) -> dict[str, str]:
+    """The ML engineer's session, with the one permission an engineer's role needs to start runs."""
+    session = local.local.person(REQUESTER, "engineer")
+    allow = {"Effect": "Allow", "Action": "states:StartExecution", "Resource": local.local.state_machine_arn}
+    boto3.client("iam", region_name=REGION).put_role_policy(
+        RoleName=REQUESTER.rsplit("/", 1)[-1],
+        PolicyName="StartRuns",
+        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [allow]}),
+    )
+    return _env(session)
+
+
+def _start(local: Pipeline, tmp_path: Path, name: str) -> str:
+    run_input = tmp_path / "input.json"
+    run_input.write_text(json.dumps(local.input()))
+    engineer = _engineer(local)
+    result = tp("start", str(run_input), "--name", name, "--json", env=engineer)
+    assert result.exit_code == 0, result.output
+    return str(_answer(result.stdout)["execution_arn"])
+
+
+def _pending_id(local: Pipeline, arn: str) -> str:
+    local.run_until(arn, "Approval gate (promotion)")
+    local.pending("promotion")  # the request is open (the harness's own listing waits for it)
+    result = tp("pending", "--json", env=_env(local.local.person(APPROVER)))
+    assert result.exit_code == 0, result.output
+    (request,) = [r for r in _answer(result.stdout)["pending"] if r["gate"] == "promotion"]
+    return str(request["request_id"])
+
+
+def test_start_list_pending_and_approve_a_run(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-1")
+    request_id = _pending_id(local, arn)
+
+    listed = tp("list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [(r["name"], r["status"]) for r in _answer(listed.stdout)] == [("tp-run-1", "RUNNING")]
+
+    result = tp("approve", request_id, "--reason", "val loss is fine", env=_env(local.local.person(APPROVER)))
+    assert result.exit_code == 0, result.output
+    assert local.finish(arn)["status"] == "SUCCEEDED"
+
+    spent = tp("cost", "--json")
+    assert spent.exit_code == 0, spent.output
+    (run,) = _answer(spent.stdout)["runs"]
+    assert run["run_name"] == local.lineage()["run_name"]
+    assert _answer(spent.stdout)["total"]["actual_usd"] == pytest.approx(local.lineage()["cost"]["actual_usd"])
+
+
+def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-5")
+    local.run_until(arn, "Approval gate (promotion)")
+    (job,) = local.jobs()
+    cloudwatch = boto3.client("logs", region_name=REGION)  # as SageMaker writes a job's logs, one stream per host
+    with contextlib.suppress(cloudwatch.exceptions.ResourceAlreadyExistsException):
+        cloudwatch.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    for host in ("algo-1", "algo-2"):
+        stream = f"{job}/{host}-1700000000"
+        cloudwatch.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+        cloudwatch.put_log_events(
+            logGroupName="/aws/sagemaker/TrainingJobs",
+            logStreamName=stream,
+            logEvents=[{"timestamp": int(time.time() * 1000), "message": f"step 10 loss 2.5 on {host}"}],
+        )
+    result = tp("logs", "tp-run-5", "--json")
+    assert result.exit_code == 0, result.output
+    assert _answer(result.stdout) == {
+        f"{job}/algo-1-1700000000": ["step 10 loss 2.5 on algo-1"],
+        f"{job}/algo-2-1700000000": ["step 10 loss 2.5 on algo-2"],
+    }
+
+
+def test_reject_ends_the_run_without_promotion(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-2")
+    request_id = _pending_id(local, arn)
+    result = tp("reject", request_id, "--reason", "not this one", env=_env(local.local.person(APPROVER)))
+    assert result.exit_code == 0, result.output
+    assert local.finish(arn)["status"] != "SUCCEEDED"
+    assert "Promote" not in " ".join(local.local.states_entered(arn)).split("Approval gate (promotion)")[-1]
+
+
+def test_someone_not_an_approver_decides_nothing(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-3")
+    request_id = _pending_id(local, arn)
+    engineer = _env(local.local.person(REQUESTER, "engineer"))
+    result = tp("approve", request_id, "--reason", "mine", env=engineer)
+    assert result.exit_code == 1
+    assert local.local.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING"
+
+
+def test_stop_stops_a_run_and_its_job(training_forever: Pipeline, tmp_path: Path) -> None:
+    local = training_forever
+    arn = _start(local, tmp_path, "tp-run-4")
+    local.run_until(arn, "Check progress")
+    result = tp("stop", "tp-run-4", "--reason", "wrong dataset")
+    assert result.exit_code == 0, result.output
+    described = local.finish(arn)
+    assert described["status"] == "ABORTED"
+    local.local.wait(arn, 30, until=lambda: bool(local.local.events.deliveries))
+    local.local.events.drain()
+    assert local.training.stopped_names == local.jobs()
+
+
+def test_watch_once_shows_the_run_and_its_job(training_forever: Pipeline, tmp_path: Path) -> None:
+    local = training_forever
+    arn = _start(local, tmp_path, "tp-run-6")
+    local.run_until(arn, "Check progress")
+    result = tp("watch", "tp-run-6", "--json")
+    assert result.exit_code == 0, result.output
+    state = _answer(result.stdout)
+    (job,) = local.jobs()
+    assert (state["run"], state["status"], state["job"]["name"]) == ("tp-run-6", "RUNNING", job)
+    assert state["job"]["status"] == "InProgress"

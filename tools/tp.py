@@ -1,0 +1,613 @@
+"""`tp`, the training platform's command line: validate, estimate, start and decide runs.
+
+Offline commands (validate, estimate) read the settings in cdk.json; the others reach a deployed stage
+through boto3 with whatever credentials it finds (profile, SSO, environment).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import boto3
+import typer
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lambdas.approvals import identity
+from lambdas.approvals.store import PAGE_SIZE
+from lambdas.estimate.handler import estimate as estimate_cost
+from lambdas.execution_state import CostEstimate, EstimateEvent
+from lambdas.shared.errors import InvalidRequest
+from lambdas.validate import start_proof
+from lambdas.validate.request import resolve
+from stacks.settings import PlatformSettings, settings_from_context
+from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+_URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
+# Offline, Validate checks the input against these in place of a deployment's own names.
+OFFLINE_DATASETS_BUCKET = "datasets-bucket"
+# Approvers do not bear on Validate or Estimate; the shipped cdk.json names none.
+_OFFLINE_APPROVER = "arn:aws:iam::123456789012:role/OfflineValidation"
+
+Stage = Annotated[str, typer.Option(envvar="TP_STAGE", help="the platform's stage (settings' `stage`)")]
+Region = Annotated[str | None, typer.Option(envvar=["TP_REGION", "AWS_REGION"], help="the stage's AWS region")]
+StateMachine = Annotated[
+    str | None, typer.Option(envvar="TP_STATE_MACHINE", help="the training state machine ARN (else the stack's)")
+]
+DecisionUrl = Annotated[
+    str | None, typer.Option(envvar="TP_DECISION_URL", help="the approvals decision URL (else the stack's)")
+]
+ArtifactsBucket = Annotated[
+    str | None, typer.Option(envvar="TP_ARTIFACTS_BUCKET", help="the artifacts bucket (else the stack's)")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+Reason = Annotated[str, typer.Option(help="recorded with the decision (at most 512 characters)")]
+
+
+# -- offline: the settings, Validate and Estimate ----------------------------------------------------
+
+
+def load_settings(cdk_json: Path) -> PlatformSettings:
+    """The platform settings the synth reads (cdk.json's context)."""
+    context: dict[str, Any] = json.loads(cdk_json.read_text())["context"]
+    if not context.get("platform", {}).get("approvers"):
+        context["platform"]["approvers"] = [_OFFLINE_APPROVER]
+    return settings_from_context(context)
+
+
+def offline_check(
+    execution_input: Any, settings: PlatformSettings, *, datasets_bucket: str = OFFLINE_DATASETS_BUCKET
+) -> tuple[dict[str, Any], CostEstimate]:
+    """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
+    backend = execution_input.get("backend", "sagemaker") if isinstance(execution_input, dict) else "sagemaker"
+    limits = settings.platform_limits(
+        datasets_bucket=datasets_bucket,
+        artifacts_bucket="artifacts-bucket",
+        fsx_file_system_id="fs-0123456789abcdef0",
+        fsx_mount_name="offline",
+        tags={},
+        backends=(str(backend),),
+    )
+    request = resolve(execution_input, execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}", limits=limits)
+    pipeline = settings.pipeline
+    cost = estimate_cost(
+        EstimateEvent.model_validate({"request": request}).request,
+        threshold_usd=pipeline.approval_threshold_usd,
+        spot_fraction=pipeline.spot_cost_fraction,
+        price_overrides=pipeline.price_overrides,
+    )
+    return request, cost
+
+
+def _read_input(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        err.print(f"[red]{path}: {exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _check(
+    path: Path, cdk_json: Path, datasets_bucket: str, as_json: bool
+) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
+    settings = load_settings(cdk_json)
+    try:
+        request, cost = offline_check(_read_input(path), settings, datasets_bucket=datasets_bucket)
+    except InvalidRequest as exc:
+        if as_json:
+            out.print_json(data={"valid": False, "message": str(exc)})
+        else:
+            err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    return request, cost, settings
+
+
+def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
+    budget = settings.pipeline.monthly_budget_usd
+    table = Table(show_header=False, box=None)
+    table.add_row("hourly (cluster)", f"${cost.hourly_usd:,.2f}")
+    table.add_row("worst case (on demand)", f"${cost.max_cost_usd:,.2f}")
+    if cost.spot_usd:
+        table.add_row("spot (expected range)", f"${cost.spot_usd[0]:,.2f} – ${cost.spot_usd[1]:,.2f}")
+    table.add_row("approval threshold", f"${cost.threshold_usd:,.2f}")
+    table.add_row("needs launch approval", "yes" if cost.approval_required else "no")
+    table.add_row("share of monthly budget", f"{cost.max_cost_usd / budget:.1%} of ${budget:,.2f}")
+    table.add_row("prices", cost.price_source)
+    out.print(table)
+
+
+CdkJson = Annotated[
+    Path, typer.Option(envvar="TP_CDK_JSON", help="the platform's cdk.json, whose settings Validate applies")
+]
+DatasetsBucket = Annotated[
+    str,
+    typer.Option(envvar="TP_DATASETS_BUCKET", help="the stage's datasets bucket, which s3:// datasets must be in"),
+]
+
+
+@app.command()
+def validate(
+    input_file: Path,
+    *,
+    datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
+    cdk_json: CdkJson = Path("cdk.json"),
+    as_json: AsJson = False,
+) -> None:
+    """Check an execution input as Validate would, offline; print every problem, then the estimate."""
+    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json)
+    if as_json:
+        out.print_json(data={"valid": True, "request": request, "estimate": cost.model_dump(mode="json")})
+        return
+    out.print(f"[green]{input_file}: valid[/green] (run {request['run_name']})")
+    _print_estimate(cost, settings)
+
+
+@app.command()
+def estimate(
+    input_file: Path,
+    *,
+    datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
+    cdk_json: CdkJson = Path("cdk.json"),
+    as_json: AsJson = False,
+) -> None:
+    """The run's cost bound as Estimate computes it: spot range, approval threshold, share of the budget."""
+    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json)
+    if as_json:
+        budget = settings.pipeline.monthly_budget_usd
+        out.print_json(data={**cost.model_dump(mode="json"), "monthly_budget_usd": budget})
+        return
+    _print_estimate(cost, settings)
+
+
+# -- a deployed stage ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a stage's runs and approvals are reached."""
+
+    session: Any
+    state_machine: str | None
+    decision_url: str | None
+    artifacts_bucket: str | None = None
+
+    def need_state_machine(self) -> str:
+        if not self.state_machine:
+            raise typer.BadParameter("no state machine: pass --state-machine or set TP_STATE_MACHINE")
+        return self.state_machine
+
+    def need_artifacts_bucket(self) -> str:
+        if not self.artifacts_bucket:
+            raise typer.BadParameter("no artifacts bucket: pass --artifacts-bucket or set TP_ARTIFACTS_BUCKET")
+        return self.artifacts_bucket
+
+    def need_decision_url(self) -> str:
+        if not self.decision_url:
+            raise typer.BadParameter("no decision URL: pass --decision-url or set TP_DECISION_URL")
+        return self.decision_url
+
+
+def stage_outputs(session: Any, stage: str) -> dict[str, str]:
+    """The pipeline stack's outputs by key, or {} where the stack is not found (or has none)."""
+    cloudformation = session.client("cloudformation")
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=f"training-platform-{stage}-pipeline")["Stacks"]
+    except Exception:  # any failure to find it leaves the flags and environment to say
+        return {}
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+
+def target(
+    stage: str,
+    region: str | None,
+    state_machine: str | None,
+    decision_url: str | None,
+    artifacts_bucket: str | None = "",
+) -> Target:
+    """What the flags and environment name, the rest from the stage's stack outputs ("" for not needed)."""
+    session = boto3.Session(region_name=region)
+    if None in (state_machine, decision_url, artifacts_bucket):
+        outputs = stage_outputs(session, stage)
+        state_machine = state_machine or _output(outputs, "StateMachine")
+        decision_url = decision_url or _output(outputs, "DecisionUrl")
+        artifacts_bucket = artifacts_bucket or _output(outputs, "ArtifactsBucket")
+    return Target(session, state_machine, decision_url, artifacts_bucket)
+
+
+def _output(outputs: dict[str, str], part: str) -> str | None:
+    return next((value for key, value in outputs.items() if part.lower() in key.lower()), None)
+
+
+def _credentials(session: Any) -> Any:
+    credentials = session.get_credentials()
+    if credentials is None:
+        raise SystemExit("no AWS credentials found: sign in (e.g. aws sso login) and try again")
+    return credentials.get_frozen_credentials()
+
+
+def with_proof(execution_input: dict[str, Any], state_machine: str, name: str, session: Any) -> dict[str, Any]:
+    """The input plus `requester_proof`, bound to this state machine, execution name and input."""
+    return start_proof.attach(
+        execution_input, state_machine=state_machine, execution_name=name, credentials=_credentials(session)
+    )
+
+
+def signed_request(
+    url: str, method: str, body: dict[str, Any] | None, session: Any, *, query: dict[str, str] | None = None
+) -> urllib.request.Request:
+    """The call to the decision URL: an identity proof for what it asks, the whole request SigV4-signed."""
+    match = _URL.match(url)
+    if match is None:
+        raise SystemExit(f"{url} is not a Lambda function URL (https://<id>.lambda-url.<region>.on.aws/)")
+    region = match.group(1)
+    credentials = _credentials(session)
+    if method == "GET":
+        page = {"cursor": (query or {}).get("cursor", ""), "limit": (query or {}).get("limit", str(PAGE_SIZE))}
+        asked = identity.binding("list", page)
+    else:
+        asked = identity.binding(
+            "decide", {k: str((body or {}).get(k, "")) for k in ("request_id", "decision", "reason")}
+        )
+    full_url = url + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {
+        "content-type": "application/json",
+        identity.PROOF_HEADER: identity.make_proof(credentials, region, asked),
+    }
+    request = AWSRequest(method=method, url=full_url, data=data, headers=headers)
+    SigV4Auth(credentials, "lambda", region).add_auth(request)
+    return urllib.request.Request(full_url, data=data, headers=dict(request.headers), method=method)  # noqa: S310
+
+
+def send(request: urllib.request.Request) -> tuple[int, str]:
+    """Deliver a signed request to the decision URL: (status, body)."""
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - https only, checked above
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _decision_call(t: Target, method: str, body: dict[str, Any] | None, query: dict[str, str] | None) -> Any:
+    status, text = send(signed_request(t.need_decision_url(), method, body, t.session, query=query))
+    if status != 200:
+        err.print(f"{status}: {text}", markup=False, highlight=False)
+        raise typer.Exit(1)
+    return json.loads(text)
+
+
+def _execution_arn(state_machine: str, run: str) -> str:
+    if run.startswith("arn:"):
+        return run
+    return f"{state_machine.replace(':stateMachine:', ':execution:')}:{run}"
+
+
+@app.command()
+def start(
+    input_file: Path,
+    *,
+    name: Annotated[str | None, typer.Option(help="the execution name (default: generated)")] = None,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    as_json: AsJson = False,
+) -> None:
+    """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it)."""
+    execution_input = _read_input(input_file)
+    if not isinstance(execution_input, dict):
+        err.print(f"{input_file} must hold a JSON object (README: Starting a training run)")
+        raise typer.Exit(2)
+    t = target(stage, region, state_machine, "")
+    machine = t.need_state_machine()
+    name = name or f"{execution_input.get('run_name', 'run')}-{uuid.uuid4().hex[:8]}"
+    started = t.session.client("stepfunctions").start_execution(
+        stateMachineArn=machine, name=name, input=json.dumps(with_proof(execution_input, machine, name, t.session))
+    )
+    if as_json:
+        out.print_json(data={"name": name, "execution_arn": started["executionArn"]})
+    else:
+        out.print(started["executionArn"], markup=False, highlight=False)
+
+
+@app.command("list")
+def list_runs(
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    status: Annotated[str | None, typer.Option(help="RUNNING, SUCCEEDED, FAILED, TIMED_OUT or ABORTED")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The stage's runs, newest first."""
+    t = target(stage, region, state_machine, "")
+    sfn = t.session.client("stepfunctions")
+    kwargs = {"stateMachineArn": t.need_state_machine(), **({"statusFilter": status} if status else {})}
+    runs = [
+        {
+            "name": e["name"],
+            "status": e["status"],
+            "started": e["startDate"].isoformat(),
+            "stopped": e["stopDate"].isoformat() if e.get("stopDate") else None,
+            "execution_arn": e["executionArn"],
+        }
+        for page in sfn.get_paginator("list_executions").paginate(**kwargs)
+        for e in page["executions"]
+    ]
+    if as_json:
+        out.print_json(data=runs)
+        return
+    table = Table("run", "status", "started", "stopped")
+    for run in runs:
+        table.add_row(run["name"], run["status"], run["started"], run["stopped"] or "")
+    out.print(table)
+
+
+@app.command()
+def stop(
+    run: str,
+    *,
+    reason: Annotated[str, typer.Option(help="recorded as the execution's cause")] = "stopped with tp",
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+) -> None:
+    """Stop a run (its name or execution ARN); the pipeline stops its training job."""
+    t = target(stage, region, state_machine, "")
+    arn = _execution_arn(t.need_state_machine(), run)
+    t.session.client("stepfunctions").stop_execution(executionArn=arn, error="StoppedByUser", cause=reason)
+    out.print(f"stopped {arn}", markup=False, highlight=False)
+
+
+@app.command()
+def pending(
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    decision_url: DecisionUrl = None,
+    limit: Annotated[int | None, typer.Option(help=f"requests per page (1-{PAGE_SIZE})")] = None,
+    cursor: Annotated[str | None, typer.Option(help="the `next` value of the previous page")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Approval requests waiting for a decision, newest first."""
+    t = target(stage, region, "", decision_url)
+    page = {"cursor": cursor, "limit": None if limit is None else str(limit)}
+    answer = _decision_call(t, "GET", None, {k: v for k, v in page.items() if v} or None)
+    if as_json:
+        out.print_json(data=answer)
+        return
+    table = Table("request id", "gate", "run", "requested by", "estimate")
+    for request in answer.get("pending", []):
+        table.add_row(
+            *(
+                str(request.get(k, ""))
+                for k in ("request_id", "gate", "run_name", "requested_by", "estimated_max_cost_usd")
+            )
+        )
+    out.print(table)
+    if answer.get("next"):
+        out.print(f"more: --cursor {answer['next']}", markup=False, highlight=False)
+
+
+def _decide(decision: str, request_id: str, reason: str, t: Target, as_json: bool) -> None:
+    answer = _decision_call(t, "POST", {"request_id": request_id, "decision": decision, "reason": reason}, None)
+    if as_json:
+        out.print_json(data=answer)
+    else:
+        out.print(f"{decision}d {request_id}", markup=False, highlight=False)
+
+
+@app.command()
+def approve(
+    request_id: str,
+    *,
+    reason: Reason,
+    stage: Stage = "dev",
+    region: Region = None,
+    decision_url: DecisionUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Approve a pending request (as one of the platform's approvers)."""
+    _decide("approve", request_id, reason, target(stage, region, "", decision_url), as_json)
+
+
+@app.command()
+def reject(
+    request_id: str,
+    *,
+    reason: Reason,
+    stage: Stage = "dev",
+    region: Region = None,
+    decision_url: DecisionUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Reject a pending request (as one of the platform's approvers)."""
+    _decide("reject", request_id, reason, target(stage, region, "", decision_url), as_json)
+
+
+LINEAGE_PREFIX = "runs/"
+TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+def lineage_records(s3: Any, bucket: str) -> list[dict[str, Any]]:
+    """Every registered run's lineage record in the artifacts bucket."""
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=LINEAGE_PREFIX)
+        for o in page.get("Contents", [])
+        if o["Key"].endswith("/lineage.json")
+    ]
+    return [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
+
+
+@app.command()
+def cost(
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    artifacts_bucket: ArtifactsBucket = None,
+    as_json: AsJson = False,
+) -> None:
+    """Spend across registered runs, from their lineage records: actual, on demand, spot savings."""
+    t = target(stage, region, "", "", artifacts_bucket)
+    runs = [
+        {"run_name": r["run_name"], "training_job": r["training_job"], **r["cost"]}
+        for r in lineage_records(t.session.client("s3"), t.need_artifacts_bucket())
+    ]
+    totals = {key: sum(r[key] or 0 for r in runs) for key in ("actual_usd", "on_demand_usd", "spot_savings_usd")}
+    if as_json:
+        out.print_json(data={"runs": runs, "total": totals})
+        return
+    table = Table("run", "training job", "actual", "on demand", "spot savings", "estimate")
+    for r in runs:
+        table.add_row(
+            r["run_name"],
+            r["training_job"],
+            *(f"${r[k]:,.2f}" if r[k] is not None else "" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")),
+            f"${r['estimate_usd']:,.2f}",
+        )
+    table.add_row("total", "", *(f"${totals[k]:,.2f}" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")), "")
+    out.print(table)
+
+
+def _training_jobs(sfn: Any, execution_arn: str) -> list[str]:
+    """The training jobs a run created, from its execution history."""
+    events = [
+        e
+        for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+        for e in page["events"]
+    ]
+    names = []
+    for event in events:
+        if event["type"] == "TaskScheduled":
+            parameters = json.loads(event["taskScheduledEventDetails"]["parameters"])
+            name = parameters.get("TrainingJobName")
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+@app.command()
+def logs(
+    run: str,
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    as_json: AsJson = False,
+) -> None:
+    """The run's training job logs from CloudWatch, stream by stream (one stream per host)."""
+    t = target(stage, region, state_machine, "")
+    arn = _execution_arn(t.need_state_machine(), run)
+    cloudwatch = t.session.client("logs")
+    streams: dict[str, list[str]] = {}
+    for job in _training_jobs(t.session.client("stepfunctions"), arn):
+        pages = cloudwatch.get_paginator("filter_log_events").paginate(
+            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job}/"
+        )
+        for page in pages:
+            for event in page["events"]:
+                streams.setdefault(event["logStreamName"], []).append(event["message"])
+    if as_json:
+        out.print_json(data=streams)
+        return
+    if not streams:
+        err.print(f"no training logs yet for {arn}", markup=False, highlight=False)
+    for stream, lines in streams.items():
+        out.rule(stream)
+        for line in lines:
+            out.print(line, markup=False, highlight=False)
+
+
+def snapshot(session: Any, execution_arn: str) -> dict[str, Any]:
+    """The run now: the execution's status and its latest training job's status and metrics."""
+    sfn = session.client("stepfunctions")
+    described = sfn.describe_execution(executionArn=execution_arn)
+    state: dict[str, Any] = {"run": described["name"], "status": described["status"], "job": None}
+    jobs = _training_jobs(sfn, execution_arn)
+    if jobs:
+        job = session.client("sagemaker").describe_training_job(TrainingJobName=jobs[-1])
+        metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
+        runtime = job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
+        state["job"] = {
+            "name": jobs[-1],
+            "status": job["TrainingJobStatus"],
+            "secondary_status": job.get("SecondaryStatus"),
+            "loss": metrics.get(TRAIN_LOSS),
+            "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
+            "billable_seconds": job.get("BillableTimeInSeconds"),
+            "training_seconds": job.get("TrainingTimeInSeconds"),
+            "max_runtime_seconds": runtime,
+        }
+    return state
+
+
+@app.command()
+def watch(
+    run: str,
+    *,
+    once: Annotated[bool, typer.Option(help="print one snapshot and exit")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between snapshots")] = 30.0,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    as_json: AsJson = False,
+) -> None:
+    """Follow a run: its state, its training job's status, loss and tokens/s, against its time limit."""
+    t = target(stage, region, state_machine, "")
+    arn = _execution_arn(t.need_state_machine(), run)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out, disable=once or as_json
+    ) as progress:
+        task = progress.add_task(run, total=None)
+        while True:
+            state = snapshot(t.session, arn)
+            job = state["job"] or {}
+            if once or as_json:
+                if as_json:
+                    out.print_json(data=state)
+                else:
+                    out.print(_describe(state), markup=False, highlight=False)
+                return
+            progress.update(
+                task,
+                description=_describe(state),
+                completed=job.get("training_seconds") or 0,
+                total=job.get("max_runtime_seconds"),
+            )
+            if state["status"] != "RUNNING":
+                return
+            time.sleep(interval)
+
+
+def _describe(state: dict[str, Any]) -> str:
+    job = state["job"]
+    if job is None:
+        return f"{state['run']}: {state['status']}"
+    loss = "" if job["loss"] is None else f" loss {job['loss']:.4g}"
+    speed = "" if job["tokens_per_sec"] is None else f" {job['tokens_per_sec']:,.0f} tokens/s"
+    return (
+        f"{state['run']}: {state['status']}, job {job['name']} {job['status']}/{job['secondary_status']}{loss}{speed}"
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
