@@ -402,8 +402,10 @@ class LocalPlatform:
         definition = self.resolver.resolve(machine.stack, properties["DefinitionString"])
         self.definition = json.loads(definition)
         self.state_machine_role_arn = str(self.resolver.resolve(machine.stack, properties["RoleArn"]))
+        # Under the name CloudFormation gives it (its StateMachineName), which the rules' patterns and policies name.
+        name = str(self.resolver.resolve(machine.stack, properties.get("StateMachineName", machine.logical)))
         self.state_machine_arn = self.sfn.create_state_machine(
-            name=machine.logical, definition=definition, roleArn=self.state_machine_role_arn
+            name=name, definition=definition, roleArn=self.state_machine_role_arn
         )["stateMachineArn"]
         self._sqs_subscriptions(sns)
 

@@ -77,6 +77,13 @@ def test_stopping_the_execution_stops_its_job(pipeline_factory: Any) -> None:
     assert status["TrainingJobStatus"] == "Stopped"
 
 
+def test_the_state_machine_runs_under_the_name_its_template_gives(pipeline: Pipeline) -> None:
+    """The rules' event patterns and the policies name the machine by its StateMachineName, as they do in AWS."""
+    machine = pipeline.local.state_machine
+    name = pipeline.local.resolver.resolve(machine.stack, machine.resource["Properties"]["StateMachineName"])
+    assert pipeline.local.state_machine_arn.endswith(f":stateMachine:{name}")
+
+
 def test_a_create_that_succeeded_unanswered_is_adopted_not_repeated(pipeline: Pipeline) -> None:
     calls = {"n": 0}
 
