@@ -602,7 +602,12 @@ class PlatformSettings(_Model):
     @property
     def name_prefix(self) -> str:
         """Prefix of stack names, so two stages can share an account."""
-        return f"training-platform-{self.stage}"
+        return stage_prefix(self.stage)
+
+
+def stage_prefix(stage: str) -> str:
+    """The prefix of a stage's stack names and its state machine's name."""
+    return f"training-platform-{stage}"
 
 
 def _log_retention(value: int) -> int:

@@ -62,9 +62,15 @@ def run_tensorboard(job_name_base: str) -> str:
     return f"{RUNS}{job_name_base}/tensorboard/"
 
 
+LINEAGE = "lineage/"
+"""The lineage folder of a run's prefix."""
+LINEAGE_RECORD = "lineage.json"
+"""A run's lineage record, under its `run_lineage` prefix."""
+
+
 def run_lineage(job_name_base: str) -> str:
-    """A run's lineage prefix in the artifacts bucket (Register writes lineage.json and the rest under it)."""
-    return f"{RUNS}{job_name_base}/lineage/"
+    """A run's lineage prefix in the artifacts bucket (Register writes LINEAGE_RECORD and the rest under it)."""
+    return f"{RUNS}{job_name_base}/{LINEAGE}"
 
 
 def run_ledger(job_name_base: str) -> str:

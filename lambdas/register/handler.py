@@ -20,7 +20,7 @@ from lambdas.execution_state import RegisterEvent, Registration
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from training.layout import run_lineage, split_s3_uri
+from training.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.REGISTRATION)
@@ -191,10 +191,10 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     versions = [json.loads(line) for line in manifest.splitlines()]
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
     lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()
-    lineage = json.loads(_write_once(s3, bucket, f"{prefix}lineage.json", lineage_body, execution=execution))
+    lineage = json.loads(_write_once(s3, bucket, f"{prefix}{LINEAGE_RECORD}", lineage_body, execution=execution))
     metrics_body = json.dumps(event.job.final_metrics, sort_keys=True).encode()
     _write_once(s3, bucket, f"{prefix}metrics.json", metrics_body, execution=execution)
-    uris = {"lineage": f"s3://{bucket}/{prefix}lineage.json", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
+    uris = {"lineage": f"s3://{bucket}/{prefix}{LINEAGE_RECORD}", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})
     return Registration(model_package_arn=package, lineage_uri=uris["lineage"])

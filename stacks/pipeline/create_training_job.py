@@ -24,6 +24,7 @@ from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEM
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
+from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.context import PipelineContext
 from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
 from training.layout import (
@@ -81,7 +82,7 @@ class DistributedTrainingJob(Construct):
         return {
             "TrainingLogs": iam.PolicyStatement(
                 actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-                resources=[f"arn:{stack.partition}:logs:{region_account}:log-group:/aws/sagemaker/TrainingJobs*"],
+                resources=[f"arn:{stack.partition}:logs:{region_account}:log-group:{SAGEMAKER_TRAINING_LOG_GROUP}*"],
             ),
             "TrainingMetrics": iam.PolicyStatement(
                 actions=["cloudwatch:PutMetricData"],
