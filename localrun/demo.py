@@ -220,6 +220,9 @@ def run_demo(
             player.local_hyperparameters = training.local_hyperparameters
         if fault is not None:
             inject(platform, fault)
+        # The demo's settings subscribe DEMO_RECIPIENT (_context); the examples name no one, as the
+        # shipped settings subscribe no one, so the demo's run asks for its notifications itself.
+        execution_input = {"notify": [DEMO_RECIPIENT], **execution_input}
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
         try:
