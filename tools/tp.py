@@ -7,6 +7,7 @@ through boto3 with whatever credentials it finds (profile, SSO, environment).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.error
@@ -14,6 +15,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +23,7 @@ import boto3
 import typer
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
+from botocore.exceptions import ClientError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -32,7 +35,10 @@ from lambdas.execution_state import CostEstimate, EstimateEvent
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate import start_proof
 from lambdas.validate.request import resolve
-from stacks.settings import PlatformSettings, settings_from_context
+from stacks import outputs as stack_outputs
+from stacks.settings import OVERRIDES_VARIABLE, PlatformSettings, settings_from_context, stage_prefix
+from training import layout
+from training.config import ConfigError, from_hyperparameters
 from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -42,8 +48,6 @@ err = Console(stderr=True, soft_wrap=True)
 _URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
 # Offline, Validate checks the input against these in place of a deployment's own names.
 OFFLINE_DATASETS_BUCKET = "datasets-bucket"
-# Approvers do not bear on Validate or Estimate; the shipped cdk.json names none.
-_OFFLINE_APPROVER = "arn:aws:iam::123456789012:role/OfflineValidation"
 
 Stage = Annotated[str, typer.Option(envvar="TP_STAGE", help="the platform's stage (settings' `stage`)")]
 Region = Annotated[str | None, typer.Option(envvar=["TP_REGION", "AWS_REGION"], help="the stage's AWS region")]
@@ -64,11 +68,9 @@ Reason = Annotated[str, typer.Option(help="recorded with the decision (at most 5
 
 
 def load_settings(cdk_json: Path) -> PlatformSettings:
-    """The platform settings the synth reads (cdk.json's context)."""
+    """The platform settings the synth reads: cdk.json's context, with make's CONTEXT= merged over it."""
     context: dict[str, Any] = json.loads(cdk_json.read_text())["context"]
-    if not context.get("platform", {}).get("approvers"):
-        context["platform"]["approvers"] = [_OFFLINE_APPROVER]
-    return settings_from_context(context)
+    return settings_from_context(context, os.environ.get(OVERRIDES_VARIABLE))
 
 
 def offline_check(
@@ -111,9 +113,12 @@ def _check(
         request, cost = offline_check(_read_input(path), settings, datasets_bucket=datasets_bucket)
     except InvalidRequest as exc:
         if as_json:
-            out.print_json(data={"valid": False, "message": str(exc)})
+            problems = [{"field": p.field, "value": p.value, "message": p.message} for p in exc.problems]
+            out.print_json(data={"valid": False, "problems": problems})
         else:
-            err.print(str(exc), markup=False, highlight=False)
+            err.print(f"{path}: the pipeline would reject this input ({len(exc.problems)} problems):")
+            for problem in exc.problems:
+                err.print(f"  - {problem}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     return request, cost, settings
 
@@ -207,7 +212,8 @@ def stage_outputs(session: Any, stage: str) -> dict[str, str]:
     """The pipeline stack's outputs by key, or {} where the stack is not found (or has none)."""
     cloudformation = session.client("cloudformation")
     try:
-        (stack,) = cloudformation.describe_stacks(StackName=f"training-platform-{stage}-pipeline")["Stacks"]
+        stack_name = stack_outputs.pipeline_stack_name(stage_prefix(stage))
+        (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except Exception:  # any failure to find it leaves the flags and environment to say
         return {}
     return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
@@ -224,14 +230,10 @@ def target(
     session = boto3.Session(region_name=region)
     if None in (state_machine, decision_url, artifacts_bucket):
         outputs = stage_outputs(session, stage)
-        state_machine = state_machine or _output(outputs, "StateMachine")
-        decision_url = decision_url or _output(outputs, "DecisionUrl")
-        artifacts_bucket = artifacts_bucket or _output(outputs, "ArtifactsBucket")
+        state_machine = state_machine or outputs.get(stack_outputs.STATE_MACHINE_ARN)
+        decision_url = decision_url or outputs.get(stack_outputs.DECISION_URL)
+        artifacts_bucket = artifacts_bucket or outputs.get(stack_outputs.ARTIFACTS_BUCKET)
     return Target(session, state_machine, decision_url, artifacts_bucket)
-
-
-def _output(outputs: dict[str, str], part: str) -> str | None:
-    return next((value for key, value in outputs.items() if part.lower() in key.lower()), None)
 
 
 def _credentials(session: Any) -> Any:
@@ -365,12 +367,16 @@ def stop(
     stage: Stage = "dev",
     region: Region = None,
     state_machine: StateMachine = None,
+    as_json: AsJson = False,
 ) -> None:
     """Stop a run (its name or execution ARN); the pipeline stops its training job."""
     t = target(stage, region, state_machine, "")
     arn = _execution_arn(t.need_state_machine(), run)
     t.session.client("stepfunctions").stop_execution(executionArn=arn, error="StoppedByUser", cause=reason)
-    out.print(f"stopped {arn}", markup=False, highlight=False)
+    if as_json:
+        out.print_json(data={"execution_arn": arn, "stopped": True, "reason": reason})
+    else:
+        out.print(f"stopped {arn}", markup=False, highlight=False)
 
 
 @app.command()
@@ -439,17 +445,13 @@ def reject(
     _decide("reject", request_id, reason, target(stage, region, "", decision_url), as_json)
 
 
-LINEAGE_PREFIX = "runs/"
-TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-
-
 def lineage_records(s3: Any, bucket: str) -> list[dict[str, Any]]:
     """Every registered run's lineage record in the artifacts bucket."""
     keys = [
         o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=LINEAGE_PREFIX)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=layout.RUNS)
         for o in page.get("Contents", [])
-        if o["Key"].endswith("/lineage.json")
+        if o["Key"].endswith(f"/{layout.LINEAGE}{layout.LINEAGE_RECORD}")
     ]
     return [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
 
@@ -484,14 +486,17 @@ def cost(
     out.print(table)
 
 
-def _training_jobs(sfn: Any, execution_arn: str) -> list[str]:
-    """The training jobs a run created, from its execution history."""
-    events = [
+def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
+    return [
         e
         for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
         for e in page["events"]
     ]
-    names = []
+
+
+def _training_jobs(events: list[dict[str, Any]]) -> list[str]:
+    """The training jobs a run created, from its execution history, in order."""
+    names: list[str] = []
     for event in events:
         if event["type"] == "TaskScheduled":
             parameters = json.loads(event["taskScheduledEventDetails"]["parameters"])
@@ -499,6 +504,26 @@ def _training_jobs(sfn: Any, execution_arn: str) -> list[str]:
             if isinstance(name, str) and name not in names:
                 names.append(name)
     return names
+
+
+_SUCCEEDED = {
+    "TaskSucceeded": "taskSucceededEventDetails",
+    "LambdaFunctionSucceeded": "lambdaFunctionSucceededEventDetails",
+}
+
+
+def _task_results(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the run's tasks returned, in order (a Lambda task's Payload unwrapped; truncated outputs skipped)."""
+    results = []
+    for event in events:
+        details = event.get(_SUCCEEDED.get(event["type"], ""))
+        if not details or details.get("outputDetails", {}).get("truncated"):
+            continue
+        output = json.loads(details.get("output") or "null")
+        if isinstance(output, dict):
+            payload = output.get("Payload", output)
+            results.append(payload if isinstance(payload, dict) else output)
+    return results
 
 
 @app.command()
@@ -515,9 +540,9 @@ def logs(
     arn = _execution_arn(t.need_state_machine(), run)
     cloudwatch = t.session.client("logs")
     streams: dict[str, list[str]] = {}
-    for job in _training_jobs(t.session.client("stepfunctions"), arn):
+    for job in _training_jobs(_history(t.session.client("stepfunctions"), arn)):
         pages = cloudwatch.get_paginator("filter_log_events").paginate(
-            logGroupName=TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job}/"
+            logGroupName=stack_outputs.SAGEMAKER_TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job}/"
         )
         for page in pages:
             for event in page["events"]:
@@ -533,27 +558,87 @@ def logs(
             out.print(line, markup=False, highlight=False)
 
 
-def snapshot(session: Any, execution_arn: str) -> dict[str, Any]:
-    """The run now: the execution's status and its latest training job's status and metrics."""
+def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -> dict[str, Any]:
+    """The run now: its state, its latest training job (status, loss, tokens/s, step, ETA), its cost so far
+    at the estimate's list price (every job it started, spot billing included once SageMaker reports it) and
+    its newest checkpoint, as the platform's last progress poll saw it."""
+    now = now or datetime.now(UTC)
     sfn = session.client("stepfunctions")
     described = sfn.describe_execution(executionArn=execution_arn)
-    state: dict[str, Any] = {"run": described["name"], "status": described["status"], "job": None}
-    jobs = _training_jobs(sfn, execution_arn)
-    if jobs:
-        job = session.client("sagemaker").describe_training_job(TrainingJobName=jobs[-1])
-        metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
-        runtime = job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
-        state["job"] = {
-            "name": jobs[-1],
-            "status": job["TrainingJobStatus"],
-            "secondary_status": job.get("SecondaryStatus"),
-            "loss": metrics.get(TRAIN_LOSS),
-            "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
-            "billable_seconds": job.get("BillableTimeInSeconds"),
-            "training_seconds": job.get("TrainingTimeInSeconds"),
-            "max_runtime_seconds": runtime,
-        }
+    events = _history(sfn, execution_arn)
+    entered = [e["stateEnteredEventDetails"]["name"] for e in events if e["type"].endswith("StateEntered")]
+    results = _task_results(events)
+    estimate = next((r for r in reversed(results) if {"hourly_usd", "max_cost_usd"} <= r.keys()), None)
+    progress = next((r for r in reversed(results) if {"checkpoint", "interruptions"} <= r.keys()), None)
+    state: dict[str, Any] = {
+        "run": described["name"],
+        "status": described["status"],
+        "state": entered[-1] if entered else None,
+        "job": None,
+        "cost_so_far_usd": None,
+        "max_cost_usd": estimate["max_cost_usd"] if estimate else None,
+        "checkpoint": (progress or {}).get("checkpoint"),
+        "interruptions": (progress or {}).get("interruptions"),
+    }
+    sagemaker = session.client("sagemaker")
+    described_jobs = [job for job in (_described_job(sagemaker, name) for name in _training_jobs(events)) if job]
+    if not described_jobs:
+        return state
+    if estimate:
+        seconds = sum(_billed_seconds(job, now) for job in described_jobs)
+        state["cost_so_far_usd"] = round(estimate["hourly_usd"] * seconds / 3600, 2)
+    job = described_jobs[-1]
+    metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
+    step = (state["checkpoint"] or {}).get("step")
+    max_steps = _max_steps(job.get("HyperParameters", {}))
+    training = _trained_seconds(job, now)
+    state["job"] = {
+        "name": job["TrainingJobName"],
+        "status": job["TrainingJobStatus"],
+        "secondary_status": job.get("SecondaryStatus"),
+        "loss": metrics.get(TRAIN_LOSS),
+        "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
+        "checkpointed_step": step,
+        "max_steps": max_steps,
+        "eta_seconds": round((max_steps - step) * training / step) if step and max_steps and training else None,
+        "billable_seconds": job.get("BillableTimeInSeconds"),
+        "training_seconds": job.get("TrainingTimeInSeconds"),
+        "max_runtime_seconds": job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
+    }
     return state
+
+
+def _described_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeTrainingJob, or None for a job the run asked for that SageMaker has not created yet."""
+    try:
+        return dict(sagemaker.describe_training_job(TrainingJobName=name))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ValidationException":
+            return None
+        raise
+
+
+def _billed_seconds(job: dict[str, Any], now: datetime) -> float:
+    """SageMaker's billable seconds once it reports them; until then the seconds trained."""
+    billable = job.get("BillableTimeInSeconds")
+    return float(billable) if billable is not None else _trained_seconds(job, now)
+
+
+def _trained_seconds(job: dict[str, Any], now: datetime) -> float:
+    """SageMaker's training seconds once it reports them; until then the time since training started."""
+    if job.get("TrainingTimeInSeconds") is not None:
+        return float(job["TrainingTimeInSeconds"])
+    started, ended = job.get("TrainingStartTime"), job.get("TrainingEndTime")
+    if not isinstance(started, datetime):
+        return 0.0
+    return max(0.0, ((ended if isinstance(ended, datetime) else now) - started).total_seconds())
+
+
+def _max_steps(hyperparameters: dict[str, str]) -> int | None:
+    try:
+        return from_hyperparameters(hyperparameters).train.max_steps
+    except ConfigError:
+        return None
 
 
 @app.command()
@@ -567,7 +652,7 @@ def watch(
     state_machine: StateMachine = None,
     as_json: AsJson = False,
 ) -> None:
-    """Follow a run: its state, its training job's status, loss and tokens/s, against its time limit."""
+    """Follow a run: its state, step, loss and tokens/s, ETA, cost so far and newest checkpoint."""
     t = target(stage, region, state_machine, "")
     arn = _execution_arn(t.need_state_machine(), run)
     with Progress(
@@ -586,8 +671,8 @@ def watch(
             progress.update(
                 task,
                 description=_describe(state),
-                completed=job.get("training_seconds") or 0,
-                total=job.get("max_runtime_seconds"),
+                completed=job.get("checkpointed_step") or 0,
+                total=job.get("max_steps"),
             )
             if state["status"] != "RUNNING":
                 return
@@ -595,14 +680,24 @@ def watch(
 
 
 def _describe(state: dict[str, Any]) -> str:
+    parts = [f"{state['run']}: {state['status']}" + (f" at {state['state']!r}" if state["state"] else "")]
     job = state["job"]
-    if job is None:
-        return f"{state['run']}: {state['status']}"
-    loss = "" if job["loss"] is None else f" loss {job['loss']:.4g}"
-    speed = "" if job["tokens_per_sec"] is None else f" {job['tokens_per_sec']:,.0f} tokens/s"
-    return (
-        f"{state['run']}: {state['status']}, job {job['name']} {job['status']}/{job['secondary_status']}{loss}{speed}"
-    )
+    if job is not None:
+        parts.append(f"job {job['name']} {job['status']}/{job['secondary_status']}")
+        if job["checkpointed_step"] is not None:
+            parts.append(f"step {job['checkpointed_step']}/{job['max_steps'] or '?'} (checkpointed)")
+        if job["loss"] is not None:
+            parts.append(f"loss {job['loss']:.4g}")
+        if job["tokens_per_sec"] is not None:
+            parts.append(f"{job['tokens_per_sec']:,.0f} tokens/s")
+        if job["eta_seconds"] is not None:
+            parts.append(f"ETA {timedelta(seconds=job['eta_seconds'])}")
+    if state["cost_so_far_usd"] is not None:
+        bound = f" of at most ${state['max_cost_usd']:,.2f}" if state["max_cost_usd"] is not None else ""
+        parts.append(f"${state['cost_so_far_usd']:,.2f} so far{bound}")
+    if state["interruptions"]:
+        parts.append(f"{state['interruptions']} spot interruptions")
+    return ", ".join(parts)
 
 
 def main() -> None:

@@ -16,10 +16,15 @@ from typer.testing import CliRunner
 from localrun.cfn import REGION
 from localrun.clock import Clock
 from localrun.engine import REQUESTER
+from localrun.iam import SAGEMAKER
 from localrun.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.conftest import APPROVER, REPO
 from tests.pipeline.conftest import Pipeline
+from tests.pipeline.test_resume_from import Uploads
+from tests.pipeline.test_trust_storage import _s3_as
+from training.config import from_hyperparameters
+from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 runner = CliRunner()
 
@@ -40,22 +45,44 @@ def _answer(output: str) -> Any:
 # -- offline -------------------------------------------------------------------------------------------
 
 
-def test_validate_accepts_an_example_and_prints_its_estimate() -> None:
-    result = tp("validate", str(REPO / "examples" / "single-node-ddp.json"))
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.json")), ids=lambda p: p.stem)
+def test_validate_accepts_every_example_on_the_shipped_settings_and_prints_its_estimate(example: Path) -> None:
+    result = tp("validate", str(example))
     assert result.exit_code == 0, result.output
     assert "valid" in result.output
     assert "approval threshold" in result.output
     assert "share of monthly budget" in result.output
 
 
-def test_validate_exits_non_zero_and_names_the_problems(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.json"
+def _three_mistakes(tmp_path: Path) -> Path:
+    """A typo'd key, an instance type without `ml.` and a dataset in a bucket not the stage's."""
     example = json.loads((REPO / "examples" / "single-node-ddp.json").read_text())
+    example["hyperparameter"] = example.pop("hyperparameters")
+    bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**example, "instance_type": "p4d.24xlarge", "dataset": "s3://someone-else/data/"}))
-    result = tp("validate", str(bad))
+    return bad
+
+
+def test_validate_names_every_problem_in_one_call_with_its_fix(tmp_path: Path) -> None:
+    result = tp("validate", str(_three_mistakes(tmp_path)), env={"COLUMNS": "200"})
     assert result.exit_code == 1
-    assert "instance_type" in result.output
-    assert "dataset" in result.output
+    assert "3 problems" in result.output
+    assert "did you mean 'hyperparameters'" in result.output
+    assert "ml.p4d.24xlarge" in result.output
+    assert "someone-else" in result.output
+    assert "approval threshold" not in result.output
+
+
+def test_validate_json_lists_each_problem_with_field_and_value(tmp_path: Path) -> None:
+    result = tp("validate", "--json", str(_three_mistakes(tmp_path)))
+    assert result.exit_code == 1
+    answer = _answer(result.stdout)
+    assert answer["valid"] is False
+    by_field = {p["field"]: p for p in answer["problems"]}
+    assert set(by_field) == {"hyperparameter", "instance_type", "dataset"}
+    assert by_field["instance_type"]["value"] == "p4d.24xlarge"
+    assert "ml.p4d.24xlarge" in by_field["instance_type"]["message"]
+    assert by_field["dataset"]["value"] == "s3://someone-else/data/"
 
 
 def test_estimate_json_has_the_spot_range_threshold_and_budget() -> None:
@@ -215,8 +242,9 @@ def test_stop_stops_a_run_and_its_job(training_forever: Pipeline, tmp_path: Path
     local = training_forever
     arn = _start(local, tmp_path, "tp-run-4")
     local.run_until(arn, "Check progress")
-    result = tp("stop", "tp-run-4", "--reason", "wrong dataset")
+    result = tp("stop", "tp-run-4", "--reason", "wrong dataset", "--json")
     assert result.exit_code == 0, result.output
+    assert _answer(result.stdout)["execution_arn"] == arn
     described = local.finish(arn)
     assert described["status"] == "ABORTED"
     local.local.wait(arn, 30, until=lambda: bool(local.local.events.deliveries))
@@ -234,3 +262,39 @@ def test_watch_once_shows_the_run_and_its_job(training_forever: Pipeline, tmp_pa
     (job,) = local.jobs()
     assert (state["run"], state["status"], state["job"]["name"]) == ("tp-run-6", "RUNNING", job)
     assert state["job"]["status"] == "InProgress"
+
+
+def test_watch_shows_step_eta_cost_so_far_and_the_newest_checkpoint(
+    pipeline_factory: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    uploads = Uploads()
+    metrics = {TRAIN_LOSS: 2.5, TOKENS_PER_SEC: 1234.0}
+    playing = pipeline_factory(
+        scripts=[[Poll(effect=uploads(10), metrics=metrics, training_seconds=100)]], clock=Clock(wait_scale=0.001)
+    )
+    local = _wired(playing, monkeypatch)
+    uploads.s3 = _s3_as(local, SAGEMAKER)
+    arn = _start(local, tmp_path, "tp-run-7")
+
+    def watched() -> dict[str, Any]:
+        result = tp("watch", "tp-run-7", "--json")
+        assert result.exit_code == 0, result.output
+        return dict(_answer(result.stdout))
+
+    local.local.wait(arn, 60, until=lambda: watched()["checkpoint"] is not None)
+    state = watched()
+    max_steps = from_hyperparameters(local.input()["hyperparameters"]).train.max_steps
+    assert state["checkpoint"]["step"] == 10
+    assert state["job"]["checkpointed_step"] == 10
+    assert (state["job"]["loss"], state["job"]["tokens_per_sec"]) == (2.5, 1234.0)
+    assert state["job"]["max_steps"] == max_steps
+    assert state["job"]["eta_seconds"] == round((max_steps - 10) * 100 / 10)
+    # 100 s trained of a worst case that bills the whole cluster for max_runtime_hours
+    worst_seconds = local.input()["max_runtime_hours"] * 3600
+    assert state["cost_so_far_usd"] == round(state["max_cost_usd"] * 100 / worst_seconds, 2) > 0
+    assert state["state"]
+
+    line = tp("watch", "tp-run-7", "--once").stdout
+    assert f"step 10/{max_steps} (checkpointed)" in line
+    assert "ETA" in line
+    assert "so far of at most $" in line
