@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from training.layout import MANIFEST
+import boto3
+from moto import mock_aws
+
+from training.layout import MANIFEST, run_checkpoints
 from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, manifest_sha256
 
 FILES = {DCP_METADATA: b"metadata", "__0_0.distcp": b"shard of rank 0"}
+CHECKPOINTS, ARTIFACTS = "checkpoints", "artifacts"
+RUN = run_checkpoints("r-1")
+"""A run's checkpoint prefix, for tests of one run."""
+
+
+@contextmanager
+def buckets(*names: str) -> Iterator[Any]:
+    """An S3 client of moto's, with these buckets created (the checkpoints bucket by default)."""
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        for name in names or (CHECKPOINTS,):
+            client.create_bucket(Bucket=name)
+        yield client
 
 
 def manifest_of(files: dict[str, bytes], *, step: int, world_size: int = 1) -> bytes:

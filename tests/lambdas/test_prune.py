@@ -5,23 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from lambdas.cleanup.handler import prune_checkpoints
-from tests.stored import put_checkpoint
-from training.layout import run_checkpoints
-
-BUCKET = "checkpoints"
-RUN = run_checkpoints("r-1")
+from tests.stored import CHECKPOINTS as BUCKET
+from tests.stored import RUN, buckets, put_checkpoint
 
 
 @pytest.fixture
 def s3() -> Iterator[Any]:
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with buckets() as client:
         yield client
 
 

@@ -6,24 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from tests.stored import put_checkpoint
+from tests.stored import ARTIFACTS, CHECKPOINTS, buckets, put_checkpoint
 from training import ledger
 from training.layout import run_checkpoints, run_ledger
 from training.stored_checkpoints import complete_checkpoints
 
-CHECKPOINTS, ARTIFACTS = "checkpoints", "artifacts"
-
 
 @pytest.fixture
 def s3() -> Iterator[Any]:
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        for bucket in (CHECKPOINTS, ARTIFACTS):
-            client.create_bucket(Bucket=bucket)
+    with buckets(CHECKPOINTS, ARTIFACTS) as client:
         yield client
 
 

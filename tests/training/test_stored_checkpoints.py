@@ -6,23 +6,17 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from tests.stored import FILES, manifest_of, put_checkpoint
-from training.layout import MANIFEST, run_checkpoints
+from tests.stored import CHECKPOINTS as BUCKET
+from tests.stored import FILES, RUN, buckets, manifest_of, put_checkpoint
+from training.layout import MANIFEST
 from training.stored_checkpoints import DCP_METADATA, Manifest, ManifestError, list_checkpoints
-
-BUCKET = "checkpoints"
-RUN = run_checkpoints("r-1")
 
 
 @pytest.fixture
 def s3() -> Iterator[Any]:
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with buckets() as client:
         yield client
 
 
