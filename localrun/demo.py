@@ -39,6 +39,7 @@ from localrun import report
 from localrun.cfn import ACCOUNT, REGION
 from localrun.clock import Clock
 from localrun.corpus import build_shards
+from localrun.decision_url import DecisionUrl
 from localrun.engine import LocalPlatform, player_factories
 from localrun.sagemaker_local import LocalTraining
 from stacks.pipeline.polled_job import CHECK_PROGRESS
@@ -175,10 +176,13 @@ def run_demo(
     timeout_seconds: float = 900.0,
     fault: str | None = None,
     verbose: bool = False,
+    decide_with_tp: bool = False,
 ) -> Outcome:
     """Synthesize (unless given an assembly), run the input to its end locally, and write the run report.
 
     `reject` names the gate to reject (one of GATES), or "any" for every gate; None approves them.
+    `decide_with_tp`: leave each gate to `tp approve|reject` from another terminal, through the decision
+    URL served on loopback (localrun/decision_url.py), and print how.
     """
     if reject not in (None, "any", *GATES):
         raise ValueError(f"reject={reject!r}: use one of any, {', '.join(GATES)}")
@@ -226,16 +230,18 @@ def run_demo(
         arn = platform.start(execution_input, name=name)
         _say(f"started execution {name}\n")
         try:
-            described, decisions = _follow(
-                platform,
-                arn,
-                printer,
-                approver=approver,
-                auto_approve=auto_approve,
-                reject=reject,
-                timeout_seconds=timeout_seconds,
-                verbose=verbose,
-            )
+            with DecisionUrl(platform) if decide_with_tp else contextlib.nullcontext() as elsewhere:
+                described, decisions = _follow(
+                    platform,
+                    arn,
+                    printer,
+                    approver=approver,
+                    auto_approve=auto_approve,
+                    reject=reject,
+                    timeout_seconds=timeout_seconds,
+                    verbose=verbose,
+                    elsewhere=elsewhere,
+                )
         finally:
             training.stop_all()
             for player in players.values():
@@ -354,6 +360,7 @@ def _follow(
     reject: str | None,
     timeout_seconds: float,
     verbose: bool,
+    elsewhere: DecisionUrl | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
     decisions: list[dict[str, Any]] = []
@@ -370,6 +377,7 @@ def _follow(
                 reject=reject,
                 verbose=verbose,
                 before=lambda: printer.states(platform, arn, started),  # the gate's state first, then the gate
+                elsewhere=elsewhere,
             )
         )
         if described["status"] != "RUNNING":
@@ -418,13 +426,24 @@ def _answer_gates(
     reject: str | None,
     verbose: bool,
     before: Callable[[], None],
+    elsewhere: DecisionUrl | None = None,
 ) -> list[dict[str, Any]]:
-    """Decide open requests of this execution as `approver`, as tools/approve.py does, through the real handler."""
+    """Decide open requests of this execution as `approver`, as `tp approve|reject` does, through the real
+    handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what was decided."""
     session = platform.person(approver, "demo")
     pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
-    answered = []
+    answered = elsewhere.take_decisions() if elsewhere is not None else []
+    for result in answered:
+        _say(f"    -> {result.get('decision')} by {result.get('by')} (tp, from another terminal)")
     for request in pending:
         if request["execution"] != arn:
+            continue
+        if elsewhere is not None:
+            if request["request_id"] not in elsewhere.announced:
+                before()
+                elsewhere.announced.add(request["request_id"])
+                _say(f"  approval needed: {request['gate']} gate of {request['run_name']}")
+                _say(_tp_instructions(elsewhere.url, session, request["request_id"]))
             continue
         before()
         summary = json.loads(request["summary"])
@@ -449,6 +468,18 @@ def _answer_gates(
         _say(f"    -> {result.get('decision', result.get('error'))} by {result.get('by', approver)}")
         answered.append(result)
     return answered
+
+
+def _tp_instructions(url: str, session: Any, request_id: str) -> str:
+    """How to decide a request from another terminal: the demo approver's local credentials and tp."""
+    keys = session.get_credentials().get_frozen_credentials()
+    return (
+        "    decide it from another terminal, as the demo's approver:\n"
+        f"      export TP_DECISION_URL={url} AWS_REGION={REGION} AWS_ACCESS_KEY_ID={keys.access_key} "
+        f"AWS_SECRET_ACCESS_KEY={keys.secret_key} AWS_SESSION_TOKEN={keys.token}\n"
+        "      .venv/bin/tp pending\n"
+        f'      .venv/bin/tp approve {request_id} --reason "..."   (or tp reject)'
+    )
 
 
 class _Printer:
@@ -573,6 +604,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("any", *GATES),
         help="reject a gate: every gate the run reaches (no value), or only the launch or promotion gate",
     )
+    parser.add_argument(
+        "--decide-with-tp",
+        action="store_true",
+        help="leave each gate to `tp approve|reject` from another terminal (the demo prints how)",
+    )
     parser.add_argument("--verbose", action="store_true", help="the harness's own lines and the whole report too")
     parser.add_argument("--spot-interrupt", action="store_true", help="interrupt the job after its first checkpoint")
     parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
@@ -600,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         fault=args.fault,
         verbose=args.verbose,
+        decide_with_tp=args.decide_with_tp,
     )
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"

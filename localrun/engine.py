@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from lambdas.validate import start_proof
 from localrun import construct_paths, moto_fixes
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.clock import Clock
+from localrun.decision_url import function_url_event
 from localrun.environ import handler_environment, handler_stdout
 from localrun.iam import LAMBDA, SAGEMAKER, LocalIam, acting_as
 from localrun.jobs import Job
@@ -333,12 +335,10 @@ class LocalPlatform:
 
         url = self.environment("ApprovalRequest")["DECISION_URL"]
         request = signed_request(url, method, body, session, query=query)
-        event = {
-            "requestContext": {"http": {"method": method}},
-            "headers": {k.lower(): v for k, v in request.header_items()},
-            "queryStringParameters": query,
-            "body": request.data.decode() if isinstance(request.data, bytes) else None,
-        }
+        data = request.data if isinstance(request.data, bytes) else None
+        event = function_url_event(
+            method, dict(request.header_items()), urllib.parse.urlsplit(request.full_url).query, data
+        )
         return self.invoke("ApprovalDecide", event)
 
     def function_session(self, function: str) -> Credentials:

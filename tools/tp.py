@@ -46,6 +46,8 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 _URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
+# The decision URL the local platform serves on this machine's loopback (localrun/decision_url.py).
+_LOOPBACK = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/?$")
 # Offline, Validate checks the input against these in place of a deployment's own names.
 OFFLINE_DATASETS_BUCKET = "datasets-bucket"
 
@@ -255,9 +257,15 @@ def signed_request(
 ) -> urllib.request.Request:
     """The call to the decision URL: an identity proof for what it asks, the whole request SigV4-signed."""
     match = _URL.match(url)
-    if match is None:
-        raise SystemExit(f"{url} is not a Lambda function URL (https://<id>.lambda-url.<region>.on.aws/)")
-    region = match.group(1)
+    if match is not None:
+        region = match.group(1)
+    elif _LOOPBACK.match(url) and session.region_name:  # the local platform's (make demo ARGS=--decide-with-tp)
+        region = session.region_name
+    else:
+        raise SystemExit(
+            f"{url} is not a Lambda function URL (https://<id>.lambda-url.<region>.on.aws/), nor the local "
+            "platform's on 127.0.0.1 (with AWS_REGION set)"
+        )
     credentials = _credentials(session)
     if method == "GET":
         page = {"cursor": (query or {}).get("cursor", ""), "limit": (query or {}).get("limit", str(PAGE_SIZE))}
@@ -280,7 +288,7 @@ def signed_request(
 def send(request: urllib.request.Request) -> tuple[int, str]:
     """Deliver a signed request to the decision URL: (status, body)."""
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - https only, checked above
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - https or loopback, checked in signed_request
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -349,3 +354,51 @@ def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platfo
     assert re.search(r"Interrupted after step \d+; resumed from the checkpoint of step \d+\n", report)
     assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
     assert "| BatchClusterJobRole" in report and "Denied: 0" in report
+
+
+def test_a_gate_is_decided_with_tp_from_another_terminal(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--decide-with-tp`: the demo prints how, and `tp` run as another process decides through the loopback URL."""
+    execution_input = _input(run_name="demo-tp", hyperparameters={"max_steps": 20})
+    finished: dict[str, Any] = {}
+    demo = threading.Thread(
+        target=lambda: finished.update(
+            outcome=_demo(platform, tmp_path, execution_input, auto_approve=False, decide_with_tp=True)
+        )
+    )
+    demo.start()
+    shown = ""
+    deadline = time.monotonic() + 240
+    while "tp approve" not in shown:
+        assert demo.is_alive() and time.monotonic() < deadline, shown
+        time.sleep(0.2)
+        shown += capsys.readouterr().out
+    exported = re.search(r"export (.+)\n", shown)
+    assert exported is not None
+    terminal = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TP_"))},
+        **dict(pair.split("=", 1) for pair in exported.group(1).split()),
+    }
+    tp = [str(Path(sys.executable).with_name("tp"))]  # the console script make setup installs
+    listed = subprocess.run(
+        [*tp, "pending", "--json"], check=False, env=terminal, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr
+    (request,) = json.loads(listed.stdout)["pending"]
+    assert request["gate"] == "promotion" and f"tp approve {request['request_id']}" in shown
+    decided = subprocess.run(
+        [*tp, "approve", request["request_id"], "--reason", "decided from a second terminal"],
+        check=False,
+        env=terminal,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert decided.returncode == 0, decided.stderr
+    demo.join(timeout=240)
+    outcome = finished["outcome"]
+    assert outcome.described["status"] == "SUCCEEDED"
+    ((gate, by, reason),) = [(d["gate"], d["by"], d["reason"]) for d in outcome.decisions]
+    assert (gate, by, reason) == ("promotion", APPROVER, "decided from a second terminal")
+    assert "-> approved by" in capsys.readouterr().out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from localrun.cfn import REGION
 from localrun.clock import Clock
+from localrun.decision_url import function_url_event
 from localrun.engine import REQUESTER
 from localrun.iam import SAGEMAKER
 from localrun.scripted import Poll
@@ -127,17 +129,9 @@ def _wired(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     import tools.tp
 
     def deliver(request: Any) -> tuple[int, str]:
-        query = (
-            dict(pair.split("=", 1) for pair in request.full_url.split("?", 1)[1].split("&"))
-            if "?" in request.full_url
-            else None
-        )
-        event = {
-            "requestContext": {"http": {"method": request.get_method()}},
-            "headers": {k.lower(): v for k, v in request.header_items()},
-            "queryStringParameters": query,
-            "body": request.data.decode() if isinstance(request.data, bytes) else None,
-        }
+        data = request.data if isinstance(request.data, bytes) else None
+        query = urllib.parse.urlsplit(request.full_url).query
+        event = function_url_event(request.get_method(), dict(request.header_items()), query, data)
         response = pipeline.local.invoke("ApprovalDecide", event)
         return int(response["statusCode"]), str(response["body"])
 
