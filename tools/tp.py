@@ -36,7 +36,13 @@ from lambdas.shared.errors import InvalidRequest
 from lambdas.validate import start_proof
 from lambdas.validate.request import resolve
 from stacks import outputs as stack_outputs
-from stacks.settings import OVERRIDES_VARIABLE, PlatformSettings, settings_from_context, stage_prefix
+from stacks.settings import (
+    OVERRIDES_VARIABLE,
+    PlatformSettings,
+    SettingsError,
+    settings_from_context,
+    stage_prefix,
+)
 from training import layout
 from training.config import ConfigError, from_hyperparameters
 from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
@@ -110,7 +116,11 @@ def _read_input(path: Path) -> Any:
 def _check(
     path: Path, cdk_json: Path, datasets_bucket: str, as_json: bool
 ) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
-    settings = load_settings(cdk_json)
+    try:
+        settings = load_settings(cdk_json)
+    except (OSError, KeyError, json.JSONDecodeError, SettingsError) as exc:
+        err.print(f"cannot read the platform settings from {cdk_json} (--cdk-json or TP_CDK_JSON): {exc}")
+        raise typer.Exit(2) from None
     try:
         request, cost = offline_check(_read_input(path), settings, datasets_bucket=datasets_bucket)
     except InvalidRequest as exc:

@@ -87,6 +87,13 @@ def test_validate_json_lists_each_problem_with_field_and_value(tmp_path: Path) -
     assert by_field["dataset"]["value"] == "s3://someone-else/data/"
 
 
+def test_validate_says_where_the_settings_are_looked_for(tmp_path: Path) -> None:
+    missing = tp("validate", "--cdk-json", str(tmp_path / "cdk.json"), str(REPO / "examples" / "demo.json"))
+    assert missing.exit_code == 2 and "--cdk-json or TP_CDK_JSON" in missing.output
+    bad_overrides = tp("validate", str(REPO / "examples" / "demo.json"), env={"PLATFORM_CONTEXT": "[1]"})
+    assert bad_overrides.exit_code == 2 and "must be a JSON object of settings" in bad_overrides.output
+
+
 def test_estimate_json_has_the_spot_range_threshold_and_budget() -> None:
     result = tp("estimate", "--json", str(REPO / "examples" / "multi-node-fsdp-spot.json"))
     assert result.exit_code == 0, result.output
