@@ -12,10 +12,7 @@ import json
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from localrun.engine import LocalPlatform
+from typing import Any, Protocol
 
 HOST = "127.0.0.1"
 
@@ -31,10 +28,16 @@ def function_url_event(method: str, headers: dict[str, str], query: str, body: b
     }
 
 
+class Platform(Protocol):
+    """What the server needs of the local platform (localrun/engine.py's LocalPlatform)."""
+
+    def invoke(self, function: str, event: Any) -> Any: ...
+
+
 class DecisionUrl:
     """A loopback HTTP server delivering to the platform's ApprovalDecide handler; `decided` lists its decisions."""
 
-    def __init__(self, platform: LocalPlatform) -> None:
+    def __init__(self, platform: Platform) -> None:
         self.platform = platform
         self.decided: list[dict[str, Any]] = []
         self.announced: set[str] = set()
