@@ -18,9 +18,10 @@ from typing import Any
 HOURS_PER_MONTH = 730
 PRICES_REGION = "us-east-1"
 PRICES_DATE = "2026-11-24"
-# (USD, unit, source). Public on-demand list prices of the pages named; not re-read from those pages on
-# PRICES_DATE (no network here): check them before quoting a figure. FSx for Lustre PERSISTENT_2 SSD
-# is priced per GB-month by throughput tier.
+# (USD, unit, source). On-demand list prices of the pages named, as recorded on PRICES_DATE without
+# reading those pages (no AWS access here); a few were cross-checked against third-party calculators
+# (README: Before you deploy). Check them before quoting a figure. FSx for Lustre PERSISTENT_2 SSD is
+# priced per GB-month by throughput tier.
 PRICES: dict[str, tuple[float, str, str]] = {
     "fsx_persistent2_125": (0.145, "GB-month", "https://aws.amazon.com/fsx/lustre/pricing/"),
     "fsx_persistent2_250": (0.210, "GB-month", "https://aws.amazon.com/fsx/lustre/pricing/"),
@@ -92,7 +93,7 @@ def read_templates(assembly: Path) -> dict[str, dict[str, Any]]:
 
 
 def render(lines: list[Line]) -> str:
-    rows = [f"Idle monthly cost ({PRICES_REGION} prices of {PRICES_DATE}, {HOURS_PER_MONTH} h a month):"]
+    rows = [f"Idle monthly cost ({PRICES_REGION} list prices recorded {PRICES_DATE}, {HOURS_PER_MONTH} h a month):"]
     rows += [f"  {line.monthly_usd:9.2f} USD  {line.item}" for line in lines]
     rows.append(f"  {sum(line.monthly_usd for line in lines):9.2f} USD  total")
     return "\n".join(rows)
