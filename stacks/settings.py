@@ -276,7 +276,7 @@ class PipelineSettings(_Model):
     )
     forbid_self_approval: bool = Field(
         True,
-        description="Refuse a decision by whoever started the run; runs are started with tools/start_run.py, "
+        description="Refuse a decision by whoever started the run; runs are started with `tp start`, "
         "which proves who starts them (off only where one person may both start and approve a run).",
     )
     network_isolation: bool = Field(

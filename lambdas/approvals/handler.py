@@ -109,8 +109,8 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
         *[f"  {k}: {v}" for k, v in sorted(event["summary"].items())],
         "",
         f"Decide within {timeout_hours} h; no decision counts as a rejection. With your AWS credentials:",
-        f"  python tools/approve.py --url {url} approve {request_id} --reason '...'",
-        f"  python tools/approve.py --url {url} reject {request_id} --reason '...'",
+        f"  tp approve {request_id} --reason '...' --decision-url {url}",
+        f"  tp reject {request_id} --reason '...' --decision-url {url}",
         *([f"Started by: {event['requested_by']}"] if event.get("requested_by") else []),
         "",
         f"Execution: {event['execution']}",
@@ -204,7 +204,7 @@ def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvi
 def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Function URL (payload v2): GET lists pending requests (`?limit=&cursor=` pages); POST decides one.
 
-    Every call carries an identity proof for what it asks (tools/approve.py builds it).
+    Every call carries an identity proof for what it asks (`tp` builds it).
     """
     method = (event.get("requestContext") or {}).get("http", {}).get("method")
     environment = DecideEnvironment.from_environ()

@@ -95,7 +95,7 @@ def _proof_headers(proof: str | None) -> dict[str, str]:
     if not proof:
         raise IdentityError(
             401,
-            f"no identity proof: send a signed STS GetCallerIdentity request in {PROOF_HEADER} (tools/approve.py does)",
+            f"no identity proof: send a signed STS GetCallerIdentity request in {PROOF_HEADER} (tp does)",
         )
     try:
         headers = json.loads(base64.b64decode(proof, validate=True))

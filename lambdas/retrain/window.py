@@ -143,7 +143,7 @@ def sweep(
         return None
     name = execution_name(trigger.name, str(item["window_start"]), last_seen)
     run_input = execution_input(trigger, datasets_bucket)
-    # The trigger proves who starts the run, as tools/start_run.py does for a person: the run's
+    # The trigger proves who starts the run, as `tp start` does for a person: the run's
     # requested_by is this function's role, and forbid_self_approval's proof requirement is met.
     proven = start_proof.attach(
         run_input, state_machine=state_machine_arn, execution_name=name, credentials=credentials

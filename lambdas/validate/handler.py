@@ -31,7 +31,7 @@ def requester(event: Any, execution_arn: str, started: str, *, required: bool) -
                     start_proof.FIELD,
                     None,
                     "this platform refuses approvals by whoever started a run (pipeline.forbid_self_approval), so "
-                    "it must know who did; start runs with tools/start_run.py, which adds the proof",
+                    "it must know who did; start runs with `tp start`, which adds the proof",
                 )
             ]
         )

@@ -82,7 +82,7 @@ class ExecutionInput(BaseModel):
     )
     requester_proof: str | None = Field(
         None,
-        description="Who starts the run, proven by tools/start_run.py (good for 5 minutes, once); required "
+        description="Who starts the run, proven by `tp start` (good for 5 minutes, once); required "
         "while pipeline.forbid_self_approval is on (the default).",
     )
     resume_from: str | None = Field(

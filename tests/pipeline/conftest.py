@@ -77,7 +77,7 @@ class Pipeline:
         body: dict[str, Any] | None = None,
         query: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Call the decision URL as tools/approve.py does, signed by a session of `caller`.
+        """Call the decision URL as `tp approve` does, signed by a session of `caller`.
 
         `caller` is a role ARN (the session is named "person") or an assumed-role ARN naming the session.
         """

@@ -133,7 +133,7 @@ def test_runs_must_prove_who_started_them_where_self_approval_is_forbidden(guard
         guarded.input(instance_type="ml.p4d.24xlarge", run_name="anonymous"), name="anon", requester=None
     )
     error, cause = guarded.error(guarded.finish(unproven))
-    assert (error, "start runs with tools/start_run.py" in cause) == ("InvalidRequest", True)
+    assert (error, "start runs with `tp start`" in cause) == ("InvalidRequest", True)
     # A proof made for another execution name does not carry over.
     session = guarded.local.person(APPROVER, "starter")
     stolen = with_proof(

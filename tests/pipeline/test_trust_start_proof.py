@@ -27,7 +27,7 @@ OTHER_STAGE = "arn:aws:states:us-east-1:123456789012:stateMachine:TrainingPipeli
 def _proof(
     pipeline: Pipeline, execution_input: dict[str, Any], name: str, *, state_machine: str, by: str = VICTIM
 ) -> dict[str, Any]:
-    """The input plus the proof `by`'s tools/start_run.py makes for `state_machine`."""
+    """The input plus the proof `by`'s `tp start` makes for `state_machine`."""
     from tools import start_run
 
     session = pipeline.local.person(by, "starter")
