@@ -345,7 +345,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Lambda's environment holds 4 KB in all; the triggers' share leaves room for the other variables.
 RETRAIN_ENVIRONMENT_BYTES = 3072
 # What the synth-time check resolves a template against in place of the deployed names.
-_SYNTH_DATASETS_BUCKET = "datasets-bucket"
+OFFLINE_DATASETS_BUCKET = "datasets-bucket"
+"""The datasets bucket's stand-in where inputs are checked without a deployment."""
 
 
 class RetrainTrigger(_Model):
@@ -514,14 +515,9 @@ class PlatformSettings(_Model):
 
     def retrain_problems(self, trigger: RetrainTrigger, *, backends: tuple[str, ...] | None) -> str | None:
         """What Validate would say of the trigger's run, or None; `backends` None skips the backend check."""
-        run_input = execution_input(trigger.as_trigger(), _SYNTH_DATASETS_BUCKET)
-        limits = self.platform_limits(
-            datasets_bucket=_SYNTH_DATASETS_BUCKET,
-            artifacts_bucket="artifacts-bucket",
-            fsx_file_system_id="fs-0123456789abcdef0",  # of the form SageMaker takes: the request is checked
-            fsx_mount_name="synth",
-            tags={},
-            backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),),
+        run_input = execution_input(trigger.as_trigger(), OFFLINE_DATASETS_BUCKET)
+        limits = self.offline_limits(
+            backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),)
         )
         try:
             resolve(run_input, execution_name=f"{NAME_PREFIX}{trigger.name}-0123456789abcdef", limits=limits)
@@ -531,6 +527,20 @@ class PlatformSettings(_Model):
                 f"its input template ({_source(trigger.input)}) would be rejected when new data arrives:\n  {problems}"
             )
         return None
+
+    def offline_limits(
+        self, *, datasets_bucket: str = "", backends: tuple[str, ...] = tuple(BACKENDS)
+    ) -> PlatformLimits:
+        """The limits Validate applies, with stand-ins for what only a deployment names (its buckets and file
+        system): for checking inputs without AWS (synth's retrain templates, `tp validate`)."""
+        return self.platform_limits(
+            datasets_bucket=datasets_bucket or OFFLINE_DATASETS_BUCKET,
+            artifacts_bucket="artifacts-bucket",
+            fsx_file_system_id="fs-0123456789abcdef0",  # of the form SageMaker takes: the request is checked
+            fsx_mount_name="offline",
+            tags={},
+            backends=backends,
+        )
 
     def platform_limits(
         self,

@@ -37,6 +37,7 @@ from lambdas.validate import start_proof
 from lambdas.validate.request import resolve
 from stacks import outputs as stack_outputs
 from stacks.settings import (
+    OFFLINE_DATASETS_BUCKET,
     OVERRIDES_VARIABLE,
     PlatformSettings,
     SettingsError,
@@ -48,14 +49,13 @@ from training.config import ConfigError, from_hyperparameters
 from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
-out = Console()
+# Soft wrap: an ARN, a cursor or a log line printed for a pipe or a narrow terminal stays whole.
+out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 _URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
 # The decision URL the local platform serves on this machine's loopback (localrun/decision_url.py).
 _LOOPBACK = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/?$")
-# Offline, Validate checks the input against these in place of a deployment's own names.
-OFFLINE_DATASETS_BUCKET = "datasets-bucket"
 
 Stage = Annotated[str, typer.Option(envvar="TP_STAGE", help="the platform's stage (settings' `stage`)")]
 Region = Annotated[str | None, typer.Option(envvar=["TP_REGION", "AWS_REGION"], help="the stage's AWS region")]
@@ -85,15 +85,7 @@ def offline_check(
     execution_input: Any, settings: PlatformSettings, *, datasets_bucket: str = OFFLINE_DATASETS_BUCKET
 ) -> tuple[dict[str, Any], CostEstimate]:
     """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
-    backend = execution_input.get("backend", "sagemaker") if isinstance(execution_input, dict) else "sagemaker"
-    limits = settings.platform_limits(
-        datasets_bucket=datasets_bucket,
-        artifacts_bucket="artifacts-bucket",
-        fsx_file_system_id="fs-0123456789abcdef0",
-        fsx_mount_name="offline",
-        tags={},
-        backends=(str(backend),),
-    )
+    limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # every backend, as the pipeline deploys
     request = resolve(execution_input, execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}", limits=limits)
     pipeline = settings.pipeline
     cost = estimate_cost(
@@ -131,6 +123,11 @@ def _check(
             err.print(f"{path}: the pipeline would reject this input ({len(exc.problems)} problems):")
             for problem in exc.problems:
                 err.print(f"  - {problem}", markup=False, highlight=False)
+            if datasets_bucket == OFFLINE_DATASETS_BUCKET and any(p.field == "dataset" for p in exc.problems):
+                err.print(
+                    f"  ({OFFLINE_DATASETS_BUCKET!r} stands in for the stage's datasets bucket: name it with "
+                    "--datasets-bucket or TP_DATASETS_BUCKET)"
+                )
         raise typer.Exit(1) from None
     return request, cost, settings
 
@@ -223,11 +220,13 @@ class Target:
 def stage_outputs(session: Any, stage: str) -> dict[str, str]:
     """The pipeline stack's outputs by key, or {} where the stack is not found (or has none)."""
     cloudformation = session.client("cloudformation")
+    stack_name = stack_outputs.pipeline_stack_name(stage_prefix(stage))
     try:
-        stack_name = stack_outputs.pipeline_stack_name(stage_prefix(stage))
         (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
-    except Exception:  # any failure to find it leaves the flags and environment to say
-        return {}
+    except ClientError as exc:  # a stack not deployed leaves the flags and environment to say; other errors tell
+        if "does not exist" in exc.response.get("Error", {}).get("Message", ""):
+            return {}
+        raise
     return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
 
 
@@ -372,6 +371,7 @@ def list_runs(
         out.print_json(data=runs)
         return
     table = Table("run", "status", "started", "stopped")
+    table.columns[0].overflow = "fold"  # a name to pass to tp watch|logs|stop: never cut
     for run in runs:
         table.add_row(run["name"], run["status"], run["started"], run["stopped"] or "")
     out.print(table)
@@ -415,13 +415,11 @@ def pending(
         out.print_json(data=answer)
         return
     table = Table("request id", "gate", "run", "requested by", "estimate")
+    table.columns[0].overflow = "fold"  # an id to paste into tp approve: never cut
     for request in answer.get("pending", []):
-        table.add_row(
-            *(
-                str(request.get(k, ""))
-                for k in ("request_id", "gate", "run_name", "requested_by", "estimated_max_cost_usd")
-            )
-        )
+        summary = json.loads(request.get("summary") or "{}")
+        cost = f"${summary['max_cost_usd']:,.2f}" if isinstance(summary.get("max_cost_usd"), int | float) else ""
+        table.add_row(*(str(request.get(k, "")) for k in ("request_id", "gate", "run_name", "requested_by")), cost)
     out.print(table)
     if answer.get("next"):
         out.print(f"more: --cursor {answer['next']}", markup=False, highlight=False)
@@ -719,7 +717,12 @@ def _describe(state: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ClientError as exc:  # what AWS refused, said once, without a traceback
+        error = exc.response.get("Error", {})
+        err.print(f"{exc.operation_name}: {error.get('Code')}: {error.get('Message')}", markup=False, highlight=False)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

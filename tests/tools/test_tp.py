@@ -299,3 +299,42 @@ def test_watch_shows_step_eta_cost_so_far_and_the_newest_checkpoint(
     assert f"step 10/{max_steps} (checkpointed)" in line
     assert "ETA" in line
     assert "so far of at most $" in line
+
+
+def test_validate_rejects_a_backend_the_pipeline_does_not_deploy(tmp_path: Path) -> None:
+    example = json.loads((REPO / "examples" / "demo.json").read_text())
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({**example, "backend": "sagemkaer"}))
+    result = tp("validate", str(typo))
+    assert result.exit_code == 1
+    assert "backend 'sagemkaer'" in result.output
+
+
+def test_a_dataset_outside_the_stand_in_bucket_is_explained(tmp_path: Path) -> None:
+    example = json.loads((REPO / "examples" / "demo.json").read_text())
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({**example, "dataset": "s3://team-datasets/corpus/"}))
+    refused = tp("validate", str(mine))
+    assert refused.exit_code == 1 and "--datasets-bucket or TP_DATASETS_BUCKET" in refused.output
+    assert tp("validate", "--datasets-bucket", "team-datasets", str(mine)).exit_code == 0
+
+
+def test_pending_keeps_the_request_id_whole_in_a_narrow_terminal(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-8")
+    request_id = _pending_id(local, arn)
+    result = tp("pending", env={**_env(local.local.person(APPROVER)), "COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    first_column = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
+    assert request_id in "".join(first_column)  # folded over lines, never cut with "…"
+
+
+def test_what_aws_refuses_is_one_line_not_a_traceback(
+    local: Pipeline, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tools.tp
+
+    monkeypatch.setattr("sys.argv", ["tp", "stop", "no-such-run"])
+    with pytest.raises(SystemExit) as ended:
+        tools.tp.main()
+    assert ended.value.code == 1
+    assert "StopExecution: ExecutionDoesNotExist" in capsys.readouterr().err
