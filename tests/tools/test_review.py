@@ -35,11 +35,7 @@ def _copy_of_this_repository(root: Path) -> Path:
         if source.is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_bytes(source.read_bytes())
-    # A platform team's repository names its approvers (synth refuses gates nobody could decide).
-    cdk_json = root / "cdk.json"
-    settings = json.loads(cdk_json.read_text())
-    settings["context"]["platform"]["approvers"] = ["arn:aws:iam::123456789012:role/MLLead"]
-    cdk_json.write_text(json.dumps(settings, indent=2) + "\n")
+    # The shipped cdk.json as it is (no approvers): a review, unlike a deploy, takes it.
     _git(root, "init", "--quiet", "--initial-branch=main")
     # The review runs with this checkout's environment, as a CI job's `make setup` would provide it.
     for env in (".venv", "node_modules"):
