@@ -1,11 +1,12 @@
 """Exact, atomic checkpoints with torch.distributed.checkpoint (DCP).
 
-Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_0.distcp``
+Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_<i>.distcp``
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
 its size and SHA-256, so a checkpoint that was truncated or changed (a partial S3 sync, a kill
 mid-write, a file replaced in S3) is detected, before anything reads it, and skipped for the previous
-one. Loading never unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows
+one. Each process writes its share in several threads, one data file each, hashing every file as it
+writes it. Loading never unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows
 only DCP's metadata types, and the non-tensor items (optimizer settings, progress) with torch's
 ``weights_only`` loader, so a planted ``.metadata`` or item cannot run code.
 
@@ -27,8 +28,10 @@ import os
 import pickle
 import shutil
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +41,14 @@ from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.futures import Future as TorchFuture
 from torch.optim.lr_scheduler import LRScheduler
 
 from training.config import CheckpointConfig
@@ -57,6 +61,8 @@ from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Manifest, 
 log = logging.getLogger(__name__)
 
 _HASH_CHUNK = 1 << 20
+_MAX_IO_THREADS = 8
+_WRITEBACK_CHUNK = 32 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -105,13 +111,17 @@ def verify(directory: Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
     index, count = share
     data = sorted(name for name in manifest.files if name != DCP_METADATA)
     mine = {DCP_METADATA, *data[index::count]}
-    for name, (_size, digest) in manifest.files.items():
+    for name in manifest.files:
         path = directory / name
         problem = manifest.size_problem(name, path.stat().st_size if path.is_file() else None)
-        if problem is None and name in mine and sha256_of(path) != digest:
-            problem = f"{name} does not match the SHA-256 in its manifest"
         if problem is not None:
             return f"{directory.name}: {problem}"
+    names = sorted(mine)
+    with ThreadPoolExecutor(io_threads()) as pool:  # hashlib releases the GIL: one file per core
+        digests = dict(zip(names, pool.map(lambda name: sha256_of(directory / name), names), strict=True))
+    for name in names:
+        if digests[name] != manifest.files[name][1]:
+            return f"{directory.name}: {name} does not match the SHA-256 in its manifest"
     return None
 
 
@@ -145,13 +155,94 @@ def data_files(metadata: Metadata) -> list[str]:
     return sorted({info.relative_path for info in metadata.storage_data.values()})
 
 
-def file_entries(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """The manifest's entries of those of `names` present in `directory`: size and SHA-256."""
-    return {
-        name: {"size": (directory / name).stat().st_size, "sha256": sha256_of(directory / name)}
-        for name in names
-        if (directory / name).is_file()
-    }
+def file_entries(
+    directory: Path, names: list[str], hashed: dict[str, tuple[int, str]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The manifest's entries of those of `names` present in `directory`: size and SHA-256.
+
+    `hashed`: (size, SHA-256) of files hashed as they were written; a file is read back only if it is
+    not there or its size on disk differs."""
+    hashed = hashed or {}
+    entries = {}
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        known = hashed.get(name)
+        entries[name] = {"size": size, "sha256": known[1] if known and known[0] == size else sha256_of(path)}
+    return entries
+
+
+def io_threads() -> int:
+    """Threads (and data files) each process writes a checkpoint with, and hashes one with: this host's
+    cores shared among its processes, from 2 (one serialises and hashes while another waits on the disk)
+    to 8."""
+    return max(2, min(_MAX_IO_THREADS, (os.cpu_count() or 1) // _local_world_size()))
+
+
+class _HashingStream:
+    """A file being written that hashes its bytes as they pass (DCP writes each file front to back)."""
+
+    def __init__(self, file: io.BufferedWriter) -> None:
+        self.file = file
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.flushing = 0  # bytes before this offset have been handed to the kernel's writeback
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self.file.write(view)
+        self.digest.update(view)  # hashlib releases the GIL for large buffers
+        self.size += len(view)
+        if self.size - self.flushing >= _WRITEBACK_CHUNK and hasattr(os, "posix_fadvise"):
+            # Start writing these pages to the disk now (Linux starts writeback for dirty pages it is
+            # advised to drop), not all at the final fsync: the disk works while the threads serialise.
+            os.posix_fadvise(self.file.fileno(), self.flushing, self.size - self.flushing, os.POSIX_FADV_DONTNEED)
+            self.flushing = self.size
+        return written
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording the size and SHA-256 of every data file as it writes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed: dict[str, tuple[int, str]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        path = Path(path)
+        if mode != "wb" or path.suffix != ".distcp":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with path.open("wb") as file:
+            hashing = _HashingStream(file)
+            yield hashing
+        self.hashed[path.name] = (hashing.size, hashing.digest.hexdigest())
+
+
+def _writer(directory: Path) -> tuple[FileSystemWriter, dict[str, tuple[int, str]]]:
+    """DCP's file writer for one save, with `io_threads()` threads, each serialising, hashing and writing
+    (and fsyncing) its own file, so that the CPU work of one overlaps the disk writes of another; and
+    the (size, SHA-256) of each data file, filled in as the writer writes it."""
+    fs = _HashingFileSystem()
+    writer = FileSystemWriter(directory, thread_count=io_threads())
+    writer.fs = fs
+    return writer, fs.hashed
 
 
 # What DCP's .metadata may name: its own metadata types, torch's dtypes, sizes and layouts, and paths.
@@ -185,7 +276,21 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class _SafeReader(FileSystemReader):
-    """DCP's file-system reader, reading ``.metadata`` with `_MetadataUnpickler` instead of `pickle.load`."""
+    """DCP's file-system reader, reading ``.metadata`` with `_MetadataUnpickler` instead of `pickle.load`,
+    and the data files in parallel threads, one file each."""
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        read = super().read_data
+        with ThreadPoolExecutor(io_threads()) as pool:  # reads and tensor copies release the GIL
+            done = [pool.submit(read, replace(plan, items=items), planner) for items in per_file.values()]
+            for future in done:
+                future.result().wait()
+        finished: TorchFuture[None] = TorchFuture()
+        finished.set_result(None)
+        return finished
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as stream:
@@ -269,6 +374,7 @@ class _Pending:
     future: Future[Any]
     world_size: int
     tokens_consumed: int
+    hashed: dict[str, tuple[int, str]]
     started: float = field(default_factory=time.monotonic)
 
 
@@ -302,19 +408,22 @@ class CheckpointManager:
         dist.barrier(group=self.env.ctrl)
         started = time.monotonic()
         state_dict = state.state_dict()
+        writer, hashed = _writer(directory)
         if self._async_group is not None and not blocking:
-            response = dcp_async_save(state_dict, checkpoint_id=directory, process_group=self._async_group)
+            response = dcp_async_save(state_dict, storage_writer=writer, process_group=self._async_group)
             # torch returns a Future, or (with some stagers) a response holding the upload's Future.
             future = response if isinstance(response, Future) else response.upload_completion
-            self.pending = _Pending(step, future, self.env.world_size, state.tokens_consumed, started)
+            self.pending = _Pending(step, future, self.env.world_size, state.tokens_consumed, hashed, started)
             log.info(
                 "checkpoint %s: staged in %.2fs, writing in the background",
                 step_dir(step),
                 time.monotonic() - started,
             )
             return
-        metadata = dcp_save(state_dict, checkpoint_id=directory, process_group=self.env.ctrl)
-        self._commit(step, metadata, self.env.world_size, state.tokens_consumed, started)
+        metadata = dcp_save(state_dict, storage_writer=writer, process_group=self.env.ctrl)
+        self._commit(
+            step, metadata, world_size=self.env.world_size, tokens=state.tokens_consumed, hashed=hashed, started=started
+        )
 
     def pending_done(self) -> bool:
         """Whether this rank's background save (if any) has finished writing."""
@@ -326,18 +435,34 @@ class CheckpointManager:
             return
         pending, self.pending = self.pending, None
         metadata = pending.future.result()
-        self._commit(pending.step, metadata, pending.world_size, pending.tokens_consumed, pending.started)
+        self._commit(
+            pending.step,
+            metadata,
+            world_size=pending.world_size,
+            tokens=pending.tokens_consumed,
+            hashed=pending.hashed,
+            started=pending.started,
+        )
 
-    def _commit(self, step: int, metadata: Any, world_size: int, tokens: int, started: float) -> None:
+    def _commit(
+        self,
+        step: int,
+        metadata: Any,
+        *,
+        world_size: int,
+        tokens: int,
+        hashed: dict[str, tuple[int, str]],
+        started: float,
+    ) -> None:
         directory = self.root / step_dir(step)
         error: str | None = None
-        # Each process hashes the data files it wrote (hosts do not share /opt/ml/checkpoints).
+        # Each process hashes the data files it wrote, as it wrote them (hosts do not share /opt/ml/checkpoints).
         own: dict[str, dict[str, Any]] | str
         try:
             if not isinstance(metadata, Metadata):
                 raise CheckpointError(f"DCP returned {type(metadata).__name__}, not its Metadata")
             names = [n for n in data_files(metadata) if n.startswith(f"__{self.env.rank}_")]
-            own = file_entries(directory, names + ([DCP_METADATA] if self.env.is_main else []))
+            own = file_entries(directory, names + ([DCP_METADATA] if self.env.is_main else []), hashed)
         except Exception as exc:
             own = describe(exc)
         gathered: list[dict[str, dict[str, Any]] | str | None] = [None] * self.env.world_size

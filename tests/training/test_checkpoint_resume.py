@@ -9,12 +9,15 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
-from training.checkpoint import CheckpointError, committed_steps, verify, write_manifest
+from training import trainer as trainer_module
+from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
 from training.config import ConfigError
 from training.layout import MANIFEST
+from training.parallelize import parallelize
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import DataRangeError
@@ -37,7 +40,9 @@ def test_reference_commits_checkpoints_with_manifests(reference: tuple[Path, str
     manifest = json.loads((root / "checkpoints" / "step-12" / MANIFEST).read_text())
     assert manifest["step"] == 12 and manifest["world_size"] == 1
     assert manifest["tokens_consumed"] == 12 * 4 * 32
-    assert set(manifest["files"]) == {".metadata", "__0_0.distcp"}
+    # One data file per writer thread (at least 2), all of them hashed in the manifest.
+    assert set(manifest["files"]) == {".metadata", *(f"__0_{i}.distcp" for i in range(io_threads()))}
+    assert io_threads() >= 2
     assert all(verify(root / "checkpoints" / f"step-{s}") is None for s in (4, 8, 12))
     assert sorted(step_losses(log)) == list(range(1, 13))
     assert list(val_losses(log)) == [12]
@@ -221,3 +226,34 @@ def test_manifest_commit_is_atomic(tmp_path: Path) -> None:
     write_manifest(tmp_path, {"format": 1, "step": 1, "files": {}})
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST]
     assert verify(tmp_path) == f"{tmp_path.name}: manifest has an unknown format"
+
+
+def test_periodic_evals_score_the_sample_and_the_final_one_the_whole_set(corpus: Path, tmp_path: Path) -> None:
+    job = {**CHECKPOINTED_JOB, "max_steps": "4", "checkpoint.interval_steps": "0", "eval.interval_steps": "2"}
+    whole = make_opt_ml(tmp_path / "whole", {}, corpus=corpus)
+    sampled = make_opt_ml(tmp_path / "sampled", {}, corpus=corpus)
+    _, log_whole = run_in_process(whole.root, job)
+    _, log_sampled = run_in_process(sampled.root, {**job, "eval.max_batches": "1"})
+    assert step_losses(log_sampled) == step_losses(log_whole)  # evaluation does not touch training
+    assert val_losses(log_sampled)[2] != val_losses(log_whole)[2]
+    assert val_losses(log_sampled)[4] == val_losses(log_whole)[4]
+
+
+def test_one_process_trains_the_model_without_a_ddp_wrapper() -> None:
+    model = torch.nn.Linear(2, 2)
+    options = {"device": torch.device("cpu"), "param_dtype": torch.float32, "compile": False}
+    bare = parallelize(
+        model, fsdp=False, world_size=1, activation_checkpointing=False, reshard_after_forward=True, **options
+    )
+    assert bare is model
+
+
+def test_a_world_of_one_trains_without_collectives(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(trainer_module.dist, "all_reduce", lambda *a, **k: calls.append("all_reduce"))
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "3", "eval.interval_steps": "2"})
+    assert completed and sorted(step_losses(log)) == [1, 2, 3] and sorted(val_losses(log)) == [2, 3]
+    assert calls == []

@@ -11,9 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from training_helpers import CHECKPOINTED_JOB, run_in_process, step_losses
+from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses
 
+import training.checkpoint
+from training.checkpoint import verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
 from training.stored_checkpoints import manifest_sha256
@@ -77,6 +80,41 @@ def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint
     assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the SHA-256" in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[Path, str], tmp_path: Path) -> None:
+    """The save writes several data files per rank: the last one, not only the first, is verified."""
+    root = _copy(reference, tmp_path)
+    shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    assert len(shards) >= 2
+    data = bytearray(shards[-1].read_bytes())
+    data[-8:] = bytes(8)
+    shards[-1].write_bytes(bytes(data))
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert f"skipping checkpoint step-12: rank 0: step-12: {shards[-1].name} does not match the SHA-256" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_save_hashes_its_data_files_as_it_writes_them(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Committing does not read the data files back from the disk; the manifest still matches them."""
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    read_back: list[str] = []
+    hash_file = training.checkpoint.sha256_of
+
+    def recording(path: Path) -> str:
+        read_back.append(path.name)
+        return hash_file(path)
+
+    monkeypatch.setattr(training.checkpoint, "sha256_of", recording)
+    completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "4"})
+    monkeypatch.undo()
+    assert completed
+    assert read_back == [".metadata"]
+    assert verify(paths.checkpoints / "step-4") is None
 
 
 def test_manifest_names_every_file_with_its_size_and_sha256(reference: tuple[Path, str]) -> None:
