@@ -54,9 +54,22 @@ class ModelConfig:
     n_heads: int = _f(0, "Attention heads; 0 keeps the preset's.")
     max_seq_len: int = _f(0, "Longest sequence the model supports; 0 keeps the preset's.")
     dropout: float = _f(0.0, "Dropout probability (0 for pretraining).")
+    bias: bool = _f(True, "GPT-2 architecture: biases in the linear layers and LayerNorms (false: none, as nanoGPT's).")
+    gelu: str = _f(
+        "tanh", "GPT-2 architecture: the MLP's GELU, tanh-approximated (GPT-2's) or exact.", ("tanh", "exact")
+    )
 
     def __post_init__(self) -> None:
         _require(self.name in PRESETS, "model.name", self.name, f"choose one of {', '.join(PRESETS)}")
+        if PRESETS[self.name].arch != "gpt2" and not self.factory:
+            for key, default in (("bias", True), ("gelu", "tanh")):
+                value = getattr(self, key)
+                _require(
+                    value == default,
+                    f"model.{key}",
+                    value,
+                    f"it applies to the gpt2 architecture; preset {self.name!r} is {PRESETS[self.name].arch}: drop it",
+                )
         _require(
             not self.factory or (":" in self.factory and all(self.factory.split(":", 1))),
             "model.factory",
@@ -73,6 +86,11 @@ class ModelConfig:
 class DataConfig:
     seq_len: int = _f(0, "Tokens per training sequence; 0 uses the model's max_seq_len.")
     shuffle: bool = _f(True, "Visit training sequences in a seeded random order, reshuffled every epoch.")
+    shift_windows: bool = _f(
+        False,
+        "Every epoch, start the training sequences a seeded random number of tokens (under seq_len) into each "
+        "shard, so repeated epochs see the text at new alignments.",
+    )
 
     def __post_init__(self) -> None:
         _require(self.seq_len >= 0, "data.seq_len", self.seq_len, "use a positive length, or 0")
@@ -146,6 +164,11 @@ class OptimConfig:
     beta2: float = _f(0.95, "AdamW beta2.")
     eps: float = _f(1e-8, "AdamW epsilon.")
     fused: bool = _f(True, "Use the fused AdamW kernel.")
+    decay_steps: int = _f(
+        0,
+        "Step at which the cosine decay reaches lr x min_lr_ratio, counted from step 0 like the warmup; the lr "
+        "stays there afterwards. 0: train.max_steps.",
+    )
 
     def __post_init__(self) -> None:
         _require(0 < self.lr < 1, "optim.lr", self.lr, "use a value in (0, 1), e.g. 3e-4")
@@ -156,6 +179,12 @@ class OptimConfig:
             value = getattr(self, key)
             _require(0 <= value < 1, f"optim.{key}", value, "use a value in [0, 1)")
         _require(self.eps > 0, "optim.eps", self.eps, "use > 0, e.g. 1e-8")
+        _require(
+            self.decay_steps == 0 or self.decay_steps >= self.warmup_steps,
+            "optim.decay_steps",
+            self.decay_steps,
+            f"use 0 or at least optim.warmup_steps={self.warmup_steps}",
+        )
 
 
 @dataclass
@@ -178,10 +207,17 @@ class EvalConfig:
     max_sequences: int = _f(
         1024, "Validation sequences per eval: the first N of the validation set, whatever the process count."
     )
+    max_batches: int = _f(
+        0,
+        "Periodic evaluations (every eval.interval_steps) score this many global batches of those sequences, "
+        "drawn once at random with train.seed and reused, so successive evals compare; the final one scores "
+        "all. 0: every eval scores all.",
+    )
 
     def __post_init__(self) -> None:
         _require(self.interval_steps >= 0, "eval.interval_steps", self.interval_steps, "use >= 0")
         _require(self.max_sequences >= 1, "eval.max_sequences", self.max_sequences, "use >= 1")
+        _require(self.max_batches >= 0, "eval.max_batches", self.max_batches, "use >= 0")
 
 
 @dataclass

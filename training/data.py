@@ -6,9 +6,10 @@ uint16 for version 1 (llm.c's GPT-2 shards), uint32 for version 2 (its Llama-3 s
 The loader cuts every shard into samples of ``seq_len + 1`` tokens (inputs and shifted targets;
 consecutive samples overlap by one token, as in llm.c). All train samples form one index space; a
 global micro-batch is the next ``world_size * micro_batch`` samples of a per-epoch seeded
-permutation, and rank r takes its contiguous slice. The only position state is the number of samples
-consumed by all ranks together, so a resume on a different number of processes continues with
-exactly the data that comes next.
+permutation, and rank r takes its contiguous slice. With ``data.shift_windows`` every epoch also
+moves the window grid by a seeded offset, so a second pass over the text sees it at new alignments.
+The only position state is the number of samples consumed by all ranks together, so a resume on a
+different number of processes continues with exactly the data that comes next.
 """
 
 from __future__ import annotations
@@ -67,22 +68,31 @@ def read_shard(path: Path) -> np.memmap[Any, np.dtype[np.unsignedinteger[Any]]]:
 
 
 class TokenSamples:
-    """Every ``seq_len + 1``-token window of a list of shards, addressable by one global index."""
+    """Every ``seq_len + 1``-token window of a list of shards, addressable by one global index.
 
-    def __init__(self, shards: Sequence[Path], seq_len: int) -> None:
+    With ``shifted``, a window grid can start ``shift`` tokens (0 <= shift < seq_len) into every shard
+    (:meth:`gather`'s ``shift``); the last ``seq_len - 1`` tokens then start no window, so every shift
+    has the same windows count.
+    """
+
+    def __init__(self, shards: Sequence[Path], seq_len: int, *, shifted: bool = False) -> None:
         self.shards = [read_shard(p) for p in shards]
         self.paths = list(shards)
         self.seq_len = seq_len
-        counts = [max(0, (len(s) - 1) // seq_len) for s in self.shards]
+        reserve = seq_len - 1 if shifted else 0
+        counts = [max(0, (len(s) - 1 - reserve) // seq_len) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n_samples = int(self.starts[-1])
+        self.shifted = shifted
 
-    def gather(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Samples ``indices`` as a (len(indices), seq_len + 1) int64 array."""
+    def gather(self, indices: npt.NDArray[np.int64], shift: int = 0) -> npt.NDArray[np.int64]:
+        """Samples ``indices`` of the grid shifted by ``shift`` tokens as a (len(indices), seq_len + 1) array."""
+        if shift and not (self.shifted and 0 < shift < self.seq_len):
+            raise ValueError(f"shift {shift} needs shifted samples and 0 <= shift < seq_len={self.seq_len}")
         out = np.empty((len(indices), self.seq_len + 1), dtype=np.int64)
         shard_ids = np.searchsorted(self.starts, indices, side="right") - 1
         for row, (index, shard_id) in enumerate(zip(indices.tolist(), shard_ids.tolist(), strict=True)):
-            offset = (index - int(self.starts[shard_id])) * self.seq_len
+            offset = shift + (index - int(self.starts[shard_id])) * self.seq_len
             out[row] = self.shards[shard_id][offset : offset + self.seq_len + 1]
         return out
 
@@ -126,17 +136,24 @@ class DistributedTokenLoader:
             self._epoch = epoch
         return self._order
 
+    def shift_for(self, epoch: int) -> int:
+        """Where the epoch's window grid starts in every shard: 0, or with shifted samples a seeded draw."""
+        if not self.samples.shifted:
+            return 0
+        return int(np.random.default_rng([self.seed, epoch, 1]).integers(self.samples.seq_len))
+
     def next_batch(self) -> npt.NDArray[np.int64]:
         """The next (micro_batch, seq_len + 1) tokens for this rank; advances the global position."""
         n = self.samples.n_samples
         first = self.consumed + self.rank * self.micro_batch
         positions = np.arange(first, first + self.micro_batch, dtype=np.int64)
-        indices = np.empty_like(positions)
+        out = np.empty((self.micro_batch, self.samples.seq_len + 1), dtype=np.int64)
         for epoch in np.unique(positions // n).tolist():
             mask = positions // n == epoch
-            indices[mask] = self._order_for(int(epoch))[positions[mask] % n]
+            indices = self._order_for(int(epoch))[positions[mask] % n]
+            out[mask] = self.samples.gather(indices, shift=self.shift_for(int(epoch)))
         self.consumed += self.micro_batch * self.world_size
-        return self.samples.gather(indices)
+        return out
 
     def state_dict(self) -> dict[str, int]:
         return {"samples_consumed": self.consumed, "seq_len": self.samples.seq_len}
@@ -150,16 +167,30 @@ class DistributedTokenLoader:
 
 
 def validation_batches(
-    samples: TokenSamples, *, micro_batch: int, rank: int, world_size: int, max_sequences: int
+    samples: TokenSamples,
+    *,
+    micro_batch: int,
+    rank: int,
+    world_size: int,
+    max_sequences: int,
+    sample_batches: int = 0,
+    seed: int = 0,
 ) -> list[tuple[npt.NDArray[np.int64], int]]:
     """This rank's share of the fixed validation set as (tokens, valid rows) pairs.
 
+    The set is the first ``max_sequences`` samples or, with ``sample_batches``, that many global
+    batches of them drawn at random with ``seed`` (the same draw on every rank and every call).
     Samples are strided over ranks so each is evaluated exactly once; every rank gets the same
     number of batches (short ones padded, padding rows not counted) because FSDP forwards are
     collective.
     """
     total = min(samples.n_samples, max_sequences)
-    mine = np.arange(rank, total, world_size, dtype=np.int64)
+    chosen = np.arange(total, dtype=np.int64)
+    if sample_batches and sample_batches * micro_batch * world_size < total:
+        drawn = np.random.default_rng(seed).choice(total, sample_batches * micro_batch * world_size, replace=False)
+        chosen = np.sort(drawn).astype(np.int64)
+        total = len(chosen)
+    mine = chosen[rank::world_size]
     per_rank = -(-total // world_size)
     n_batches = -(-per_rank // micro_batch)
     padded = np.zeros(n_batches * micro_batch, dtype=np.int64)

@@ -22,7 +22,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def lr_factor(step_index: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak lr for the optimizer step with 0-based index ``step_index``."""
+    """Multiplier of the peak lr for the optimizer step with 0-based index ``step_index``; the cosine
+    reaches ``min_lr_ratio`` at ``max_steps`` (the decay horizon) and stays there."""
     if step_index < warmup_steps:
         return (step_index + 1) / warmup_steps
     decay_steps = max(1, max_steps - warmup_steps)
@@ -31,7 +32,9 @@ def lr_factor(step_index: int, *, warmup_steps: int, max_steps: int, min_lr_rati
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> LambdaLR:
+    horizon = cfg.decay_steps or max_steps
+
     def factor(step_index: int) -> float:
-        return lr_factor(step_index, warmup_steps=cfg.warmup_steps, max_steps=max_steps, min_lr_ratio=cfg.min_lr_ratio)
+        return lr_factor(step_index, warmup_steps=cfg.warmup_steps, max_steps=horizon, min_lr_ratio=cfg.min_lr_ratio)
 
     return LambdaLR(optimizer, factor)

@@ -30,7 +30,8 @@ def parallelize(
     compile: bool,
     reshard_after_forward: bool,
 ) -> nn.Module:
-    """Return the model ready to train; per block where the model exposes ``layers``."""
+    """Return the model ready to train; per block where the model exposes ``layers``. DDP wraps it only
+    when there are several processes."""
     blocks = _blocks(model)
     if blocks is None and (activation_checkpointing or fsdp):
         log.warning("model has no 'layers' ModuleList: sharding and checkpointing it as a single unit")
@@ -53,6 +54,10 @@ def parallelize(
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
         # The root keeps the embeddings and head; it is not resharded because backward needs it at once.
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        return model
+    if world_size == 1:
+        # Nothing to synchronise: DDP's wrapper would only add its per-step bookkeeping. Checkpoints stay
+        # interchangeable (torch.distributed.checkpoint.state_dict strips DDP's 'module.' prefix).
         return model
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)

@@ -1,4 +1,5 @@
-"""Tokenizers for ``training.prepare``: byte-level (default) and GPT-2 BPE from local vocabulary files.
+"""Tokenizers for ``training.prepare``: byte-level (default), character-level over the corpus's own
+alphabet, and GPT-2 BPE from local vocabulary files.
 
 The BPE is GPT-2's algorithm (Radford et al. 2019, openai/gpt-2 ``encoder.py``): text is split by a
 regex into words, each word's UTF-8 bytes are mapped to printable characters, and adjacent symbols
@@ -11,6 +12,7 @@ import functools
 import itertools
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +39,41 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class CharTokenizer:
+    """The ids of the alphabet's characters in sorted order (nanoGPT's shakespeare_char ids); the next id is
+    end-of-text. Saved as the alphabet in ``chars.json`` beside the shards, to decode samples."""
+
+    FILE = "chars.json"
+
+    def __init__(self, alphabet: str) -> None:
+        self.alphabet = "".join(sorted(set(alphabet)))
+        self.ids = {c: i for i, c in enumerate(self.alphabet)}
+        self.vocab_size = len(self.alphabet) + 1
+        self.eot = len(self.alphabet)
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        return cls("".join(set().union(*map(set, texts))))
+
+    @classmethod
+    def load(cls, folder: Path) -> CharTokenizer:
+        return cls(json.loads((folder / cls.FILE).read_text(encoding="utf-8"))["alphabet"])
+
+    def save(self, folder: Path) -> Path:
+        path = folder / self.FILE
+        path.write_text(json.dumps({"alphabet": self.alphabet, "eot": self.eot}, ensure_ascii=False), encoding="utf-8")
+        return path
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.ids[c] for c in text]
+        except KeyError as exc:
+            raise ValueError(f"character {exc.args[0]!r} is not in the tokenizer's alphabet") from None
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.alphabet[i] for i in ids if i != self.eot)
 
 
 @functools.cache

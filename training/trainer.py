@@ -118,7 +118,7 @@ class Trainer:
         """The training loader and this rank's fixed validation batches."""
         cfg, env = self.cfg, self.env
         loader = DistributedTokenLoader(
-            TokenSamples(files.train, self.seq_len),
+            TokenSamples(files.train, self.seq_len, shifted=cfg.data.shift_windows),
             micro_batch=cfg.train.micro_batch_size,
             rank=env.rank,
             world_size=env.world_size,
@@ -126,14 +126,20 @@ class Trainer:
             shuffle=cfg.data.shuffle,
         )
         self.val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
+        self.periodic_val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
         if files.validation:
-            self.val_batches = validation_batches(
-                TokenSamples(files.validation, self.seq_len),
-                micro_batch=cfg.train.micro_batch_size,
-                rank=env.rank,
-                world_size=env.world_size,
-                max_sequences=cfg.eval.max_sequences,
-            )
+            validation = TokenSamples(files.validation, self.seq_len)
+            shares = {"micro_batch": cfg.train.micro_batch_size, "rank": env.rank, "world_size": env.world_size}
+            self.val_batches = validation_batches(validation, **shares, max_sequences=cfg.eval.max_sequences)
+            self.periodic_val_batches = self.val_batches
+            if cfg.eval.max_batches:
+                self.periodic_val_batches = validation_batches(
+                    validation,
+                    **shares,
+                    max_sequences=cfg.eval.max_sequences,
+                    sample_batches=cfg.eval.max_batches,
+                    seed=cfg.train.seed,
+                )
         if not self.val_batches and env.is_main:
             log.warning("no validation data (channel 'validation' or *val*.bin in 'train'): val_loss not reported")
         return loader
@@ -251,7 +257,7 @@ class Trainer:
                 self._log_step(step, loss, lr, grad_norm, window_steps * tokens_per_step / elapsed)
                 window_start, window_steps = time.perf_counter(), 0
             if cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0 and step < max_steps:
-                self._log_validation(step, self.evaluate())
+                self._log_validation(step, self.evaluate(self.periodic_val_batches))
                 window_start = time.perf_counter()
             if save:
                 self.checkpoints.save(self.state, blocking=stop or step == max_steps)
@@ -321,15 +327,22 @@ class Trainer:
             [self.stop.requested, due and self.env.is_main, not self.checkpoints.pending_done()],
             dtype=torch.int64,
         )
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.env.ctrl)
+        self._all_reduce(flags, op=dist.ReduceOp.MAX, group=self.env.ctrl)
         stop, due_any, busy = (bool(v) for v in flags.tolist())
         return stop, due_any, busy
+
+    def _all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, group: Any = None
+    ) -> None:
+        # A world of one has nothing to reduce: the loop's per-step agreements then cost no collective.
+        if self.env.world_size > 1:
+            dist.all_reduce(tensor, op=op, group=group)
 
     # ------------------------------------------------------------------ metrics
 
     def _mean_over_ranks(self, value: torch.Tensor) -> float:
         total = value.detach().clone()
-        dist.all_reduce(total)
+        self._all_reduce(total)
         return float(total.item()) / self.env.world_size
 
     def _log_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, tps: float) -> None:
@@ -373,13 +386,15 @@ class Trainer:
             self.tensorboard.add_scalar("validation/loss", val_loss, step)
 
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        """Token-weighted mean loss over the fixed validation set, or None without validation data."""
-        if not self.val_batches:
+    def evaluate(self, batches: list[tuple[npt.NDArray[np.int64], int]] | None = None) -> float | None:
+        """Token-weighted mean loss over ``batches`` (default: the whole fixed validation set), or None
+        without validation data."""
+        batches = self.val_batches if batches is None else batches
+        if not batches:
             return None
         self.model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
-        for tokens, valid in self.val_batches:
+        for tokens, valid in batches:
             x_BT, y_BT = self._to_device(tokens)
             with self._autocast():
                 logits_BTV = self.model(x_BT)
@@ -388,7 +403,7 @@ class Trainer:
             )
             totals[0] += losses_BT[:valid].sum()
             totals[1] += valid * y_BT.shape[1]
-        dist.all_reduce(totals)
+        self._all_reduce(totals)
         self.model.train()
         return float(totals[0].item() / totals[1].item())
 

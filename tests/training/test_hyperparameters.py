@@ -91,6 +91,9 @@ def test_sagemaker_sdk_keys_are_ignored() -> None:
         ("model.factory", "mymodule", r"model\.factory='mymodule' is invalid: write it as 'package\.module:function'"),
         ("checkpoint.keep_last", "0", r"checkpoint\.keep_last=0 is invalid: keep at least 1"),
         ("train.dtype", "fp16", r"train\.dtype='fp16' is invalid: choose one of auto, bf16, fp32"),
+        ("model.gelu", "erf", r"model\.gelu='erf' is invalid: choose one of tanh, exact"),
+        ("model.bias", "none", r"model\.bias='none' is invalid: use true or false"),
+        ("eval.max_batches", "-1", r"eval\.max_batches=-1 is invalid: use >= 0"),
     ],
 )
 def test_bad_values_name_key_value_and_what_is_allowed(key: str, value: str, message: str) -> None:
@@ -104,6 +107,21 @@ def test_cross_field_checks_say_how_to_fix() -> None:
     with pytest.raises(ConfigError, match=r"data\.seq_len=512 .*max_seq_len=256 \(or raise model\.max_seq_len\)"):
         from_hyperparameters({"model": "tiny", "seq_len": "512"})
     assert from_hyperparameters({"model": "tiny", "seq_len": "512", "model.max_seq_len": "512"}).seq_len == 512
+
+
+def test_gpt2_only_options_and_the_decay_horizon_are_checked_against_their_context() -> None:
+    for key, value in (("model.bias", "false"), ("model.gelu", "exact")):
+        with pytest.raises(
+            ConfigError, match=rf"model\.{key[6:]}=.* applies to the gpt2 architecture; preset 'llama-1b'"
+        ):
+            from_hyperparameters({"model": "llama-1b", key: value})
+        # A custom factory receives the options in its ModelArgs, whatever the preset's architecture.
+        from_hyperparameters({"model": "llama-1b", "model.factory": "pkg.mod:build", key: value})
+    with pytest.raises(
+        ConfigError, match=r"optim\.decay_steps=50 is invalid: use 0 or at least optim\.warmup_steps=100"
+    ):
+        from_hyperparameters({"optim.decay_steps": "50"})
+    assert from_hyperparameters({"optim.decay_steps": "100"}).optim.decay_steps == 100
 
 
 def test_global_batch_must_divide_over_processes() -> None:

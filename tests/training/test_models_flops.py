@@ -11,7 +11,7 @@ import torch
 from training.config import ConfigError, ModelConfig, OptimConfig
 from training.flops import flops_per_token, mfu, peak_flops
 from training.models.build import build_model, load_factory, matmul_params, model_args
-from training.optim import build_optimizer, lr_factor
+from training.optim import build_optimizer, build_scheduler, lr_factor
 
 META = torch.device("meta")
 
@@ -99,6 +99,35 @@ def test_lr_schedule_warms_up_linearly_then_decays_by_cosine() -> None:
     assert math.isclose(lr_factor(110, **kw), 0.1)
     assert lr_factor(500, **kw) == pytest.approx(0.1)
     assert lr_factor(0, warmup_steps=0, max_steps=10, min_lr_ratio=0.0) == 1.0
+
+
+def test_the_decay_horizon_ends_the_cosine_early_and_holds_the_minimum() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, OptimConfig(lr=0.5, warmup_steps=10, decay_steps=60, min_lr_ratio=0.1), 200)
+    lrs = []
+    for _ in range(100):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[9] == pytest.approx(1.0) and lrs[35] == pytest.approx(0.55)
+    assert lrs[60:] == pytest.approx([0.1] * 40)
+
+
+def test_gpt2_without_biases_and_with_exact_gelu() -> None:
+    base = build_model(ModelConfig(name="tiny"), torch.device("cpu"))[0]
+    bare, args = build_model(ModelConfig(name="tiny", bias=False, gelu="exact"), torch.device("cpu"))
+    assert (args.bias, args.gelu) == (False, "exact")
+    assert not [name for name, _ in bare.named_parameters() if name.endswith("bias")]
+    assert [name for name, _ in base.named_parameters() if name.endswith("bias")]
+    # 2 layers x (attention 2 + MLP 2 linear biases + 2 LayerNorm biases) + the final LayerNorm's bias.
+    assert (
+        sum(p.numel() for p in base.parameters()) - sum(p.numel() for p in bare.parameters())
+        == 2 * (3 * 64 + 64 + 4 * 64 + 64 + 2 * 64) + 64
+    )
+    mlp = bare.layers[0].mlp
+    x = torch.linspace(-3, 3, 64).repeat(1, 2, 1)
+    assert torch.allclose(mlp(x), mlp.c_proj(torch.nn.functional.gelu(mlp.c_fc(x))))
+    assert not torch.allclose(mlp(x), mlp.c_proj(torch.nn.functional.gelu(mlp.c_fc(x), approximate="tanh")))
 
 
 def test_weight_decay_applies_to_matrices_only() -> None:

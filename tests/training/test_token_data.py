@@ -66,6 +66,46 @@ def test_samples_are_overlapping_windows_within_each_shard(samples: TokenSamples
     assert batch[3].tolist() == list(range(1048, 1057))
 
 
+@pytest.fixture
+def shifted(tmp_path: Path) -> TokenSamples:
+    # The same shards with window grids that move: the last 7 tokens of each start no window.
+    write_shard(tmp_path / "s0.bin", np.arange(0, 97))
+    write_shard(tmp_path / "s1.bin", np.arange(1000, 1060))
+    return TokenSamples([tmp_path / "s0.bin", tmp_path / "s1.bin"], seq_len=8, shifted=True)
+
+
+def test_shifted_windows_start_shift_tokens_in_and_keep_their_count(shifted: TokenSamples) -> None:
+    assert shifted.n_samples == 11 + 6
+    assert shifted.gather(np.array([0, 10, 11]), shift=7).tolist() == [
+        list(range(7, 16)),
+        list(range(87, 96)),
+        list(range(1007, 1016)),
+    ]
+    assert shifted.gather(np.array([16]), shift=7)[0, -1] == 1055  # the last window still fits in its shard
+    with pytest.raises(ValueError, match="shift 3 needs shifted samples"):
+        TokenSamples(shifted.paths, seq_len=8).gather(np.array([0]), shift=3)
+
+
+def test_every_epoch_moves_the_grid_and_resumes_exactly_on_another_world_size(shifted: TokenSamples) -> None:
+    loader = _loader(shifted, 0, 1, micro=1)
+    shifts = [loader.shift_for(epoch) for epoch in range(6)]
+    assert len(set(shifts)) > 1 and all(0 <= s < 8 for s in shifts)
+    for epoch in range(2):
+        firsts = sorted(int(loader.next_batch()[0, 0]) for _ in range(shifted.n_samples))
+        expected = sorted(int(t) for t in shifted.gather(np.arange(shifted.n_samples), shift=shifts[epoch])[:, 0])
+        assert firsts == expected
+    state = _loader(shifted, 0, 2, micro=2)
+    for _ in range(7):  # into the second epoch
+        state.next_batch()
+    reference = _loader(shifted, 0, 1, micro=4)
+    reference.load_state_dict(state.state_dict())
+    after = [_loader(shifted, r, 2, micro=2) for r in range(2)]
+    for a in after:
+        a.load_state_dict(state.state_dict())
+    for _ in range(6):
+        assert np.array_equal(np.concatenate([a.next_batch() for a in after]), reference.next_batch())
+
+
 def _loader(samples: TokenSamples, rank: int, world: int, micro: int, shuffle: bool = True) -> DistributedTokenLoader:
     return DistributedTokenLoader(samples, micro_batch=micro, rank=rank, world_size=world, seed=3, shuffle=shuffle)
 
@@ -127,6 +167,39 @@ def test_validation_covers_the_same_samples_once_on_any_world_size(
     seen = [int(tokens[i, 0]) for batches in per_rank for tokens, valid in batches for i in range(valid)]
     expected = [int(t) for t in samples.gather(np.arange(min(samples.n_samples, limit)))[:, 0]]
     assert sorted(seen) == sorted(expected)
+
+
+@pytest.mark.parametrize(("world", "micro", "batches"), [(1, 4, 3), (2, 2, 3), (3, 2, 2)])
+def test_sampled_validation_is_one_seeded_draw_shared_out_over_ranks(
+    samples: TokenSamples, world: int, micro: int, batches: int
+) -> None:
+    def draw(seed: int) -> list[list[tuple[np.ndarray, int]]]:
+        return [
+            validation_batches(
+                samples,
+                micro_batch=micro,
+                rank=r,
+                world_size=world,
+                max_sequences=10**9,
+                sample_batches=batches,
+                seed=seed,
+            )
+            for r in range(world)
+        ]
+
+    per_rank = draw(seed=7)
+    assert {len(b) for b in per_rank} == {batches}
+    firsts = [int(tokens[i, 0]) for ranks in per_rank for tokens, valid in ranks for i in range(valid)]
+    assert len(firsts) == len(set(firsts)) == batches * micro * world  # each drawn window once, no padding
+    everything = {int(t) for t in samples.gather(np.arange(samples.n_samples))[:, 0]}
+    assert set(firsts) < everything  # a sample, not the first windows: spread over the whole set
+    assert max(firsts) > sorted(everything)[batches * micro * world]
+    again = [int(tokens[i, 0]) for ranks in draw(seed=7) for tokens, valid in ranks for i in range(valid)]
+    other = [int(tokens[i, 0]) for ranks in draw(seed=8) for tokens, valid in ranks for i in range(valid)]
+    assert again == firsts and other != firsts
+    # A sample as large as the set is the set.
+    whole = validation_batches(samples, micro_batch=micro, rank=0, world_size=1, max_sequences=8, sample_batches=100)
+    assert [int(t) for tokens, valid in whole for t in tokens[:valid, 0]] == sorted(everything)[:8]
 
 
 def _channel(paths: Paths, name: str, files: list[str]) -> None:

@@ -13,7 +13,7 @@ from training import tokenizer as tok
 from training.data import read_shard
 from training.prepare import main as prepare_main
 from training.prepare import prepare
-from training.tokenizer import GPT2BPE, ByteTokenizer, bytes_to_unicode
+from training.tokenizer import GPT2BPE, ByteTokenizer, CharTokenizer, bytes_to_unicode
 
 MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "b c", "a b"]
 
@@ -70,6 +70,49 @@ def test_byte_tokenizer_round_trips() -> None:
     byte = ByteTokenizer()
     assert byte.encode("hé") == [104, 195, 169]
     assert byte.decode([104, 195, 169, byte.eot]) == "hé"
+
+
+def test_char_tokenizer_uses_the_sorted_alphabet_and_round_trips(tmp_path: Path) -> None:
+    chars = CharTokenizer.from_texts(["hello", "world!"])
+    assert (chars.alphabet, chars.vocab_size, chars.eot) == ("!dehlorw", 9, 8)
+    assert chars.encode("lower!") == [4, 5, 7, 2, 6, 0]
+    assert chars.decode([*chars.encode("hello"), chars.eot]) == "hello"
+    with pytest.raises(ValueError, match="character 'z' is not in the tokenizer's alphabet"):
+        chars.encode("zed")
+    chars.save(tmp_path)
+    assert CharTokenizer.load(tmp_path).alphabet == chars.alphabet
+
+
+def test_val_fraction_sends_the_end_of_every_document_to_validation(tmp_path: Path) -> None:
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("abcdefghij" * 10)
+    (texts / "b.txt").write_text("0123456789")
+    byte = ByteTokenizer()
+    shards = prepare(texts, tmp_path / "out", byte, val_fraction=0.1)
+    train = np.concatenate([read_shard(p) for p in shards["train"]]).tolist()
+    val = np.concatenate([read_shard(p) for p in shards["val"]]).tolist()
+    # The split cuts the tokens at int(n * 0.9), as nanoGPT's; validation continues the document.
+    assert train == [byte.eot, *byte.encode("abcdefghij" * 9), byte.eot, *byte.encode("012345678")]
+    assert val == byte.encode("abcdefghij") + byte.encode("9")
+    with pytest.raises(ValueError, match="choose one validation split"):
+        prepare(texts, tmp_path / "x", byte, val_every=2, val_fraction=0.1)
+    with pytest.raises(ValueError, match=r"val_fraction=1.0 is invalid: use a fraction in \[0, 1\)"):
+        prepare(texts, tmp_path / "x", byte, val_fraction=1.0)
+
+
+def test_prepare_cli_writes_character_shards_and_their_alphabet(tmp_path: Path) -> None:
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("to be or not to be")
+    assert (
+        prepare_main(["--input", str(texts), "--output", str(tmp_path / "out"), "--chars", "--val-fraction", "0.5"])
+        == 0
+    )
+    chars = CharTokenizer.load(tmp_path / "out")
+    assert chars.alphabet == " benort"
+    assert read_shard(tmp_path / "out" / "train_000000.bin").tolist() == [chars.eot, *chars.encode("to be or ")]
+    assert chars.decode(read_shard(tmp_path / "out" / "val_000000.bin").tolist()) == "not to be"
 
 
 def test_prepare_writes_train_and_val_shards_with_document_separators(tmp_path: Path) -> None:

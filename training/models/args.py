@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Arch = Literal["gpt2", "llama"]
+Gelu = Literal["tanh", "exact"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class ModelArgs:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
+    bias: bool = True  # gpt2: biases in linear layers and LayerNorms
+    gelu: Gelu = "tanh"  # gpt2: the MLP's activation, GELU tanh-approximated or exact
 
     @property
     def head_dim(self) -> int:

@@ -33,7 +33,7 @@ def model_args(cfg: ModelConfig) -> ModelArgs:
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len")
         if getattr(cfg, key)
     }
-    args = PRESETS[cfg.name].replace(**overrides, dropout=cfg.dropout)
+    args = PRESETS[cfg.name].replace(**overrides, dropout=cfg.dropout, bias=cfg.bias, gelu=cfg.gelu)
     if "n_heads" in overrides and args.n_kv_heads and args.n_heads % args.n_kv_heads:
         args = args.replace(n_kv_heads=0)
     try:

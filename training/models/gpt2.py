@@ -16,8 +16,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_heads = args.n_heads
         self.dropout = args.dropout
-        self.c_attn = nn.Linear(args.dim, 3 * args.dim)
-        self.c_proj = nn.Linear(args.dim, args.dim)
+        self.c_attn = nn.Linear(args.dim, 3 * args.dim, bias=args.bias)
+        self.c_proj = nn.Linear(args.dim, args.dim, bias=args.bias)
         self.resid_dropout = nn.Dropout(args.dropout)
 
     def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
@@ -35,21 +35,22 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(args.dim, args.hidden_dim)
-        self.c_proj = nn.Linear(args.hidden_dim, args.dim)
+        self.c_fc = nn.Linear(args.dim, args.hidden_dim, bias=args.bias)
+        self.c_proj = nn.Linear(args.hidden_dim, args.dim, bias=args.bias)
         self.dropout = nn.Dropout(args.dropout)
+        self.approximate = "tanh" if args.gelu == "tanh" else "none"
 
     def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.dropout(self.c_proj(F.gelu(self.c_fc(x_BTC), approximate="tanh")))
+        out: torch.Tensor = self.dropout(self.c_proj(F.gelu(self.c_fc(x_BTC), approximate=self.approximate)))
         return out
 
 
 class Block(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.ln_1 = nn.LayerNorm(args.dim, eps=args.norm_eps, bias=args.bias)
         self.attn = CausalSelfAttention(args)
-        self.ln_2 = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.ln_2 = nn.LayerNorm(args.dim, eps=args.norm_eps, bias=args.bias)
         self.mlp = MLP(args)
 
     def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
@@ -68,7 +69,7 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(args.max_seq_len, args.dim)
         self.drop = nn.Dropout(args.dropout)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
-        self.ln_f = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.ln_f = nn.LayerNorm(args.dim, eps=args.norm_eps, bias=args.bias)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.wte.weight
