@@ -4,13 +4,17 @@
     python -m training.bench loader --seq-len 1024 --batch 64
     python -m training.bench checkpoint --hp model=gpt2
     python -m training.bench preflight --hosts 2 --nproc 1
+    python -m training.bench peer --steps 2000 --repeats 2
 
 `train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
 shards and runs its real loop; only the step boundaries are timed (with a device sync at the
 end of the warm-up and at the end). `loader` times the distributed loader on memory-mapped
 shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
-Trainer's own state. `preflight` starts the launcher's pre-flight check (its torchrun, one per
+Trainer's own state, and compares a save's and a cold load's bandwidth with the disk's direct
+(O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory.
+`preflight` starts the launcher's pre-flight check (its torchrun, one per
 "host" on this machine, as the launcher starts it) and times it from start to the last exit.
+`peer` runs nanoGPT and this package's trainer on tiny Shakespeare side by side (training/bench_peer.py).
 Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import re
 import resource
@@ -34,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from training import bench_peer
 from training.config import from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.launcher import LaunchPlan, efa_devices, efa_for_host, efa_supports_rdma, network_env, preflight_command
@@ -59,7 +65,7 @@ def _single_process_env() -> None:
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
 def _device_name(torch: Any) -> str:
@@ -156,14 +162,71 @@ def bench_loader(*, seq_len: int, batch: int, tokens: int, batches: int, world_s
     }
 
 
-def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[str, Any]:
-    """Seconds the training loop is blocked by a checkpoint: a blocking save, and an async one's staging."""
+_DIRECT_BLOCK = 64 << 20  # dd bs=64M; a multiple of every device's logical block size
+
+
+def _direct_bandwidth(directory: Path, size: int) -> tuple[float, float, str]:
+    """GiB/s of writing `size` bytes to a new file in `directory` (then fsync) and of reading it back,
+    both with O_DIRECT from page-aligned buffers, and how: "O_DIRECT", or "buffered+fsync, read after
+    dropping the file's cached pages" where the filesystem refuses O_DIRECT (tmpfs, some overlays)."""
+    buffer = mmap.mmap(-1, _DIRECT_BLOCK)  # anonymous maps are page-aligned, as O_DIRECT requires
+    buffer.write(os.urandom(_DIRECT_BLOCK))
+    blocks = max(1, -(-size // _DIRECT_BLOCK))
+    path = directory / "direct-io-probe"
+    method = "O_DIRECT"
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        except OSError:
+            method = "buffered+fsync"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        start = time.perf_counter()
+        try:
+            for _ in range(blocks):
+                os.write(fd, buffer)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        write_s = time.perf_counter() - start
+        if method == "O_DIRECT":
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        else:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        try:
+            while os.readv(fd, [buffer]):
+                pass
+        finally:
+            os.close(fd)
+        read_s = time.perf_counter() - start
+    finally:
+        path.unlink(missing_ok=True)
+        buffer.close()
+    gib = blocks * _DIRECT_BLOCK / 2**30
+    return gib / write_s, gib / read_s, method
+
+
+def _drop_cached_pages(directory: Path) -> None:
+    """Evict a committed checkpoint's files from the page cache, so that a load reads the disk."""
+    for path in directory.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: Path | None = None) -> dict[str, Any]:
+    """Seconds the training loop is blocked by a checkpoint (a blocking save, and an async one's staging),
+    and a save's and a cold load's bandwidth beside the disk's direct write and read. `parent`: the
+    directory to work in (a temporary one in it; the system's temporary directory if None)."""
     import torch  # noqa: PLC0415
 
     from training.trainer import Trainer  # noqa: PLC0415
 
     _single_process_env()
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-", dir=parent) as tmp:
         paths = Paths(Path(tmp))
         cfg = from_hyperparameters(
             {
@@ -180,7 +243,7 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[s
         try:
             trainer._train_step()  # optimizer state exists only after the first step
             trainer.state.step = 1
-            blocking, staging = [], []
+            blocking, staging, loading = [], [], []
             for i in range(repeats):
                 trainer.state.step = 10 + 2 * i
                 start = time.perf_counter()
@@ -191,14 +254,35 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int) -> dict[s
                 trainer.checkpoints.save(trainer.state, blocking=False)
                 staging.append(time.perf_counter() - start)
                 trainer.checkpoints.wait()
-            size = sum(f.stat().st_size for f in (paths.checkpoints / step_dir(trainer.state.step)).iterdir())
+            newest = paths.checkpoints / step_dir(trainer.state.step)
+            size = sum(f.stat().st_size for f in newest.iterdir())
+            for _ in range(repeats):
+                _drop_cached_pages(newest)
+                start = time.perf_counter()
+                trainer.checkpoints.load_latest(trainer.state)
+                loading.append(time.perf_counter() - start)
+            # Best of `repeats`, as the save and load times are: the disk may be shared.
+            probes = [_direct_bandwidth(paths.checkpoints, size) for _ in range(repeats)]
+            direct_write, direct_read = max(p[0] for p in probes), max(p[1] for p in probes)
+            method = probes[0][2]
         finally:
             trainer.close()
+    save_gibs = size / 2**30 / min(blocking)
+    load_gibs = size / 2**30 / min(loading)
     return {
         "model": cfg.model.name,
         "checkpoint_gib": round(size / 2**30, 3),
         "blocking_save_s": round(min(blocking), 3),
         "async_staging_s": round(min(staging), 3),
+        "cold_load_s": round(min(loading), 3),
+        "save_gibps": round(save_gibs, 2),
+        "load_gibps": round(load_gibs, 2),
+        "direct_write_gibps": round(direct_write, 2),
+        "direct_read_gibps": round(direct_read, 2),
+        "save_over_direct_write": round(save_gibs / direct_write, 2),
+        "load_over_direct_read": round(load_gibs / direct_read, 2),
+        "direct_io": method,
+        "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,
         "device": _device_name(torch),
     }
@@ -281,20 +365,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = commands.add_parser("checkpoint", help="checkpoint blocking time")
     checkpoint.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
     checkpoint.add_argument("--repeats", type=int, default=3)
+    checkpoint.add_argument(
+        "--dir", type=Path, default=None, help="work in a temporary directory here (default: the system's temp dir)"
+    )
     preflight = commands.add_parser("preflight", help="the launcher's pre-flight check, start to exit")
     preflight.add_argument("--hosts", type=int, default=2, help="hosts, each its own torchrun on this machine")
     preflight.add_argument("--nproc", type=int, default=1, help="processes per host")
     preflight.add_argument("--repeats", type=int, default=5)
+    peer = commands.add_parser("peer", help="ours against nanoGPT on tiny Shakespeare, alternating")
+    peer.add_argument("--steps", type=int, default=2000)
+    peer.add_argument("--lr", type=float, default=bench_peer.LR, help="both trainers' peak learning rate")
+    peer.add_argument("--repeats", type=int, default=2, help="runs of each, alternating")
+    peer.add_argument("--threads", type=int, default=1, help="threads of each process")
+    peer.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE", help="override one of ours")
+    peer.add_argument(
+        "--nanogpt", type=Path, default=bench_peer.NANOGPT_DIR, help="nanoGPT checkout (cloned if absent)"
+    )
+    peer.add_argument("--nanogpt-source", default=bench_peer.NANOGPT_SOURCE, help="where to clone nanoGPT from")
+    peer.add_argument("--text", type=Path, default=bench_peer.TEXT, help="tiny Shakespeare, read in place")
     args = parser.parse_args(argv)
 
-    if args.command == "train":
+    if args.command == "peer":
+        row = bench_peer.bench_peer(
+            steps=args.steps,
+            lr=args.lr,
+            repeats=args.repeats,
+            threads=args.threads,
+            overrides=parse_overrides(args.hp),
+            nanogpt=args.nanogpt,
+            source=args.nanogpt_source,
+            text=args.text,
+            port=_free_port(),
+        )
+    elif args.command == "train":
         row = bench_train(parse_overrides(args.hp), warmup=args.warmup, steps=args.steps, tokens=args.tokens)
     elif args.command == "loader":
         row = bench_loader(
             seq_len=args.seq_len, batch=args.batch, tokens=args.tokens, batches=args.batches, world_size=args.world_size
         )
     elif args.command == "checkpoint":
-        row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats)
+        row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats, parent=args.dir)
     else:
         row = bench_preflight(hosts=args.hosts, nproc=args.nproc, repeats=args.repeats)
     print(_row(row))

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 from training_helpers import free_port
 
-from training.bench import bench_loader, bench_preflight, bench_train
+from training import bench_peer
+from training.bench import _direct_bandwidth, bench_loader, bench_preflight, bench_train
+from training.config import from_hyperparameters
+from training.data import read_shard
 
 
 def test_loader_row() -> None:
     row = bench_loader(seq_len=128, batch=8, tokens=400_000, batches=20, world_size=2)
     assert row["batch"] == 8 and row["seq"] == 128
     assert row["tokens_per_sec"] > 0
+
+
+def test_direct_io_probe_measures_both_ways_and_leaves_nothing(tmp_path: Path) -> None:
+    write, read, method = _direct_bandwidth(tmp_path, 1 << 20)
+    assert write > 0 and read > 0
+    assert method in {"O_DIRECT", "buffered+fsync"}
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -42,3 +53,37 @@ def test_preflight_row_times_the_launchers_check_on_two_hosts(monkeypatch: pytes
     assert (row["check"], row["hosts"], row["procs_per_host"]) == ("preflight", 2, 1)
     # The workers report their own time, which the launcher's wait includes.
     assert 0 < row["in_workers_s"] < row["wall_s"]
+
+
+def test_peer_bench_splits_and_encodes_the_text_as_nanogpt_does(tmp_path: Path) -> None:
+    text = tmp_path / "input.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40)
+    paths, chars = bench_peer.prepare_ours(text, tmp_path / "ours")
+    data = text.read_text()
+    # nanoGPT's data/shakespeare_char/prepare.py: sorted alphabet, first 90% train, last 10% val.
+    stoi = {c: i for i, c in enumerate(sorted(set(data)))}
+    cut = int(len(data) * 0.9)
+    val = [read_shard(p).tolist() for p in sorted(paths.channel("train").glob("val_*.bin"))]
+    train = [read_shard(p).tolist() for p in sorted(paths.channel("train").glob("train_*.bin"))]
+    assert val == [[stoi[c] for c in data[cut:]]]
+    assert train == [[chars.eot, *(stoi[c] for c in data[:cut])]]
+    # Our settings are the README run's, and valid.
+    cfg = from_hyperparameters(bench_peer.our_hyperparameters(chars.vocab_size, 2000))
+    assert (cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.seq_len) == (128, 4, 4, 64)
+    assert (cfg.train.micro_batch_size, cfg.optim.lr, cfg.optim.beta2, cfg.model.dropout) == (12, 1e-3, 0.99, 0.0)
+    assert (cfg.eval.interval_steps, cfg.eval.max_batches, cfg.checkpoint.interval_steps) == (250, 20, 250)
+    command = " ".join(bench_peer.nanogpt_command(tmp_path, 2000))
+    assert "--block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000" in command
+
+
+def test_peer_bench_reads_both_trainers_step_times() -> None:
+    nano = "iter 0: loss 4.2, time 900.00ms, mfu -100.00%\niter 1: loss 4.1, time 60.00ms, mfu 0.02%\n"
+    nano += "iter 250: loss 2.1, time 800.00ms, mfu 0.02%\niter 251: loss 2.0, time 62.00ms, mfu 0.02%\n"
+    assert bench_peer.nanogpt_step_seconds(nano, steps=2000) == [0.06, 0.062]
+    ours = (
+        "x INFO [rank0] training.trainer: step=1 loss=4.2 lr=0.1 grad_norm=1.0 tokens_per_sec=100.0\n"
+        "x INFO [rank0] training.trainer: step=2 loss=4.1 lr=0.1 grad_norm=1.0 tokens_per_sec=768.0\n"
+        "x INFO [rank0] training.trainer: step=250 loss=2.1 lr=0.1 grad_norm=1.0 tokens_per_sec=10.0\n"
+        "x INFO [rank0] training.trainer: step=2000 val_loss=1.9\n"
+    )
+    assert bench_peer.our_step_seconds_and_val(ours, steps=2000) == ([1.0], 1.9)
