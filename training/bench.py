@@ -3,7 +3,7 @@
     python -m training.bench train --hp model=gpt2 --hp batch_size=16 --warmup 10 --steps 50
     python -m training.bench loader --seq-len 1024 --batch 64
     python -m training.bench checkpoint --hp model=gpt2
-    python -m training.bench preflight --hosts 2 --nproc 1
+    python -m training.bench startup --hosts 2 --nproc 1
     python -m training.bench peer --steps 2000 --repeats 2
 
 `train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
@@ -12,8 +12,8 @@ end of the warm-up and at the end). `loader` times the distributed loader on mem
 shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
 Trainer's own state, and compares a save's and a cold load's bandwidth with the disk's direct
 (O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory.
-`preflight` starts the launcher's pre-flight check (its torchrun, one per
-"host" on this machine, as the launcher starts it) and times it from start to the last exit.
+`startup` starts the launcher of every "host" on this machine at once and times it to the first
+training step, with the pre-flight check and without, alternately.
 `peer` runs nanoGPT and this package's trainer on tiny Shakespeare side by side (training/bench_peer.py).
 Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
@@ -42,11 +42,9 @@ import numpy as np
 from training import bench_peer
 from training.config import from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
-from training.launcher import LaunchPlan, efa_devices, efa_for_host, efa_supports_rdma, network_env, preflight_command
-from training.layout import OPT_ML_ROOT_ENV, step_dir
+from training.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
-from training.preflight import PORT_OFFSET, checks_from_env
-from training.sagemaker_contract import Paths, ResourceConfig
+from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 
 
@@ -295,53 +293,82 @@ def _free_port() -> int:
         return port
 
 
-def _preflight_once(root: Path, hosts: tuple[str, ...], nproc: int) -> tuple[float, list[str]]:
-    """One pre-flight over `hosts` on this machine: (seconds until the last host's torchrun exited, logs)."""
-    efa = efa_for_host(os.environ, efa_devices())
-    checks = checks_from_env(os.environ, efa=bool(efa), timeout_minutes=5.0)
-    port = _free_port() - PORT_OFFSET  # the pre-flight listens on the training port + PORT_OFFSET
+_FIRST_STEP = re.compile(r"\bstep=1 loss=")
+STARTUP_JOB = {
+    "model": "tiny",
+    "max_steps": "2",
+    "optim.warmup_steps": "1",
+    "checkpoint.interval_steps": "0",
+    "checkpoint.interval_minutes": "0",
+    "eval.interval_steps": "0",
+    "metrics.log_interval": "1",
+}
+
+
+def _startup_once(root: Path, hosts: tuple[str, ...], nproc: int, *, preflight: bool) -> tuple[float, str]:
+    """Every host's `python -m training.launcher` started at once, as SageMaker starts the container's:
+    (seconds until the first host logs its first step, that host's log)."""
+    port = str(_free_port())
     started = time.perf_counter()
     procs = []
-    for rank, host in enumerate(hosts):
-        resources = ResourceConfig(host, hosts, "lo")
+    for host in hosts:
         tree = Paths(root / host)
-        tree.resource_config.parent.mkdir(parents=True, exist_ok=True)
-        tree.resource_config.write_text(json.dumps({"current_host": host, "hosts": list(hosts)}))
+        tree.hyperparameters.parent.mkdir(parents=True, exist_ok=True)
+        tree.hyperparameters.write_text(json.dumps({**STARTUP_JOB, "preflight": str(preflight).lower()}))
+        tree.resource_config.write_text(
+            json.dumps({"current_host": host, "hosts": list(hosts), "network_interface_name": "lo"})
+        )
+        for stale in (tree.output, tree.checkpoints, tree.model):  # each run starts afresh
+            shutil.rmtree(stale, ignore_errors=True)
+        if not tree.channel("train").is_dir():
+            _synthetic_shards(tree.channel("train"), tokens=200_000, vocab=PRESETS["tiny"].vocab_size)
         env = {
             **os.environ,
-            **network_env(resources, os.environ, efa=efa, efa_rdma=bool(efa) and efa_supports_rdma()),
             OPT_ML_ROOT_ENV: str(tree.root),
+            MASTER_ADDR_ENV: "127.0.0.1",
+            MASTER_PORT_ENV: port,
+            NPROC_ENV: str(nproc),
             "OMP_NUM_THREADS": "1",
         }
-        plan = LaunchPlan(hosts, rank, nproc, "127.0.0.1", port, "ddp")
-        command = preflight_command(plan, checks)
+        command = [sys.executable, "-m", "training.launcher", "train"]
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [proc.communicate(timeout=600)[0] for proc in procs]
-    seconds = time.perf_counter() - started
-    if any(proc.returncode for proc in procs):
-        raise RuntimeError("the pre-flight failed:\n" + "\n".join(log[-2000:] for log in logs))
-    return seconds, logs
+    first: float | None = None
+    assert procs[0].stdout is not None
+    lines = []
+    for line in procs[0].stdout:
+        lines.append(line)
+        if first is None and _FIRST_STEP.search(line):
+            first = time.perf_counter() - started
+    logs = [proc.communicate(timeout=600)[0] for proc in procs[1:]]
+    procs[0].wait(timeout=60)
+    if first is None or any(proc.returncode for proc in procs):
+        raise RuntimeError("the job failed:\n" + "\n".join(log[-2000:] for log in ["".join(lines), *logs]))
+    return first, "".join(lines)
 
 
-def bench_preflight(*, hosts: int, nproc: int, repeats: int) -> dict[str, Any]:
-    """What a job waits for the pre-flight check: from starting every host's torchrun to the last exit
-    (median of `repeats`), and the check's own time inside the workers (after their imports)."""
+def bench_startup(*, hosts: int, nproc: int, repeats: int) -> dict[str, Any]:
+    """Seconds from starting every host's launcher to the first training step, with the pre-flight check
+    and without, alternating (median of `repeats` each), and the check's own time inside the workers."""
     import torch  # noqa: PLC0415
 
     names = tuple(f"algo-{i + 1}" for i in range(hosts))
-    walls, inside = [], []
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    inside = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        for _ in range(repeats):
-            seconds, logs = _preflight_once(Path(tmp), names, nproc)
-            walls.append(seconds)
-            inside += [float(m) for m in re.findall(r"preflight: passed in ([\d.]+) s", "".join(logs))]
+        for repeat in range(repeats):
+            for preflight in (True, False) if repeat % 2 == 0 else (False, True):
+                first, log = _startup_once(Path(tmp), names, nproc, preflight=preflight)
+                seconds[preflight].append(first)
+                inside += [float(m) for m in re.findall(r"pre-flight check passed in ([\d.]+) s", log)]
+    on, off = statistics.median(seconds[True]), statistics.median(seconds[False])
     return {
-        "check": "preflight",
+        "check": "startup",
         "hosts": hosts,
         "procs_per_host": nproc,
-        "wall_s": round(statistics.median(walls), 2),
-        "wall_s_min_max": [round(min(walls), 2), round(max(walls), 2)],
-        "in_workers_s": round(statistics.median(inside), 2),
+        "first_step_s_preflight": round(on, 2),
+        "first_step_s_no_preflight": round(off, 2),
+        "ratio": round(on / off, 3),
+        "preflight_in_workers_s": round(statistics.median(inside), 3) if inside else None,
         "repeats": repeats,
         "torch": torch.__version__,
         "device": _device_name(torch),
@@ -368,10 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint.add_argument(
         "--dir", type=Path, default=None, help="work in a temporary directory here (default: the system's temp dir)"
     )
-    preflight = commands.add_parser("preflight", help="the launcher's pre-flight check, start to exit")
-    preflight.add_argument("--hosts", type=int, default=2, help="hosts, each its own torchrun on this machine")
-    preflight.add_argument("--nproc", type=int, default=1, help="processes per host")
-    preflight.add_argument("--repeats", type=int, default=5)
+    startup = commands.add_parser("startup", help="the launcher to the first step, with and without the pre-flight")
+    startup.add_argument("--hosts", type=int, default=2, help="hosts, each its own launcher on this machine")
+    startup.add_argument("--nproc", type=int, default=1, help="processes per host")
+    startup.add_argument("--repeats", type=int, default=5, help="runs of each, alternating")
     peer = commands.add_parser("peer", help="ours against nanoGPT on tiny Shakespeare, alternating")
     peer.add_argument("--steps", type=int, default=2000)
     peer.add_argument("--lr", type=float, default=bench_peer.LR, help="both trainers' peak learning rate")
@@ -406,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "checkpoint":
         row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats, parent=args.dir)
     else:
-        row = bench_preflight(hosts=args.hosts, nproc=args.nproc, repeats=args.repeats)
+        row = bench_startup(hosts=args.hosts, nproc=args.nproc, repeats=args.repeats)
     print(_row(row))
     print(json.dumps(row), file=sys.stderr)
     return 0

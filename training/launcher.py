@@ -3,9 +3,9 @@
 SageMaker runs ``<entrypoint> train`` on every host. On a heterogeneous cluster only the hosts of the
 groups that train (training/roles.py) start workers; the others follow the training until it ends.
 The launcher validates hyperparameters and data channels before anything starts (failing fast with
-the reason in /opt/ml/output/failure), runs the pre-flight check on every host that trains
-(training/preflight.py) unless the `preflight` hyperparameter turns it off, starts torchrun with this
-host's node rank, forwards SIGTERM to the workers so they can checkpoint, and exits 0 (done, or
+the reason in /opt/ml/output/failure), starts torchrun with this host's node rank, its workers running
+the pre-flight check (training/preflight.py) before training unless the `preflight` hyperparameter
+turns it off, forwards SIGTERM to the workers so they can checkpoint, and exits 0 (done, or
 stopped after a checkpoint), 1 (training failed), 2 (invalid input), 3 (workers did not stop within
 the grace period) or 4 (the pre-flight check failed). Torch-free, so that invalid input fails in
 milliseconds.
@@ -21,10 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -32,8 +33,17 @@ from typing import IO
 from training import batch_contract
 from training.config import ConfigError, JobConfig, from_hyperparameters
 from training.distributions import distribution, module_available
-from training.layout import AUXILIARY_START_TIMEOUT_ENV, EFA_ENV, GRACE_ENV, MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV
-from training.preflight import PORT_OFFSET, Checks, checks_from_env, failure_line
+from training.layout import (
+    AUXILIARY_START_TIMEOUT_ENV,
+    EFA_ENV,
+    GRACE_ENV,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    NPROC_ENV,
+    PREFLIGHT_ENV,
+    PREFLIGHT_FAILED,
+)
+from training.preflight import Checks, checks_from_env, failure_line
 from training.roles import (
     DEFAULT_START_TIMEOUT_SECONDS,
     Auxiliary,
@@ -183,7 +193,7 @@ def network_env(
     return {key: value for key, value in wanted.items() if key not in env}
 
 
-def torchrun_command(plan: LaunchPlan, *, module: str = "training.train", port_offset: int = 0) -> list[str]:
+def torchrun_command(plan: LaunchPlan) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -192,16 +202,11 @@ def torchrun_command(plan: LaunchPlan, *, module: str = "training.train", port_o
         f"--node_rank={plan.node_rank}",
         f"--nproc_per_node={plan.nproc_per_node}",
         f"--master_addr={plan.master_addr}",
-        f"--master_port={plan.master_port + port_offset}",
+        f"--master_port={plan.master_port}",
         "--max_restarts=0",
         "-m",
-        module,
+        "training.train",
     ]
-
-
-def preflight_command(plan: LaunchPlan, checks: Checks) -> list[str]:
-    """The pre-flight on this host: the training job's shape, its own rendezvous port."""
-    return [*torchrun_command(plan, module="training.preflight", port_offset=PORT_OFFSET), *checks.argv()]
 
 
 def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None) -> list[str]:
@@ -411,24 +416,20 @@ def _worker_env(paths: Paths, resources: ResourceConfig, efa: list[str] | None, 
     return extra
 
 
-def _preflight(paths: Paths, plan: LaunchPlan, checks: Checks, env: Mapping[str, str], grace: float) -> int | None:
-    """Run the pre-flight on this host; None when it passed, else the launcher's exit status."""
-    log.info("pre-flight check: %s", " ".join(checks.argv()))
-    started = time.monotonic()
-    supervisor = Supervisor(preflight_command(plan, checks), env, grace_seconds=grace, mpi=False)
-    returncode, expired = supervisor.run()
-    if expired:
-        write_failure(paths, f"the pre-flight check did not stop within {grace:.0f}s of {supervisor.signal_name}")
-        return EXIT_GRACE_EXPIRED
+def _preflight_outcome(paths: Paths, supervisor: Supervisor, returncode: int) -> int | None:
+    """The exit status of workers that did not pass the pre-flight check; None when the check was not
+    what ended them (then the training's outcome applies)."""
     if supervisor.signal_name:
         # Stopped before training started: nothing to checkpoint, nothing lost.
         log.info("stopped by %s during the pre-flight check; training did not start", supervisor.signal_name)
         return EXIT_OK
-    if returncode == 0:
-        log.info("pre-flight check passed in %.1f s", time.monotonic() - started)
+    first = paths.failure.read_text().split("\n", 1)[0] if paths.failure.exists() else ""
+    if first.startswith(f"{PREFLIGHT_FAILED}: "):
+        return EXIT_PREFLIGHT_FAILED
+    if returncode == 0 or first:
         return None
-    # The workers wrote the verdict when they reached one; otherwise the check itself could not run
-    # across the cluster (a host or its network), which fresh nodes are as likely to cure.
+    # No verdict: the check could not run across the cluster (a host or its network, torchrun's
+    # rendezvous), which fresh nodes are as likely to cure.
     reason = f"the pre-flight check did not finish: its workers on this host exited with status {returncode}"
     write_failure(paths, failure_line(reason), details="\n".join(supervisor.tail))
     return EXIT_PREFLIGHT_FAILED
@@ -468,10 +469,14 @@ def _launch(paths: Paths, launch: Launch) -> int:
         plan.master_port,
         plan.distribution,
     )
+    passed: Path | None = None
     if launch.preflight is None:
         log.info("pre-flight check off (hyperparameter preflight=false)")
-    elif (status := _preflight(paths, plan, launch.preflight, env, grace)) is not None:
-        return status
+    else:
+        passed = Path(tempfile.mkdtemp(prefix="preflight-")) / "passed"
+        checks = replace(launch.preflight, passed_file=str(passed))
+        env[PREFLIGHT_ENV] = checks.to_env()
+        log.info("pre-flight check in the training workers: %s", checks.to_env())
     mpi = distribution(plan.distribution).launcher == "mpirun"
     if mpi:
         _start_sshd()
@@ -479,12 +484,18 @@ def _launch(paths: Paths, launch: Launch) -> int:
             return _follow_mpi_master()
         _wait_for_ssh(plan.hosts[1:])
         # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
-        forward = sorted({*extra, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
+        forward = sorted({*extra, PREFLIGHT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
         command = mpirun_command(plan, forward, resources.network_interface_name)
     else:
         command = torchrun_command(plan)
     supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi)
     returncode, expired = supervisor.run()
+    if passed is not None:
+        passed_check = passed.exists()
+        shutil.rmtree(passed.parent, ignore_errors=True)
+        status = None if expired or passed_check else _preflight_outcome(paths, supervisor, returncode)
+        if status is not None:
+            return status
     return _outcome(paths, supervisor, returncode, expired, grace)
 
 

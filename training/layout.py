@@ -141,6 +141,8 @@ FSX_ROOT_ENV = "TRAINING_FSX_ROOT"
 SYNC_SECONDS_ENV = "TRAINING_CHECKPOINT_SYNC_SECONDS"
 PREPARED_ENV = "TRAINING_BATCH_PREPARED"
 """Set on the launcher child the Batch contract starts: it must not start another."""
+PREFLIGHT_ENV = "TRAINING_PREFLIGHT"
+"""Set by the launcher on the training workers: the pre-flight checks they run before training (JSON)."""
 
 LEDGER_CHANNEL = "ledger"
 """The input channel that brings every job its run's checkpoint ledger (/opt/ml/input/data/ledger)."""

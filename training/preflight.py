@@ -1,15 +1,16 @@
-"""The pre-flight check: a short distributed job on the training job's hosts, before training starts.
+"""The pre-flight check: a short distributed check inside the training workers, before training starts.
 
-The launcher runs it on every host as a torchrun of its own (the same hosts and processes per host,
-rendezvous on the training port + 1) and starts training only when it passes, so before the first
-step and before any checkpoint is loaded. A phase of its own rather than the trainer's first act:
-it can turn NCCL's INFO log on, into a file, for itself without changing what training logs; a bad
-cluster ends it with its own exit status and typed failure line before a trainer exists; and the
-`preflight` hyperparameter skips it without the trainer knowing. The cost is one more process
-start-up per host (measured in docs/BENCHMARKS.md).
+The launcher hands the checks to the training workers (``TRAINING_PREFLIGHT``, JSON); every worker
+runs them right after joining the training's process group, before it builds the model and so before
+any checkpoint is loaded, and training starts only when they pass. Inside the workers rather than as
+a job of its own: a second torchrun would start a second interpreter and import torch a second time
+on every host (seconds per job, measured in docs/BENCHMARKS.md). NCCL's INIT and NET log, which the
+EFA check reads, goes to a file the check owns (`NcclLog`), and what the job's own ``NCCL_DEBUG``
+asked for is copied from it to the job's log. A SIGTERM during the check ends the worker at once:
+nothing has been trained. The `preflight` hyperparameter turns the check off.
 
-Every rank reports to every other over gloo, so every host reaches the same verdict and writes the
-same first line to its failure file, naming the bad hosts (``PreflightFailed: ...``):
+Every rank reports to every other over the training's gloo group, so every host reaches the same
+verdict and writes the same first line to its failure file, naming the bad hosts (``PreflightFailed: ...``):
 
 1. devices: every host sees (torch.cuda.device_count()) at least the GPUs its instance type has and
    as many as any other host; on gloo, so CPU hosts run it too;
@@ -18,33 +19,34 @@ same first line to its failure file, naming the bad hosts (``PreflightFailed: ..
 3. bandwidth, on GPUs across more than one host where a floor is given: the bus bandwidth of an
    all-reduce over every rank (nccl-tests' busbw) reaches the instance type's floor.
 
-Torch-free at import (the launcher reads its settings from here); `main` imports torch.
+Torch-free at import (the launcher reads its settings from here); `Preflight.run` imports torch.
 """
 
 from __future__ import annotations
 
-import argparse
+import atexit
+import json
 import logging
 import math
 import os
 import re
-import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from training.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_FAILED
-from training.sagemaker_contract import ContractError, Paths, read_resource_config, write_failure
+from training.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_ENV, PREFLIGHT_FAILED
+from training.sagemaker_contract import ContractError, describe
 
 log = logging.getLogger("training.preflight")
 
-PORT_OFFSET = 1
-"""The pre-flight's rendezvous port is the training one plus this: the two torchruns never share a store."""
 # 512 MiB of fp32: past the sizes where EFA's all-reduce bandwidth still climbs steeply, a few ms per
 # all-reduce on a healthy p5 cluster, a few seconds in all on TCP.
 BUFFER_BYTES = 512 * 2**20
@@ -55,6 +57,10 @@ TIMED_ITERS = 10
 # provider is efa, fabric is efa-direct (found 32 nics)"; before aws-ofi-nccl 1.14, "Selected Provider is efa".
 _NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$", re.MULTILINE)
 _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is ([^\s,(]+)")
+
+
+class PreflightError(RuntimeError):
+    """The check failed, or could not finish; the message is the problem, the same on every rank."""
 
 
 def failure_line(problem: str) -> str:
@@ -73,21 +79,18 @@ class Checks:
     """All-reduce bus bandwidth floor across hosts, GB/s (0: none)."""
     timeout_minutes: float
 
-    def argv(self) -> list[str]:
-        args = [f"--min-busbw-gbps={self.min_busbw_gbps}", f"--timeout-minutes={self.timeout_minutes}"]
-        if self.expected_gpus is not None:
-            args.append(f"--expected-gpus={self.expected_gpus}")
-        return [*args, "--efa"] if self.efa else args
+    passed_file: str = ""
+    """A file the workers create on this host when the check passed: the launcher tells by it a check
+    that failed or could not finish from a training that failed ("": none)."""
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def parse(cls, argv: Sequence[str]) -> Checks:
-        parser = argparse.ArgumentParser(prog="python -m training.preflight", description=__doc__.split("\n")[0])
-        parser.add_argument("--expected-gpus", type=int, default=None)
-        parser.add_argument("--efa", action="store_true")
-        parser.add_argument("--min-busbw-gbps", type=float, default=0.0)
-        parser.add_argument("--timeout-minutes", type=float, default=10.0)
-        args = parser.parse_args(argv)
-        return cls(args.expected_gpus, args.efa, args.min_busbw_gbps, args.timeout_minutes)
+    def from_env(cls, env: Mapping[str, str]) -> Checks | None:
+        """The checks the launcher handed this worker; None when it runs none."""
+        raw = env.get(PREFLIGHT_ENV, "").strip()
+        return cls(**json.loads(raw)) if raw else None
 
 
 def _number_env(env: Mapping[str, str], name: str) -> float | None:
@@ -188,43 +191,44 @@ def bandwidth_verdict(busbw_gbps: float, floor_gbps: float, *, hosts: int, ranks
 
 
 class _Job:
-    """This rank's view of the pre-flight job: the collectives it needs, over gloo unless told otherwise."""
+    """This rank's view of the check: the collectives it needs, over the training's gloo group."""
 
-    def __init__(self, host: str, checks: Checks) -> None:
+    def __init__(self, host: str, checks: Checks, *, rank: int, ranks: int, local_rank: int, group: Any) -> None:
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
-        self.torch, self.dist, self.host, self.checks = torch, dist, host, checks
+        self.torch, self.dist, self.host, self.checks, self.group = torch, dist, host, checks, group
         self.timeout = timedelta(minutes=checks.timeout_minutes)
-        dist.init_process_group(backend="gloo", timeout=self.timeout)
-        self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.rank, self.ranks, self.local_rank = rank, ranks, local_rank
 
     def gather(self, value: Any) -> list[Any]:
-        """`value` from every rank, in rank order (plain values: ranks unpickle them as `__main__`)."""
+        """`value` from every rank, in rank order (plain values only)."""
         out: list[Any] = [None] * self.ranks
-        self.dist.all_gather_object(out, value)
+        self.dist.all_gather_object(out, value, group=self.group)
         return out
 
     def time_all_reduce(self) -> float:
-        """Seconds per all-reduce of BUFFER_BYTES over NCCL, on the slowest rank; NCCL logs its init meanwhile."""
+        """Seconds per all-reduce of BUFFER_BYTES over NCCL, on the slowest rank; NCCL logs its init meanwhile.
+        The NCCL group and the buffer are released before training starts."""
         torch, dist = self.torch, self.dist
         torch.cuda.set_device(self.local_rank)
         group = dist.new_group(backend="nccl", timeout=self.timeout)
         buffer = torch.ones(BUFFER_BYTES // 4, dtype=torch.float32, device="cuda")
-        for _ in range(WARMUP_ITERS):
-            dist.all_reduce(buffer, group=group)
-        torch.cuda.synchronize()
-        dist.barrier(group=group)
-        started = time.perf_counter()
-        for _ in range(TIMED_ITERS):
-            dist.all_reduce(buffer, group=group)
-        torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - started) / TIMED_ITERS
+        try:
+            for _ in range(WARMUP_ITERS):
+                dist.all_reduce(buffer, group=group)
+            torch.cuda.synchronize()
+            dist.barrier(group=group)
+            started = time.perf_counter()
+            for _ in range(TIMED_ITERS):
+                dist.all_reduce(buffer, group=group)
+            torch.cuda.synchronize()
+            elapsed = (time.perf_counter() - started) / TIMED_ITERS
+        finally:
+            del buffer
+            dist.destroy_process_group(group)
+            torch.cuda.empty_cache()
         return float(max(self.gather(elapsed)))
-
-    def close(self) -> None:
-        self.dist.destroy_process_group()
 
 
 def _gpu_checks(job: _Job, nccl_log: Path, *, efa: bool, hosts: int, floor_gbps: float) -> str | None:
@@ -274,34 +278,120 @@ def run_checks(job: _Job, nccl_log: Path) -> str | None:
     return _gpu_checks(job, nccl_log, efa=efa, hosts=hosts, floor_gbps=floor)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """One pre-flight rank (under torchrun): 0 when the cluster is fit, 1 with the failure file written."""
-    checks = Checks.parse(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s preflight: %(message)s", stream=sys.stdout
-    )
-    started = time.monotonic()
-    paths = Paths.from_env()
-    host = read_resource_config(paths).current_host
-    # NCCL reads these when it first initialises, later in this process: its INFO log goes to a file of ours.
-    nccl_dir = Path(tempfile.mkdtemp(prefix="preflight-nccl-"))
-    os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=str(nccl_dir / "nccl.log"))
-    try:
-        job = _Job(host, checks)
+_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+
+
+class NcclLog:
+    """NCCL's INIT and NET log in a file of the check's, for the EFA verdict.
+
+    NCCL reads its debug settings once per process, when it first initialises, so those set here (before
+    the process group exists) hold for the training's own communicators too. A thread copies from the
+    file what the job's own settings asked for (the pipeline sets ``NCCL_DEBUG=WARN``) to where they
+    asked for it (``NCCL_DEBUG_FILE``, else stdout), so training logs what it logged without the check.
+    """
+
+    def __init__(self, env: MutableMapping[str, str], *, poll_seconds: float = 1.0) -> None:
+        level = env.get("NCCL_DEBUG", "").strip().upper()
+        self._keep = _LEVELS[: _LEVELS.index(level) + 1] if level in _LEVELS else ()
+        self._target = env.get("NCCL_DEBUG_FILE", "").strip()
+        self.path = Path(tempfile.mkdtemp(prefix="preflight-nccl-")) / "nccl.log"
+        subsystems = env.get("NCCL_DEBUG_SUBSYS", "").strip()
+        if "INFO" in self._keep and subsystems:  # the job asked for INFO lines: add ours to its subsystems
+            subsystems = ",".join(dict.fromkeys([*subsystems.split(","), "INIT", "NET"]))
+        elif "INFO" not in self._keep:
+            subsystems = "INIT,NET"
+        env.update(NCCL_DEBUG="TRACE" if "TRACE" in self._keep else "INFO", NCCL_DEBUG_FILE=str(self.path))
+        if subsystems:
+            env["NCCL_DEBUG_SUBSYS"] = subsystems
+        self._offset = 0
+        self._lock = threading.Lock()
+        self._poll = poll_seconds
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace") if self.path.exists() else ""
+
+    def wanted(self, line: str) -> bool:
+        """Whether the job's own NCCL_DEBUG would have printed `line` (NCCL: "host:pid:tid [dev] NCCL WARN ...")."""
+        level = re.search(r"\bNCCL (WARN|INFO|TRACE)\b", line)
+        if level is None:  # NCCL's version banner
+            return bool(self._keep)
+        return level.group(1) in self._keep
+
+    def forward(self, out: IO[str] | None = None) -> int:
+        """Copy the complete lines written since the last call that the job asked for; how many."""
+        with self._lock:
+            if not self.path.exists():
+                return 0
+            with self.path.open("rb") as file:
+                file.seek(self._offset)
+                data = file.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self._offset += len(complete)
+            lines = [line for line in complete.decode(errors="replace").splitlines(keepends=True) if self.wanted(line)]
+            if lines:
+                target = self._target.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+                sink = out or (open(target, "a") if target else sys.stdout)  # noqa: SIM115
+                sink.writelines(lines)
+                sink.flush()
+                if sink is not out and sink is not sys.stdout:
+                    sink.close()
+            return len(lines)
+
+    def follow(self) -> None:
+        """Forward in a background thread from now until the process exits."""
+        if not self._keep:
+            return
+
+        def loop() -> None:
+            while True:
+                time.sleep(self._poll)
+                self.forward()
+
+        threading.Thread(target=loop, name="nccl-log", daemon=True).start()
+        atexit.register(self.forward)
+
+
+@dataclass
+class Preflight:
+    """What a training worker runs before training: the launcher's checks, and NCCL's log where EFA is judged."""
+
+    checks: Checks
+    nccl_log: NcclLog | None
+
+    @classmethod
+    def from_env(cls, env: MutableMapping[str, str]) -> Preflight | None:
+        """Read the launcher's checks and, where this host's EFA is judged, point NCCL's log at the check;
+        before torch starts NCCL. None when the launcher asked for no check."""
+        checks = Checks.from_env(env)
+        if checks is None:
+            return None
+        return cls(checks, NcclLog(env) if checks.efa else None)
+
+    def run(self, host: str, *, rank: int, ranks: int, local_rank: int, group: Any) -> None:
+        """Run the checks in the training's process group (`group`: its gloo group); raises PreflightError
+        with the verdict, the same on every rank, or returns when the cluster is fit to train."""
+        if local_rank == 0:
+            log.setLevel(logging.INFO)  # one "passed" line per host, whatever the rank's log level
+        started = time.monotonic()
+        job = _Job(host, self.checks, rank=rank, ranks=ranks, local_rank=local_rank, group=group)
+        # Nothing is trained yet: a stop ends the worker at once, as it would a process of its own.
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if main_thread else None
         try:
-            problem = run_checks(job, nccl_dir / "nccl.log")
+            problem = run_checks(job, self.nccl_log.path if self.nccl_log else Path(os.devnull))
+        except Exception as exc:
+            raise PreflightError(f"the pre-flight check did not finish: {describe(exc)}") from exc
         finally:
-            job.close()
-    finally:
-        shutil.rmtree(nccl_dir, ignore_errors=True)
-    if problem:
-        log.error("%s", failure_line(problem))
-        write_failure(paths, failure_line(problem))
-        return 1
-    if job.rank == 0:
-        log.info("passed in %.1f s", time.monotonic() - started)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            if self.nccl_log is not None:
+                self.nccl_log.forward()
+                self.nccl_log.follow()
+        if problem:
+            log.error("%s", failure_line(problem))
+            raise PreflightError(problem)
+        if local_rank == 0:
+            if self.checks.passed_file:  # the launcher's temporary folder (created here on mpirun's other hosts)
+                Path(self.checks.passed_file).parent.mkdir(parents=True, exist_ok=True)
+                Path(self.checks.passed_file).touch()
+            log.info("pre-flight check passed in %.2f s", time.monotonic() - started)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.config import JobConfig, from_hyperparameters, parse_overrides
+from training.preflight import Preflight, PreflightError, failure_line
 from training.sagemaker_contract import Paths, describe, read_hyperparameters, write_failure
 from training.signals import StopRequest
 
@@ -51,10 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     paths = Paths.from_env()
     try:
+        # Before torch, which starts NCCL: the check's NCCL settings must be in place when it reads them.
+        preflight = Preflight.from_env(os.environ)
         cfg = load_config(argv, paths)
         from training.trainer import Trainer  # noqa: PLC0415  (torch loads after the handler is in place)
 
-        trainer = Trainer(cfg, paths, stop)
+        trainer = Trainer(cfg, paths, stop, preflight)
         try:
             trainer.train()
         except BaseException:
@@ -62,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             trainer.close(commit_pending=False)
             raise
         trainer.close()
+    except PreflightError as exc:
+        write_failure(paths, failure_line(str(exc)), exc=exc.__cause__)
+        return 1
     except Exception as exc:
         log.exception("training failed")
         write_failure(paths, describe(exc), exc=exc)

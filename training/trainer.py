@@ -32,7 +32,8 @@ from training.ledger import trusted_digests
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallelize import parallelize
-from training.sagemaker_contract import DataFiles, Paths, find_data_files
+from training.preflight import Preflight
+from training.sagemaker_contract import DataFiles, Paths, find_data_files, read_resource_config
 from training.signals import StopRequest
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """Owns the process group, model, optimizer, data and checkpoints of one training job."""
 
-    def __init__(self, cfg: JobConfig, paths: Paths, stop: StopRequest) -> None:
+    def __init__(self, cfg: JobConfig, paths: Paths, stop: StopRequest, preflight: Preflight | None = None) -> None:
         self.cfg, self.paths, self.stop = cfg, paths, stop
+        self.preflight = preflight
         self._resources = contextlib.ExitStack()
         try:
             self._build()
@@ -82,6 +84,10 @@ class Trainer:
             timeout_minutes=cfg.parallel.timeout_minutes,
         )
         self._resources.callback(distributed.destroy)
+        if self.preflight is not None:
+            # In the training's own process group, before anything is built or loaded (training/preflight.py).
+            host = read_resource_config(self.paths).current_host
+            self.preflight.run(host, rank=env.rank, ranks=env.world_size, local_rank=env.local_rank, group=env.ctrl)
         distributed.set_determinism(seed=cfg.train.seed, deterministic=cfg.train.deterministic, device=env.device)
         if env.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from training_helpers import free_port
 
 from training import bench_peer
-from training.bench import _direct_bandwidth, bench_loader, bench_preflight, bench_train
+from training.bench import _direct_bandwidth, bench_loader, bench_startup, bench_train
 from training.config import from_hyperparameters
 from training.data import read_shard
 
@@ -46,13 +46,16 @@ def test_train_row_uses_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_preflight_row_times_the_launchers_check_on_two_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_startup_row_times_two_hosts_to_their_first_step_with_and_without_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for key in ("TRAINING_EXPECTED_GPUS", "TRAINING_MIN_BUSBW_GBPS", "TRAINING_EFA"):
         monkeypatch.delenv(key, raising=False)
-    row = bench_preflight(hosts=2, nproc=1, repeats=1)
-    assert (row["check"], row["hosts"], row["procs_per_host"]) == ("preflight", 2, 1)
-    # The workers report their own time, which the launcher's wait includes.
-    assert 0 < row["in_workers_s"] < row["wall_s"]
+    row = bench_startup(hosts=2, nproc=1, repeats=1)
+    assert (row["check"], row["hosts"], row["procs_per_host"]) == ("startup", 2, 1)
+    assert row["first_step_s_preflight"] > 0 and row["first_step_s_no_preflight"] > 0
+    # The workers report the check's own time, which the wait for the first step includes.
+    assert 0 <= row["preflight_in_workers_s"] < row["first_step_s_preflight"]
 
 
 def test_peer_bench_splits_and_encodes_the_text_as_nanogpt_does(tmp_path: Path) -> None:

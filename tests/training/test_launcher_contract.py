@@ -243,7 +243,8 @@ def test_preflight_fails_every_host_when_one_sees_fewer_gpus_than_expected(tmp_p
         assert status == EXIT_PREFLIGHT_FAILED, log[-3000:]
         # Every host reached the same verdict: whichever SageMaker reports, it names the bad host.
         assert _first_line(paths) == expected, host
-        assert "rank 0/" not in log and not paths.checkpoints.exists()  # training never started
+        assert "step=" not in log and not paths.checkpoints.exists()  # training never started
+        assert "training failed" not in log  # the verdict, not a worker's traceback
 
 
 @pytest.mark.slow
@@ -256,7 +257,8 @@ def test_preflight_passes_on_two_hosts_then_training_runs(tmp_path: Path, corpus
         assert "pre-flight check passed in" in log
         assert not paths.failure.exists()
     first = hosts["algo-1"][1]
-    assert first.index("pre-flight check passed") < first.index("rank 0/2") < first.index("step=2 loss=")
+    # In the training's own processes: after they joined its process group, before the first step.
+    assert first.index("rank 0/2") < first.index("pre-flight check passed") < first.index("step=2 loss=")
 
 
 @pytest.mark.slow
@@ -273,15 +275,15 @@ def test_preflight_false_skips_the_check(tmp_path: Path, corpus: Path) -> None:
 
 @pytest.mark.slow
 def test_sigterm_during_the_preflight_stops_the_launcher_before_training(tmp_path: Path, corpus: Path) -> None:
-    # algo-2 never comes, so the pre-flight waits at its rendezvous when SageMaker stops the job.
+    # algo-2 never comes, so the workers wait at the rendezvous when SageMaker stops the job.
     paths = make_opt_ml(tmp_path, SHORT_JOB, corpus=corpus, hosts=("algo-1", "algo-2"), current_host="algo-1")
     env = clean_env(tmp_path, TRAINING_MASTER_ADDR="127.0.0.1", TRAINING_MASTER_PORT=str(free_port()))
 
     def stop(proc: subprocess.Popen[str]) -> None:
-        time.sleep(1)  # past the moment the launcher starts the pre-flight's torchrun and takes SIGTERM over
+        time.sleep(1)  # past the moment the launcher starts torchrun and takes SIGTERM over
         proc.send_signal(signal.SIGTERM)
 
-    status, log = run_until(launcher(), env, r"pre-flight check: ", stop)
+    status, log = run_until(launcher(), env, r"pre-flight check in the training workers: ", stop)
     assert status == 0, log[-3000:]
     assert "stopped by SIGTERM during the pre-flight check; training did not start" in log
     assert not paths.failure.exists() and "rank 0/" not in log

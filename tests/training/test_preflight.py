@@ -1,7 +1,10 @@
-"""The pre-flight's pure parts: NCCL log parsing, bus bandwidth arithmetic, verdicts, its settings."""
+"""The pre-flight's parts: NCCL log parsing and forwarding, bus bandwidth arithmetic, verdicts, its settings,
+how workers report it and how the launcher reads their report."""
 
 from __future__ import annotations
 
+import io
+import socket
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,12 +12,24 @@ from typing import Any
 
 import pytest
 
+import training.preflight
 from training.config import JobConfig
-from training.launcher import plan_launch, preflight_command
+from training.launcher import (
+    EXIT_OK,
+    EXIT_PREFLIGHT_FAILED,
+    Supervisor,
+    _preflight_outcome,
+    plan_launch,
+    torchrun_command,
+)
+from training.layout import PREFLIGHT_ENV
 from training.preflight import (
     Checks,
     DeviceReport,
+    NcclLog,
     NcclNetwork,
+    Preflight,
+    PreflightError,
     bandwidth_verdict,
     bus_bandwidth_gbps,
     checks_from_env,
@@ -24,7 +39,7 @@ from training.preflight import (
     nccl_network,
     run_checks,
 )
-from training.sagemaker_contract import ContractError, ResourceConfig
+from training.sagemaker_contract import ContractError, Paths, ResourceConfig
 
 # NCCL's and aws-ofi-nccl's INFO lines (NCCL_DEBUG_SUBSYS=INIT,NET): from a published two-host EFA log
 # (aws-ofi-nccl before 1.14 wrote "Selected Provider is"); the current wording, from both projects'
@@ -119,9 +134,11 @@ def test_checks_come_from_the_environment_and_reach_the_workers() -> None:
     env = {"TRAINING_EXPECTED_GPUS": "8", "TRAINING_MIN_BUSBW_GBPS": "80.0"}
     checks = checks_from_env(env, efa=True, timeout_minutes=10.0)
     assert checks == Checks(expected_gpus=8, efa=True, min_busbw_gbps=80.0, timeout_minutes=10.0)
-    assert Checks.parse(checks.argv()) == checks
+    assert Checks.from_env({PREFLIGHT_ENV: checks.to_env()}) == checks
     assert checks_from_env({}, efa=False, timeout_minutes=1.0) == Checks(None, False, 0.0, 1.0)
-    assert Checks.parse(Checks(None, False, 0.0, 1.0).argv()) == Checks(None, False, 0.0, 1.0)
+    no_gpus = Checks(None, False, 0.0, 1.0, passed_file="/tmp/x/passed")
+    assert Checks.from_env({PREFLIGHT_ENV: no_gpus.to_env()}) == no_gpus
+    assert Checks.from_env({}) is None and Preflight.from_env({}) is None
     # States.Format writes the request's numbers as JSON does.
     assert checks_from_env({"TRAINING_EXPECTED_GPUS": "8.0"}, efa=False, timeout_minutes=1.0).expected_gpus == 8
     for name, value in (
@@ -134,13 +151,91 @@ def test_checks_come_from_the_environment_and_reach_the_workers() -> None:
             checks_from_env({name: value}, efa=False, timeout_minutes=1.0)
 
 
-def test_the_preflight_runs_the_training_shape_on_its_own_port() -> None:
+def test_the_check_runs_in_the_training_workers_not_a_torchrun_of_its_own() -> None:
     resources = ResourceConfig(current_host="algo-2", hosts=("algo-1", "algo-2"))
     plan = plan_launch(JobConfig(), resources, {"SM_NUM_GPUS": "8", "TRAINING_MASTER_PORT": "29500"})
-    command = preflight_command(plan, Checks(8, True, 80.0, 10.0))
-    assert {"--nnodes=2", "--node_rank=1", "--nproc_per_node=8", "--master_port=29501"} <= set(command)
-    assert command[command.index("-m", 3) + 1] == "training.preflight"
-    assert command[-4:] == ["--min-busbw-gbps=80.0", "--timeout-minutes=10.0", "--expected-gpus=8", "--efa"]
+    command = torchrun_command(plan)
+    assert {"--nnodes=2", "--node_rank=1", "--nproc_per_node=8", "--master_port=29500"} <= set(command)
+    assert command[-2:] == ["-m", "training.train"]
+
+
+def test_nccls_log_goes_to_the_check_and_what_the_job_asked_for_goes_on(tmp_path: Path) -> None:
+    warn = "algo-1:7:9 [0] NCCL WARN NET/OFI Request failed\n"
+    info = "algo-1:7:9 [0] NCCL INFO Using network Libfabric\n"
+    # The pipeline's setting: warnings, on stdout.
+    env = {"NCCL_DEBUG": "WARN"}
+    nccl = NcclLog(env)
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"], env["NCCL_DEBUG_FILE"]) == ("INFO", "INIT,NET", str(nccl.path))
+    nccl.path.write_text(info + warn + "algo-1:7:9 [0] NCCL INFO partial")
+    out = io.StringIO()
+    assert nccl.forward(out) == 1 and out.getvalue() == warn
+    assert nccl_network(nccl.text()) == NcclNetwork("Libfabric", None)
+    with nccl.path.open("a") as file:
+        file.write(" line\n" + warn)
+    assert nccl.forward(out) == 1 and out.getvalue() == warn + warn  # each line once, complete lines only
+    # No NCCL_DEBUG: NCCL printed nothing, so nothing is forwarded.
+    quiet = NcclLog({})
+    quiet.path.write_text(warn)
+    assert quiet.forward(io.StringIO()) == 0
+    # INFO with the job's own subsystems and file: those are kept (ours added), its file receives the lines.
+    target = tmp_path / "nccl-%h.log"
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL", "NCCL_DEBUG_FILE": str(target)}
+    verbose = NcclLog(env)
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "COLL,INIT,NET")
+    verbose.path.write_text(info + warn)
+    assert verbose.forward() == 2
+    assert (tmp_path / f"nccl-{socket.gethostname()}.log").read_text() == info + warn
+
+
+def test_a_check_that_cannot_finish_says_so_in_its_own_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def broken(job: Any, nccl_log: Path) -> str | None:
+        raise RuntimeError("Connection closed by peer [10.0.1.17]:29500")
+
+    monkeypatch.setattr(training.preflight, "run_checks", broken)
+    preflight = Preflight(Checks(None, False, 0.0, 1.0), None)
+    with pytest.raises(PreflightError) as raised:
+        preflight.run("algo-1", rank=0, ranks=1, local_rank=0, group=None)
+    assert str(raised.value) == (
+        "the pre-flight check did not finish: RuntimeError: Connection closed by peer [10.0.1.17]:29500"
+    )
+    # A verdict is raised as it is; a pass marks the launcher's file, from each host's first process.
+    monkeypatch.setattr(training.preflight, "run_checks", lambda job, nccl_log: "GPUs missing")
+    with pytest.raises(PreflightError, match=r"^GPUs missing$"):
+        preflight.run("algo-1", rank=0, ranks=1, local_rank=0, group=None)
+    monkeypatch.setattr(training.preflight, "run_checks", lambda job, nccl_log: None)
+    passed = tmp_path / "launcher" / "passed"
+    preflight = Preflight(Checks(None, False, 0.0, 1.0, passed_file=str(passed)), None)
+    preflight.run("algo-1", rank=1, ranks=2, local_rank=1, group=None)
+    assert not passed.exists()
+    preflight.run("algo-1", rank=0, ranks=2, local_rank=0, group=None)
+    assert passed.exists()
+
+
+def test_the_launcher_tells_a_failed_check_from_a_failed_training(tmp_path: Path) -> None:
+    def outcome(returncode: int, first_line: str | None, signal_name: str | None = None) -> tuple[int | None, str]:
+        paths = Paths(tmp_path / f"{returncode}-{first_line}-{signal_name}".replace(" ", "_").replace(":", ""))
+        if first_line is not None:
+            paths.output.mkdir(parents=True)
+            paths.failure.write_text(first_line + "\n\ntraceback\n")
+        supervisor = Supervisor(["true"], {}, grace_seconds=1, mpi=False)
+        supervisor.signal_name = signal_name
+        supervisor.tail.append("RendezvousTimeoutError")
+        status = _preflight_outcome(paths, supervisor, returncode)
+        return status, paths.failure.read_text() if paths.failure.exists() else ""
+
+    # The workers' verdict.
+    assert outcome(1, "PreflightFailed: GPUs missing")[0] == EXIT_PREFLIGHT_FAILED
+    # Workers that ended without one: the check could not run across the cluster (retried on fresh nodes).
+    status, failure = outcome(1, None)
+    assert status == EXIT_PREFLIGHT_FAILED
+    assert failure.startswith(
+        "PreflightFailed: the pre-flight check did not finish: its workers on this host exited with status 1\n"
+    )
+    assert "RendezvousTimeoutError" in failure
+    # A worker failed before the check for a reason of its own: the training's outcome applies.
+    assert outcome(1, "ConfigError: model.name='x'")[0] is None
+    # Stopped while the check ran: nothing was trained, nothing is lost.
+    assert outcome(1, None, "SIGTERM") == (EXIT_OK, "")
 
 
 class _World:
