@@ -207,27 +207,36 @@ class _Job:
         self.dist.all_gather_object(out, value, group=self.group)
         return out
 
-    def time_all_reduce(self) -> float:
-        """Seconds per all-reduce of BUFFER_BYTES over NCCL, on the slowest rank; NCCL logs its init meanwhile.
-        The NCCL group and the buffer are released before training starts."""
+    def time_all_reduce(self, buffer_bytes: int = BUFFER_BYTES) -> float:
+        """Seconds per all-reduce of `buffer_bytes` over NCCL, on the slowest rank; NCCL logs its init meanwhile.
+        The group and the buffer are released before training starts. Without a GPU the same steps run
+        over gloo on the CPU (the check never asks for that; tests do, so this path is run on CPU too)."""
         torch, dist = self.torch, self.dist
-        torch.cuda.set_device(self.local_rank)
-        group = dist.new_group(backend="nccl", timeout=self.timeout)
-        buffer = torch.ones(BUFFER_BYTES // 4, dtype=torch.float32, device="cuda")
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(self.local_rank)
+        group = dist.new_group(backend="nccl" if cuda else "gloo", timeout=self.timeout)
+        buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32, device="cuda" if cuda else "cpu")
+
+        def synchronize() -> None:
+            if cuda:
+                torch.cuda.synchronize()
+
         try:
             for _ in range(WARMUP_ITERS):
                 dist.all_reduce(buffer, group=group)
-            torch.cuda.synchronize()
+            synchronize()
             dist.barrier(group=group)
             started = time.perf_counter()
             for _ in range(TIMED_ITERS):
                 dist.all_reduce(buffer, group=group)
-            torch.cuda.synchronize()
+            synchronize()
             elapsed = (time.perf_counter() - started) / TIMED_ITERS
         finally:
             del buffer
             dist.destroy_process_group(group)
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
         return float(max(self.gather(elapsed)))
 
 

@@ -324,3 +324,27 @@ def test_ranks_skip_nccl_together_where_no_gpu_check_applies(tmp_path: Path) -> 
     assert all_reduces == [0] * 4 and set(verdicts) == {
         "GPUs missing (torch.cuda.device_count()): host algo-2 sees 3 of the 4 expected"
     }
+
+
+def test_the_checks_and_the_timed_all_reduce_run_for_real_in_a_process_group(tmp_path: Path) -> None:
+    """The collectives the GPU checks use, on gloo and the CPU: the same steps, group released after."""
+    import torch.distributed as dist
+    from torch.distributed import HashStore  # type: ignore[attr-defined]
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        ctrl = dist.new_group(backend="gloo")
+        passed = tmp_path / "passed"
+        Preflight(Checks(0, False, 0.0, 1.0, passed_file=str(passed)), None).run(
+            "algo-1", rank=0, ranks=1, local_rank=0, group=ctrl
+        )
+        assert passed.exists()
+        job = training.preflight._Job(
+            "algo-1", Checks(None, True, 80.0, 1.0), rank=0, ranks=1, local_rank=0, group=ctrl
+        )
+        groups = len(dist.distributed_c10d._world.pg_map)
+        assert job.time_all_reduce(buffer_bytes=1 << 20) > 0
+        assert len(dist.distributed_c10d._world.pg_map) == groups
+        assert job.gather("still usable") == ["still usable"]
+    finally:
+        dist.destroy_process_group()
