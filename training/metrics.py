@@ -7,12 +7,16 @@ Line formats (one line each, anywhere after a log prefix)::
 
     step=<int> loss=<float> lr=<float> grad_norm=<float> tokens_per_sec=<float>[ mfu=<float>]
     step=<int> val_loss=<float>
+    step=<int> phases wall_s=<float> startup_s=<float> preflight_s=<float> ... (every name in PHASES)
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # A float as Python's repr() writes it (3.25, 1e-05, 2.5e+20): SageMaker's parser needs a plain number.
 _FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
@@ -21,10 +25,23 @@ _FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _TRAIN = r"\bstep=\d+ loss=\S+ .*?"
 
 TRAIN_LOSS = "train:loss"
+# Where a worker's time went, from its start to the line (seconds, cumulative; they sum to wall_s):
+# start-up (imports, process group, model, data), the pre-flight check, the checkpoint load (with its
+# verification), training steps, blocking checkpoint saves and waits, evaluations, the model export.
+PHASES = ("startup", "preflight", "checkpoint_load", "train", "checkpoint", "eval", "export")
+PHASE_WALL = "phases:wall_seconds"
+
+
+def phase_metric(phase: str) -> str:
+    """The metric name of one phase's seconds."""
+    return f"phases:{phase}_seconds"
+
+
+_PHASES = r"\bstep=\d+ phases .*?"
 TOKENS_PER_SEC = "train:tokens_per_sec"
 VALIDATION_LOSS = "validation:loss"
 
-METRIC_DEFINITIONS: list[dict[str, str]] = [
+_MODEL_DEFINITIONS: list[dict[str, str]] = [
     {"Name": TRAIN_LOSS, "Regex": rf"\bstep=\d+ loss={_FLOAT}"},
     {"Name": "train:lr", "Regex": rf"{_TRAIN}\blr={_FLOAT}"},
     {"Name": "train:grad_norm", "Regex": rf"{_TRAIN}\bgrad_norm={_FLOAT}"},
@@ -32,10 +49,18 @@ METRIC_DEFINITIONS: list[dict[str, str]] = [
     {"Name": "train:mfu", "Regex": rf"{_TRAIN}\bmfu={_FLOAT}"},
     {"Name": VALIDATION_LOSS, "Regex": rf"\bstep=\d+ val_loss={_FLOAT}"},
 ]
+MODEL_METRIC_NAMES = tuple(d["Name"] for d in _MODEL_DEFINITIONS)
+"""What the model did: the metrics a quality gate or a tuning objective can name (the phases are time)."""
+
+METRIC_DEFINITIONS: list[dict[str, str]] = [
+    *_MODEL_DEFINITIONS,
+    {"Name": PHASE_WALL, "Regex": rf"{_PHASES}\bwall_s={_FLOAT}"},
+    *({"Name": phase_metric(phase), "Regex": rf"{_PHASES}\b{phase}_s={_FLOAT}"} for phase in PHASES),
+]
 
 _COMPILED = [(d["Name"], re.compile(d["Regex"])) for d in METRIC_DEFINITIONS]
-# Every definition matches after "step=N loss=" or "step=N val_loss=": the step of a line they match.
-_STEP = re.compile(r"\bstep=(\d+) (?:val_)?loss=")
+# Every definition matches after "step=N loss=", "step=N val_loss=" or "step=N phases ": the step of a line they match.
+_STEP = re.compile(r"\bstep=(\d+) (?:(?:val_)?loss=|phases )")
 
 
 def format_train_line(
@@ -59,6 +84,15 @@ def format_train_line(
 def format_validation_line(*, step: int, val_loss: float) -> str:
     """The validation metrics line (``val_loss`` in full precision)."""
     return f"step={step} val_loss={_num(val_loss)}"
+
+
+def format_phases_line(*, step: int, seconds: dict[str, float]) -> str:
+    """Where the worker's time went up to ``step``: ``seconds`` per name in PHASES, and their sum."""
+    unknown = set(seconds) - set(PHASES)
+    if unknown:
+        raise ValueError(f"not phases: {sorted(unknown)}")
+    parts = " ".join(f"{phase}_s={seconds.get(phase, 0.0):.3f}" for phase in PHASES)
+    return f"step={step} phases wall_s={sum(seconds.values()):.3f} {parts}"
 
 
 def _num(value: float) -> str:
@@ -96,3 +130,37 @@ def metric_series(log_text: str) -> dict[str, dict[int, float]]:
         for name, value in values.items():
             series.setdefault(name, {})[step] = value
     return series
+
+
+class PhaseClock:
+    """Splits the time since ``start`` (time.monotonic) into PHASES: every moment belongs to the phase
+    last entered, so the parts always sum to the whole."""
+
+    def __init__(self, start: float | None = None, phase: str = "startup") -> None:
+        if phase not in PHASES:
+            raise ValueError(f"not a phase: {phase!r}")
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._phase, self._since = phase, time.monotonic() if start is None else start
+
+    def enter(self, phase: str) -> str:
+        """Count from now on towards `phase`; the phase left."""
+        if phase not in PHASES:
+            raise ValueError(f"not a phase: {phase!r}")
+        now = time.monotonic()
+        self.seconds[self._phase] += now - self._since
+        left, self._phase, self._since = self._phase, phase, now
+        return left
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        """`phase` for the block, then back to the phase it interrupted."""
+        left = self.enter(phase)
+        try:
+            yield
+        finally:
+            self.enter(left)
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase up to now."""
+        self.enter(self._phase)
+        return dict(self.seconds)

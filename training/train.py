@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()  # this worker's phases are counted from here (training/metrics.py)
     stop = StopRequest.install()  # before the torch import below, which takes seconds
     configure_logging()
     paths = Paths.from_env()
@@ -57,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(argv, paths)
         from training.trainer import Trainer  # noqa: PLC0415  (torch loads after the handler is in place)
 
-        trainer = Trainer(cfg, paths, stop, preflight)
+        trainer = Trainer(cfg, paths, stop, preflight, started=started)
         try:
             trainer.train()
         except BaseException:

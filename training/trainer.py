@@ -50,9 +50,19 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """Owns the process group, model, optimizer, data and checkpoints of one training job."""
 
-    def __init__(self, cfg: JobConfig, paths: Paths, stop: StopRequest, preflight: Preflight | None = None) -> None:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        paths: Paths,
+        stop: StopRequest,
+        preflight: Preflight | None = None,
+        *,
+        started: float | None = None,
+    ) -> None:
+        """`started`: when this worker started (time.monotonic()), from which its phases are counted."""
         self.cfg, self.paths, self.stop = cfg, paths, stop
         self.preflight = preflight
+        self.clock = metrics.PhaseClock(started)
         self._resources = contextlib.ExitStack()
         try:
             self._build()
@@ -87,7 +97,8 @@ class Trainer:
         if self.preflight is not None:
             # In the training's own process group, before anything is built or loaded (training/preflight.py).
             host = read_resource_config(self.paths).current_host
-            self.preflight.run(host, rank=env.rank, ranks=env.world_size, local_rank=env.local_rank, group=env.ctrl)
+            with self.clock.phase("preflight"):
+                self.preflight.run(host, rank=env.rank, ranks=env.world_size, local_rank=env.local_rank, group=env.ctrl)
         distributed.set_determinism(seed=cfg.train.seed, deterministic=cfg.train.deterministic, device=env.device)
         if env.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
@@ -166,7 +177,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             self.paths.checkpoints, env, cfg.checkpoint, trusted=trusted_digests(self.paths.channel(LEDGER_CHANNEL))
         )
-        self.checkpoints.load_latest(self.state)
+        with self.clock.phase("checkpoint_load"):
+            self.checkpoints.load_latest(self.state)
         self.start_step = self.state.step
 
     def _build_metrics(self) -> None:
@@ -242,6 +254,7 @@ class Trainer:
         tokens_per_step = self.global_batch * self.seq_len
         window_start, window_steps = time.perf_counter(), 0
         self.model.train()
+        self.clock.enter("train")
         while self.state.step < max_steps:
             step = self.state.step + 1
             lr = float(self.scheduler.get_last_lr()[0])
@@ -253,7 +266,8 @@ class Trainer:
                 self.profiler.step()
             stop, save_due_by_time, save_busy = self._agree()
             if self.checkpoints.pending is not None and not save_busy:
-                self.checkpoints.wait()
+                with self.clock.phase("checkpoint"):
+                    self.checkpoints.wait()
 
             interval = cfg.checkpoint.interval_steps
             save = stop or save_due_by_time or bool(interval and step % interval == 0) or step == max_steps
@@ -266,13 +280,16 @@ class Trainer:
                 self._log_validation(step, self.evaluate(self.periodic_val_batches))
                 window_start = time.perf_counter()
             if save:
-                self.checkpoints.save(self.state, blocking=stop or step == max_steps)
+                with self.clock.phase("checkpoint"):
+                    self.checkpoints.save(self.state, blocking=stop or step == max_steps)
+                self._log_phases(step)
                 window_start = time.perf_counter()
             if stop:
                 if self.env.is_main:
                     log.info("stopped by signal at step %d: checkpoint %s is committed", step, step_dir(step))
                 return False
         self._finish()
+        self._log_phases(self.state.step)
         return True
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -391,6 +408,11 @@ class Trainer:
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("validation/loss", val_loss, step)
 
+    def _log_phases(self, step: int) -> None:
+        """Where this worker's time went so far (rank 0's): at every checkpoint and at the end."""
+        if self.env.is_main:
+            log.info(metrics.format_phases_line(step=step, seconds=self.clock.totals()))
+
     @torch.no_grad()
     def evaluate(self, batches: list[tuple[npt.NDArray[np.int64], int]] | None = None) -> float | None:
         """Token-weighted mean loss over ``batches`` (default: the whole fixed validation set), or None
@@ -398,6 +420,10 @@ class Trainer:
         batches = self.val_batches if batches is None else batches
         if not batches:
             return None
+        with self.clock.phase("eval"):
+            return self._evaluate(batches)
+
+    def _evaluate(self, batches: list[tuple[npt.NDArray[np.int64], int]]) -> float:
         self.model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
         for tokens, valid in batches:
@@ -419,6 +445,7 @@ class Trainer:
         step = self.state.step
         val_loss = self.evaluate()
         self._log_validation(step, val_loss)
+        self.clock.enter("export")
         # Every rank takes part in gathering the full weights; only rank 0 writes them.
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.env.is_main:

@@ -39,10 +39,9 @@ from lambdas.validate.tuning import resolve_tuning
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
-from training.metrics import METRIC_DEFINITIONS
+from training.metrics import MODEL_METRIC_NAMES
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
-METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 FSX_SCHEME = "fsx://"
 DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_KEY_LIMIT = model_limit("sagemaker", "HyperParameterKey")
@@ -353,8 +352,9 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | No
     gate = request.quality
     if gate is None:
         return None
-    if gate.metric not in METRIC_NAMES:
-        problems.append(f"quality.metric {gate.metric!r} is not reported by the trainer; use one of {METRIC_NAMES}")
+    if gate.metric not in MODEL_METRIC_NAMES:
+        names = ", ".join(MODEL_METRIC_NAMES)
+        problems.append(f"quality.metric {gate.metric!r} is not reported by the trainer; use one of {names}")
     if (gate.max is None) == (gate.min is None):
         problems.append("quality needs exactly one of `max` (lower is better) or `min` (higher is better)")
         return None

@@ -24,9 +24,8 @@ from lambdas.validate.trials import (
     trainer_field,
     training_processes,
 )
-from training.metrics import METRIC_DEFINITIONS
+from training.metrics import MODEL_METRIC_NAMES
 
-METRIC_NAMES = tuple(d["Name"] for d in METRIC_DEFINITIONS)
 MAX_JOBS = 100
 MAX_PARALLEL_JOBS = 10
 MAX_CATEGORICAL_VALUES = model_limit("sagemaker", "ParameterValues")  # per categorical range
@@ -239,10 +238,10 @@ def resolve_tuning(
             ranges[f"{spec.type.title()}ParameterRanges"].append(resolved[0])
             tuned.append(resolved[1])
     problems.extend(refused_together(tuned, fixed, processes))
-    if tuning.objective.metric not in METRIC_NAMES:
+    if tuning.objective.metric not in MODEL_METRIC_NAMES:
         problems.append(
             f"tuning.objective.metric {tuning.objective.metric!r} is not reported by the trainer; use one of "
-            f"{', '.join(METRIC_NAMES)}"
+            f"{', '.join(MODEL_METRIC_NAMES)}"
         )
     if tuning.max_parallel_jobs > tuning.max_jobs:
         problems.append(

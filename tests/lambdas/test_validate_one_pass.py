@@ -70,3 +70,13 @@ def test_a_rejected_required_field_skips_only_the_checks_that_need_it() -> None:
     assert "'ml.p5.4xlarge' is not a known training type" in message, message
     assert [p.field for p in problems] == ["dataset", "instance_type"], message
     assert "did you mean 'ml.p5.48xlarge'" in problems[1].message
+
+
+def test_a_quality_gate_names_a_model_metric_not_a_phase_of_the_jobs_time() -> None:
+    execution_input = {**_example("single-node-ddp"), "quality": {"metric": "phases:train_seconds", "max": 3600}}
+    message, problems = _problems(execution_input)
+    assert [p.field for p in problems] == ["quality.metric"], message
+    assert "quality.metric 'phases:train_seconds' is not reported by the trainer" in message, message
+    assert "use one of train:loss, train:lr, train:grad_norm, train:tokens_per_sec, train:mfu, validation:loss" in (
+        message
+    )

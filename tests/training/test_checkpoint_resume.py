@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import shutil
 import signal
@@ -17,6 +18,7 @@ from training import trainer as trainer_module
 from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
 from training.config import ConfigError
 from training.layout import MANIFEST
+from training.metrics import PHASE_WALL, PHASES, metric_series, parse_line, phase_metric
 from training.parallelize import parallelize
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
@@ -48,6 +50,28 @@ def test_reference_commits_checkpoints_with_manifests(reference: tuple[Path, str
     assert list(val_losses(log)) == [12]
 
 
+def _phases(log: str) -> list[dict[str, float]]:
+    """Every phases line of a log, in order: phase -> seconds, and "wall"."""
+    found = []
+    for line in log.splitlines():
+        _, values = parse_line(line) or (0, {})
+        if PHASE_WALL in values:
+            found.append({"wall": values[PHASE_WALL]} | {p: values[phase_metric(p)] for p in PHASES})
+    return found
+
+
+def test_every_checkpoint_and_the_end_report_where_the_time_went(reference: tuple[Path, str]) -> None:
+    lines = _phases(reference[1])
+    assert sorted(metric_series(reference[1])[PHASE_WALL]) == [4, 8, 12]
+    assert len(lines) == 4  # after the checkpoints at steps 4, 8 and 12, and at the end
+    for earlier, later in itertools.pairwise(lines):
+        assert all(later[key] >= earlier[key] for key in earlier)  # cumulative
+    final = lines[-1]
+    assert sum(final[p] for p in PHASES) == pytest.approx(final["wall"], rel=0.01)
+    assert min(final["startup"], final["train"], final["checkpoint"], final["eval"], final["export"]) > 0
+    assert final["preflight"] == 0  # run in this process: no launcher, no check
+
+
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Path, str], tmp_path: Path) -> None:
     paths = _resume_copy(reference, tmp_path)
     for step in (8, 12):
@@ -55,6 +79,7 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Pa
     completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed
     assert "resumed from checkpoint step-4" in log
+    assert _phases(log)[-1]["checkpoint_load"] > 0
     expected = {s: v for s, v in step_losses(reference[1]).items() if s > 4}
     assert step_losses(log) == expected
     assert val_losses(log) == val_losses(reference[1])

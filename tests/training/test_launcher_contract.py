@@ -259,6 +259,7 @@ def test_preflight_passes_on_two_hosts_then_training_runs(tmp_path: Path, corpus
     first = hosts["algo-1"][1]
     # In the training's own processes: after they joined its process group, before the first step.
     assert first.index("rank 0/2") < first.index("pre-flight check passed") < first.index("step=2 loss=")
+    assert " phases wall_s=" in first and " preflight_s=" in first  # the worker counts the check's time
 
 
 @pytest.mark.slow

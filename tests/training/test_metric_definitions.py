@@ -8,11 +8,16 @@ import pytest
 
 from training.metrics import (
     METRIC_DEFINITIONS,
+    PHASE_WALL,
+    PHASES,
+    PhaseClock,
+    format_phases_line,
     format_train_line,
     format_validation_line,
     metric_series,
     parse_line,
     parse_metrics,
+    phase_metric,
 )
 
 REQUIRED = {"train:loss", "validation:loss", "train:tokens_per_sec", "train:mfu", "train:grad_norm", "train:lr"}
@@ -104,3 +109,45 @@ def test_series_keep_the_last_value_of_a_step_logged_twice() -> None:
 def test_non_finite_values_are_refused_rather_than_silently_unparsed() -> None:
     with pytest.raises(ValueError, match="not finite"):
         format_train_line(step=1, loss=float("nan"), lr=0.1, grad_norm=1.0, tokens_per_sec=1.0)
+
+
+def test_the_phases_line_round_trips_and_sums_to_its_wall_time() -> None:
+    line = format_phases_line(step=40, seconds={"startup": 3.5, "preflight": 0.25, "train": 100.125, "eval": 2.0})
+    assert line == (
+        "step=40 phases wall_s=105.875 startup_s=3.500 preflight_s=0.250 checkpoint_load_s=0.000 "
+        "train_s=100.125 checkpoint_s=0.000 eval_s=2.000 export_s=0.000"
+    )
+    step, values = parse_line(f"2026-01-01 12:00:00,000 INFO [rank0] training.trainer: {line}") or (0, {})
+    assert step == 40
+    assert values == {PHASE_WALL: 105.875} | {
+        phase_metric(p): {"startup": 3.5, "preflight": 0.25, "train": 100.125, "eval": 2.0}.get(p, 0.0) for p in PHASES
+    }
+    # A phases line is no train metric, and no train line is a phase.
+    assert "train:loss" not in values
+    train = format_train_line(step=1, loss=1.0, lr=0.1, grad_norm=1.0, tokens_per_sec=1.0)
+    assert not any(name.startswith("phases:") for name in parse_metrics(train))
+    with pytest.raises(ValueError, match="not phases"):
+        format_phases_line(step=1, seconds={"idle": 1.0})
+
+
+def test_the_phase_clock_gives_every_moment_to_exactly_one_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([10.0, 12.0, 12.5, 15.0, 16.0, 16.25])
+    monkeypatch.setattr("training.metrics.time.monotonic", lambda: next(now))
+    clock = PhaseClock(start=9.0)  # startup from 9.0
+    clock.enter("train")  # 10.0: startup 1.0
+    # 12.0: train 2.0 so far; 12.5: checkpoint 0.5; 15.0: eval 2.5, back to checkpoint
+    with clock.phase("checkpoint"), clock.phase("eval"):
+        pass
+    # 16.0: checkpoint 1.0 more, back to train; 16.25: train 0.25 more
+    assert clock.totals() == {
+        "startup": 1.0,
+        "preflight": 0.0,
+        "checkpoint_load": 0.0,
+        "train": 2.25,
+        "checkpoint": 1.5,
+        "eval": 2.5,
+        "export": 0.0,
+    }
+    assert sum(clock.seconds.values()) == 16.25 - 9.0
+    with pytest.raises(ValueError, match="not a phase"):
+        clock.enter("idle")
