@@ -239,6 +239,25 @@ class MetricsConfig:
 
 
 @dataclass
+class StragglerConfig:
+    action: str = _f(
+        "warn",
+        "A host whose ranks compute their steps slower than the median rank for `steps` consecutive steps is "
+        "named in the log and the metrics (warn), or also stops training after a checkpoint with "
+        "'StragglerDetected: ...', which the pipeline retries on fresh instances (replace); off: not checked.",
+        ("warn", "replace", "off"),
+    )
+    threshold: float = _f(0.15, "How much slower than the median rank a host's slowest rank must be (0.15: 15%).")
+    steps: int = _f(50, "Consecutive slow steps that make a host a straggler.")
+    interval_steps: int = _f(10, "Steps between two shares of the ranks' step times (one small all-gather).")
+
+    def __post_init__(self) -> None:
+        _require(0 < self.threshold < 10, "stragglers.threshold", self.threshold, "use a fraction such as 0.15")
+        _require(self.steps >= 1, "stragglers.steps", self.steps, "use >= 1")
+        _require(self.interval_steps >= 1, "stragglers.interval_steps", self.interval_steps, "use >= 1")
+
+
+@dataclass
 class JobConfig:
     """The whole job: one section per component, plus the launcher's ``distribution`` and ``preflight``."""
 
@@ -257,6 +276,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
 
     def __post_init__(self) -> None:
         _require(

@@ -150,3 +150,8 @@ LEDGER_CHANNEL = "ledger"
 PREFLIGHT_FAILED = "PreflightFailed"
 """The first word of the failure file's first line when the pre-flight check fails; the pipeline then
 retries the job on fresh nodes (SageMaker's FailureReason is "AlgorithmError: " and that line)."""
+STRAGGLER_DETECTED = "StragglerDetected"
+"""The first word of the failure file's first line when `stragglers.action=replace` stopped training
+(after a checkpoint) because a host lagged the others; retried on fresh nodes like a failed pre-flight."""
+RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED)
+"""The failure words after which the pipeline starts a new job on fresh instances, from the checkpoints."""

@@ -8,6 +8,7 @@ Line formats (one line each, anywhere after a log prefix)::
     step=<int> loss=<float> lr=<float> grad_norm=<float> tokens_per_sec=<float>[ mfu=<float>]
     step=<int> val_loss=<float>
     step=<int> phases wall_s=<float> startup_s=<float> preflight_s=<float> ... (every name in PHASES)
+    step=<int> stragglers=<int> slowdown=<float>
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def phase_metric(phase: str) -> str:
 
 
 _PHASES = r"\bstep=\d+ phases .*?"
+# Where ranks share their step times (training/stragglers.py): hosts found straggling so far, and how
+# much slower than the median rank the slowest host computed in the last window.
+STRAGGLER_HOSTS = "stragglers:hosts"
+STRAGGLER_SLOWDOWN = "stragglers:slowdown"
 TOKENS_PER_SEC = "train:tokens_per_sec"
 VALIDATION_LOSS = "validation:loss"
 
@@ -56,11 +61,14 @@ METRIC_DEFINITIONS: list[dict[str, str]] = [
     *_MODEL_DEFINITIONS,
     {"Name": PHASE_WALL, "Regex": rf"{_PHASES}\bwall_s={_FLOAT}"},
     *({"Name": phase_metric(phase), "Regex": rf"{_PHASES}\b{phase}_s={_FLOAT}"} for phase in PHASES),
+    {"Name": STRAGGLER_HOSTS, "Regex": r"\bstep=\d+ stragglers=(\d+)"},
+    {"Name": STRAGGLER_SLOWDOWN, "Regex": rf"\bstep=\d+ stragglers=\d+ slowdown={_FLOAT}"},
 ]
 
 _COMPILED = [(d["Name"], re.compile(d["Regex"])) for d in METRIC_DEFINITIONS]
-# Every definition matches after "step=N loss=", "step=N val_loss=" or "step=N phases ": the step of a line they match.
-_STEP = re.compile(r"\bstep=(\d+) (?:(?:val_)?loss=|phases )")
+# Every definition matches after "step=N loss=", "step=N val_loss=", "step=N phases " or "step=N stragglers=":
+# the step of a line they match.
+_STEP = re.compile(r"\bstep=(\d+) (?:(?:val_)?loss=|phases |stragglers=)")
 
 
 def format_train_line(
@@ -93,6 +101,11 @@ def format_phases_line(*, step: int, seconds: dict[str, float]) -> str:
         raise ValueError(f"not phases: {sorted(unknown)}")
     parts = " ".join(f"{phase}_s={seconds.get(phase, 0.0):.3f}" for phase in PHASES)
     return f"step={step} phases wall_s={sum(seconds.values()):.3f} {parts}"
+
+
+def format_stragglers_line(*, step: int, hosts: int, slowdown: float) -> str:
+    """The straggler check's line at ``step``: hosts found straggling, the last window's worst slowdown."""
+    return f"step={step} stragglers={hosts} slowdown={slowdown:.3f}"
 
 
 def _num(value: float) -> str:

@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.config import JobConfig, from_hyperparameters, parse_overrides
+from training.layout import STRAGGLER_DETECTED
 from training.preflight import Preflight, PreflightError, failure_line
 from training.sagemaker_contract import Paths, describe, read_hyperparameters, write_failure
 from training.signals import StopRequest
+from training.stragglers import StragglerError
 
 log = logging.getLogger("training.train")
 
@@ -69,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer.close()
     except PreflightError as exc:
         write_failure(paths, failure_line(str(exc)), exc=exc.__cause__)
+        return 1
+    except StragglerError as exc:
+        log.error("%s: %s", STRAGGLER_DETECTED, exc)
+        write_failure(paths, f"{STRAGGLER_DETECTED}: {exc}")
         return 1
     except Exception as exc:
         log.exception("training failed")

@@ -35,6 +35,7 @@ from training.parallelize import parallelize
 from training.preflight import Preflight
 from training.sagemaker_contract import DataFiles, Paths, find_data_files, read_resource_config
 from training.signals import StopRequest
+from training.stragglers import StepTimer, Straggler, StragglerDetector, StragglerError
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,16 @@ class Trainer:
         self.start_step = self.state.step
 
     def _build_metrics(self) -> None:
-        """The device's peak FLOP/s for MFU, and the profiler (which starts at ``start_step``)."""
+        """The device's peak FLOP/s for MFU, the profiler (which starts at ``start_step``) and, with peers,
+        the straggler check (training/stragglers.py)."""
         cfg, env = self.cfg, self.env
+        self.step_timer = StepTimer(torch, env.device)
+        self.stragglers: StragglerDetector | None = None
+        self.replace_hosts: list[Straggler] = []
+        if cfg.stragglers.action != "off" and env.world_size > 1:
+            hosts: list[Any] = [None] * env.world_size
+            dist.all_gather_object(hosts, read_resource_config(self.paths).current_host, group=env.ctrl)
+            self.stragglers = StragglerDetector(hosts, cfg.stragglers.threshold, cfg.stragglers.steps)
         self.peak_flops = cfg.metrics.peak_tflops * 1e12 or (
             peak_flops(torch.cuda.get_device_name(env.device)) if env.device.type == "cuda" else None
         )
@@ -265,6 +274,8 @@ class Trainer:
             if self.profiler is not None:
                 self.profiler.step()
             stop, save_due_by_time, save_busy = self._agree()
+            if self.stragglers is not None and step % cfg.stragglers.interval_steps == 0:
+                stop = self._check_stragglers(step) or stop
             if self.checkpoints.pending is not None and not save_busy:
                 with self.clock.phase("checkpoint"):
                     self.checkpoints.wait()
@@ -285,6 +296,11 @@ class Trainer:
                 self._log_phases(step)
                 window_start = time.perf_counter()
             if stop:
+                if self.replace_hosts:
+                    raise StragglerError(
+                        "; ".join(s.describe() for s in self.replace_hosts)
+                        + f"; checkpoint {step_dir(step)} is committed: replace the host (stragglers.action=replace)"
+                    )
                 if self.env.is_main:
                     log.info("stopped by signal at step %d: checkpoint %s is committed", step, step_dir(step))
                 return False
@@ -297,11 +313,13 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.env.device)
         for micro in range(self.grad_accum):
             last = micro == self.grad_accum - 1
+            self.step_timer.start()  # this rank's own compute: data and forward hold no collective under DDP
             x_BT, y_BT = self._to_device(self.state.loader.next_batch())
             with self._grad_sync(last):
                 with self._autocast():
                     logits_BTV = self.model(x_BT)
                 loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten())
+                self.step_timer.stop()
                 torch.autograd.backward(loss / self.grad_accum)
             loss_sum += loss.detach()
         max_norm = self.cfg.train.max_grad_norm or math.inf
@@ -310,6 +328,7 @@ class Trainer:
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.step_timer.end_step()
         return loss_sum / self.grad_accum, grad_norm
 
     def _to_device(self, tokens: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -353,6 +372,27 @@ class Trainer:
         self._all_reduce(flags, op=dist.ReduceOp.MAX, group=self.env.ctrl)
         stop, due_any, busy = (bool(v) for v in flags.tolist())
         return stop, due_any, busy
+
+    def _check_stragglers(self, step: int) -> bool:
+        """Share the window's step times (one all-gather over the gloo group) and judge them, the same on
+        every rank; True when `stragglers.action=replace` must stop training at this step."""
+        assert self.stragglers is not None
+        window = self.cfg.stragglers.interval_steps
+        mine = torch.tensor(self.step_timer.take(window), dtype=torch.float64)
+        gathered = [torch.empty_like(mine) for _ in range(self.env.world_size)]
+        dist.all_gather(gathered, mine, group=self.env.ctrl)
+        found = self.stragglers.observe(step - window + 1, [row.numpy().tolist() for row in gathered])
+        if self.env.is_main:
+            for straggler in found:
+                log.warning("straggler: %s", straggler.describe())
+            line = metrics.format_stragglers_line(
+                step=step, hosts=self.stragglers.stragglers, slowdown=self.stragglers.slowdown
+            )
+            log.info(line)
+        if found and self.cfg.stragglers.action == "replace":
+            self.replace_hosts = found
+            return True
+        return False
 
     def _all_reduce(
         self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, group: Any = None

@@ -21,7 +21,7 @@ from lambdas.execution_state import BatchPoll, JobCost, JobProgress
 from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_metrics
 from lambdas.shared.errors import classified
 from training.batch_contract import result_key
-from training.layout import PREFLIGHT_FAILED, run_output, split_s3_uri
+from training.layout import RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -95,8 +95,9 @@ def summarize(
         status, secondary = "Failed", "Failed"
         error, reason = "TrainingJobFailed", "the job succeeded but its main node recorded no model in S3"
     elif status == "Failed":
-        retry = reason.startswith(f"{PREFLIGHT_FAILED}: ")
-        error = PREFLIGHT_FAILED if retry else "TrainingJobFailed"
+        cause = next((word for word in RETRIED_ON_FRESH_NODES if reason.startswith(f"{word}: ")), None)
+        retry = cause is not None
+        error = cause or "TrainingJobFailed"
         reason = reason or describe.get("statusReason", "") or f"{describe['jobName']} failed"
     elif status == "Stopped":
         error, reason = "TrainingJobStopped", describe.get("statusReason", "")

@@ -20,7 +20,7 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training import ledger
-from training.layout import PREFLIGHT_FAILED, run_checkpoints
+from training.layout import RETRIED_ON_FRESH_NODES, run_checkpoints
 from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
@@ -28,9 +28,9 @@ metrics = StageMetrics(Stage.TRAINING)
 
 # SageMaker's FailureReason for a cluster it could not provision.
 _CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capacity")
-# The launcher's pre-flight check failed: SageMaker's FailureReason is "AlgorithmError: " and the
-# failure file's first line.
-_PREFLIGHT = re.compile(rf"(?:^|AlgorithmError: ){PREFLIGHT_FAILED}: ")
+# The pre-flight check failed, or the straggler check stopped training: SageMaker's FailureReason is
+# "AlgorithmError: " and the failure file's first line.
+_FRESH_NODES = re.compile(rf"(?:^|AlgorithmError: )({'|'.join(RETRIED_ON_FRESH_NODES)}): ")
 
 
 def observe_checkpoints(
@@ -62,14 +62,14 @@ def _time(value: Any) -> datetime | None:
 
 
 def retry_cause(status: str, reason: str) -> str | None:
-    """Why a failed job is worth a new job on fresh instances ("InsufficientCapacity", "PreflightFailed");
-    None when nothing says so."""
+    """Why a failed job is worth a new job on fresh instances ("InsufficientCapacity", or one of
+    RETRIED_ON_FRESH_NODES); None when nothing says so."""
     if status != "Failed":
         return None
     if any(marker in reason for marker in _CAPACITY):
         return "InsufficientCapacity"
-    if _PREFLIGHT.search(reason):
-        return PREFLIGHT_FAILED
+    if match := _FRESH_NODES.search(reason):
+        return match.group(1)
     return None
 
 

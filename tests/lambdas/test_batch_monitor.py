@@ -67,6 +67,9 @@ def test_a_failed_preflight_is_retried_on_new_nodes_and_other_failures_are_not()
     summary = _summary(_job("FAILED", statusReason="Essential container in task exited"), preflight)
     assert (summary.error, summary.retry_on_new_nodes) == ("PreflightFailed", True)
     assert summary.failure_reason.startswith("PreflightFailed: host node-1")
+    slow = [{"node": 0, "exit_code": 1, "failure": "StragglerDetected: host node-1 (ranks 8) computed its steps ..."}]
+    summary = _summary(_job("FAILED"), slow)
+    assert (summary.error, summary.retry_on_new_nodes) == ("StragglerDetected", True)
     crashed = [{"node": 0, "exit_code": 1, "failure": "training failed: workers exited with status 1"}]
     summary = _summary(_job("FAILED"), crashed)
     assert (summary.error, summary.retry_on_new_nodes) == ("TrainingJobFailed", False)

@@ -232,6 +232,12 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
             "PreflightFailed",
         ),
         ("Failed", "Failed", "PreflightFailed: the pre-flight check did not finish: ...", "PreflightFailed"),
+        (
+            "Failed",
+            "Failed",
+            "AlgorithmError: StragglerDetected: host algo-2 (ranks 8, 9) computed its steps 31% slower ...",
+            "StragglerDetected",
+        ),
         ("Failed", "Failed", "AlgorithmError: exit code 1", "TrainingJobFailed"),
         # Only the failure file's own first word counts, not the words of some other error.
         ("Failed", "Failed", "AlgorithmError: ValueError: no 'PreflightFailed: ' here", "TrainingJobFailed"),
@@ -246,7 +252,7 @@ def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str,
     summary = summarize(describe, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert summary.finished is True
     assert summary.error == error
-    assert summary.retry_on_new_nodes is (error in ("InsufficientCapacity", "PreflightFailed"))
+    assert summary.retry_on_new_nodes is (error in ("InsufficientCapacity", "PreflightFailed", "StragglerDetected"))
     if error and not reason:
         assert secondary in summary.failure_reason
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
+from training.checkpoint import committed_steps
 from training.config import JobConfig
 from training.launcher import (
     EXIT_INVALID_INPUT,
@@ -26,6 +28,7 @@ from training.launcher import (
     plan_launch,
     torchrun_command,
 )
+from training.metrics import metric_series
 from training.sagemaker_contract import ContractError, Paths, ResourceConfig, read_resource_config
 
 
@@ -200,12 +203,17 @@ def test_bad_preflight_expectation_is_an_input_error(tmp_path: Path, corpus: Pat
 
 
 def _two_hosts(
-    tmp_path: Path, corpus: Path, job: dict[str, str], env: dict[str, dict[str, str]]
+    tmp_path: Path, corpus: Path, job: dict[str, str], env: dict[str, dict[str, str]], code: str = ""
 ) -> dict[str, tuple[int, str, Paths]]:
-    """Both hosts' launchers, one process each on gloo: host -> (exit status, log, /opt/ml tree)."""
+    """Both hosts' launchers, one process each on gloo: host -> (exit status, log, /opt/ml tree); `code`:
+    a module written as code/model.py on every host (for `model.factory`)."""
     hosts = ("algo-1", "algo-2")
     port = str(free_port())
     trees = {host: make_opt_ml(tmp_path / host, job, corpus=corpus, hosts=hosts, current_host=host) for host in hosts}
+    for paths in trees.values():
+        if code:
+            paths.channel("code").mkdir(parents=True)
+            (paths.channel("code") / "model.py").write_text(code)
     procs = {
         host: subprocess.Popen(
             launcher(),
@@ -288,3 +296,61 @@ def test_sigterm_during_the_preflight_stops_the_launcher_before_training(tmp_pat
     assert status == 0, log[-3000:]
     assert "stopped by SIGTERM during the pre-flight check; training did not start" in log
     assert not paths.failure.exists() and "rank 0/" not in log
+
+
+# GPT-2 whose forward pass takes 50 ms longer on rank 1 (algo-2): a host that computes slower than its peer.
+SLOW_SECOND_RANK = """
+import os, time
+from torch import nn
+from training.models.gpt2 import GPT2
+
+
+class Slow(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.inner = GPT2(args)
+        self.layers = self.inner.layers
+
+    def forward(self, idx):
+        if os.environ["RANK"] == "1":
+            time.sleep(0.05)
+        return self.inner(idx)
+
+
+def build(args):
+    return Slow(args)
+"""
+STRAGGLER_JOB = {
+    **SHORT_JOB,
+    "max_steps": "12",
+    "model.factory": "model:build",
+    "stragglers.steps": "5",
+    "stragglers.interval_steps": "5",
+    "checkpoint.interval_steps": "0",
+}
+
+
+@pytest.mark.slow
+def test_a_host_slower_than_its_peers_is_named_and_with_replace_stopped_after_a_checkpoint(
+    tmp_path: Path, corpus: Path
+) -> None:
+    hosts = _two_hosts(tmp_path / "warn", corpus, STRAGGLER_JOB, {}, code=SLOW_SECOND_RANK)
+    status, log, _ = hosts["algo-1"]
+    assert status == 0 and hosts["algo-2"][0] == 0, log[-3000:]
+    named = re.search(r"straggler: host algo-2 \(ranks 1\) computed its steps (\d+)% slower than the median rank", log)
+    assert named and int(named.group(1)) >= 15, log[-3000:]
+    assert "for 5 consecutive steps, since step 1" in log
+    assert "host algo-1" not in log.split("straggler:", 1)[1].split("\n", 1)[0]
+    series = metric_series(log)
+    assert series["stragglers:hosts"] == {5: 1.0, 10: 1.0} and series["stragglers:slowdown"][5] >= 1.15
+    assert "step=12 loss=" in log  # warn: training goes on
+
+    replace = {**STRAGGLER_JOB, "stragglers.action": "replace"}
+    hosts = _two_hosts(tmp_path / "replace", corpus, replace, {}, code=SLOW_SECOND_RANK)
+    for host, (status, log, paths) in hosts.items():
+        assert status == 1, log[-3000:]
+        first = _first_line(paths)
+        assert first.startswith("StragglerDetected: host algo-2 (ranks 1) computed its steps "), (host, first)
+        assert first.endswith("checkpoint step-5 is committed: replace the host (stragglers.action=replace)")
+        assert "step=6 loss=" not in log
+    assert committed_steps(hosts["algo-1"][2].checkpoints) == [5]

@@ -1,0 +1,63 @@
+"""Straggler detection's judgement of shared step times, and the timer that measures them on CPU."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from training.stragglers import StepTimer, Straggler, StragglerDetector
+
+HOSTS = ("algo-1", "algo-1", "algo-2", "algo-2")  # two ranks per host
+
+
+def _window(slow: float, steps: int, *, slow_rank: int = 3) -> list[list[float]]:
+    return [[slow if rank == slow_rank else 1.0] * steps for rank in range(len(HOSTS))]
+
+
+def test_a_host_slow_for_the_consecutive_steps_is_named_once_with_its_ranks_and_slowdown() -> None:
+    detector = StragglerDetector(HOSTS, threshold=0.15, steps=50)
+    assert detector.observe(1, _window(1.3, 40)) == []  # 40 slow steps: not yet
+    assert detector.stragglers == 0 and detector.slowdown == pytest.approx(1.3)
+    found = detector.observe(41, _window(1.3, 40))
+    assert found == [Straggler("algo-2", (2, 3), pytest.approx(1.3), 50, 1)]
+    assert detector.stragglers == 1
+    assert "host algo-2 (ranks 2, 3) computed its steps 30% slower than the median rank for 50 consecutive steps" in (
+        found[0].describe()
+    )
+    assert detector.observe(81, _window(1.3, 40)) == []  # still slow: not named again
+
+
+def test_one_normal_step_restarts_the_count_and_a_small_lag_is_no_straggler() -> None:
+    detector = StragglerDetector(HOSTS, threshold=0.15, steps=50)
+    window = _window(1.3, 60)
+    for row in window:
+        row[45] = 1.0  # step 46 normal everywhere
+    assert detector.observe(1, window) == []  # 45 slow, then 14: neither reaches 50
+    detector = StragglerDetector(HOSTS, threshold=0.15, steps=50)
+    assert detector.observe(1, _window(1.14, 100)) == []  # 14% slower: under the threshold
+
+
+def test_a_step_some_rank_has_no_time_for_is_judged_by_no_one() -> None:
+    detector = StragglerDetector(HOSTS, threshold=0.15, steps=3)
+    window = _window(2.0, 4)
+    window[0][1] = math.nan  # step 2 unknown on rank 0 (its GPU work had not finished)
+    found = detector.observe(1, window)
+    assert [s.since_step for s in found] == [1]  # steps 1, 3, 4: the unknown step neither counts nor resets
+
+
+def test_the_timer_counts_each_steps_intervals_and_pads_unknown_steps() -> None:
+    timer = StepTimer(torch, torch.device("cpu"))
+    for pause in (0.01, 0.02):
+        timer.start()
+        time.sleep(pause)
+        timer.stop()
+        timer.start()  # a second micro-batch in the same step
+        timer.stop()
+        timer.end_step()
+    first, second = timer.take(2)
+    assert 0.01 <= first < second  # the sleeps are lower bounds, never compared with an upper one
+    padded = timer.take(3)
+    assert all(math.isnan(v) for v in padded)  # taken already: nothing left

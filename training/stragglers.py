@@ -1,0 +1,142 @@
+"""Straggler detection: a host whose ranks compute their steps markedly slower than the others'.
+
+Every rank times its own compute of each step: the data and forward pass of every micro-batch, which
+under DDP hold no collective, so a rank's time is its own and not the wait for the slowest (on a GPU
+with CUDA events, read only once they have completed: no host sync). Every `stragglers.interval_steps`
+steps the ranks share the window's times in one small all-gather over the gloo group; every rank then
+judges the same matrix the same way: a host is slow at a step when its slowest rank took at least
+``1 + stragglers.threshold`` times the median rank's time, and a straggler when it has been slow for
+`stragglers.steps` consecutive steps. Under FSDP the forward pass holds the parameter all-gathers, so a
+slow rank also delays its peers' forward: the signal is weaker there.
+
+Torch-free at import; `StepTimer` takes the torch module it times with.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StragglerError(RuntimeError):
+    """`stragglers.action=replace` stopped training, after a checkpoint, because a host lagged the others."""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A host found slow: its ranks, how much slower than the median (the window's mean ratio), since when."""
+
+    host: str
+    ranks: tuple[int, ...]
+    slowdown: float
+    steps: int
+    since_step: int
+
+    def describe(self) -> str:
+        ranks = ", ".join(str(rank) for rank in self.ranks)
+        return (
+            f"host {self.host} (ranks {ranks}) computed its steps {100 * (self.slowdown - 1):.0f}% slower than the "
+            f"median rank for {self.steps} consecutive steps, since step {self.since_step}"
+        )
+
+
+@dataclass
+class StragglerDetector:
+    """Judges each window of step times (ranks x steps) against the median rank; the same on every rank."""
+
+    hosts: Sequence[str]
+    """The host of each rank, in rank order."""
+    threshold: float
+    steps: int
+    _streak: dict[str, int] = field(default_factory=dict)
+    _ratios: dict[str, list[float]] = field(default_factory=dict)
+    _reported: set[str] = field(default_factory=set)
+    _since: dict[str, int] = field(default_factory=dict)
+    slowdown: float = 1.0
+    """The last window's slowest host: the median over its judged steps of its ratio to the median rank."""
+
+    @property
+    def stragglers(self) -> int:
+        """Hosts slow for at least `steps` consecutive steps, up to the last window."""
+        return sum(1 for streak in self._streak.values() if streak >= self.steps)
+
+    def observe(self, first_step: int, times: Sequence[Sequence[float]]) -> list[Straggler]:
+        """`times[rank][i]`: that rank's seconds for step ``first_step + i`` (NaN: not known). The hosts that
+        became stragglers in this window, each reported once."""
+        found = []
+        window: dict[str, list[float]] = {}
+        by_host: dict[str, list[int]] = {}
+        for rank, host in enumerate(self.hosts):
+            by_host.setdefault(host, []).append(rank)
+        for i in range(len(times[0]) if times else 0):
+            column = [row[i] for row in times]
+            known = [value for value in column if math.isfinite(value)]
+            if len(known) < len(column) or not known:
+                continue  # a step some rank has no time for: judged by no one, streaks unchanged
+            median = statistics.median(known)
+            for host, ranks in by_host.items():
+                ratio = max(column[rank] for rank in ranks) / median if median > 0 else 1.0
+                window.setdefault(host, []).append(ratio)
+                if ratio >= 1 + self.threshold:
+                    if not self._streak.get(host):
+                        self._since[host] = first_step + i
+                    self._streak[host] = self._streak.get(host, 0) + 1
+                    self._ratios.setdefault(host, []).append(ratio)
+                else:
+                    self._streak[host], self._ratios[host] = 0, []
+                    self._reported.discard(host)
+                if self._streak[host] >= self.steps and host not in self._reported:
+                    self._reported.add(host)
+                    ratios = self._ratios[host][-self.steps :]
+                    slowdown = sum(ratios) / len(ratios)
+                    found.append(Straggler(host, tuple(ranks), slowdown, self._streak[host], self._since[host]))
+        self.slowdown = max((statistics.median(ratios) for ratios in window.values()), default=1.0)
+        return found
+
+
+class StepTimer:
+    """This rank's compute time per step, from the intervals between `start` and `stop` within it."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+        self._open: Any = None
+        self._intervals: list[Any] = []
+        self._pending: list[list[Any]] = []  # per finished step: its intervals (CUDA event pairs or seconds)
+
+    def start(self) -> None:
+        if self.cuda:
+            self._open = self.torch.cuda.Event(enable_timing=True)
+            self._open.record()
+        else:
+            self._open = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = self.torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._intervals.append((self._open, end))
+        else:
+            self._intervals.append(time.perf_counter() - self._open)
+
+    def end_step(self) -> None:
+        self._pending.append(self._intervals)
+        self._intervals = []
+
+    def take(self, count: int) -> list[float]:
+        """The last `count` finished steps' seconds, oldest first; NaN for a step whose GPU work has not
+        finished yet (never waited for). Older steps are dropped."""
+        steps, self._pending = self._pending[-count:], []
+        times = [self._seconds(intervals) for intervals in steps]
+        return [math.nan] * (count - len(times)) + times
+
+    def _seconds(self, intervals: list[Any]) -> float:
+        if not self.cuda:
+            return float(sum(intervals))
+        if not all(end.query() for _, end in intervals):
+            return math.nan
+        return float(sum(start.elapsed_time(end) for start, end in intervals)) / 1000
