@@ -43,11 +43,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -216,11 +217,13 @@ class _HashingStream:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the size and SHA-256 of every data file as it writes it."""
+    """DCP's local file system, recording the size and SHA-256 of every data file as it writes it, and
+    every error met writing one (DCP's writer threads would otherwise swallow it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.hashed: dict[str, tuple[int, str]] = {}
+        self.errors: list[str] = []
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
@@ -229,18 +232,38 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with path.open("wb") as file:
-            hashing = _HashingStream(file)
-            yield hashing
+        try:
+            with path.open("wb") as file:
+                hashing = _HashingStream(file)
+                yield hashing
+        except BaseException as exc:
+            self.errors.append(f"{path.name}: {describe(exc)}")
+            raise
         self.hashed[path.name] = (hashing.size, hashing.digest.hexdigest())
 
 
-def _writer(directory: Path) -> tuple[FileSystemWriter, dict[str, tuple[int, str]]]:
+class _CheckedWriter(FileSystemWriter):
+    """DCP's file writer, failing the save when a writer thread did not write all its items: with several
+    threads, torch's writer returns the results of those that finished and drops a thread's error, and the
+    checkpoint's metadata would then name only what was written."""
+
+    fs: _HashingFileSystem
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
+        future = super().write_data(plan, planner)
+        written = future.wait()
+        if self.fs.errors or len(written) != len(plan.items):
+            problem = "; ".join(self.fs.errors) or "a writer thread stopped"
+            raise CheckpointError(f"wrote {len(written)} of the {len(plan.items)} items of this process: {problem}")
+        return future
+
+
+def _writer(directory: Path) -> tuple[_CheckedWriter, dict[str, tuple[int, str]]]:
     """DCP's file writer for one save, with `io_threads()` threads, each serialising, hashing and writing
     (and fsyncing) its own file, so that the CPU work of one overlaps the disk writes of another; and
     the (size, SHA-256) of each data file, filled in as the writer writes it."""
     fs = _HashingFileSystem()
-    writer = FileSystemWriter(directory, thread_count=io_threads())
+    writer = _CheckedWriter(directory, thread_count=io_threads())
     writer.fs = fs
     return writer, fs.hashed
 

@@ -186,3 +186,27 @@ def test_a_recorded_checkpoint_replaced_by_a_consistent_one_is_not_loaded(
     assert completed
     assert "skipping checkpoint step-12: the run's ledger does not record it" in log
     assert "resumed from checkpoint step-8" in log
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # torch's thread dies of it
+def test_a_write_error_in_a_writer_thread_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's threaded writer drops a helper thread's error and returns the items written: a save missing
+    items must fail, not commit a checkpoint whose metadata names only what was written."""
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    write = training.checkpoint._HashingStream.write
+
+    def disk_full_off_the_main_thread(self: Any, data: Any) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            raise OSError(28, "No space left on device")
+        return write(self, data)
+
+    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 4)
+    monkeypatch.setattr(training.checkpoint._HashingStream, "write", disk_full_off_the_main_thread)
+    writer, _ = training.checkpoint._writer(tmp_path)
+    with pytest.raises(CheckpointException, match=r"wrote \d of the 8 items of this process: __0_\d\.distcp: OSError"):
+        dcp.save({f"w{i}": torch.randn(1000) for i in range(8)}, storage_writer=writer, no_dist=True)
+    assert not (tmp_path / ".metadata").exists()
