@@ -179,7 +179,8 @@ def validation_batches(
     """This rank's share of the fixed validation set as (tokens, valid rows) pairs.
 
     The set is the first ``max_sequences`` samples or, with ``sample_batches``, that many global
-    batches of them drawn at random with ``seed`` (the same draw on every rank and every call).
+    batches of them drawn at random with ``seed`` (the same draw on every rank and every call; the
+    draws for fewer processes are subsets of those for more).
     Samples are strided over ranks so each is evaluated exactly once; every rank gets the same
     number of batches (short ones padded, padding rows not counted) because FSDP forwards are
     collective.
@@ -187,7 +188,9 @@ def validation_batches(
     total = min(samples.n_samples, max_sequences)
     chosen = np.arange(total, dtype=np.int64)
     if sample_batches and sample_batches * micro_batch * world_size < total:
-        drawn = np.random.default_rng(seed).choice(total, sample_batches * micro_batch * world_size, replace=False)
+        # The first ones of one seeded order: a draw of fewer sequences (another process count after a
+        # resume) is part of a draw of more, so evaluations on either side of the resume share most samples.
+        drawn = np.random.default_rng(seed).permutation(total)[: sample_batches * micro_batch * world_size]
         chosen = np.sort(drawn).astype(np.int64)
         total = len(chosen)
     mine = chosen[rank::world_size]

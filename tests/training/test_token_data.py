@@ -232,3 +232,21 @@ def test_missing_or_empty_train_channel_names_channel_and_path(tmp_path: Path) -
     _channel(paths, "train", ["only_val.bin"])
     with pytest.raises(ContractError, match=r"channel 'train' at .* has no training shards"):
         find_data_files(paths)
+
+
+def test_a_sampled_validation_set_for_fewer_processes_is_part_of_the_one_for_more(samples: TokenSamples) -> None:
+    """A resume on another process count evaluates mostly the same windows as before it."""
+
+    def drawn(world: int) -> set[int]:
+        return {
+            int(tokens[i, 0])
+            for rank in range(world)
+            for tokens, valid in validation_batches(
+                samples, micro_batch=2, rank=rank, world_size=world, max_sequences=10**9, sample_batches=3, seed=7
+            )
+            for i in range(valid)
+        }
+
+    one, two, three = drawn(1), drawn(2), drawn(3)
+    assert len(one) == 6 and len(two) == 12 and len(three) == 18
+    assert one < two < three
