@@ -61,10 +61,15 @@ def _fill_env() -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def host_rank() -> int:
+    """This process's rank on its host, from torchrun's or mpirun's variables (0 for a bare process)."""
+    _fill_env()
+    return int(os.environ["LOCAL_RANK"])
+
+
 def init_distributed(*, distribution: str, deterministic: bool, timeout_minutes: float) -> DistEnv:
     """Initialise the default process group (NCCL on GPUs, gloo on CPU, smddp on request) and a gloo one."""
-    _fill_env()
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = host_rank()
     if deterministic:
         # cuBLAS reads this when it initialises, so it must be set before the first CUDA call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -43,7 +43,7 @@ from training.layout import (
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
 )
-from training.preflight import Checks, checks_from_env, failure_line
+from training.preflight import Checks, NcclLog, checks_from_env, failure_line
 from training.roles import (
     DEFAULT_START_TIMEOUT_SECONDS,
     Auxiliary,
@@ -492,6 +492,8 @@ def _launch(paths: Paths, launch: Launch) -> int:
     returncode, expired = supervisor.run()
     if passed is not None:
         passed_check = passed.exists()
+        # What NCCL logged that a worker it aborted (or that was killed) had not yet copied to the log.
+        NcclLog.forward_leftovers(passed.parent, env)
         shutil.rmtree(passed.parent, ignore_errors=True)
         status = None if expired or passed_check else _preflight_outcome(paths, supervisor, returncode)
         if status is not None:

@@ -296,25 +296,47 @@ class NcclLog:
     NCCL reads its debug settings once per process, when it first initialises, so those set here (before
     the process group exists) hold for the training's own communicators too. A thread copies from the
     file what the job's own settings asked for (the pipeline sets ``NCCL_DEBUG=WARN``) to where they
-    asked for it (``NCCL_DEBUG_FILE``, else stdout), so training logs what it logged without the check.
+    asked for it (``NCCL_DEBUG_FILE``, else stdout), so training logs what it logged without the check;
+    how far it got is kept beside the file, and the launcher, which outlives a worker that NCCL aborts,
+    copies the rest (`forward_leftovers`).
     """
 
-    def __init__(self, env: MutableMapping[str, str], *, poll_seconds: float = 1.0) -> None:
+    def __init__(self, path: Path, env: Mapping[str, str], *, poll_seconds: float = 1.0) -> None:
+        """A reader of the NCCL log at `path` for a job whose own settings are `env`'s."""
         level = env.get("NCCL_DEBUG", "").strip().upper()
         self._keep = _LEVELS[: _LEVELS.index(level) + 1] if level in _LEVELS else ()
         self._target = env.get("NCCL_DEBUG_FILE", "").strip()
-        self.path = Path(tempfile.mkdtemp(prefix="preflight-nccl-")) / "nccl.log"
-        subsystems = env.get("NCCL_DEBUG_SUBSYS", "").strip()
-        if "INFO" in self._keep and subsystems:  # the job asked for INFO lines: add ours to its subsystems
-            subsystems = ",".join(dict.fromkeys([*subsystems.split(","), "INIT", "NET"]))
-        elif "INFO" not in self._keep:
-            subsystems = "INIT,NET"
-        env.update(NCCL_DEBUG="TRACE" if "TRACE" in self._keep else "INFO", NCCL_DEBUG_FILE=str(self.path))
-        if subsystems:
-            env["NCCL_DEBUG_SUBSYS"] = subsystems
-        self._offset = 0
+        self.path = path
+        self._sent = path.with_name(path.name + ".sent")
+        self._offset = int(self._sent.read_text()) if self._sent.is_file() else 0
         self._lock = threading.Lock()
         self._poll = poll_seconds
+
+    @classmethod
+    def capture(cls, env: MutableMapping[str, str], directory: Path | None = None) -> NcclLog:
+        """Point this process's NCCL log (`env`: its environment, before NCCL starts) at a file of the check's
+        in `directory` (a new temporary one if None)."""
+        folder = directory or Path(tempfile.mkdtemp(prefix="preflight-nccl-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        nccl = cls(folder / f"nccl.{os.getpid()}.log", dict(env))
+        subsystems = env.get("NCCL_DEBUG_SUBSYS", "").strip()
+        if "INFO" not in nccl._keep:
+            subsystems = "INIT,NET"
+        elif subsystems.startswith("^"):  # the job's list excludes subsystems: do not exclude ours
+            subsystems = "^" + ",".join(s for s in subsystems[1:].split(",") if s not in ("INIT", "NET"))
+        elif subsystems:  # the job asked for INFO lines of some subsystems: add ours
+            subsystems = ",".join(dict.fromkeys([*subsystems.split(","), "INIT", "NET"]))
+        env.update(NCCL_DEBUG="TRACE" if "TRACE" in nccl._keep else "INFO", NCCL_DEBUG_FILE=str(nccl.path))
+        if subsystems.strip("^"):
+            env["NCCL_DEBUG_SUBSYS"] = subsystems
+        else:
+            env.pop("NCCL_DEBUG_SUBSYS", None)
+        return nccl
+
+    @classmethod
+    def forward_leftovers(cls, directory: Path, env: Mapping[str, str], out: IO[str] | None = None) -> int:
+        """Copy what the workers' threads had not yet copied from every NCCL log in `directory`; how many lines."""
+        return sum(cls(path, env).forward(out) for path in sorted(directory.glob("nccl.*.log")))
 
     def text(self) -> str:
         return self.path.read_text(errors="replace") if self.path.exists() else ""
@@ -335,6 +357,8 @@ class NcclLog:
                 file.seek(self._offset)
                 data = file.read()
             complete = data[: data.rfind(b"\n") + 1]
+            if not complete:
+                return 0
             self._offset += len(complete)
             lines = [line for line in complete.decode(errors="replace").splitlines(keepends=True) if self.wanted(line)]
             if lines:
@@ -344,6 +368,7 @@ class NcclLog:
                 sink.flush()
                 if sink is not out and sink is not sys.stdout:
                     sink.close()
+            self._sent.write_text(str(self._offset))
             return len(lines)
 
     def follow(self) -> None:
@@ -374,7 +399,21 @@ class Preflight:
         checks = Checks.from_env(env)
         if checks is None:
             return None
-        return cls(checks, NcclLog(env) if checks.efa else None)
+        directory = Path(checks.passed_file).parent if checks.passed_file else None  # the launcher's folder
+        return cls(checks, NcclLog.capture(env, directory) if checks.efa else None)
+
+    def check_devices(self, host: str, local_rank: int) -> None:
+        """Before this process takes its GPU (`local_rank`): a host that sees fewer GPUs than it runs
+        training processes fails here, as the device check would, rather than on an invalid device ordinal.
+        (Its peers then wait at the rendezvous until the timeout and end as a check that did not finish.)"""
+        import torch  # noqa: PLC0415
+
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if seen and local_rank >= seen:
+            raise PreflightError(
+                f"GPUs missing (torch.cuda.device_count()): host {host} sees {seen}, fewer than its training "
+                f"processes (one per GPU; this one is local rank {local_rank})"
+            )
 
     def run(self, host: str, *, rank: int, ranks: int, local_rank: int, group: Any) -> None:
         """Run the checks in the training's process group (`group`: its gloo group); raises PreflightError

@@ -89,6 +89,9 @@ class Trainer:
     def _init_process(self) -> None:
         """The process group and determinism, then the config log and optional outputs."""
         cfg = self.cfg
+        self.host = read_resource_config(self.paths).current_host  # as the cluster names it (algo-1, ...)
+        if self.preflight is not None:
+            self.preflight.check_devices(self.host, distributed.host_rank())
         self.env = env = distributed.init_distributed(
             distribution=cfg.distribution,
             deterministic=cfg.train.deterministic,
@@ -97,9 +100,10 @@ class Trainer:
         self._resources.callback(distributed.destroy)
         if self.preflight is not None:
             # In the training's own process group, before anything is built or loaded (training/preflight.py).
-            host = read_resource_config(self.paths).current_host
             with self.clock.phase("preflight"):
-                self.preflight.run(host, rank=env.rank, ranks=env.world_size, local_rank=env.local_rank, group=env.ctrl)
+                self.preflight.run(
+                    self.host, rank=env.rank, ranks=env.world_size, local_rank=env.local_rank, group=env.ctrl
+                )
         distributed.set_determinism(seed=cfg.train.seed, deterministic=cfg.train.deterministic, device=env.device)
         if env.is_main:
             log.info("config %s", json.dumps(cfg.to_dict(), sort_keys=True))
@@ -191,7 +195,7 @@ class Trainer:
         self.replace_hosts: list[Straggler] = []
         if cfg.stragglers.action != "off" and env.world_size > 1:
             hosts: list[Any] = [None] * env.world_size
-            dist.all_gather_object(hosts, read_resource_config(self.paths).current_host, group=env.ctrl)
+            dist.all_gather_object(hosts, self.host, group=env.ctrl)
             self.stragglers = StragglerDetector(hosts, cfg.stragglers.threshold, cfg.stragglers.steps)
         self.peak_flops = cfg.metrics.peak_tflops * 1e12 or (
             peak_flops(torch.cuda.get_device_name(env.device)) if env.device.type == "cuda" else None

@@ -163,9 +163,11 @@ def test_nccls_log_goes_to_the_check_and_what_the_job_asked_for_goes_on(tmp_path
     warn = "algo-1:7:9 [0] NCCL WARN NET/OFI Request failed\n"
     info = "algo-1:7:9 [0] NCCL INFO Using network Libfabric\n"
     # The pipeline's setting: warnings, on stdout.
-    env = {"NCCL_DEBUG": "WARN"}
-    nccl = NcclLog(env)
+    job = {"NCCL_DEBUG": "WARN"}
+    env = dict(job)
+    nccl = NcclLog.capture(env, tmp_path / "launcher")
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"], env["NCCL_DEBUG_FILE"]) == ("INFO", "INIT,NET", str(nccl.path))
+    assert nccl.path.parent == tmp_path / "launcher"
     nccl.path.write_text(info + warn + "algo-1:7:9 [0] NCCL INFO partial")
     out = io.StringIO()
     assert nccl.forward(out) == 1 and out.getvalue() == warn
@@ -173,18 +175,31 @@ def test_nccls_log_goes_to_the_check_and_what_the_job_asked_for_goes_on(tmp_path
     with nccl.path.open("a") as file:
         file.write(" line\n" + warn)
     assert nccl.forward(out) == 1 and out.getvalue() == warn + warn  # each line once, complete lines only
+    # A worker NCCL aborted copies no more: the launcher copies what it had not, from the job's settings.
+    with nccl.path.open("a") as file:
+        file.write(info + "algo-1:7:9 [0] NCCL WARN Watchdog caught collective operation timeout\n")
+    leftovers = io.StringIO()
+    assert NcclLog.forward_leftovers(tmp_path / "launcher", job, leftovers) == 1
+    assert leftovers.getvalue() == "algo-1:7:9 [0] NCCL WARN Watchdog caught collective operation timeout\n"
     # No NCCL_DEBUG: NCCL printed nothing, so nothing is forwarded.
-    quiet = NcclLog({})
+    quiet = NcclLog.capture({})
     quiet.path.write_text(warn)
     assert quiet.forward(io.StringIO()) == 0
     # INFO with the job's own subsystems and file: those are kept (ours added), its file receives the lines.
     target = tmp_path / "nccl-%h.log"
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL", "NCCL_DEBUG_FILE": str(target)}
-    verbose = NcclLog(env)
+    verbose = NcclLog.capture(env)
     assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "COLL,INIT,NET")
     verbose.path.write_text(info + warn)
     assert verbose.forward() == 2
     assert (tmp_path / f"nccl-{socket.gethostname()}.log").read_text() == info + warn
+    # A job's list of subsystems to leave out keeps ours in.
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^INIT,COLL"}
+    NcclLog.capture(env)
+    assert env["NCCL_DEBUG_SUBSYS"] == "^COLL"
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^NET"}
+    NcclLog.capture(env)
+    assert "NCCL_DEBUG_SUBSYS" not in env
 
 
 def test_a_check_that_cannot_finish_says_so_in_its_own_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -348,3 +363,20 @@ def test_the_checks_and_the_timed_all_reduce_run_for_real_in_a_process_group(tmp
         assert job.gather("still usable") == ["still usable"]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_host_with_fewer_gpus_than_processes_fails_the_check_before_taking_a_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 7)
+    preflight = Preflight(Checks(8, True, 80.0, 1.0), None)
+    preflight.check_devices("algo-2", 6)  # GPU 6 of 7: there
+    with pytest.raises(PreflightError) as raised:
+        preflight.check_devices("algo-2", 7)
+    assert str(raised.value) == (
+        "GPUs missing (torch.cuda.device_count()): host algo-2 sees 7, fewer than its training processes "
+        "(one per GPU; this one is local rank 7)"
+    )
