@@ -4,6 +4,7 @@
     python -m training.bench loader --seq-len 1024 --batch 64
     python -m training.bench checkpoint --hp model=gpt2
     python -m training.bench startup --hosts 2 --nproc 1
+    python -m training.bench stragglers --processes 2 --steps 2000
     python -m training.bench peer --steps 2000 --repeats 2
 
 `train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
@@ -13,7 +14,8 @@ shards. `checkpoint` times a blocking DCP save and the blocking part of an async
 Trainer's own state, and compares a save's and a cold load's bandwidth with the disk's direct
 (O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory.
 `startup` starts the launcher of every "host" on this machine at once and times it to the first
-training step, with the pre-flight check and without, alternately.
+training step, with the pre-flight check and without, alternately. `stragglers` times the straggler
+check's own calls per step in a gloo world on this machine.
 `peer` runs nanoGPT and this package's trainer on tiny Shakespeare side by side (training/bench_peer.py).
 Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
@@ -40,12 +42,13 @@ from typing import Any
 import numpy as np
 
 from training import bench_peer
-from training.config import from_hyperparameters, parse_overrides
+from training.config import StragglerConfig, from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
+from training.stragglers import StepTimer, StragglerDetector, share_and_judge
 
 
 def _synthetic_shards(folder: Path, *, tokens: int, vocab: int, shards: int = 2, seed: int = 0) -> list[Path]:
@@ -375,6 +378,66 @@ def bench_startup(*, hosts: int, nproc: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _straggler_rank(rank: int, spec: tuple[int, int, int, int, str]) -> None:
+    """One rank of `bench_stragglers`: a matmul and an all-reduce per step (DDP's gradient sync keeps the
+    ranks in step), the straggler check's calls timed on their own."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    world, port, steps, work, out = spec
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = dist.new_group(backend="gloo")
+    cfg = StragglerConfig()
+    timer = StepTimer(torch, torch.device("cpu"))
+    detector = StragglerDetector([f"algo-{r + 1}" for r in range(world)], cfg.threshold, cfg.steps)
+    matrix = torch.randn(work, work)
+    check = 0.0
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        before = time.perf_counter()
+        timer.start()
+        check += time.perf_counter() - before
+        matrix = torch.tanh(matrix @ matrix)
+        dist.all_reduce(matrix[0], group=group)
+        before = time.perf_counter()
+        timer.stop()
+        timer.end_step()
+        if step % cfg.interval_steps == 0:
+            share_and_judge(torch, timer, detector, step=step, window=cfg.interval_steps, group=group)
+        check += time.perf_counter() - before
+    total = time.perf_counter() - started
+    if rank == 0:
+        Path(out).write_text(json.dumps({"check_s": check, "total_s": total}))
+    dist.destroy_process_group()
+
+
+def bench_stragglers(*, world: int, steps: int, work: int) -> dict[str, Any]:
+    """The straggler check's cost per step on rank 0 of `world` processes (gloo on this machine), against
+    a step of one `work` x `work` matmul: its timer calls and, every interval, the all-gather and judgement."""
+    import torch  # noqa: PLC0415
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        out = str(Path(tmp) / "rank0.json")
+        mp.spawn(_straggler_rank, args=((world, _free_port(), steps, work, out),), nprocs=world)  # type: ignore[attr-defined,no-untyped-call]
+        measured = json.loads(Path(out).read_text())
+    step_s = measured["total_s"] / steps
+    check_s = measured["check_s"] / steps
+    return {
+        "check": "stragglers",
+        "processes": world,
+        "steps": steps,
+        "step_ms": round(step_s * 1e3, 3),
+        "check_us_per_step": round(check_s * 1e6, 1),
+        "check_share": f"{100 * check_s / step_s:.3f}%",
+        "interval_steps": StragglerConfig().interval_steps,
+        "torch": torch.__version__,
+        "device": _device_name(torch),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -399,6 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     startup.add_argument("--hosts", type=int, default=2, help="hosts, each its own launcher on this machine")
     startup.add_argument("--nproc", type=int, default=1, help="processes per host")
     startup.add_argument("--repeats", type=int, default=5, help="runs of each, alternating")
+    stragglers = commands.add_parser("stragglers", help="the straggler check's cost per step")
+    stragglers.add_argument("--processes", type=int, default=2)
+    stragglers.add_argument("--steps", type=int, default=2000)
+    stragglers.add_argument("--work", type=int, default=256, help="each step multiplies two N x N matrices")
     peer = commands.add_parser("peer", help="ours against nanoGPT on tiny Shakespeare, alternating")
     peer.add_argument("--steps", type=int, default=2000)
     peer.add_argument("--lr", type=float, default=bench_peer.LR, help="both trainers' peak learning rate")
@@ -424,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             text=args.text,
             port=_free_port(),
         )
+    elif args.command == "stragglers":
+        row = bench_stragglers(world=args.processes, steps=args.steps, work=args.work)
     elif args.command == "train":
         row = bench_train(parse_overrides(args.hp), warmup=args.warmup, steps=args.steps, tokens=args.tokens)
     elif args.command == "loader":

@@ -98,6 +98,17 @@ class StragglerDetector:
         return found
 
 
+def share_and_judge(
+    torch: Any, timer: StepTimer, detector: StragglerDetector, *, step: int, window: int, group: Any
+) -> list[Straggler]:
+    """Every rank's last `window` step times (up to `step`), shared in one all-gather over `group` (gloo,
+    CPU tensors), and judged: the stragglers found, the same on every rank."""
+    mine = torch.tensor(timer.take(window), dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(gathered, mine, group=group)
+    return detector.observe(step - window + 1, [row.numpy().tolist() for row in gathered])
+
+
 class StepTimer:
     """This rank's compute time per step, from the intervals between `start` and `stop` within it."""
 

@@ -35,7 +35,7 @@ from training.parallelize import parallelize
 from training.preflight import Preflight
 from training.sagemaker_contract import DataFiles, Paths, find_data_files, read_resource_config
 from training.signals import StopRequest
-from training.stragglers import StepTimer, Straggler, StragglerDetector, StragglerError
+from training.stragglers import StepTimer, Straggler, StragglerDetector, StragglerError, share_and_judge
 
 log = logging.getLogger(__name__)
 
@@ -382,10 +382,7 @@ class Trainer:
         every rank; True when `stragglers.action=replace` must stop training at this step."""
         assert self.stragglers is not None
         window = self.cfg.stragglers.interval_steps
-        mine = torch.tensor(self.step_timer.take(window), dtype=torch.float64)
-        gathered = [torch.empty_like(mine) for _ in range(self.env.world_size)]
-        dist.all_gather(gathered, mine, group=self.env.ctrl)
-        found = self.stragglers.observe(step - window + 1, [row.numpy().tolist() for row in gathered])
+        found = share_and_judge(torch, self.step_timer, self.stragglers, step=step, window=window, group=self.env.ctrl)
         if self.env.is_main:
             for straggler in found:
                 log.warning("straggler: %s", straggler.describe())

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from training_helpers import free_port
 
 from training import bench_peer
-from training.bench import _direct_bandwidth, bench_loader, bench_startup, bench_train
+from training.bench import _direct_bandwidth, bench_loader, bench_startup, bench_stragglers, bench_train
 from training.config import from_hyperparameters
 from training.data import read_shard
 
@@ -90,3 +90,10 @@ def test_peer_bench_reads_both_trainers_step_times() -> None:
         "x INFO [rank0] training.trainer: step=2000 val_loss=1.9\n"
     )
     assert bench_peer.our_step_seconds_and_val(ours, steps=2000) == ([1.0], 1.9)
+
+
+@pytest.mark.slow
+def test_straggler_row_times_the_checks_own_calls_in_a_world_of_two() -> None:
+    row = bench_stragglers(world=2, steps=40, work=32)
+    assert (row["check"], row["processes"], row["steps"], row["interval_steps"]) == ("stragglers", 2, 40, 10)
+    assert row["step_ms"] > 0 and row["check_us_per_step"] > 0
