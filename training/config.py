@@ -249,7 +249,7 @@ class StragglerConfig:
     )
     threshold: float = _f(0.15, "How much slower than the median rank a host's slowest rank must be (0.15: 15%).")
     steps: int = _f(50, "Consecutive slow steps that make a host a straggler.")
-    interval_steps: int = _f(10, "Steps between two shares of the ranks' step times (one small all-gather).")
+    interval_steps: int = _f(50, "Steps between two shares of the ranks' step times (one small all-gather).")
 
     def __post_init__(self) -> None:
         _require(0 < self.threshold < 10, "stragglers.threshold", self.threshold, "use a fraction such as 0.15")
