@@ -390,7 +390,7 @@ def _straggler_rank(rank: int, spec: tuple[int, int, int, int, str]) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group = dist.new_group(backend="gloo")
     cfg = StragglerConfig()
-    timer = StepTimer(torch, torch.device("cpu"))
+    timer = StepTimer(torch, torch.device("cpu"), keep=cfg.interval_steps)
     detector = StragglerDetector([f"algo-{r + 1}" for r in range(world)], cfg.threshold, cfg.steps)
     matrix = torch.randn(work, work)
     timing = sharing = 0.0

@@ -14,6 +14,7 @@ Torch-free at import; `StepTimer` takes the torch module it times with.
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 import time
@@ -112,14 +113,19 @@ def share_and_judge(
 class StepTimer:
     """This rank's compute time per step, from the intervals between `start` and `stop` within it."""
 
-    def __init__(self, torch: Any, device: Any) -> None:
+    def __init__(self, torch: Any, device: Any, *, keep: int = 0) -> None:
+        """`keep`: the steps to remember until `take` (0: time nothing, as when no check runs)."""
         self.torch = torch
         self.cuda = device.type == "cuda"
         self._open: Any = None
         self._intervals: list[Any] = []
-        self._pending: list[list[Any]] = []  # per finished step: its intervals (CUDA event pairs or seconds)
+        # Per finished step: its intervals (CUDA event pairs or seconds); the oldest go beyond `keep`.
+        self._pending: collections.deque[list[Any]] = collections.deque(maxlen=max(keep, 1))
+        self.enabled = keep > 0
 
     def start(self) -> None:
+        if not self.enabled:
+            return
         if self.cuda:
             self._open = self.torch.cuda.Event(enable_timing=True)
             self._open.record()
@@ -127,6 +133,8 @@ class StepTimer:
             self._open = time.perf_counter()
 
     def stop(self) -> None:
+        if not self.enabled:
+            return
         if self.cuda:
             end = self.torch.cuda.Event(enable_timing=True)
             end.record()
@@ -135,13 +143,15 @@ class StepTimer:
             self._intervals.append(time.perf_counter() - self._open)
 
     def end_step(self) -> None:
-        self._pending.append(self._intervals)
-        self._intervals = []
+        if self.enabled:
+            self._pending.append(self._intervals)
+            self._intervals = []
 
     def take(self, count: int) -> list[float]:
         """The last `count` finished steps' seconds, oldest first; NaN for a step whose GPU work has not
         finished yet (never waited for). Older steps are dropped."""
-        steps, self._pending = self._pending[-count:], []
+        steps = list(self._pending)[-count:]
+        self._pending.clear()
         times = [self._seconds(intervals) for intervals in steps]
         return [math.nan] * (count - len(times)) + times
 

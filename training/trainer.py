@@ -190,10 +190,11 @@ class Trainer:
         """The device's peak FLOP/s for MFU, the profiler (which starts at ``start_step``) and, with peers,
         the straggler check (training/stragglers.py)."""
         cfg, env = self.cfg, self.env
-        self.step_timer = StepTimer(torch, env.device)
         self.stragglers: StragglerDetector | None = None
         self.replace_hosts: list[Straggler] = []
-        if cfg.stragglers.action != "off" and env.world_size > 1:
+        checked = cfg.stragglers.action != "off" and env.world_size > 1
+        self.step_timer = StepTimer(torch, env.device, keep=cfg.stragglers.interval_steps if checked else 0)
+        if checked:
             hosts: list[Any] = [None] * env.world_size
             dist.all_gather_object(hosts, self.host, group=env.ctrl)
             self.stragglers = StragglerDetector(hosts, cfg.stragglers.threshold, cfg.stragglers.steps)

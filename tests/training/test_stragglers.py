@@ -49,7 +49,7 @@ def test_a_step_some_rank_has_no_time_for_is_judged_by_no_one() -> None:
 
 
 def test_the_timer_counts_each_steps_intervals_and_pads_unknown_steps() -> None:
-    timer = StepTimer(torch, torch.device("cpu"))
+    timer = StepTimer(torch, torch.device("cpu"), keep=2)
     for pause in (0.01, 0.02):
         timer.start()
         time.sleep(pause)
@@ -61,3 +61,17 @@ def test_the_timer_counts_each_steps_intervals_and_pads_unknown_steps() -> None:
     assert 0.01 <= first < second  # the sleeps are lower bounds, never compared with an upper one
     padded = timer.take(3)
     assert all(math.isnan(v) for v in padded)  # taken already: nothing left
+
+
+def test_a_timer_keeps_only_the_steps_a_share_can_take_and_none_when_no_check_runs() -> None:
+    timer = StepTimer(torch, torch.device("cpu"), keep=3)
+    for _ in range(1000):
+        timer.start()
+        timer.stop()
+        timer.end_step()
+    assert len(timer._pending) == 3  # a run longer than the interval holds no more
+    off = StepTimer(torch, torch.device("cpu"))
+    off.start()
+    off.stop()
+    off.end_step()
+    assert len(off._pending) == 0 and all(math.isnan(v) for v in off.take(2))
