@@ -60,4 +60,7 @@ def parallelize(
         # interchangeable (torch.distributed.checkpoint.state_dict strips DDP's 'module.' prefix).
         return model
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    # No buffer broadcast before every forward: the models' buffers (Llama's rope tables) are computed
+    # alike on every rank, and the broadcast would make each rank wait in its forward for the slowest,
+    # which the straggler check times as the rank's own compute (training/stragglers.py).
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)

@@ -273,6 +273,29 @@ def test_one_process_trains_the_model_without_a_ddp_wrapper() -> None:
     assert bare is model
 
 
+def test_ddp_broadcasts_no_buffers_before_each_forward() -> None:
+    """A buffer broadcast would hold every rank in its forward until the slowest arrives, which the
+    straggler check would time as the fast ranks' own compute."""
+    import torch.distributed as dist
+    from torch.distributed import HashStore  # type: ignore[attr-defined]
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training.models.args import PRESETS
+    from training.models.llama import Llama
+
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        model = Llama(PRESETS["llama-1b"].replace(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64))
+        assert dict(model.named_buffers())  # the rope tables
+        options = {"device": torch.device("cpu"), "param_dtype": torch.float32, "compile": False}
+        ddp = parallelize(
+            model, fsdp=False, world_size=2, activation_checkpointing=False, reshard_after_forward=True, **options
+        )
+        assert isinstance(ddp, DistributedDataParallel) and not ddp.broadcast_buffers
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_world_of_one_trains_without_collectives(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
