@@ -21,6 +21,7 @@ from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
+from training.metrics import MODEL_METRIC_NAMES
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.REGISTRATION)
@@ -39,6 +40,12 @@ def dataset_versions(s3: Any, s3_uri: str) -> list[dict[str, str]]:
             if v["IsLatest"]
         )
     return sorted(versions, key=lambda v: v["key"])
+
+
+def model_metrics(final: dict[str, float]) -> dict[str, float]:
+    """The model's own final metrics (the registry's quality figures), without the job's time phases or
+    straggler figures, which the lineage keeps."""
+    return {name: value for name, value in final.items() if name in MODEL_METRIC_NAMES}
 
 
 def _clip(value: Any) -> str:
@@ -142,7 +149,7 @@ def _create_package(
             "platform_revision": where.revision,
             "checkpoints": _clip((job.checkpoint or {}).get("uri", "none")),
             "hyperparameters": _clip(lineage["hyperparameters"]),
-            "metrics": _clip(job.final_metrics),
+            "metrics": _clip(model_metrics(job.final_metrics)),
             "cost_estimate_usd": str(event.estimate.max_cost_usd),
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
             "spot_savings_usd": str(lineage["cost"]["spot_savings_usd"]),
@@ -192,7 +199,7 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
     lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()
     lineage = json.loads(_write_once(s3, bucket, f"{prefix}{LINEAGE_RECORD}", lineage_body, execution=execution))
-    metrics_body = json.dumps(event.job.final_metrics, sort_keys=True).encode()
+    metrics_body = json.dumps(model_metrics(event.job.final_metrics), sort_keys=True).encode()
     _write_once(s3, bucket, f"{prefix}metrics.json", metrics_body, execution=execution)
     uris = {"lineage": f"s3://{bucket}/{prefix}{LINEAGE_RECORD}", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
     package = _create_package(sagemaker, event, lineage, uris, where)

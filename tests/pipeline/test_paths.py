@@ -328,3 +328,28 @@ def test_the_requests_efa_choice_reaches_the_job_environment(pipeline: Pipeline)
     # The pre-flight check's expectations, from the instance catalog: 8 GPUs, and EFA's floor only with EFA.
     assert [e["TRAINING_EXPECTED_GPUS"] for e in environments] == ["8", "8"]
     assert [float(e["TRAINING_MIN_BUSBW_GBPS"]) for e in environments] == [10.0, 0.0]
+
+
+def test_the_registry_holds_the_models_metrics_and_the_lineage_also_the_jobs_phases(pipeline_factory: Any) -> None:
+    final = {
+        "validation:loss": 2.5,
+        "train:loss": 2.4,
+        **{f"phases:{phase}_seconds": 100.0 for phase in ("wall", "startup", "preflight", "checkpoint_load")},
+        **{f"phases:{phase}_seconds": 100.0 for phase in ("train", "checkpoint", "eval", "export")},
+        "stragglers:hosts": 0.0,
+        "stragglers:slowdown": 1.02,
+    }
+    done = Poll("Completed", "Completed", metrics=final, billable_seconds=1800)
+    pipeline = pipeline_factory(scripts=[[Poll(), done]])
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    (package,) = pipeline.model_packages()
+    metadata = package["CustomerMetadataProperties"]
+    assert json.loads(metadata["metrics"]) == {"validation:loss": 2.5, "train:loss": 2.4}
+    lineage_uri = metadata["lineage"]
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket, key = lineage_uri.split("/")[2], lineage_uri.split("/", 3)[3]
+    lineage = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert lineage["metrics"] == final
+    statistics = s3.get_object(Bucket=bucket, Key=key.replace("lineage.json", "metrics.json"))["Body"].read()
+    assert json.loads(statistics) == {"validation:loss": 2.5, "train:loss": 2.4}
