@@ -242,12 +242,14 @@ class MetricsConfig:
 class StragglerConfig:
     action: str = _f(
         "warn",
-        "A host whose ranks compute their steps slower than the median rank for `steps` consecutive steps is "
+        "A host whose ranks compute their steps slower than the other hosts' for `steps` consecutive steps is "
         "named in the log and the metrics (warn), or also stops training after a checkpoint with "
         "'StragglerDetected: ...', which the pipeline retries on fresh instances (replace); off: not checked.",
         ("warn", "replace", "off"),
     )
-    threshold: float = _f(0.15, "How much slower than the median rank a host's slowest rank must be (0.15: 15%).")
+    threshold: float = _f(
+        0.15, "How much slower than the other hosts' median rank a host's slowest rank must be (0.15: 15%)."
+    )
     steps: int = _f(50, "Consecutive slow steps that make a host a straggler.")
     interval_steps: int = _f(50, "Steps between two shares of the ranks' step times (one small all-gather).")
 

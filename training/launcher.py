@@ -493,7 +493,10 @@ def _launch(paths: Paths, launch: Launch) -> int:
     if passed is not None:
         passed_check = passed.exists()
         # What NCCL logged that a worker it aborted (or that was killed) had not yet copied to the log.
-        NcclLog.forward_leftovers(passed.parent, env)
+        try:
+            NcclLog.forward_leftovers(passed.parent, env)
+        except OSError as exc:
+            log.warning("NCCL's last log lines could not be copied: %s", describe(exc))
         shutil.rmtree(passed.parent, ignore_errors=True)
         status = None if expired or passed_check else _preflight_outcome(paths, supervisor, returncode)
         if status is not None:

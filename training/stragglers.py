@@ -5,9 +5,11 @@ under DDP hold no collective, so a rank's time is its own and not the wait for t
 with CUDA events, read only once they have completed: no host sync). Every `stragglers.interval_steps`
 steps the ranks share the window's times in one small all-gather over the gloo group; every rank then
 judges the same matrix the same way: a host is slow at a step when its slowest rank took at least
-``1 + stragglers.threshold`` times the median rank's time, and a straggler when it has been slow for
-`stragglers.steps` consecutive steps. Under FSDP the forward pass holds the parameter all-gathers, so a
-slow rank also delays its peers' forward: the signal is weaker there.
+``1 + stragglers.threshold`` times the median of the other hosts' ranks, and a straggler when it has
+been slow for `stragglers.steps` consecutive steps; a job on one host has no peers to compare with.
+The last step of training never stops for `replace`: training is done. Under FSDP the forward pass
+holds the parameter all-gathers, so a slow rank also delays its peers' forward: the signal is weaker
+there.
 
 Torch-free at import; `StepTimer` takes the torch module it times with.
 """
@@ -41,13 +43,14 @@ class Straggler:
         ranks = ", ".join(str(rank) for rank in self.ranks)
         return (
             f"host {self.host} (ranks {ranks}) computed its steps {100 * (self.slowdown - 1):.0f}% slower than the "
-            f"median rank for {self.steps} consecutive steps, since step {self.since_step}"
+            f"other hosts' median rank for {self.steps} consecutive steps, since step {self.since_step}"
         )
 
 
 @dataclass
 class StragglerDetector:
-    """Judges each window of step times (ranks x steps) against the median rank; the same on every rank."""
+    """Judges each window of step times (ranks x steps), each host against the other hosts' median rank;
+    the same on every rank."""
 
     hosts: Sequence[str]
     """The host of each rank, in rank order."""
@@ -58,7 +61,8 @@ class StragglerDetector:
     _reported: set[str] = field(default_factory=set)
     _since: dict[str, int] = field(default_factory=dict)
     slowdown: float = 1.0
-    """The last window's slowest host: the median over its judged steps of its ratio to the median rank."""
+    """The last window's slowest host: the median over its judged steps of its ratio to the other hosts'
+    median rank."""
 
     @property
     def stragglers(self) -> int:
@@ -75,11 +79,12 @@ class StragglerDetector:
             by_host.setdefault(host, []).append(rank)
         for i in range(len(times[0]) if times else 0):
             column = [row[i] for row in times]
-            known = [value for value in column if math.isfinite(value)]
-            if len(known) < len(column) or not known:
-                continue  # a step some rank has no time for: judged by no one, streaks unchanged
-            median = statistics.median(known)
+            if len(by_host) < 2 or not all(math.isfinite(value) for value in column):
+                continue  # one host has no peers; a step some rank has no time for is judged by no one
             for host, ranks in by_host.items():
+                # Against the other hosts' ranks: with two hosts, a median over all ranks would sit
+                # halfway to the slow host and hide it.
+                median = statistics.median(column[rank] for rank in range(len(column)) if rank not in ranks)
                 ratio = max(column[rank] for rank in ranks) / median if median > 0 else 1.0
                 window.setdefault(host, []).append(ratio)
                 if ratio >= 1 + self.threshold:

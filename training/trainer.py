@@ -391,7 +391,8 @@ class Trainer:
                 step=step, hosts=self.stragglers.stragglers, slowdown=self.stragglers.slowdown
             )
             log.info(line)
-        if found and self.cfg.stragglers.action == "replace":
+        # At the last step training is done: a new cluster would only export the model.
+        if found and self.cfg.stragglers.action == "replace" and step < self.cfg.train.max_steps:
             self.replace_hosts = found
             return True
         return False

@@ -24,7 +24,7 @@ def test_a_host_slow_for_the_consecutive_steps_is_named_once_with_its_ranks_and_
     found = detector.observe(41, _window(1.3, 40))
     assert found == [Straggler("algo-2", (2, 3), pytest.approx(1.3), 50, 1)]
     assert detector.stragglers == 1
-    assert "host algo-2 (ranks 2, 3) computed its steps 30% slower than the median rank for 50 consecutive steps" in (
+    assert "host algo-2 (ranks 2, 3) computed its steps 30% slower than the other hosts' median rank for 50 " in (
         found[0].describe()
     )
     assert detector.observe(81, _window(1.3, 40)) == []  # still slow: not named again
@@ -38,6 +38,18 @@ def test_one_normal_step_restarts_the_count_and_a_small_lag_is_no_straggler() ->
     assert detector.observe(1, window) == []  # 45 slow, then 14: neither reaches 50
     detector = StragglerDetector(HOSTS, threshold=0.15, steps=50)
     assert detector.observe(1, _window(1.14, 100)) == []  # 14% slower: under the threshold
+
+
+def test_of_two_hosts_the_slow_one_is_found_at_the_threshold_and_one_host_alone_never() -> None:
+    """Against a median over all ranks, a host of two would need about a 35% lag to show (the median sits
+    halfway between the hosts); against the other host's ranks, 15% is 15%."""
+    for ranks_per_host in (1, 8):
+        hosts = ["algo-1"] * ranks_per_host + ["algo-2"] * ranks_per_host
+        times = [[1.0] * 50 for _ in range(ranks_per_host)] + [[1.2] * 50 for _ in range(ranks_per_host)]
+        (found,) = StragglerDetector(hosts, threshold=0.15, steps=50).observe(1, times)
+        assert (found.host, found.slowdown) == ("algo-2", pytest.approx(1.2))
+    alone = StragglerDetector(["algo-1", "algo-1"], threshold=0.15, steps=5)
+    assert alone.observe(1, [[1.0] * 10, [3.0] * 10]) == [] and alone.slowdown == 1.0
 
 
 def test_a_step_some_rank_has_no_time_for_is_judged_by_no_one() -> None:
