@@ -44,6 +44,7 @@ from training.layout import (
     NUM_NODES_ENV,
     OUTPUT_ENV,
     PREPARED_ENV,
+    PROGRESS,
     SYNC_SECONDS_ENV,
     split_s3_uri,
 )
@@ -170,6 +171,24 @@ def prepare(paths: Paths, node: BatchNode, env: Mapping[str, str], s3: Any) -> N
         s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints, trusted=trusted_digests(paths.channel(LEDGER_CHANNEL))
     )
     log.info("node %d of %d: checkpoints %s restored from S3", node.index, node.num_nodes, restored or "none")
+    if node.is_main:
+        restore_progress(s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints)
+
+
+def restore_progress(s3: Any, uri: str, target: Path) -> int:
+    """Download the run's progress records (training/goodput.py), as SageMaker restores the whole prefix; how many."""
+    bucket, prefix = split_s3_uri(uri)
+    folder = f"{prefix}{PROGRESS}/"
+    count = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+        for item in page.get("Contents", []):
+            name = item["Key"].removeprefix(folder)
+            if "/" in name or not name.endswith(".json"):
+                continue
+            (target / PROGRESS).mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, item["Key"], str(target / PROGRESS / name))
+            count += 1
+    return count
 
 
 def restore_checkpoints(s3: Any, uri: str, target: Path, *, trusted: set[str] | None) -> list[str]:

@@ -37,6 +37,7 @@ from training.layout import (
     AUXILIARY_START_TIMEOUT_ENV,
     EFA_ENV,
     GRACE_ENV,
+    LAUNCHED_ENV,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     NPROC_ENV,
@@ -551,6 +552,8 @@ def _follow(paths: Paths, aux: Auxiliary, env: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The trainer's phases count from here (the Batch contract's launcher child keeps the contract's start).
+    os.environ.setdefault(LAUNCHED_ENV, repr(time.monotonic()))
     argv = list(sys.argv[1:] if argv is None else argv)
     if batch_contract.on_batch(os.environ):  # AWS Batch: lay out /opt/ml and sync S3, then run this as a child
         return batch_contract.main(argv)

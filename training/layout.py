@@ -8,6 +8,8 @@ stacks and the local platform all take these names from here, so that none spell
     <artifacts bucket>/runs/<job_name_base>/tensorboard/              TensorBoard output (SageMaker)
     <artifacts bucket>/runs/<job_name_base>/lineage/                  what Register records of the run
     <artifacts bucket>/runs/<job_name_base>/lineage/checkpoints/      the run's checkpoint ledger (training/ledger.py)
+    <artifacts bucket>/runs/<job_name_base>/lineage/goodput/          each job's goodput ledger (training/goodput.py)
+    <checkpoints bucket>/runs/<job_name_base>/checkpoints/progress/   the trainer's progress records (goodput.py)
 
 A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py);
 when it is complete is training/stored_checkpoints.py's rule.
@@ -52,6 +54,10 @@ def run_checkpoints(job_name_base: str) -> str:
     return f"{RUNS}{job_name_base}/checkpoints/"
 
 
+PROGRESS = "progress"
+"""The folder of the trainer's progress records in a run's checkpoints (training/goodput.py)."""
+
+
 def run_output(job_name: str) -> str:
     """A job's output prefix in the artifacts bucket (SageMaker's S3OutputPath/<job>/output/, Batch's results)."""
     return f"{RUNS}{job_name}/output/"
@@ -73,6 +79,17 @@ def run_lineage(job_name_base: str) -> str:
     return f"{RUNS}{job_name_base}/{LINEAGE}"
 
 
+def run_progress(job_name_base: str, *, trial: str | None = None) -> str:
+    """A run's progress records in the checkpoints bucket (training/goodput.py); a tuning trial's are in the
+    trial's folder of the run's checkpoints."""
+    return f"{run_checkpoints(job_name_base)}{f'{trial}/' if trial else ''}{PROGRESS}/"
+
+
+def run_goodput(job_name_base: str) -> str:
+    """A run's goodput ledgers in the artifacts bucket: one per job, written once by its progress handler."""
+    return f"{run_lineage(job_name_base)}goodput/"
+
+
 def run_ledger(job_name_base: str) -> str:
     """A run's checkpoint ledger in the artifacts bucket: what the platform saw the run's jobs commit."""
     return f"{run_lineage(job_name_base)}checkpoints/"
@@ -92,6 +109,9 @@ ANY_CHECKPOINT = f"{run_checkpoints('*')}*"
 ANY_OUTPUT = f"{run_output('*')}*"
 ANY_LINEAGE = f"{run_lineage('*')}*"
 ANY_LEDGER_RECORD = f"{run_ledger('*')}*"
+ANY_PROGRESS_RECORD = f"{run_checkpoints('*')}*{PROGRESS}/*"
+"""Every run's progress records, its tuning trials' included (IAM's `*` matches nothing, or spans `/`)."""
+ANY_GOODPUT_RECORD = f"{run_lineage('*')}goodput/*"
 ANY_MANIFEST = f"{run_checkpoints('*')}*/{MANIFEST}"
 """Every run's checkpoint manifests (IAM's `*` spans `/`: a tuning trial's too)."""
 
@@ -141,6 +161,8 @@ FSX_ROOT_ENV = "TRAINING_FSX_ROOT"
 SYNC_SECONDS_ENV = "TRAINING_CHECKPOINT_SYNC_SECONDS"
 PREPARED_ENV = "TRAINING_BATCH_PREPARED"
 """Set on the launcher child the Batch contract starts: it must not start another."""
+LAUNCHED_ENV = "TRAINING_LAUNCHED_MONOTONIC"
+"""Set by the launcher as it starts (time.monotonic()): the trainer's phases count from it (training/goodput.py)."""
 PREFLIGHT_ENV = "TRAINING_PREFLIGHT"
 """Set by the launcher on the training workers: the pre-flight checks they run before training (JSON)."""
 

@@ -56,7 +56,7 @@ def _error_code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
-def _put_once(s3: Any, bucket: str, key: str, body: dict[str, Any]) -> bool:
+def put_once(s3: Any, bucket: str, key: str, body: dict[str, Any]) -> bool:
     """Write `body` at `key` unless something is there; whether this call wrote it."""
     try:
         s3.put_object(
@@ -76,7 +76,7 @@ def _put_once(s3: Any, bucket: str, key: str, body: dict[str, Any]) -> bool:
 def open_ledger(s3: Any, bucket: str, run: str, *, execution: str, continues: dict[str, Any] | None) -> None:
     """The ledger's first object (a retried call finds it written); SageMaker refuses an empty input channel."""
     body = {"run": run, "execution": execution, "continues": continues, "opened_at": _now()}
-    _put_once(s3, bucket, f"{run_ledger(run)}{OPENED}", body)
+    put_once(s3, bucket, f"{run_ledger(run)}{OPENED}", body)
 
 
 def _now() -> str:
@@ -117,7 +117,7 @@ def record(
         recorded_at=_now(),
     )
     key = record_key(run, checkpoint)
-    if _put_once(s3, bucket, key, asdict(new)):
+    if put_once(s3, bucket, key, asdict(new)):
         return new
     standing = _parse(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     if standing is None:

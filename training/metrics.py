@@ -27,9 +27,11 @@ _TRAIN = r"\bstep=\d+ loss=\S+ .*?"
 
 TRAIN_LOSS = "train:loss"
 # Where a worker's time went, from its start to the line (seconds, cumulative; they sum to wall_s):
-# start-up (imports, process group, model, data), the pre-flight check, the checkpoint load (with its
-# verification), training steps, blocking checkpoint saves and waits, evaluations, the model export.
-PHASES = ("startup", "preflight", "checkpoint_load", "train", "checkpoint", "eval", "export")
+# start-up (from the launcher's start: imports, process group, model, data), the pre-flight check, the
+# checkpoint load (with its verification), training steps, training steps an earlier start of the run had
+# already taken (rework after an interruption, training/goodput.py), blocking checkpoint saves and waits,
+# evaluations, the model export.
+PHASES = ("startup", "preflight", "checkpoint_load", "train", "rework", "checkpoint", "eval", "export")
 PHASE_WALL = "phases:wall_seconds"
 
 
@@ -153,7 +155,8 @@ class PhaseClock:
         if phase not in PHASES:
             raise ValueError(f"not a phase: {phase!r}")
         self.seconds = dict.fromkeys(PHASES, 0.0)
-        self._phase, self._since = phase, time.monotonic() if start is None else start
+        self.started = time.monotonic() if start is None else start
+        self._phase, self._since = phase, self.started
 
     def enter(self, phase: str) -> str:
         """Count from now on towards `phase`; the phase left."""

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from training import goodput
 from training.config import JobConfig, from_hyperparameters, parse_overrides
 from training.layout import STRAGGLER_DETECTED
 from training.preflight import Preflight, PreflightError, failure_line
@@ -51,7 +52,8 @@ def configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    started = time.monotonic()  # this worker's phases are counted from here (training/metrics.py)
+    # This start's phases count from the launcher's start on this host (training/goodput.py).
+    started = goodput.launched(os.environ, time.monotonic())
     stop = StopRequest.install()  # before the torch import below, which takes seconds
     configure_logging()
     paths = Paths.from_env()

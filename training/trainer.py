@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from training import distributed, metrics
+from training import distributed, goodput, metrics
 from training.checkpoint import CheckpointManager, TrainingState
 from training.config import ConfigError, JobConfig
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
@@ -185,6 +186,21 @@ class Trainer:
         with self.clock.phase("checkpoint_load"):
             self.checkpoints.load_latest(self.state)
         self.start_step = self.state.step
+        # Rank 0 keeps this start's progress record (training/goodput.py); the steps an earlier start of the
+        # run already took, up to the furthest one its records show, are rework.
+        self.progress: goodput.ProgressWriter | None = None
+        self.rework_until = 0
+        if env.is_main:
+            self.progress = goodput.ProgressWriter(
+                self.paths.checkpoints,
+                job=goodput.job_name(os.environ),
+                started=self.clock.started,
+                first_step=self.start_step,
+            )
+            records = goodput.local_records(self.paths.checkpoints)
+            self.rework_until = goodput.furthest_step(records, besides=self.progress.path)
+            if self.rework_until > self.start_step:
+                log.info("steps %d-%d were taken before: counted as rework", self.start_step + 1, self.rework_until)
 
     def _build_metrics(self) -> None:
         """The device's peak FLOP/s for MFU, the profiler (which starts at ``start_step``) and, with peers,
@@ -268,9 +284,11 @@ class Trainer:
         tokens_per_step = self.global_batch * self.seq_len
         window_start, window_steps = time.perf_counter(), 0
         self.model.train()
-        self.clock.enter("train")
+        self.clock.enter("rework" if self.state.step < self.rework_until else "train")
         while self.state.step < max_steps:
             step = self.state.step + 1
+            if step == self.rework_until + 1:
+                self.clock.enter("train")
             lr = float(self.scheduler.get_last_lr()[0])
             loss, grad_norm = self._train_step()
             self.scheduler.step()
@@ -433,6 +451,7 @@ class Trainer:
                     step=step, loss=loss_value, lr=lr, grad_norm=norm, tokens_per_sec=tps, mfu=utilisation
                 )
             )
+            self._record_progress(step, self.clock.totals(), due_only=True)
             if self.tensorboard is not None:
                 for name, value in (
                     ("loss", loss_value),
@@ -454,7 +473,18 @@ class Trainer:
     def _log_phases(self, step: int) -> None:
         """Where this worker's time went so far (rank 0's): at every checkpoint and at the end."""
         if self.env.is_main:
-            log.info(metrics.format_phases_line(step=step, seconds=self.clock.totals()))
+            totals = self.clock.totals()
+            log.info(metrics.format_phases_line(step=step, seconds=totals))
+            self._record_progress(step, totals)
+
+    def _record_progress(self, step: int, phases: dict[str, float], *, due_only: bool = False) -> None:
+        """Rank 0's progress record; a record that cannot be written is logged, never fails training."""
+        if self.progress is None:
+            return
+        try:
+            self.progress.write(step, phases, due_only=due_only)
+        except OSError as exc:
+            log.warning("progress record %s not written: %s", self.progress.path, exc)
 
     @torch.no_grad()
     def evaluate(self, batches: list[tuple[npt.NDArray[np.int64], int]] | None = None) -> float | None:

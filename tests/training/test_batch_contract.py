@@ -175,3 +175,15 @@ def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: 
     assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set on node 1" in result.stdout + result.stderr
     assert (tmp_path / "output" / "failure").read_text().startswith("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS")
     assert contract.on_batch(_env(0)) and not contract.on_batch({**_env(0), layout.PREPARED_ENV: "1"})
+
+
+@mock_aws
+def test_the_runs_progress_records_are_restored_for_the_trainers_rework_count(tmp_path: Path) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    prefix = layout.run_checkpoints("run")
+    for key in ("run-1-1700000000000.json", "run-2-1700000009000.json", "nested/x.json", "notes.txt"):
+        s3.put_object(Bucket="ckpt", Key=f"{prefix}{layout.PROGRESS}/{key}", Body=b"{}")
+    assert contract.restore_progress(s3, f"s3://ckpt/{prefix}", tmp_path) == 2
+    restored = sorted(p.name for p in (tmp_path / layout.PROGRESS).iterdir())
+    assert restored == ["run-1-1700000000000.json", "run-2-1700000009000.json"]

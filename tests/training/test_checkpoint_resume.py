@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
+from training import goodput
 from training import trainer as trainer_module
 from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
 from training.config import ConfigError
@@ -70,6 +71,11 @@ def test_every_checkpoint_and_the_end_report_where_the_time_went(reference: tupl
     assert sum(final[p] for p in PHASES) == pytest.approx(final["wall"], rel=0.01)
     assert min(final["startup"], final["train"], final["checkpoint"], final["eval"], final["export"]) > 0
     assert final["preflight"] == 0  # run in this process: no launcher, no check
+    assert final["rework"] == 0  # no earlier start of this run
+    # Rank 0's progress record of this start: where it began, where it got to, the same phases.
+    (record,) = goodput.local_records(reference[0] / "checkpoints")
+    assert (record.job, record.first_step, record.step) == ("local", 0, 12)
+    assert record.phases == pytest.approx({p: final[p] for p in PHASES}, abs=0.002)
 
 
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Path, str], tmp_path: Path) -> None:
@@ -80,6 +86,9 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Pa
     assert completed
     assert "resumed from checkpoint step-4" in log
     assert _phases(log)[-1]["checkpoint_load"] > 0
+    # The first start's record reached step 12: steps 5-12 are taken again, and their time is rework.
+    assert "steps 5-12 were taken before: counted as rework" in log
+    assert _phases(log)[-1]["rework"] > 0 and _phases(log)[-1]["train"] == 0
     expected = {s: v for s, v in step_losses(reference[1]).items() if s > 4}
     assert step_losses(log) == expected
     assert val_losses(log) == val_losses(reference[1])
@@ -153,7 +162,8 @@ def test_retention_keeps_the_newest_and_never_touches_newer_debris(corpus: Path,
         (paths.checkpoints / debris / "__0_0.distcp").write_bytes(b"partial")
     completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "2"})
     assert completed
-    assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-12", "step-8", "step-999"]
+    # Retention prunes checkpoints only: the progress records stay.
+    assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["progress", "step-12", "step-8", "step-999"]
 
 
 class _StopAt(StopRequest):
