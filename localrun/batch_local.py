@@ -65,6 +65,8 @@ class Node:
     thread: threading.Thread | None = None
     process: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
+    exited_at: int | None = None
+    """When the node's entrypoint returned (ms): its container's end."""
     lost: bool = False
 
 
@@ -307,12 +309,15 @@ class LocalBatch:
             if node.index == 0:
                 self._say(job, line.rstrip("\n"))
 
+        # The container starts here: the launcher's clock (training/goodput.py) counts from it, as in the image.
+        env = {**env, layout.LAUNCHED_ENV: repr(time.monotonic())}
         try:
             exit_code = contract.run(batch_node, env, self._s3(job), echo=echo, started=started)
         except Exception as exc:  # the entrypoint itself failed (an S3 call IAM refused, say)
             job.log.append(f"node {node.index}: {type(exc).__name__}: {exc}\n")
             self._say(job, f"-- node {node.index} entrypoint failed: {type(exc).__name__}: {exc} --")
             exit_code = 1
+        node.exited_at = _now_ms()
         # The container ends with its main process, and every process still in it with the container.
         processes.end([], node.root)
         node.exit_code = exit_code
@@ -408,7 +413,8 @@ class LocalBatch:
         for node in attempt.nodes:
             if node.thread is not None:
                 node.thread.join(timeout=60)
-        attempt.stopped_at = _now_ms()
+        # The attempt stopped when its last container ended, not when this poll noticed.
+        attempt.stopped_at = max((n.exited_at for n in attempt.nodes if n.exited_at is not None), default=_now_ms())
         if job.terminating is not None:
             attempt.status_reason = CONTAINER_EXITED
             self._end(job, "FAILED", job.terminating)

@@ -22,6 +22,8 @@ from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
 from localrun.jobs import Job, checkpoint_steps, interruptions, loss_curve
 from localrun.sagemaker_local import LocalTraining
+from training import goodput
+from training.goodput import RunLedger
 from training.layout import split_s3_uri
 
 
@@ -80,6 +82,7 @@ class RunFacts:
     denials: list[Judgement]
     stand_ins: list[StandIn]
     trials: list[TrialRow]
+    goodput: RunLedger | None = None
 
 
 # -- collect -----------------------------------------------------------------------------------------
@@ -116,7 +119,19 @@ def collect(
             )
             for summary in platform.tuning.trial_summaries()
         ],
+        goodput=_goodput(platform, execution_arn),
     )
+
+
+def _goodput(platform: LocalPlatform, execution_arn: str) -> RunLedger | None:
+    """The run's goodput ledgers, as the progress handlers wrote them into its lineage (None: none written)."""
+    requests = (c.event.get("request") for c in platform.lambda_calls if isinstance(c.event, dict))
+    run = next((r["job_name_base"] for r in requests if isinstance(r, dict) and "job_name_base" in r), None)
+    if run is None:
+        return None
+    bucket = platform.environment("Monitor")["ARTIFACTS_BUCKET"]
+    ledgers = goodput.stored_ledgers(boto3.client("s3", region_name=REGION), bucket, run)
+    return ledgers if ledgers.jobs else None
 
 
 def durations(history: list[dict[str, Any]]) -> list[tuple[str, float]]:
@@ -251,6 +266,8 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     if facts.estimate:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
     lines += _render_trials(facts.trials)
+    if facts.goodput is not None:
+        lines += render_goodput(facts.goodput)
     for job in facts.jobs:
         lines += _render_job(job, run_dir)
     for registration in facts.registrations:
@@ -262,6 +279,25 @@ def render(facts: RunFacts, run_dir: Path) -> str:
         lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
     lines += _render_iam(facts)
     return "\n".join(lines)
+
+
+def render_goodput(ledgers: RunLedger) -> list[str]:
+    """Where the run's billed time went: each job's parts, and the run's goodput."""
+    lines = [
+        "",
+        "## Goodput",
+        "",
+        f"Goodput: {ledgers.summary()}",
+        "",
+        "Each job's parts (seconds of the job's cluster; training/goodput.py says what each part holds):",
+        "",
+        "| Job | Instances | Billed s | " + " | ".join(goodput.PARTS) + " | Goodput |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in goodput.PARTS) + " | --- |",
+    ]
+    for job in ledgers.jobs:
+        parts = " | ".join(f"{job.parts[p]:.1f}" for p in goodput.PARTS)
+        lines.append(f"| {job.job} | {job.instances} | {job.billed_seconds:.1f} | {parts} | {100 * job.goodput:.1f}% |")
+    return lines
 
 
 def _render_stand_ins(stand_ins: list[StandIn]) -> list[str]:

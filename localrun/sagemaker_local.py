@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from localrun.netns import LoopbackNamespace
 from training.layout import (
     EFA_ENV,
     EXPECTED_GPUS_ENV,
+    JOB_NAME_ENV,
     MANIFEST,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
@@ -94,6 +95,8 @@ class LocalJob:
     finished: bool = False
     synced: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    exited_at: datetime | None = None
+    """When the current generation's processes had all exited (the container's end)."""
     namespace: LoopbackNamespace | None = None
     """The hosts' loopback-only network, when the request asks for network isolation."""
     notes: list[str] = field(default_factory=list)
@@ -153,10 +156,9 @@ class LocalTraining:
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         local = self._cluster(name, request)
         self.jobs[name] = local
-        self._start(local)
-        job.secondary_status = "Training"
-        job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
+        # Billed from here, as SageMaker bills from TrainingStartTime: the download is billed, the launch not.
         job.training_start_time = datetime.now(UTC)
+        self._start(local, job)
         if self.spot_interrupt_after_checkpoint:
             threading.Thread(target=self._reclaim_after_first_checkpoint, args=(local, job), daemon=True).start()
 
@@ -202,21 +204,27 @@ class LocalTraining:
             local.finished = True
             if local.namespace is not None:
                 local.namespace.close()
-            # On demand here: every second trained is billed, so spot saves nothing locally.
-            job.training_time_in_seconds = job.billable_time_in_seconds = max(
-                1, round(time.monotonic() - local.started_at)
-            )
+            # SageMaker uploads the model as the containers exit: the time until this poll noticed is not billed.
+            exited = local.exited_at or datetime.now(UTC)
+            end = exited
             job.final_metric_data_list = self._final_metrics(local)
             if not failed:
+                job.secondary_status_transitions.append({"Status": "Uploading", "StartTime": exited})
+                uploading = time.monotonic()
                 self._upload_model(local, job)
+                end = exited + timedelta(seconds=time.monotonic() - uploading)
                 job.training_job_status = "Completed"
                 job.secondary_status = "Completed"
             else:
                 job.training_job_status = "Failed"
                 job.secondary_status = "Failed"
                 job.failure_reason = f"AlgorithmError: {self._failure(local)}"
-            job.secondary_status_transitions.append({"Status": job.secondary_status, "StartTime": datetime.now(UTC)})
-            job.training_end_time = datetime.now(UTC)
+            job.secondary_status_transitions.append({"Status": job.secondary_status, "StartTime": end})
+            job.training_end_time = end
+            # On demand here: every second trained is billed, so spot saves nothing locally.
+            job.training_time_in_seconds = job.billable_time_in_seconds = max(
+                1, round((end - job.training_start_time).total_seconds())
+            )
 
     @staticmethod
     def _end_hosts(local: LocalJob) -> None:
@@ -240,7 +248,11 @@ class LocalTraining:
         job.training_end_time = datetime.now(UTC)
 
     # -- hosts ------------------------------------------------------------------------------------
-    def _start(self, local: LocalJob) -> None:
+    def _start(self, local: LocalJob, job: Any) -> None:
+        """Download the channels and checkpoints onto each host, then start every host's launcher."""
+        job.secondary_status = "Downloading"
+        job.secondary_status_transitions.append({"Status": "Downloading", "StartTime": datetime.now(UTC)})
+        local.exited_at = None
         request = local.request
         hyperparameters = {**request.get("HyperParameters", {}), **self.local_hyperparameters}
         port = _free_port()
@@ -282,6 +294,7 @@ class LocalTraining:
                     MASTER_ADDR_ENV: "127.0.0.1",
                     MASTER_PORT_ENV: str(port),
                     NPROC_ENV: str(self.procs_per_host),
+                    JOB_NAME_ENV: local.name,  # SageMaker sets TRAINING_JOB_NAME in every container
                     "PYTHONPATH": str(REPO),
                     "OMP_NUM_THREADS": "1",
                 }
@@ -300,6 +313,18 @@ class LocalTraining:
             if host == local.primary:
                 local.log = log
                 threading.Thread(target=self._follow, args=(local, log, process), daemon=True).start()
+        job.secondary_status = "Training"
+        job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
+        threading.Thread(target=self._await_exit, args=(local, list(local.processes)), daemon=True).start()
+
+    def _await_exit(self, local: LocalJob, started: list[subprocess.Popen[bytes]]) -> None:
+        """Note when the hosts' launchers have all exited (unless a restart has replaced them)."""
+        for process in started:
+            process.wait()
+        exited = datetime.now(UTC)
+        with self._lock:
+            if local.processes == started:
+                local.exited_at = exited
 
     @staticmethod
     def _resource_config(local: LocalJob, host: str) -> dict[str, Any]:
@@ -383,9 +408,7 @@ class LocalTraining:
             local.generation += 1
             if self.on_line is not None:
                 self.on_line(local.name, "-- new spot capacity: fresh hosts, checkpoints restored from S3 --")
-            self._start(local)
-            job.secondary_status = "Training"
-            job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
+            self._start(local, job)
             local.restarting = False
 
     # -- S3, as SageMaker uses it -------------------------------------------------------------------

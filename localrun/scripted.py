@@ -63,6 +63,8 @@ class ScriptedTraining:
         job.training_job_status = poll.status
         job.secondary_status = poll.secondary
         job.training_start_time = job.training_start_time or datetime.now(UTC)
+        if poll.status in ("Completed", "Failed", "Stopped"):
+            job.training_end_time = job.training_end_time or datetime.now(UTC)
         if poll.failure_reason is not None:
             job.failure_reason = poll.failure_reason
         if poll.metrics:

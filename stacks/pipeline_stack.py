@@ -183,7 +183,12 @@ class PipelineStack(Stack):
             },
         )
         return PlatformDashboard(
-            self, "Dashboard", name=settings.name_prefix, state_machine=self.state_machine, functions=functions
+            self,
+            "Dashboard",
+            name=settings.name_prefix,
+            state_machine=self.state_machine,
+            functions=functions,
+            goodput_logs=[writer.log_group for writer in context.goodput_writers],
         )
 
     def _training_failed(self, context: PipelineContext) -> sfn.IChainable:

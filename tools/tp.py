@@ -44,7 +44,7 @@ from stacks.settings import (
     settings_from_context,
     stage_prefix,
 )
-from training import layout
+from training import goodput, layout
 from training.config import ConfigError, from_hyperparameters
 from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
@@ -595,6 +595,7 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
         "max_cost_usd": estimate["max_cost_usd"] if estimate else None,
         "checkpoint": (progress or {}).get("checkpoint"),
         "interruptions": (progress or {}).get("interruptions"),
+        "goodput": _goodput(results),
     }
     sagemaker = session.client("sagemaker")
     described_jobs = [job for job in (_described_job(sagemaker, name) for name in _training_jobs(events)) if job]
@@ -622,6 +623,15 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
         "max_runtime_seconds": job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
     }
     return state
+
+
+def _goodput(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The goodput of the run's finished jobs, from the ledgers their last progress polls returned."""
+    ledgers = {r["job_name"]: r["goodput"] for r in results if r.get("goodput") and "job_name" in r}
+    if not ledgers:
+        return None
+    run = goodput.RunLedger([goodput.JobLedger.from_json(body) for body in ledgers.values()])
+    return {**run.to_json(), "summary": run.summary()}
 
 
 def _described_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
@@ -713,6 +723,8 @@ def _describe(state: dict[str, Any]) -> str:
         parts.append(f"${state['cost_so_far_usd']:,.2f} so far{bound}")
     if state["interruptions"]:
         parts.append(f"{state['interruptions']} spot interruptions")
+    if state["goodput"] is not None:
+        parts.append(f"goodput of finished jobs {100 * state['goodput']['goodput']:.1f}%")
     return ", ".join(parts)
 
 

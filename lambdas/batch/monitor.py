@@ -18,8 +18,9 @@ from botocore.exceptions import ClientError
 
 from lambdas.batch.environment import BatchMonitorEnvironment
 from lambdas.execution_state import BatchPoll, JobCost, JobProgress
-from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_metrics
+from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_goodput, record_metrics
 from lambdas.shared.errors import classified
+from training import goodput
 from training.batch_contract import result_key
 from training.layout import RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
@@ -53,6 +54,22 @@ def _seconds(describe: dict[str, Any]) -> int | None:
     spans = [(a.get("startedAt"), a.get("stoppedAt")) for a in describe.get("attempts", [])]
     spans = [(start, stop) for start, stop in spans if start and stop]
     return sum(round((stop - start) / 1000) for start, stop in spans) if spans else None
+
+
+def attempt_transitions(describe: dict[str, Any]) -> list[goodput.Transition]:
+    """The job's attempts as the ledger reads them: each attempt's run is training, a gap between two a stall
+    (Batch replaced a lost node and started the job again)."""
+    spans = sorted(
+        (start, stop)
+        for a in describe.get("attempts", [])
+        if (start := _ms(a.get("startedAt"))) is not None and (stop := _ms(a.get("stoppedAt"))) is not None
+    )
+    transitions = []
+    for i, (start, stop) in enumerate(spans):
+        transitions.append(goodput.Transition("Training", start, stop))
+        if i + 1 < len(spans):
+            transitions.append(goodput.Transition("Restarting", stop, spans[i + 1][0]))
+    return transitions
 
 
 def job_cost(seconds: int | None, hourly_usd: float) -> JobCost | None:
@@ -171,7 +188,7 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
         job=event.job.job_name,
         into=metrics,
     )
-    return summarize(
+    summary = summarize(
         describe,
         results=results,
         checkpoint=checkpoint,
@@ -181,6 +198,18 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
         capacity_error=capacity_error,
         stale_warned=event.previous.stale_warned,
     )
+    if summary.finished and (transitions := attempt_transitions(describe)):
+        summary.goodput = record_goodput(
+            s3,
+            checkpoints_bucket=environment.checkpoints_bucket,
+            artifacts_bucket=environment.artifacts_bucket,
+            poll=event,
+            job=event.job.job_name,
+            billed=(transitions[0].start, transitions[-1].end or transitions[-1].start),
+            transitions=transitions,
+            into=metrics,
+        )
+    return summary
 
 
 @classified

@@ -9,6 +9,6 @@ class MonitorEnvironment(HandlerEnvironment):
     checkpoints_bucket: str
     """Where SageMaker uploads the run's checkpoints."""
     artifacts_bucket: str
-    """Where the run's checkpoint ledger is (training/ledger.py)."""
+    """Where the run's checkpoint ledger (training/ledger.py) and its jobs' goodput ledgers (goodput.py) are."""
     checkpoint_stale_minutes: int
     """A training job whose newest checkpoint is older than this is stale."""

@@ -18,9 +18,9 @@ from aws_lambda_powertools import Logger
 from lambdas.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.errors import classified
-from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from training import ledger
-from training.layout import RETRIED_ON_FRESH_NODES, run_checkpoints
+from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, Metric, Stage, StageMetrics
+from training import goodput, ledger
+from training.layout import RETRIED_ON_FRESH_NODES, run_checkpoints, run_goodput
 from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
@@ -51,6 +51,84 @@ def observe_checkpoints(
         logger.info("checkpoint recorded", extra={"checkpoint": recorded.checkpoint, "job": job})
     intact = [c for c in stored if c.uri not in seen.not_as_recorded]
     return intact[0].summary() if intact else None
+
+
+def record_goodput(
+    s3: Any,
+    *,
+    checkpoints_bucket: str,
+    artifacts_bucket: str,
+    poll: Poll,
+    job: str,
+    billed: tuple[datetime, datetime],
+    transitions: list[goodput.Transition],
+    into: StageMetrics,
+    trial: bool = False,
+) -> dict[str, Any]:
+    """A finished job's goodput ledger (training/goodput.py) from its billed interval, its service's transitions
+    and its trainer's progress records, written once into the run's lineage and counted in `into`; as JSON.
+
+    A job's ledger is written by the first poll that sees it end; a poll after that (a retried invocation)
+    finds it and counts nothing again. A tuning trial (`trial`) keeps its progress records in its own folder.
+    """
+    run = poll.request.job_name_base
+    instances = sum(group.instance_count for group in poll.request.instance_groups)
+    records = goodput.stored_records(s3, checkpoints_bucket, run, job, trial=trial)
+    found = goodput.job_ledger(
+        job, instances=instances, billed_start=billed[0], billed_end=billed[1], transitions=transitions, records=records
+    )
+    body = found.to_json()
+    if ledger.put_once(s3, artifacts_bucket, f"{run_goodput(run)}{job}.json", body):
+        into.record(Metric.BILLED_INSTANCE_SECONDS, found.billed_seconds * instances)
+        into.record(Metric.PRODUCTIVE_INSTANCE_SECONDS, found.parts["productive"] * instances)
+        into.record(Metric.GOODPUT, 100 * found.goodput)
+        logger.info(
+            GOODPUT_LOG_MESSAGE,
+            extra={
+                "run": run,
+                "job": job,
+                "goodput": body["goodput"],
+                "billed_seconds": found.billed_seconds,
+                "parts": found.parts,
+            },
+        )
+    return body
+
+
+def sagemaker_ledger(
+    s3: Any,
+    described: dict[str, Any],
+    *,
+    environment: MonitorEnvironment,
+    poll: Poll,
+    into: StageMetrics,
+    trial: bool = False,
+) -> dict[str, Any] | None:
+    """The goodput ledger of an ended SageMaker training job (`described`), or None if it was never billed;
+    `into`: the calling handler's metrics."""
+    start, end = _time(described.get("TrainingStartTime")), _time(described.get("TrainingEndTime"))
+    if start is None or end is None:
+        return None
+    return record_goodput(
+        s3,
+        checkpoints_bucket=environment.checkpoints_bucket,
+        artifacts_bucket=environment.artifacts_bucket,
+        poll=poll,
+        job=described["TrainingJobName"],
+        billed=(start, end),
+        transitions=sagemaker_transitions(described),
+        into=into,
+        trial=trial,
+    )
+
+
+def sagemaker_transitions(describe: dict[str, Any]) -> list[goodput.Transition]:
+    """SecondaryStatusTransitions as the ledger reads them."""
+    return [
+        goodput.Transition(str(t["Status"]), start, _time(t.get("EndTime")))
+        for t in describe.get("SecondaryStatusTransitions", [])
+        if (start := _time(t.get("StartTime"))) is not None
+    ]
 
 
 def _time(value: Any) -> datetime | None:
@@ -189,7 +267,7 @@ def poll(
         job=event.job_name,
         into=metrics,
     )
-    return summarize(
+    summary = summarize(
         described,
         checkpoint=checkpoint,
         now=now,
@@ -197,6 +275,9 @@ def poll(
         hourly_usd=event.hourly_usd,
         stale_warned=event.previous.stale_warned,
     )
+    if summary.finished:
+        summary.goodput = sagemaker_ledger(s3, described, environment=environment, poll=event, into=metrics)
+    return summary
 
 
 @classified

@@ -20,6 +20,7 @@ from lambdas.execution_state import RegisterEvent, Registration
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
+from training import goodput
 from training.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
 from training.metrics import MODEL_METRIC_NAMES
 
@@ -197,6 +198,8 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     ).decode()
     versions = [json.loads(line) for line in manifest.splitlines()]
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
+    # Where the run's billed time went, every job of it (training/goodput.py).
+    lineage["goodput"] = goodput.stored_ledgers(s3, bucket, event.request.job_name_base).to_json()
     lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()
     lineage = json.loads(_write_once(s3, bucket, f"{prefix}{LINEAGE_RECORD}", lineage_body, execution=execution))
     metrics_body = json.dumps(model_metrics(event.job.final_metrics), sort_keys=True).encode()

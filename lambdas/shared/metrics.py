@@ -52,8 +52,15 @@ class Metric(StrEnum):
     TRAINING_COST = "TrainingCostUSD"
     SPOT_SAVINGS = "SpotSavingsUSD"
     CHECKPOINTS_NOT_AS_RECORDED = "CheckpointsNotAsRecorded"
+    BILLED_INSTANCE_SECONDS = "BilledInstanceSeconds"
+    PRODUCTIVE_INSTANCE_SECONDS = "ProductiveInstanceSeconds"
+    GOODPUT = "GoodputPercent"
     MODELS_REGISTERED = "ModelsRegistered"
 
+
+GOODPUT_LOG_MESSAGE = "goodput"
+"""The message of the log line a progress handler writes with a finished job's ledger (run, job, parts): per run,
+which no metric dimension holds (the dashboard queries it)."""
 
 STAGE_OF: dict[Metric, Stage] = {
     **dict.fromkeys(
@@ -81,6 +88,9 @@ STAGE_OF: dict[Metric, Stage] = {
             Metric.TRAINING_COST,
             Metric.SPOT_SAVINGS,
             Metric.CHECKPOINTS_NOT_AS_RECORDED,
+            Metric.BILLED_INSTANCE_SECONDS,
+            Metric.PRODUCTIVE_INSTANCE_SECONDS,
+            Metric.GOODPUT,
         ),
         Stage.TRAINING,
     ),
@@ -89,9 +99,17 @@ STAGE_OF: dict[Metric, Stage] = {
 
 UNIT_OF: dict[Metric, MetricUnit] = {
     **dict.fromkeys(
-        (Metric.APPROVAL_WAIT, Metric.OLDEST_PENDING_APPROVAL, Metric.CHECKPOINT_AGE, Metric.JOB_DURATION),
+        (
+            Metric.APPROVAL_WAIT,
+            Metric.OLDEST_PENDING_APPROVAL,
+            Metric.CHECKPOINT_AGE,
+            Metric.JOB_DURATION,
+            Metric.BILLED_INSTANCE_SECONDS,
+            Metric.PRODUCTIVE_INSTANCE_SECONDS,
+        ),
         MetricUnit.Seconds,
     ),
+    Metric.GOODPUT: MetricUnit.Percent,
     Metric.ESTIMATED_MAX_COST: MetricUnit.NoUnit,
     Metric.TRAINING_COST: MetricUnit.NoUnit,
     Metric.SPOT_SAVINGS: MetricUnit.NoUnit,

@@ -17,7 +17,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, Poll, TunedTrial
 from lambdas.monitor.environment import MonitorEnvironment
-from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, summarize
+from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
 
@@ -87,6 +87,25 @@ def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, A
     }
 
 
+def record_trial_ledgers(
+    sagemaker: Any, s3: Any, name: str, *, poll: Poll, environment: MonitorEnvironment
+) -> list[dict[str, Any]]:
+    """Each ended trial's goodput ledger, into the run's lineage (written once; see record_goodput)."""
+    ledgers = []
+    pages = sagemaker.get_paginator("list_training_jobs_for_hyper_parameter_tuning_job").paginate(
+        HyperParameterTuningJobName=name, PaginationConfig={"PageSize": 100}
+    )
+    for page in pages:
+        for trial in page["TrainingJobSummaries"]:
+            if trial["TrainingJobStatus"] not in _ENDED:
+                continue
+            described = sagemaker.describe_training_job(TrainingJobName=trial["TrainingJobName"])
+            ledger = sagemaker_ledger(s3, described, environment=environment, poll=poll, into=metrics, trial=True)
+            if ledger is not None:
+                ledgers.append(ledger)
+    return ledgers
+
+
 def poll(sagemaker: Any, name: str, *, hourly_usd: float, now: datetime) -> JobProgress:
     """Describe the tuning job; once it has ended, describe and summarise its best training job."""
     described = sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=name)
@@ -144,5 +163,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     )
     if summary.tuning is not None:
         record_metrics(summary, metrics)
+    if summary.finished:
+        record_trial_ledgers(boto3.client("sagemaker"), boto3.client("s3"), name, poll=parsed, environment=environment)
     logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))
     return summary.model_dump(mode="json")

@@ -13,10 +13,11 @@ import functools
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.shared.metrics import NAMESPACE, SERVICE, STAGE_OF, Metric
+from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, NAMESPACE, SERVICE, STAGE_OF, Metric
 
 # SageMaker publishes a training job's MetricDefinitions here, with the dimension Host = "<job>/algo-<n>".
 SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
@@ -52,6 +53,19 @@ def per_job(metric_name: str) -> cloudwatch.MathExpression:
     )
 
 
+def goodput_percent() -> cloudwatch.MathExpression:
+    """The training stage's goodput: its jobs' productive instance-seconds over their billed ones, in percent."""
+    return cloudwatch.MathExpression(
+        expression="100 * productive / billed",
+        using_metrics={
+            "productive": platform_metric(Metric.PRODUCTIVE_INSTANCE_SECONDS),
+            "billed": platform_metric(Metric.BILLED_INSTANCE_SECONDS),
+        },
+        label="goodput %",
+        period=PERIOD,
+    )
+
+
 class PlatformDashboard(Construct):
     def __init__(
         self,
@@ -61,7 +75,9 @@ class PlatformDashboard(Construct):
         name: str,
         state_machine: sfn.IStateMachine,
         functions: dict[str, lambda_.IFunction],
+        goodput_logs: list[logs.ILogGroup],
     ) -> None:
+        """`goodput_logs`: the log groups of the handlers that log each finished job's goodput ledger."""
         super().__init__(scope, id_)
         m = platform_metric
         graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
@@ -106,6 +122,26 @@ class PlatformDashboard(Construct):
                     title="Spend (USD, list price), spot savings and interruptions",
                     left=[m(Metric.TRAINING_COST), m(Metric.SPOT_SAVINGS)],
                     right=[m(Metric.SPOT_INTERRUPTIONS)],
+                ),
+            ],
+            [
+                graph(
+                    title="Goodput (%): of the stage's billed instance-seconds, and the jobs' average",
+                    left=[goodput_percent(), m(Metric.GOODPUT, "Average")],
+                    right=[m(Metric.BILLED_INSTANCE_SECONDS), m(Metric.PRODUCTIVE_INSTANCE_SECONDS)],
+                ),
+                cloudwatch.LogQueryWidget(
+                    title="Goodput per run: the latest jobs' ledgers (training/goodput.py)",
+                    log_group_names=[group.log_group_name for group in goodput_logs],
+                    query_lines=[
+                        f'filter message = "{GOODPUT_LOG_MESSAGE}"',
+                        "fields @timestamp, run, job, goodput, billed_seconds, parts.productive, parts.rework, "
+                        "parts.stalls, parts.provisioning, parts.startup, parts.checkpoint",
+                        "sort @timestamp desc",
+                        "limit 50",
+                    ],
+                    width=12,
+                    height=6,
                 ),
             ],
             [graph(title=title, left=[per_job(name)], width=8) for name, title in TRAINING_FIGURES],

@@ -26,13 +26,15 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 # the training package's torch-free modules that Validate uses: the trainer's own config checks and
 # metric names, so a request is judged by the same code that will run it, and what a continued run's
 # settings must keep; the AWS Batch contract (where a node records its result), which PollBatchJob
-# reads; the run layout every handler shares; what makes a checkpoint complete, and the ledger of them.
+# reads; the run layout every handler shares; what makes a checkpoint complete, and the ledger of them;
+# what a job's billed time went to (its goodput ledger).
 TRAINING_MODULES = (
     "training/__init__.py",
     "training/batch_contract.py",
     "training/sagemaker_contract.py",
     "training/config.py",
     "training/continuation.py",
+    "training/goodput.py",
     "training/ledger.py",
     "training/stored_checkpoints.py",
     "training/distributions.py",

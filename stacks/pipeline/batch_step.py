@@ -38,6 +38,7 @@ from stacks.pipeline.polled_job import (
     adopt_if_own,
     cleanup_function,
     grant_checkpoint_ledger,
+    grant_goodput_ledger,
     sdk_arn,
     sdk_retry,
     watch_ended_executions,
@@ -141,6 +142,7 @@ class BatchTraining(Construct):
             ).variables(),
         )
         grant_checkpoint_ledger(context, monitor)
+        grant_goodput_ledger(context, monitor)
         outputs = f"{context.artifacts.bucket_arn}/{ANY_OUTPUT}"
         # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
         monitor.function.add_to_role_policy(

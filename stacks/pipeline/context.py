@@ -52,6 +52,8 @@ class PipelineContext:
     artifacts: s3.IBucket
     functions: dict[str, PlatformFunction] = field(default_factory=dict)
     """Every handler made by `function`, by name, in the order they were made."""
+    goodput_writers: list[PlatformFunction] = field(default_factory=list)
+    """The progress handlers that write jobs' goodput ledgers (and log them), for the dashboard."""
 
     @classmethod
     def create(

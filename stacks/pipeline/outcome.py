@@ -19,6 +19,7 @@ from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
 from stacks.pipeline.approvals import Approvals, decided
 from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.polled_job import list_runs
 from training.layout import ANY_LINEAGE
 
 
@@ -88,6 +89,8 @@ class Registration(Construct):
             ("WriteLineage", ["s3:PutObject", "s3:GetObject"], [lineage]),
         ):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
+        # The run's goodput ledgers, one per job, are listed under its lineage and read (WriteLineage).
+        function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunLedgers"))
         context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         function.add_to_role_policy(
             iam.PolicyStatement(

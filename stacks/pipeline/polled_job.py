@@ -42,7 +42,14 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, invoke
 from stacks.pipeline.context import PipelineContext, obj, string
-from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_MANIFEST, ANY_RUN
+from training.layout import (
+    ANY_CHECKPOINT,
+    ANY_GOODPUT_RECORD,
+    ANY_LEDGER_RECORD,
+    ANY_MANIFEST,
+    ANY_PROGRESS_RECORD,
+    ANY_RUN,
+)
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
 # (`adopt_if_own`: only when the job carries this execution's tag).
@@ -339,6 +346,26 @@ def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction
         records: "Records the polled run's complete checkpoints in its ledger, once each (If-None-Match).",
     }.items():
         acknowledge_wildcard(function.role, resource, reason)
+
+
+def grant_goodput_ledger(context: PipelineContext, function: PlatformFunction) -> None:
+    """What a progress handler needs to write a finished job's goodput ledger (training/goodput.py): read the
+    trainer's progress records in the run's checkpoints, and write (once) the ledger into the run's lineage.
+    Listing the records is grant_checkpoint_ledger's ListRunCheckpoints."""
+    progress = f"{context.checkpoints.bucket_arn}/{ANY_PROGRESS_RECORD}"
+    ledgers = f"{context.artifacts.bucket_arn}/{ANY_GOODPUT_RECORD}"
+    function.function.add_to_role_policy(
+        iam.PolicyStatement(sid="ReadProgressRecords", actions=["s3:GetObject"], resources=[progress])
+    )
+    function.function.add_to_role_policy(
+        iam.PolicyStatement(sid="RecordGoodput", actions=["s3:GetObject", "s3:PutObject"], resources=[ledgers])
+    )
+    for resource, reason in {
+        progress: "Reads the polled run's progress records, which its trainer writes; run ids are per execution.",
+        ledgers: "Writes a finished job's goodput ledger into its run's lineage, once (If-None-Match).",
+    }.items():
+        acknowledge_wildcard(function.role, resource, reason)
+    context.goodput_writers.append(function)
 
 
 def cleanup_function(

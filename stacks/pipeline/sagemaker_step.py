@@ -27,6 +27,7 @@ from stacks.pipeline.polled_job import (
     adopt_if_own,
     cleanup_function,
     grant_checkpoint_ledger,
+    grant_goodput_ledger,
     read_sagemaker_owners,
     watch_ended_executions,
 )
@@ -88,6 +89,7 @@ class SageMakerTraining(Construct):
             ).variables(),
         )
         grant_checkpoint_ledger(context, monitor)
+        grant_goodput_ledger(context, monitor)
         self.job.grant_follow(monitor.role)
         acknowledge_wildcard(
             monitor.role,

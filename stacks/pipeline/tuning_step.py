@@ -29,6 +29,7 @@ from stacks.pipeline.polled_job import (
     StepNames,
     adopt_if_own,
     grant_checkpoint_ledger,
+    grant_goodput_ledger,
     read_sagemaker_owners,
     sdk_arn,
     sdk_retry,
@@ -162,6 +163,7 @@ class SageMakerTuning(Construct):
             timeout=Duration.minutes(2),
         )
         grant_checkpoint_ledger(context, monitor)
+        grant_goodput_ledger(context, monitor)
         tuning_jobs = context.arn("sagemaker", "hyper-parameter-tuning-job/*")
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(

@@ -85,6 +85,20 @@ def _model_package_group(platform: Any) -> str:
     return functions.environment(functions.named("Register"))["MODEL_PACKAGE_GROUP"]
 
 
+def _ledgers(lineage: dict[str, Any], *, jobs: int) -> list[dict[str, Any]]:
+    """The run's goodput ledgers from its lineage, each checked: the measured parts sum to the billed time within
+    1%, and the trainer's phases cover most of the time its container ran (`other` is what they do not)."""
+    ledgers = lineage["goodput"]["jobs"]
+    assert len(ledgers) == jobs
+    for ledger in ledgers:
+        billed = ledger["billed_seconds"]
+        assert billed > 0 and abs(sum(ledger["parts"].values()) - billed) <= 0.01 * billed, ledger
+        assert abs(ledger["unaccounted_seconds"]) <= 0.01 * billed, ledger
+        assert ledger["parts"]["other"] <= 0.25 * billed, ledger
+        assert ledger["goodput"] == round(ledger["parts"]["productive"] / billed, 4)
+    return ledgers
+
+
 def _states(outcome: Any) -> list[str]:
     return [name for name, _ in outcome.states]
 
@@ -140,6 +154,12 @@ def test_happy_path_trains_registers_and_promotes(
     assert "validation loss" in out
     assert "approval needed: promotion gate of demo-test" in out
     assert f"outcome:       SUCCEEDED\nreport:        {outcome.report}\n" in out
+    assert re.search(r"^goodput: +\d+\.\d% of [\d.]+ billed instance-seconds \(.*productive", out, re.MULTILINE)
+    # Where the job's billed time went: measured parts that add up to it.
+    (ledger,) = _ledgers(lineage, jobs=1)
+    assert ledger["job"] == job and ledger["starts"] == 1 and ledger["parts"]["productive"] > 0
+    assert ledger["parts"]["stalls"] == 0 and ledger["parts"]["rework"] == 0 and ledger["parts"]["upload"] > 0
+    assert "## Goodput" in report
     assert re.search(r"^model package: arn:aws:sagemaker:\S+/1 \(approved\)$", out, re.MULTILINE)
     assert re.search(r"^cost estimate: at most \$[\d.]+ on demand, spot ", out, re.MULTILINE)
     assert "## States" not in out and "--" not in out and "Traceback" not in out
@@ -194,10 +214,15 @@ def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: 
     lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
     assert lineage["cluster"]["interruptions"] == 1
     report = outcome.report.read_text()
-    assert "Interrupted -> Training -> Completed" in report
+    assert "Training -> Interrupted -> Downloading -> Training -> Uploading -> Completed" in report
     # The report (and the loss plot, from the same pairs) marks the interruption and the step resumed from.
     marked = re.search(r"Interrupted after step (\d+); resumed from the checkpoint of step (\d+)", report)
     assert marked is not None and int(marked.group(1)) > 0 and int(marked.group(2)) == int(resumed.group(1))
+    # The ledger: two starts, the reclaim a stall, and the steps taken again after the resume rework.
+    (ledger,) = _ledgers(lineage, jobs=1)
+    assert ledger["starts"] == 2 and ledger["parts"]["stalls"] > 0 and ledger["parts"]["productive"] > 0
+    interrupted, resumed_from = int(marked.group(1)), int(marked.group(2))
+    assert (ledger["parts"]["rework"] > 0) == (interrupted > resumed_from)
 
 
 def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:
@@ -325,6 +350,10 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform
     assert record["best_training_job"] == min(losses, key=lambda j: losses[j])
     assert record["objective_value"] == pytest.approx(losses[record["best_training_job"]])
     assert lineage["hyperparameters"]["lr"] == record["hyperparameters"]["lr"]
+    # Every trial has its ledger, its phases from its own checkpoint folder's progress records.
+    ledgers = _ledgers(lineage, jobs=3)
+    assert sorted(ledger["job"] for ledger in ledgers) == sorted(outcome.job_names)
+    assert all(ledger["starts"] == 1 and ledger["parts"]["productive"] > 0 for ledger in ledgers)
     report = outcome.report.read_text()
     assert "Denied: 0" in report
     # A trial table: name, the values it ran, its objective and its status.
@@ -354,6 +383,9 @@ def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platfo
     assert re.search(r"Interrupted after step \d+; resumed from the checkpoint of step \d+\n", report)
     assert lineage["model_artifacts"].endswith(f"{job}/output/model.tar.gz")
     assert "| BatchClusterJobRole" in report and "Denied: 0" in report
+    # Batch's two attempts are the ledger's two starts, the time between them a stall.
+    (ledger,) = _ledgers(lineage, jobs=1)
+    assert ledger["starts"] == 2 and ledger["parts"]["productive"] > 0
 
 
 def test_a_gate_is_decided_with_tp_from_another_terminal(

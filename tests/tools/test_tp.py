@@ -301,6 +301,18 @@ def test_watch_shows_step_eta_cost_so_far_and_the_newest_checkpoint(
     assert "so far of at most $" in line
 
 
+def test_watch_shows_the_goodput_of_the_runs_finished_jobs(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-8")
+    local.run_until(arn, "Approval gate (promotion)")  # the job has ended and its ledger is written
+    result = tp("watch", "tp-run-8", "--json")
+    assert result.exit_code == 0, result.output
+    found = _answer(result.stdout)["goodput"]
+    (job,) = local.jobs()
+    assert [j["job"] for j in found["jobs"]] == [job] and found["summary"].endswith(")")
+    assert found == {**local.lineage()["goodput"], "summary": found["summary"]}  # as Register recorded it
+    assert "goodput of finished jobs" in tp("watch", "tp-run-8", "--once").stdout
+
+
 def test_validate_rejects_a_backend_the_pipeline_does_not_deploy(tmp_path: Path) -> None:
     example = json.loads((REPO / "examples" / "demo.json").read_text())
     typo = tmp_path / "typo.json"
