@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from training.data import DistributedTokenLoader, TokenSamples, validation_batch
 from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
+from training.hang import StepReport
 from training.layout import LEDGER_CHANNEL, step_dir
 from training.ledger import trusted_digests
 from training.models.build import build_model, model_flops_per_token
@@ -269,12 +271,15 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         self.model.train()
         self.clock.enter("train")
+        report_step = StepReport.from_env(os.environ, self.env.rank)  # for the launcher's hang check
+        report_step(self.state.step)
         while self.state.step < max_steps:
             step = self.state.step + 1
             lr = float(self.scheduler.get_last_lr()[0])
             loss, grad_norm = self._train_step()
             self.scheduler.step()
             self.state.step = step
+            report_step(step)
             window_steps += 1
             if self.profiler is not None:
                 self.profiler.step()
