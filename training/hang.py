@@ -12,7 +12,10 @@ The hang limit is `hang.minutes` when set; else `hang.factor` times the longest 
 between two advances of that step, which holds every checkpoint save and evaluation so far, and at
 least `hang.floor_minutes`. Before the workers report their loop started (the pre-flight check, the
 checkpoint load) nothing is judged; the first step is judged against the floor; after the last step
-(the final evaluation and the export) nothing is judged either.
+(the final evaluation and the export) nothing is judged either. Every host's launcher judges its own
+workers; the first to find the hang kills its workers, which ends the collectives the other hosts'
+workers wait in: workers that then fail after no step for about the limit hung too (`stalled`), and
+their host's failure names the hang rather than the lost connection.
 
 Torch-free and stdlib only: the launcher imports it.
 """
@@ -117,6 +120,19 @@ class HangWatch:
             return None
         self._polled = now
         return self.observe(newest_step(self.directory), now)
+
+    def stalled(self, now: float) -> Hang | None:
+        """Whether the host hung when its workers failed on their own at `now`: no step for the limit, give or
+        take the jitter between two launchers' polls. A peer host's launcher that found the same hang first
+        and killed its workers ended the collectives these workers waited in."""
+        self._polled = None
+        self.check(now)  # a step finished since the last poll counts
+        if self._step is None or self._step >= self.last_step:
+            return None
+        # Two hosts see the same step up to a poll apart; a derived limit multiplies that by the factor.
+        slack = POLL_SECONDS * (2 + (0 if self.fixed else self.factor))
+        idle = now - self._since
+        return Hang(idle, self._step, self.host, self.limit) if idle >= self.limit - slack else None
 
     def observe(self, step: int | None, now: float) -> Hang | None:
         """Judge the host's newest reported `step` (None: training has not started) at `now`."""

@@ -300,6 +300,8 @@ class Supervisor:
         self.tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
         self.signal_name: str | None = None
         self.hang: Hang | None = None
+        self.hang_ended_by_peer = False
+        """The workers failed on their own in a hang: a peer host's launcher found it first."""
         self._deadline: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -351,6 +353,9 @@ class Supervisor:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        if self.watch is not None and self.hang is None and self.signal_name is None and proc.returncode != 0:
+            self.hang = self.watch.stalled(time.monotonic())
+            self.hang_ended_by_peer = self.hang is not None
         pump.join(timeout=10)
         return proc.returncode, expired
 
@@ -573,7 +578,7 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
         write_failure(paths, reason)
         return EXIT_GRACE_EXPIRED
     if supervisor.hang is not None:
-        write_failure(paths, supervisor.hang.line(), details="\n".join([*supervisor.tail, supervisor.hang.describe()]))
+        _write_hang(paths, supervisor, supervisor.hang, returncode)
         return EXIT_HANG_DETECTED
     if returncode == 0:
         if supervisor.signal_name:
@@ -585,6 +590,17 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
         reason = f"training failed: workers exited with status {returncode} (see the log for the first error)"
     write_failure(paths, reason, details="\n".join(supervisor.tail))
     return EXIT_FAILED
+
+
+def _write_hang(paths: Paths, supervisor: Supervisor, hang: Hang, returncode: int) -> None:
+    details = [*supervisor.tail, hang.describe()]
+    if supervisor.hang_ended_by_peer:
+        # The workers' own failure (a connection to a killed peer lost) is the hang's symptom: the hang goes first.
+        symptom = paths.failure.read_text().split("\n", 1)[0] if paths.failure.exists() else ""
+        paths.failure.unlink(missing_ok=True)
+        log.error("%s: the workers then failed on their own (a peer host's hang check ended them)", hang.describe())
+        details.append(f"the workers then exited with status {returncode}: {symptom or 'no failure file'}")
+    write_failure(paths, hang.line(), details="\n".join(details))
 
 
 def _auxiliary(paths: Paths, env: Mapping[str, str]) -> Auxiliary | None:

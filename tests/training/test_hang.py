@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_launcher_contract import _two_hosts
 from training_helpers import TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run
 
 from training.checkpoint import committed_steps
 from training.config import ConfigError, from_hyperparameters
 from training.hang import Hang, HangWatch, StepReport, newest_step
-from training.launcher import EXIT_HANG_DETECTED
+from training.launcher import EXIT_FAILED, EXIT_HANG_DETECTED, Supervisor, _outcome
 from training.layout import HANG_DETECTED, HEARTBEAT_ENV, RETRIED_ON_FRESH_NODES
+from training.sagemaker_contract import Paths
 
 
 def _watch(tmp_path: Path, **limits: float) -> HangWatch:
@@ -71,6 +75,26 @@ def test_after_the_last_step_nothing_is_judged(tmp_path: Path) -> None:
     assert watch.observe(100, 10_000.0) is None
 
 
+def test_workers_that_fail_after_a_stall_of_about_the_limit_hung_with_a_peer(tmp_path: Path) -> None:
+    # A peer host's launcher found the hang a poll earlier and killed its workers: these lost their connection.
+    watch = _watch(tmp_path, fixed_seconds=60.0)
+    watch.observe(8, 0.0)
+    stalled = watch.stalled(59.0)
+    assert stalled is not None and (stalled.step, stalled.seconds, stalled.host) == (8, 59.0, "algo-2")
+    # Workers that fail well within the limit crashed: that is a training failure, not a hang.
+    assert watch.stalled(30.0) is None
+    # A step this host's workers finished since the last poll counts.
+    StepReport(tmp_path / "rank-0.step")(9)
+    assert watch.stalled(61.0) is None
+
+
+def test_workers_that_fail_before_training_or_after_the_last_step_did_not_hang(tmp_path: Path) -> None:
+    watch = _watch(tmp_path, fixed_seconds=60.0)
+    assert watch.stalled(1000.0) is None
+    watch.observe(100, 0.0)
+    assert watch.stalled(1000.0) is None
+
+
 def test_workers_report_to_the_directory_the_launcher_names_and_the_newest_step_counts(tmp_path: Path) -> None:
     assert newest_step(tmp_path) is None
     env = {HEARTBEAT_ENV: str(tmp_path / "beats")}
@@ -97,6 +121,35 @@ def test_the_watch_reads_the_reports_at_most_once_a_second(tmp_path: Path) -> No
     assert watch.check(0.9) is None  # past the limit, but not read again yet
     hang = watch.check(1.0)
     assert hang is not None and hang.step == 3
+
+
+# A worker that finished step 6, waited in a collective, then failed: its peer was killed (or crashed).
+_WAITS_THEN_FAILS = """
+import pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text("6")
+time.sleep(float(sys.argv[3]))
+pathlib.Path(sys.argv[2]).write_text("RuntimeError: Connection closed by peer\\n")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(("waits", "outcome"), [(3.5, EXIT_HANG_DETECTED), (0.2, EXIT_FAILED)])
+def test_workers_that_fail_after_a_stall_of_about_the_limit_name_the_hang_first(
+    tmp_path: Path, waits: float, outcome: int
+) -> None:
+    paths = Paths(tmp_path / "opt_ml")
+    paths.output.mkdir(parents=True)
+    watch = HangWatch(tmp_path, host="algo-1", last_step=100, fixed_seconds=4.0, floor_seconds=60.0, factor=5.0)
+    command = [sys.executable, "-c", _WAITS_THEN_FAILS, str(tmp_path / "rank-0.step"), str(paths.failure), str(waits)]
+    supervisor = Supervisor(command, os.environ, grace_seconds=10.0, mpi=False, watch=watch)
+    returncode, expired = supervisor.run()
+    assert _outcome(paths, supervisor, returncode, expired, 10.0) == outcome
+    lines = paths.failure.read_text().splitlines()
+    if outcome == EXIT_FAILED:  # failed soon after a step: the worker's own failure stands
+        assert lines[0] == "RuntimeError: Connection closed by peer"
+        return
+    assert re.fullmatch(r"HangDetected: no training step for [234] s after step 6 on algo-1", lines[0]), lines
+    assert "the workers then exited with status 1: RuntimeError: Connection closed by peer" in lines
 
 
 @pytest.mark.parametrize(
@@ -168,8 +221,35 @@ def test_a_worker_that_stops_making_progress_is_killed_and_the_job_fails_with_ha
     first = paths.failure.read_text().splitlines()[0]
     found = re.fullmatch(r"HangDetected: no training step for (\d+) s after step 6 on algo-1", first)
     assert found, first
-    assert 3 <= int(found.group(1)) <= 15  # the 3 s floor, read once a second (a loaded machine reads later)
     assert "step=6 loss=" in log and "step=7 loss=" not in log
-    assert "(the hang limit is 3 s, see hang.* in training/README.md): killing the workers" in log
+    # The 3 s floor, or 5 x the longest interval between two steps' reports (read once a second).
+    limit = re.search(r"\(the hang limit is (\d+) s, see hang\.\* in training/README\.md\): killing the workers", log)
+    assert limit is not None and 3 <= int(limit.group(1)) <= 10, log[-3000:]
+    assert int(limit.group(1)) <= int(found.group(1)) <= int(limit.group(1)) + 10  # a loaded machine reads later
     assert committed_steps(paths.checkpoints) == [4]  # what the retry on fresh nodes resumes from
     assert time.monotonic() - started < 100
+
+
+# The same, on the second host only (rank 1): its peer on the first host waits for it in the gradient all-reduce.
+SECOND_HOST_HANGS_AT_STEP_7 = HANGS_AT_STEP_7.replace(
+    "if self.calls == 7:", "if self.calls == 7 and os.environ['RANK'] == '1':"
+)
+SECOND_HOST_HANGS_AT_STEP_7 = SECOND_HOST_HANGS_AT_STEP_7.replace("import time", "import os, time")
+
+
+@pytest.mark.slow
+def test_one_hung_host_fails_every_host_with_hang_detected(tmp_path: Path, corpus: Path) -> None:
+    job = {
+        **TINY_JOB,
+        "max_steps": "20",
+        "checkpoint.interval_steps": "4",
+        "eval.interval_steps": "0",
+        "model.factory": "model:build",
+        "hang.minutes": "0.05",
+    }
+    hosts = _two_hosts(tmp_path, corpus, job, {}, code=SECOND_HOST_HANGS_AT_STEP_7)
+    for host, (status, log, paths) in hosts.items():
+        assert status == EXIT_HANG_DETECTED, (host, log[-3000:])
+        # Whichever launcher found the hang first, the other host's failure names the hang, not the lost peer.
+        first = paths.failure.read_text().splitlines()[0]
+        assert re.fullmatch(rf"HangDetected: no training step for \d+ s after step 6 on {host}", first), first
