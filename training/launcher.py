@@ -593,13 +593,15 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
 
 
 def _write_hang(paths: Paths, supervisor: Supervisor, hang: Hang, returncode: int) -> None:
+    """The failure file of a hang. A failure the workers wrote is its symptom (the connection to a peer host
+    whose launcher killed its hung workers, lost): the hang goes first, the workers' line after it."""
     details = [*supervisor.tail, hang.describe()]
     if supervisor.hang_ended_by_peer:
-        # The workers' own failure (a connection to a killed peer lost) is the hang's symptom: the hang goes first.
-        symptom = paths.failure.read_text().split("\n", 1)[0] if paths.failure.exists() else ""
-        paths.failure.unlink(missing_ok=True)
         log.error("%s: the workers then failed on their own (a peer host's hang check ended them)", hang.describe())
-        details.append(f"the workers then exited with status {returncode}: {symptom or 'no failure file'}")
+    if paths.failure.exists():
+        symptom = paths.failure.read_text(errors="replace").split("\n", 1)[0]
+        paths.failure.unlink()
+        details.append(f"the workers' failure (exit status {returncode}): {symptom}")
     write_failure(paths, hang.line(), details="\n".join(details))
 
 

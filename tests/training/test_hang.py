@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from test_launcher_contract import _two_hosts
-from training_helpers import TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run
+from training_helpers import REPO, TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run
 
 from training.checkpoint import committed_steps
 from training.config import ConfigError, from_hyperparameters
@@ -107,6 +107,14 @@ def test_workers_report_to_the_directory_the_launcher_names_and_the_newest_step_
     assert sorted(p.name for p in (tmp_path / "beats").iterdir()) == ["rank-0.step", "rank-1.step"]
 
 
+def test_a_report_torn_by_its_write_is_skipped(tmp_path: Path) -> None:
+    # A read that met the write half-way: a prefix of the new record, the rest of the old one.
+    (tmp_path / "rank-0.step").write_text(f"{12:020d} {11:020d}\n")
+    assert newest_step(tmp_path) is None
+    StepReport(tmp_path / "rank-1.step")(10)
+    assert newest_step(tmp_path) == 10
+
+
 def test_without_a_launcher_watching_a_worker_reports_nothing(tmp_path: Path) -> None:
     report = StepReport.from_env({}, 0)
     report(5)
@@ -126,7 +134,8 @@ def test_the_watch_reads_the_reports_at_most_once_a_second(tmp_path: Path) -> No
 # A worker that finished step 6, waited in a collective, then failed: its peer was killed (or crashed).
 _WAITS_THEN_FAILS = """
 import pathlib, sys, time
-pathlib.Path(sys.argv[1]).write_text("6")
+from training.hang import StepReport
+StepReport(pathlib.Path(sys.argv[1]))(6)
 time.sleep(float(sys.argv[3]))
 pathlib.Path(sys.argv[2]).write_text("RuntimeError: Connection closed by peer\\n")
 sys.exit(1)
@@ -141,7 +150,8 @@ def test_workers_that_fail_after_a_stall_of_about_the_limit_name_the_hang_first(
     paths.output.mkdir(parents=True)
     watch = HangWatch(tmp_path, host="algo-1", last_step=100, fixed_seconds=4.0, floor_seconds=60.0, factor=5.0)
     command = [sys.executable, "-c", _WAITS_THEN_FAILS, str(tmp_path / "rank-0.step"), str(paths.failure), str(waits)]
-    supervisor = Supervisor(command, os.environ, grace_seconds=10.0, mpi=False, watch=watch)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    supervisor = Supervisor(command, env, grace_seconds=10.0, mpi=False, watch=watch)
     returncode, expired = supervisor.run()
     assert _outcome(paths, supervisor, returncode, expired, 10.0) == outcome
     lines = paths.failure.read_text().splitlines()
@@ -149,7 +159,7 @@ def test_workers_that_fail_after_a_stall_of_about_the_limit_name_the_hang_first(
         assert lines[0] == "RuntimeError: Connection closed by peer"
         return
     assert re.fullmatch(r"HangDetected: no training step for [234] s after step 6 on algo-1", lines[0]), lines
-    assert "the workers then exited with status 1: RuntimeError: Connection closed by peer" in lines
+    assert "the workers' failure (exit status 1): RuntimeError: Connection closed by peer" in lines
 
 
 @pytest.mark.parametrize(
