@@ -15,9 +15,9 @@ from training_helpers import REPO, TINY_JOB, clean_env, free_port, launcher, mak
 from training.checkpoint import committed_steps
 from training.config import ConfigError, from_hyperparameters
 from training.hang import Hang, HangWatch, StepReport, newest_step
-from training.launcher import EXIT_FAILED, EXIT_HANG_DETECTED, Supervisor, _outcome
+from training.launcher import EXIT_FAILED, EXIT_HANG_DETECTED, Launch, LaunchPlan, Supervisor, _hang_watch, _outcome
 from training.layout import HANG_DETECTED, HEARTBEAT_ENV, RETRIED_ON_FRESH_NODES
-from training.sagemaker_contract import Paths
+from training.sagemaker_contract import Paths, ResourceConfig
 
 
 def _watch(tmp_path: Path, **limits: float) -> HangWatch:
@@ -174,6 +174,31 @@ def test_workers_that_fail_after_a_stall_of_about_the_limit_name_the_hang_first(
 def test_bad_hang_settings_say_how_to_fix_them(key: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(f"hyperparameter {message}")):
         from_hyperparameters({key: value})
+
+
+def _launch(**hang: str) -> Launch:
+    cfg = from_hyperparameters({"max_steps": "500", **{f"hang.{k}": v for k, v in hang.items()}})
+    plan = LaunchPlan(("algo-1",), 0, 1, "127.0.0.1", 29500, "ddp")
+    return Launch(ResourceConfig("algo-1", ("algo-1",)), plan, 110.0, None, None, cfg.hang, cfg.train.max_steps)
+
+
+def test_the_launcher_hands_the_workers_a_directory_and_judges_it_as_configured() -> None:
+    env: dict[str, str] = {}
+    watch = _hang_watch(_launch(floor_minutes="2", factor="3"), env)
+    assert watch is not None and env == {HEARTBEAT_ENV: str(watch.directory)} and watch.directory.is_dir()
+    watch.directory.rmdir()
+    assert (watch.host, watch.last_step, watch.limit) == ("algo-1", 500, 120.0)
+    watch.longest = 50.0
+    assert watch.limit == 150.0
+    fixed = _hang_watch(_launch(minutes="7"), {})
+    assert fixed is not None and fixed.limit == 420.0
+    fixed.directory.rmdir()
+
+
+def test_hang_action_off_watches_nothing_and_the_workers_report_nothing() -> None:
+    env: dict[str, str] = {}
+    assert _hang_watch(_launch(action="off"), env) is None
+    assert env == {}
 
 
 def test_the_pipeline_retries_a_hang_on_fresh_nodes() -> None:
