@@ -221,6 +221,10 @@ def run_demo(
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         corpus = _seed_datasets(platform, execution_input, out / "corpus", detail)
         training.local_hyperparameters = _local_hyperparameters(execution_input, steps, detail)
+        if hang:
+            # The 10-minute floor fits a GPU cluster's first step; this machine's steps take milliseconds.
+            training.local_hyperparameters = {**training.local_hyperparameters, "hang.floor_minutes": "0.1"}
+            detail("hang: the hang check's floor is 6 s here (hang.floor_minutes=0.1)")
         stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
         for player in players.values():
             player.datasets_bucket = training.datasets_bucket
