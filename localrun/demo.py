@@ -167,6 +167,7 @@ def run_demo(
     auto_approve: bool,
     reject: str | None,
     spot_interrupt: bool,
+    hang: bool = False,
     max_hosts: int = 2,
     procs_per_host: int = 1,
     steps: int | None = None,
@@ -182,7 +183,8 @@ def run_demo(
 
     `reject` names the gate to reject (one of GATES), or "any" for every gate; None approves them.
     `decide_with_tp`: leave each gate to `tp approve|reject` from another terminal, through the decision
-    URL served on loopback (localrun/decision_url.py), and print how.
+    URL served on loopback (localrun/decision_url.py), and print how. `hang`: stop a training worker of the
+    first job after the run's first checkpoint (localrun/sagemaker_local.py).
     """
     if reject not in (None, "any", *GATES):
         raise ValueError(f"reject={reject!r}: use one of any, {', '.join(GATES)}")
@@ -200,6 +202,7 @@ def run_demo(
         max_hosts=max_hosts,
         procs_per_host=procs_per_host,
         spot_interrupt_after_checkpoint=spot_interrupt,
+        hang_after_checkpoint=hang,
         on_line=printer.training_line,
     )
     # The other backends' jobs, e.g. `"backend": "batch"`: AWS Batch multi-node jobs, their nodes on this machine.
@@ -218,6 +221,10 @@ def run_demo(
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         corpus = _seed_datasets(platform, execution_input, out / "corpus", detail)
         training.local_hyperparameters = _local_hyperparameters(execution_input, steps, detail)
+        if hang:
+            # The 10-minute floor fits a GPU cluster's first step; this machine's steps take milliseconds.
+            training.local_hyperparameters = {**training.local_hyperparameters, "hang.floor_minutes": "0.1"}
+            detail("hang: the hang check's floor is 6 s here (hang.floor_minutes=0.1)")
         stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
         for player in players.values():
             player.datasets_bucket = training.datasets_bucket
@@ -613,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--verbose", action="store_true", help="the harness's own lines and the whole report too")
     parser.add_argument("--spot-interrupt", action="store_true", help="interrupt the job after its first checkpoint")
+    parser.add_argument(
+        "--hang", action="store_true", help="stop a training worker after the first checkpoint (the hang check's retry)"
+    )
     parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
     parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
     parser.add_argument("--steps", type=int, help="override the local run's max_steps")
@@ -633,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         auto_approve=args.auto_approve,
         reject=args.reject,
         spot_interrupt=args.spot_interrupt,
+        hang=args.hang,
         max_hosts=args.hosts,
         procs_per_host=args.procs_per_host,
         steps=args.steps,

@@ -16,7 +16,8 @@ own service role, outside the platform's templates), with the harness's credenti
 
 A spot interruption is played as SageMaker plays it: SIGTERM to every host (the trainer
 checkpoints and exits), secondary status Interrupted, then fresh hosts whose checkpoints are
-restored from S3, which resume the run.
+restored from S3, which resume the run. A hang, when asked for, is a training worker of the run's
+first job stopped (SIGSTOP) mid-run, which the launcher's hang check must find (training/hang.py).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _training_worker(launcher: int) -> int | None:
+    """A training worker under a host's launcher: a process that runs training.train itself, not torchrun."""
+    for pid in reversed(processes.tree(launcher)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"training.train" in argv and b"torch.distributed.run" not in argv:
+            return pid
+    return None
+
+
 @dataclass
 class LocalJob:
     name: str
@@ -122,6 +135,8 @@ class LocalTraining:
     procs_per_host: int = 1
     local_hyperparameters: dict[str, str] = field(default_factory=dict)
     spot_interrupt_after_checkpoint: bool = False
+    hang_after_checkpoint: bool = False
+    """Stop a training worker of the first job once the platform recorded a checkpoint: it makes no progress."""
     on_line: Callable[[str, str], None] | None = None
     jobs: dict[str, LocalJob] = field(default_factory=dict)
     credentials: Callable[[str], Credentials] | None = None
@@ -161,6 +176,8 @@ class LocalTraining:
         self._start(local, job)
         if self.spot_interrupt_after_checkpoint:
             threading.Thread(target=self._reclaim_after_first_checkpoint, args=(local, job), daemon=True).start()
+        if self.hang_after_checkpoint and len(self.jobs) == 1:
+            threading.Thread(target=self._hang_after_first_checkpoint, args=(local,), daemon=True).start()
 
     def _cluster(self, name: str, request: dict[str, Any]) -> LocalJob:
         """The job's hosts, at most `max_hosts` per group; a heterogeneous cluster's hosts in group order."""
@@ -394,6 +411,21 @@ class LocalTraining:
                     break
             time.sleep(0.05)
         self._interrupt(local, job)
+
+    def _hang_after_first_checkpoint(self, local: LocalJob) -> None:
+        """Once the platform recorded a checkpoint of the run (the retry resumes from it), SIGSTOP a training
+        worker of the last host: it makes no progress, and its peers wait for it in their collectives."""
+        while True:
+            with self._lock:
+                if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
+                    return
+                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]):
+                    worker = _training_worker(local.processes[-1].pid)
+                    if worker is not None:
+                        os.kill(worker, signal.SIGSTOP)
+                        self._note(local, f"hang: training worker {worker} of {local.hosts[-1]} stopped (SIGSTOP)")
+                        return
+            time.sleep(0.05)
 
     def _interrupt(self, local: LocalJob, job: Any) -> None:
         """A spot reclaim, in the background: SIGTERM every host, let them checkpoint, start fresh hosts."""

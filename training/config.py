@@ -260,6 +260,33 @@ class StragglerConfig:
 
 
 @dataclass
+class HangConfig:
+    action: str = _f(
+        "replace",
+        "When no training worker of a host finishes a step for the hang limit, the launcher kills its workers and "
+        "the job fails with 'HangDetected: ...', which the pipeline retries on fresh instances from the newest "
+        "complete checkpoint (replace); off: not watched.",
+        ("replace", "off"),
+    )
+    minutes: float = _f(
+        0.0,
+        "The hang limit in minutes; 0 derives it: hang.factor times the longest interval between two finished "
+        "steps so far (checkpoint saves and evaluations included), at least hang.floor_minutes.",
+    )
+    floor_minutes: float = _f(
+        10.0,
+        "The derived hang limit's floor in minutes, and so the first step's limit (nothing is observed before it); "
+        "raise it above your slowest first step (torch.compile), checkpoint save or evaluation.",
+    )
+    factor: float = _f(5.0, "The derived hang limit as a multiple of the longest interval between two finished steps.")
+
+    def __post_init__(self) -> None:
+        _require(self.minutes >= 0, "hang.minutes", self.minutes, "use > 0 for a fixed limit, or 0 to derive it")
+        _require(self.floor_minutes > 0, "hang.floor_minutes", self.floor_minutes, "use > 0, e.g. 10")
+        _require(self.factor >= 1, "hang.factor", self.factor, "use >= 1, e.g. 5")
+
+
+@dataclass
 class JobConfig:
     """The whole job: one section per component, plus the launcher's ``distribution`` and ``preflight``."""
 
@@ -279,6 +306,7 @@ class JobConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
 
     def __post_init__(self) -> None:
         _require(

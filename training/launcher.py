@@ -5,9 +5,10 @@ groups that train (training/roles.py) start workers; the others follow the train
 The launcher validates hyperparameters and data channels before anything starts (failing fast with
 the reason in /opt/ml/output/failure), starts torchrun with this host's node rank, its workers running
 the pre-flight check (training/preflight.py) before training unless the `preflight` hyperparameter
-turns it off, forwards SIGTERM to the workers so they can checkpoint, and exits 0 (done, or
-stopped after a checkpoint), 1 (training failed), 2 (invalid input), 3 (workers did not stop within
-the grace period) or 4 (the pre-flight check failed). Torch-free, so that invalid input fails in
+turns it off, forwards SIGTERM to the workers so they can checkpoint, kills them when they finish no
+training step for the hang limit (training/hang.py), and exits 0 (done, or stopped after a checkpoint),
+1 (training failed), 2 (invalid input), 3 (workers did not stop within the grace period), 4 (the
+pre-flight check failed) or 5 (the workers hung). Torch-free, so that invalid input fails in
 milliseconds.
 """
 
@@ -31,12 +32,14 @@ from types import FrameType
 from typing import IO
 
 from training import batch_contract
-from training.config import ConfigError, JobConfig, from_hyperparameters
+from training.config import ConfigError, HangConfig, JobConfig, from_hyperparameters
 from training.distributions import distribution, module_available
+from training.hang import Hang, HangWatch
 from training.layout import (
     AUXILIARY_START_TIMEOUT_ENV,
     EFA_ENV,
     GRACE_ENV,
+    HEARTBEAT_ENV,
     LAUNCHED_ENV,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
@@ -69,6 +72,7 @@ DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_SECONDS = 110.0
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_GRACE_EXPIRED, EXIT_PREFLIGHT_FAILED = 0, 1, 2, 3, 4
+EXIT_HANG_DETECTED = 5
 _OUTPUT_TAIL_LINES = 40
 
 
@@ -273,13 +277,32 @@ def _signal_group(pid: int, signum: int) -> None:
         pass
 
 
-class Supervisor:
-    """Runs the worker launcher, mirrors its output, forwards SIGTERM and enforces the grace period."""
+def _kill(pid: int) -> None:
+    """SIGKILL the worker launcher `pid` and its workers' process groups."""
+    for target in [*child_pids(pid), pid]:
+        _signal_group(target, signal.SIGKILL)
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], *, grace_seconds: float, mpi: bool) -> None:
+
+class Supervisor:
+    """Runs the worker launcher, mirrors its output, forwards SIGTERM, enforces the grace period and, with a
+    `watch`, kills workers that hang."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        grace_seconds: float,
+        mpi: bool,
+        watch: HangWatch | None = None,
+    ) -> None:
         self.command, self.env, self.grace, self.mpi = list(command), dict(env), grace_seconds, mpi
+        self.watch = watch
         self.tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
         self.signal_name: str | None = None
+        self.hang: Hang | None = None
+        self.hang_ended_by_peer = False
+        """The workers failed on their own in a hang: a peer host's launcher found it first."""
         self._deadline: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -320,12 +343,20 @@ class Supervisor:
             while proc.poll() is None:
                 if self._deadline is not None and time.monotonic() > self._deadline and not expired:
                     expired = True
-                    for pid in [*child_pids(proc.pid), proc.pid]:
-                        _signal_group(pid, signal.SIGKILL)
+                    _kill(proc.pid)
+                # A stop that was asked for is the grace period's to bound, not the hang check's.
+                if self.watch is not None and self.signal_name is None and self.hang is None:
+                    self.hang = self.watch.check(time.monotonic())
+                    if self.hang is not None:
+                        log.error("%s: killing the workers", self.hang.describe())
+                        _kill(proc.pid)
                 time.sleep(0.1)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        if self.watch is not None and self.hang is None and self.signal_name is None and proc.returncode != 0:
+            self.hang = self.watch.stalled(time.monotonic())
+            self.hang_ended_by_peer = self.hang is not None
         pump.join(timeout=10)
         return proc.returncode, expired
 
@@ -446,13 +477,39 @@ class Launch:
     efa: list[str] | None
     preflight: Checks | None
     """None: the `preflight` hyperparameter turned the check off."""
+    hang: HangConfig
+    max_steps: int
 
 
 def _validate_launch(paths: Paths, env: Mapping[str, str]) -> Launch:
     cfg, resources, plan = _validate(paths, env)
     efa = efa_for_host(env, efa_devices())
     checks = checks_from_env(env, efa=bool(efa), timeout_minutes=cfg.parallel.timeout_minutes)
-    return Launch(resources, plan, _grace_seconds(env), efa, checks if cfg.preflight else None)
+    return Launch(
+        resources, plan, _grace_seconds(env), efa, checks if cfg.preflight else None, cfg.hang, cfg.train.max_steps
+    )
+
+
+def _hang_watch(launch: Launch, env: dict[str, str]) -> HangWatch | None:
+    """The hang check of this host's workers, whose reports' directory it adds to `env`; None when off."""
+    if launch.hang.action == "off":
+        log.info("hang check off (hyperparameter hang.action=off)")
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="heartbeat-"))
+    env[HEARTBEAT_ENV] = str(directory)
+    watch = HangWatch(
+        directory,
+        host=launch.resources.current_host,
+        last_step=launch.max_steps,
+        fixed_seconds=launch.hang.minutes * 60,
+        floor_seconds=launch.hang.floor_minutes * 60,
+        factor=launch.hang.factor,
+    )
+    limit = f"{launch.hang.factor:g} x the longest step interval, at least {launch.hang.floor_minutes:g} min"
+    if launch.hang.minutes:
+        limit = f"{launch.hang.minutes:g} min"
+    log.info("hang check: a host with no training step for %s fails with HangDetected", limit)
+    return watch
 
 
 def _launch(paths: Paths, launch: Launch) -> int:
@@ -478,6 +535,7 @@ def _launch(paths: Paths, launch: Launch) -> int:
         checks = replace(launch.preflight, passed_file=str(passed))
         env[PREFLIGHT_ENV] = checks.to_env()
         log.info("pre-flight check in the training workers: %s", checks.to_env())
+    watch = _hang_watch(launch, env)
     mpi = distribution(plan.distribution).launcher == "mpirun"
     if mpi:
         _start_sshd()
@@ -485,12 +543,16 @@ def _launch(paths: Paths, launch: Launch) -> int:
             return _follow_mpi_master()
         _wait_for_ssh(plan.hosts[1:])
         # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
-        forward = sorted({*extra, PREFLIGHT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
+        forward = sorted({*extra, PREFLIGHT_ENV, HEARTBEAT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
         command = mpirun_command(plan, forward, resources.network_interface_name)
     else:
         command = torchrun_command(plan)
-    supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi)
-    returncode, expired = supervisor.run()
+    supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi, watch=watch)
+    try:
+        returncode, expired = supervisor.run()
+    finally:
+        if watch is not None:
+            shutil.rmtree(watch.directory, ignore_errors=True)
     if passed is not None:
         passed_check = passed.exists()
         # What NCCL logged that a worker it aborted (or that was killed) had not yet copied to the log.
@@ -499,7 +561,9 @@ def _launch(paths: Paths, launch: Launch) -> int:
         except OSError as exc:
             log.warning("NCCL's last log lines could not be copied: %s", describe(exc))
         shutil.rmtree(passed.parent, ignore_errors=True)
-        status = None if expired or passed_check else _preflight_outcome(paths, supervisor, returncode)
+        status = (
+            None if expired or passed_check or supervisor.hang else _preflight_outcome(paths, supervisor, returncode)
+        )
         if status is not None:
             return status
     return _outcome(paths, supervisor, returncode, expired, grace)
@@ -514,6 +578,9 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
         )
         write_failure(paths, reason)
         return EXIT_GRACE_EXPIRED
+    if supervisor.hang is not None:
+        _write_hang(paths, supervisor, supervisor.hang, returncode)
+        return EXIT_HANG_DETECTED
     if returncode == 0:
         if supervisor.signal_name:
             log.info("workers checkpointed and exited after %s", supervisor.signal_name)
@@ -524,6 +591,19 @@ def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: boo
         reason = f"training failed: workers exited with status {returncode} (see the log for the first error)"
     write_failure(paths, reason, details="\n".join(supervisor.tail))
     return EXIT_FAILED
+
+
+def _write_hang(paths: Paths, supervisor: Supervisor, hang: Hang, returncode: int) -> None:
+    """The failure file of a hang. A failure the workers wrote is its symptom (the connection to a peer host
+    whose launcher killed its hung workers, lost): the hang goes first, the workers' line after it."""
+    details = [*supervisor.tail, hang.describe()]
+    if supervisor.hang_ended_by_peer:
+        log.error("%s: the workers then failed on their own (a peer host's hang check ended them)", hang.describe())
+    if paths.failure.exists():
+        symptom = paths.failure.read_text(errors="replace").split("\n", 1)[0]
+        paths.failure.unlink()
+        details.append(f"the workers' failure (exit status {returncode}): {symptom}")
+    write_failure(paths, hang.line(), details="\n".join(details))
 
 
 def _auxiliary(paths: Paths, env: Mapping[str, str]) -> Auxiliary | None:

@@ -165,6 +165,8 @@ LAUNCHED_ENV = "TRAINING_LAUNCHED_MONOTONIC"
 """Set by the launcher as it starts (time.monotonic()): the trainer's phases count from it (training/goodput.py)."""
 PREFLIGHT_ENV = "TRAINING_PREFLIGHT"
 """Set by the launcher on the training workers: the pre-flight checks they run before training (JSON)."""
+HEARTBEAT_ENV = "TRAINING_HEARTBEAT_DIR"
+"""Set by the launcher on the training workers: where each reports its last finished step (training/hang.py)."""
 
 LEDGER_CHANNEL = "ledger"
 """The input channel that brings every job its run's checkpoint ledger (/opt/ml/input/data/ledger)."""
@@ -175,5 +177,8 @@ retries the job on fresh nodes (SageMaker's FailureReason is "AlgorithmError: " 
 STRAGGLER_DETECTED = "StragglerDetected"
 """The first word of the failure file's first line when `stragglers.action=replace` stopped training
 (after a checkpoint) because a host lagged the others; retried on fresh nodes like a failed pre-flight."""
-RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED)
+HANG_DETECTED = "HangDetected"
+"""The first word of the failure file's first line when the launcher killed workers that finished no training
+step for the hang limit (training/hang.py); retried on fresh nodes like a failed pre-flight."""
+RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED, HANG_DETECTED)
 """The failure words after which the pipeline starts a new job on fresh instances, from the checkpoints."""

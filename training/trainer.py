@@ -28,6 +28,7 @@ from training.data import DistributedTokenLoader, TokenSamples, validation_batch
 from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
+from training.hang import StepReport
 from training.layout import LEDGER_CHANNEL, step_dir
 from training.ledger import trusted_digests
 from training.models.build import build_model, model_flops_per_token
@@ -285,6 +286,8 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         self.model.train()
         self.clock.enter("rework" if self.state.step < self.rework_until else "train")
+        report_step = StepReport.from_env(os.environ, self.env.rank)  # for the launcher's hang check
+        report_step(self.state.step)
         while self.state.step < max_steps:
             step = self.state.step + 1
             if step == self.rework_until + 1:
@@ -293,6 +296,7 @@ class Trainer:
             loss, grad_norm = self._train_step()
             self.scheduler.step()
             self.state.step = step
+            report_step(step)
             window_steps += 1
             if self.profiler is not None:
                 self.profiler.step()

@@ -22,7 +22,7 @@ from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, rec
 from lambdas.shared.errors import classified
 from training import goodput
 from training.batch_contract import result_key
-from training.layout import RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
+from training.layout import HANG_DETECTED, RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -102,7 +102,10 @@ def summarize(
     if capacity_error:
         status, secondary = "Failed", "Failed"
     main = next((r for r in results if r.get("node") == describe.get("nodeProperties", {}).get("mainNode", 0)), None)
-    failed_node = next((r for r in sorted(results, key=lambda r: r["node"]) if r.get("failure")), None)
+    failures = [r for r in sorted(results, key=lambda r: r["node"]) if r.get("failure")]
+    # A node whose training failed leaves its peers waiting until their hang check ends them: its failure is the cause.
+    failed_node = next((r for r in failures if not r["failure"].startswith(f"{HANG_DETECTED}: ")), None)
+    failed_node = failed_node or next(iter(failures), None)
     reason = capacity_error or (failed_node or {}).get("failure") or ""
     error: str | None = None
     retry = False

@@ -28,8 +28,8 @@ metrics = StageMetrics(Stage.TRAINING)
 
 # SageMaker's FailureReason for a cluster it could not provision.
 _CAPACITY = ("CapacityError", "InsufficientInstanceCapacity", "Insufficient capacity")
-# The pre-flight check failed, or the straggler check stopped training: SageMaker's FailureReason is
-# "AlgorithmError: " and the failure file's first line.
+# The pre-flight check failed, the straggler check stopped training or the launcher found the workers hung:
+# SageMaker's FailureReason is "AlgorithmError: " and the failure file's first line.
 _FRESH_NODES = re.compile(rf"(?:^|AlgorithmError: )({'|'.join(RETRIED_ON_FRESH_NODES)}): ")
 
 

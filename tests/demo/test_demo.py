@@ -225,6 +225,29 @@ def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: 
     assert (ledger["parts"]["rework"] > 0) == (interrupted > resumed_from)
 
 
+def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_from_the_checkpoint(
+    platform: Any, tmp_path: Path
+) -> None:
+    # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
+    # sets the hang check's floor to 6 s.
+    hyperparameters = {"max_steps": 60, "checkpoint.interval_steps": 10}
+    execution_input = _input(run_name="demo-hang", instance_count=1, spot=False, hyperparameters=hyperparameters)
+    outcome = _demo(platform, tmp_path, execution_input, hang=True)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    first, second = outcome.job_names
+    jobs = outcome.run_dir / "jobs"
+    failure = (jobs / first / "gen-0" / "algo-1" / "output" / "failure").read_text().splitlines()[0]
+    hung = re.fullmatch(r"HangDetected: no training step for (\d+) s after step (\d+) on algo-1", failure)
+    assert hung is not None and 6 <= int(hung.group(1)) <= 20, failure
+    # The new job resumed from a checkpoint the first one committed before it hung, and finished.
+    log = (jobs / second / "logs" / "algo-1-gen0.log").read_text()
+    resumed = re.search(r"resumed from checkpoint step-(\d+)", log)
+    assert resumed is not None and 10 <= int(resumed.group(1)) <= int(hung.group(2)), log[-3000:]
+    assert (jobs / second / "gen-0" / "algo-1" / "model" / "model.safetensors").exists()
+    report = outcome.report.read_text()
+    assert "HangDetected" in report
+
+
 def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:
     """An input over the approval threshold meets both gates; `--reject promotion` lets it launch, then rejects."""
     execution_input = _input(

@@ -70,6 +70,17 @@ def test_a_failed_preflight_is_retried_on_new_nodes_and_other_failures_are_not()
     slow = [{"node": 0, "exit_code": 1, "failure": "StragglerDetected: host node-1 (ranks 8) computed its steps ..."}]
     summary = _summary(_job("FAILED"), slow)
     assert (summary.error, summary.retry_on_new_nodes) == ("StragglerDetected", True)
+    hung = [
+        {"node": 1, "exit_code": 5, "failure": "HangDetected: no training step for 612 s after step 1200 on node-1"}
+    ]
+    summary = _summary(_job("FAILED"), hung)
+    assert (summary.error, summary.retry_on_new_nodes) == ("HangDetected", True)
+    assert summary.failure_reason == hung[0]["failure"]
+    # A node whose training failed left its peer hanging: that failure, not the peer's hang, is the cause.
+    crashed_peer = [{**hung[0], "node": 0}, {"node": 1, "exit_code": 1, "failure": "NonFiniteLossError: loss is nan"}]
+    summary = _summary(_job("FAILED"), crashed_peer)
+    assert (summary.error, summary.retry_on_new_nodes) == ("TrainingJobFailed", False)
+    assert summary.failure_reason == "NonFiniteLossError: loss is nan"
     crashed = [{"node": 0, "exit_code": 1, "failure": "training failed: workers exited with status 1"}]
     summary = _summary(_job("FAILED"), crashed)
     assert (summary.error, summary.retry_on_new_nodes) == ("TrainingJobFailed", False)

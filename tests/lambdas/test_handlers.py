@@ -238,6 +238,12 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
             "AlgorithmError: StragglerDetected: host algo-2 (ranks 8, 9) computed its steps 31% slower ...",
             "StragglerDetected",
         ),
+        (
+            "Failed",
+            "Failed",
+            "AlgorithmError: HangDetected: no training step for 612 s after step 1200 on algo-3",
+            "HangDetected",
+        ),
         ("Failed", "Failed", "AlgorithmError: exit code 1", "TrainingJobFailed"),
         # Only the failure file's own first word counts, not the words of some other error.
         ("Failed", "Failed", "AlgorithmError: ValueError: no 'PreflightFailed: ' here", "TrainingJobFailed"),
@@ -252,7 +258,8 @@ def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str,
     summary = summarize(describe, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert summary.finished is True
     assert summary.error == error
-    assert summary.retry_on_new_nodes is (error in ("InsufficientCapacity", "PreflightFailed", "StragglerDetected"))
+    retried = ("InsufficientCapacity", "PreflightFailed", "StragglerDetected", "HangDetected")
+    assert summary.retry_on_new_nodes is (error in retried)
     if error and not reason:
         assert secondary in summary.failure_reason
 

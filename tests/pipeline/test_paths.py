@@ -151,6 +151,27 @@ def test_a_failed_preflight_check_retries_on_fresh_instances_from_the_checkpoint
     assert train == {"attempt": 2, "retried_after": {"error": "PreflightFailed", "cause": PREFLIGHT.failure_reason}}
 
 
+# What SageMaker reports when the launcher killed workers that made no training step for the hang limit.
+HANG = Poll(
+    "Failed",
+    "Failed",
+    failure_reason="AlgorithmError: HangDetected: no training step for 612 s after step 1200 on algo-2",
+)
+
+
+def test_a_hang_retries_on_fresh_instances_and_the_run_is_told_the_cause(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[Poll("InProgress", "Training"), HANG], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(instance_type="ml.p4d.24xlarge", instance_count=2))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    requests = pipeline.local.training_requests
+    assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]
+    (told,) = [m for m in pipeline.local.messages("TopicsRuns") if m["Subject"].startswith("Training job replaced")]
+    body = json.loads(told["Message"])
+    assert (body["failed_job"], body["error"], body["attempt"]) == (first, "HangDetected", 2)
+    assert body["reason"] == HANG.failure_reason
+
+
 def test_preflight_retries_share_the_capacity_retry_limit(pipeline_factory: Any) -> None:
     # Pre-flight, capacity, pre-flight, pre-flight: the first attempt plus pipeline.capacity_retries (3), then failed.
     pipeline = pipeline_factory(scripts=[[PREFLIGHT], [CAPACITY], [PREFLIGHT], [PREFLIGHT]])
