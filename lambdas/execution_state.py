@@ -112,6 +112,10 @@ class TrainingRequest(_Model):
     """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
     resume_from: Continuation | None = None
     """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
+    fallback: list[InstanceGroup] = Field(default_factory=list, max_length=3)
+    """The input's `fallback`: clusters of one group each, tried in order after insufficient capacity."""
+    alternative: int = 0
+    """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/capacity/)."""
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TrainingRequest:
@@ -180,6 +184,12 @@ class TrainingRequest(_Model):
     def max_runtime_seconds(self) -> int:
         """The training time limit (AWS Batch's attempt timeout)."""
         return self.stopping_condition["MaxRuntimeInSeconds"]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fallback_left(self) -> bool:
+        """A fallback cluster not yet tried: insufficient capacity moves the next attempt onto it."""
+        return self.alternative < len(self.fallback)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

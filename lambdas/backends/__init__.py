@@ -23,3 +23,8 @@ def backend(name: str) -> Backend[Any]:
 def tuning_backends() -> list[str]:
     """The backends whose requests may ask for hyperparameter tuning."""
     return [name for name, declared in BACKENDS.items() if declared.tuning]
+
+
+def fallback_backends() -> list[str]:
+    """The backends whose requests may list `fallback` clusters."""
+    return [name for name, declared in BACKENDS.items() if declared.capacity_fallback]

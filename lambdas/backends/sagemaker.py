@@ -13,5 +13,6 @@ SAGEMAKER = Backend(
     step_id="TrainingStep",
     local=None,
     tuning=True,
+    capacity_fallback=True,
     denies=("sagemaker:CreateTrainingJob",),
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lambdas.backends import tuning_backends
+from lambdas.backends import fallback_backends, tuning_backends
 from lambdas.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
@@ -34,7 +34,7 @@ from lambdas.validate.inputs import ExecutionInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.service_models import model_limit
-from lambdas.validate.trials import trainer_refusal, training_processes
+from lambdas.validate.trials import global_batch, trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
@@ -62,7 +62,8 @@ _DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset"}
 def _problems_from(exc: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        # A list's item by its index, as the checks name it: `fallback[2].instance_count`.
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
         if err["type"] == "extra_forbidden":
             known = _keys_at(err["loc"][:-1])
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
@@ -249,6 +250,71 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
     return resolved
 
 
+def _check_fallback(
+    request: ExecutionInput,
+    groups: list[InstanceGroup] | None,
+    hyperparameters: dict[str, str],
+    limits: PlatformLimits,
+    problems: list[str],
+) -> list[InstanceGroup]:
+    """Each `fallback` cluster checked as the run's own is (type, EFA, strategy, subnet, the trainer's batch split),
+    and held to the run's global batch; the clusters resolved, each one group."""
+    if not request.fallback:
+        return []
+    if request.instance_groups is not None:
+        problems.append(
+            "fallback: each alternative is one instance_type and instance_count, so the run's own cluster must be too;"
+            " drop instance_groups or fallback"
+        )
+        return []
+    if request.backend not in fallback_backends():
+        problems.append(
+            f"fallback: runs on the {' or '.join(fallback_backends())} backend only, not {request.backend!r}"
+        )
+    if request.tuning is not None:
+        problems.append("fallback: a tuning job's trials are not moved to other clusters; drop fallback or tuning")
+    resolved: list[InstanceGroup] = []
+    for index, alternative in enumerate(request.fallback):
+        where = f"fallback[{index}]"
+        found: list[str] = []
+        shaped = request.model_copy(
+            update={"instance_type": alternative.instance_type, "instance_count": alternative.instance_count}
+        )
+        cluster = _check_cluster(shaped, limits, found)
+        # The checks name the top-level keys they judge: here they judge this alternative's.
+        problems.extend(
+            f"{where}.{p}" if p.startswith(("instance_type", "instance_count")) else f"{where}: {p}" for p in found
+        )
+        if cluster is None:
+            continue
+        resolved.extend(cluster)
+        if found:
+            continue  # its batch judged on a cluster that cannot run would only repeat the problem
+        processes = training_processes(cluster)
+        refusal = trainer_refusal(hyperparameters, processes)
+        if refusal is not None:
+            problems.append(f"{where}: hyperparameters: {refusal}")
+        elif groups is not None:
+            problems.extend(_batch_mismatch(where, hyperparameters, groups, cluster))
+    return resolved
+
+
+def _batch_mismatch(
+    where: str, hyperparameters: dict[str, str], groups: list[InstanceGroup], cluster: list[InstanceGroup]
+) -> list[str]:
+    """The alternative's global batch against the run's own: an alternative must train with the same one."""
+    own_processes, processes = training_processes(groups), training_processes(cluster)
+    own, batch = global_batch(hyperparameters, own_processes), global_batch(hyperparameters, processes)
+    if own is None or batch is None or own[0] == batch[0]:
+        return []
+    per_step = [own[1] * own_processes, own[1] * processes]
+    return [
+        f"{where}: its {processes} training processes make a global batch of {batch[0]} sequences, the run's own "
+        f"cluster's {own_processes} make {own[0]}; set hyperparameters.train.global_batch_size to a multiple of "
+        f"{math.lcm(*per_step)} (micro_batch_size x processes of both) so that every cluster trains alike"
+    ]
+
+
 def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
     instance = INSTANCE_TYPES.get(name)
     if instance is None:
@@ -401,6 +467,7 @@ def resolve(
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
+    fallback = _check_fallback(request, groups, hyperparameters, limits, problems)
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
     if groups is not None and len(groups) > 1:
@@ -468,9 +535,15 @@ def resolve(
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
         tuning=tuning,
         resume_from=continuation,
+        fallback=fallback,
     )
-    # What the state machine will send for it, as the services check it, before anything is estimated or approved.
+    # What the state machine will send for it, as the services check it, before anything is estimated or approved;
+    # on each fallback cluster too.
     refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
+    for index, group in enumerate(fallback):
+        shaped = resolved.model_copy(update={"instance_groups": [group]})
+        found = request_problems(shaped, attempts=limits.capacity_retries + 1)
+        refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
     if refused:
         raise _rejection(event, [], refused)
     return resolved.model_dump(mode="json")
