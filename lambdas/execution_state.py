@@ -227,6 +227,11 @@ class CostEstimate(_Model):
     training_jobs: int = 1
     """Jobs the estimate covers: a tuning job's max_jobs, each at the single job's worst case."""
     parallel_jobs: int = 1
+    worst_case: str = ""
+    """The cluster the costs are of: the dearest of the run's own and its fallback clusters, e.g.
+    `fallback[0]: 4 x ml.p4d.24xlarge`."""
+    fallback_hourly_usd: list[float] = Field(default_factory=list)
+    """Each fallback cluster's list price per hour, in the request's order (`hourly_usd` is the run's own)."""
 
 
 class JobCost(_Model):

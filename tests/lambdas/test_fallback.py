@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from lambdas.estimate.handler import estimate
 from lambdas.execution_state import TrainingRequest
+from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
@@ -95,3 +97,43 @@ def test_fallback_needs_the_single_group_form_and_a_backend_that_moves_attempts(
     assert "drop instance_groups or fallback" in hetero["fallback"].message
     batch = _problems(_input(backend="batch", instance_type="ml.p5.48xlarge"))
     assert "runs on the sagemaker backend only, not 'batch'" in batch["fallback"].message
+
+
+def _resolved(**overrides: Any) -> TrainingRequest:
+    return TrainingRequest.parse(resolve(_input(**overrides), execution_name="e", limits=LIMITS))
+
+
+def test_the_estimate_and_the_approval_are_on_the_dearest_cluster_which_it_names() -> None:
+    # 4 x p4d first, then 2 x p5 (the same 32 ... 16 processes at 512 a step): the p5s cost more an hour.
+    p5_x2 = {"instance_type": "ml.p5.48xlarge", "instance_count": 2}
+    request = _resolved(max_runtime_hours=1, instance_type="ml.p4d.24xlarge", instance_count=4, fallback=[p5_x2])
+    p5, p4d = (INSTANCE_TYPES[t].price_per_hour for t in ("ml.p5.48xlarge", "ml.p4d.24xlarge"))
+    assert 2 * p5 > 4 * p4d
+    threshold = 2 * p5 - 1
+    result = estimate(request, threshold_usd=threshold, spot_fraction=(0.3, 0.7), price_overrides={})
+    assert result.worst_case == "fallback[0]: 2 x ml.p5.48xlarge"
+    assert result.max_cost_usd == round(2 * p5, 2) and result.approval_required
+    # The run starts on its own cluster, at its own price; each fallback's is kept for when it is used.
+    assert result.hourly_usd == round(4 * p4d, 4) and result.fallback_hourly_usd == [round(2 * p5, 4)]
+    # Without the fallback the same run stays under the threshold.
+    alone = estimate(
+        request.model_copy(update={"fallback": []}),
+        threshold_usd=threshold,
+        spot_fraction=(0.3, 0.7),
+        price_overrides={},
+    )
+    assert alone.worst_case == "the run's own cluster: 4 x ml.p4d.24xlarge" and not alone.approval_required
+
+
+def test_the_run_own_cluster_is_the_worst_case_when_it_is_the_dearest() -> None:
+    request = _resolved(
+        max_runtime_hours=1,
+        fallback=[{"instance_type": "ml.p4d.24xlarge", "instance_count": 2}],
+        hyperparameters={"batch_size": 16, "train.global_batch_size": 256},
+    )
+    result = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={"ml.p4d.24xlarge": 500.0})
+    assert result.worst_case == "fallback[0]: 2 x ml.p4d.24xlarge" and result.max_cost_usd == 1000.0
+    assert result.approval_required is False  # at the threshold, not above it
+    result = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={"ml.p4d.24xlarge": 1.0})
+    assert result.worst_case == "the run's own cluster: 2 x ml.p5.48xlarge"
+    assert result.price_source.startswith("settings override for ml.p4d.24xlarge; list price")
