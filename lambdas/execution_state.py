@@ -399,6 +399,20 @@ class EstimateEvent(_Model):
     request: HandedOnRequest
 
 
+class NextClusterEvent(_Model):
+    """The capacity fallback handler's event (stacks/pipeline/polled_job.py): the request and its estimate."""
+
+    request: HandedOnRequest
+    estimate: CostEstimate
+
+
+class NextCluster(_Model):
+    """The request moved onto its next fallback cluster, and that cluster's list price per hour."""
+
+    request: TrainingRequest
+    hourly_usd: float
+
+
 class EvaluateEvent(_Model):
     """Evaluate's event (stacks/pipeline/outcome.py): the request's gate and the finished job's metrics."""
 
@@ -494,5 +508,7 @@ CLEANUP = Path(None, "$.cleanup")
 """What the cleanup handler did (jobs stopped, checkpoints pruned), or the error it raised."""
 EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")
+NEXT_CLUSTER = Path(NextCluster, "$.next_cluster")
+"""The capacity fallback handler's answer, before the state machine puts its request and price in place."""
 CONTINUED = Path(Carried, "$.continued")
 """The checkpoint carried over from the run `resume_from` names (absent for a run started afresh)."""

@@ -52,6 +52,12 @@ class SageMakerTraining(Construct):
             job={"job_name": string(TRAIN.job.job_name)},
             cleanup=self.cleanup,
             replaces_jobs=True,
+            fallback=context.function(
+                "NextCluster",
+                "lambdas.capacity.handler.handler",
+                "Moves a run's next attempt onto its next fallback cluster after insufficient capacity",
+                {},
+            ),
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
 

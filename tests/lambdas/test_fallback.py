@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from lambdas.capacity import handler as capacity
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import TrainingRequest
+from lambdas.execution_state import NextCluster, TrainingRequest
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.request import resolve
@@ -137,3 +138,38 @@ def test_the_run_own_cluster_is_the_worst_case_when_it_is_the_dearest() -> None:
     result = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={"ml.p4d.24xlarge": 1.0})
     assert result.worst_case == "the run's own cluster: 2 x ml.p5.48xlarge"
     assert result.price_source.startswith("settings override for ml.p4d.24xlarge; list price")
+
+
+class _Context:
+    function_name = "NextCluster"
+    memory_limit_in_mb = 256
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:NextCluster"
+    aws_request_id = "req-1"
+
+
+def test_each_capacity_retry_moves_to_the_next_cluster_then_stays_on_the_last() -> None:
+    fallback = [P4D_X4, {"instance_type": "ml.p4de.24xlarge", "instance_count": 4}]
+    request = _resolved(fallback=fallback)
+    priced = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={})
+    state: dict[str, Any] = {"request": request.model_dump(mode="json"), "estimate": priced.model_dump(mode="json")}
+    seen = []
+    for _ in range(3):
+        moved = capacity.handler(state, _Context())
+        state = {"request": moved["request"], "estimate": state["estimate"] | {"hourly_usd": moved["hourly_usd"]}}
+        seen.append((moved["request"]["cluster"], moved["request"]["alternative"], moved["hourly_usd"]))
+    assert seen == [
+        ("4 x ml.p4d.24xlarge", 1, priced.fallback_hourly_usd[0]),
+        ("4 x ml.p4de.24xlarge", 2, priced.fallback_hourly_usd[1]),
+        ("4 x ml.p4de.24xlarge", 2, priced.fallback_hourly_usd[1]),  # none left: stays on the last one tried
+    ]
+    # What CreateTrainingJob and the launcher read is the new cluster's, and the run is the same run.
+    final = TrainingRequest.parse(state["request"])
+    assert (final.instance_type, final.instance_count, final.gpus, final.efa) == ("ml.p4de.24xlarge", 4, 8, True)
+    assert final.job_name_base == request.job_name_base and final.fallback == request.fallback
+    assert not final.fallback_left
+
+
+def test_a_request_without_fallback_is_unchanged() -> None:
+    request = _resolved(fallback=None)
+    priced = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={})
+    assert capacity.next_cluster(request, priced) == NextCluster(request=request, hourly_usd=priced.hourly_usd)

@@ -16,6 +16,7 @@ from localrun.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.stored import put_checkpoint
+from training.layout import EXPECTED_GPUS_ENV
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
 # What SageMaker reports when the launcher's pre-flight check fails: the failure file's first line.
@@ -35,6 +36,7 @@ def test_above_threshold_waits_for_launch_approval(pipeline: Pipeline) -> None:
     request = pipeline.pending("launch")
     summary = json.loads(request["summary"])
     assert summary["instances"] == "4 x ml.p5.48xlarge" and float(summary["max_cost_usd"]) > 500
+    assert summary["worst_case"] == "the run's own cluster: 4 x ml.p5.48xlarge"
     pipeline.decide("launch", "approve", reason="budgeted for Q4")
     pipeline.run_until(arn, "Approval gate (promotion)")
     assert len(pipeline.jobs()) == 1
@@ -120,6 +122,40 @@ def test_capacity_error_then_success_with_a_new_job_name(pipeline_factory: Any) 
     # The new job resumes from the same run-level checkpoints.
     assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]
     assert "Next attempt" in pipeline.local.states_entered(arn)
+
+
+# One g5.2xlarge GPU, then the fallback's 4 on one g5.12xlarge, at 32 sequences per step on both.
+FALLBACK = {
+    "fallback": [{"instance_type": "ml.g5.12xlarge", "instance_count": 1}],
+    "hyperparameters": {"max_steps": 100, "batch_size": 8, "train.global_batch_size": 32},
+}
+
+
+def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[CAPACITY], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(**FALLBACK))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    requests = pipeline.local.training_requests
+    shapes = [
+        (r["ResourceConfig"]["InstanceType"], r["ResourceConfig"]["InstanceCount"], r["Environment"][EXPECTED_GPUS_ENV])
+        for r in (requests[first], requests[second])
+    ]
+    assert shapes == [("ml.g5.2xlarge", 1, "1"), ("ml.g5.12xlarge", 1, "4")]
+    assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]  # it resumes the same run
+    (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
+    told = json.loads(message["Message"])
+    assert (told["error"], told["next_cluster"]) == ("InsufficientCapacity", "1 x ml.g5.12xlarge")
+
+
+def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[PREFLIGHT], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(**FALLBACK))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    requests = pipeline.local.training_requests
+    assert requests[first]["ResourceConfig"] == requests[second]["ResourceConfig"]
+    assert "Choose the next cluster" not in pipeline.local.states_entered(arn)
 
 
 def test_capacity_retries_are_bounded(pipeline_factory: Any) -> None:
