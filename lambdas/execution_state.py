@@ -42,6 +42,8 @@ class InstanceGroup(_Model):
     """`train`: its hosts run the torchrun job; `auxiliary`: its hosts are told their role and do not train."""
     channels: list[str] | None = None
     """The input channels its hosts receive (None: all of them)."""
+    training_plan: bool = False
+    """Its instances come from the stage's training plan (one group on the plan's type, on demand, one job)."""
 
 
 class Dataset(_Model):
@@ -184,6 +186,12 @@ class TrainingRequest(_Model):
     def max_runtime_seconds(self) -> int:
         """The training time limit (AWS Batch's attempt timeout)."""
         return self.stopping_condition["MaxRuntimeInSeconds"]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def training_plan(self) -> bool:
+        """The job runs in the stage's training plan (ResourceConfig.TrainingPlanArn)."""
+        return not self.heterogeneous and self._training.training_plan
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -14,5 +14,6 @@ SAGEMAKER = Backend(
     local=None,
     tuning=True,
     capacity_fallback=True,
+    training_plans=True,
     denies=("sagemaker:CreateTrainingJob",),
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lambdas.backends import fallback_backends, tuning_backends
+from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
@@ -237,6 +237,8 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
         problems.append(f"distribution {request.distribution!r} is not one of {', '.join(DISTRIBUTION_NAMES)}")
     if len(resolved) != len(asked) or not resolved:
         return None
+    if _in_training_plan(request, resolved, limits):
+        resolved = [resolved[0].model_copy(update={"training_plan": True})]
     _check_capacity(resolved, limits, problems)
     if len(resolved) > 1:
         gpus = {g.gpus for g in resolved if g.role == TRAIN_ROLE}
@@ -313,6 +315,18 @@ def _batch_mismatch(
         f"cluster's {own_processes} make {own[0]}; set hyperparameters.train.global_batch_size to a multiple of "
         f"{math.lcm(*per_step)} (micro_batch_size x processes of both) so that every cluster trains alike"
     ]
+
+
+def _in_training_plan(request: ExecutionInput, groups: list[InstanceGroup], limits: PlatformLimits) -> bool:
+    """Whether the job runs in the stage's training plan: one group on the plan's type, on demand, on a backend
+    whose jobs take plans, one job (tuning jobs' trials do not)."""
+    return (
+        len(groups) == 1
+        and groups[0].instance_type == limits.training_plan_instance_type
+        and not request.spot
+        and request.tuning is None
+        and request.backend in training_plan_backends()
+    )
 
 
 def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
