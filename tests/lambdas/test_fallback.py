@@ -126,7 +126,7 @@ def test_the_estimate_and_the_approval_are_on_the_dearest_cluster_which_it_names
     assert alone.worst_case == "the run's own cluster: 4 x ml.p4d.24xlarge" and not alone.approval_required
 
 
-def test_the_run_own_cluster_is_the_worst_case_when_it_is_the_dearest() -> None:
+def test_the_worst_case_follows_the_prices_overrides_included() -> None:
     request = _resolved(
         max_runtime_hours=1,
         fallback=[{"instance_type": "ml.p4d.24xlarge", "instance_count": 2}],
