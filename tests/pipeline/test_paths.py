@@ -10,6 +10,7 @@ import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
+from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.validate.request import RUN_ID_HEX
 from localrun.clock import Clock
 from localrun.scripted import Poll
@@ -146,6 +147,8 @@ def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(
     (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
     told = json.loads(message["Message"])
     assert (told["error"], told["next_cluster"]) == ("InsufficientCapacity", "1 x ml.g5.12xlarge")
+    # The job that trained is costed at its own cluster's price (COMPLETED bills half an hour).
+    assert pipeline.lineage()["cost"]["actual_usd"] == round(INSTANCE_TYPES["ml.g5.12xlarge"].price_per_hour / 2, 4)
 
 
 def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(pipeline_factory: Any) -> None:
