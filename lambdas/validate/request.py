@@ -275,6 +275,13 @@ def _check_fallback(
         )
     if request.tuning is not None:
         problems.append("fallback: a tuning job's trials are not moved to other clusters; drop fallback or tuning")
+    # Each alternative is tried by a new job, and every new job is one of the run's retries.
+    retries = limits.capacity_retries
+    if len(request.fallback) > retries:
+        problems.append(
+            f"fallback: {len(request.fallback)} alternatives, but pipeline.capacity_retries allows {retries} new "
+            f"job{'' if retries == 1 else 's'}; list at most {retries} (or raise pipeline.capacity_retries)"
+        )
     resolved: list[InstanceGroup] = []
     for index, alternative in enumerate(request.fallback):
         where = f"fallback[{index}]"

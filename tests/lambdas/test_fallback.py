@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -173,3 +174,19 @@ def test_a_request_without_fallback_is_unchanged() -> None:
     request = _resolved(fallback=None)
     priced = estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={})
     assert capacity.next_cluster(request, priced) == NextCluster(request=request, hourly_usd=priced.hourly_usd)
+
+
+def test_more_alternatives_than_capacity_retries_are_refused() -> None:
+    # One retry can start one new job: a second alternative could never run, yet would set the estimate.
+    fallback = [P4D_X4, {"instance_type": "ml.p4de.24xlarge", "instance_count": 4}]
+    with pytest.raises(InvalidRequest) as raised:
+        resolve(_input(fallback=fallback), execution_name="e", limits=dataclasses.replace(LIMITS, capacity_retries=1))
+    problems = {p.field: p for p in raised.value.problems}
+    assert set(problems) == {"fallback"}, problems
+    assert problems["fallback"].message == (
+        "fallback: 2 alternatives, but pipeline.capacity_retries allows 1 new job; list at most 1 "
+        "(or raise pipeline.capacity_retries)"
+    )
+    assert resolve(
+        _input(fallback=fallback[:1]), execution_name="e", limits=dataclasses.replace(LIMITS, capacity_retries=1)
+    )
