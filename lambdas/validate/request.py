@@ -30,7 +30,7 @@ from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
-from lambdas.validate.inputs import ExecutionInput, GroupInput
+from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.service_models import model_limit
@@ -254,14 +254,17 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
 
 def _check_fallback(
     request: ExecutionInput,
+    alternatives: list[FallbackInput | None],
+    *,
     groups: list[InstanceGroup] | None,
     hyperparameters: dict[str, str],
     limits: PlatformLimits,
     problems: list[str],
 ) -> list[InstanceGroup]:
     """Each `fallback` cluster checked as the run's own is (type, EFA, strategy, subnet, the trainer's batch split),
-    and held to the run's global batch; the clusters resolved, each one group."""
-    if not request.fallback:
+    and held to the run's global batch; the clusters resolved, each one group. `alternatives` are the input's, None
+    where the schema refused one (its problems are the schema's)."""
+    if not alternatives:
         return []
     if request.instance_groups is not None:
         problems.append(
@@ -277,13 +280,15 @@ def _check_fallback(
         problems.append("fallback: a tuning job's trials are not moved to other clusters; drop fallback or tuning")
     # Each alternative is tried by a new job, and every new job is one of the run's retries.
     retries = limits.capacity_retries
-    if len(request.fallback) > retries:
+    if len(alternatives) > retries:
         problems.append(
-            f"fallback: {len(request.fallback)} alternatives, but pipeline.capacity_retries allows {retries} new "
+            f"fallback: {len(alternatives)} alternatives, but pipeline.capacity_retries allows {retries} new "
             f"job{'' if retries == 1 else 's'}; list at most {retries} (or raise pipeline.capacity_retries)"
         )
     resolved: list[InstanceGroup] = []
-    for index, alternative in enumerate(request.fallback):
+    for index, alternative in enumerate(alternatives):
+        if alternative is None:
+            continue
         where = f"fallback[{index}]"
         found: list[str] = []
         shaped = request.model_copy(
@@ -478,7 +483,7 @@ def resolve(
     and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
     resume.find found it.
     """
-    request, schema, rejected = _parse(event, limits)
+    request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
     if not RUN_NAME.match(request.run_name):
         problems.append(
@@ -488,7 +493,9 @@ def resolve(
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
-    fallback = _check_fallback(request, groups, hyperparameters, limits, problems)
+    fallback = _check_fallback(
+        request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
+    )
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
     if groups is not None and len(groups) > 1:
@@ -570,11 +577,15 @@ def resolve(
     return resolved.model_dump(mode="json")
 
 
-def _parse(event: Any, limits: PlatformLimits) -> tuple[ExecutionInput, list[Problem], set[str]]:
-    """The input as the model reads it, the schema's problems, and the top-level keys they reject.
+def _parse(
+    event: Any, limits: PlatformLimits
+) -> tuple[ExecutionInput, list[Problem], set[str], list[FallbackInput | None]]:
+    """The input as the model reads it, the schema's problems, the top-level keys they reject, and the input's
+    `fallback` clusters (None where the schema refused one).
 
     A rejected key is left out (a required one given a stand-in) so that the other checks still run;
-    their problems that name a rejected key are dropped (`_depends_on`).
+    their problems that name a rejected key are dropped (`_depends_on`). A refused `fallback` item is left
+    out alone, so that the checks still judge the others.
     """
     if not isinstance(event, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
@@ -589,21 +600,31 @@ def _parse(event: Any, limits: PlatformLimits) -> tuple[ExecutionInput, list[Pro
             ]
         )
     try:
-        return ExecutionInput.model_validate(event), [], set()
+        request = ExecutionInput.model_validate(event)
+        return request, [], set(), list(request.fallback or [])
     except ValidationError as exc:
         schema = _problems_from(exc)
-        rejected = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        errors = [err["loc"] for err in exc.errors() if err["loc"]]
+    in_items = [loc for loc in errors if loc[0] == "fallback" and len(loc) > 1 and isinstance(loc[1], int)]
+    refused_items = {loc[1] for loc in in_items}
+    rejected = {str(loc[0]) for loc in errors if loc not in in_items}
     stand_ins: dict[str, Any] = {
         "run_name": "rejected",
         "dataset": f"s3://{limits.datasets_bucket}/rejected/",
         "max_runtime_hours": min(1.0, limits.max_runtime_hours),
     }
     kept = {k: v for k, v in event.items() if k not in rejected}
+    listed = kept.get("fallback")
+    if refused_items and isinstance(listed, list):
+        kept["fallback"] = [item for index, item in enumerate(listed) if index not in refused_items]
     try:
         request = ExecutionInput.model_validate({**{k: stand_ins[k] for k in stand_ins if k not in kept}, **kept})
     except ValidationError:  # not expected: every rejected key is gone; report the schema's problems alone
         raise InvalidRequest.listing(schema) from None
-    return request, schema, rejected
+    accepted = iter(request.fallback or [])
+    if not isinstance(listed, list):
+        return request, schema, rejected, list(accepted)
+    return request, schema, rejected, [None if i in refused_items else next(accepted) for i in range(len(listed))]
 
 
 def _depends_on(problem: str, rejected: set[str]) -> bool:

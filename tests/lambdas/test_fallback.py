@@ -190,3 +190,10 @@ def test_more_alternatives_than_capacity_retries_are_refused() -> None:
     assert resolve(
         _input(fallback=fallback[:1]), execution_name="e", limits=dataclasses.replace(LIMITS, capacity_retries=1)
     )
+
+
+def test_an_alternative_the_schema_refuses_does_not_hide_the_others_problems() -> None:
+    problems = _problems(_input(fallback=[{"instance_typ": "x"}, {"instance_type": "ml.p4d.24xlarg"}]))
+    assert set(problems) == {"fallback[0].instance_typ", "fallback[0].instance_type", "fallback[1].instance_type"}
+    assert "did you mean 'instance_type'?" in problems["fallback[0].instance_typ"].message
+    assert "did you mean 'ml.p4d.24xlarge' or" in problems["fallback[1].instance_type"].message
