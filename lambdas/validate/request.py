@@ -34,8 +34,9 @@ from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.service_models import model_limit
-from lambdas.validate.trials import global_batch, trainer_refusal, training_processes
+from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
+from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
@@ -317,14 +318,18 @@ def _batch_mismatch(
     where: str, hyperparameters: dict[str, str], groups: list[InstanceGroup], cluster: list[InstanceGroup]
 ) -> list[str]:
     """The alternative's global batch against the run's own: an alternative must train with the same one."""
+    try:
+        train = from_hyperparameters(hyperparameters).train
+    except ConfigError:
+        return []  # the trainer's refusal is reported already
     own_processes, processes = training_processes(groups), training_processes(cluster)
-    own, batch = global_batch(hyperparameters, own_processes), global_batch(hyperparameters, processes)
-    if own is None or batch is None or own[0] == batch[0]:
+    own, batch = train.global_batch(own_processes), train.global_batch(processes)
+    if own == batch:
         return []
-    per_step = [own[1] * own_processes, own[1] * processes]
+    per_step = [train.micro_batch_size * own_processes, train.micro_batch_size * processes]
     return [
-        f"{where}: its {processes} training processes make a global batch of {batch[0]} sequences, the run's own "
-        f"cluster's {own_processes} make {own[0]}; set hyperparameters.train.global_batch_size to a multiple of "
+        f"{where}: its {processes} training processes make a global batch of {batch} sequences, the run's own "
+        f"cluster's {own_processes} make {own}; set hyperparameters.train.global_batch_size to a multiple of "
         f"{math.lcm(*per_step)} (micro_batch_size x processes of both) so that every cluster trains alike"
     ]
 

@@ -54,16 +54,6 @@ def trainer_refusal(values: Mapping[str, str], processes: int) -> str | None:
     return None
 
 
-def global_batch(values: Mapping[str, str], processes: int) -> tuple[int, int] | None:
-    """The sequences per optimizer step of a job of these hyperparameters on `processes` processes, and the
-    micro-batch size, as the trainer derives them; None when the trainer refuses the hyperparameters."""
-    try:
-        train = from_hyperparameters(values).train
-    except ConfigError:
-        return None
-    return train.global_batch_size or train.micro_batch_size * processes, train.micro_batch_size
-
-
 @dataclass(frozen=True)
 class TunedRange:
     """One range as Validate checks it: its key, and the values a trial may be given (as SageMaker sends them)."""
