@@ -119,6 +119,10 @@ class TrainingRequest(_Model):
     alternative: int = 0
     """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/capacity/)."""
 
+    def on_fallback(self, index: int) -> TrainingRequest:
+        """This request moved onto its `fallback[index]` cluster, as an attempt after insufficient capacity runs it."""
+        return self.model_copy(update={"instance_groups": [self.fallback[index]], "alternative": index + 1})
+
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TrainingRequest:
         """A request as a state hands it on: its computed fields are dropped, then it is validated again."""

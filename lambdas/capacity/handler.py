@@ -22,8 +22,7 @@ def next_cluster(request: TrainingRequest, estimate: CostEstimate) -> NextCluste
     if not request.fallback_left:
         return NextCluster(request=request, hourly_usd=estimate.hourly_usd)
     index = request.alternative
-    moved = request.model_copy(update={"instance_groups": [request.fallback[index]], "alternative": index + 1})
-    return NextCluster(request=moved, hourly_usd=estimate.fallback_hourly_usd[index])
+    return NextCluster(request=request.on_fallback(index), hourly_usd=estimate.fallback_hourly_usd[index])
 
 
 @classified

@@ -573,9 +573,8 @@ def resolve(
     # What the state machine will send for it, as the services check it, before anything is estimated or approved;
     # on each fallback cluster too.
     refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
-    for index, group in enumerate(fallback):
-        shaped = resolved.model_copy(update={"instance_groups": [group]})
-        found = request_problems(shaped, attempts=limits.capacity_retries + 1)
+    for index in range(len(fallback)):
+        found = request_problems(resolved.on_fallback(index), attempts=limits.capacity_retries + 1)
         refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
     if refused:
         raise _rejection(event, [], refused)

@@ -12,6 +12,7 @@ from lambdas.estimate.handler import estimate
 from lambdas.execution_state import NextCluster, TrainingRequest
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest, Problem
+from lambdas.validate import api_requests
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
 
@@ -197,3 +198,20 @@ def test_an_alternative_the_schema_refuses_does_not_hide_the_others_problems() -
     assert set(problems) == {"fallback[0].instance_typ", "fallback[0].instance_type", "fallback[1].instance_type"}
     assert "did you mean 'instance_type'?" in problems["fallback[0].instance_typ"].message
     assert "did you mean 'ml.p4d.24xlarge' or" in problems["fallback[1].instance_type"].message
+
+
+def test_a_fallback_cluster_whose_create_request_the_service_would_refuse_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A documented limit that refuses the p4d cluster only: Validate sends each fallback's request to the checks too.
+    refuse_p4d = api_requests.Limit(
+        "sagemaker",
+        "CreateTrainingJob",
+        "no p4d (this test's)",
+        "tests/lambdas/test_fallback.py",
+        lambda params: "no p4d" if params["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge" else None,
+    )
+    monkeypatch.setattr(api_requests, "LIMITS", (*api_requests.LIMITS, refuse_p4d))
+    problems = _problems(_input())
+    assert set(problems) == {"fallback[0]"}, problems
+    assert "CreateTrainingJob: no p4d (tests/lambdas/test_fallback.py)" in problems["fallback[0]"].message

@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 from botocore.client import BaseClient
 
-from lambdas.execution_state import TrainingRequest
+from lambdas.capacity.handler import next_cluster
+from lambdas.execution_state import CostEstimate, TrainingRequest
 from lambdas.validate.api_requests import (
     EXECUTION_TAG,
     PLACEHOLDERS,
@@ -109,8 +110,10 @@ def test_validate_builds_the_fallback_job_the_state_machine_sends_after_insuffic
         pipeline.run_until(arn, "Approval gate (promotion)")
     first, second = [p for o, p in sent if o == "CreateTrainingJob"]
     request = _validated(pipeline)
-    # What Validate checked for the fallback cluster (request_problems on the request moved onto it).
-    moved = request.model_copy(update={"instance_groups": [request.fallback[0]], "alternative": 1})
+    (priced,) = [c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.estimate.")]
+    # The request NextCluster moves onto the fallback cluster, of which Validate checked this CreateTrainingJob.
+    moved = next_cluster(request, CostEstimate.model_validate(priced)).request
+    assert moved.cluster == "1 x ml.g5.12xlarge"
     assert second == create_training_job(moved, 2, _sagemaker_constants(second))
     assert first == create_training_job(request, 1, _sagemaker_constants(first))
 
