@@ -296,9 +296,12 @@ def _check_fallback(
             update={"instance_type": alternative.instance_type, "instance_count": alternative.instance_count}
         )
         cluster = _check_cluster(shaped, limits, found)
-        # The checks name the top-level keys they judge: here they judge this alternative's.
+        # The checks name the top-level keys they judge: here they judge this alternative's. The others judge the
+        # run's settings (e.g. `distribution`): one already said of the run's own cluster is not said again.
         problems.extend(
-            f"{where}.{p}" if p.startswith(("instance_type", "instance_count")) else f"{where}: {p}" for p in found
+            f"{where}.{p}" if p.startswith(("instance_type", "instance_count")) else f"{where}: {p}"
+            for p in found
+            if p.startswith(("instance_type", "instance_count")) or p not in problems
         )
         if cluster is None:
             continue

@@ -215,3 +215,9 @@ def test_a_fallback_cluster_whose_create_request_the_service_would_refuse_is_ref
     problems = _problems(_input())
     assert set(problems) == {"fallback[0]"}, problems
     assert "CreateTrainingJob: no p4d (tests/lambdas/test_fallback.py)" in problems["fallback[0]"].message
+
+
+def test_a_problem_of_the_run_settings_is_not_repeated_for_each_alternative() -> None:
+    fallback = [P4D_X4, {"instance_type": "ml.p4de.24xlarge", "instance_count": 4}]
+    problems = _problems(_input(distribution="nope", fallback=fallback))
+    assert set(problems) == {"distribution", "hyperparameters"}, problems
