@@ -286,9 +286,11 @@ def _check_fallback(
             f"fallback: {len(alternatives)} alternatives, but pipeline.capacity_retries allows {retries} new "
             f"job{'' if retries == 1 else 's'}; list at most {retries} (or raise pipeline.capacity_retries)"
         )
+    redundant = _redundant(request, alternatives)
+    problems.extend(f"fallback[{index}]: {problem}" for index, problem in redundant.items())
     resolved: list[InstanceGroup] = []
     for index, alternative in enumerate(alternatives):
-        if alternative is None:
+        if alternative is None or index in redundant:
             continue
         where = f"fallback[{index}]"
         found: list[str] = []
@@ -315,6 +317,25 @@ def _check_fallback(
         elif groups is not None:
             problems.extend(_batch_mismatch(where, hyperparameters, groups, cluster))
     return resolved
+
+
+def _redundant(request: ExecutionInput, alternatives: list[FallbackInput | None]) -> dict[int, str]:
+    """Why an alternative adds nothing, by its index: it is the run's own cluster, or one listed before it."""
+    own = (request.instance_type, request.instance_count or 1)
+    first: dict[tuple[str | None, int], int] = {}
+    found: dict[int, str] = {}
+    for index, alternative in enumerate(alternatives):
+        if alternative is None:
+            continue
+        shape = (alternative.instance_type, alternative.instance_count)
+        cluster = f"{alternative.instance_count} x {alternative.instance_type}"
+        if shape == own:
+            found[index] = f"{cluster} is the run's own cluster, which a retry uses anyway; drop it"
+        elif shape in first:
+            found[index] = f"{cluster} repeats fallback[{first[shape]}]; drop it"
+        else:
+            first[shape] = index
+    return found
 
 
 def _batch_mismatch(

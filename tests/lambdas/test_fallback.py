@@ -221,3 +221,11 @@ def test_a_problem_of_the_run_settings_is_not_repeated_for_each_alternative() ->
     fallback = [P4D_X4, {"instance_type": "ml.p4de.24xlarge", "instance_count": 4}]
     problems = _problems(_input(distribution="nope", fallback=fallback))
     assert set(problems) == {"distribution", "hyperparameters"}, problems
+
+
+def test_an_alternative_that_is_the_run_own_cluster_or_repeats_another_is_refused() -> None:
+    own = {"instance_type": "ml.p5.48xlarge", "instance_count": 2}
+    problems = _problems(_input(fallback=[P4D_X4, own, P4D_X4]))
+    assert set(problems) == {"fallback[1]", "fallback[2]"}, problems
+    assert "2 x ml.p5.48xlarge is the run's own cluster" in problems["fallback[1]"].message
+    assert "4 x ml.p4d.24xlarge repeats fallback[0]; drop it" in problems["fallback[2]"].message
