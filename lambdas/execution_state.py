@@ -21,6 +21,8 @@ class _Model(BaseModel):
 
 TRAIN_ROLE = "train"
 AUXILIARY_ROLE = "auxiliary"
+MAX_FALLBACK = 3
+"""The most fallback clusters a run may list (README: "Capacity fallback")."""
 
 
 class InstanceGroup(_Model):
@@ -114,9 +116,9 @@ class TrainingRequest(_Model):
     """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
     resume_from: Continuation | None = None
     """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
-    fallback: list[InstanceGroup] = Field(default_factory=list, max_length=3)
+    fallback: list[InstanceGroup] = Field(default_factory=list, max_length=MAX_FALLBACK)
     """The input's `fallback`: clusters of one group each, tried in order after insufficient capacity."""
-    alternative: int = 0
+    alternative: int = Field(default=0, ge=0, le=MAX_FALLBACK)
     """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/capacity/)."""
 
     def on_fallback(self, index: int) -> TrainingRequest:

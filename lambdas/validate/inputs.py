@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.execution_state import TRAIN_ROLE
+from lambdas.execution_state import MAX_FALLBACK, TRAIN_ROLE
 from lambdas.validate.tuning import TuningInput
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 
@@ -40,10 +40,6 @@ class FallbackInput(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     instance_type: str
     instance_count: int = Field(1, ge=1)
-
-
-MAX_FALLBACK = 3
-"""The most alternatives a run may list."""
 
 
 class ExecutionInput(BaseModel):

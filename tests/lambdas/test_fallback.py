@@ -6,10 +6,11 @@ import dataclasses
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from lambdas.capacity import handler as capacity
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import NextCluster, TrainingRequest
+from lambdas.execution_state import MAX_FALLBACK, NextCluster, TrainingRequest
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import api_requests
@@ -229,3 +230,14 @@ def test_an_alternative_that_is_the_run_own_cluster_or_repeats_another_is_refuse
     assert set(problems) == {"fallback[1]", "fallback[2]"}, problems
     assert "2 x ml.p5.48xlarge is the run's own cluster" in problems["fallback[1]"].message
     assert "4 x ml.p4d.24xlarge repeats fallback[0]; drop it" in problems["fallback[2]"].message
+
+
+def test_the_request_holds_an_alternative_in_range_and_at_most_max_fallback_clusters() -> None:
+    data = _resolved().model_dump(mode="json")
+    for bad in (
+        {"alternative": -1},
+        {"alternative": MAX_FALLBACK + 1},
+        {"fallback": data["fallback"] * (MAX_FALLBACK + 1)},
+    ):
+        with pytest.raises(ValidationError):
+            TrainingRequest.parse(data | bad)
