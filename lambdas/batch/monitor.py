@@ -21,7 +21,7 @@ from lambdas.execution_state import BatchPoll, JobCost, JobProgress
 from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_metrics
 from lambdas.shared.errors import classified
 from training.batch_contract import result_key
-from training.layout import RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
+from training.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -90,7 +90,7 @@ def summarize(
     error: str | None = None
     retry = False
     if capacity_error:
-        error, retry = "InsufficientCapacity", True
+        error, retry = INSUFFICIENT_CAPACITY, True
     elif status == "Completed" and (main is None or not main.get("model_artifacts")):
         status, secondary = "Failed", "Failed"
         error, reason = "TrainingJobFailed", "the job succeeded but its main node recorded no model in S3"

@@ -20,7 +20,7 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from training import ledger
-from training.layout import RETRIED_ON_FRESH_NODES, run_checkpoints
+from training.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_checkpoints
 from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
@@ -67,7 +67,7 @@ def retry_cause(status: str, reason: str) -> str | None:
     if status != "Failed":
         return None
     if any(marker in reason for marker in _CAPACITY):
-        return "InsufficientCapacity"
+        return INSUFFICIENT_CAPACITY
     if match := _FRESH_NODES.search(reason):
         return match.group(1)
     return None

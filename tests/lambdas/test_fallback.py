@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import api_requests
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
+from training.layout import INSUFFICIENT_CAPACITY
 
 P4D_X4 = {"instance_type": "ml.p4d.24xlarge", "instance_count": 4}
 
@@ -241,3 +244,18 @@ def test_the_request_holds_an_alternative_in_range_and_at_most_max_fallback_clus
     ):
         with pytest.raises(ValidationError):
             TrainingRequest.parse(data | bad)
+
+
+def test_the_capacity_retry_cause_is_spelled_only_in_training_layout() -> None:
+    # The monitors return it and the state machine's Choice compares with it: one constant, INSUFFICIENT_CAPACITY.
+    root = Path(__file__).parents[2]
+    spelled = [
+        str(path.relative_to(root))
+        for folder in ("lambdas", "stacks", "training")
+        for path in sorted((root / folder).rglob("*.py"))
+        if any(
+            isinstance(node, ast.Constant) and node.value == INSUFFICIENT_CAPACITY
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert spelled == ["training/layout.py"]
