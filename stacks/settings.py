@@ -25,8 +25,10 @@ from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import FSX_SCHEME, resolve
+from lambdas.validate.service_models import service_model
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -248,8 +250,10 @@ class NotificationSettings(_Model):
 
 
 _TRAINING_PLAN = re.compile(
-    r"^arn:aws(?:-[a-z]+)*:sagemaker:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):training-plan/[A-Za-z0-9][A-Za-z0-9-]{0,62}$"
+    r"^arn:aws(?:-[a-z]+)*:sagemaker:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):training-plan/(?P<name>.+)$"
 )
+_TRAINING_PLAN_NAME = service_model("sagemaker").shape_for("TrainingPlanName").metadata
+"""The API's rule for a plan's name: its pattern (letters, digits, '-' inside) and length."""
 
 
 class TrainingPlanSettings(_Model):
@@ -261,8 +265,13 @@ class TrainingPlanSettings(_Model):
     @field_validator("arn")
     @classmethod
     def _arn(cls, value: str) -> str:
-        if not _TRAINING_PLAN.match(value):
-            raise ValueError("must be a training plan's ARN: arn:aws:sagemaker:<region>:<account>:training-plan/<name>")
+        match = _TRAINING_PLAN.match(value)
+        name = match["name"] if match else ""
+        if len(name) > _TRAINING_PLAN_NAME["max"] or not python_pattern(_TRAINING_PLAN_NAME["pattern"]).fullmatch(name):
+            raise ValueError(
+                "must be a training plan's ARN: arn:aws:sagemaker:<region>:<account>:training-plan/<name>, the name "
+                f"1-{_TRAINING_PLAN_NAME['max']} letters, digits and '-', starting and ending with a letter or digit"
+            )
         return value
 
     @field_validator("instance_type")

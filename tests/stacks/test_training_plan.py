@@ -53,6 +53,15 @@ def test_the_setting_takes_a_training_plan_arn_of_the_stage_account_and_region()
         _with_plan(**{"pipeline.allowed_instance_types": '["ml.p4d.24xlarge"]'})
 
 
+def test_the_plan_name_is_checked_by_the_api_rule_of_training_plan_names() -> None:
+    arn = TRAINING_PLAN_ARN.rsplit("/", 1)[0]
+    for name in ("p", "a" * 64, "p4d--reserved-2"):
+        assert _with_plan(**{"pipeline.training_plan": json.dumps(PLAN | {"arn": f"{arn}/{name}"})})
+    for name in ("", "a" * 65, "p4d-", "-p4d", "p4d_reserved"):
+        with pytest.raises(SettingsError, match="the name 1-64 letters, digits and '-'"):
+            build_settings(BASE, {"pipeline.training_plan": json.dumps(PLAN | {"arn": f"{arn}/{name}"})})
+
+
 PLANNED = dataclasses.replace(LIMITS, training_plan_instance_type="ml.p5.48xlarge")
 
 
