@@ -523,6 +523,6 @@ CLEANUP = Path(None, "$.cleanup")
 EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")
 NEXT_CLUSTER = Path(NextCluster, "$.next_cluster")
-"""The capacity fallback handler's answer, before the state machine puts its request and price in place."""
+"""The capacity fallback handler's answer until the state machine has put its request and price in place; then {}."""
 CONTINUED = Path(Carried, "$.continued")
 """The checkpoint carried over from the run `resume_from` names (absent for a run started afresh)."""

@@ -331,7 +331,14 @@ class PolledJobStep:
             input_path=str(NEXT_CLUSTER.hourly_usd),
             result_path=str(ESTIMATE.hourly_usd),
         )
-        choose.next(use).next(price).next(then)
+        # The answer's request is a second copy of the run's: not kept in the state for the rest of the run.
+        forget = sfn.Pass(
+            self._scope,
+            self._names("Forget the answer"),
+            result=sfn.Result.from_object({}),
+            result_path=str(NEXT_CLUSTER),
+        )
+        choose.next(use).next(price).next(forget).next(then)
         moves = sfn.Condition.and_(
             sfn.Condition.string_equals(str(TRAIN.retried_after.error), INSUFFICIENT_CAPACITY),
             sfn.Condition.boolean_equals(str(REQUEST.fallback_left), True),

@@ -147,6 +147,12 @@ def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(
     (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
     told = json.loads(message["Message"])
     assert (told["error"], told["next_cluster"]) == ("InsufficientCapacity", "1 x ml.g5.12xlarge")
+    # The handler's answer is emptied once used: the state holds one copy of the request.
+    *_, used = [
+        e for e in pipeline.local.history(arn) if e.get("stateEnteredEventDetails", {}).get("name") == "Reset progress"
+    ]
+    state = json.loads(used["stateEnteredEventDetails"]["input"])  # as the second attempt starts
+    assert state["next_cluster"] == {} and state["request"]["cluster"] == "1 x ml.g5.12xlarge"
     # The job that trained is costed at its own cluster's price (COMPLETED bills half an hour).
     assert pipeline.lineage()["cost"]["actual_usd"] == round(INSTANCE_TYPES["ml.g5.12xlarge"].price_per_hour / 2, 4)
 
