@@ -21,6 +21,8 @@ class _Model(BaseModel):
 
 TRAIN_ROLE = "train"
 AUXILIARY_ROLE = "auxiliary"
+MAX_FALLBACK = 3
+"""The most fallback clusters a run may list (README: "Capacity fallback")."""
 
 
 class InstanceGroup(_Model):
@@ -42,6 +44,8 @@ class InstanceGroup(_Model):
     """`train`: its hosts run the torchrun job; `auxiliary`: its hosts are told their role and do not train."""
     channels: list[str] | None = None
     """The input channels its hosts receive (None: all of them)."""
+    training_plan: bool = False
+    """Its instances come from the stage's training plan (one group on the plan's type, on demand, one job)."""
 
 
 class Dataset(_Model):
@@ -112,6 +116,14 @@ class TrainingRequest(_Model):
     """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
     resume_from: Continuation | None = None
     """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
+    fallback: list[InstanceGroup] = Field(default_factory=list, max_length=MAX_FALLBACK)
+    """The input's `fallback`: clusters of one group each, tried in order after insufficient capacity."""
+    alternative: int = Field(default=0, ge=0, le=MAX_FALLBACK)
+    """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/capacity/)."""
+
+    def on_fallback(self, index: int) -> TrainingRequest:
+        """This request moved onto its `fallback[index]` cluster, as an attempt after insufficient capacity runs it."""
+        return self.model_copy(update={"instance_groups": [self.fallback[index]], "alternative": index + 1})
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TrainingRequest:
@@ -183,6 +195,18 @@ class TrainingRequest(_Model):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def training_plan(self) -> bool:
+        """The job runs in the stage's training plan (ResourceConfig.TrainingPlanArn)."""
+        return not self.heterogeneous and self._training.training_plan
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fallback_left(self) -> bool:
+        """A fallback cluster not yet tried: insufficient capacity moves the next attempt onto it."""
+        return self.alternative < len(self.fallback)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def gpus(self) -> int:
         return self._training.gpus
 
@@ -217,6 +241,11 @@ class CostEstimate(_Model):
     training_jobs: int = 1
     """Jobs the estimate covers: a tuning job's max_jobs, each at the single job's worst case."""
     parallel_jobs: int = 1
+    worst_case: str = ""
+    """The cluster the costs are of: the dearest of the run's own and its fallback clusters, e.g.
+    `fallback[0]: 4 x ml.p4d.24xlarge`."""
+    fallback_hourly_usd: list[float] = Field(default_factory=list)
+    """Each fallback cluster's list price per hour, in the request's order (`hourly_usd` is the run's own)."""
 
 
 class JobCost(_Model):
@@ -386,6 +415,20 @@ class EstimateEvent(_Model):
     request: HandedOnRequest
 
 
+class NextClusterEvent(_Model):
+    """The capacity fallback handler's event (stacks/pipeline/polled_job.py): the request and its estimate."""
+
+    request: HandedOnRequest
+    estimate: CostEstimate
+
+
+class NextCluster(_Model):
+    """The request moved onto its next fallback cluster, and that cluster's list price per hour."""
+
+    request: TrainingRequest
+    hourly_usd: float
+
+
 class EvaluateEvent(_Model):
     """Evaluate's event (stacks/pipeline/outcome.py): the request's gate and the finished job's metrics."""
 
@@ -481,5 +524,7 @@ CLEANUP = Path(None, "$.cleanup")
 """What the cleanup handler did (jobs stopped, checkpoints pruned), or the error it raised."""
 EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")
+NEXT_CLUSTER = Path(NextCluster, "$.next_cluster")
+"""The capacity fallback handler's answer until the state machine has put its request and price in place; then {}."""
 CONTINUED = Path(Carried, "$.continued")
 """The checkpoint carried over from the run `resume_from` names (absent for a run started afresh)."""

@@ -25,8 +25,10 @@ from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.shared.errors import InvalidRequest
+from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import FSX_SCHEME, resolve
+from lambdas.validate.service_models import service_model
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -247,6 +249,41 @@ class NotificationSettings(_Model):
         return value
 
 
+_TRAINING_PLAN = re.compile(
+    r"^arn:aws(?:-[a-z]+)*:sagemaker:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):training-plan/(?P<name>.+)$"
+)
+_TRAINING_PLAN_NAME = service_model("sagemaker").shape_for("TrainingPlanName").metadata
+"""The API's rule for a plan's name: its pattern (letters, digits, '-' inside) and length."""
+
+
+class TrainingPlanSettings(_Model):
+    """A SageMaker training plan: reserved capacity of one instance type that this stage's jobs on it use."""
+
+    arn: str = Field(description="The plan's ARN (arn:aws:sagemaker:<region>:<account>:training-plan/<name>).")
+    instance_type: str = Field(description="The plan's instance type: SageMaker takes the plan only for jobs on it.")
+
+    @field_validator("arn")
+    @classmethod
+    def _arn(cls, value: str) -> str:
+        match = _TRAINING_PLAN.match(value)
+        name = match["name"] if match else ""
+        if len(name) > _TRAINING_PLAN_NAME["max"] or not python_pattern(_TRAINING_PLAN_NAME["pattern"]).fullmatch(name):
+            raise ValueError(
+                "must be a training plan's ARN: arn:aws:sagemaker:<region>:<account>:training-plan/<name>, the name "
+                f"1-{_TRAINING_PLAN_NAME['max']} letters, digits and '-', starting and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        try:
+            instance_type(value)
+        except UnknownInstanceTypeError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
 class PipelineSettings(_Model):
     approval_threshold_usd: float = Field(
         500.0, ge=0, description="Runs whose on-demand estimate exceeds this need pre-launch approval."
@@ -305,6 +342,11 @@ class PipelineSettings(_Model):
     )
     price_overrides: dict[str, float] = Field(
         default_factory=dict, description="USD per instance-hour replacing the bundled list price of a type."
+    )
+    training_plan: TrainingPlanSettings | None = Field(
+        None,
+        description="`{arn, instance_type}` of a SageMaker training plan: this stage's on-demand SageMaker jobs of one "
+        'instance group on its type run in its reserved capacity (README: "Training plans").',
     )
 
     @field_validator("spot_cost_fraction")
@@ -571,7 +613,27 @@ class PlatformSettings(_Model):
             tags=tags,
             backends=tuple(backends),
             backend_limits={name: backend.limits.from_deployment(deployment) for name, backend in BACKENDS.items()},
+            training_plan_instance_type=plan.instance_type if (plan := self.pipeline.training_plan) else "",
         )
+
+    @model_validator(mode="after")
+    def _training_plan_here(self) -> PlatformSettings:
+        plan = self.pipeline.training_plan
+        if plan is None:
+            return self
+        match = _TRAINING_PLAN.match(plan.arn)
+        assert match is not None  # the field's own check
+        for key, value in (("region", self.region), ("account", self.account)):
+            if value is not None and match[key] != value:
+                raise ValueError(
+                    f"pipeline.training_plan.arn is of {key} {match[key]!r}, not this stage's {value!r}: "
+                    "a job can use only a plan of its own account and Region"
+                )
+        if plan.instance_type not in self.pipeline.instance_types():
+            raise ValueError(
+                f"pipeline.training_plan.instance_type {plan.instance_type!r} is not in pipeline.allowed_instance_types"
+            )
+        return self
 
     @model_validator(mode="after")
     def _azs_in_region(self) -> PlatformSettings:

@@ -64,6 +64,8 @@ def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
 
 
 RUN_EMAIL = "alice@example.org"
+# The variant's training plan (its Region and account).
+TRAINING_PLAN_ARN = "arn:aws:sagemaker:eu-west-1:123456789012:training-plan/p4d-reserved"
 # The README's retrain trigger: new objects under the prefix start examples/retrain-on-new-data.json.
 RETRAIN_TRIGGER = {
     "name": "web-text",
@@ -100,7 +102,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """NAT on, named AZs, a p4d cluster, FSx auto-export, no network isolation, one allowed instance
-    type, a named reader of execution data: the optional paths of every stack."""
+    type and a training plan of it, a named reader of execution data: the optional paths of every stack."""
     context = cdk_context(region="eu-west-1", account="123456789012")
     context["platform"]["network"] = {
         **context["platform"]["network"],
@@ -109,7 +111,11 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "largest_cluster": {"instance_type": "ml.p4d.24xlarge", "count": 16},
     }
     context["platform"]["storage"] = {**context["platform"]["storage"], "fsx_auto_export_prefix": "results/"}
-    context["platform"]["pipeline"] = {"network_isolation": False, "allowed_instance_types": ["ml.p4d.24xlarge"]}
+    context["platform"]["pipeline"] = {
+        "network_isolation": False,
+        "allowed_instance_types": ["ml.p4d.24xlarge"],
+        "training_plan": {"arn": TRAINING_PLAN_ARN, "instance_type": "ml.p4d.24xlarge"},
+    }
     context["platform"]["execution_data_readers"] = [READER]
     from stacks.app_builder import build_platform
 

@@ -137,6 +137,8 @@ def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
     table = Table(show_header=False, box=None)
     table.add_row("hourly (cluster)", f"${cost.hourly_usd:,.2f}")
     table.add_row("worst case (on demand)", f"${cost.max_cost_usd:,.2f}")
+    if cost.fallback_hourly_usd:
+        table.add_row("worst case is on", cost.worst_case)
     if cost.spot_usd:
         table.add_row("spot (expected range)", f"${cost.spot_usd[0]:,.2f} – ${cost.spot_usd[1]:,.2f}")
     table.add_row("approval threshold", f"${cost.threshold_usd:,.2f}")

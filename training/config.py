@@ -127,6 +127,10 @@ class TrainConfig:
         _require(self.seed >= 0, "train.seed", self.seed, "use a non-negative integer")
         _require(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "use >= 0")
 
+    def global_batch(self, world_size: int) -> int:
+        """Sequences per optimizer step on `world_size` processes: global_batch_size, or micro_batch_size x them."""
+        return self.global_batch_size or self.micro_batch_size * world_size
+
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each process; ConfigError if the batch does not divide."""
         if self.global_batch_size == 0:

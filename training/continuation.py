@@ -37,8 +37,7 @@ def continuation_problems(old: JobConfig, old_processes: int, new: JobConfig, ne
             f"hyperparameters data.seq_len: {new.seq_len} differs from the continued run's {old.seq_len}; "
             "its data position counts sequences of that length"
         )
-    old_batch = old.train.global_batch_size or old.train.micro_batch_size * old_processes
-    new_batch = new.train.global_batch_size or new.train.micro_batch_size * new_processes
+    old_batch, new_batch = old.train.global_batch(old_processes), new.train.global_batch(new_processes)
     if old_batch != new_batch:
         problems.append(
             f"hyperparameters train.global_batch_size: this run's batch is {new_batch} sequences per step, the "

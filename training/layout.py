@@ -182,3 +182,6 @@ HANG_DETECTED = "HangDetected"
 step for the hang limit (training/hang.py); retried on fresh nodes like a failed pre-flight."""
 RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED, HANG_DETECTED)
 """The failure words after which the pipeline starts a new job on fresh instances, from the checkpoints."""
+INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+"""The error of a job that found too few instances (the monitors' `retry_cause`): the pipeline's next attempt
+runs on the request's next fallback cluster, if it has one."""

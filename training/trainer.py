@@ -79,7 +79,7 @@ class Trainer:
         files = find_data_files(self.paths)
         self.seq_len = self.cfg.seq_len
         self.grad_accum = self.cfg.train.grad_accum_steps(self.env.world_size)
-        self.global_batch = self.cfg.train.micro_batch_size * self.env.world_size * self.grad_accum
+        self.global_batch = self.cfg.train.global_batch(self.env.world_size)
         n_params = self._build_model()
         self._build_optimizer()
         loader = self._build_data(files)

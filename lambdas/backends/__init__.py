@@ -23,3 +23,13 @@ def backend(name: str) -> Backend[Any]:
 def tuning_backends() -> list[str]:
     """The backends whose requests may ask for hyperparameter tuning."""
     return [name for name, declared in BACKENDS.items() if declared.tuning]
+
+
+def fallback_backends() -> list[str]:
+    """The backends whose requests may list `fallback` clusters."""
+    return [name for name, declared in BACKENDS.items() if declared.capacity_fallback]
+
+
+def training_plan_backends() -> list[str]:
+    """The backends whose jobs run in the stage's training plan when on its instance type."""
+    return [name for name, declared in BACKENDS.items() if declared.training_plans]

@@ -78,6 +78,10 @@ class Backend(Generic[L]):
     `module.function`; None where moto's own API plays it (SageMaker's, played by LocalPlatform `training`)."""
     tuning: bool = False
     """Whether a request on this backend may ask for hyperparameter tuning."""
+    capacity_fallback: bool = False
+    """Whether its step moves a new attempt onto the request's next `fallback` cluster after insufficient capacity."""
+    training_plans: bool = False
+    """Whether its jobs run in the stage's training plan (pipeline.training_plan) when on its instance type."""
     denies: tuple[str, ...] = ()
     """The IAM actions that start its jobs: the budget stop denies them once the monthly budget is spent."""
 

@@ -13,5 +13,7 @@ SAGEMAKER = Backend(
     step_id="TrainingStep",
     local=None,
     tuning=True,
+    capacity_fallback=True,
+    training_plans=True,
     denies=("sagemaker:CreateTrainingJob",),
 )

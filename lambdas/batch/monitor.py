@@ -22,7 +22,7 @@ from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, rec
 from lambdas.shared.errors import classified
 from training import goodput
 from training.batch_contract import result_key
-from training.layout import HANG_DETECTED, RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
+from training.layout import HANG_DETECTED, INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -110,7 +110,7 @@ def summarize(
     error: str | None = None
     retry = False
     if capacity_error:
-        error, retry = "InsufficientCapacity", True
+        error, retry = INSUFFICIENT_CAPACITY, True
     elif status == "Completed" and (main is None or not main.get("model_artifacts")):
         status, secondary = "Failed", "Failed"
         error, reason = "TrainingJobFailed", "the job succeeded but its main node recorded no model in S3"

@@ -7,7 +7,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from lambdas.estimate.environment import EstimateEnvironment
-from lambdas.execution_state import CostEstimate, EstimateEvent, TrainingRequest
+from lambdas.execution_state import CostEstimate, EstimateEvent, InstanceGroup, TrainingRequest
 from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
@@ -25,33 +25,48 @@ def estimate(
 ) -> CostEstimate:
     """Every group's count x hourly price, x max runtime (+ warm-pool keep-alive); spot as an estimated range.
 
-    A tuning job is max_jobs such jobs, each at the single job's worst case, however many run at once.
+    A tuning job is max_jobs such jobs, each at the single job's worst case, however many run at once. A run with
+    `fallback` clusters costs what the dearest of them and its own would: any of them may be the one that runs.
     """
-    prices = {group.instance_type: price_overrides.get(group.instance_type) for group in request.instance_groups}
-    cluster_hourly = sum(
-        group.instance_count * (prices[group.instance_type] or instance_type(group.instance_type).price_per_hour)
-        for group in request.instance_groups
-    )
-    overridden = [name for name, price in prices.items() if price is not None]
+    clusters = [("the run's own cluster", request.instance_groups)] + [
+        (f"fallback[{index}]", [group]) for index, group in enumerate(request.fallback)
+    ]
+    hourly = [_hourly(groups, price_overrides) for _, groups in clusters]
+    worst = max(range(len(clusters)), key=lambda index: hourly[index])
+    worst_label, worst_groups = clusters[worst]
+    types = {group.instance_type for _, groups in clusters for group in groups}
+    overridden = [name for name in types if name in price_overrides]
     runtime_hours = request.stopping_condition["MaxRuntimeInSeconds"] / 3600
     keep_alive_hours = request.keep_alive_seconds / 3600
     tuning = request.tuning
     jobs = tuning.max_jobs if tuning else 1
-    on_demand = jobs * cluster_hourly * (runtime_hours + keep_alive_hours)
+    on_demand = jobs * hourly[worst] * (runtime_hours + keep_alive_hours)
     spot = [round(on_demand * spot_fraction[0], 2), round(on_demand * spot_fraction[1], 2)] if request.spot else None
     # Approval is decided on the worst case the run can cost. For spot that is the on-demand price too:
     # the spot price can rise to it, so the expected range is shown but never approved on.
     max_cost = on_demand
+    cluster = " + ".join(f"{group.instance_count} x {group.instance_type}" for group in worst_groups)
     return CostEstimate(
-        hourly_usd=round(cluster_hourly, 4),
+        hourly_usd=round(hourly[0], 4),
         on_demand_usd=round(on_demand, 2),
         spot_usd=spot,
         max_cost_usd=round(max_cost, 2),
         threshold_usd=threshold_usd,
         approval_required=max_cost > threshold_usd,
-        price_source=_price_source(overridden, len(prices)),
+        price_source=_price_source(overridden, len(types)),
         training_jobs=jobs,
         parallel_jobs=tuning.max_parallel_jobs if tuning else 1,
+        worst_case=f"{worst_label}: {cluster}",
+        fallback_hourly_usd=[round(price, 4) for price in hourly[1:]],
+    )
+
+
+def _hourly(groups: list[InstanceGroup], price_overrides: dict[str, float]) -> float:
+    """A cluster's list price per hour (or the settings' override of a type's)."""
+    return sum(
+        group.instance_count
+        * price_overrides.get(group.instance_type, instance_type(group.instance_type).price_per_hour)
+        for group in groups
     )
 
 

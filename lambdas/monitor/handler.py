@@ -20,7 +20,7 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, Metric, Stage, StageMetrics
 from training import goodput, ledger
-from training.layout import RETRIED_ON_FRESH_NODES, run_checkpoints, run_goodput
+from training.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_checkpoints, run_goodput
 from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
@@ -145,7 +145,7 @@ def retry_cause(status: str, reason: str) -> str | None:
     if status != "Failed":
         return None
     if any(marker in reason for marker in _CAPACITY):
-        return "InsufficientCapacity"
+        return INSUFFICIENT_CAPACITY
     if match := _FRESH_NODES.search(reason):
         return match.group(1)
     return None

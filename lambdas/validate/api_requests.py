@@ -79,6 +79,8 @@ class Deployment:
     job_definition: str
     execution: str
     """$$.Execution.Id, which SubmitJob's execution tag carries."""
+    training_plan_arn: str = ""
+    """The stage's training plan (pipeline.training_plan), which a request on its type runs in."""
 
 
 _ACCOUNT = "arn:aws:{}:us-east-1:123456789012:{}"
@@ -95,6 +97,7 @@ PLACEHOLDERS = Deployment(
     job_queue=_ACCOUNT.format("batch", "job-queue/training-platform"),
     job_definition=_ACCOUNT.format("batch", "job-definition/training-platform:1"),
     execution=_ACCOUNT.format("states", "execution:" + "p" * 80 + ":" + "e" * 80),
+    training_plan_arn=_ACCOUNT.format("sagemaker", "training-plan/" + "t" * 63),
 )
 
 
@@ -119,6 +122,7 @@ def create_training_job(request: TrainingRequest, attempt: int, deployment: Depl
         "VolumeSizeInGB": request.volume_size_gb,
         "KeepAlivePeriodInSeconds": request.keep_alive_seconds,
         **({} if request.local_storage else {"VolumeKmsKeyId": deployment.key_arn}),
+        **({"TrainingPlanArn": deployment.training_plan_arn} if request.training_plan else {}),
     }
     artifacts = f"s3://{deployment.artifacts_bucket}/"
     return {

@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.execution_state import TRAIN_ROLE
+from lambdas.execution_state import MAX_FALLBACK, TRAIN_ROLE
 from lambdas.validate.tuning import TuningInput
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 
@@ -33,6 +33,15 @@ class GroupInput(BaseModel):
     channels: list[str] | None = None
 
 
+class FallbackInput(BaseModel):
+    """A cluster to try instead when SageMaker has too little capacity for the one before it (README: "Capacity
+    fallback")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    instance_type: str
+    instance_count: int = Field(1, ge=1)
+
+
 class ExecutionInput(BaseModel):
     """What an ML engineer passes to StartExecution (see README: "Starting a training run")."""
 
@@ -54,6 +63,12 @@ class ExecutionInput(BaseModel):
         None,
         description="A heterogeneous cluster instead of `instance_type`: up to 5 groups of `name`, `instance_type`, "
         "`instance_count`, `role` (train or auxiliary) and `channels` (those its hosts receive; default all).",
+    )
+    fallback: list[FallbackInput] | None = Field(
+        None,
+        max_length=MAX_FALLBACK,
+        description=f"Up to {MAX_FALLBACK} clusters of `instance_type` and `instance_count`, tried in order when "
+        'SageMaker has too little capacity for the one before; the same global batch (README: "Capacity fallback").',
     )
     backend: str = Field(
         "sagemaker", description="Where the job runs: one of the training backends the platform deploys."

@@ -37,6 +37,8 @@ class PlatformLimits:
     """The backends a request may name (those the pipeline's training step runs)."""
     backend_limits: Mapping[str, BackendLimits]
     """Each registered backend's limits, by name (lambdas/backends/)."""
+    training_plan_instance_type: str = ""
+    """The instance type of the stage's SageMaker training plan (pipeline.training_plan; empty: none)."""
 
     @classmethod
     def from_environment(cls) -> PlatformLimits:
@@ -55,6 +57,7 @@ class PlatformLimits:
             tags=dict(env_json("JOB_TAGS")),
             backends=tuple(env_json("TRAINING_BACKENDS")),
             backend_limits={name: declared.limits.from_environment() for name, declared in BACKENDS.items()},
+            training_plan_instance_type=env_str("TRAINING_PLAN_INSTANCE_TYPE"),
         )
 
     def environment(self) -> dict[str, str]:
@@ -73,6 +76,7 @@ class PlatformLimits:
             "RUN_EMAILS": json.dumps(list(self.run_emails)),
             "JOB_TAGS": json.dumps(self.tags),
             "TRAINING_BACKENDS": json.dumps(list(self.backends)),
+            "TRAINING_PLAN_INSTANCE_TYPE": self.training_plan_instance_type,
         }
         for limits in self.backend_limits.values():
             variables |= limits.environment()

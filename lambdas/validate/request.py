@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lambdas.backends import tuning_backends
+from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
@@ -30,12 +30,13 @@ from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
-from lambdas.validate.inputs import ExecutionInput, GroupInput
+from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
+from training.config import ConfigError, from_hyperparameters
 from training.distributions import DISTRIBUTIONS
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
@@ -62,7 +63,8 @@ _DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset"}
 def _problems_from(exc: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        # A list's item by its index, as the checks name it: `fallback[2].instance_count`.
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
         if err["type"] == "extra_forbidden":
             known = _keys_at(err["loc"][:-1])
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
@@ -236,6 +238,8 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
         problems.append(f"distribution {request.distribution!r} is not one of {', '.join(DISTRIBUTION_NAMES)}")
     if len(resolved) != len(asked) or not resolved:
         return None
+    if _in_training_plan(request, resolved, limits):
+        resolved = [resolved[0].model_copy(update={"training_plan": True})]
     _check_capacity(resolved, limits, problems)
     if len(resolved) > 1:
         gpus = {g.gpus for g in resolved if g.role == TRAIN_ROLE}
@@ -247,6 +251,123 @@ def _check_cluster(request: ExecutionInput, limits: PlatformLimits, problems: li
         if request.warm_pool_minutes:
             problems.append("warm_pool_minutes: SageMaker warm pools do not support heterogeneous clusters; drop it")
     return resolved
+
+
+def _check_fallback(
+    request: ExecutionInput,
+    alternatives: list[FallbackInput | None],
+    *,
+    groups: list[InstanceGroup] | None,
+    hyperparameters: dict[str, str],
+    limits: PlatformLimits,
+    problems: list[str],
+) -> list[InstanceGroup]:
+    """Each `fallback` cluster checked as the run's own is (type, EFA, strategy, subnet, the trainer's batch split),
+    and held to the run's global batch; the clusters resolved, each one group. `alternatives` are the input's, None
+    where the schema refused one (its problems are the schema's)."""
+    if not alternatives:
+        return []
+    if request.instance_groups is not None:
+        problems.append(
+            "fallback: each alternative is one instance_type and instance_count, so the run's own cluster must be too;"
+            " drop instance_groups or fallback"
+        )
+        return []
+    if request.backend not in fallback_backends():
+        problems.append(
+            f"fallback: runs on the {' or '.join(fallback_backends())} backend only, not {request.backend!r}"
+        )
+    if request.tuning is not None:
+        problems.append("fallback: a tuning job's trials are not moved to other clusters; drop fallback or tuning")
+    # Each alternative is tried by a new job, and every new job is one of the run's retries.
+    retries = limits.capacity_retries
+    if len(alternatives) > retries:
+        problems.append(
+            f"fallback: {len(alternatives)} alternatives, but pipeline.capacity_retries allows {retries} new "
+            f"job{'' if retries == 1 else 's'}; list at most {retries} (or raise pipeline.capacity_retries)"
+        )
+    redundant = _redundant(request, alternatives)
+    problems.extend(f"fallback[{index}]: {problem}" for index, problem in redundant.items())
+    resolved: list[InstanceGroup] = []
+    for index, alternative in enumerate(alternatives):
+        if alternative is None or index in redundant:
+            continue
+        where = f"fallback[{index}]"
+        found: list[str] = []
+        shaped = request.model_copy(
+            update={"instance_type": alternative.instance_type, "instance_count": alternative.instance_count}
+        )
+        cluster = _check_cluster(shaped, limits, found)
+        # The checks name the top-level keys they judge: here they judge this alternative's. The others judge the
+        # run's settings (e.g. `distribution`): one already said of the run's own cluster is not said again.
+        problems.extend(
+            f"{where}.{p}" if p.startswith(("instance_type", "instance_count")) else f"{where}: {p}"
+            for p in found
+            if p.startswith(("instance_type", "instance_count")) or p not in problems
+        )
+        if cluster is None:
+            continue
+        resolved.extend(cluster)
+        if found:
+            continue  # its batch judged on a cluster that cannot run would only repeat the problem
+        processes = training_processes(cluster)
+        refusal = trainer_refusal(hyperparameters, processes)
+        if refusal is not None:
+            problems.append(f"{where}: hyperparameters: {refusal}")
+        elif groups is not None:
+            problems.extend(_batch_mismatch(where, hyperparameters, groups, cluster))
+    return resolved
+
+
+def _redundant(request: ExecutionInput, alternatives: list[FallbackInput | None]) -> dict[int, str]:
+    """Why an alternative adds nothing, by its index: it is the run's own cluster, or one listed before it."""
+    own = (request.instance_type, request.instance_count or 1)
+    first: dict[tuple[str | None, int], int] = {}
+    found: dict[int, str] = {}
+    for index, alternative in enumerate(alternatives):
+        if alternative is None:
+            continue
+        shape = (alternative.instance_type, alternative.instance_count)
+        cluster = f"{alternative.instance_count} x {alternative.instance_type}"
+        if shape == own:
+            found[index] = f"{cluster} is the run's own cluster, which a retry uses anyway; drop it"
+        elif shape in first:
+            found[index] = f"{cluster} repeats fallback[{first[shape]}]; drop it"
+        else:
+            first[shape] = index
+    return found
+
+
+def _batch_mismatch(
+    where: str, hyperparameters: dict[str, str], groups: list[InstanceGroup], cluster: list[InstanceGroup]
+) -> list[str]:
+    """The alternative's global batch against the run's own: an alternative must train with the same one."""
+    try:
+        train = from_hyperparameters(hyperparameters).train
+    except ConfigError:
+        return []  # the trainer's refusal is reported already
+    own_processes, processes = training_processes(groups), training_processes(cluster)
+    own, batch = train.global_batch(own_processes), train.global_batch(processes)
+    if own == batch:
+        return []
+    per_step = [train.micro_batch_size * own_processes, train.micro_batch_size * processes]
+    return [
+        f"{where}: its {processes} training processes make a global batch of {batch} sequences, the run's own "
+        f"cluster's {own_processes} make {own}; set hyperparameters.train.global_batch_size to a multiple of "
+        f"{math.lcm(*per_step)} (micro_batch_size x processes of both) so that every cluster trains alike"
+    ]
+
+
+def _in_training_plan(request: ExecutionInput, groups: list[InstanceGroup], limits: PlatformLimits) -> bool:
+    """Whether the job runs in the stage's training plan: one group on the plan's type, on demand, on a backend
+    whose jobs take plans, one job (tuning jobs' trials do not)."""
+    return (
+        len(groups) == 1
+        and groups[0].instance_type == limits.training_plan_instance_type
+        and not request.spot
+        and request.tuning is None
+        and request.backend in training_plan_backends()
+    )
 
 
 def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
@@ -391,7 +512,7 @@ def resolve(
     and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
     resume.find found it.
     """
-    request, schema, rejected = _parse(event, limits)
+    request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
     if not RUN_NAME.match(request.run_name):
         problems.append(
@@ -401,6 +522,9 @@ def resolve(
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
+    fallback = _check_fallback(
+        request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
+    )
     quality = _check_quality(request, problems)
     channels, dataset = _channels(request, limits, problems)
     if groups is not None and len(groups) > 1:
@@ -468,19 +592,28 @@ def resolve(
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
         tuning=tuning,
         resume_from=continuation,
+        fallback=fallback,
     )
-    # What the state machine will send for it, as the services check it, before anything is estimated or approved.
+    # What the state machine will send for it, as the services check it, before anything is estimated or approved;
+    # on each fallback cluster too.
     refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
+    for index in range(len(fallback)):
+        found = request_problems(resolved.on_fallback(index), attempts=limits.capacity_retries + 1)
+        refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
     if refused:
         raise _rejection(event, [], refused)
     return resolved.model_dump(mode="json")
 
 
-def _parse(event: Any, limits: PlatformLimits) -> tuple[ExecutionInput, list[Problem], set[str]]:
-    """The input as the model reads it, the schema's problems, and the top-level keys they reject.
+def _parse(
+    event: Any, limits: PlatformLimits
+) -> tuple[ExecutionInput, list[Problem], set[str], list[FallbackInput | None]]:
+    """The input as the model reads it, the schema's problems, the top-level keys they reject, and the input's
+    `fallback` clusters (None where the schema refused one).
 
     A rejected key is left out (a required one given a stand-in) so that the other checks still run;
-    their problems that name a rejected key are dropped (`_depends_on`).
+    their problems that name a rejected key are dropped (`_depends_on`). A refused `fallback` item is left
+    out alone, so that the checks still judge the others.
     """
     if not isinstance(event, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(event), "a number")
@@ -495,21 +628,31 @@ def _parse(event: Any, limits: PlatformLimits) -> tuple[ExecutionInput, list[Pro
             ]
         )
     try:
-        return ExecutionInput.model_validate(event), [], set()
+        request = ExecutionInput.model_validate(event)
+        return request, [], set(), list(request.fallback or [])
     except ValidationError as exc:
         schema = _problems_from(exc)
-        rejected = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        errors = [err["loc"] for err in exc.errors() if err["loc"]]
+    in_items = [loc for loc in errors if loc[0] == "fallback" and len(loc) > 1 and isinstance(loc[1], int)]
+    refused_items = {loc[1] for loc in in_items}
+    rejected = {str(loc[0]) for loc in errors if loc not in in_items}
     stand_ins: dict[str, Any] = {
         "run_name": "rejected",
         "dataset": f"s3://{limits.datasets_bucket}/rejected/",
         "max_runtime_hours": min(1.0, limits.max_runtime_hours),
     }
     kept = {k: v for k, v in event.items() if k not in rejected}
+    listed = kept.get("fallback")
+    if refused_items and isinstance(listed, list):
+        kept["fallback"] = [item for index, item in enumerate(listed) if index not in refused_items]
     try:
         request = ExecutionInput.model_validate({**{k: stand_ins[k] for k in stand_ins if k not in kept}, **kept})
     except ValidationError:  # not expected: every rejected key is gone; report the schema's problems alone
         raise InvalidRequest.listing(schema) from None
-    return request, schema, rejected
+    accepted = iter(request.fallback or [])
+    if not isinstance(listed, list):
+        return request, schema, rejected, list(accepted)
+    return request, schema, rejected, [None if i in refused_items else next(accepted) for i in range(len(listed))]
 
 
 def _depends_on(problem: str, rejected: set[str]) -> bool:

@@ -56,6 +56,8 @@ class Approvals(Construct):
                 "instances": string(REQUEST.cluster),
                 "spot": string(REQUEST.spot),
                 "max_cost_usd": string(ESTIMATE.max_cost_usd),
+                # The cluster the cost is of: with fallback clusters, the dearest one the run may use.
+                "worst_case": string(ESTIMATE.worst_case),
                 "threshold_usd": string(ESTIMATE.threshold_usd),
                 "dataset": string(REQUEST.dataset.uri),
             },

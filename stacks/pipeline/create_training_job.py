@@ -60,6 +60,7 @@ class DistributedTrainingJob(Construct):
         self.network_isolation = pipeline.network_isolation
         self.instance_types = pipeline.instance_types()
         self.max_runtime_seconds = math.ceil(pipeline.max_runtime_hours * 3600)
+        self.training_plan_arn = pipeline.training_plan.arn if pipeline.training_plan else None
         self.role = iam.Role(
             self,
             "ExecutionRole",
@@ -152,8 +153,9 @@ class DistributedTrainingJob(Construct):
         }.items():
             acknowledge_wildcard(self.role, resource, reason)
 
-    def create_parameters(self, *, kms_volume: bool, groups: bool = False) -> dict[str, Any]:
-        """CreateTrainingJob's parameters; `groups`: a heterogeneous cluster (ResourceConfig.InstanceGroups)."""
+    def create_parameters(self, *, kms_volume: bool, groups: bool = False, plan: bool = False) -> dict[str, Any]:
+        """CreateTrainingJob's parameters; `groups`: a heterogeneous cluster (ResourceConfig.InstanceGroups); `plan`:
+        in the stage's training plan."""
         cluster = (
             {"InstanceGroups.$": str(REQUEST.sagemaker_instance_groups)}
             if groups
@@ -166,6 +168,9 @@ class DistributedTrainingJob(Construct):
         }
         if kms_volume:
             resource["VolumeKmsKeyId"] = self.key.key_arn
+        if plan:
+            assert self.training_plan_arn is not None, "no pipeline.training_plan"
+            resource["TrainingPlanArn"] = self.training_plan_arn
         return {
             # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it
             # once its execution tag shows it is this execution's (polled_job.adopt_if_own).
@@ -221,7 +226,9 @@ class DistributedTrainingJob(Construct):
             "Tags.$": str(REQUEST.tags),
         }
 
-    def create_state(self, scope: Construct, id_: str, *, kms_volume: bool, groups: bool = False) -> sfn.CustomState:
+    def create_state(
+        self, scope: Construct, id_: str, *, kms_volume: bool, groups: bool = False, plan: bool = False
+    ) -> sfn.CustomState:
         """CreateTrainingJob; its result is the job's name and ARN under `$.train.job`."""
         return sfn.CustomState(
             scope,
@@ -230,9 +237,10 @@ class DistributedTrainingJob(Construct):
                 "Type": "Task",
                 "Comment": "Starts the training job"
                 + (" on a heterogeneous cluster" if groups else "")
+                + (" in the stage's training plan" if plan else "")
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
                 "Resource": sdk_arn("sagemaker", "createTrainingJob"),
-                "Parameters": self.create_parameters(kms_volume=kms_volume, groups=groups),
+                "Parameters": self.create_parameters(kms_volume=kms_volume, groups=groups, plan=plan),
                 "ResultSelector": {
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
@@ -281,11 +289,14 @@ class DistributedTrainingJob(Construct):
             (f"{sid_prefix}OnEbsTypes", ebs, None, True),
             (f"{sid_prefix}OnInstanceStoreTypes", self.instance_types, instance_store, False),
         ]
+        # A job in the training plan is authorised on the plan too (the Service Authorization Reference's
+        # training-plan resource of CreateTrainingJob), under the same conditions.
+        plan = [self.training_plan_arn] if self.training_plan_arn and action == "sagemaker:CreateTrainingJob" else []
         return [
             iam.PolicyStatement(
                 sid=sid,
                 actions=[action],
-                resources=[resource],
+                resources=[resource, *plan],
                 conditions={
                     "ForAllValues:StringEquals": {
                         "sagemaker:VpcSubnets": [self.subnet.subnet_id],

@@ -8,7 +8,7 @@ followed by one progress-handler call per round at the request's `poll_seconds`:
       running (checkpoints stale)         -> warn, wait
       running                             -> wait
       Completed                           -> clean up -> succeeded
-      retry on new nodes (attempts left)  -> next attempt, tell the run why -> reset
+      retry on new nodes (attempts left)  -> next attempt, [next fallback cluster], tell the run why -> reset
       otherwise                           -> record the job's failure -> clean up -> failed
 
 A create that fails for good, and any orchestration failure (a handler error that does not pass, or one
@@ -17,8 +17,9 @@ that outlasts its retry budget, stacks/constructs/tasks.py; a notification that 
 run's checkpoints; a cleanup that fails is recorded in `$.cleanup`, and the ExecutionEnded rule
 (`watch_ended_executions`) cleans up again, as it does for an execution that was aborted or timed out.
 A backend supplies its create states, its progress and cleanup handlers and its label; `replaces_jobs`
-adds the stale-checkpoint warning and the replacement of a job that failed for want of capacity or in
-the pre-flight check (JobProgress.retry_on_new_nodes).
+adds the stale-checkpoint warning and the replacement of a job that failed for want of capacity, in the
+pre-flight check, on a straggling host or in a hang (JobProgress.retry_on_new_nodes); `fallback` (its
+handler) moves the attempt after one that found too few instances onto the request's next fallback cluster.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.cleanup.environment import CleanupEnvironment
-from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, REQUEST, TRAIN
+from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN
 from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
@@ -49,6 +50,7 @@ from training.layout import (
     ANY_MANIFEST,
     ANY_PROGRESS_RECORD,
     ANY_RUN,
+    INSUFFICIENT_CAPACITY,
 )
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
@@ -184,9 +186,10 @@ class PolledJobStep:
         job: dict[str, Any],
         cleanup: PlatformFunction,
         replaces_jobs: bool = False,
+        fallback: PlatformFunction | None = None,
     ) -> None:
         self._scope, self._context, self._names = scope, context, names
-        self._cleanup = cleanup
+        self._cleanup, self._fallback = cleanup, fallback
         self.start = sfn.Pass(
             scope, names("First attempt"), result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
         )
@@ -283,8 +286,8 @@ class PolledJobStep:
         next_attempt = sfn.Pass(
             self._scope,
             self._names("Next attempt"),
-            comment="Insufficient capacity or a failed pre-flight check: a new job, with a new name, on fresh "
-            "instances, resuming from the run's checkpoints",
+            comment="Insufficient capacity, a failed pre-flight check, a straggling host or a hang: a new job, with "
+            "a new name, on fresh instances, resuming from the run's checkpoints",
             parameters={
                 "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
                 "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
@@ -300,12 +303,55 @@ class PolledJobStep:
                 "error": string(TRAIN.retried_after.error),
                 "reason": string(TRAIN.retried_after.cause),
                 "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
+                "next_cluster": string(REQUEST.cluster),
             },
         )
         retry_notice(retrying)
         retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        next_attempt.next(retrying).next(reset)
+        if self._fallback is None:
+            next_attempt.next(retrying)
+        else:
+            next_attempt.next(self._next_cluster(stop, retrying))
+        retrying.next(reset)
         return next_attempt
+
+    def _next_cluster(self, stop: sfn.IChainable, then: sfn.IChainable) -> sfn.IChainable:
+        """After insufficient capacity, while the request has a fallback cluster left: the new attempt runs on
+        it (the request and the poll's price are the handler's); any other cause keeps the cluster."""
+        assert self._fallback is not None
+        choose = invoke(
+            self._scope,
+            self._names("Choose the next cluster"),
+            self._fallback,
+            {"request": obj(REQUEST), "estimate": obj(ESTIMATE)},
+            str(NEXT_CLUSTER),
+        )
+        choose.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
+        use = sfn.Pass(
+            self._scope,
+            self._names("Use the next cluster"),
+            input_path=str(NEXT_CLUSTER.request),
+            result_path=str(REQUEST),
+        )
+        price = sfn.Pass(
+            self._scope,
+            self._names("Price the next cluster"),
+            input_path=str(NEXT_CLUSTER.hourly_usd),
+            result_path=str(ESTIMATE.hourly_usd),
+        )
+        # The answer's request is a second copy of the run's: not kept in the state for the rest of the run.
+        forget = sfn.Pass(
+            self._scope,
+            self._names("Forget the answer"),
+            result=sfn.Result.from_object({}),
+            result_path=str(NEXT_CLUSTER),
+        )
+        choose.next(use).next(price).next(forget).next(then)
+        moves = sfn.Condition.and_(
+            sfn.Condition.string_equals(str(TRAIN.retried_after.error), INSUFFICIENT_CAPACITY),
+            sfn.Condition.boolean_equals(str(REQUEST.fallback_left), True),
+        )
+        return sfn.Choice(self._scope, self._names("Fall back to another cluster?")).when(moves, choose).otherwise(then)
 
     def _clean_up(self, id_: str, then: sfn.IChainable) -> sfn.IChainable:
         """Stop this execution's running jobs and prune the run's checkpoints, then go on to `then`."""

@@ -53,6 +53,12 @@ class SageMakerTraining(Construct):
             job={"job_name": string(TRAIN.job.job_name)},
             cleanup=self.cleanup,
             replaces_jobs=True,
+            fallback=context.function(
+                "NextCluster",
+                "lambdas.capacity.handler.handler",
+                "Moves a run's next attempt onto its next fallback cluster after insufficient capacity",
+                {},
+            ),
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
 
@@ -140,20 +146,30 @@ class SageMakerTraining(Construct):
         existing = adopt_if_own(
             self, "training job", read_owners=read_owners, job_name=JOB_NAME, adopt=adopt, not_created=not_created
         )
-        for state in (create_kms, create_local, groups_kms, groups_local):
+        plans = []
+        if self.job.training_plan_arn is not None:
+            plan_kms = self.job.create_state(self, "Create training job (training plan)", kms_volume=True, plan=True)
+            plan_local = self.job.create_state(
+                self, "Create training job (training plan, instance storage)", kms_volume=False, plan=True
+            )
+            plans = [plan_kms, plan_local]
+        for state in (create_kms, create_local, groups_kms, groups_local, *plans):
             state.add_catch(existing, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))
             state.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
             state.next(wait)
         local = sfn.Condition.boolean_equals(str(REQUEST.local_storage), True)
         heterogeneous = sfn.Condition.boolean_equals(str(REQUEST.heterogeneous), True)
+        choice = sfn.Choice(
+            self,
+            "Volume encryption?",
+            comment="Instance-store types take no volume KMS key; a heterogeneous cluster is given as instance groups"
+            + ("; a job on the training plan's type runs in it" if plans else ""),
+        )
+        if plans:
+            in_plan = sfn.Condition.boolean_equals(str(REQUEST.training_plan), True)
+            choice.when(sfn.Condition.and_(in_plan, local), plans[1]).when(in_plan, plans[0])
         return (
-            sfn.Choice(
-                self,
-                "Volume encryption?",
-                comment="Instance-store types take no volume KMS key; a heterogeneous cluster is given as instance "
-                "groups",
-            )
-            .when(sfn.Condition.and_(heterogeneous, local), groups_local)
+            choice.when(sfn.Condition.and_(heterogeneous, local), groups_local)
             .when(heterogeneous, groups_kms)
             .when(local, create_local)
             .otherwise(create_kms)

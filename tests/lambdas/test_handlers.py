@@ -58,6 +58,7 @@ def test_examples_cover_the_documented_shapes() -> None:
     assert shapes["single-node-ddp"]["instance_count"] == 1
     assert shapes["tuning"]["tuning"]["max_jobs"] == 4 and shapes["tuning"]["tuning"]["max_parallel_jobs"] == 2
     assert shapes["batch-multi-node"]["backend"] == "batch" and shapes["batch-multi-node"]["instance_count"] > 1
+    assert len(shapes["capacity-fallback"]["fallback"]) == 1
 
 
 def test_resolution_is_stable_per_execution_and_unique_across_them() -> None:

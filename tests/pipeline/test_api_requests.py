@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 from botocore.client import BaseClient
 
-from lambdas.execution_state import TrainingRequest
+from lambdas.capacity.handler import next_cluster
+from lambdas.execution_state import CostEstimate, TrainingRequest
 from lambdas.validate.api_requests import (
     EXECUTION_TAG,
     PLACEHOLDERS,
@@ -25,8 +26,10 @@ from lambdas.validate.api_requests import (
     submit_job,
 )
 from lambdas.validate.trials import trainer_field
-from tests.pipeline.conftest import Pipeline
+from localrun.scripted import Poll
+from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_batch import batch_factory  # noqa: F401 - the fixture, used by name
+from tests.pipeline.test_paths import CAPACITY, FALLBACK
 from tests.pipeline.test_tuning import TUNING
 from training.config import HYPERPARAMETERS
 from training.layout import CHECKPOINTS_ENV, OUTPUT_ENV, split_s3_uri
@@ -96,6 +99,23 @@ def test_validate_builds_the_single_job_and_the_tuning_job_the_state_machine_sen
         )
         assert tuning == create_tuning_job(request, constants)
         assert api_problems("sagemaker", "CreateHyperParameterTuningJob", tuning) == []
+
+
+def test_validate_builds_the_fallback_job_the_state_machine_sends_after_insufficient_capacity(
+    pipeline_factory: Any,
+) -> None:
+    pipeline = pipeline_factory(scripts=[[CAPACITY], [Poll(), COMPLETED]])
+    with sent_requests() as sent:
+        arn = pipeline.start(pipeline.input(**FALLBACK))
+        pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = [p for o, p in sent if o == "CreateTrainingJob"]
+    request = _validated(pipeline)
+    (priced,) = [c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.estimate.")]
+    # The request NextCluster moves onto the fallback cluster, of which Validate checked this CreateTrainingJob.
+    moved = next_cluster(request, CostEstimate.model_validate(priced)).request
+    assert moved.cluster == "1 x ml.g5.12xlarge"
+    assert second == create_training_job(moved, 2, _sagemaker_constants(second))
+    assert first == create_training_job(request, 1, _sagemaker_constants(first))
 
 
 def test_validate_builds_the_batch_job_the_state_machine_submits(batch_factory: Any) -> None:  # noqa: F811

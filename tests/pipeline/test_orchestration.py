@@ -158,8 +158,10 @@ def test_each_poll_adds_the_events_the_history_budget_assumes(pipeline_factory: 
         counts.append(_events(pipeline, arn))
     assert (counts[1] - counts[0]) / polls == history.EVENTS_PER_POLL
     two_polls = counts[0] - 2 * history.EVENTS_PER_POLL  # both gates, one attempt
-    # Next attempt (Pass), the run told why (SNS task), Reset progress (Pass), Volume encryption? (Choice), create
-    retry = 2 + 5 + 2 + 2 + 5
+    # Next attempt (Pass), Fall back to another cluster? (Choice), Choose the next cluster (Lambda task), its
+    # request and price put in place (2 Pass), the run told why (SNS task), Reset progress (Pass), Volume
+    # encryption? (Choice), create
+    retry = 2 + 2 + 5 + 2 * 2 + 5 + 2 + 2 + 5
     assert two_polls + PipelineSettings().capacity_retries * retry <= history.RUN_EVENTS
 
 

@@ -10,12 +10,14 @@ import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
+from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.validate.request import RUN_ID_HEX
 from localrun.clock import Clock
 from localrun.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.stored import put_checkpoint
+from training.layout import EXPECTED_GPUS_ENV
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
 # What SageMaker reports when the launcher's pre-flight check fails: the failure file's first line.
@@ -35,6 +37,7 @@ def test_above_threshold_waits_for_launch_approval(pipeline: Pipeline) -> None:
     request = pipeline.pending("launch")
     summary = json.loads(request["summary"])
     assert summary["instances"] == "4 x ml.p5.48xlarge" and float(summary["max_cost_usd"]) > 500
+    assert summary["worst_case"] == "the run's own cluster: 4 x ml.p5.48xlarge"
     pipeline.decide("launch", "approve", reason="budgeted for Q4")
     pipeline.run_until(arn, "Approval gate (promotion)")
     assert len(pipeline.jobs()) == 1
@@ -120,6 +123,48 @@ def test_capacity_error_then_success_with_a_new_job_name(pipeline_factory: Any) 
     # The new job resumes from the same run-level checkpoints.
     assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]
     assert "Next attempt" in pipeline.local.states_entered(arn)
+
+
+# One g5.2xlarge GPU, then the fallback's 4 on one g5.12xlarge, at 32 sequences per step on both.
+FALLBACK = {
+    "fallback": [{"instance_type": "ml.g5.12xlarge", "instance_count": 1}],
+    "hyperparameters": {"max_steps": 100, "batch_size": 8, "train.global_batch_size": 32},
+}
+
+
+def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[CAPACITY], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(**FALLBACK))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    requests = pipeline.local.training_requests
+    shapes = [
+        (r["ResourceConfig"]["InstanceType"], r["ResourceConfig"]["InstanceCount"], r["Environment"][EXPECTED_GPUS_ENV])
+        for r in (requests[first], requests[second])
+    ]
+    assert shapes == [("ml.g5.2xlarge", 1, "1"), ("ml.g5.12xlarge", 1, "4")]
+    assert requests[first]["CheckpointConfig"] == requests[second]["CheckpointConfig"]  # it resumes the same run
+    (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
+    told = json.loads(message["Message"])
+    assert (told["error"], told["next_cluster"]) == ("InsufficientCapacity", "1 x ml.g5.12xlarge")
+    # The handler's answer is emptied once used: the state holds one copy of the request.
+    *_, used = [
+        e for e in pipeline.local.history(arn) if e.get("stateEnteredEventDetails", {}).get("name") == "Reset progress"
+    ]
+    state = json.loads(used["stateEnteredEventDetails"]["input"])  # as the second attempt starts
+    assert state["next_cluster"] == {} and state["request"]["cluster"] == "1 x ml.g5.12xlarge"
+    # The job that trained is costed at its own cluster's price (COMPLETED bills half an hour).
+    assert pipeline.lineage()["cost"]["actual_usd"] == round(INSTANCE_TYPES["ml.g5.12xlarge"].price_per_hour / 2, 4)
+
+
+def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(pipeline_factory: Any) -> None:
+    pipeline = pipeline_factory(scripts=[[PREFLIGHT], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(**FALLBACK))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    requests = pipeline.local.training_requests
+    assert requests[first]["ResourceConfig"] == requests[second]["ResourceConfig"]
+    assert "Choose the next cluster" not in pipeline.local.states_entered(arn)
 
 
 def test_capacity_retries_are_bounded(pipeline_factory: Any) -> None:

@@ -176,3 +176,9 @@ def test_markdown_table_has_one_row_per_key() -> None:
     table = hyperparameters_markdown()
     rows = re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE)
     assert sorted(rows) == hyperparameter_names()
+
+
+def test_the_global_batch_is_fixed_when_set_else_grows_with_the_processes() -> None:
+    # The one rule resume_from (training/continuation.py) and fallback clusters (Validate) are held to.
+    assert [TrainConfig(micro_batch_size=4, global_batch_size=16).global_batch(w) for w in (1, 4)] == [16, 16]
+    assert [TrainConfig(micro_batch_size=4).global_batch(w) for w in (1, 4)] == [4, 16]

@@ -1,0 +1,1 @@
+"""Capacity fallback: the next attempt's cluster after insufficient capacity."""
