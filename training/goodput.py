@@ -16,7 +16,7 @@ When a job ends its progress handler assembles its ledger (`job_ledger`): the bi
     other            in the container outside any phase: the launcher before the trainer's clock,
                      the exit, and the time after a start's last record (lost with it)
     upload           the model's upload
-    stalls           interrupted or restarting: billed, nothing running
+    stalls           interrupted or restarting (billed, nothing running), and a hang until the check stopped it
 
 goodput = productive / billed. The parts are measured, not derived, except `other`; `unaccounted` is
 what the service's transitions leave of the billed interval (zero when they tile it), kept so that a
@@ -245,8 +245,11 @@ def job_ledger(
     billed_end: datetime,
     transitions: list[Transition],
     records: list[ProgressRecord],
+    hung_seconds: float = 0.0,
 ) -> JobLedger:
-    """A finished job's ledger. Without transitions (Batch) the whole billed interval ran the container."""
+    """A finished job's ledger. Without transitions (Batch) the whole billed interval ran the container;
+    `hung_seconds`: how long the hang check saw no step before it stopped the job (training/hang.py), a stall
+    in the container that no phase holds."""
     billed = _seconds(billed_start, billed_end)
     spans = _clipped(transitions, billed_start, billed_end) if transitions else {"Training": billed}
     container = sum((s for status, s in spans.items() if status in _CONTAINER), 0.0)
@@ -261,6 +264,9 @@ def job_ledger(
     # The trainer's clock and the service's do not agree to the millisecond: phases that outlast the
     # container by a hair leave `other` at zero, never below.
     parts["other"] = max(0.0, container - in_phases)
+    hung = min(hung_seconds, parts["other"])
+    parts["other"] -= hung
+    parts["stalls"] += hung
     total = sum(parts.values())
     return JobLedger(
         job=job,

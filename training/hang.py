@@ -26,6 +26,7 @@ Torch-free and stdlib only: the launcher imports it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,15 @@ from training.layout import HANG_DETECTED, HEARTBEAT_ENV
 _SUFFIX = ".step"
 POLL_SECONDS = 1.0
 """How often the launcher reads the workers' reports."""
+
+
+_HUNG = re.compile(rf"\b{HANG_DETECTED}: no training step for (\d+) s\b")
+
+
+def hung_seconds(reason: str) -> float:
+    """How long a job's failure reason says its training made no step before the hang check stopped it (0: none)."""
+    match = _HUNG.search(reason)
+    return float(match.group(1)) if match else 0.0
 
 
 class StepReport:

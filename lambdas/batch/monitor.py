@@ -211,6 +211,7 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
             billed=(transitions[0].start, transitions[-1].end or transitions[-1].start),
             transitions=transitions,
             into=metrics,
+            failure_reason=summary.failure_reason,
         )
     return summary
 

@@ -19,7 +19,7 @@ from lambdas.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, Metric, Stage, StageMetrics
-from training import goodput, ledger
+from training import goodput, hang, ledger
 from training.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_checkpoints, run_goodput
 from training.stored_checkpoints import complete_checkpoints
 
@@ -64,6 +64,7 @@ def record_goodput(
     transitions: list[goodput.Transition],
     into: StageMetrics,
     trial: bool = False,
+    failure_reason: str = "",
 ) -> dict[str, Any]:
     """A finished job's goodput ledger (training/goodput.py) from its billed interval, its service's transitions
     and its trainer's progress records, written once into the run's lineage and counted in `into`; as JSON.
@@ -75,7 +76,13 @@ def record_goodput(
     instances = sum(group.instance_count for group in poll.request.instance_groups)
     records = goodput.stored_records(s3, checkpoints_bucket, run, job, trial=trial)
     found = goodput.job_ledger(
-        job, instances=instances, billed_start=billed[0], billed_end=billed[1], transitions=transitions, records=records
+        job,
+        instances=instances,
+        billed_start=billed[0],
+        billed_end=billed[1],
+        transitions=transitions,
+        records=records,
+        hung_seconds=hang.hung_seconds(failure_reason),
     )
     body = found.to_json()
     if ledger.put_once(s3, artifacts_bucket, f"{run_goodput(run)}{job}.json", body):
@@ -119,6 +126,7 @@ def sagemaker_ledger(
         transitions=sagemaker_transitions(described),
         into=into,
         trial=trial,
+        failure_reason=described.get("FailureReason", ""),
     )
 
 

@@ -27,7 +27,7 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 # metric names, so a request is judged by the same code that will run it, and what a continued run's
 # settings must keep; the AWS Batch contract (where a node records its result), which PollBatchJob
 # reads; the run layout every handler shares; what makes a checkpoint complete, and the ledger of them;
-# what a job's billed time went to (its goodput ledger).
+# what a job's billed time went to (its goodput ledger, and how long a hang held it).
 TRAINING_MODULES = (
     "training/__init__.py",
     "training/batch_contract.py",
@@ -35,6 +35,7 @@ TRAINING_MODULES = (
     "training/config.py",
     "training/continuation.py",
     "training/goodput.py",
+    "training/hang.py",
     "training/ledger.py",
     "training/stored_checkpoints.py",
     "training/distributions.py",

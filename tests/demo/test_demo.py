@@ -246,6 +246,12 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     assert (jobs / second / "gen-0" / "algo-1" / "model" / "model.safetensors").exists()
     report = outcome.report.read_text()
     assert "HangDetected" in report
+    # The hung job's ledger: the time without a step is a stall, not training.
+    hung_ledger, resumed_ledger = _ledgers(json.loads((outcome.run_dir / "lineage.json").read_text()), jobs=2)
+    stalls, other = hung_ledger["parts"]["stalls"], hung_ledger["parts"]["other"]
+    assert hung_ledger["job"] == first and stalls > 0
+    assert stalls == pytest.approx(min(int(hung.group(1)), stalls + other), abs=0.01)
+    assert resumed_ledger["job"] == second and resumed_ledger["parts"]["productive"] > 0
 
 
 def test_rejection_ends_the_run_with_who_and_why(platform: Any, tmp_path: Path) -> None:

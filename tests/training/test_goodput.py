@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from training import goodput
+from training import goodput, hang
 from training.goodput import JobLedger, ProgressRecord, ProgressWriter, RunLedger, Transition, job_ledger
 from training.layout import JOB_NAME_ENV, LAUNCHED_ENV, run_goodput, run_progress
 
@@ -98,6 +98,19 @@ def test_phases_longer_than_the_container_leave_other_at_zero() -> None:
         records=[_record("j-1", 0, step=5, train=10.2)],
     )
     assert ledger.parts["other"] == 0.0 and ledger.parts["productive"] == 10.2
+
+
+def test_a_hang_is_a_stall_taken_from_the_container_time_no_phase_holds() -> None:
+    transitions = [Transition("Training", _at(0), _at(100))]
+    records = [_record("j-1", 0, step=30, startup=5, train=40)]
+    kwargs = {"instances": 1, "billed_start": _at(0), "billed_end": _at(100), "transitions": transitions}
+    hung = job_ledger("j-1", **kwargs, records=records, hung_seconds=45)  # type: ignore[arg-type]
+    assert (hung.parts["stalls"], hung.parts["other"]) == (45.0, 10.0)
+    # Never more than the container time outside the phases.
+    longer = job_ledger("j-1", **kwargs, records=records, hung_seconds=600)  # type: ignore[arg-type]
+    assert (longer.parts["stalls"], longer.parts["other"]) == (55.0, 0.0) and longer.unaccounted_seconds == 0
+    reason = "AlgorithmError: HangDetected: no training step for 45 s after step 30 on algo-1"
+    assert hang.hung_seconds(reason) == 45 and hang.hung_seconds("AlgorithmError: out of memory") == 0
 
 
 def test_without_transitions_the_billed_interval_ran_the_container() -> None:
