@@ -11,6 +11,7 @@ import hashlib
 import math
 import re
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -443,6 +444,25 @@ def _check_schedule(request: ExecutionInput, limits: PlatformLimits, problems: l
     return stopping
 
 
+def _check_straggler_replacement(
+    hyperparameters: Mapping[str, str], groups: list[InstanceGroup], problems: list[str]
+) -> None:
+    """`stragglers.action=replace` needs training groups of one instance type: the slower type's hosts would lag
+    the others on every attempt, and each attempt would replace them until the retries ran out."""
+    types = sorted({group.instance_type for group in groups if group.role == TRAIN_ROLE})
+    if len(types) < 2:
+        return
+    try:
+        action = from_hyperparameters(hyperparameters).stragglers.action
+    except ConfigError:
+        return  # the trainer's refusal is reported already
+    if action == "replace":
+        problems.append(
+            f"hyperparameters.stragglers.action: 'replace' needs the training groups on one instance type, not "
+            f"{', '.join(types)} (the slower type would be replaced on every attempt); use 'warn' or one type"
+        )
+
+
 def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     for key, value in request.hyperparameters.items():
@@ -522,6 +542,7 @@ def resolve(
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
+    _check_straggler_replacement(hyperparameters, groups or [], problems)
     fallback = _check_fallback(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )

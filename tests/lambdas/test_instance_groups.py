@@ -156,3 +156,13 @@ def test_the_whole_clusters_interfaces_must_fit_the_subnet() -> None:
             execution_name="e",
             limits=LIMITS.__class__(**{**LIMITS.__dict__, "training_subnet_ips": ips}),
         )
+
+
+def test_replacing_stragglers_needs_the_training_groups_on_one_instance_type() -> None:
+    p5 = {"name": "p5", "instance_type": "ml.p5.48xlarge", "instance_count": 1}
+    mixed = _problems(_input([GPU, p5], hyperparameters={"stragglers.action": "replace"}))
+    assert "hyperparameters.stragglers.action: 'replace' needs the training groups on one instance type" in mixed
+    assert "ml.p4d.24xlarge, ml.p5.48xlarge" in mixed and "use 'warn' or one type" in mixed
+    # Warning is fine on mixed types, and replacing is fine beside an auxiliary group of another type.
+    for accepted in (_input([GPU, p5], hyperparameters={"stragglers.action": "warn"}), _input([GPU, CPU])):
+        assert resolve(accepted, execution_name="e", limits=LIMITS)
