@@ -32,22 +32,27 @@ def _assembly_with(platform: Any, tmp_path: Path, edit: Callable[[dict[str, Any]
     return target
 
 
-def _policy_of(template: dict[str, Any], role_prefix: str) -> list[Statement]:
-    """The statements of a role's default policy, by the role's logical ID prefix."""
-    (policy,) = [
+def _policies_of(template: dict[str, Any], role_prefix: str) -> list[list[Statement]]:
+    """The statement lists of a role's default policy and of the overflow policies CDK moves statements into once
+    the inline policy outgrows IAM's size limit, by the role's logical ID prefix."""
+    policies = [
         r
-        for r in template["Resources"].values()
-        if r["Type"] == "AWS::IAM::Policy"
-        and any(role["Ref"].startswith(role_prefix) for role in r["Properties"]["Roles"])
-        and "DefaultPolicy" in json.dumps(r["Properties"]["PolicyName"])
+        for logical, r in template["Resources"].items()
+        if (
+            (r["Type"] == "AWS::IAM::Policy" and "DefaultPolicy" in json.dumps(r["Properties"]["PolicyName"]))
+            or (r["Type"] == "AWS::IAM::ManagedPolicy" and "OverflowPolicy" in logical)
+        )
+        and any(role["Ref"].startswith(role_prefix) for role in r["Properties"].get("Roles", []))
     ]
-    statements: list[Statement] = policy["Properties"]["PolicyDocument"]["Statement"]
-    return statements
+    assert policies, f"no policy of {role_prefix}"
+    return [policy["Properties"]["PolicyDocument"]["Statement"] for policy in policies]
 
 
 def _drop(role_prefix: str, sid: str) -> Callable[[dict[str, Any]], None]:
     def edit(template: dict[str, Any]) -> None:
-        statements = _policy_of(template, role_prefix)
+        holding = [s for s in _policies_of(template, role_prefix) if any(st.get("Sid") == sid for st in s)]
+        assert len(holding) == 1, f"no statement {sid} in {role_prefix}'s policies"
+        statements = holding[0]
         kept = [s for s in statements if s.get("Sid") != sid]
         assert len(kept) == len(statements) - 1, f"no statement {sid} in {role_prefix}'s policy"
         statements[:] = kept
@@ -99,7 +104,10 @@ def test_conditions_are_evaluated_not_ignored(platform: Any, tmp_path: Path, ope
 
     def other_subnet(template: dict[str, Any]) -> None:
         (create,) = [
-            s for s in _policy_of(template, "TrainingPipelineRole") if s.get("Sid") == "CreateJobsOnInstanceStoreTypes"
+            s
+            for statements in _policies_of(template, "TrainingPipelineRole")
+            for s in statements
+            if s.get("Sid") == "CreateJobsOnInstanceStoreTypes"
         ]
         create["Condition"]["ForAllValues:StringEquals"]["sagemaker:VpcSubnets"] = ["subnet-0123456789abcdef0"]
 

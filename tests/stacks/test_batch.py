@@ -11,11 +11,16 @@ from tests.support.templates import get_att, logical_id, resources, template
 
 
 def _statements(platform: Any, role_contains: str) -> dict[str, dict[str, Any]]:
-    """The statements of the inline policy attached to one role of the pipeline stack, by Sid."""
+    """The statements of the policies attached to one role of the pipeline stack, by Sid: its inline policy and
+    the overflow policies CDK moves statements into past IAM's inline size limit."""
     role = logical_id(platform, platform.pipeline, "AWS::IAM::Role", role_contains)
     out: dict[str, dict[str, Any]] = {}
-    for policy in resources(platform, platform.pipeline, "AWS::IAM::Policy").values():
-        if {"Ref": role} in policy["Properties"]["Roles"]:
+    policies = {
+        **resources(platform, platform.pipeline, "AWS::IAM::Policy"),
+        **resources(platform, platform.pipeline, "AWS::IAM::ManagedPolicy"),
+    }
+    for policy in policies.values():
+        if {"Ref": role} in policy["Properties"].get("Roles", []):
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
                 out[statement.get("Sid", str(len(out)))] = statement
     return out

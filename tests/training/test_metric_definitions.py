@@ -115,7 +115,7 @@ def test_the_phases_line_round_trips_and_sums_to_its_wall_time() -> None:
     line = format_phases_line(step=40, seconds={"startup": 3.5, "preflight": 0.25, "train": 100.125, "eval": 2.0})
     assert line == (
         "step=40 phases wall_s=105.875 startup_s=3.500 preflight_s=0.250 checkpoint_load_s=0.000 "
-        "train_s=100.125 checkpoint_s=0.000 eval_s=2.000 export_s=0.000"
+        "train_s=100.125 rework_s=0.000 checkpoint_s=0.000 eval_s=2.000 export_s=0.000"
     )
     step, values = parse_line(f"2026-01-01 12:00:00,000 INFO [rank0] training.trainer: {line}") or (0, {})
     assert step == 40
@@ -144,6 +144,7 @@ def test_the_phase_clock_gives_every_moment_to_exactly_one_phase(monkeypatch: py
         "preflight": 0.0,
         "checkpoint_load": 0.0,
         "train": 2.25,
+        "rework": 0.0,
         "checkpoint": 1.5,
         "eval": 2.5,
         "export": 0.0,
