@@ -56,7 +56,7 @@ class Pipeline:
     def finish(self, arn: str, timeout: float = 30) -> dict[str, Any]:
         return self.local.wait(arn, timeout)
 
-    def pending(self, gate: str, caller: str = APPROVER, timeout: float = 10) -> dict[str, Any]:
+    def pending(self, gate: str, caller: str = APPROVER, timeout: float = 60) -> dict[str, Any]:
         """The open request of a gate, as an approver lists it through the decision URL."""
         deadline = time.monotonic() + timeout
         while True:
