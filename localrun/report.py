@@ -22,7 +22,7 @@ from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
 from localrun.jobs import Job, checkpoint_steps, interruptions, loss_curve
 from localrun.sagemaker_local import LocalTraining
-from training import goodput
+from training import goodput, stragglers
 from training.goodput import RunLedger
 from training.layout import split_s3_uri
 
@@ -355,6 +355,7 @@ def _render_job(job: Job, run_dir: Path) -> list[str]:
         lines.append(f"Secondary statuses: {' -> '.join(job.transitions)}")
     for interrupted, resumed in interruptions(job.log):
         lines.append(f"Interrupted after step {interrupted}; resumed from the checkpoint of step {resumed}")
+    lines += [f"Straggler: {straggler}" for straggler in stragglers.named(job.log)]
     if job.metrics:
         lines += ["Final metrics (MetricDefinitions on the log):", ""]
         lines += [f"- `{k}` = {v}" for k, v in sorted(job.metrics.items())]

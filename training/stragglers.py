@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -29,6 +30,15 @@ class StragglerError(RuntimeError):
     """`stragglers.action=replace` stopped training, after a checkpoint, because a host lagged the others."""
 
 
+_NAMED = "straggler: "
+_NAMED_LINE = re.compile(rf"{_NAMED}(host \S+ \(ranks [^)]*\) computed its steps .*)$", re.MULTILINE)
+
+
+def named(log: str) -> list[str]:
+    """The stragglers a training log names, each once, in the order first named."""
+    return list(dict.fromkeys(match.group(1).rstrip() for match in _NAMED_LINE.finditer(log)))
+
+
 @dataclass(frozen=True)
 class Straggler:
     """A host found slow: its ranks, how much slower than the median (the window's mean ratio), since when."""
@@ -38,6 +48,10 @@ class Straggler:
     slowdown: float
     steps: int
     since_step: int
+
+    def log_line(self) -> str:
+        """How rank 0 names it in the log (`named` reads it back)."""
+        return f"{_NAMED}{self.describe()}"
 
     def describe(self) -> str:
         ranks = ", ".join(str(rank) for rank in self.ranks)

@@ -408,7 +408,7 @@ class Trainer:
         found = share_and_judge(torch, self.step_timer, self.stragglers, step=step, window=window, group=self.env.ctrl)
         if self.env.is_main:
             for straggler in found:
-                log.warning("straggler: %s", straggler.describe())
+                log.warning(straggler.log_line())
             line = metrics.format_stragglers_line(
                 step=step, hosts=self.stragglers.stragglers, slowdown=self.stragglers.slowdown
             )

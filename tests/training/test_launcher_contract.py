@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
+from training import stragglers
 from training.checkpoint import committed_steps
 from training.config import JobConfig
 from training.launcher import (
@@ -341,6 +342,9 @@ def test_a_host_slower_than_its_peers_is_named_and_with_replace_stopped_after_a_
     assert named and int(named.group(1)) >= 15, log[-3000:]
     assert "for 5 consecutive steps, since step 1" in log
     assert "host algo-1" not in log.split("straggler:", 1)[1].split("\n", 1)[0]
+    # What the run report names (localrun/report.py): the one slow host, once.
+    (reported,) = stragglers.named(log)
+    assert reported.startswith("host algo-2 (ranks 1) computed its steps ")
     series = metric_series(log)
     assert series["stragglers:hosts"] == {5: 1.0, 10: 1.0} and series["stragglers:slowdown"][5] >= 1.15
     assert "step=12 loss=" in log  # warn: training goes on

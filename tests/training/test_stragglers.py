@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from training import stragglers
 from training.stragglers import StepTimer, Straggler, StragglerDetector
 
 HOSTS = ("algo-1", "algo-1", "algo-2", "algo-2")  # two ranks per host
@@ -28,6 +29,17 @@ def test_a_host_slow_for_the_consecutive_steps_is_named_once_with_its_ranks_and_
         found[0].describe()
     )
     assert detector.observe(81, _window(1.3, 40)) == []  # still slow: not named again
+
+
+def test_the_stragglers_a_log_names_are_read_back_once_each_in_order() -> None:
+    first = Straggler("algo-2", (2, 3), 1.3, 50, 1)
+    second = Straggler("algo-1", (0,), 1.2, 50, 300)
+    log = "\n".join(
+        f"2026-11-26 10:00:0{i} WARNING [rank0] training.trainer: {s.log_line()}"
+        for i, s in enumerate((first, second, first))
+    )
+    assert stragglers.named(log + "\nstep=350 stragglers=2 slowdown=1.250\n") == [first.describe(), second.describe()]
+    assert stragglers.named("step=50 loss=2.0 lr=0.1 grad_norm=1.0 tokens_per_sec=9.0") == []
 
 
 def test_one_normal_step_restarts_the_count_and_a_small_lag_is_no_straggler() -> None:

@@ -1,0 +1,46 @@
+"""The run report's sections that read a job's log and the run's goodput ledgers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localrun.jobs import Job
+from localrun.report import _render_job, render_goodput
+from training import goodput
+from training.goodput import JobLedger, RunLedger
+from training.stragglers import Straggler
+
+
+def _job(log: str) -> Job:
+    return Job(
+        name="run-1",
+        log=log,
+        train_loss=[],
+        val_loss=[],
+        status="Completed",
+        secondary_status="Completed",
+        failure=None,
+        notes=[],
+        transitions=["Training", "Completed"],
+        metrics={},
+        checkpoints_uri="s3://ckpt/runs/run/checkpoints/",
+        checkpoint_steps=[10],
+    )
+
+
+def test_a_job_names_the_stragglers_its_log_named(tmp_path: Path) -> None:
+    slow = Straggler("algo-2", (1,), 1.31, 50, 1200)
+    log = f"step=1200 loss=2.0 lr=0.1 grad_norm=1.0 tokens_per_sec=9.0\nWARNING trainer: {slow.log_line()}\n"
+    lines = _render_job(_job(log), tmp_path)
+    assert f"Straggler: {slow.describe()}" in lines
+    assert not [line for line in _render_job(_job("step=1 loss=2.0\n"), tmp_path) if line.startswith("Straggler")]
+
+
+def test_the_goodput_section_has_the_run_and_each_jobs_parts() -> None:
+    parts = dict.fromkeys(goodput.PARTS, 0.0) | {"productive": 60.0, "rework": 5.0, "stalls": 15.0, "other": 20.0}
+    lines = render_goodput(RunLedger([JobLedger("run-1", 2, 100.0, parts, 0.0, 2)]))
+    assert "Goodput: 60.0% of 200.0 billed instance-seconds (productive 120.0 s (60%), other 40.0 s (20%)," in (
+        "\n".join(lines)
+    )
+    (row,) = [line for line in lines if line.startswith("| run-1 ")]
+    assert row.startswith("| run-1 | 2 | 100.0 | 0.0 |") and row.endswith("| 60.0% |")
