@@ -75,6 +75,33 @@ RETRAIN_TRIGGER = {
 }
 
 
+# Two teams: two quota shares of a p4d service environment.
+TEAMS = [
+    {
+        "name": "vision",
+        "members": ["arn:aws:iam::123456789012:role/VisionScientist"],
+        "approvers": ["arn:aws:iam::123456789012:role/VisionLead"],
+        "notification_emails": ["vision@example.org"],
+        "dataset_prefixes": ["vision/"],
+        "monthly_budget_usd": 2000,
+        "quota_share": {
+            "capacity": {"ml.p4d.24xlarge": 4},
+            "sharing": "LEND_AND_BORROW",
+            "borrow_limit_percent": 100,
+            "in_share_preemption": True,
+        },
+    },
+    {
+        "name": "language",
+        "member_tag": "language",
+        "dataset_prefixes": ["language/"],
+        "monthly_budget_usd": 1000,
+        "quota_share": {"capacity": {"ml.p4d.24xlarge": 2}},
+    },
+]
+SERVICE_ENVIRONMENT = {"capacity": {"ml.p4d.24xlarge": 8}}
+
+
 def platform_context() -> dict[str, Any]:
     """cdk.json's context plus an approver and notification addresses (cdk.json ships none)."""
     context = cdk_context(approvers=[APPROVER])
