@@ -15,6 +15,7 @@ from constructs import Construct
 
 from lambdas.backends import BACKENDS
 from stacks.constructs.nag import acknowledge_inline_policy
+from stacks.constructs.team_queue import TEAM_TAG
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
 COST_TAG = "platform$distributed-training"
@@ -208,6 +209,48 @@ class BudgetStop(BudgetDeny):
                 resources=[probe_arn],
             ),
         ]
+
+
+class TeamBudget(Construct):
+    """A team's monthly budget on its cost tag; spent, it denies new service jobs in the team's quota share only.
+
+    SubmitServiceJob authorizes the quota share it names (the Service Authorization Reference's quota-share
+    resource type), so a deny on the share's ARN stops this team's submissions and no other team's.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        team: str,
+        limit_usd: float,
+        share_arn: str,
+        submitters: list[iam.IRole],
+        topic: sns.ITopic,
+        emails: list[str],
+    ) -> None:
+        super().__init__(scope, id_)
+        self.budget = PlatformBudget(
+            self, "Budget", limit_usd=limit_usd, topic=topic, emails=emails, cost_tag=f"{TEAM_TAG}${team}"
+        ).budget
+        self.stop = BudgetDeny(
+            self,
+            "Stop",
+            budget=self.budget,
+            statements=[
+                iam.PolicyStatement(
+                    sid="NoNewServiceJobsOfTheTeam",
+                    effect=iam.Effect.DENY,
+                    actions=["batch:SubmitServiceJob"],
+                    resources=[share_arn],
+                )
+            ],
+            description=f"Applied by AWS Budgets when team {team}'s monthly budget is spent: no new jobs in its share.",
+            roles=submitters,
+            topic=topic,
+            emails=emails,
+        )
 
 
 class PipelineAlarms(Construct):

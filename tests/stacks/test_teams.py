@@ -1,16 +1,29 @@
-"""Teams: the settings."""
+"""Teams: the settings, the quota-managed Batch queue and its shares, the grants to submit to it, and each team's
+budget stop (the Service Authorization Reference check runs on the variant's teams in test_iam_reference)."""
 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aws_cdk.assertions import Match
 
+from localrun.cfn import ACCOUNT, REGION
+from localrun.iam_policy import Policy, allows
 from stacks.settings import SettingsError, build_settings
 from tests.conftest import SERVICE_ENVIRONMENT, TEAMS, cdk_context
+from tests.support.iam import AssemblyIam
+from tests.support.templates import get_att, logical_id, resources, template
 
+REPO = Path(__file__).resolve().parents[2]
 P4D = "ml.p4d.24xlarge"
+TEAM_TYPES = ("AWS::Batch::SchedulingPolicy", "AWS::Batch::ServiceEnvironment", "AWS::Batch::QuotaShare")
+SERVICE_JOB_ACTIONS = ("batch:SubmitServiceJob", "batch:DescribeServiceJob", "batch:TerminateServiceJob")
 
 
 def teams_settings(**changes: Any) -> dict[str, Any]:
@@ -83,3 +96,179 @@ def test_the_service_environment_needs_teams_capacity_and_allowed_types() -> Non
         build_settings(teams_settings(teams=[]))
     with pytest.raises(SettingsError, match=r"capacity\['ml.g5.xlarge'\] = 2: ml.g5.xlarge is not in pipeline.allowed"):
         build_settings(teams_settings(service_environment={"capacity": {P4D: 8, "ml.g5.xlarge": 2}}))
+
+
+# -- templates ----------------------------------------------------------------------------------------------
+def test_without_teams_nothing_of_them_is_synthesized(platform: Any) -> None:
+    for type_ in TEAM_TYPES:
+        assert resources(platform, platform.pipeline, type_) == {}
+    text = json.dumps(platform.assembly.get_stack_by_name(platform.pipeline.stack_name).template)
+    assert not any(action in text for action in SERVICE_JOB_ACTIONS)
+    assert "platform-team" not in text
+
+
+def test_the_teams_queue_is_quota_managed_sagemaker_training(variant: Any) -> None:
+    t = template(variant, variant.pipeline)
+    t.has_resource_properties(
+        "AWS::Batch::SchedulingPolicy", {"QuotaSharePolicy": {"IdleResourceAssignmentStrategy": "FIFO"}}
+    )
+    t.has_resource_properties(
+        "AWS::Batch::ServiceEnvironment",
+        {"ServiceEnvironmentType": "SAGEMAKER_TRAINING", "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 8}]},
+    )
+    policy = logical_id(variant, variant.pipeline, "AWS::Batch::SchedulingPolicy", "Teams")
+    environment = logical_id(variant, variant.pipeline, "AWS::Batch::ServiceEnvironment", "Teams")
+    t.has_resource_properties(
+        "AWS::Batch::JobQueue",
+        {
+            "JobQueueType": "SAGEMAKER_TRAINING",
+            "SchedulingPolicyArn": get_att(policy, "Arn"),
+            "ServiceEnvironmentOrder": [
+                {"Order": 1, "ServiceEnvironment": get_att(environment, "ServiceEnvironmentArn")}
+            ],
+        },
+    )
+
+
+def test_each_team_has_its_quota_share(variant: Any) -> None:
+    t = template(variant, variant.pipeline)
+    queue = logical_id(variant, variant.pipeline, "AWS::Batch::JobQueue", "Teams")
+    t.resource_count_is("AWS::Batch::QuotaShare", 2)
+    t.has_resource_properties(
+        "AWS::Batch::QuotaShare",
+        {
+            "QuotaShareName": "vision",
+            "JobQueue": get_att(queue, "JobQueueArn"),
+            "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 4}],
+            "ResourceSharingConfiguration": {"Strategy": "LEND_AND_BORROW", "BorrowLimit": 100},
+            "PreemptionConfiguration": {"InSharePreemption": "ENABLED"},
+            "Tags": Match.object_like({"platform-team": "vision"}),
+        },
+    )
+    t.has_resource_properties(
+        "AWS::Batch::QuotaShare",
+        {
+            "QuotaShareName": "language",
+            "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 2}],
+            "ResourceSharingConfiguration": {"Strategy": "RESERVE", "BorrowLimit": Match.absent()},
+            "PreemptionConfiguration": {"InSharePreemption": "DISABLED"},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def variant_iam(variant: Any) -> AssemblyIam:
+    return AssemblyIam(Path(variant.assembly.directory))
+
+
+def queue_arns(variant_iam: AssemblyIam) -> tuple[str, dict[str, str]]:
+    """The teams' queue ARN and each team's share ARN, resolved."""
+    ((stack, queue, _),) = [r for r in variant_iam.resources("AWS::Batch::JobQueue") if "Teams" in r[1]]
+    shares = {
+        props["QuotaShareName"]: variant_iam.resolver.get_att(stack, logical, "QuotaShareArn")
+        for stack, logical, props in variant_iam.resources("AWS::Batch::QuotaShare")
+    }
+    return variant_iam.resolver.get_att(stack, queue, "JobQueueArn"), shares
+
+
+def state_machine_role(variant_iam: AssemblyIam) -> Any:
+    ((_, _, props),) = [
+        r for r in variant_iam.resources("AWS::StepFunctions::StateMachine") if r[1].startswith("TrainingPipeline")
+    ]
+    return variant_iam.roles[props["RoleArn"]]
+
+
+def test_the_state_machine_submits_only_tagged_jobs_to_the_teams_shares(variant: Any, variant_iam: AssemblyIam) -> None:
+    role = state_machine_role(variant_iam)
+    queue, shares = queue_arns(variant_iam)
+    # The variant's stacks name their Region; the resolver's own ARNs (the queue's) are of localrun's.
+    job = f"arn:aws:batch:{variant.settings.region}:{ACCOUNT}:service-job/0123abcd"
+    tagged = {"aws:RequestTag/platform-team": "vision"}
+    for resource in (queue, shares["vision"], shares["language"], job):
+        assert role.may("batch:SubmitServiceJob", resource, **tagged), resource
+        assert not role.may("batch:SubmitServiceJob", resource), f"{resource} without the team tag"
+        assert not role.may("batch:SubmitServiceJob", resource, **{"aws:RequestTag/platform-team": "other"})
+    other_queue = f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/other"
+    assert not role.may("batch:SubmitServiceJob", other_queue, **tagged)
+    assert not role.may("batch:SubmitServiceJob", f"{other_queue}/quota-share/vision", **tagged)
+    assert role.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "language"})
+    assert not role.may("batch:TerminateServiceJob", job)
+    assert role.may("batch:DescribeServiceJob", "*")
+
+
+def test_the_execution_role_is_passed_to_sagemaker_only(variant_iam: AssemblyIam) -> None:
+    role = state_machine_role(variant_iam)
+    (execution,) = [r for r in variant_iam.roles.values() if "TrainingExecutionRole" in r.logical]
+    assert role.may("iam:PassRole", execution.arn, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+    assert not role.may("iam:PassRole", execution.arn, **{"iam:PassedToService": "batch.amazonaws.com"})
+    other = f"arn:aws:iam::{ACCOUNT}:role/Other"
+    assert not role.may("iam:PassRole", other, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+
+
+def test_each_teams_budget_stops_only_its_own_submissions(variant: Any, variant_iam: AssemblyIam) -> None:
+    t = template(variant, variant.pipeline)
+    for team, limit in (("vision", 2000), ("language", 1000)):
+        t.has_resource_properties(
+            "AWS::Budgets::Budget",
+            {
+                "Budget": Match.object_like(
+                    {
+                        "BudgetLimit": {"Amount": limit, "Unit": "USD"},
+                        "CostFilters": {"TagKeyValue": [f"user:platform-team${team}"]},
+                        "TimeUnit": "MONTHLY",
+                    }
+                )
+            },
+        )
+    t.has_resource_properties(
+        "AWS::Budgets::Budget",
+        {
+            "NotificationsWithSubscribers": Match.array_with(
+                [
+                    Match.object_like(
+                        {
+                            "Subscribers": Match.array_with(
+                                [{"Address": "vision@example.org", "SubscriptionType": "EMAIL"}]
+                            )
+                        }
+                    )
+                ]
+            )
+        },
+    )
+    role = state_machine_role(variant_iam)
+    _, shares = queue_arns(variant_iam)
+    tagged = {"aws:RequestTag/platform-team": "vision"}
+    stops = {
+        logical: props
+        for _, logical, props in variant_iam.resources("AWS::IAM::ManagedPolicy")
+        if logical.startswith("TeamBudget")
+    }
+    actions = {
+        logical: props
+        for _, logical, props in variant_iam.resources("AWS::Budgets::BudgetsAction")
+        if logical.startswith("TeamBudget")
+    }
+    assert len(stops) == len(actions) == 2
+    for team, other in (("vision", "language"), ("language", "vision")):
+        (logical,) = [k for k in stops if k.startswith(f"TeamBudget{team}")]
+        deny = Policy.parse(logical, stops[logical]["PolicyDocument"])
+        stopped = [*role.policies, deny]
+        assert not allows(stopped, "batch:SubmitServiceJob", shares[team], **tagged), team
+        assert allows(stopped, "batch:SubmitServiceJob", shares[other], **tagged), f"{team}'s stop blocks {other}"
+        (action,) = [a for k, a in actions.items() if k.startswith(f"TeamBudget{team}")]
+        definition = action["Definition"]["IamActionDefinition"]
+        assert definition["Roles"] == [role.arn.rsplit("/", 1)[1]]
+        assert action["ActionThreshold"] == {"Type": "PERCENTAGE", "Value": 100}
+
+
+def test_cfn_lint_reports_nothing_on_the_teams_templates(variant: Any) -> None:
+    pipeline = Path(variant.assembly.directory) / f"{variant.pipeline.stack_name}.template.json"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), str(pipeline)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
