@@ -249,7 +249,8 @@ class PipelineStack(Stack):
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
             "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
-            "job by name, and reading its execution tag before adopting it).",
+            "job by name, and reading its execution tag before adopting it)"
+            + ("; nor does batch:DescribeServiceJob (following a team's service job)." if context.teams else "."),
         )
         invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {
