@@ -233,6 +233,11 @@ class Resolver:
             return {"ImageDigest": digest, "ImageUri": uri, "ImageTag": props["ImageTag"]}[attribute]
         if type_ == "AWS::Batch::JobQueue" and attribute == "JobQueueArn":
             return f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/{logical}"
+        if type_ == "AWS::Batch::QuotaShare" and attribute == "QuotaShareArn":
+            queue = self.resolve(stack, props["JobQueue"])
+            return f"{queue}/quota-share/{self.resolve(stack, props['QuotaShareName'])}"
+        if type_ == "AWS::Batch::ServiceEnvironment" and attribute == "ServiceEnvironmentArn":
+            return f"arn:aws:batch:{REGION}:{ACCOUNT}:service-environment/{logical}"
         if type_ == "AWS::SageMaker::ModelPackageGroup" and attribute == "ModelPackageGroupArn":
             group = self.resolve(stack, props["ModelPackageGroupName"])
             return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package-group/{group}"

@@ -23,7 +23,7 @@ from lambdas.backends.sagemaker import SAGEMAKER
 from lambdas.execution_state import CLEANUP, FAILURE
 from lambdas.shared.metrics import Metric
 from stacks import outputs
-from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget
+from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget, TeamBudget
 from stacks.constructs.dashboard import PlatformDashboard, platform_metric
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.logs import encrypted_log_group
@@ -39,6 +39,7 @@ from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_step import SageMakerTraining
+from stacks.pipeline.service_jobs import grant_service_jobs
 from stacks.pipeline.training_step import TrainingStep, backend_steps, by_backend
 from stacks.pipeline.tuning_step import SageMakerTuning, with_tuning
 from stacks.settings import PlatformSettings
@@ -90,6 +91,7 @@ class PipelineStack(Stack):
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
         self.state_machine = self._state_machine(context, intake.start)
         self._grant_state_machine(context, training, registration.packages)
+        grant_service_jobs(context, self.state_machine.role, execution_role=sagemaker.job.role)
         intake.read_ended_runs(self.state_machine, self.execution_key)
         dead_letters = dict(training.dead_letters)
         if data.retrain_windows is not None:
@@ -133,7 +135,7 @@ class PipelineStack(Stack):
         self._acknowledge_state_machine_grants(context, packages)
 
     def _cost_controls(self, settings: PlatformSettings, context: PipelineContext, *, validator: iam.IRole) -> None:
-        """The monthly budget, and its stop on the roles that start training jobs."""
+        """The monthly budget, and its stop on the roles that start training jobs; each team's budget and its stop."""
         budget = PlatformBudget(
             self,
             "Budget",
@@ -150,6 +152,19 @@ class PipelineStack(Stack):
             topic=context.topics.alarms,
             emails=settings.notifications.budget_emails,
         )
+        if context.teams is None:
+            return
+        for team in settings.teams:
+            TeamBudget(
+                self,
+                f"TeamBudget-{team.name}",
+                team=team.name,
+                limit_usd=team.monthly_budget_usd,
+                share_arn=context.teams.share_arn(team.name),
+                submitters=[self.state_machine.role],
+                topic=context.topics.alarms,
+                emails=team.notification_emails,
+            )
 
     def _monitoring(
         self, settings: PlatformSettings, context: PipelineContext, dead_letters: dict[str, sqs.IQueue]
@@ -234,7 +249,8 @@ class PipelineStack(Stack):
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
             "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
-            "job by name, and reading its execution tag before adopting it).",
+            "job by name, and reading its execution tag before adopting it)"
+            + ("; nor does batch:DescribeServiceJob (following a team's service job)." if context.teams else "."),
         )
         invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {

@@ -18,7 +18,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from lambdas.backends import BACKENDS
 from lambdas.backends.backend import Deployment
@@ -472,6 +480,179 @@ def _load_template(value: str | dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
+# Batch's limit on a quota share's capacity limits is the issue's five instance types.
+MAX_QUOTA_SHARE_LIMITS = 5
+_TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def _known_types(value: dict[str, int]) -> dict[str, int]:
+    unknown = []
+    for name in value:
+        try:
+            instance_type(name)
+        except UnknownInstanceTypeError as exc:
+            unknown.append(str(exc))
+    if unknown:
+        raise ValueError("; ".join(unknown))
+    bad = {k: v for k, v in value.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise ValueError(f"instance counts must be whole numbers of at least 1; bad: {bad}")
+    return value
+
+
+class ServiceEnvironmentSettings(_Model):
+    """The AWS Batch service environment teams' SageMaker training jobs queue for (only with `teams`)."""
+
+    capacity: dict[str, int] = Field(
+        default_factory=dict,
+        description="Instances of each SageMaker instance type the teams' jobs may hold at once, "
+        'e.g. `{"ml.p5.48xlarge": 8}`; every team\'s quota share draws on it.',
+    )
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity(cls, value: dict[str, int]) -> dict[str, int]:
+        return _known_types(value)
+
+
+class QuotaShareSettings(_Model):
+    """A team's quota share of the service environment."""
+
+    capacity: dict[str, int] = Field(
+        description=f"Instances of each type (at most {MAX_QUOTA_SHARE_LIMITS} types) the team holds without borrowing."
+    )
+    sharing: Literal["RESERVE", "LEND", "LEND_AND_BORROW"] = Field(
+        "RESERVE",
+        description="RESERVE keeps idle capacity for the team; LEND lends it out; LEND_AND_BORROW also borrows.",
+    )
+    borrow_limit_percent: int | None = Field(
+        None,
+        ge=0,
+        description="With LEND_AND_BORROW: the most it may borrow, as a percentage of its capacity "
+        "(default: no limit).",
+    )
+    in_share_preemption: bool = Field(
+        False, description="A higher-priority job of the team may preempt a lower-priority one of the same team."
+    )
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity(cls, value: dict[str, int]) -> dict[str, int]:
+        if not 1 <= len(value) <= MAX_QUOTA_SHARE_LIMITS:
+            raise ValueError(f"must name 1 to {MAX_QUOTA_SHARE_LIMITS} instance types; it names {len(value)}")
+        return _known_types(value)
+
+    @field_validator("borrow_limit_percent")
+    @classmethod
+    def _borrowing(cls, value: int | None, info: ValidationInfo) -> int | None:
+        sharing = info.data.get("sharing")
+        if value is not None and sharing not in (None, "LEND_AND_BORROW"):
+            raise ValueError(
+                f"applies only to sharing LEND_AND_BORROW, not {sharing}: remove it or set sharing to LEND_AND_BORROW"
+            )
+        return value
+
+
+class TeamSettings(_Model):
+    """A team: who submits and approves, its data, its monthly budget and its quota share."""
+
+    name: str = Field(description="Lowercase letters, digits and '-' (at most 32): the quota share and cost tag value.")
+    members: list[str] = Field(default_factory=list, description="IAM role or user ARNs of the team's members.")
+    member_tag: str | None = Field(
+        None, description="A principal tag value (`platform-team`) that also makes a principal a member."
+    )
+    approvers: list[str] = Field(default_factory=list, description="IAM principal ARNs who decide the team's gates.")
+    notification_emails: list[str] = Field(default_factory=list, description="The team's budget and run e-mails.")
+    dataset_prefixes: list[str] = Field(
+        default_factory=list, description="Keys under the datasets bucket the team's data lives in (end with '/')."
+    )
+    monthly_budget_usd: float = Field(gt=0, description="Monthly spend on the team's tag before its submissions stop.")
+    quota_share: QuotaShareSettings
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _TEAM_NAME.match(value):
+            raise ValueError("must start with a lowercase letter and hold at most 32 of a-z, 0-9, '-'")
+        return value
+
+    @field_validator("members", "approvers")
+    @classmethod
+    def _principals(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not _PRINCIPAL.match(v)]
+        if bad:
+            raise ValueError(f"must be IAM role/user ARNs (arn:aws:iam::123456789012:role/Name); bad: {bad}")
+        return value
+
+    @field_validator("member_tag")
+    @classmethod
+    def _tag(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("members") == []:
+            raise ValueError("the team has no members: name IAM role ARNs in `members` or set `member_tag`")
+        if value is not None and not _TAG_VALUE.match(value):
+            raise ValueError("must be 1-256 letters, digits, spaces or _ . : / = + - @")
+        return value
+
+    @field_validator("notification_emails")
+    @classmethod
+    def _emails(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not _EMAIL.match(v)]
+        if bad:
+            raise ValueError(f"not e-mail addresses: {bad}")
+        return value
+
+    @field_validator("dataset_prefixes")
+    @classmethod
+    def _prefixes(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not v.endswith("/") or v.startswith("/") or "*" in v]
+        if bad:
+            raise ValueError(f"must be key prefixes ending with '/', not starting with '/', without '*'; bad: {bad}")
+        return value
+
+
+def team_problems(
+    teams: Sequence[TeamSettings], capacity: Mapping[str, int], allowed_types: Sequence[str]
+) -> list[str]:
+    """Every problem of the teams together and against the service environment, each with its fix."""
+    problems: list[str] = []
+    names = [team.name for team in teams]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"teams: the name {name!r} is used {names.count(name)} times; give each team its own name")
+    if teams and not capacity:
+        problems.append(
+            "service_environment.capacity is empty but teams are set: name the instances of each type the teams "
+            'share, e.g. {"ml.p5.48xlarge": 8}'
+        )
+    for type_, count in capacity.items():
+        if type_ not in allowed_types:
+            problems.append(
+                f"service_environment.capacity[{type_!r}] = {count}: {type_} is not in "
+                "pipeline.allowed_instance_types; add it there or remove it here"
+            )
+    for i, team in enumerate(teams):
+        for type_, count in team.quota_share.capacity.items():
+            where = f"teams[{i}].quota_share.capacity[{type_!r}] = {count}"
+            if capacity and type_ not in capacity:
+                problems.append(
+                    f"{where}: the service environment has no {type_}; add it to service_environment.capacity "
+                    "or remove it from the team's share"
+                )
+            elif type_ in capacity and count > capacity[type_]:
+                problems.append(
+                    f"{where}: above the service environment's {capacity[type_]}; lower it or raise "
+                    f"service_environment.capacity[{type_!r}]"
+                )
+    owners = [(prefix, i, team.name) for i, team in enumerate(teams) for prefix in team.dataset_prefixes]
+    for a, (prefix, i, name) in enumerate(owners):
+        for other, j, other_name in owners[a + 1 :]:
+            if prefix.startswith(other) or other.startswith(prefix):
+                problems.append(
+                    f"teams[{i}].dataset_prefixes {prefix!r} ({name}) overlaps teams[{j}].dataset_prefixes "
+                    f"{other!r} ({other_name}): a key must belong to one team; make them disjoint"
+                )
+    return problems
+
+
 class PlatformSettings(_Model):
     """Everything a platform team chooses; nothing else in the app is configurable."""
 
@@ -491,6 +672,12 @@ class PlatformSettings(_Model):
         default_factory=list,
         description="IAM principal ARNs (administrators) allowed to decrypt execution inputs, outputs and history; "
         "the platform's own roles always can.",
+    )
+    service_environment: ServiceEnvironmentSettings = Field(default_factory=ServiceEnvironmentSettings)
+    teams: list[TeamSettings] = Field(
+        default_factory=list,
+        description="Teams whose SageMaker training jobs queue in AWS Batch under a quota share each "
+        '(README: "Teams"); none: no queue, no shares.',
     )
     retrain: list[RetrainTrigger] = Field(
         default_factory=list,
@@ -537,6 +724,15 @@ class PlatformSettings(_Model):
                 'CONTEXT=\'{"approvers": ["arn:aws:iam::123456789012:role/MLLead"]}\' make deploy, '
                 "-c approvers='[\"arn:aws:iam::123456789012:role/MLLead\"]' or cdk.json's platform.approvers"
             )
+
+    @model_validator(mode="after")
+    def _teams_fit(self) -> PlatformSettings:
+        problems = team_problems(self.teams, self.service_environment.capacity, self.pipeline.instance_types())
+        if self.service_environment.capacity and not self.teams:
+            problems.append("service_environment.capacity is set but no teams are: add teams or remove the capacity")
+        if problems:
+            raise ValueError("\n    ".join(["the teams do not fit together:", *problems]))
+        return self
 
     @model_validator(mode="after")
     def _retrain_templates_run(self) -> PlatformSettings:

@@ -75,6 +75,33 @@ RETRAIN_TRIGGER = {
 }
 
 
+# The variant's teams: two quota shares of its p4d service environment (README: "Teams").
+TEAMS = [
+    {
+        "name": "vision",
+        "members": ["arn:aws:iam::123456789012:role/VisionScientist"],
+        "approvers": ["arn:aws:iam::123456789012:role/VisionLead"],
+        "notification_emails": ["vision@example.org"],
+        "dataset_prefixes": ["vision/"],
+        "monthly_budget_usd": 2000,
+        "quota_share": {
+            "capacity": {"ml.p4d.24xlarge": 4},
+            "sharing": "LEND_AND_BORROW",
+            "borrow_limit_percent": 100,
+            "in_share_preemption": True,
+        },
+    },
+    {
+        "name": "language",
+        "member_tag": "language",
+        "dataset_prefixes": ["language/"],
+        "monthly_budget_usd": 1000,
+        "quota_share": {"capacity": {"ml.p4d.24xlarge": 2}},
+    },
+]
+SERVICE_ENVIRONMENT = {"capacity": {"ml.p4d.24xlarge": 8}}
+
+
 def platform_context() -> dict[str, Any]:
     """cdk.json's context plus an approver and notification addresses (cdk.json ships none)."""
     context = cdk_context(approvers=[APPROVER])
@@ -102,7 +129,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """NAT on, named AZs, a p4d cluster, FSx auto-export, no network isolation, one allowed instance
-    type and a training plan of it, a named reader of execution data: the optional paths of every stack."""
+    type and a training plan of it, a named reader of execution data, two teams: the optional paths of every
+    stack."""
     context = cdk_context(region="eu-west-1", account="123456789012")
     context["platform"]["network"] = {
         **context["platform"]["network"],
@@ -117,6 +145,8 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "training_plan": {"arn": TRAINING_PLAN_ARN, "instance_type": "ml.p4d.24xlarge"},
     }
     context["platform"]["execution_data_readers"] = [READER]
+    context["platform"]["teams"] = TEAMS
+    context["platform"]["service_environment"] = SERVICE_ENVIRONMENT
     from stacks.app_builder import build_platform
 
     built = build_platform(context, outdir=str(tmp_path_factory.mktemp("variant")))

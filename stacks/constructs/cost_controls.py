@@ -15,6 +15,7 @@ from constructs import Construct
 
 from lambdas.backends import BACKENDS
 from stacks.constructs.nag import acknowledge_inline_policy
+from stacks.constructs.team_queue import TEAM_TAG
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
 COST_TAG = "platform$distributed-training"
@@ -25,9 +26,19 @@ BUDGET_PROBE_JOB = "platform-budget-probe"
 
 
 class PlatformBudget(Construct):
-    """Alerts at 80% of actual and 100% of forecast monthly spend, by e-mail and on the alarm topic."""
+    """Alerts at 80% of actual and 100% of forecast monthly spend on `cost_tag` (key$value), by e-mail and on the
+    alarm topic."""
 
-    def __init__(self, scope: Construct, id_: str, *, limit_usd: float, topic: sns.ITopic, emails: list[str]) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        limit_usd: float,
+        topic: sns.ITopic,
+        emails: list[str],
+        cost_tag: str = COST_TAG,
+    ) -> None:
         super().__init__(scope, id_)
         stack = Stack.of(self)
         topic.add_to_resource_policy(
@@ -65,20 +76,17 @@ class PlatformBudget(Construct):
                 budget_type="COST",
                 time_unit="MONTHLY",
                 budget_limit=budgets.CfnBudget.SpendProperty(amount=limit_usd, unit="USD"),
-                cost_filters={"TagKeyValue": [f"user:{COST_TAG}"]},
+                cost_filters={"TagKeyValue": [f"user:{cost_tag}"]},
             ),
             notifications_with_subscribers=[alert("ACTUAL", 80), alert("FORECASTED", 100)],
         )
 
 
-class BudgetStop(Construct):
-    """At 100% of actual monthly spend, AWS Budgets attaches a deny policy to the roles that create training jobs.
+class BudgetDeny(Construct):
+    """At 100% of a budget's actual monthly spend, AWS Budgets attaches a deny policy of `statements` to `roles`.
 
-    New jobs (first attempts and capacity retries alike) are then refused by IAM; jobs already
-    training keep running. The deny is also what Validate reads, so a new run is refused at once
-    with the reason and who to ask. Nothing in the platform detaches the policy: whoever owns the
-    budget reverses the action (`aws budgets execute-budget-action --execution-type
-    REVERSE_BUDGET_ACTION`) or raises the budget.
+    Nothing in the platform detaches the policy: whoever owns the budget reverses the action
+    (`aws budgets execute-budget-action --execution-type REVERSE_BUDGET_ACTION`) or raises the budget.
     """
 
     def __init__(
@@ -87,17 +95,14 @@ class BudgetStop(Construct):
         id_: str,
         *,
         budget: budgets.CfnBudget,
-        creators: list[iam.IRole],
-        validator: iam.IRole,
+        statements: list[iam.PolicyStatement],
+        description: str,
+        roles: list[iam.IRole],
         topic: sns.ITopic,
         emails: list[str],
     ) -> None:
         super().__init__(scope, id_)
-        self.probe_arn = Stack.of(self).format_arn(
-            service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB
-        )
-        self.policy = self._deny_policy()
-        roles = [*creators, validator]
+        self.policy = iam.ManagedPolicy(self, "Deny", description=description, statements=statements)
         action_role = self._action_role(roles)
         self.action = budgets.CfnBudgetsAction(
             self,
@@ -116,41 +121,6 @@ class BudgetStop(Construct):
             subscribers=[
                 budgets.CfnBudgetsAction.SubscriberProperty(type="SNS", address=topic.topic_arn),
                 *(budgets.CfnBudgetsAction.SubscriberProperty(type="EMAIL", address=e) for e in emails),
-            ],
-        )
-        # Validate may ask about the probe job; only the budget stop makes that an explicit deny.
-        validator.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="BudgetProbe", actions=["sagemaker:DescribeTrainingJob"], resources=[self.probe_arn]
-            )
-        )
-
-    def _deny_policy(self) -> iam.ManagedPolicy:
-        """The policy AWS Budgets attaches: no new training or tuning jobs, and the probe Validate reads."""
-        return iam.ManagedPolicy(
-            self,
-            "Deny",
-            description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
-            statements=[
-                iam.PolicyStatement(
-                    sid="NoNewTrainingJobs",
-                    effect=iam.Effect.DENY,
-                    # What starts each backend's jobs (lambdas/backends/).
-                    actions=[action for backend in BACKENDS.values() for action in backend.denies],
-                    resources=["*"],
-                ),
-                iam.PolicyStatement(
-                    sid="NoNewTuningJobs",
-                    effect=iam.Effect.DENY,
-                    actions=["sagemaker:CreateHyperParameterTuningJob"],
-                    resources=["*"],
-                ),
-                iam.PolicyStatement(
-                    sid="BudgetStopInForce",
-                    effect=iam.Effect.DENY,
-                    actions=["sagemaker:DescribeTrainingJob"],
-                    resources=[self.probe_arn],
-                ),
             ],
         )
 
@@ -173,6 +143,114 @@ class BudgetStop(Construct):
         )
         acknowledge_inline_policy(role)
         return role
+
+
+class BudgetStop(BudgetDeny):
+    """At 100% of actual monthly spend, AWS Budgets attaches a deny policy to the roles that create training jobs.
+
+    New jobs (first attempts and capacity retries alike) are then refused by IAM; jobs already
+    training keep running. The deny is also what Validate reads, so a new run is refused at once
+    with the reason and who to ask.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        budget: budgets.CfnBudget,
+        creators: list[iam.IRole],
+        validator: iam.IRole,
+        topic: sns.ITopic,
+        emails: list[str],
+    ) -> None:
+        probe_arn = Stack.of(scope).format_arn(
+            service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB
+        )
+        super().__init__(
+            scope,
+            id_,
+            budget=budget,
+            statements=self._deny_statements(probe_arn),
+            description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
+            roles=[*creators, validator],
+            topic=topic,
+            emails=emails,
+        )
+        self.probe_arn = probe_arn
+        # Validate may ask about the probe job; only the budget stop makes that an explicit deny.
+        validator.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="BudgetProbe", actions=["sagemaker:DescribeTrainingJob"], resources=[self.probe_arn]
+            )
+        )
+
+    @staticmethod
+    def _deny_statements(probe_arn: str) -> list[iam.PolicyStatement]:
+        """No new training or tuning jobs, and the probe Validate reads."""
+        return [
+            iam.PolicyStatement(
+                sid="NoNewTrainingJobs",
+                effect=iam.Effect.DENY,
+                # What starts each backend's jobs (lambdas/backends/).
+                actions=[action for backend in BACKENDS.values() for action in backend.denies],
+                resources=["*"],
+            ),
+            iam.PolicyStatement(
+                sid="NoNewTuningJobs",
+                effect=iam.Effect.DENY,
+                actions=["sagemaker:CreateHyperParameterTuningJob"],
+                resources=["*"],
+            ),
+            iam.PolicyStatement(
+                sid="BudgetStopInForce",
+                effect=iam.Effect.DENY,
+                actions=["sagemaker:DescribeTrainingJob"],
+                resources=[probe_arn],
+            ),
+        ]
+
+
+class TeamBudget(Construct):
+    """A team's monthly budget on its cost tag; spent, it denies new service jobs in the team's quota share only.
+
+    SubmitServiceJob authorizes the quota share it names (the Service Authorization Reference's quota-share
+    resource type), so a deny on the share's ARN stops this team's submissions and no other team's.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        team: str,
+        limit_usd: float,
+        share_arn: str,
+        submitters: list[iam.IRole],
+        topic: sns.ITopic,
+        emails: list[str],
+    ) -> None:
+        super().__init__(scope, id_)
+        self.budget = PlatformBudget(
+            self, "Budget", limit_usd=limit_usd, topic=topic, emails=emails, cost_tag=f"{TEAM_TAG}${team}"
+        ).budget
+        self.stop = BudgetDeny(
+            self,
+            "Stop",
+            budget=self.budget,
+            statements=[
+                iam.PolicyStatement(
+                    sid="NoNewServiceJobsOfTheTeam",
+                    effect=iam.Effect.DENY,
+                    actions=["batch:SubmitServiceJob"],
+                    resources=[share_arn],
+                )
+            ],
+            description=f"Applied by AWS Budgets when team {team}'s monthly budget is spent: no new jobs in its share.",
+            roles=submitters,
+            topic=topic,
+            emails=emails,
+        )
 
 
 class PipelineAlarms(Construct):

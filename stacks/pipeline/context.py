@@ -21,6 +21,7 @@ from constructs import Construct
 from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.notifications import PlatformTopics
+from stacks.constructs.team_queue import TeamQueue
 from stacks.constructs.training_image import TrainingImage
 from stacks.data_stack import DataStack
 from stacks.naming import bucket_name
@@ -50,6 +51,8 @@ class PipelineContext:
     datasets: s3.IBucket
     checkpoints: s3.IBucket
     artifacts: s3.IBucket
+    teams: TeamQueue | None = None
+    """The teams' Batch queue and quota shares; None when settings name no teams."""
     functions: dict[str, PlatformFunction] = field(default_factory=dict)
     """Every handler made by `function`, by name, in the order they were made."""
     goodput_writers: list[PlatformFunction] = field(default_factory=list)
@@ -76,7 +79,12 @@ class PipelineContext:
             for purpose in ("datasets", "checkpoints", "artifacts")
         )
         topics = PlatformTopics(stack, "Topics", key=data.key, settings=settings.notifications)
-        return cls(stack, settings, network, data, image, revision, topics, datasets, checkpoints, artifacts)
+        teams = (
+            TeamQueue(stack, "Teams", capacity=settings.service_environment.capacity, teams=settings.teams)
+            if settings.teams
+            else None
+        )
+        return cls(stack, settings, network, data, image, revision, topics, datasets, checkpoints, artifacts, teams)
 
     @property
     def pipeline(self) -> PipelineSettings:

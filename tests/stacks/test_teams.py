@@ -1,0 +1,274 @@
+"""Teams: the settings, the quota-managed Batch queue and its shares, the grants to submit to it, and each team's
+budget stop (the Service Authorization Reference check runs on the variant's teams in test_iam_reference)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match
+
+from localrun.cfn import ACCOUNT, REGION
+from localrun.iam_policy import Policy, allows
+from stacks.settings import SettingsError, build_settings
+from tests.conftest import SERVICE_ENVIRONMENT, TEAMS, cdk_context
+from tests.support.iam import AssemblyIam
+from tests.support.templates import get_att, logical_id, resources, template
+
+REPO = Path(__file__).resolve().parents[2]
+P4D = "ml.p4d.24xlarge"
+TEAM_TYPES = ("AWS::Batch::SchedulingPolicy", "AWS::Batch::ServiceEnvironment", "AWS::Batch::QuotaShare")
+SERVICE_JOB_ACTIONS = ("batch:SubmitServiceJob", "batch:DescribeServiceJob", "batch:TerminateServiceJob")
+
+
+def teams_settings(**changes: Any) -> dict[str, Any]:
+    """cdk.json's settings with the variant's teams (p4d allowed), `changes` replacing top-level keys."""
+    base = cdk_context()["platform"]
+    base["pipeline"] = {"allowed_instance_types": [P4D, "ml.p5.48xlarge"]}
+    return {**base, "teams": copy.deepcopy(TEAMS), "service_environment": SERVICE_ENVIRONMENT, **changes}
+
+
+# -- settings -----------------------------------------------------------------------------------------------
+def test_the_shipped_settings_have_no_teams_and_the_variant_two() -> None:
+    assert build_settings(cdk_context()["platform"]).teams == []
+    settings = build_settings(teams_settings())
+    assert [t.name for t in settings.teams] == ["vision", "language"]
+    vision = settings.teams[0].quota_share
+    assert (vision.sharing, vision.borrow_limit_percent, vision.in_share_preemption) == ("LEND_AND_BORROW", 100, True)
+    assert settings.teams[1].quota_share.sharing == "RESERVE"
+
+
+def test_every_problem_of_a_team_is_listed_at_once() -> None:
+    vision, language = copy.deepcopy(TEAMS)
+    vision["name"] = "Vision"
+    vision["members"] = ["not-an-arn"]
+    vision["quota_share"] = {"capacity": {P4D: 1, "ml.p9.huge": 1}, "sharing": "RESERVE", "borrow_limit_percent": 50}
+    language.pop("member_tag")
+    language["quota_share"] = {
+        "capacity": {
+            f"ml.{t}": 1 for t in ("p4d.24xlarge", "p5.48xlarge", "g5.xlarge", "g5.2xlarge", "g6.xlarge", "m5.xlarge")
+        }
+    }
+    language["dataset_prefixes"] = ["/language"]
+    with pytest.raises(SettingsError) as err:
+        build_settings(teams_settings(teams=[vision, language]))
+    message = str(err.value)
+    for expected in (
+        "teams.0.name = 'Vision': must start with a lowercase letter",
+        "teams.0.members = ['not-an-arn']: must be IAM role/user ARNs",
+        "unknown training instance type 'ml.p9.huge'",
+        "teams.0.quota_share.borrow_limit_percent = 50: applies only to sharing LEND_AND_BORROW, not RESERVE",
+        "teams.1.quota_share.capacity",
+        "must name 1 to 5 instance types; it names 6",
+        "teams.1.dataset_prefixes = ['/language']: must be key prefixes ending with '/'",
+        "teams.1.member_tag: the team has no members: name IAM role ARNs in `members` or set `member_tag`",
+    ):
+        assert expected in message, f"{expected!r} missing from:\n{message}"
+
+
+def test_teams_that_do_not_fit_the_service_environment_are_refused_with_every_reason() -> None:
+    vision, language = copy.deepcopy(TEAMS)
+    vision["quota_share"]["capacity"] = {P4D: 12, "ml.p5.48xlarge": 1}
+    language["name"] = "vision"
+    language["dataset_prefixes"] = ["vision/frames/"]
+    with pytest.raises(SettingsError) as err:
+        build_settings(teams_settings(teams=[vision, language], service_environment={"capacity": {P4D: 8}}))
+    message = str(err.value)
+    for expected in (
+        "the name 'vision' is used 2 times; give each team its own name",
+        "teams[0].quota_share.capacity['ml.p4d.24xlarge'] = 12: above the service environment's 8; lower it or "
+        "raise service_environment.capacity['ml.p4d.24xlarge']",
+        "teams[0].quota_share.capacity['ml.p5.48xlarge'] = 1: the service environment has no ml.p5.48xlarge; add it",
+        "teams[0].dataset_prefixes 'vision/' (vision) overlaps teams[1].dataset_prefixes 'vision/frames/' (vision)",
+    ):
+        assert expected in message, f"{expected!r} missing from:\n{message}"
+
+
+def test_the_service_environment_needs_teams_capacity_and_allowed_types() -> None:
+    with pytest.raises(SettingsError, match=r"service_environment.capacity is empty but teams are set"):
+        build_settings(teams_settings(service_environment={"capacity": {}}))
+    with pytest.raises(SettingsError, match=r"service_environment.capacity is set but no teams are"):
+        build_settings(teams_settings(teams=[]))
+    with pytest.raises(SettingsError, match=r"capacity\['ml.g5.xlarge'\] = 2: ml.g5.xlarge is not in pipeline.allowed"):
+        build_settings(teams_settings(service_environment={"capacity": {P4D: 8, "ml.g5.xlarge": 2}}))
+
+
+# -- templates ----------------------------------------------------------------------------------------------
+def test_without_teams_nothing_of_them_is_synthesized(platform: Any) -> None:
+    for type_ in TEAM_TYPES:
+        assert resources(platform, platform.pipeline, type_) == {}
+    text = json.dumps(platform.assembly.get_stack_by_name(platform.pipeline.stack_name).template)
+    assert not any(action in text for action in SERVICE_JOB_ACTIONS)
+    assert "platform-team" not in text
+
+
+def test_the_teams_queue_is_quota_managed_sagemaker_training(variant: Any) -> None:
+    t = template(variant, variant.pipeline)
+    t.has_resource_properties(
+        "AWS::Batch::SchedulingPolicy", {"QuotaSharePolicy": {"IdleResourceAssignmentStrategy": "FIFO"}}
+    )
+    t.has_resource_properties(
+        "AWS::Batch::ServiceEnvironment",
+        {"ServiceEnvironmentType": "SAGEMAKER_TRAINING", "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 8}]},
+    )
+    policy = logical_id(variant, variant.pipeline, "AWS::Batch::SchedulingPolicy", "Teams")
+    environment = logical_id(variant, variant.pipeline, "AWS::Batch::ServiceEnvironment", "Teams")
+    t.has_resource_properties(
+        "AWS::Batch::JobQueue",
+        {
+            "JobQueueType": "SAGEMAKER_TRAINING",
+            "SchedulingPolicyArn": get_att(policy, "Arn"),
+            "ServiceEnvironmentOrder": [
+                {"Order": 1, "ServiceEnvironment": get_att(environment, "ServiceEnvironmentArn")}
+            ],
+        },
+    )
+
+
+def test_each_team_has_its_quota_share(variant: Any) -> None:
+    t = template(variant, variant.pipeline)
+    queue = logical_id(variant, variant.pipeline, "AWS::Batch::JobQueue", "Teams")
+    t.resource_count_is("AWS::Batch::QuotaShare", 2)
+    t.has_resource_properties(
+        "AWS::Batch::QuotaShare",
+        {
+            "QuotaShareName": "vision",
+            "JobQueue": get_att(queue, "JobQueueArn"),
+            "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 4}],
+            "ResourceSharingConfiguration": {"Strategy": "LEND_AND_BORROW", "BorrowLimit": 100},
+            "PreemptionConfiguration": {"InSharePreemption": "ENABLED"},
+            "Tags": Match.object_like({"platform-team": "vision"}),
+        },
+    )
+    t.has_resource_properties(
+        "AWS::Batch::QuotaShare",
+        {
+            "QuotaShareName": "language",
+            "CapacityLimits": [{"CapacityUnit": P4D, "MaxCapacity": 2}],
+            "ResourceSharingConfiguration": {"Strategy": "RESERVE", "BorrowLimit": Match.absent()},
+            "PreemptionConfiguration": {"InSharePreemption": "DISABLED"},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def variant_iam(variant: Any) -> AssemblyIam:
+    return AssemblyIam(Path(variant.assembly.directory))
+
+
+def queue_arns(variant_iam: AssemblyIam) -> tuple[str, dict[str, str]]:
+    """The teams' queue ARN and each team's share ARN, resolved."""
+    ((stack, queue, _),) = [r for r in variant_iam.resources("AWS::Batch::JobQueue") if "Teams" in r[1]]
+    shares = {
+        props["QuotaShareName"]: variant_iam.resolver.get_att(stack, logical, "QuotaShareArn")
+        for stack, logical, props in variant_iam.resources("AWS::Batch::QuotaShare")
+    }
+    return variant_iam.resolver.get_att(stack, queue, "JobQueueArn"), shares
+
+
+def state_machine_role(variant_iam: AssemblyIam) -> Any:
+    ((_, _, props),) = [
+        r for r in variant_iam.resources("AWS::StepFunctions::StateMachine") if r[1].startswith("TrainingPipeline")
+    ]
+    return variant_iam.roles[props["RoleArn"]]
+
+
+def test_the_state_machine_submits_only_tagged_jobs_to_the_teams_shares(variant: Any, variant_iam: AssemblyIam) -> None:
+    role = state_machine_role(variant_iam)
+    queue, shares = queue_arns(variant_iam)
+    # The variant's stacks name their Region; the resolver's own ARNs (the queue's) are of localrun's.
+    job = f"arn:aws:batch:{variant.settings.region}:{ACCOUNT}:service-job/0123abcd"
+    tagged = {"aws:RequestTag/platform-team": "vision"}
+    for resource in (queue, shares["vision"], shares["language"], job):
+        assert role.may("batch:SubmitServiceJob", resource, **tagged), resource
+        assert not role.may("batch:SubmitServiceJob", resource), f"{resource} without the team tag"
+        assert not role.may("batch:SubmitServiceJob", resource, **{"aws:RequestTag/platform-team": "other"})
+    other_queue = f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/other"
+    assert not role.may("batch:SubmitServiceJob", other_queue, **tagged)
+    assert not role.may("batch:SubmitServiceJob", f"{other_queue}/quota-share/vision", **tagged)
+    assert role.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "language"})
+    assert not role.may("batch:TerminateServiceJob", job)
+    assert role.may("batch:DescribeServiceJob", "*")
+
+
+def test_the_execution_role_is_passed_to_sagemaker_only(variant_iam: AssemblyIam) -> None:
+    role = state_machine_role(variant_iam)
+    (execution,) = [r for r in variant_iam.roles.values() if "TrainingExecutionRole" in r.logical]
+    assert role.may("iam:PassRole", execution.arn, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+    assert not role.may("iam:PassRole", execution.arn, **{"iam:PassedToService": "batch.amazonaws.com"})
+    other = f"arn:aws:iam::{ACCOUNT}:role/Other"
+    assert not role.may("iam:PassRole", other, **{"iam:PassedToService": "sagemaker.amazonaws.com"})
+
+
+def test_each_teams_budget_stops_only_its_own_submissions(variant: Any, variant_iam: AssemblyIam) -> None:
+    t = template(variant, variant.pipeline)
+    for team, limit in (("vision", 2000), ("language", 1000)):
+        t.has_resource_properties(
+            "AWS::Budgets::Budget",
+            {
+                "Budget": Match.object_like(
+                    {
+                        "BudgetLimit": {"Amount": limit, "Unit": "USD"},
+                        "CostFilters": {"TagKeyValue": [f"user:platform-team${team}"]},
+                        "TimeUnit": "MONTHLY",
+                    }
+                )
+            },
+        )
+    t.has_resource_properties(
+        "AWS::Budgets::Budget",
+        {
+            "NotificationsWithSubscribers": Match.array_with(
+                [
+                    Match.object_like(
+                        {
+                            "Subscribers": Match.array_with(
+                                [{"Address": "vision@example.org", "SubscriptionType": "EMAIL"}]
+                            )
+                        }
+                    )
+                ]
+            )
+        },
+    )
+    role = state_machine_role(variant_iam)
+    _, shares = queue_arns(variant_iam)
+    tagged = {"aws:RequestTag/platform-team": "vision"}
+    stops = {
+        logical: props
+        for _, logical, props in variant_iam.resources("AWS::IAM::ManagedPolicy")
+        if logical.startswith("TeamBudget")
+    }
+    actions = {
+        logical: props
+        for _, logical, props in variant_iam.resources("AWS::Budgets::BudgetsAction")
+        if logical.startswith("TeamBudget")
+    }
+    assert len(stops) == len(actions) == 2
+    for team, other in (("vision", "language"), ("language", "vision")):
+        (logical,) = [k for k in stops if k.startswith(f"TeamBudget{team}")]
+        deny = Policy.parse(logical, stops[logical]["PolicyDocument"])
+        stopped = [*role.policies, deny]
+        assert not allows(stopped, "batch:SubmitServiceJob", shares[team], **tagged), team
+        assert allows(stopped, "batch:SubmitServiceJob", shares[other], **tagged), f"{team}'s stop blocks {other}"
+        (action,) = [a for k, a in actions.items() if k.startswith(f"TeamBudget{team}")]
+        definition = action["Definition"]["IamActionDefinition"]
+        assert definition["Roles"] == [role.arn.rsplit("/", 1)[1]]
+        assert action["ActionThreshold"] == {"Type": "PERCENTAGE", "Value": 100}
+
+
+def test_cfn_lint_reports_nothing_on_the_teams_templates(variant: Any) -> None:
+    pipeline = Path(variant.assembly.directory) / f"{variant.pipeline.stack_name}.template.json"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), str(pipeline)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
