@@ -382,7 +382,7 @@ class LocalServiceJobs:
     now: Callable[[], float] = time.time
     jobs: dict[str, ServiceJob] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
-    """What the scheduler did, one line each (the demo shows it)."""
+    """What the scheduler did, one line each (for a run's report)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()

@@ -271,6 +271,7 @@ def test_a_borrowers_service_job_is_preempted_requeued_and_resumes_as_a_new_trai
 
     a1 = submit(batch, "a1", "team-a", 4)  # team-a wants its lent capacity back
     assert training.stopped_names == [b2_training]  # SIGTERM: the trainer checkpoints
+    assert jobs.jobs[a1].status_reason == f"waiting for borrowed {P4D} to be returned to share team-a"
     # b2's training job has stopped: a1 is scheduled (its training job created), then runs; b2 is requeued.
     assert batch.describe_service_job(jobId=a1)["status"] == "SCHEDULED"
     assert batch.describe_service_job(jobId=a1)["status"] == "RUNNING"
