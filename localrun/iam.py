@@ -246,6 +246,26 @@ def _submit_job(call: Call) -> list[Request]:
     return requests
 
 
+def _job_queue(call: Call) -> str:
+    queue = call.params["jobQueue"]
+    return queue if queue.startswith("arn:") else call.arn("batch", f"job-queue/{queue}")
+
+
+def _submit_service_job(call: Call) -> list[Request]:
+    """SubmitServiceJob is authorized on the queue and on the quota share it names, with its priority as a
+    condition key; tags on the job need TagResource (as SubmitJob's)."""
+    p = call.params
+    context = {"batch:SchedulingPriority": p.get("schedulingPriority"), **_tags(p.get("tags"))}
+    keys = frozenset({"batch:SchedulingPriority"})
+    queue = _job_queue(call)
+    requests = [Request("batch:SubmitServiceJob", queue, context, keys)]
+    if p.get("quotaShareName"):
+        requests.append(Request("batch:SubmitServiceJob", f"{queue}/quota-share/{p['quotaShareName']}", context, keys))
+    if p.get("tags"):
+        requests.append(Request("batch:TagResource", call.arn("batch", "service-job/*"), _tags(p["tags"])))
+    return requests
+
+
 def _kms_key(call: Call) -> str:
     """The key's ARN: named by KeyId, or (Decrypt of a symmetric ciphertext) by the ciphertext itself."""
     from moto.kms.models import kms_backends  # noqa: PLC0415 - moto loads backends lazily
@@ -274,12 +294,23 @@ _BATCH_OPERATIONS = {
     "describejobs": "DescribeJobs",
     "listjobs": "ListJobs",
     "terminatejob": "TerminateJob",
+    "submitservicejob": "SubmitServiceJob",
+    "describeservicejob": "DescribeServiceJob",
+    "terminateservicejob": "TerminateServiceJob",
+    "listservicejobs": "ListServiceJobs",
 }
 REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("batch", "SubmitJob"): _submit_job,
     ("batch", "DescribeJobs"): _everything("batch:DescribeJobs"),
     ("batch", "ListJobs"): _everything("batch:ListJobs"),
     ("batch", "TerminateJob"): _one("batch:TerminateJob", lambda c: c.arn("batch", f"job/{c.params['jobId']}")),
+    ("batch", "SubmitServiceJob"): _submit_service_job,
+    # The reference names no resource for these two: IAM authorizes them on "*".
+    ("batch", "DescribeServiceJob"): _everything("batch:DescribeServiceJob"),
+    ("batch", "ListServiceJobs"): _everything("batch:ListServiceJobs"),
+    ("batch", "TerminateServiceJob"): _one(
+        "batch:TerminateServiceJob", lambda c: c.arn("batch", f"service-job/{c.params['jobId']}")
+    ),
     ("sagemaker", "CreateTrainingJob"): _create_training_job,
     ("sagemaker", "DescribeTrainingJob"): _one("sagemaker:DescribeTrainingJob", _training_job),
     ("sagemaker", "StopTrainingJob"): _one("sagemaker:StopTrainingJob", _training_job),
