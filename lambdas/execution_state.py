@@ -298,9 +298,9 @@ class JobProgress(_Model):
     """Set once the job has finished."""
     model_artifacts: str | None
     tuning: TunedTrial | None = None
+    """Set when the job is the best trial of a tuning job."""
     goodput: dict[str, Any] | None = None
     """A finished job's goodput ledger (training/goodput.py's JobLedger as JSON), also in the run's lineage."""
-    """Set when the job is the best trial of a tuning job."""
 
 
 class Evaluation(_Model):

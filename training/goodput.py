@@ -28,11 +28,12 @@ Stdlib only: the trainer, the Lambda handlers, the run report and `tp` import it
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,7 @@ class ProgressRecord:
     @property
     def name(self) -> str:
         """Its file name in the progress folder."""
-        started = datetime.fromisoformat(self.started_at)
-        return f"{self.job}-{int(started.timestamp() * 1000)}.json"
+        return f"{self.job}-{int(_utc(self.started_at).timestamp() * 1000)}.json"
 
 
 def job_name(env: Mapping[str, str]) -> str:
@@ -125,7 +125,8 @@ class ProgressWriter:
 
 
 def parse_record(data: bytes | str) -> ProgressRecord | None:
-    """A progress record from its JSON; None for anything else (a record is the trainer's word, not trusted)."""
+    """A progress record from its JSON; None for anything else: a record is the trainer's word, which any
+    training role could have written, so whatever it holds must not fail the handler that reads it."""
     try:
         body = json.loads(data)
         record = ProgressRecord(
@@ -136,10 +137,25 @@ def parse_record(data: bytes | str) -> ProgressRecord | None:
             updated_at=str(body["updated_at"]),
             phases={str(k): float(v) for k, v in body.get("phases", {}).items() if k in PHASES},
         )
-        datetime.fromisoformat(record.started_at)
-    except (ValueError, KeyError, TypeError, AttributeError):
+        _utc(record.updated_at).timestamp()
+        record.name  # noqa: B018 - its start must make a file name
+        if not all(math.isfinite(v) and 0 <= v < _MAX_SECONDS for v in record.phases.values()):
+            return None
+        if min(record.first_step, record.step) < 0:
+            return None
+    except Exception:  # any malformed record is no record
         return None
     return record
+
+
+_MAX_SECONDS = 366 * 86400
+"""No start of a job runs for longer (SageMaker's longest runtime is 28 days)."""
+
+
+def _utc(stamp: str) -> datetime:
+    """An ISO 8601 time, naive ones taken as UTC."""
+    parsed = datetime.fromisoformat(stamp)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def local_records(checkpoints: Path) -> list[ProgressRecord]:
@@ -161,7 +177,7 @@ def launched(env: Mapping[str, str], now: float) -> float:
     except ValueError:
         return now
     # A value from another host (or a stale environment) is not this host's clock: ignore it.
-    return value if 0 <= now - value < 3600 else now
+    return value if 0 <= now - value < 86400 else now
 
 
 # -- the platform's side -----------------------------------------------------------------------------
@@ -196,15 +212,33 @@ def _seconds(a: datetime, b: datetime) -> float:
     return max(0.0, (b - a).total_seconds())
 
 
-def _clipped(transitions: list[Transition], start: datetime, end: datetime) -> dict[str, float]:
-    """Seconds per status within [start, end]; a transition without an end lasts until the next one starts."""
+def _clipped(transitions: list[Transition], start: datetime, end: datetime) -> list[tuple[str, datetime, datetime]]:
+    """Each status's span within [start, end]; a transition without an end lasts until the next one starts."""
     ordered = sorted(transitions, key=lambda t: t.start)
-    spans: dict[str, float] = {}
+    spans = []
     for i, transition in enumerate(ordered):
         until = transition.end or (ordered[i + 1].start if i + 1 < len(ordered) else end)
-        seconds = _seconds(max(transition.start, start), min(until, end))
-        spans[transition.status] = spans.get(transition.status, 0.0) + seconds
+        if (since := max(transition.start, start)) < (until := min(until, end)):
+            spans.append((transition.status, since, until))
     return spans
+
+
+def _running(records: list[ProgressRecord]) -> list[tuple[datetime, datetime]]:
+    """When each start's processes ran, as far as their phases say (from its clock's start), merged."""
+    spans = sorted(
+        (start, start + timedelta(seconds=sum(r.phases.values()))) for r in records if (start := _utc(r.started_at))
+    )
+    merged: list[tuple[datetime, datetime]] = []
+    for since, until in spans:
+        if merged and since <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], until))
+        else:
+            merged.append((since, until))
+    return merged
+
+
+def _overlap(since: datetime, until: datetime, spans: list[tuple[datetime, datetime]]) -> float:
+    return sum(_seconds(max(since, a), min(until, b)) for a, b in spans)
 
 
 @dataclass
@@ -251,18 +285,30 @@ def job_ledger(
     `hung_seconds`: how long the hang check saw no step before it stopped the job (training/hang.py), a stall
     in the container that no phase holds."""
     billed = _seconds(billed_start, billed_end)
-    spans = _clipped(transitions, billed_start, billed_end) if transitions else {"Training": billed}
-    container = sum((s for status, s in spans.items() if status in _CONTAINER), 0.0)
+    spans = _clipped(transitions, billed_start, billed_end) if transitions else [("Training", billed_start, billed_end)]
+    running = _running(records)
     parts = dict.fromkeys(PARTS, 0.0)
-    parts["provisioning"] = sum((s for status, s in spans.items() if status in _PROVISIONING), 0.0)
-    parts["upload"] = sum((s for status, s in spans.items() if status in _UPLOADING), 0.0)
-    parts["stalls"] = sum((s for status, s in spans.items() if status in _STALLED), 0.0)
+    container = 0.0
+    for status, since, until in spans:
+        seconds = _seconds(since, until)
+        if status in _STALLED:
+            # Interrupted is reported when the notice comes, while the processes still save a checkpoint
+            # and exit: that time is theirs (in their phases), the rest a stall.
+            ran = _overlap(since, until, running)
+            parts["stalls"] += seconds - ran
+            container += ran
+        elif status in _CONTAINER:
+            container += seconds
+        elif status in _PROVISIONING:
+            parts["provisioning"] += seconds
+        elif status in _UPLOADING:
+            parts["upload"] += seconds
     for record in records:
         for phase, seconds in record.phases.items():
             parts[PHASE_PARTS[phase]] += seconds
     in_phases = sum(parts[p] for p in PHASE_PARTS.values())
-    # The trainer's clock and the service's do not agree to the millisecond: phases that outlast the
-    # container by a hair leave `other` at zero, never below.
+    # Phases that outlast the container leave `other` at zero, and the parts then sum to more than the
+    # billed time: `unaccounted` goes below zero and says so.
     parts["other"] = max(0.0, container - in_phases)
     hung = min(hung_seconds, parts["other"])
     parts["other"] -= hung

@@ -66,10 +66,14 @@ class Trainer:
         self.cfg, self.paths, self.stop = cfg, paths, stop
         self.preflight = preflight
         self.clock = metrics.PhaseClock(started)
+        # Rank 0 keeps this start's progress record (training/goodput.py) from the pre-flight check on.
+        self.progress: goodput.ProgressWriter | None = None
+        self.rework_until = 0
         self._resources = contextlib.ExitStack()
         try:
             self._build()
         except BaseException:
+            self._final_progress()
             self._resources.close()
             raise
 
@@ -100,6 +104,10 @@ class Trainer:
             timeout_minutes=cfg.parallel.timeout_minutes,
         )
         self._resources.callback(distributed.destroy)
+        if env.is_main:
+            self.progress = goodput.ProgressWriter(
+                self.paths.checkpoints, job=goodput.job_name(os.environ), started=self.clock.started, first_step=0
+            )
         if self.preflight is not None:
             # In the training's own process group, before anything is built or loaded (training/preflight.py).
             with self.clock.phase("preflight"):
@@ -187,17 +195,9 @@ class Trainer:
         with self.clock.phase("checkpoint_load"):
             self.checkpoints.load_latest(self.state)
         self.start_step = self.state.step
-        # Rank 0 keeps this start's progress record (training/goodput.py); the steps an earlier start of the
-        # run already took, up to the furthest one its records show, are rework.
-        self.progress: goodput.ProgressWriter | None = None
-        self.rework_until = 0
-        if env.is_main:
-            self.progress = goodput.ProgressWriter(
-                self.paths.checkpoints,
-                job=goodput.job_name(os.environ),
-                started=self.clock.started,
-                first_step=self.start_step,
-            )
+        # The steps an earlier start of the run already took, up to the furthest its records show, are rework.
+        if self.progress is not None:
+            self.progress.record.first_step = self.progress.record.step = self.start_step
             records = goodput.local_records(self.paths.checkpoints)
             self.rework_until = goodput.furthest_step(records, besides=self.progress.path)
             if self.rework_until > self.start_step:
@@ -481,6 +481,16 @@ class Trainer:
             log.info(metrics.format_phases_line(step=step, seconds=totals))
             self._record_progress(step, totals)
 
+    def _final_progress(self) -> None:
+        """The record's last word as this start ends, whether it trained to the end, stopped or failed."""
+        if self.progress is None:
+            return
+        try:
+            state = getattr(self, "state", None)
+            self._record_progress(state.step if state is not None else self.progress.record.step, self.clock.totals())
+        except Exception:  # the start is ending, perhaps with an error of its own: never mask it
+            log.exception("progress record %s not written", self.progress.path)
+
     def _record_progress(self, step: int, phases: dict[str, float], *, due_only: bool = False) -> None:
         """Rank 0's progress record; a record that cannot be written is logged, never fails training."""
         if self.progress is None:
@@ -545,4 +555,5 @@ class Trainer:
             if commit_pending:
                 self.checkpoints.close()
         finally:
+            self._final_progress()
             self._resources.close()

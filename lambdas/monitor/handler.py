@@ -17,7 +17,7 @@ from aws_lambda_powertools import Logger
 
 from lambdas.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from lambdas.monitor.environment import MonitorEnvironment
-from lambdas.shared.errors import classified
+from lambdas.shared.errors import classified, is_transient
 from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, Metric, Stage, StageMetrics
 from training import goodput, hang, ledger
 from training.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_checkpoints, run_goodput
@@ -65,13 +65,48 @@ def record_goodput(
     into: StageMetrics,
     trial: bool = False,
     failure_reason: str = "",
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """A finished job's goodput ledger (training/goodput.py) from its billed interval, its service's transitions
     and its trainer's progress records, written once into the run's lineage and counted in `into`; as JSON.
 
     A job's ledger is written by the first poll that sees it end; a poll after that (a retried invocation)
     finds it and counts nothing again. A tuning trial (`trial`) keeps its progress records in its own folder.
+    The ledger is accounting: an error in it that would not pass if tried again is logged and the ledger left
+    out (None), never the run's end; one that passes (throttling, a timeout) is raised for the retry.
     """
+    try:
+        return _record_goodput(
+            s3,
+            checkpoints_bucket=checkpoints_bucket,
+            artifacts_bucket=artifacts_bucket,
+            poll=poll,
+            job=job,
+            billed=billed,
+            transitions=transitions,
+            into=into,
+            trial=trial,
+            failure_reason=failure_reason,
+        )
+    except Exception as error:
+        if is_transient(error):
+            raise
+        logger.exception("goodput ledger not written", extra={"job": job})
+        return None
+
+
+def _record_goodput(
+    s3: Any,
+    *,
+    checkpoints_bucket: str,
+    artifacts_bucket: str,
+    poll: Poll,
+    job: str,
+    billed: tuple[datetime, datetime],
+    transitions: list[goodput.Transition],
+    into: StageMetrics,
+    trial: bool,
+    failure_reason: str,
+) -> dict[str, Any]:
     run = poll.request.job_name_base
     instances = sum(group.instance_count for group in poll.request.instance_groups)
     records = goodput.stored_records(s3, checkpoints_bucket, run, job, trial=trial)

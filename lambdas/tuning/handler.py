@@ -20,6 +20,7 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
+from training.layout import run_goodput
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.TRAINING)
@@ -90,14 +91,21 @@ def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, A
 def record_trial_ledgers(
     sagemaker: Any, s3: Any, name: str, *, poll: Poll, environment: MonitorEnvironment
 ) -> list[dict[str, Any]]:
-    """Each ended trial's goodput ledger, into the run's lineage (written once; see record_goodput)."""
+    """Each ended trial's goodput ledger, into the run's lineage (written once; see record_goodput). Trials whose
+    ledger is written already are skipped, so a retried poll goes on where a timed-out one stopped."""
+    prefix = run_goodput(poll.request.job_name_base)
+    written = {
+        item["Key"].removeprefix(prefix)
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=environment.artifacts_bucket, Prefix=prefix)
+        for item in page.get("Contents", [])
+    }
     ledgers = []
     pages = sagemaker.get_paginator("list_training_jobs_for_hyper_parameter_tuning_job").paginate(
         HyperParameterTuningJobName=name, PaginationConfig={"PageSize": 100}
     )
     for page in pages:
         for trial in page["TrainingJobSummaries"]:
-            if trial["TrainingJobStatus"] not in _ENDED:
+            if trial["TrainingJobStatus"] not in _ENDED or f"{trial['TrainingJobName']}.json" in written:
                 continue
             described = sagemaker.describe_training_job(TrainingJobName=trial["TrainingJobName"])
             ledger = sagemaker_ledger(s3, described, environment=environment, poll=poll, into=metrics, trial=True)

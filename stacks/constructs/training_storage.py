@@ -1,13 +1,12 @@
 """What training containers may do in S3, for every backend's role (SageMaker's execution role, Batch's job role).
 
-Training code reads datasets, reads and writes checkpoints and writes its outputs; it never writes a
-run's lineage (only Register does) and never deletes: pruning old checkpoints is the platform's
-(lambdas/cleanup). The two denials hold whatever else a role is granted. Training code of one run can
-still write into another run's checkpoint prefix (one role serves every job), which is why a job loads
-only a checkpoint its run's ledger records (training/ledger.py), which training roles may read and never
-write, verifies every file's SHA-256 and never unpickles anything but DCP's own metadata types
-(training/checkpoint.py).
-"""
+Training code reads datasets, reads and writes checkpoints and writes its outputs; it never writes a run's
+lineage (only the platform's handlers do: Register, the progress handlers' ledgers) and never deletes: pruning
+old checkpoints is the platform's (lambdas/cleanup). The two denials hold whatever else a role is granted.
+Training code of one run can still write into another run's checkpoint prefix (one role serves every job),
+which is why a job loads only a checkpoint its run's ledger records (training/ledger.py), which training roles
+may read and never write, verifies every file's SHA-256 and never unpickles anything but DCP's own metadata
+types (training/checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def _ledgers(lineage: dict[str, Any], *, jobs: int) -> list[dict[str, Any]]:
         billed = ledger["billed_seconds"]
         assert billed > 0 and abs(sum(ledger["parts"].values()) - billed) <= 0.01 * billed, ledger
         assert abs(ledger["unaccounted_seconds"]) <= 0.01 * billed, ledger
-        assert ledger["parts"]["other"] <= 0.25 * billed, ledger
+        assert ledger["parts"]["other"] <= 0.4 * billed, ledger  # a short local job's exits are seconds
         assert ledger["goodput"] == round(ledger["parts"]["productive"] / billed, 4)
     return ledgers
 

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import boto3
+import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from lambdas.batch.monitor import attempt_transitions
@@ -95,3 +97,33 @@ def test_batch_attempts_are_training_and_the_gaps_between_them_stalls() -> None:
         "b-1", instances=2, billed_start=T0, billed_end=T0 + timedelta(seconds=90), transitions=transitions, records=[]
     )
     assert ledger.parts["stalls"] == 10 and ledger.parts["other"] == 80 and ledger.unaccounted_seconds == 0
+
+
+class _Failing:
+    """An S3 client whose every listing fails with `code`."""
+
+    def __init__(self, code: str, status: int) -> None:
+        self.error = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "List")
+
+    def get_paginator(self, _name: str) -> Any:
+        raise self.error
+
+
+def test_a_ledger_that_cannot_be_made_is_left_out_and_a_passing_fault_retried() -> None:
+    def record_with(s3: Any) -> dict[str, Any] | None:
+        return record_goodput(
+            s3,
+            checkpoints_bucket="ckpt",
+            artifacts_bucket="art",
+            poll=_poll("run", 1),
+            job="run-1",
+            billed=(T0, T0 + timedelta(seconds=10)),
+            transitions=[],
+            into=_Counted(),
+        )
+
+    # Accounting never ends a run: a fault that will not pass leaves the ledger out...
+    assert record_with(_Failing("AccessDenied", 403)) is None
+    # ...and one that passes is raised, for the state machine's retry.
+    with pytest.raises(ClientError, match="SlowDown"):
+        record_with(_Failing("SlowDown", 503))

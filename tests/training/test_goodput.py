@@ -160,6 +160,38 @@ def test_the_furthest_step_is_an_earlier_starts_not_this_ones(tmp_path: Path) ->
     assert goodput.furthest_step([], besides=now.path) == 0
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"job": "j", "started_at": "2026-11-26T12:00:00+00:00", "first_step": 0, "step": 1e999, "updated_at": "x"}',
+        "[" * 100_000,
+        json.dumps({**vars(_record("j", 0, step=3)), "phases": {"train": float("nan")}}),
+        json.dumps({**vars(_record("j", 0, step=3)), "phases": {"train": 1e6, "startup": -1e6}}),
+        json.dumps({**vars(_record("j", 0, step=-3))}),
+        json.dumps({**vars(_record("j", 0, step=3)), "updated_at": "yesterday"}),
+    ],
+)
+def test_a_malformed_or_hostile_record_is_no_record(body: str) -> None:
+    assert goodput.parse_record(body) is None
+
+
+def test_a_reclaims_notice_while_the_processes_still_checkpoint_is_their_time_not_a_stall() -> None:
+    # Interrupted at 40 while the first start's processes ran (their phases) until 45.
+    transitions = [
+        Transition("Training", _at(0), _at(40)),
+        Transition("Interrupted", _at(40), _at(55)),
+        Transition("Training", _at(55), _at(100)),
+    ]
+    records = [_record("j-1", 0, step=30, startup=5, train=38, checkpoint=2), _record("j-1", 55, step=60, train=44)]
+    kwargs = {"instances": 1, "billed_start": _at(0), "billed_end": _at(100), "transitions": transitions}
+    ledger = job_ledger("j-1", **kwargs, records=records)  # type: ignore[arg-type]
+    assert ledger.parts["stalls"] == 10.0 and ledger.parts["other"] == 1.0 and ledger.unaccounted_seconds == 0
+    # Phases the container cannot hold make the parts outgrow the billed time, and the ledger says so.
+    longer = [_record("j-1", 0, step=30, train=60), _record("j-1", 55, step=60, train=44)]
+    over = job_ledger("j-1", **kwargs, records=longer)  # type: ignore[arg-type]
+    assert over.unaccounted_seconds == -4.0  # 104 s of phases in 100 s of container
+
+
 def test_records_that_are_not_records_are_ignored() -> None:
     assert goodput.parse_record(b"not json") is None
     assert goodput.parse_record(json.dumps({"job": "x"})) is None
@@ -196,7 +228,8 @@ def test_the_trainers_clock_starts_at_the_launchers_start_on_this_host_only() ->
     now = time.monotonic()
     assert goodput.launched({LAUNCHED_ENV: repr(now - 4)}, now) == now - 4
     assert goodput.launched({LAUNCHED_ENV: repr(now + 50)}, now) == now  # another host's clock
-    assert goodput.launched({LAUNCHED_ENV: repr(now - 7200)}, now) == now  # stale
+    assert goodput.launched({LAUNCHED_ENV: repr(now - 7200)}, now) == now - 7200  # a long download first
+    assert goodput.launched({LAUNCHED_ENV: repr(now - 90000)}, now) == now  # stale
     assert goodput.launched({LAUNCHED_ENV: "soon"}, now) == now
     assert goodput.launched({}, now) == now
     assert goodput.job_name({JOB_NAME_ENV: "run-3"}) == "run-3" and goodput.job_name({}) == "local"
