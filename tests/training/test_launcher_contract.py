@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
-from training import stragglers
+from training import goodput, stragglers
 from training.checkpoint import committed_steps
 from training.config import JobConfig
 from training.launcher import (
@@ -252,7 +252,9 @@ def test_preflight_fails_every_host_when_one_sees_fewer_gpus_than_expected(tmp_p
         assert status == EXIT_PREFLIGHT_FAILED, log[-3000:]
         # Every host reached the same verdict: whichever SageMaker reports, it names the bad host.
         assert _first_line(paths) == expected, host
-        assert "step=" not in log and not paths.checkpoints.exists()  # training never started
+        # Training never started: no step, no checkpoint (a progress record of the start may be there).
+        assert "step=" not in log and not list(paths.checkpoints.glob("step-*"))
+        assert all(record.step == 0 for record in goodput.local_records(paths.checkpoints))
         assert "training failed" not in log  # the verdict, not a worker's traceback
 
 
