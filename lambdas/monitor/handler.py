@@ -75,66 +75,39 @@ def record_goodput(
     out (None), never the run's end; one that passes (throttling, a timeout) is raised for the retry.
     """
     try:
-        return _record_goodput(
-            s3,
-            checkpoints_bucket=checkpoints_bucket,
-            artifacts_bucket=artifacts_bucket,
-            poll=poll,
-            job=job,
-            billed=billed,
+        run = poll.request.job_name_base
+        instances = sum(group.instance_count for group in poll.request.instance_groups)
+        records = goodput.stored_records(s3, checkpoints_bucket, run, job, trial=trial)
+        found = goodput.job_ledger(
+            job,
+            instances=instances,
+            billed_start=billed[0],
+            billed_end=billed[1],
             transitions=transitions,
-            into=into,
-            trial=trial,
-            failure_reason=failure_reason,
+            records=records,
+            hung_seconds=hang.hung_seconds(failure_reason),
         )
+        body = found.to_json()
+        if ledger.put_once(s3, artifacts_bucket, f"{run_goodput(run)}{job}.json", body):
+            into.record(Metric.BILLED_INSTANCE_SECONDS, found.billed_seconds * instances)
+            into.record(Metric.PRODUCTIVE_INSTANCE_SECONDS, found.parts["productive"] * instances)
+            into.record(Metric.GOODPUT, 100 * found.goodput)
+            logger.info(
+                GOODPUT_LOG_MESSAGE,
+                extra={
+                    "run": run,
+                    "job": job,
+                    "goodput": body["goodput"],
+                    "billed_seconds": found.billed_seconds,
+                    "parts": found.parts,
+                },
+            )
+        return body
     except Exception as error:
         if is_transient(error):
             raise
         logger.exception("goodput ledger not written", extra={"job": job})
         return None
-
-
-def _record_goodput(
-    s3: Any,
-    *,
-    checkpoints_bucket: str,
-    artifacts_bucket: str,
-    poll: Poll,
-    job: str,
-    billed: tuple[datetime, datetime],
-    transitions: list[goodput.Transition],
-    into: StageMetrics,
-    trial: bool,
-    failure_reason: str,
-) -> dict[str, Any]:
-    run = poll.request.job_name_base
-    instances = sum(group.instance_count for group in poll.request.instance_groups)
-    records = goodput.stored_records(s3, checkpoints_bucket, run, job, trial=trial)
-    found = goodput.job_ledger(
-        job,
-        instances=instances,
-        billed_start=billed[0],
-        billed_end=billed[1],
-        transitions=transitions,
-        records=records,
-        hung_seconds=hang.hung_seconds(failure_reason),
-    )
-    body = found.to_json()
-    if ledger.put_once(s3, artifacts_bucket, f"{run_goodput(run)}{job}.json", body):
-        into.record(Metric.BILLED_INSTANCE_SECONDS, found.billed_seconds * instances)
-        into.record(Metric.PRODUCTIVE_INSTANCE_SECONDS, found.parts["productive"] * instances)
-        into.record(Metric.GOODPUT, 100 * found.goodput)
-        logger.info(
-            GOODPUT_LOG_MESSAGE,
-            extra={
-                "run": run,
-                "job": job,
-                "goodput": body["goodput"],
-                "billed_seconds": found.billed_seconds,
-                "parts": found.parts,
-            },
-        )
-    return body
 
 
 def sagemaker_ledger(
