@@ -23,6 +23,8 @@ TRAIN_ROLE = "train"
 AUXILIARY_ROLE = "auxiliary"
 MAX_FALLBACK = 3
 """The most fallback clusters a run may list (README: "Capacity fallback")."""
+MAX_PRIORITY = 9999
+"""The highest schedulingPriority AWS Batch takes (SubmitServiceJob)."""
 
 
 class InstanceGroup(_Model):
@@ -118,6 +120,10 @@ class TrainingRequest(_Model):
     """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
     fallback: list[InstanceGroup] = Field(default_factory=list, max_length=MAX_FALLBACK)
     """The input's `fallback`: clusters of one group each, tried in order after insufficient capacity."""
+    team: str | None = None
+    """The team the run belongs to (settings `teams`; Validate proved the requester a member)."""
+    priority: int = Field(default=0, ge=0, le=MAX_PRIORITY)
+    """Its service job's schedulingPriority in the team's quota share (backend "queue")."""
     alternative: int = Field(default=0, ge=0, le=MAX_FALLBACK)
     """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/capacity/)."""
 

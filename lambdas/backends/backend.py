@@ -82,6 +82,8 @@ class Backend(Generic[L]):
     """Whether its step moves a new attempt onto the request's next `fallback` cluster after insufficient capacity."""
     training_plans: bool = False
     """Whether its jobs run in the stage's training plan (pipeline.training_plan) when on its instance type."""
+    needs_teams: bool = False
+    """Whether it exists only on a platform with teams (their AWS Batch queue, stacks/constructs/team_queue.py)."""
     denies: tuple[str, ...] = ()
     """The IAM actions that start its jobs: the budget stop denies them once the monthly budget is spent."""
 

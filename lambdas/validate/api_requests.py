@@ -53,6 +53,9 @@ MAX_RETRY_ATTEMPTS = 2
 EXECUTION_TAG = "execution"
 """The tag that names the execution a job belongs to: what stops orphaned jobs looks for, and what a create step
 checks before it adopts a job of its own name."""
+TEAM_TAG = "platform-team"
+"""The tag naming a team on its quota share, service jobs and training jobs, and its cost-allocation tag (activate
+it once in Billing): each team's budget filters on it."""
 
 # CreateTrainingJob fields a tuning job's definition does not take: the tuning job names and tags its
 # trials, and SageMaker's profiler, TensorBoard and warm-pool settings are not part of the definition.

@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.execution_state import MAX_FALLBACK, TRAIN_ROLE
+from lambdas.execution_state import MAX_FALLBACK, MAX_PRIORITY, TRAIN_ROLE
 from lambdas.validate.tuning import TuningInput
 from training.distributions import NAMES as DISTRIBUTION_NAMES
 
@@ -72,6 +72,17 @@ class ExecutionInput(BaseModel):
     )
     backend: str = Field(
         "sagemaker", description="Where the job runs: one of the training backends the platform deploys."
+    )
+    team: str | None = Field(
+        None,
+        description="The team the run belongs to (settings `teams`): its members start it, its approvers decide "
+        'its gates, its quota share and budget hold it (README: "Teams"); required with backend "queue".',
+    )
+    priority: int = Field(
+        0,
+        ge=0,
+        le=MAX_PRIORITY,
+        description=f'0-{MAX_PRIORITY}: within the team\'s quota share, higher runs first (backend "queue").',
     )
     distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
     efa: bool | None = Field(

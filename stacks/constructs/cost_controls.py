@@ -14,8 +14,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.backends import BACKENDS
+from lambdas.validate.api_requests import TEAM_TAG
 from stacks.constructs.nag import acknowledge_inline_policy
-from stacks.constructs.team_queue import TEAM_TAG
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
 COST_TAG = "platform$distributed-training"

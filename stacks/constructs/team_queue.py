@@ -14,12 +14,9 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from lambdas.validate.api_requests import TEAM_TAG
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.settings import TeamSettings
-
-# The tag naming a team on its quota share and service jobs, and its cost-allocation tag (activate it once
-# in Billing): each team's budget filters on it.
-TEAM_TAG = "platform-team"
 
 
 class TeamQueue(Construct):
