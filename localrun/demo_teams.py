@@ -67,6 +67,8 @@ class _Driver:
         self.decisions: dict[str, list[dict[str, Any]]] = {}
         self.seen: dict[str, int] = {}
         self.recent: dict[str, list[str]] = {}
+        self.queue_states: dict[str, tuple[str, str] | None] = {}
+        """Run -> its service job's status and reason as last shown (a waiting job's reason is shown as it changes)."""
         self.steps: dict[str, int] = {}
         """Training job name -> the last step its log reported."""
         self.started = time.monotonic()
@@ -103,6 +105,11 @@ class _Driver:
                     _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} > {name}")
                 self.recent[run_id] = [*recent, name][-LOOP_STATES:]
             self.seen[run_id] = len(entered)
+            job = self.service_job(run_id)
+            said = (job.status, job.status_reason) if job is not None else None
+            if job is not None and said != self.queue_states.get(run_id) and job.status == "RUNNABLE":
+                _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} queued: {job.status_reason}")
+            self.queue_states[run_id] = said
             self.decisions.setdefault(run_id, []).extend(
                 _answer_gates(
                     self.platform,
@@ -130,7 +137,7 @@ class _Driver:
         return next((run_id for run_id, a in self.arns.items() if a == arn), None)
 
     def ended(self, run_id: str) -> bool:
-        return self.platform.sfn.describe_execution(executionArn=self.arns[run_id])["status"] != "RUNNING"
+        return str(self.platform.sfn.describe_execution(executionArn=self.arns[run_id])["status"]) != "RUNNING"
 
     def holds(self, after: After, since: float) -> bool:
         if after.condition is None:
@@ -250,8 +257,8 @@ def run_scenario(
     text = report.render_teams(runs, log, denials)
     path = run_dir / "report.md"
     path.write_text(text + "\n")
-    for run in runs:
-        for job in run.jobs:
+    for team_run in runs:
+        for job in team_run.jobs:
             (run_dir / f"{job.name}.log").write_text(job.log)
     _say("")
     for line in report.teams_summary(runs):

@@ -101,7 +101,8 @@ def parse(document: Any) -> Scenario:
     if not isinstance(raw_steps, list) or not raw_steps:
         problems.append("steps: give a list of steps, each a `run` or a `budget_stop`")
         raw_steps = []
-    steps, seen = [], []
+    steps: list[Step] = []
+    seen: list[str] = []
     for i, raw in enumerate(raw_steps):
         where = f"steps[{i}]"
         if not isinstance(raw, dict) or len({"run", "budget_stop"} & set(raw)) != 1:

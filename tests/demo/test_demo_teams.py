@@ -1,0 +1,53 @@
+"""`make demo INPUT=examples/teams.json`: two teams' runs through the team queue, with real training.
+
+Runs once the queue backend (stacks/pipeline/queue_step.py) is registered; until then it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lambdas.backends import BACKENDS
+from localrun import scenario
+from localrun.demo_teams import run_scenario
+from tests.conftest import TEAMS_SCENARIO, hosts_left_running
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif("queue" not in BACKENDS, reason='the "queue" backend (its pipeline step) is not registered'),
+]
+
+
+def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_across_teams(
+    teams_assembly: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parsed = scenario.parse(json.loads(TEAMS_SCENARIO.read_text()))
+    outcome = run_scenario(parsed, out=tmp_path, assembly=teams_assembly, wait_seconds=1.0, timeout_seconds=170)
+    assert hosts_left_running(tmp_path) == []
+    runs = {run.id: run for run in outcome.runs}
+    assert {i: r.status for i, r in runs.items()} == {r.id: r.expect for r in parsed.runs}
+    # team-b borrowed team-a's idle instance and was preempted when team-a submitted; it resumed from its checkpoint.
+    borrow = runs["b-borrow"]
+    assert borrow.preemptions == 1 and len(borrow.jobs) == 2
+    assert borrow.jobs[0].status_reason == "Preempted to return capacity lent by share team-a"
+    assert re.search(r"resumed from checkpoint step-\d+", borrow.jobs[1].log)
+    # Its losses after the resume are the uninterrupted twin's, step for step.
+    assert runs["b-twin"].twin_matches is True, runs["b-twin"].twin_note
+    assert runs["b-twin"].preemptions == 0
+    # team-a's second job waited while its share was full, and started only when the first ended.
+    first, second = runs["a-first"], runs["a-second"]
+    assert second.queue_wait_seconds is not None and first.queue_wait_seconds is not None
+    assert second.queue_wait_seconds > first.queue_wait_seconds + 1
+    log = outcome.report.read_text()
+    assert "a-second queued: waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge" in capsys.readouterr().out
+    # A member of team-b is refused as team-a and with team-a's data; team-a's budget stop refuses team-a only.
+    for refused in ("b-as-a", "b-reads-a", "a-over-budget"):
+        assert runs[refused].jobs == [] and runs[refused].status == "FAILED", runs[refused]
+    assert "team-a" in str(runs["b-as-a"].cause) and "team-a/" in str(runs["b-reads-a"].cause)
+    assert runs["b-twin"].status == "SUCCEEDED"
+    assert "## The queue's scheduler" in log and "b-borrow" in log
+    assert outcome.as_expected
