@@ -85,7 +85,7 @@ def offline_check(
     execution_input: Any, settings: PlatformSettings, *, datasets_bucket: str = OFFLINE_DATASETS_BUCKET
 ) -> tuple[dict[str, Any], CostEstimate]:
     """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
-    limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # every backend, as the pipeline deploys
+    limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # the backends the settings deploy
     request = resolve(execution_input, execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}", limits=limits)
     pipeline = settings.pipeline
     cost = estimate_cost(
