@@ -158,7 +158,8 @@ def poll(
     )
     if status not in ("SUCCEEDED", "FAILED"):
         # SCHEDULED, STARTING or RUNNING: its training job's progress, not yet its end (Batch's is the verdict).
-        assert summary is not None, f"service job {described['jobName']} is {status} without a training job"
+        if summary is None:  # the capacity is the job's; Batch has not yet created its training job
+            return waiting(described, event, checkpoint).model_copy(update={"status": status, "queued": None})
         return summary.model_copy(update={"finished": False, "cost": None}) if summary.finished else summary
     attempts = [sagemaker.describe_training_job(TrainingJobName=name) for name in names[:-1]]
     return ended(
