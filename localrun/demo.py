@@ -35,7 +35,7 @@ from typing import Any
 
 import boto3
 
-from localrun import report
+from localrun import report, scenario
 from localrun.cfn import ACCOUNT, REGION
 from localrun.clock import Clock
 from localrun.corpus import build_shards
@@ -106,21 +106,23 @@ def _quiet(_message: str) -> None:
     """Where the harness's own lines (set-up, local scale) go without --verbose."""
 
 
-def _context(out: Path) -> dict[str, Any]:
+def _context(out: Path, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """cdk.json's context with the demo's approver and recipient, and `settings` merged over its platform settings."""
     context: dict[str, Any] = json.loads((REPO / "cdk.json").read_text())["context"]
     platform = context["platform"]
+    platform.update(settings or {})
     platform["approvers"] = [DEMO_APPROVER]
     platform["notifications"] = {**platform.get("notifications", {}), "run_emails": [DEMO_RECIPIENT]}
     return context
 
 
-def synthesize(out: Path, say: Callable[[str], None] = _say) -> Path:
+def synthesize(out: Path, say: Callable[[str], None] = _say, settings: dict[str, Any] | None = None) -> Path:
     # Imported here: aws_cdk starts jsii's Node.js runtime on import, after main() set its environment.
     from stacks.app_builder import build_platform  # noqa: PLC0415
 
     assembly = out / "cdk.out"
     started = time.monotonic()
-    build_platform(_context(out), outdir=str(assembly)).synth()
+    build_platform(_context(out, settings), outdir=str(assembly)).synth()
     say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
     return assembly
 
@@ -637,8 +639,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[var] = value
     os.environ.pop("AWS_PROFILE", None)
     started = time.monotonic()
+    document = json.loads(args.input.read_text())
+    if scenario.is_scenario(document):  # e.g. examples/teams.json: several runs of several teams
+        return _main_scenario(args, scenario.parse(document), started)
     outcome = run_demo(
-        execution_input=json.loads(args.input.read_text()),
+        execution_input=document,
         out=args.out,
         auto_approve=args.auto_approve,
         reject=args.reject,
@@ -654,6 +659,29 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"
     return 0 if outcome.described["status"] == expected else 1
+
+
+def _main_scenario(args: argparse.Namespace, parsed: scenario.Scenario, started: float) -> int:
+    """A scenario runs every gate approved; the options of one run's faults do not apply to it."""
+    unsupported = [
+        option
+        for option, value in (
+            ("--reject", args.reject),
+            ("--decide-with-tp", args.decide_with_tp),
+            ("--spot-interrupt", args.spot_interrupt),
+            ("--hang", args.hang),
+            ("--fault", args.fault),
+            ("--steps", args.steps),
+        )
+        if value
+    ]
+    if unsupported:
+        raise scenario.ScenarioError(f"{args.input} is a scenario: {', '.join(unsupported)} apply to one run only")
+    from localrun.demo_teams import run_scenario  # noqa: PLC0415 - it builds on this module
+
+    outcome = run_scenario(parsed, out=args.out, verbose=args.verbose)
+    _say(f"demo finished in {time.monotonic() - started:.0f} s")
+    return 0 if outcome.as_expected else 1
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from moto import mock_aws
 
 from lambdas.backends import BACKENDS, backend
 from lambdas.validate import start_proof
-from localrun import construct_paths, moto_fixes
+from localrun import construct_paths, moto_fixes, service_jobs
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.clock import Clock
 from localrun.decision_url import function_url_event
@@ -186,6 +186,8 @@ class LocalPlatform:
         self._stack = contextlib.ExitStack()
         self.pipeline_stack = self.state_machine.stack
         self.enforce_iam = enforce_iam
+        self.service_jobs = service_jobs.from_assembly(self.assembly, self.resolver)
+        """The teams' Batch queue (settings `teams`), played locally; None when the assembly has none."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LocalPlatform:
@@ -211,6 +213,7 @@ class LocalPlatform:
             execution_status_changes(self.events),
             object_created_events(self.events),
             *self.tuning.patches(),
+            *(self.service_jobs.patches() if self.service_jobs is not None else []),
         ):
             self._stack.enter_context(patch)
         self.sfn = boto3.client("stepfunctions", region_name=REGION)
@@ -222,6 +225,8 @@ class LocalPlatform:
             self.training.bind(lambda role: self.iam.credentials(role, SAGEMAKER))
         for player in self.players.values():
             player.bind(self)
+        if self.service_jobs is not None:
+            self.service_jobs.bind(self)
         return self
 
     def __exit__(self, *exc: object) -> None:

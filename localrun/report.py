@@ -378,3 +378,92 @@ def _render_iam(facts: RunFacts) -> list[str]:
     lines.append(f"\nDenied: {len(facts.denials)}")
     lines += [f"- {j.principal}: {j.action} on {j.resource} ({j.reason})" for j in facts.denials]
     return lines
+
+
+# -- teams (localrun/demo_teams.py) -----------------------------------------------------------------
+@dataclass
+class TeamAttempt:
+    """One attempt of a run's service job: its training job, its log and train losses by step."""
+
+    name: str
+    log: str
+    losses: dict[int, float]
+    status_reason: str
+    preempted: bool
+
+
+@dataclass
+class TeamRun:
+    """One run of a teams scenario: who started it for which team, how it ended, and its time in the queue."""
+
+    id: str
+    team: str
+    requester: str
+    execution: str
+    status: str
+    expected: str
+    error: str | None
+    cause: str | None
+    queue_wait_seconds: float | None
+    """From submission to its first training job; None when it never reached the queue."""
+    service_job_status: str | None
+    jobs: list[TeamAttempt]
+    twin_of: str | None = None
+    twin_matches: bool | None = None
+    twin_note: str = ""
+
+    @property
+    def as_expected(self) -> bool:
+        return self.status == self.expected
+
+    @property
+    def preemptions(self) -> int:
+        return sum(1 for job in self.jobs if job.preempted)
+
+
+def render_teams(runs: list[TeamRun], scheduler_log: list[str], denials: list[Judgement]) -> str:
+    """report.md of a teams scenario: each run's team, outcome, queue wait and preemptions; the scheduler's log."""
+    lines = [
+        "# Teams scenario report",
+        "",
+        "| Run | Team | Requester | Outcome | Expected | Queue wait | Preemptions | Attempts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        wait = "-" if run.queue_wait_seconds is None else f"{run.queue_wait_seconds:.1f} s"
+        who = run.requester.rsplit("/", 1)[-1]
+        lines.append(
+            f"| {run.id} | {run.team} | {who} | {status_words(run.status)} | {status_words(run.expected)} | {wait} "
+            f"| {run.preemptions} | {len(run.jobs)} |"
+        )
+    for run in runs:
+        lines += ["", f"## {run.id}", "", f"Execution: `{run.execution}`"]
+        if run.status != "SUCCEEDED":
+            lines.append(f"Error: `{run.error}`; cause: {run.cause}")
+        if run.service_job_status is not None:
+            lines.append(f"Service job: {status_words(run.service_job_status)}")
+        for number, job in enumerate(run.jobs, start=1):
+            losses = f"steps {min(job.losses)}-{max(job.losses)}" if job.losses else "no steps"
+            ended = f"; {job.status_reason}" if job.status_reason else ""
+            lines.append(f"- attempt {number}: training job `{job.name}` ({losses}{ended})")
+            lines += [f"  - interrupted after step {i}; resumed from step {r}" for i, r in interruptions(job.log)]
+        if run.twin_of is not None:
+            verdict = "identical" if run.twin_matches else "NOT identical"
+            lines.append(f"Uninterrupted twin of {run.twin_of}: losses after the resume {verdict}: {run.twin_note}")
+    lines += ["", "## The queue's scheduler", "", "```", *scheduler_log, "```"]
+    lines += ["", f"## Denied by IAM: {len(denials)}", ""]
+    lines += [f"- {j.principal}: {j.action} on {j.resource} ({j.reason})" for j in denials]
+    return "\n".join(lines)
+
+
+def teams_summary(runs: list[TeamRun]) -> list[str]:
+    """Each run in one line: outcome against what was expected, queue wait, preemptions, the twin's verdict."""
+    lines = []
+    for run in runs:
+        mark = "ok " if run.as_expected and run.twin_matches is not False else "!! "
+        wait = "" if run.queue_wait_seconds is None else f", queued {run.queue_wait_seconds:.1f} s"
+        preempted = f", preempted {run.preemptions}x" if run.preemptions else ""
+        outcome = run.status if run.status == "SUCCEEDED" else f"{run.status} ({run.error})"
+        twin = f"; {run.twin_note}" if run.twin_of else ""
+        lines.append(f"{mark}{run.id} [{run.team}]: {outcome}, expected {run.expected}{wait}{preempted}{twin}")
+    return lines

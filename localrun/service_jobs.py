@@ -8,14 +8,14 @@ job from its payload and the platform's training backend runs it; a preempted jo
 stopped and the job requeued, per its preemptionConfiguration, to start again later as a new
 training job (which resumes from the payload's CheckpointConfig).
 
-Wiring (LocalPlatform has no slot for it): within the platform, enter `patches()` and `bind(platform)`;
-the callers' Batch calls are judged by localrun/iam.py like any other.
+LocalPlatform plays the assembly's team queue (`from_assembly`) as `platform.service_jobs`: it enters
+`patches()` and calls `bind(platform)`; the callers' Batch calls are judged by localrun/iam.py like any other.
+Without the platform, the same by hand:
 
     jobs = LocalServiceJobs(queue="teams", capacity={"ml.p4d.24xlarge": 8}, shares=[Share(...), ...])
-    with LocalPlatform(assembly, training=...) as platform, contextlib.ExitStack() as stack:
+    with mock_aws(), contextlib.ExitStack() as stack:
         for patch in jobs.patches():
             stack.enter_context(patch)
-        jobs.bind(platform)
 
 From the AWS Batch user guide and API reference: a quota-managed service environment's capacity
 limits and a share's are instances of one instance type each (capacityUnit is the type); a job
@@ -55,7 +55,7 @@ from moto.batch import urls as batch_urls
 from moto.batch.responses import BatchResponse
 from moto.core.exceptions import JsonRESTError
 
-from localrun.cfn import ACCOUNT, REGION
+from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam import _BATCH_OPERATIONS, acting_as
 
 RESERVE, LEND, LEND_AND_BORROW = "RESERVE", "LEND", "LEND_AND_BORROW"
@@ -383,6 +383,8 @@ class LocalServiceJobs:
     jobs: dict[str, ServiceJob] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     """What the scheduler did, one line each (for a run's report)."""
+    on_line: Callable[[str], None] | None = None
+    """Called with each line of `log` as it is written (the demo's terminal)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -399,6 +401,11 @@ class LocalServiceJobs:
 
     def _ms(self) -> int:
         return int(self.now() * 1000)
+
+    def _note(self, line: str) -> None:
+        self.log.append(line)
+        if self.on_line is not None:
+            self.on_line(line)
 
     # -- the API ----------------------------------------------------------------------------------------
     def submit(self, params: dict[str, Any]) -> dict[str, str]:
@@ -489,7 +496,7 @@ class LocalServiceJobs:
             decision = schedule(self.capacity, self.shares, [self._as_scheduled(j) for j in self._active()])
             for job_id, reason in decision.preempt.items():
                 job = self.jobs[job_id]
-                self.log.append(f"{job.name}: {reason}")
+                self._note(f"{job.name}: {reason}")
                 self._stop(job, f"preempted: {reason}")
             for job_id, reason in decision.waiting.items():
                 self.jobs[job_id].status_reason = reason
@@ -547,7 +554,7 @@ class LocalServiceJobs:
         job.attempts.append(Attempt(training_job=name, started_at=self._ms()))
         job.status, job.status_reason = "SCHEDULED", ""
         job.scheduled_at = job.scheduled_at or self._ms()
-        self.log.append(f"{job.name}: scheduled as training job {name}")
+        self._note(f"{job.name}: scheduled as training job {name}")
         assert self.created is not None, "LocalServiceJobs: bind it to the platform, or give it `created`"
         # SageMaker runs it on the service's authority, not as whoever happened to call Batch.
         with acting_as(None):
@@ -598,7 +605,7 @@ class LocalServiceJobs:
                 self._end(job, "FAILED", f"{attempt.status_reason}; preemption retries exhausted ({retries})")
             else:
                 job.status, job.status_reason = "RUNNABLE", attempt.status_reason
-                self.log.append(f"{job.name}: requeued after preemption {len(job.preemptions)}")
+                self._note(f"{job.name}: requeued after preemption {len(job.preemptions)}")
         else:
             reason = f"Received status from SageMaker: {training.failure_reason or status}"
             attempt.status_reason = reason
@@ -610,7 +617,7 @@ class LocalServiceJobs:
 
     def _end(self, job: ServiceJob, status: str, reason: str) -> None:
         job.status, job.status_reason, job.stopped_at = status, reason, self._ms()
-        self.log.append(f"{job.name}: {status}: {reason}")
+        self._note(f"{job.name}: {status}: {reason}")
 
     def _described(self, job: ServiceJob) -> dict[str, Any]:
         params = job.request
@@ -683,6 +690,47 @@ class LocalServiceJobs:
                 )
             ),
         ]
+
+
+def from_assembly(assembly: Assembly, resolver: Resolver) -> LocalServiceJobs | None:
+    """The assembly's SageMaker Training job queue with its service environment's capacity and its quota shares
+    (stacks/constructs/team_queue.py), under the name its ARN resolves to; None when it has no such queue."""
+    queues = [
+        (stack, logical, resource)
+        for stack, logical, resource in assembly.resources("AWS::Batch::JobQueue")
+        if resource["Properties"].get("JobQueueType") == "SAGEMAKER_TRAINING"
+    ]
+    if not queues:
+        return None
+    if len(queues) > 1:
+        raise ValueError(f"the local platform plays one SageMaker Training job queue; the assembly has {len(queues)}")
+    ((stack, logical, queue),) = queues
+    arn = str(resolver.get_att(stack, logical, "JobQueueArn"))
+    environments = {
+        str(resolver.get_att(s, name, "ServiceEnvironmentArn")): resolver.resolve(s, resource["Properties"])
+        for s, name, resource in assembly.resources("AWS::Batch::ServiceEnvironment")
+    }
+    capacity: dict[str, int] = {}
+    for order in resolver.resolve(stack, queue["Properties"]["ServiceEnvironmentOrder"]):
+        for limit in environments[order["ServiceEnvironment"]].get("CapacityLimits", []):
+            capacity[limit["CapacityUnit"]] = capacity.get(limit["CapacityUnit"], 0) + int(limit["MaxCapacity"])
+    shares = []
+    for s, _, resource in assembly.resources("AWS::Batch::QuotaShare"):
+        props = resolver.resolve(s, resource["Properties"])
+        if props["JobQueue"] != arn:
+            continue
+        sharing = props.get("ResourceSharingConfiguration", {})
+        preemption = props.get("PreemptionConfiguration", {})
+        shares.append(
+            Share(
+                name=props["QuotaShareName"],
+                limits={c["CapacityUnit"]: int(c["MaxCapacity"]) for c in props.get("CapacityLimits", [])},
+                strategy=sharing.get("Strategy", RESERVE),
+                borrow_limit=int(sharing.get("BorrowLimit", -1)),
+                in_share_preemption=preemption.get("InSharePreemption") == "ENABLED",
+            )
+        )
+    return LocalServiceJobs(queue=arn.rsplit("/", 1)[1], capacity=capacity, shares=shares)
 
 
 def _instances(payload: str) -> tuple[str, int]:

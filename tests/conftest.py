@@ -152,3 +152,17 @@ def variant(tmp_path_factory: pytest.TempPathFactory) -> Any:
     built = build_platform(context, outdir=str(tmp_path_factory.mktemp("variant")))
     built.assembly = built.synth()
     return built
+
+
+TEAMS_SCENARIO = REPO / "examples" / "teams.json"
+
+
+@pytest.fixture(scope="session")
+def teams_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's platform with examples/teams.json's settings (two teams, a queue of two ml.m5.xlarge), as
+    `make demo INPUT=examples/teams.json` synthesizes it."""
+    from localrun import scenario
+    from localrun.demo import synthesize
+
+    settings = scenario.parse(json.loads(TEAMS_SCENARIO.read_text())).settings
+    return synthesize(tmp_path_factory.mktemp("teams"), lambda _: None, settings=settings)

@@ -1,0 +1,69 @@
+"""The teams scenario file: examples/teams.json parses; every mistake is named with its fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from localrun.scenario import After, ScenarioError, is_scenario, parse
+from tests.conftest import TEAMS_SCENARIO
+
+SHIPPED = json.loads(TEAMS_SCENARIO.read_text())
+
+
+def test_the_shipped_scenario_parses_with_its_teams_runs_and_budget_stop() -> None:
+    scenario = parse(SHIPPED)
+    assert scenario.teams == ["team-a", "team-b"]
+    assert [r.id for r in scenario.runs] == [
+        "b-own", "b-borrow", "a-first", "a-second", "b-as-a", "b-reads-a", "a-over-budget", "b-twin",
+    ]  # fmt: skip
+    assert [s.budget_stop for s in scenario.steps if s.budget_stop] == ["team-a"]
+    assert scenario.steps[2].after == After(condition="reached_step", run="b-borrow", step=40)
+    (twin,) = [r for r in scenario.runs if r.uninterrupted_twin_of]
+    assert twin.input == next(r.input for r in scenario.runs if r.id == twin.uninterrupted_twin_of)
+    assert is_scenario(SHIPPED) and not is_scenario({"run_name": "x", "model": "tiny"})
+
+
+def _broken(change: Any) -> str:
+    document = copy.deepcopy(SHIPPED)
+    change(document)
+    with pytest.raises(ScenarioError) as raised:
+        parse(document)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("settings"), "settings: give the platform settings to merge, with `teams`"),
+        (lambda d: d.update(steps=[]), "steps: give a list of steps, each a `run` or a `budget_stop`"),
+        (lambda d: d.update(extra=1), "unknown keys ['extra']"),
+        (lambda d: d["steps"][0].update(budget_stop="team-a"), "steps[0]: give exactly one of `run` or `budget_stop`"),
+        (lambda d: d["steps"][0]["run"].pop("as"), "steps[0].run: missing ['as']"),
+        (lambda d: d["steps"][1]["run"].update(id="b-own"), "steps[1].run.id: 'b-own' is used by an earlier run"),
+        (lambda d: d["steps"][0]["run"].update({"as": "alice"}), "steps[0].run.as: 'alice' is not an IAM role ARN"),
+        (lambda d: d["steps"][0]["run"].update(expect="DONE"), "steps[0].run.expect: 'DONE'; give one of SUCCEEDED"),
+        (lambda d: d["steps"][0].update(after={"started": "a-first"}), "steps[0].after: started 'a-first' names no"),
+        (lambda d: d["steps"][1].update(after={"soon": "b-own"}), "steps[1].after: give seconds, or one of started"),
+        (lambda d: d["steps"][1].update(after=-1), "steps[1].after: -1 seconds; give 0 or more"),
+        (lambda d: d["steps"][2].update(after={"reached_step": "b-own"}), "reached_step takes [run id, step]"),
+        (lambda d: d["steps"][6].update(budget_stop="team-c"), "'team-c' is not a team of settings.teams"),
+        (
+            lambda d: d["steps"][8]["run"].update(uninterrupted_twin_of="b-later"),
+            "steps[8].run.uninterrupted_twin_of: 'b-later' names no earlier run",
+        ),
+    ],
+)
+def test_a_broken_scenario_is_refused_saying_what_to_fix(change: Any, message: str) -> None:
+    assert message in _broken(change)
+
+
+def test_every_problem_is_named_at_once() -> None:
+    def two(document: dict[str, Any]) -> None:
+        document["steps"][0]["run"]["expect"] = "DONE"
+        document["steps"][6]["budget_stop"] = "team-c"
+
+    assert _broken(two).count("\n    ") == 2
