@@ -34,14 +34,26 @@ SERVICE_JOB_FAILED = "ServiceJobFailed"
 """The error of a service job that ended without a training job's own verdict (terminated, preemptions exhausted)."""
 
 
-def training_jobs(described: dict[str, Any]) -> list[str]:
-    """The names of the training jobs the service job's attempts ran, oldest first (from their ARNs)."""
-    names = []
-    for attempt in described.get("attempts", []):
-        resource = attempt.get("serviceResourceId") or {}
-        if resource.get("name") == "TrainingJobArn" and resource.get("value"):
-            names.append(str(resource["value"]).rsplit("/", 1)[-1])
-    return names
+def training_jobs(sagemaker: Any, described: dict[str, Any]) -> list[str]:
+    """The names of the training jobs the service job's attempts ran, oldest first.
+
+    Batch names them after the service job and gives their ARNs, in which SageMaker may have lowercased the name;
+    the name as SageMaker knows it is found by listing the jobs whose names contain the service job's.
+    """
+    arns = [
+        str(resource["value"])
+        for attempt in described.get("attempts", [])
+        if (resource := attempt.get("serviceResourceId") or {}).get("name") == "TrainingJobArn"
+        and resource.get("value")
+    ]
+    if not arns:
+        return []
+    named = {
+        summary["TrainingJobArn"].lower(): summary["TrainingJobName"]
+        for page in sagemaker.get_paginator("list_training_jobs").paginate(NameContains=described["jobName"])
+        for summary in page["TrainingJobSummaries"]
+    }
+    return [named.get(arn.lower(), arn.rsplit("/", 1)[-1]) for arn in arns]
 
 
 def preemptions(described: dict[str, Any]) -> int:
@@ -140,9 +152,10 @@ def poll(
         job=event.job.job_name,
         into=metrics,
     )
-    status, names = described["status"], training_jobs(described)
+    status = described["status"]
     if status in WAITING:
         return waiting(described, event, checkpoint)
+    names = training_jobs(sagemaker, described)
     latest = sagemaker.describe_training_job(TrainingJobName=names[-1]) if names else None
     summary = (
         summarize(

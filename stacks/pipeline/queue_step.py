@@ -108,6 +108,10 @@ class QueueTraining(Construct):
         grant_goodput_ledger(context, monitor)
         self.job.grant_follow(monitor.role)
         follow_service_jobs(monitor.role)
+        # Batch names a service job's training jobs: they are found by name among the listed ones.
+        monitor.function.add_to_role_policy(
+            iam.PolicyStatement(sid="FindTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
+        )
         acknowledge_wildcard(
             monitor.role,
             context.arn("sagemaker", "training-job/*"),

@@ -107,11 +107,29 @@ class _Batch:
 
 
 class _SageMaker:
+    """DescribeTrainingJob by the name as created (the ARN Batch gives has it lowercased); ListTrainingJobs."""
+
     def __init__(self, *jobs: dict[str, Any]) -> None:
-        self.jobs = {job["TrainingJobName"].lower(): job for job in jobs}
+        self.jobs = {job["TrainingJobName"]: job for job in jobs}
 
     def describe_training_job(self, *, TrainingJobName: str) -> dict[str, Any]:  # noqa: N803
-        return self.jobs[TrainingJobName.lower()]
+        return self.jobs[TrainingJobName]
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "list_training_jobs"
+        return self
+
+    def paginate(self, *, NameContains: str) -> list[dict[str, Any]]:  # noqa: N803
+        arn = "arn:aws:sagemaker:us-east-1:123456789012:training-job/{}"
+        return [
+            {
+                "TrainingJobSummaries": [
+                    {"TrainingJobName": name, "TrainingJobArn": arn.format(name)}
+                    for name in self.jobs
+                    if NameContains.lower() in name.lower()
+                ]
+            }
+        ]
 
 
 @pytest.fixture

@@ -208,7 +208,7 @@ def test_the_queue_steps_handlers_follow_service_jobs_and_terminate_only_the_tea
 ) -> None:
     job = f"arn:aws:batch:{variant.settings.region}:{ACCOUNT}:service-job/0123abcd"
     poll, stop = function_role(variant_iam, "PollServiceJob"), function_role(variant_iam, "StopServiceJobs")
-    assert poll.may("batch:DescribeServiceJob", "*")
+    assert poll.may("batch:DescribeServiceJob", "*") and poll.may("sagemaker:ListTrainingJobs", "*")
     assert poll.may(
         "sagemaker:DescribeTrainingJob", f"arn:aws:sagemaker:{variant.settings.region}:{ACCOUNT}:training-job/x"
     )
