@@ -307,6 +307,10 @@ class JobProgress(_Model):
     """Set when the job is the best trial of a tuning job."""
     goodput: dict[str, Any] | None = None
     """A finished job's goodput ledger (training/goodput.py's JobLedger as JSON), also in the run's lineage."""
+    queued: str | None = None
+    """A team's service job waiting in its queue: "queued for capacity: <the scheduler's reason>"."""
+    preemptions: int = 0
+    """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
 
 
 class Evaluation(_Model):
@@ -350,6 +354,8 @@ class CaughtError(_Model):
 class CreatedJob(_Model):
     job_name: str
     arn: str | None = None
+    job_id: str | None = None
+    """An AWS Batch service job's ID (what DescribeServiceJob takes)."""
 
 
 class FoundJobs(_Model):
@@ -373,6 +379,15 @@ class Ownership(_Model):
     execution: str
 
 
+class Submission(_Model):
+    """A team's service job as the queue step builds it before SubmitServiceJob."""
+
+    payload: dict[str, Any]
+    """The CreateTrainingJob request it queues (its serviceRequestPayload), as the SageMaker step sends it."""
+    tags: dict[str, str]
+    """Its tags: the team, the execution and the run."""
+
+
 class Attempt(_Model):
     """The training step's own state: which attempt, and the job it created (or adopted)."""
 
@@ -386,6 +401,8 @@ class Attempt(_Model):
     """The execution tag(s) of an existing job of this attempt's name, read before it is adopted."""
     own: Ownership | None = None
     """Whether that job is this execution's: only then is it adopted."""
+    submission: Submission | None = None
+    """A team's service job: what the attempt submits."""
 
 
 class LastPoll(BaseModel):
@@ -412,6 +429,12 @@ class SageMakerPoll(Poll):
 
 
 class BatchPoll(Poll):
+    job: CreatedJob
+
+
+class QueuePoll(Poll):
+    """A team's service job (lambdas/queue/monitor.py): its name and ID as SubmitServiceJob answered."""
+
     job: CreatedJob
 
 

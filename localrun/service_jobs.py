@@ -421,6 +421,10 @@ class LocalServiceJobs:
             )
         instance_type, count = _instances(params["serviceRequestPayload"])
         with self._lock:
+            token = params.get("clientToken")
+            again = [j for j in self.jobs.values() if token is not None and j.request.get("clientToken") == token]
+            if again:  # idempotent: a submit retried with its token answers the job it queued
+                return {"jobArn": again[0].arn, "jobName": again[0].name, "jobId": again[0].job_id}
             job = ServiceJob(
                 job_id=str(uuid.uuid4()),
                 name=params["jobName"],

@@ -19,6 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from lambdas.backends import deployed_backends
 from lambdas.backends.sagemaker import SAGEMAKER
 from lambdas.execution_state import CLEANUP, FAILURE
 from lambdas.shared.metrics import Metric
@@ -39,7 +40,6 @@ from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_step import SageMakerTraining
-from stacks.pipeline.service_jobs import grant_service_jobs
 from stacks.pipeline.training_step import TrainingStep, backend_steps, by_backend
 from stacks.pipeline.tuning_step import SageMakerTuning, with_tuning
 from stacks.settings import PlatformSettings
@@ -91,7 +91,6 @@ class PipelineStack(Stack):
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
         self.state_machine = self._state_machine(context, intake.start)
         self._grant_state_machine(context, training, registration.packages)
-        grant_service_jobs(context, self.state_machine.role, execution_role=sagemaker.job.role)
         intake.read_ended_runs(self.state_machine, self.execution_key)
         dead_letters = dict(training.dead_letters)
         if data.retrain_windows is not None:
@@ -151,6 +150,7 @@ class PipelineStack(Stack):
             validator=validator,
             topic=context.topics.alarms,
             emails=settings.notifications.budget_emails,
+            backends=deployed_backends(teams=context.teams is not None),
         )
         if context.teams is None:
             return
@@ -249,8 +249,7 @@ class PipelineStack(Stack):
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
             "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
-            "job by name, and reading its execution tag before adopting it)"
-            + ("; nor does batch:DescribeServiceJob (following a team's service job)." if context.teams else "."),
+            "job by name, and reading its execution tag before adopting it)" + ".",
         )
         invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {

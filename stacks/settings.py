@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from lambdas.backends import BACKENDS
+from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
@@ -500,6 +500,9 @@ def _known_types(value: dict[str, int]) -> dict[str, int]:
     return value
 
 
+MAX_PREEMPTION_RETRIES = 100
+
+
 class ServiceEnvironmentSettings(_Model):
     """The AWS Batch service environment teams' SageMaker training jobs queue for (only with `teams`)."""
 
@@ -507,6 +510,13 @@ class ServiceEnvironmentSettings(_Model):
         default_factory=dict,
         description="Instances of each SageMaker instance type the teams' jobs may hold at once, "
         'e.g. `{"ml.p5.48xlarge": 8}`; every team\'s quota share draws on it.',
+    )
+    preemption_retries: int = Field(
+        20,
+        ge=0,
+        le=MAX_PREEMPTION_RETRIES,
+        description="How often a team's job may be preempted (each time it resumes from its checkpoints) before "
+        "the run fails; 0: the first preemption fails it.",
     )
 
     @field_validator("capacity")
@@ -673,7 +683,7 @@ class PlatformSettings(_Model):
         description="IAM principal ARNs (administrators) allowed to decrypt execution inputs, outputs and history; "
         "the platform's own roles always can.",
     )
-    service_environment: ServiceEnvironmentSettings = Field(default_factory=ServiceEnvironmentSettings)
+    service_environment: ServiceEnvironmentSettings = Field(default_factory=ServiceEnvironmentSettings)  # type: ignore[arg-type]
     teams: list[TeamSettings] = Field(
         default_factory=list,
         description="Teams whose SageMaker training jobs queue in AWS Batch under a quota share each "
@@ -766,9 +776,7 @@ class PlatformSettings(_Model):
             )
         return None
 
-    def offline_limits(
-        self, *, datasets_bucket: str = "", backends: tuple[str, ...] = tuple(BACKENDS)
-    ) -> PlatformLimits:
+    def offline_limits(self, *, datasets_bucket: str = "", backends: tuple[str, ...] | None = None) -> PlatformLimits:
         """The limits Validate applies, with stand-ins for what only a deployment names (its buckets and file
         system): for checking inputs without AWS (synth's retrain templates, `tp validate`)."""
         return self.platform_limits(
@@ -777,7 +785,7 @@ class PlatformSettings(_Model):
             fsx_file_system_id="fs-0123456789abcdef0",  # of the form SageMaker takes: the request is checked
             fsx_mount_name="offline",
             tags={},
-            backends=backends,
+            backends=deployed_backends(teams=bool(self.teams)) if backends is None else backends,
         )
 
     def platform_limits(

@@ -85,7 +85,7 @@ def offline_check(
     execution_input: Any, settings: PlatformSettings, *, datasets_bucket: str = OFFLINE_DATASETS_BUCKET
 ) -> tuple[dict[str, Any], CostEstimate]:
     """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
-    limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # every backend, as the pipeline deploys
+    limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # the backends the settings deploy
     request = resolve(execution_input, execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}", limits=limits)
     pipeline = settings.pipeline
     cost = estimate_cost(
@@ -513,14 +513,21 @@ def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
 
 
 def _training_jobs(events: list[dict[str, Any]]) -> list[str]:
-    """The training jobs a run created, from its execution history, in order."""
+    """The training jobs a run created, from its execution history, in order. A team's run queues them as service
+    jobs, and Batch names the training jobs: those are the ones its progress polls followed."""
     names: list[str] = []
+    queued: set[str] = set()
     for event in events:
         if event["type"] == "TaskScheduled":
             parameters = json.loads(event["taskScheduledEventDetails"]["parameters"])
             name = parameters.get("TrainingJobName")
             if isinstance(name, str) and name not in names:
                 names.append(name)
+            if "ServiceRequestPayload" in parameters:
+                queued.add(parameters["JobName"])
+    if queued:
+        followed = [r.get("job_name") for r in _task_results(events) if {"queued", "preemptions"} <= r.keys()]
+        names += [n for n in dict.fromkeys(followed) if isinstance(n, str) and n not in queued and n not in names]
     return names
 
 
@@ -597,6 +604,8 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
         "max_cost_usd": estimate["max_cost_usd"] if estimate else None,
         "checkpoint": (progress or {}).get("checkpoint"),
         "interruptions": (progress or {}).get("interruptions"),
+        "queued": (progress or {}).get("queued"),
+        "preemptions": (progress or {}).get("preemptions"),
         "goodput": _goodput(results),
     }
     sagemaker = session.client("sagemaker")
@@ -709,8 +718,12 @@ def watch(
 
 def _describe(state: dict[str, Any]) -> str:
     parts = [f"{state['run']}: {state['status']}" + (f" at {state['state']!r}" if state["state"] else "")]
+    if state.get("queued"):
+        parts.append(str(state["queued"]))
+    if state.get("preemptions"):
+        parts.append(f"preempted {state['preemptions']} times, resumed from checkpoints")
     job = state["job"]
-    if job is not None:
+    if job is not None and not state.get("queued"):
         parts.append(f"job {job['name']} {job['status']}/{job['secondary_status']}")
         if job["checkpointed_step"] is not None:
             parts.append(f"step {job['checkpointed_step']}/{job['max_steps'] or '?'} (checkpointed)")

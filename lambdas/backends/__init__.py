@@ -7,9 +7,10 @@ from typing import Any
 
 from lambdas.backends.backend import Backend
 from lambdas.backends.batch import BATCH
+from lambdas.backends.queue import QUEUE_BACKEND
 from lambdas.backends.sagemaker import SAGEMAKER
 
-BACKENDS: dict[str, Backend[Any]] = {backend.name: backend for backend in (SAGEMAKER, BATCH)}
+BACKENDS: dict[str, Backend[Any]] = {backend.name: backend for backend in (SAGEMAKER, BATCH, QUEUE_BACKEND)}
 
 
 def backend(name: str) -> Backend[Any]:
@@ -18,6 +19,11 @@ def backend(name: str) -> Backend[Any]:
         return BACKENDS[name]
     except KeyError:
         raise KeyError(f"no training backend {name!r}; the platform has {', '.join(BACKENDS)}") from None
+
+
+def deployed_backends(*, teams: bool) -> list[str]:
+    """The backends a platform deploys: all, less those that need teams when its settings name none."""
+    return [name for name, declared in BACKENDS.items() if teams or not declared.needs_teams]
 
 
 def tuning_backends() -> list[str]:

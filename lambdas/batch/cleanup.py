@@ -14,10 +14,10 @@ from aws_lambda_powertools import Logger
 
 from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
-from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_checkpoints
+from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.shared.errors import classified
 from lambdas.validate.api_requests import EXECUTION_TAG
-from training.layout import run_checkpoints, run_of
+from training.layout import run_checkpoints
 
 logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
@@ -47,9 +47,7 @@ def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, ba
         batch.terminate_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
         terminated.append(job["job_name"])
         logger.info("batch job terminated", extra={"job": job["job_name"], "execution": execution})
-    runs = {run_checkpoints(run_of(name)) for name in terminated}
-    pruned = [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
-    return {"stopped": terminated, "pruned": pruned}
+    return {"stopped": terminated, "pruned": prune_runs(s3, bucket, prefixes, terminated)}
 
 
 @classified

@@ -97,16 +97,22 @@ def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
     return {"kept": [c.summary() for c in kept.values()], "deleted_objects": len(doomed)}
 
 
-def clean_up(
-    execution: str, *, prefixes: list[tuple[str, str]], bucket: str, sagemaker: Any, s3: Any
-) -> dict[str, Any]:
+def prune_runs(s3: Any, bucket: str, prefixes: list[str], stopped: list[str]) -> list[dict[str, Any]]:
+    """Prune the checkpoints under `prefixes` and those of the runs of the `stopped` jobs (named <run>-<attempt>)."""
+    runs = {run_checkpoints(run_of(name)) for name in stopped}
+    return [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
+
+
+def clean_up(execution: str, *, prefixes: list[str], bucket: str, sagemaker: Any, s3: Any) -> dict[str, Any]:
     """Stop the execution's tuning jobs and jobs, then prune the given runs' checkpoints and the stopped jobs'."""
     tuning_stopped = stop_tuning_jobs(sagemaker, execution)
     # A trial of a stopped tuning job is stopped here too when it still runs: it carries the execution's tag.
     stopped = stop_jobs(sagemaker, execution)
-    stopped_runs = [(bucket, run_checkpoints(run_of(name))) for name in stopped]
-    pruned = [{"prefix": f"s3://{b}/{p}", **prune_checkpoints(s3, b, p)} for b, p in sorted({*prefixes, *stopped_runs})]
-    return {"stopped": stopped, "pruned": pruned, "stopped_tuning_jobs": tuning_stopped}
+    return {
+        "stopped": stopped,
+        "pruned": prune_runs(s3, bucket, prefixes, stopped),
+        "stopped_tuning_jobs": tuning_stopped,
+    }
 
 
 class ExecutionStatus(BaseModel):
@@ -137,7 +143,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     bucket = CleanupEnvironment.from_environ().checkpoints_bucket
     execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
-    prefixes = [(bucket, run_checkpoints(run))] if run is not None else []
+    prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
         execution, prefixes=prefixes, bucket=bucket, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3")
     )

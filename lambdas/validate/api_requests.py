@@ -26,6 +26,7 @@ from botocore.model import Shape
 from botocore.validate import ParamValidator
 
 from lambdas.backends.batch import BATCH
+from lambdas.backends.queue import QUEUE
 from lambdas.execution_state import TrainingRequest
 from lambdas.validate.service_models import model_limit, service_model
 from training.layout import (
@@ -84,6 +85,10 @@ class Deployment:
     """$$.Execution.Id, which SubmitJob's execution tag carries."""
     training_plan_arn: str = ""
     """The stage's training plan (pipeline.training_plan), which a request on its type runs in."""
+    team_queue: str = ""
+    """The teams' SageMaker Training job queue (backend "queue")."""
+    preemption_retries: int = 0
+    """service_environment.preemption_retries: how often a team's job may be preempted before it fails."""
 
 
 _ACCOUNT = "arn:aws:{}:us-east-1:123456789012:{}"
@@ -101,6 +106,8 @@ PLACEHOLDERS = Deployment(
     job_definition=_ACCOUNT.format("batch", "job-definition/training-platform:1"),
     execution=_ACCOUNT.format("states", "execution:" + "p" * 80 + ":" + "e" * 80),
     training_plan_arn=_ACCOUNT.format("sagemaker", "training-plan/" + "t" * 63),
+    team_queue=_ACCOUNT.format("batch", "job-queue/TeamsQueue-0123456789ab"),
+    preemption_retries=20,
 )
 
 
@@ -233,6 +240,29 @@ def submit_job(request: TrainingRequest, attempt: int, deployment: Deployment) -
         "timeout": {"attemptDurationSeconds": request.max_runtime_seconds},
         "tags": {EXECUTION_TAG: deployment.execution, "run": request.run_name},
         "propagateTags": True,
+    }
+
+
+SERVICE_JOB_TYPE = "SAGEMAKER_TRAINING"
+
+
+def submit_service_job(request: TrainingRequest, attempt: int, deployment: Deployment) -> dict[str, Any]:
+    """AWS Batch SubmitServiceJob's parameters for one attempt of a team's request: the SageMaker step's
+    CreateTrainingJob as its payload, under the team's quota share."""
+    if request.team is None:
+        raise ValueError("a service job is a team's: the request names no team")
+    name = job_name(request, attempt)
+    return {
+        "jobName": name,
+        "clientToken": name,
+        "jobQueue": deployment.team_queue,
+        "serviceJobType": SERVICE_JOB_TYPE,
+        "quotaShareName": request.team,
+        "schedulingPriority": request.priority,
+        "preemptionConfiguration": {"preemptionRetriesBeforeTermination": deployment.preemption_retries},
+        "retryStrategy": {"attempts": 1},
+        "serviceRequestPayload": _json(create_training_job(request, attempt, deployment)),
+        "tags": {TEAM_TAG: request.team, EXECUTION_TAG: deployment.execution, "run": request.run_name},
     }
 
 
@@ -381,6 +411,10 @@ def request_problems(request: TrainingRequest, attempts: int, deployment: Deploy
         found = api_problems("sagemaker", "CreateHyperParameterTuningJob", params)
     elif request.backend == BATCH.name:
         found = api_problems("batch", "SubmitJob", submit_job(request, attempts, deployment))
+    elif request.backend == QUEUE and request.team is not None:
+        # The payload as SageMaker will take it, and the submission as Batch does.
+        found = api_problems("sagemaker", "CreateTrainingJob", create_training_job(request, attempts, deployment))
+        found += api_problems("batch", "SubmitServiceJob", submit_service_job(request, attempts, deployment))
     else:
         found = api_problems("sagemaker", "CreateTrainingJob", create_training_job(request, attempts, deployment))
     return [f"{problem}; change the input so that the request fits" for problem in found]

@@ -163,6 +163,7 @@ class BudgetStop(BudgetDeny):
         validator: iam.IRole,
         topic: sns.ITopic,
         emails: list[str],
+        backends: list[str],
     ) -> None:
         probe_arn = Stack.of(scope).format_arn(
             service="sagemaker", resource="training-job", resource_name=BUDGET_PROBE_JOB
@@ -171,7 +172,7 @@ class BudgetStop(BudgetDeny):
             scope,
             id_,
             budget=budget,
-            statements=self._deny_statements(probe_arn),
+            statements=self._deny_statements(probe_arn, backends),
             description="Applied by AWS Budgets when the platform's monthly budget is spent: no new training jobs.",
             roles=[*creators, validator],
             topic=topic,
@@ -186,14 +187,14 @@ class BudgetStop(BudgetDeny):
         )
 
     @staticmethod
-    def _deny_statements(probe_arn: str) -> list[iam.PolicyStatement]:
-        """No new training or tuning jobs, and the probe Validate reads."""
+    def _deny_statements(probe_arn: str, backends: list[str]) -> list[iam.PolicyStatement]:
+        """No new training or tuning jobs of the deployed `backends`, and the probe Validate reads."""
         return [
             iam.PolicyStatement(
                 sid="NoNewTrainingJobs",
                 effect=iam.Effect.DENY,
                 # What starts each backend's jobs (lambdas/backends/).
-                actions=[action for backend in BACKENDS.values() for action in backend.denies],
+                actions=[action for name in backends for action in BACKENDS[name].denies],
                 resources=["*"],
             ),
             iam.PolicyStatement(

@@ -86,32 +86,40 @@ class TeamQueue(Construct):
             tags={TEAM_TAG: team.name},
         )
 
-    def grant_service_jobs(self, principal: iam.IRole, *, execution_role: iam.IRole) -> None:
-        """Submit SageMaker training service jobs to the teams' shares (tagged with their team), follow and
-        terminate them, and pass them the SageMaker execution role."""
+    def grant_terminate(self, principal: iam.IRole) -> None:
+        """Terminate the teams' service jobs (those tagged with one of the platform's teams)."""
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="TerminateServiceJobs",
+                actions=["batch:TerminateServiceJob"],
+                resources=[self.service_jobs],
+                conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": sorted(self.shares)}},
+            )
+        )
+        acknowledge_wildcard(
+            principal,
+            self.service_jobs,
+            "Service job IDs are Batch's, known only after submission; submitting and terminating are limited "
+            f"by condition to jobs tagged with one of the platform's teams ({TEAM_TAG}).",
+        )
+
+    @property
+    def service_jobs(self) -> str:
         stack = Stack.of(self)
-        jobs = f"arn:{stack.partition}:batch:{stack.region}:{stack.account}:service-job/*"
+        return f"arn:{stack.partition}:batch:{stack.region}:{stack.account}:service-job/*"
+
+    def grant_service_jobs(self, principal: iam.IRole, *, execution_role: iam.IRole) -> None:
+        """Submit SageMaker training service jobs to the teams' shares (tagged with their team) and pass them the
+        SageMaker execution role; following and terminating them is the queue step's handlers'."""
         teams = sorted(self.shares)
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="SubmitServiceJobs",
                 # The queue, the share and the new job are each authorized; tagging on create is TagResource.
                 actions=["batch:SubmitServiceJob", "batch:TagResource"],
-                resources=[self.queue_arn, *(self.share_arn(t) for t in teams), jobs],
+                resources=[self.queue_arn, *(self.share_arn(t) for t in teams), self.service_jobs],
                 conditions={"StringEquals": {f"aws:RequestTag/{TEAM_TAG}": teams}},
             )
-        )
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="TerminateServiceJobs",
-                actions=["batch:TerminateServiceJob"],
-                resources=[jobs],
-                conditions={"StringEquals": {f"aws:ResourceTag/{TEAM_TAG}": teams}},
-            )
-        )
-        # The Service Authorization Reference lets DescribeServiceJob name no resource.
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(sid="FollowServiceJobs", actions=["batch:DescribeServiceJob"], resources=["*"])
         )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
@@ -123,7 +131,7 @@ class TeamQueue(Construct):
         )
         acknowledge_wildcard(
             principal,
-            jobs,
-            "Service job IDs are Batch's, known only after submission; submitting and terminating are limited "
-            f"by condition to jobs tagged with one of the platform's teams ({TEAM_TAG}).",
+            self.service_jobs,
+            "Service job IDs are Batch's, known only after submission; submitting is limited by condition to jobs "
+            f"tagged with one of the platform's teams ({TEAM_TAG}).",
         )

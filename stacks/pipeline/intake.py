@@ -14,7 +14,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.backends import BACKENDS
+from lambdas.backends import deployed_backends
 from lambdas.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
@@ -80,8 +80,8 @@ class Intake(Construct):
                 "team": settings.tags.team,
                 "cost-centre": settings.tags.cost_centre,
             },
-            # The pipeline's training step runs every registered backend (stacks/pipeline_stack.py).
-            backends=list(BACKENDS),
+            # The pipeline's training step runs every backend the settings deploy (stacks/pipeline_stack.py).
+            backends=deployed_backends(teams=context.teams is not None),
         )
         function = context.function(
             "Validate",

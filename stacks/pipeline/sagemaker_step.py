@@ -19,7 +19,6 @@ from lambdas.monitor.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
-from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
@@ -41,7 +40,7 @@ class SageMakerTraining(Construct):
     def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
         super().__init__(scope, id_)
         self._context = context
-        self.job = DistributedTrainingJob(context.stack, "Training", context=context)
+        self.job = context.training_job
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(

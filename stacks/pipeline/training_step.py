@@ -22,7 +22,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.backends import BACKENDS
+from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Backend
 from lambdas.execution_state import REQUEST
 from stacks.pipeline.context import PipelineContext
@@ -68,9 +68,10 @@ def step_class(backend: Backend[Any]) -> StepClass:
 
 
 def backend_steps(scope: Construct, *, context: PipelineContext) -> dict[str, TrainingStep]:
-    """One step per registered backend, by name; each must run its own backend and no other."""
+    """One step per registered backend the settings deploy, by name; each must run its own backend and no other."""
     steps = {}
-    for name, backend in BACKENDS.items():
+    for name in deployed_backends(teams=context.teams is not None):
+        backend = BACKENDS[name]
         step = steps[name] = step_class(backend)(scope, backend.step_id, context=context)
         if step.backends != [name]:
             raise ValueError(f"{backend.step} runs {step.backends}, not the {name!r} backend that names it")

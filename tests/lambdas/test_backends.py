@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from lambdas.backends import BACKENDS, backend, tuning_backends
+from lambdas.backends import BACKENDS, backend, deployed_backends, tuning_backends
 from lambdas.backends.backend import Deployment, NoLimits
 from lambdas.backends.batch import BatchLimits
 from lambdas.validate.inputs import ExecutionInput
@@ -18,19 +18,21 @@ DEPLOYMENT = Deployment(largest_cluster_type="ml.p5.48xlarge", largest_cluster_c
 
 
 def test_an_unknown_backend_is_refused_naming_the_registered_ones() -> None:
-    with pytest.raises(KeyError, match="no training backend 'tpu'; the platform has sagemaker, batch"):
+    with pytest.raises(KeyError, match="no training backend 'tpu'; the platform has sagemaker, batch, queue"):
         backend("tpu")
     assert backend("batch") is BACKENDS["batch"]
 
 
 def test_every_backend_is_registered_under_its_own_name_with_a_step_and_what_starts_its_jobs() -> None:
-    assert list(BACKENDS) == ["sagemaker", "batch"]
+    assert list(BACKENDS) == ["sagemaker", "batch", "queue"]
     for name, declared in BACKENDS.items():
         assert declared.name == name
         module, _, cls = declared.step.rpartition(".")
         assert module.startswith("stacks.pipeline.") and cls, declared.step
         assert declared.step_id and declared.denies, name
     assert tuning_backends() == ["sagemaker"]
+    assert deployed_backends(teams=False) == ["sagemaker", "batch"]
+    assert deployed_backends(teams=True) == ["sagemaker", "batch", "queue"]
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))

@@ -313,6 +313,14 @@ def test_preemption_retries_exhausted_fail_the_job(player: Any) -> None:
     assert batch.describe_service_job(jobId=b1)["status"] == "RUNNING"
 
 
+def test_a_submit_retried_with_its_client_token_answers_the_job_it_queued(player: Any) -> None:
+    batch, jobs, _ = player
+    first = submit(batch, "b1", "team-b", 4, clientToken="b1-token")
+    assert submit(batch, "b1", "team-b", 4, clientToken="b1-token") == first
+    assert submit(batch, "b1", "team-b", 4, clientToken="other") != first
+    assert len(jobs.jobs) == 2
+
+
 def test_submits_the_queue_cannot_take_are_refused(player: Any) -> None:
     batch, _, _ = player
     with pytest.raises(ClientError, match="quotaShareName 'team-c' is not a quota share of teams"):

@@ -191,9 +191,34 @@ def test_the_state_machine_submits_only_tagged_jobs_to_the_teams_shares(variant:
     other_queue = f"arn:aws:batch:{REGION}:{ACCOUNT}:job-queue/other"
     assert not role.may("batch:SubmitServiceJob", other_queue, **tagged)
     assert not role.may("batch:SubmitServiceJob", f"{other_queue}/quota-share/vision", **tagged)
-    assert role.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "language"})
-    assert not role.may("batch:TerminateServiceJob", job)
-    assert role.may("batch:DescribeServiceJob", "*")
+    # Following and terminating are the queue step's handlers', not the state machine's.
+    assert not role.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "language"})
+    assert not role.may("batch:DescribeServiceJob", "*")
+
+
+def function_role(variant_iam: AssemblyIam, name: str) -> Any:
+    ((_, _, props),) = [
+        r for r in variant_iam.resources("AWS::Lambda::Function") if r[1].startswith(name) and "Role" in r[2]
+    ]
+    return variant_iam.roles[props["Role"]]
+
+
+def test_the_queue_steps_handlers_follow_service_jobs_and_terminate_only_the_teams(
+    variant: Any, variant_iam: AssemblyIam
+) -> None:
+    job = f"arn:aws:batch:{variant.settings.region}:{ACCOUNT}:service-job/0123abcd"
+    poll, stop = function_role(variant_iam, "PollServiceJob"), function_role(variant_iam, "StopServiceJobs")
+    assert poll.may("batch:DescribeServiceJob", "*") and poll.may("sagemaker:ListTrainingJobs", "*")
+    assert poll.may(
+        "sagemaker:DescribeTrainingJob", f"arn:aws:sagemaker:{variant.settings.region}:{ACCOUNT}:training-job/x"
+    )
+    assert not poll.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "vision"})
+    assert stop.may("batch:ListServiceJobs", "*") and stop.may("batch:DescribeServiceJob", "*")
+    for team in ("vision", "language"):
+        assert stop.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": team})
+    assert not stop.may("batch:TerminateServiceJob", job)
+    assert not stop.may("batch:TerminateServiceJob", job, **{"aws:ResourceTag/platform-team": "other"})
+    assert not stop.may("batch:SubmitServiceJob", job, **{"aws:RequestTag/platform-team": "vision"})
 
 
 def test_the_execution_role_is_passed_to_sagemaker_only(variant_iam: AssemblyIam) -> None:

@@ -1,0 +1,64 @@
+"""StopServiceJobs handler: no team's service job outlives its execution, and a run's checkpoints stop growing.
+
+Invoked by the state machine on every way out of a queued run, and by EventBridge when an execution
+ends ABORTED, TIMED_OUT or FAILED: terminates the teams' queue's service jobs that have not ended and
+carry the execution's tag (waiting or running: Batch stops a running one's training job), then prunes
+the run's checkpoints to the newest complete one (lambdas/cleanup/handler.py's pruning).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from aws_lambda_powertools import Logger
+
+from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_runs
+from lambdas.queue.environment import QueueCleanupEnvironment
+from lambdas.shared.errors import classified
+from lambdas.validate.api_requests import EXECUTION_TAG
+from training.layout import run_checkpoints
+
+logger = Logger(service="training-platform")
+ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING")
+STOP_REASON = "Stopped by the training platform"
+
+
+def active_jobs(batch: Any, queue: str, execution: str) -> list[dict[str, str]]:
+    """The queue's service jobs that have not ended and carry this execution's tag."""
+    found = []
+    for status in ACTIVE:
+        for page in batch.get_paginator("list_service_jobs").paginate(jobQueue=queue, jobStatus=status):
+            for summary in page["jobSummaryList"]:
+                job = batch.describe_service_job(jobId=summary["jobId"])
+                if (job.get("tags") or {}).get(EXECUTION_TAG) == execution and not job.get("isTerminated"):
+                    found.append({"job_id": job["jobId"], "job_name": job["jobName"]})
+    return found
+
+
+def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, batch: Any, s3: Any) -> dict[str, Any]:
+    """Terminate the execution's service jobs, then prune the checkpoints of the given runs and of those jobs."""
+    terminated = []
+    for job in active_jobs(batch, queue, execution):
+        batch.terminate_service_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
+        terminated.append(job["job_name"])
+        logger.info("service job terminated", extra={"job": job["job_name"], "execution": execution})
+    return {"stopped": terminated, "pruned": prune_runs(s3, bucket, prefixes, terminated)}
+
+
+@classified
+@logger.inject_lambda_context(log_event=False)
+def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
+    environment = QueueCleanupEnvironment.from_environ()
+    execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
+    result = clean_up(
+        execution,
+        queue=environment.job_queue,
+        prefixes=[run_checkpoints(run)] if run is not None else [],
+        bucket=environment.checkpoints_bucket,
+        batch=boto3.client("batch"),
+        s3=boto3.client("s3"),
+    )
+    logger.info("queued run cleaned up", extra={"execution": execution, **result})
+    return result

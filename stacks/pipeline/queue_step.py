@@ -1,0 +1,237 @@
+"""The team queue step: one request's SageMaker training job, queued as an AWS Batch service job under its team's
+quota share (stacks/constructs/team_queue.py), from submission to its end, and never beyond it.
+
+`start` builds exactly the CreateTrainingJob request the SageMaker step sends (`DistributedTrainingJob.
+create_parameters`: the platform's role, image, VPC, keys, output and checkpoint locations) and submits it as
+the service job's `serviceRequestPayload`, to the team's quota share at the request's priority, tagged with
+the team (its cost-allocation tag and what the per-team budget stop matches), the execution and the run. The
+submit's client token is the attempt's name, so a retried submit whose answer was lost finds its own job
+instead of queueing a second. PollServiceJob follows it: while it waits the run sees "queued for capacity"
+and the scheduler's reason; when the scheduler preempts it, Batch requeues it and its next training job
+resumes from the run's checkpoints, up to `service_environment.preemption_retries` times. A job that failed
+in the pre-flight check, on a straggler or in a hang is replaced by a new attempt, as on SageMaker. On every
+way out StopServiceJobs terminates the execution's service jobs and prunes the run's checkpoints; an
+execution that ends any other way is cleaned up by an EventBridge rule.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from lambdas.backends.queue import QUEUE
+from lambdas.execution_state import ERROR, REQUEST, TRAIN
+from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.queue.environment import QueueCleanupEnvironment
+from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_TAG
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.polled_job import (
+    JOB_NAME,
+    SDK_TIMEOUT_SECONDS,
+    PolledJobStep,
+    StepNames,
+    cleanup_function,
+    grant_checkpoint_ledger,
+    grant_goodput_ledger,
+    sdk_arn,
+    sdk_retry,
+    watch_ended_executions,
+)
+
+NAMES = StepNames(label="queue", not_created_error="ServiceJobNotSubmitted")
+# Retried with backoff: Batch's errors and a call that timed out (the client token makes a second submit the first).
+TRANSIENT_ERRORS = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
+
+
+class QueueTraining(Construct):
+    """Submit + poll a team's service job; terminate it and prune checkpoints on every way out."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        if context.teams is None:
+            raise ValueError("the queue step runs teams' jobs: settings name no teams")
+        self._context, self.teams = context, context.teams
+        self.job = context.training_job
+        self.monitor = self._monitor_function()
+        self.cleanup = self._cleanup_function()
+        step = PolledJobStep(
+            self,
+            context=context,
+            names=NAMES,
+            create=self._submit,
+            progress=self.monitor,
+            job={"job": obj(TRAIN.job)},
+            cleanup=self.cleanup,
+            replaces_jobs=True,
+        )
+        self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+
+    @property
+    def backends(self) -> list[str]:
+        return [QUEUE]
+
+    @property
+    def dead_letters(self) -> dict[str, sqs.IQueue]:
+        return {"StopServiceJobs": self.cleanup_dead_letters}
+
+    def bind(self, state_machine: sfn.StateMachine) -> None:
+        """The machine submits the teams' service jobs (passing the SageMaker role); ended executions are cleaned
+        up."""
+        self.teams.grant_service_jobs(state_machine.role, execution_role=self.job.role)
+        watch_ended_executions(
+            self._context,
+            "QueueExecutionEnded",
+            description="Terminates the teams' service jobs of a pipeline execution that was aborted, timed out or "
+            "failed",
+            state_machine=state_machine,
+            cleanup=self.cleanup,
+            dead_letters=self.cleanup_dead_letters,
+        )
+
+    def _monitor_function(self) -> PlatformFunction:
+        context = self._context
+        monitor = context.function(
+            "PollServiceJob",
+            "lambdas.queue.monitor.handler",
+            "Summarises a team's queued training job: its place in the queue, preemptions, then its training job",
+            MonitorEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
+                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+            ).variables(),
+        )
+        grant_checkpoint_ledger(context, monitor)
+        grant_goodput_ledger(context, monitor)
+        self.job.grant_follow(monitor.role)
+        follow_service_jobs(monitor.role)
+        # Batch names a service job's training jobs: they are found by name among the listed ones.
+        monitor.function.add_to_role_policy(
+            iam.PolicyStatement(sid="FindTrainingJobs", actions=["sagemaker:ListTrainingJobs"], resources=["*"])
+        )
+        acknowledge_wildcard(
+            monitor.role,
+            context.arn("sagemaker", "training-job/*"),
+            "Describes the training jobs of the run's service job; Batch names them.",
+        )
+        acknowledge(monitor.role, "AwsSolutions-IAM5[Resource::*]", "batch:DescribeServiceJob takes no resource scope.")
+        return monitor
+
+    def _cleanup_function(self) -> PlatformFunction:
+        context = self._context
+        cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
+            context,
+            "StopServiceJobs",
+            handler="lambdas.queue.cleanup.handler",
+            description="Terminates a run's queued service jobs and prunes its checkpoints when the run ends",
+            environment=QueueCleanupEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name, job_queue=self.teams.queue_arn
+            ),
+            dead_letters="StopServiceJobsDeadLetters",
+        )
+        follow_service_jobs(cleanup.role, listing=True)
+        self.teams.grant_terminate(cleanup.role)
+        acknowledge(
+            cleanup.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "batch:ListServiceJobs and batch:DescribeServiceJob take no resource scope.",
+        )
+        acknowledge_wildcard(
+            cleanup.role,
+            superseded,
+            "Superseded checkpoints of the run that ended (the bucket keeps their versions a while).",
+        )
+        return cleanup
+
+    def _payload_state(self, id_: str, *, kms_volume: bool, groups: bool) -> sfn.CustomState:
+        """The CreateTrainingJob request the service job queues, and the service job's tags."""
+        return sfn.CustomState(
+            self,
+            id_,
+            state_json={
+                "Type": "Pass",
+                "Comment": "Exactly the SageMaker step's CreateTrainingJob request"
+                + (" on a heterogeneous cluster" if groups else "")
+                + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
+                "Parameters": {
+                    "payload": self.job.create_parameters(kms_volume=kms_volume, groups=groups),
+                    # The team's tag is what its budget stop denies; the execution's is how cleanup finds the job.
+                    "tags": {
+                        f"{TEAM_TAG}.$": str(REQUEST.team),
+                        f"{EXECUTION_TAG}.$": "$$.Execution.Id",
+                        "run.$": str(REQUEST.run_name),
+                    },
+                },
+                "ResultPath": str(TRAIN.submission),
+            },
+        )
+
+    def _submit_state(self) -> sfn.CustomState:
+        retries = self._context.settings.service_environment.preemption_retries
+        return sfn.CustomState(
+            self,
+            "Submit service job",
+            state_json={
+                "Type": "Task",
+                "Comment": "Queues the training job under the team's quota share (no .sync: the pipeline polls it)",
+                "Resource": sdk_arn("batch", "submitServiceJob"),
+                "Parameters": {
+                    "JobName.$": JOB_NAME,
+                    # The attempt's name: a retried submit whose answer was lost returns the job it queued.
+                    "ClientToken.$": JOB_NAME,
+                    "JobQueue": self.teams.queue_arn,
+                    "ServiceJobType": SERVICE_JOB_TYPE,
+                    "QuotaShareName.$": str(REQUEST.team),
+                    "SchedulingPriority.$": str(REQUEST.priority),
+                    "PreemptionConfiguration": {"PreemptionRetriesBeforeTermination": retries},
+                    # A failed training job comes back to the pipeline, which replaces it when fresh nodes may help.
+                    "RetryStrategy": {"Attempts": 1},
+                    "ServiceRequestPayload.$": f"States.JsonToString({TRAIN.submission.payload})",
+                    "Tags.$": str(TRAIN.submission.tags),
+                },
+                "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName", "job_id.$": "$.JobId"},
+                "ResultPath": str(TRAIN.job),
+                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+                "Retry": sdk_retry(TRANSIENT_ERRORS),
+            },
+        )
+
+    def _submit(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.IChainable:
+        submit = self._submit_state()
+        submit.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
+        submit.next(wait)
+        labels = {
+            (True, False): "Build the queued request",
+            (False, False): "Build the queued request (instance storage)",
+            (True, True): "Build the queued request (instance groups)",
+            (False, True): "Build the queued request (instance groups, instance storage)",
+        }
+        payloads = {
+            (kms_volume, groups): self._payload_state(label, kms_volume=kms_volume, groups=groups)
+            for (kms_volume, groups), label in labels.items()
+        }
+        for state in payloads.values():
+            state.next(submit)
+        local = sfn.Condition.boolean_equals(str(REQUEST.local_storage), True)
+        heterogeneous = sfn.Condition.boolean_equals(str(REQUEST.heterogeneous), True)
+        return (
+            sfn.Choice(self, "Volume encryption? (queue)", comment="Instance-store types take no volume KMS key")
+            .when(sfn.Condition.and_(heterogeneous, local), payloads[False, True])
+            .when(heterogeneous, payloads[True, True])
+            .when(local, payloads[False, False])
+            .otherwise(payloads[True, False])
+        )
+
+
+def follow_service_jobs(role: iam.IRole, *, listing: bool = False) -> None:
+    """DescribeServiceJob (and ListServiceJobs): the Service Authorization Reference lets them name no resource."""
+    role.add_to_principal_policy(
+        iam.PolicyStatement(
+            sid="FollowServiceJobs",
+            actions=["batch:DescribeServiceJob", *(["batch:ListServiceJobs"] if listing else [])],
+            resources=["*"],
+        )
+    )

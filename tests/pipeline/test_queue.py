@@ -1,0 +1,179 @@
+"""A team's run on the queue backend, executed: its SageMaker request submitted as an AWS Batch service job under its
+team's quota share (as Validate built it), queued for capacity with the scheduler's reason, preempted and resumed
+from the run's checkpoints, and terminated on every way out (examples/teams.json's platform: two ml.m5.xlarge,
+team-a lends its one, team-b borrows)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from botocore.client import BaseClient
+
+from lambdas.execution_state import TrainingRequest
+from lambdas.validate.api_requests import (
+    EXECUTION_TAG,
+    PLACEHOLDERS,
+    TEAM_TAG,
+    Deployment,
+    api_problems,
+    create_training_job,
+    submit_service_job,
+)
+from localrun.cfn import ACCOUNT
+from localrun.scripted import Poll
+from tests.pipeline.conftest import COMPLETED, Pipeline
+from training.layout import split_s3_uri
+
+TEAM_A = f"arn:aws:iam::{ACCOUNT}:role/TeamAScientist"
+TEAM_B = f"arn:aws:iam::{ACCOUNT}:role/TeamBScientist"
+TEAM_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
+RUNNING = Poll()
+
+
+@contextmanager
+def submitted() -> Iterator[list[dict[str, Any]]]:
+    """Every SubmitServiceJob call's parameters, as the state machine sent them."""
+    sent: list[dict[str, Any]] = []
+    original = BaseClient._make_api_call
+
+    def record(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        if operation == "SubmitServiceJob":
+            sent.append(copy.deepcopy(params))
+        return original(client, operation, params)
+
+    with mock.patch.object(BaseClient, "_make_api_call", record):
+        yield sent
+
+
+def team_input(pipeline: Pipeline, team: str, run_name: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "run_name": run_name,
+        "model": "tiny",
+        "dataset": f"s3://{pipeline.datasets_bucket}/{team}/corpus/",
+        "instance_type": "ml.m5.xlarge",
+        "instance_count": 1,
+        "max_runtime_hours": 1,
+        "backend": "queue",
+        "team": team,
+        "priority": 5,
+        "hyperparameters": {"max_steps": 100},
+        "quality": {"metric": "validation:loss", "max": 3.0},
+        **overrides,
+    }
+
+
+def progress_polls(pipeline: Pipeline, arn: str) -> list[dict[str, Any]]:
+    """What PollServiceJob answered for this execution, in order."""
+    return [
+        c.result
+        for c in pipeline.local.lambda_calls
+        if c.handler.startswith("lambdas.queue.monitor") and c.event.get("execution") == arn and c.result
+    ]
+
+
+@pytest.fixture
+def teams(teams_assembly: Path, open_platform: Any) -> Any:
+    def open_(scripts: list[list[Poll]]) -> Pipeline:
+        return open_platform(teams_assembly, scripts=scripts)  # type: ignore[no-any-return]
+
+    return open_
+
+
+def test_a_teams_run_is_the_sagemaker_request_submitted_to_its_share_and_trained(teams: Any) -> None:
+    pipeline = teams([[RUNNING, COMPLETED]])
+    with submitted() as sent:
+        arn = pipeline.start(team_input(pipeline, "team-a", "queued-a"), requester=TEAM_A)
+        request_id = pipeline.pending("promotion", caller=TEAM_APPROVER)["request_id"]
+        body = {"request_id": request_id, "decision": "approve", "reason": "team-a's lead"}
+        assert pipeline.decide_raw(TEAM_APPROVER, body=body)["statusCode"] == 200
+        described = pipeline.finish(arn)
+    assert described["status"] == "SUCCEEDED", described
+    (params,) = sent
+    (validate,) = [c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.validate.")]
+    request = TrainingRequest.parse(validate["validation"]["request"])
+    payload = json.loads(params["serviceRequestPayload"])
+    constants = Deployment(
+        **{
+            **PLACEHOLDERS.__dict__,
+            "role_arn": payload["RoleArn"],
+            "training_image": payload["AlgorithmSpecification"]["TrainingImage"],
+            "key_arn": payload["OutputDataConfig"]["KmsKeyId"],
+            "subnet": payload["VpcConfig"]["Subnets"][0],
+            "security_group": payload["VpcConfig"]["SecurityGroupIds"][0],
+            "checkpoints_bucket": split_s3_uri(payload["CheckpointConfig"]["S3Uri"])[0],
+            "artifacts_bucket": split_s3_uri(payload["OutputDataConfig"]["S3OutputPath"])[0],
+            "inter_container_encryption": payload["EnableInterContainerTrafficEncryption"],
+            "network_isolation": payload["EnableNetworkIsolation"],
+            "team_queue": params["jobQueue"],
+            "execution": arn,
+        }
+    )
+    # Exactly what Validate built and checked against both services' models, SageMaker's request inside Batch's.
+    assert payload == create_training_job(request, 1, constants)
+    assert {**params, "serviceRequestPayload": payload} == {
+        **submit_service_job(request, 1, constants),
+        "serviceRequestPayload": payload,
+    }
+    assert (
+        api_problems("batch", "SubmitServiceJob", params)
+        == []
+        == api_problems("sagemaker", "CreateTrainingJob", payload)
+    )
+    assert params["quotaShareName"] == "team-a" and params["tags"][TEAM_TAG] == "team-a"
+    assert params["tags"][EXECUTION_TAG] == arn and params["jobQueue"] == pipeline.local.service_jobs.queue_arn
+    # Batch ran it as a training job of its own name; the run's job is that training job.
+    (training_job,) = pipeline.training.created_names
+    assert training_job.startswith(f"AWSBatch{params['jobName']}")
+    assert progress_polls(pipeline, arn)[-1]["job_name"] == training_job
+    assert any(c.handler.startswith("lambdas.queue.cleanup") for c in pipeline.local.lambda_calls)
+
+
+def test_a_borrowing_job_is_preempted_when_the_lender_submits_and_resumes_from_the_runs_checkpoints(
+    teams: Any,
+) -> None:
+    # Creation order: b1 (team-b's own), b2 (borrows team-a's idle one), a1 (reclaims it), b2 again.
+    pipeline = teams([[RUNNING], [RUNNING], [RUNNING, RUNNING, RUNNING, COMPLETED], [RUNNING, COMPLETED]])
+    local, jobs = pipeline.local, pipeline.local.service_jobs
+    b1 = pipeline.start(team_input(pipeline, "team-b", "b-one"), name="b1", requester=TEAM_B)
+    local.wait(b1, 60, until=lambda: len(pipeline.training.created_names) == 1)
+    b2 = pipeline.start(team_input(pipeline, "team-b", "b-two"), name="b2", requester=TEAM_B)
+    local.wait(b2, 60, until=lambda: len(pipeline.training.created_names) == 2)
+    borrowed = pipeline.training.created_names[1]
+    a1 = pipeline.start(team_input(pipeline, "team-a", "a-one"), name="a1", requester=TEAM_A)
+    local.wait(b2, 60, until=lambda: any(p.get("preemptions") for p in progress_polls(pipeline, b2)))
+    assert borrowed in pipeline.training.stopped_names
+    waiting = [p for p in progress_polls(pipeline, b2) if p["status"] == "Queued"]
+    assert waiting and waiting[-1]["queued"].startswith("queued for capacity: ")
+    # a1 trains on the capacity it lent; when it ends, b2 starts again as a new training job of the same run.
+    local.wait(b2, 90, until=lambda: len(pipeline.training.created_names) == 4)
+    resumed = pipeline.training.created_names[3]
+    assert resumed.startswith(f"AWSBatch{borrowed.removeprefix('AWSBatch')[: len('b-two')]}")
+    requests = pipeline.training.requests
+    assert requests[resumed]["CheckpointConfig"] == requests[borrowed]["CheckpointConfig"]
+    assert any(f"{jobs.jobs[j].name}: requeued after preemption 1" in jobs.log for j in jobs.jobs)
+    for arn in (b1, b2, a1):
+        local.sfn.stop_execution(executionArn=arn)
+    # Every way out terminates the execution's service jobs (the ended-execution rule runs StopServiceJobs).
+    local.wait(b1, 60, until=lambda: all(j.status in ("SUCCEEDED", "FAILED") for j in jobs.jobs.values()))
+
+
+def test_a_teams_second_job_waits_while_its_quota_is_full_and_an_aborted_run_frees_it(teams: Any) -> None:
+    pipeline = teams([[RUNNING], [RUNNING]])
+    local = pipeline.local
+    first = pipeline.start(team_input(pipeline, "team-a", "a-first"), name="a-first", requester=TEAM_A)
+    local.wait(first, 60, until=lambda: len(pipeline.training.created_names) == 1)
+    second = pipeline.start(team_input(pipeline, "team-a", "a-second"), name="a-second", requester=TEAM_A)
+    local.wait(second, 60, until=lambda: any(p["status"] == "Queued" for p in progress_polls(pipeline, second)))
+    queued = [p for p in progress_polls(pipeline, second) if p["status"] == "Queued"][-1]["queued"]
+    assert queued == "queued for capacity: waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge"
+    local.sfn.stop_execution(executionArn=first)
+    local.wait(second, 60, until=lambda: len(pipeline.training.created_names) == 2)
+    assert pipeline.training.created_names[0] in pipeline.training.stopped_names
+    local.sfn.stop_execution(executionArn=second)
