@@ -1,18 +1,24 @@
-"""A team's spend: the progress handlers' per-team cost metric, read from the EMF lines they print."""
+"""A team's spend: the progress handlers' per-team cost metric (read from the EMF lines they print) and the team in
+the run's lineage, which `tp cost` reads."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from lambdas.batch import monitor as batch_monitor
-from lambdas.execution_state import JobCost, JobProgress
+from lambdas.estimate.handler import estimate
+from lambdas.execution_state import Evaluation, JobCost, JobProgress, RegisterEvent
 from lambdas.monitor import handler as sagemaker_monitor
 from lambdas.monitor.handler import record_metrics
+from lambdas.register.handler import Destination, register
 from lambdas.shared.metrics import NAMESPACE, Metric, Stage, StageMetrics
 from tests.lambdas.test_handlers import _request
+from training.layout import split_s3_uri
 
 
 def _finished(actual_usd: float = 12.5) -> JobProgress:
@@ -119,3 +125,31 @@ def test_each_progress_handler_counts_the_cost_as_the_requests_teams(
 
     (line,) = _with(_emf(capsys.readouterr().out), Metric.TEAM_TRAINING_COST)
     assert (line["team"], line[Metric.TEAM_TRAINING_COST.value]) == ("nlp", [7.0])
+
+
+class _Registry:
+    """SageMaker's CreateModelPackage, as Register calls it."""
+
+    def create_model_package(self, **_kwargs: Any) -> dict[str, str]:
+        return {"ModelPackageArn": "arn:aws:sagemaker:us-east-1:123456789012:model-package/g/1"}
+
+
+@pytest.mark.parametrize("team", ["nlp", None])
+@mock_aws
+def test_the_lineage_records_the_runs_team(team: str | None) -> None:
+    request = _request(team=team)
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for bucket in (split_s3_uri(request.dataset.s3_uri)[0], "artifacts"):
+        s3.create_bucket(Bucket=bucket)
+    event = RegisterEvent(
+        request=request,
+        job=_finished(),
+        estimate=estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={}),
+        evaluation=Evaluation(passed=True, reason="validation:loss 2.1 <= 3.0", metrics={}),
+        execution="arn:aws:states:us-east-1:123456789012:execution:sm:e",
+    )
+    where = Destination(artifacts_bucket="artifacts", group="g", image_uri="image@sha256:0", revision="abc")
+    registration = register(event, s3=s3, sagemaker=_Registry(), where=where)
+
+    bucket, key = split_s3_uri(registration.lineage_uri)
+    assert json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["team"] == team
