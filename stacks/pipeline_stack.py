@@ -204,6 +204,7 @@ class PipelineStack(Stack):
             state_machine=self.state_machine,
             functions=functions,
             goodput_logs=[writer.log_group for writer in context.goodput_writers],
+            team_budgets={team.name: team.monthly_budget_usd for team in settings.teams},
         )
 
     def _training_failed(self, context: PipelineContext) -> sfn.IChainable:

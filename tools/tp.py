@@ -474,33 +474,49 @@ def lineage_records(s3: Any, bucket: str) -> list[dict[str, Any]]:
     return [json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
 
 
+_COSTS = ("actual_usd", "on_demand_usd", "spot_savings_usd")
+
+
+def _totals(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: sum(r[key] or 0 for r in runs) for key in _COSTS}
+
+
 @app.command()
 def cost(
     *,
+    team: Annotated[str | None, typer.Option(help="only this team's runs")] = None,
     stage: Stage = "dev",
     region: Region = None,
     artifacts_bucket: ArtifactsBucket = None,
     as_json: AsJson = False,
 ) -> None:
-    """Spend across registered runs, from their lineage records: actual, on demand, spot savings."""
+    """Spend across registered runs, from their lineage records: actual, on demand, spot savings; by team too."""
     t = target(stage, region, "", "", artifacts_bucket)
     runs = [
-        {"run_name": r["run_name"], "training_job": r["training_job"], **r["cost"]}
+        # A record written before teams has no `team`: the run is no team's.
+        {"run_name": r["run_name"], "team": r.get("team"), "training_job": r["training_job"], **r["cost"]}
         for r in lineage_records(t.session.client("s3"), t.need_artifacts_bucket())
     ]
-    totals = {key: sum(r[key] or 0 for r in runs) for key in ("actual_usd", "on_demand_usd", "spot_savings_usd")}
+    if team is not None:
+        runs = [r for r in runs if r["team"] == team]
+    teams = sorted({r["team"] for r in runs}, key=lambda name: (name is None, name or ""))
+    by_team = [{"team": name, **_totals([r for r in runs if r["team"] == name])} for name in teams]
+    totals = _totals(runs)
     if as_json:
-        out.print_json(data={"runs": runs, "total": totals})
+        out.print_json(data={"runs": runs, "teams": by_team, "total": totals})
         return
-    table = Table("run", "training job", "actual", "on demand", "spot savings", "estimate")
+    table = Table("run", "team", "training job", "actual", "on demand", "spot savings", "estimate")
     for r in runs:
         table.add_row(
             r["run_name"],
+            r["team"] or "",
             r["training_job"],
-            *(f"${r[k]:,.2f}" if r[k] is not None else "" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")),
+            *(f"${r[k]:,.2f}" if r[k] is not None else "" for k in _COSTS),
             f"${r['estimate_usd']:,.2f}",
         )
-    table.add_row("total", "", *(f"${totals[k]:,.2f}" for k in ("actual_usd", "on_demand_usd", "spot_savings_usd")), "")
+    for subtotal in by_team:
+        table.add_row("team total", subtotal["team"] or "(none)", "", *(f"${subtotal[k]:,.2f}" for k in _COSTS), "")
+    table.add_row("total", "", "", *(f"${totals[k]:,.2f}" for k in _COSTS), "")
     out.print(table)
 
 

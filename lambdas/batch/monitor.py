@@ -221,14 +221,15 @@ def poll(event: BatchPoll, *, batch: Any, s3: Any, environment: BatchMonitorEnvi
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: a `BatchPoll` (the job: {"arn", "job_name"})."""
+    parsed = BatchPoll.model_validate(event)
     summary = poll(
-        BatchPoll.model_validate(event),
+        parsed,
         batch=boto3.client("batch"),
         s3=boto3.client("s3"),
         environment=BatchMonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics)
+    record_metrics(summary, metrics, team=parsed.request.team)
     logger.info(
         "batch job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions"}),

@@ -252,8 +252,9 @@ def summarize(
     )
 
 
-def record_metrics(summary: JobProgress, into: StageMetrics) -> None:
-    """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once.
+def record_metrics(summary: JobProgress, into: StageMetrics, *, team: str | None) -> None:
+    """Checkpoint age while training; a finished job's outcome, duration, interruptions and cost, once; the cost
+    also as the team's (`team`: the request's, None for a run of no team).
 
     `into` is the calling handler's own metrics, which its `flushed` decorator emits.
     """
@@ -268,6 +269,8 @@ def record_metrics(summary: JobProgress, into: StageMetrics) -> None:
     if summary.cost is not None:
         into.record(Metric.TRAINING_COST, summary.cost.actual_usd)
         into.record(Metric.SPOT_SAVINGS, summary.cost.spot_savings_usd)
+        if team is not None:
+            into.record_for_team(Metric.TEAM_TRAINING_COST, team, summary.cost.actual_usd)
 
 
 def poll(
@@ -302,14 +305,15 @@ def poll(
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: a `SageMakerPoll`. One poll: DescribeTrainingJob and the run's checkpoints, summarised
     (one state per poll keeps the execution's history short)."""
+    parsed = SageMakerPoll.model_validate(event)
     summary = poll(
-        SageMakerPoll.model_validate(event),
+        parsed,
         sagemaker=boto3.client("sagemaker"),
         s3=boto3.client("s3"),
         environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics)
+    record_metrics(summary, metrics, team=parsed.request.team)
     logger.info(
         "training job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions", "stale"}),

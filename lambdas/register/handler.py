@@ -71,6 +71,7 @@ def _lineage(
     request, job = event.request, event.job
     lineage = {
         "run_name": request.run_name,
+        "team": request.team,  # what `tp cost` totals by team (None: the run is no team's)
         "execution": event.execution,
         "training_job": job.job_name,
         "dataset": {

@@ -2,7 +2,8 @@
 
 Powertools `Metrics` writes them; CloudWatch Logs turns them into metrics in NAMESPACE, with the
 dimensions `service` and `stage` (the pipeline stage that measured it) and never a run's name, so
-the number of metrics stays fixed however many runs there are. The dashboard
+the number of metrics stays fixed however many runs there are. The few metrics in `BY_TEAM` also carry
+`team`: teams are a fixed set from the settings, so that number stays fixed too. The dashboard
 (stacks/constructs/dashboard.py) reads the names below, so a metric and its graph cannot drift apart.
 
 Each handler holds its own `EphemeralMetrics`: the plain `Metrics` shares its dimensions across
@@ -50,6 +51,7 @@ class Metric(StrEnum):
     JOB_DURATION = "TrainingJobSeconds"
     SPOT_INTERRUPTIONS = "SpotInterruptions"
     TRAINING_COST = "TrainingCostUSD"
+    TEAM_TRAINING_COST = "TeamTrainingCostUSD"
     SPOT_SAVINGS = "SpotSavingsUSD"
     CHECKPOINTS_NOT_AS_RECORDED = "CheckpointsNotAsRecorded"
     BILLED_INSTANCE_SECONDS = "BilledInstanceSeconds"
@@ -57,6 +59,10 @@ class Metric(StrEnum):
     GOODPUT = "GoodputPercent"
     MODELS_REGISTERED = "ModelsRegistered"
 
+
+TEAM_DIMENSION = "team"
+BY_TEAM = frozenset({Metric.TEAM_TRAINING_COST})
+"""The metrics recorded per team (`StageMetrics.record_for_team`), with the dimension TEAM_DIMENSION too."""
 
 GOODPUT_LOG_MESSAGE = "goodput"
 """The message of the log line a progress handler writes with a finished job's ledger (run, job, parts): per run,
@@ -86,6 +92,7 @@ STAGE_OF: dict[Metric, Stage] = {
             Metric.JOB_DURATION,
             Metric.SPOT_INTERRUPTIONS,
             Metric.TRAINING_COST,
+            Metric.TEAM_TRAINING_COST,
             Metric.SPOT_SAVINGS,
             Metric.CHECKPOINTS_NOT_AS_RECORDED,
             Metric.BILLED_INSTANCE_SECONDS,
@@ -112,6 +119,7 @@ UNIT_OF: dict[Metric, MetricUnit] = {
     Metric.GOODPUT: MetricUnit.Percent,
     Metric.ESTIMATED_MAX_COST: MetricUnit.NoUnit,
     Metric.TRAINING_COST: MetricUnit.NoUnit,
+    Metric.TEAM_TRAINING_COST: MetricUnit.NoUnit,
     Metric.SPOT_SAVINGS: MetricUnit.NoUnit,
 }
 
@@ -123,11 +131,28 @@ class StageMetrics:
         self.stage = stage
         self.emf = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
         self.emf.set_default_dimensions(stage=stage.value)
+        # One set per team: an EMF line has one set of dimensions for all its metrics.
+        self.by_team: dict[str, EphemeralMetrics] = {}
 
-    def record(self, metric: Metric, value: float = 1) -> None:
+    def _check(self, metric: Metric) -> None:
         if STAGE_OF[metric] is not self.stage:
             raise ValueError(f"{metric} is a {STAGE_OF[metric]} metric, not a {self.stage} one")
+
+    def record(self, metric: Metric, value: float = 1) -> None:
+        self._check(metric)
+        if metric in BY_TEAM:
+            raise ValueError(f"{metric} is recorded per team: use record_for_team")
         self.emf.add_metric(name=metric.value, unit=UNIT_OF.get(metric, MetricUnit.Count), value=value)
+
+    def record_for_team(self, metric: Metric, team: str, value: float) -> None:
+        """`metric` (one of BY_TEAM) with the dimension `team` besides `service` and `stage`."""
+        self._check(metric)
+        if metric not in BY_TEAM:
+            raise ValueError(f"{metric} has no team dimension: use record")
+        if team not in self.by_team:
+            self.by_team[team] = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+            self.by_team[team].set_default_dimensions(stage=self.stage.value, **{TEAM_DIMENSION: team})
+        self.by_team[team].add_metric(name=metric.value, unit=UNIT_OF.get(metric, MetricUnit.Count), value=value)
 
     def flushed(self, handler: Handler) -> Handler:
         """Write the invocation's metrics when the handler returns or raises.
@@ -141,7 +166,8 @@ class StageMetrics:
             try:
                 return handler(event, context)
             finally:
-                if self.emf.metric_set:
-                    self.emf.flush_metrics()
+                for emf in (self.emf, *self.by_team.values()):
+                    if emf.metric_set:
+                        emf.flush_metrics()
 
         return wrapper

@@ -170,7 +170,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         into=metrics,
     )
     if summary.tuning is not None:
-        record_metrics(summary, metrics)
+        record_metrics(summary, metrics, team=parsed.request.team)
     if summary.finished:
         record_trial_ledgers(boto3.client("sagemaker"), boto3.client("s3"), name, poll=parsed, environment=environment)
     logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))

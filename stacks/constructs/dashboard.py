@@ -17,7 +17,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, NAMESPACE, SERVICE, STAGE_OF, Metric
+from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, NAMESPACE, SERVICE, STAGE_OF, TEAM_DIMENSION, Metric
 
 # SageMaker publishes a training job's MetricDefinitions here, with the dimension Host = "<job>/algo-<n>".
 SAGEMAKER_TRAINING_NAMESPACE = "/aws/sagemaker/TrainingJobs"
@@ -28,6 +28,9 @@ TRAINING_FIGURES = (
     ("train:mfu", "Model FLOPs utilisation per job"),
 )
 PERIOD = Duration.minutes(5)
+# The teams' spend: summed by day, over the last 30 days (a team's budget is a month's).
+TEAM_SPEND_PERIOD = Duration.days(1)
+TEAM_SPEND_RANGE = "-P30D"
 
 
 def platform_metric(metric: Metric, statistic: str = "Sum") -> cloudwatch.Metric:
@@ -38,6 +41,23 @@ def platform_metric(metric: Metric, statistic: str = "Sum") -> cloudwatch.Metric
         dimensions_map={"service": SERVICE, "stage": STAGE_OF[metric].value},
         statistic=statistic,
         period=PERIOD,
+    )
+
+
+def team_spend(team: str, index: int) -> cloudwatch.MathExpression:
+    """A team's training spend (list price) added up day by day over the graph's range."""
+    daily = cloudwatch.Metric(
+        namespace=NAMESPACE,
+        metric_name=Metric.TEAM_TRAINING_COST.value,
+        dimensions_map={"service": SERVICE, "stage": STAGE_OF[Metric.TEAM_TRAINING_COST].value, TEAM_DIMENSION: team},
+        statistic="Sum",
+        period=TEAM_SPEND_PERIOD,
+    )
+    return cloudwatch.MathExpression(
+        expression=f"RUNNING_SUM(team{index})",
+        using_metrics={f"team{index}": daily},
+        label=team,
+        period=TEAM_SPEND_PERIOD,
     )
 
 
@@ -76,8 +96,10 @@ class PlatformDashboard(Construct):
         state_machine: sfn.IStateMachine,
         functions: dict[str, lambda_.IFunction],
         goodput_logs: list[logs.ILogGroup],
+        team_budgets: dict[str, float] | None = None,
     ) -> None:
-        """`goodput_logs`: the log groups of the handlers that log each finished job's goodput ledger."""
+        """`goodput_logs`: the log groups of the handlers that log each finished job's goodput ledger;
+        `team_budgets`: each team's monthly budget (USD) by name, graphed with its spend (none: no graph)."""
         super().__init__(scope, id_)
         m = platform_metric
         graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
@@ -157,4 +179,20 @@ class PlatformDashboard(Construct):
                 ),
             ],
         ]
+        if team_budgets:
+            rows.append(
+                [
+                    graph(
+                        title="Each team's training spend over the last 30 days (USD, list price), "
+                        "and its monthly budget",
+                        left=[team_spend(team, i) for i, team in enumerate(team_budgets)],
+                        left_annotations=[
+                            cloudwatch.HorizontalAnnotation(value=budget, label=f"{team} budget")
+                            for team, budget in team_budgets.items()
+                        ],
+                        start=TEAM_SPEND_RANGE,
+                        width=24,
+                    )
+                ]
+            )
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name, widgets=rows)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lambdas.shared.metrics import NAMESPACE, STAGE_OF, Metric
+from lambdas.shared.metrics import BY_TEAM, NAMESPACE, STAGE_OF, Metric
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB
 from stacks.constructs.dashboard import SAGEMAKER_TRAINING_NAMESPACE, TRAINING_FIGURES
+from tests.conftest import TEAMS
 from tests.support.templates import get_att, logical_id, resources
 
 
@@ -19,10 +20,46 @@ def _dashboard_body(platform: Any) -> str:
 
 def test_the_dashboard_graphs_every_metric_the_handlers_emit_with_their_dimensions(platform: Any) -> None:
     body = _dashboard_body(platform)
-    for metric in Metric:
+    for metric in set(Metric) - BY_TEAM:  # the shipped settings have no teams
         # ["<namespace>","<name>","service","training-platform","stage","<stage>"] in the widget JSON
         expected = f'\\"{NAMESPACE}\\",\\"{metric.value}\\",\\"service\\",\\"training-platform\\",\\"stage\\",'
         assert expected + f'\\"{STAGE_OF[metric].value}\\"' in body, metric
+
+
+def _widgets(platform: Any) -> list[dict[str, Any]]:
+    """The dashboard's widgets, its body's Fn::Join resolved (the tokens in it are not the widgets' concern)."""
+    ((dashboard),) = resources(platform, platform.pipeline, "AWS::CloudWatch::Dashboard").values()
+    parts = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
+    body = "".join(p if isinstance(p, str) else "token" for p in parts)
+    widgets: list[dict[str, Any]] = json.loads(body)["widgets"]
+    return widgets
+
+
+def test_each_teams_spend_this_month_is_graphed_against_its_budget_and_none_without_teams(
+    platform: Any, variant: Any
+) -> None:
+    def team_graphs(widgets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [w for w in widgets if "team" in w["properties"].get("title", "").lower()]
+
+    assert team_graphs(_widgets(platform)) == []
+    (graph,) = team_graphs(_widgets(variant))
+    props = graph["properties"]
+    assert props["start"] == "-P30D"
+    lines = [m for m in props["metrics"] if "expression" in m[0]]
+    daily = {m[-1]["id"]: m for m in props["metrics"] if "expression" not in m[0]}
+    assert [line[0]["label"] for line in lines] == ["vision", "language"]
+    for line in lines:
+        (source,) = [i for i in daily if f"RUNNING_SUM({i})" == line[0]["expression"]]
+        namespace, name, *dimensions, options = daily[source]
+        assert (namespace, name) == (NAMESPACE, Metric.TEAM_TRAINING_COST.value)
+        assert dict(zip(dimensions[::2], dimensions[1::2], strict=True)) == {
+            "service": "training-platform",
+            "stage": "training",
+            "team": line[0]["label"],
+        }
+        assert (options["stat"], options["period"], options["visible"]) == ("Sum", 86400, False)
+    budgets = {a["label"]: a["value"] for a in props["annotations"]["horizontal"]}
+    assert budgets == {f"{t['name']} budget": t["monthly_budget_usd"] for t in TEAMS}
 
 
 def test_the_dashboard_shows_runs_model_figures_per_job_and_handler_errors(platform: Any) -> None:

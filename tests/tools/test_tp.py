@@ -12,6 +12,7 @@ from typing import Any
 
 import boto3
 import pytest
+from moto import mock_aws
 from typer.testing import CliRunner
 
 from localrun.cfn import REGION
@@ -196,6 +197,54 @@ def test_start_list_pending_and_approve_a_run(local: Pipeline, tmp_path: Path) -
     (run,) = _answer(spent.stdout)["runs"]
     assert run["run_name"] == local.lineage()["run_name"]
     assert _answer(spent.stdout)["total"]["actual_usd"] == pytest.approx(local.lineage()["cost"]["actual_usd"])
+
+
+def _lineage(run: str, team: str | None, actual_usd: float) -> dict[str, Any]:
+    record = {
+        "run_name": run,
+        "team": team,
+        "training_job": f"{run}-1",
+        "cost": {"estimate_usd": 100.0, "actual_usd": actual_usd, "on_demand_usd": actual_usd, "spot_savings_usd": 0},
+    }
+    if team is None:
+        del record["team"]  # a record Register wrote before teams
+    return record
+
+
+@mock_aws
+def test_cost_totals_each_team_and_filters_to_one() -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="artifacts")
+    for record in (_lineage("a", "vision", 10.0), _lineage("b", "language", 4.0), _lineage("c", "vision", 2.5)):
+        s3.put_object(
+            Bucket="artifacts", Key=f"runs/{record['run_name']}/lineage/lineage.json", Body=json.dumps(record)
+        )
+    s3.put_object(Bucket="artifacts", Key="runs/d/lineage/lineage.json", Body=json.dumps(_lineage("d", None, 1.0)))
+    where = ("--artifacts-bucket", "artifacts", "--region", REGION)
+
+    every = _answer(tp("cost", *where, "--json").stdout)
+    assert {r["run_name"]: r["team"] for r in every["runs"]} == {
+        "a": "vision",
+        "b": "language",
+        "c": "vision",
+        "d": None,
+    }
+    assert [(t["team"], t["actual_usd"]) for t in every["teams"]] == [("language", 4.0), ("vision", 12.5), (None, 1.0)]
+    assert every["total"]["actual_usd"] == 17.5
+
+    vision = _answer(tp("cost", *where, "--team", "vision", "--json").stdout)
+    assert sorted(r["run_name"] for r in vision["runs"]) == ["a", "c"]
+    assert [(t["team"], t["actual_usd"]) for t in vision["teams"]] == [("vision", 12.5)]
+    assert vision["total"]["actual_usd"] == 12.5
+
+    table = tp("cost", *where, env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    rows = [line.split("│")[1:-1] for line in table.output.splitlines() if "│" in line]
+    cells = {(row[0].strip(), row[1].strip()): row[3].strip() for row in rows}
+    assert cells[("team total", "vision")] == "$12.50"
+    assert cells[("team total", "(none)")] == "$1.00"
+    assert cells[("total", "")] == "$17.50"
+    assert cells[("a", "vision")] == "$10.00"
 
 
 def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
