@@ -190,15 +190,16 @@ def poll(
 @metrics.flushed
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """Event: a `QueuePoll`. One poll of the team's service job (one state per poll keeps the history short)."""
+    parsed = QueuePoll.model_validate(event)
     summary = poll(
-        QueuePoll.model_validate(event),
+        parsed,
         batch=boto3.client("batch"),
         sagemaker=boto3.client("sagemaker"),
         s3=boto3.client("s3"),
         environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics)
+    record_metrics(summary, metrics, team=parsed.request.team)
     logger.info(
         "service job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "queued", "preemptions"}),
