@@ -37,6 +37,7 @@ from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import FSX_SCHEME, resolve
 from lambdas.validate.service_models import service_model
+from lambdas.validate.teams import QuotaShare, Team
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
 
 # CloudWatch Logs accepts only these retention periods (days).
@@ -768,7 +769,13 @@ class PlatformSettings(_Model):
             backends=backends if backends is not None else (str(run_input.get("backend", "sagemaker")),)
         )
         try:
-            resolve(run_input, execution_name=f"{NAME_PREFIX}{trigger.name}-0123456789abcdef", limits=limits)
+            # Who starts a retrain run is known only when it starts: its team's membership is judged then.
+            resolve(
+                run_input,
+                execution_name=f"{NAME_PREFIX}{trigger.name}-0123456789abcdef",
+                limits=limits,
+                check_membership=False,
+            )
         except InvalidRequest as exc:
             problems = str(exc).removeprefix("The training request cannot run:\n").replace("\n", "\n  ")
             return (
@@ -818,6 +825,22 @@ class PlatformSettings(_Model):
             backends=tuple(backends),
             backend_limits={name: backend.limits.from_deployment(deployment) for name, backend in BACKENDS.items()},
             training_plan_instance_type=plan.instance_type if (plan := self.pipeline.training_plan) else "",
+            teams=tuple(
+                Team(
+                    name=team.name,
+                    members=tuple(team.members),
+                    member_tag=team.member_tag,
+                    notification_emails=tuple(team.notification_emails),
+                    dataset_prefixes=tuple(team.dataset_prefixes),
+                    quota_share=QuotaShare(
+                        capacity=dict(team.quota_share.capacity),
+                        sharing=team.quota_share.sharing,
+                        borrow_limit_percent=team.quota_share.borrow_limit_percent,
+                    ),
+                )
+                for team in self.teams
+            ),
+            service_capacity=dict(self.service_environment.capacity),
         )
 
     @model_validator(mode="after")

@@ -86,7 +86,13 @@ def offline_check(
 ) -> tuple[dict[str, Any], CostEstimate]:
     """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
     limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # the backends the settings deploy
-    request = resolve(execution_input, execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}", limits=limits)
+    # Offline there is no requester: a team's run is checked in full except who starts it (judged by `tp start`).
+    request = resolve(
+        execution_input,
+        execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}",
+        limits=limits,
+        check_membership=False,
+    )
     pipeline = settings.pipeline
     cost = estimate_cost(
         EstimateEvent.model_validate({"request": request}).request,
@@ -171,6 +177,8 @@ def validate(
         out.print_json(data={"valid": True, "request": request, "estimate": cost.model_dump(mode="json")})
         return
     out.print(f"[green]{input_file}: valid[/green] (run {request['run_name']})")
+    if request["team"]:
+        out.print(f"(whether you are a member of team {request['team']!r} is checked when the run starts)")
     _print_estimate(cost, settings)
 
 

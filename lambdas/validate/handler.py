@@ -11,7 +11,7 @@ from aws_lambda_powertools import Logger
 from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest, Problem, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate import budget, resume, start_proof
+from lambdas.validate import budget, resume, start_proof, teams
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import resolve
 
@@ -72,6 +72,12 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         except InvalidRequest as exc:
             problems.extend(exc.problems)
     limits = PlatformLimits.from_environment()
+    requester_tag = None
+    if isinstance(event["input"], dict) and (
+        principal := teams.tag_to_read(event["input"].get("team"), requested_by, limits.teams)
+    ):
+        # Membership by the principal's `platform-team` tag; an error reading it is a platform fault (raised).
+        requester_tag = teams.principal_team_tag(boto3.client("iam"), principal)
     continues = None
     if isinstance(event["input"], dict) and isinstance(event["input"].get(resume.FIELD), str):
         try:
@@ -90,6 +96,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             execution_name=event["execution_name"],
             limits=limits,
             requested_by=requested_by,
+            requester_tag=requester_tag,
             execution=event["execution"],
             started=event["started"],
             continues=continues,

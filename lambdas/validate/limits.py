@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lambdas.backends import BACKENDS, backend
 from lambdas.backends.backend import BackendLimits
 from lambdas.shared.env import env_int, env_json, env_str
 from lambdas.validate.inputs import ExecutionInput
+from lambdas.validate.teams import Team, teams_from_json, teams_json
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class PlatformLimits:
     """Each registered backend's limits, by name (lambdas/backends/)."""
     training_plan_instance_type: str = ""
     """The instance type of the stage's SageMaker training plan (pipeline.training_plan; empty: none)."""
+    teams: tuple[Team, ...] = ()
+    """The teams of the settings, as far as Validate judges a run's team (lambdas/validate/teams.py)."""
+    service_capacity: Mapping[str, int] = field(default_factory=dict)
+    """The service environment's instances of each type, which every team's quota share draws on."""
 
     @classmethod
     def from_environment(cls) -> PlatformLimits:
@@ -58,6 +63,8 @@ class PlatformLimits:
             backends=tuple(env_json("TRAINING_BACKENDS")),
             backend_limits={name: declared.limits.from_environment() for name, declared in BACKENDS.items()},
             training_plan_instance_type=env_str("TRAINING_PLAN_INSTANCE_TYPE"),
+            teams=teams_from_json(env_json("TEAMS")),
+            service_capacity=dict(env_json("SERVICE_CAPACITY")),
         )
 
     def environment(self) -> dict[str, str]:
@@ -77,6 +84,8 @@ class PlatformLimits:
             "JOB_TAGS": json.dumps(self.tags),
             "TRAINING_BACKENDS": json.dumps(list(self.backends)),
             "TRAINING_PLAN_INSTANCE_TYPE": self.training_plan_instance_type,
+            "TEAMS": json.dumps(teams_json(self.teams)),
+            "SERVICE_CAPACITY": json.dumps(dict(self.service_capacity), sort_keys=True),
         }
         for limits in self.backend_limits.values():
             variables |= limits.environment()

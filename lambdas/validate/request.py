@@ -30,11 +30,12 @@ from lambdas.execution_state import (
 from lambdas.shared import history
 from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest, Problem
-from lambdas.validate.api_requests import EXECUTION_TAG, request_problems
+from lambdas.validate.api_requests import EXECUTION_TAG, TEAM_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.resume import PreviousRun, continuation_check
 from lambdas.validate.service_models import model_limit
+from lambdas.validate.teams import Team, named_team, recipients, team_problems
 from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 from training.config import ConfigError, from_hyperparameters
@@ -502,8 +503,9 @@ def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | No
     return Quality(metric=gate.metric, max=gate.max, min=gate.min)
 
 
-def _check_notify(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> None:
-    unknown = sorted(set(request.notify) - set(limits.run_emails))
+def _check_notify(request: ExecutionInput, limits: PlatformLimits, team: Team | None, problems: list[str]) -> None:
+    """`notify` names subscribers of run notifications: notifications.run_emails, or the run's team's e-mails."""
+    unknown = sorted(set(request.notify) - set(limits.run_emails) - set(team.notification_emails if team else ()))
     if unknown:
         problems.append(
             f"notify: {unknown} are not subscribed to run notifications; ask the platform team to add them"
@@ -522,6 +524,8 @@ def resolve(
     limits: PlatformLimits,
     execution_name: str = "",
     requested_by: str | None = None,
+    requester_tag: str | None = None,
+    check_membership: bool = True,
     execution: str | None = None,
     started: str = "",
     continues: PreviousRun | None = None,
@@ -530,7 +534,9 @@ def resolve(
 
     The one entry for Validate and offline callers (`resolve(input_dict, limits=limits)`): the schema's
     and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
-    resume.find found it.
+    resume.find found it. `requester_tag` is the requester's `platform-team` tag as the handler read it
+    (teams.tag_to_read); `check_membership` False leaves who starts a team's run unjudged, for offline checks that
+    know no requester.
     """
     request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
@@ -554,7 +560,23 @@ def resolve(
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     else:
         problems.extend(limits.problems(request.backend, request))
-    _check_notify(request, limits, problems)
+    team = named_team(request.team, limits.teams)
+    _check_notify(request, limits, team, problems)
+    types = {group.instance_type for group in groups or []}
+    problems.extend(
+        team_problems(
+            request,
+            teams=limits.teams,
+            service_capacity=limits.service_capacity,
+            datasets_bucket=limits.datasets_bucket,
+            instance_type=next(iter(types)) if len(types) == 1 else None,
+            instance_count=sum(group.instance_count for group in groups or []),
+            requested_by=requested_by,
+            requester_tag=requester_tag,
+            check_membership=check_membership,
+            continues_team=continues.request.team if continues is not None else None,
+        )
+    )
     # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
     suffix = run_identity(execution or execution_name, started)
     tunes = tuning_backends()
@@ -591,7 +613,12 @@ def resolve(
             run=continues.request.job_name_base,
             earlier=[before.execution, *before.earlier] if before else [],
         )
-    tags = {**limits.tags, "run": request.run_name, **({EXECUTION_TAG: execution} if execution else {})}
+    tags = {
+        **limits.tags,
+        "run": request.run_name,
+        **({EXECUTION_TAG: execution} if execution else {}),
+        **({TEAM_TAG: request.team} if request.team else {}),  # cost allocation: the team's budget filters on it
+    }
     resolved = TrainingRequest(
         run_name=request.run_name,
         job_name_base=f"{request.run_name}-{suffix}",
@@ -608,12 +635,14 @@ def resolve(
         dataset=dataset,
         quality=quality,
         notify=request.notify,
-        recipients=request.notify or ["(none)"],  # SNS rejects an empty String.Array
+        recipients=recipients(request.notify, team) or ["(none)"],  # SNS rejects an empty String.Array
         requested_by=requested_by,
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
         tuning=tuning,
         resume_from=continuation,
         fallback=fallback,
+        team=request.team,
+        priority=request.priority,
     )
     # What the state machine will send for it, as the services check it, before anything is estimated or approved;
     # on each fallback cluster too.

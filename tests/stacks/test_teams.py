@@ -297,3 +297,25 @@ def test_cfn_lint_reports_nothing_on_the_teams_templates(variant: Any) -> None:
         check=False,
     )
     assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
+
+
+def _validate_role(built_iam: AssemblyIam) -> Any:
+    (function,) = [
+        props
+        for _, _, props in built_iam.resources("AWS::Lambda::Function")
+        if props["Handler"] == "lambdas.validate.handler.handler"
+    ]
+    return built_iam.roles[function["Role"]]
+
+
+def test_validate_reads_only_principals_tags_and_only_with_a_member_tag(variant: Any, platform: Any) -> None:
+    role = _validate_role(AssemblyIam(Path(variant.assembly.directory)))
+    assert role.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
+    assert role.may("iam:ListUserTags", f"arn:aws:iam::{ACCOUNT}:user/bob")
+    assert not role.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:user/bob")
+    assert not role.may("iam:ListUserTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
+    assert not role.may("iam:ListRoleTags", "arn:aws:iam::210987654321:role/Linguist")
+    assert not role.may("iam:GetRole", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
+    # No team has a member_tag (no teams at all): no IAM read.
+    unteamed = _validate_role(AssemblyIam(Path(platform.assembly.directory)))
+    assert not unteamed.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
