@@ -322,6 +322,21 @@ def test_an_address_both_a_run_email_and_a_teams_has_one_subscription() -> None:
     ]
 
 
+def test_a_member_who_is_the_teams_only_approver_is_refused_where_self_approval_is() -> None:
+    vision, language = copy.deepcopy(TEAMS)
+    vision["approvers"] = ["arn:aws:iam::123456789012:role/team-roles/VisionScientist"]  # a path: the same role
+    with pytest.raises(SettingsError) as err:
+        build_settings(teams_settings(teams=[vision, language]))
+    assert (
+        "teams[0] (vision): arn:aws:iam::123456789012:role/VisionScientist is both a member and the team's only "
+        "approver" in str(err.value)
+    )
+    allowed = build_settings(teams_settings(teams=[vision, language], pipeline={"forbid_self_approval": False}))
+    assert allowed.teams[0].approvers == vision["approvers"]
+    vision["approvers"].append(VISION_LEAD)  # another approver decides the member's runs
+    assert build_settings(teams_settings(teams=[vision, language])).teams[0].approvers[1] == VISION_LEAD
+
+
 def test_cfn_lint_reports_nothing_on_the_teams_templates(variant: Any) -> None:
     pipeline = Path(variant.assembly.directory) / f"{variant.pipeline.stack_name}.template.json"
     result = subprocess.run(
