@@ -236,6 +236,13 @@ def _table(call: Call) -> str:
     return f"{table}/index/{index}" if index else table
 
 
+def _batch_get_item(call: Call) -> list[Request]:
+    """BatchGetItem is authorized on each table it reads."""
+    return [
+        Request("dynamodb:BatchGetItem", call.arn("dynamodb", f"table/{name}")) for name in call.params["RequestItems"]
+    ]
+
+
 def _submit_job(call: Call) -> list[Request]:
     """SubmitJob is authorized on the queue and on the job definition; tags on the job need TagResource."""
     p = call.params
@@ -341,6 +348,7 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ),
     ("sagemaker", "ListModelPackages"): _everything("sagemaker:ListModelPackages"),
     ("dynamodb", "GetItem"): _one("dynamodb:GetItem", _table),
+    ("dynamodb", "BatchGetItem"): _batch_get_item,
     ("dynamodb", "PutItem"): _one("dynamodb:PutItem", _table),
     ("dynamodb", "UpdateItem"): _one("dynamodb:UpdateItem", _table),
     ("dynamodb", "DeleteItem"): _one("dynamodb:DeleteItem", _table),

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from lambdas.approvals.identity import Principal
 from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
@@ -572,8 +573,14 @@ class TeamSettings(_Model):
     member_tag: str | None = Field(
         None, description="A principal tag value (`platform-team`) that also makes a principal a member."
     )
-    approvers: list[str] = Field(default_factory=list, description="IAM principal ARNs who decide the team's gates.")
-    notification_emails: list[str] = Field(default_factory=list, description="The team's budget and run e-mails.")
+    approvers: list[str] = Field(
+        default_factory=list,
+        description="IAM principal ARNs who alone decide the team's gates (none: the platform's `approvers` do).",
+    )
+    notification_emails: list[str] = Field(
+        default_factory=list,
+        description="The team's budget e-mails; they also receive its approval requests and the runs that list them.",
+    )
     dataset_prefixes: list[str] = Field(
         default_factory=list, description="Keys under the datasets bucket the team's data lives in (end with '/')."
     )
@@ -677,7 +684,9 @@ class PlatformSettings(_Model):
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)  # type: ignore[arg-type]
     approvers: list[str] = Field(
-        default_factory=list, description="IAM principal ARNs allowed to decide approval gates."
+        default_factory=list,
+        description="IAM principal ARNs who decide approval gates: of runs without a team, and of teams that name "
+        "no approvers.",
     )
     execution_data_readers: list[str] = Field(
         default_factory=list,
@@ -743,6 +752,23 @@ class PlatformSettings(_Model):
             problems.append("service_environment.capacity is set but no teams are: add teams or remove the capacity")
         if problems:
             raise ValueError("\n    ".join(["the teams do not fit together:", *problems]))
+        return self
+
+    @model_validator(mode="after")
+    def _teams_runs_can_be_decided(self) -> PlatformSettings:
+        """A member who is their team's only approver could never have a run decided where self-approval is refused."""
+        if not self.pipeline.forbid_self_approval:
+            return self
+        problems = [
+            f"teams[{i}] ({team.name}): {member} is both a member and the team's only approver, and "
+            "pipeline.forbid_self_approval refuses a decision by whoever started the run, so no one could decide "
+            "their runs: name another approver, or remove the team's approvers (the platform's approvers decide)"
+            for i, team in enumerate(self.teams)
+            for member in team.members
+            if {Principal.parse(a) for a in team.approvers} == {Principal.parse(member)}
+        ]
+        if problems:
+            raise ValueError("\n    ".join(["a team's runs could not be decided:", *problems]))
         return self
 
     @model_validator(mode="after")

@@ -417,19 +417,20 @@ def pending(
     cursor: Annotated[str | None, typer.Option(help="the `next` value of the previous page")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Approval requests waiting for a decision, newest first."""
+    """Approval requests waiting for your decision, newest first."""
     t = target(stage, region, "", decision_url)
     page = {"cursor": cursor, "limit": None if limit is None else str(limit)}
     answer = _decision_call(t, "GET", None, {k: v for k, v in page.items() if v} or None)
     if as_json:
         out.print_json(data=answer)
         return
-    table = Table("request id", "gate", "run", "requested by", "estimate")
+    table = Table("request id", "gate", "run", "team", "requested by", "estimate")
     table.columns[0].overflow = "fold"  # an id to paste into tp approve: never cut
     for request in answer.get("pending", []):
         summary = json.loads(request.get("summary") or "{}")
         cost = f"${summary['max_cost_usd']:,.2f}" if isinstance(summary.get("max_cost_usd"), int | float) else ""
-        table.add_row(*(str(request.get(k, "")) for k in ("request_id", "gate", "run_name", "requested_by")), cost)
+        shown = ("request_id", "gate", "run_name", "team", "requested_by")
+        table.add_row(*(str(request.get(k) or "") for k in shown), cost)
     out.print(table)
     if answer.get("next"):
         out.print(f"more: --cursor {answer['next']}", markup=False, highlight=False)
@@ -453,7 +454,7 @@ def approve(
     decision_url: DecisionUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """Approve a pending request (as one of the platform's approvers)."""
+    """Approve a pending request (as an approver of its run's team, or of the platform)."""
     _decide("approve", request_id, reason, target(stage, region, "", decision_url), as_json)
 
 
@@ -467,7 +468,7 @@ def reject(
     decision_url: DecisionUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """Reject a pending request (as one of the platform's approvers)."""
+    """Reject a pending request (as an approver of its run's team, or of the platform)."""
     _decide("reject", request_id, reason, target(stage, region, "", decision_url), as_json)
 
 

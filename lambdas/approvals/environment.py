@@ -21,7 +21,9 @@ class TokenKeyEnvironment(ApprovalsEnvironment):
 
 class DecideEnvironment(TokenKeyEnvironment):
     approvers: list[str]
-    """The principals (role or user ARNs) who may list and decide requests."""
+    """The platform's approvers (role or user ARNs): they decide the runs no team's approvers decide."""
+    team_approvers: dict[str, list[str]]
+    """Each team that names approvers: their ARNs; they alone decide the team's runs."""
     forbid_self_approval: bool
 
 

@@ -6,8 +6,9 @@ it resumed with is the one `decide` recorded. `report_pending`: on a schedule, c
 age of the oldest, as metrics. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
 granted lambda:InvokeFunctionUrl reach it), it takes the caller's identity from a proof STS
 attests (lambdas/approvals/identity.py), never from the event, so a direct invocation with a
-made-up request context decides nothing. Only approvers may list or decide. Neither handler
-ever logs its event.
+made-up request context decides nothing. A run's gates are decided by its team's approvers when the
+team names any, else by the platform's (lambdas/approvals/deciders.py); each approver lists only the
+requests they may decide. Neither handler ever logs its event.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from lambdas.approvals import identity
+from lambdas.approvals.deciders import Deciders
 from lambdas.approvals.environment import (
     ApprovalsEnvironment,
     DecideEnvironment,
@@ -122,7 +124,10 @@ def notification(request_id: str, event: dict[str, Any], url: str, timeout_hours
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Event: {gate, token, execution, run_name, summary}; the execution waits on the token."""
+    """Event: {gate, token, execution, run_name, requested_by, team, summary}; the execution waits on the token.
+
+    The notification carries the run's `team` as an attribute (when it has one): the team's addresses subscribe to it.
+    """
     environment = RequestEnvironment.from_environ()
     timeout_hours = environment.approval_timeout_hours
     request_id = _store(environment).create(
@@ -132,15 +137,16 @@ def request(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         run_name=event["run_name"],
         summary=event["summary"],
         requested_by=event.get("requested_by"),
+        team=event.get("team"),
         timeout_hours=timeout_hours,
         now=now_utc(),
     )
     subject, body = notification(request_id, event, environment.decision_url, timeout_hours)
+    attributes = {"kind": {"DataType": "String", "StringValue": "approval"}}
+    if event.get("team"):
+        attributes["team"] = {"DataType": "String", "StringValue": event["team"]}
     boto3.client("sns").publish(
-        TopicArn=environment.topic_arn,
-        Subject=subject,
-        Message=body,
-        MessageAttributes={"kind": {"DataType": "String", "StringValue": "approval"}},
+        TopicArn=environment.topic_arn, Subject=subject, Message=body, MessageAttributes=attributes
     )
     logger.info("approval requested", extra={"request_id": request_id, "gate": event["gate"]})
     metrics.record(Metric.APPROVALS_REQUESTED)
@@ -155,10 +161,14 @@ def _region() -> str:
     return str(boto3.session.Session().region_name)
 
 
+def _deciders(environment: DecideEnvironment) -> Deciders:
+    return Deciders.of(environment.approvers, environment.team_approvers)
+
+
 def _caller(
     event: dict[str, Any], purpose: str, request: dict[str, Any], environment: DecideEnvironment
 ) -> tuple[str, Principal]:
-    """Who signed this call's identity proof (for exactly this request), and whether they approve here."""
+    """Who signed this call's identity proof (for exactly this request), if they approve anything here."""
     headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
     caller = identity.verify(
         headers.get(identity.PROOF_HEADER),
@@ -167,18 +177,26 @@ def _caller(
         now=now_utc(),
     )
     principal = Principal.parse(caller)
-    if principal not in {Principal.parse(arn) for arn in environment.approvers}:
-        raise IdentityError(403, f"{principal} is not an approver of this platform (settings: approvers)")
+    if not _deciders(environment).decide_anything(principal):
+        raise IdentityError(
+            403, f"{principal} is not an approver of this platform (settings: approvers, teams[].approvers)"
+        )
     return caller, principal
 
 
 def _list(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvironment) -> dict[str, Any]:
     query = event.get("queryStringParameters") or {}
     asked = {"cursor": query.get("cursor") or "", "limit": query.get("limit") or str(PAGE_SIZE)}
-    _caller(event, "list", asked, environment)
+    _, principal = _caller(event, "list", asked, environment)
     if not asked["limit"].isdigit() or not 1 <= int(asked["limit"]) <= PAGE_SIZE:
         return _response(400, {"error": f"limit must be a whole number from 1 to {PAGE_SIZE}"})
-    return _response(200, store.pending(cursor=asked["cursor"] or None, limit=int(asked["limit"])))
+    deciders = _deciders(environment)
+    page = store.pending(
+        cursor=asked["cursor"] or None,
+        limit=int(asked["limit"]),
+        of_teams=lambda team: deciders.may_decide(principal, team),
+    )
+    return _response(200, page)
 
 
 def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvironment) -> dict[str, Any]:
@@ -188,6 +206,7 @@ def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvi
         **asked,
         caller=caller,
         principal=str(principal),
+        deciders=_deciders(environment),
         forbid_self_approval=environment.forbid_self_approval,
         now=now_utc(),
     )
@@ -202,7 +221,8 @@ def _decide(event: dict[str, Any], store: ApprovalStore, environment: DecideEnvi
 @logger.inject_lambda_context(log_event=False)
 @metrics.flushed
 def decide(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """Function URL (payload v2): GET lists pending requests (`?limit=&cursor=` pages); POST decides one.
+    """Function URL (payload v2): GET lists the pending requests the caller may decide (`?limit=&cursor=` pages);
+    POST decides one.
 
     Every call carries an identity proof for what it asks (`tp` builds it).
     """

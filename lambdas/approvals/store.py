@@ -14,12 +14,15 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lambdas.approvals.deciders import Deciders
+from lambdas.approvals.identity import Principal
 from lambdas.execution_state import Decision
 
 PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
@@ -70,6 +73,7 @@ class ApprovalStore:
         run_name: str,
         summary: dict[str, Any],
         requested_by: str | None,
+        team: str | None,
         timeout_hours: int,
         now: datetime,
     ) -> str:
@@ -88,6 +92,8 @@ class ApprovalStore:
         }
         if requested_by:
             item["requested_by"] = requested_by
+        if team:
+            item["team"] = team
         item["sealed_token"] = self._seal(token, token_context(item))
         try:
             self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(request_id)")
@@ -96,22 +102,70 @@ class ApprovalStore:
                 raise
         return request_id
 
-    def pending(self, *, cursor: str | None = None, limit: int = PAGE_SIZE) -> dict[str, Any]:
-        """One page of open requests, newest first (the index holds no tokens); `next` continues it."""
-        query: dict[str, Any] = {
-            "IndexName": PENDING_INDEX,
-            "KeyConditionExpression": "#s = :p",
-            "ExpressionAttributeNames": {"#s": "status"},
-            "ExpressionAttributeValues": {":p": PENDING},
-            "ScanIndexForward": False,
-            "Limit": limit,
-        }
-        if cursor:
-            query["ExclusiveStartKey"] = _decode_cursor(cursor)
-        page = self.table.query(**query)
-        items = [{k: v for k, v in item.items() if k not in ("sealed_token", "ttl")} for item in page["Items"]]
-        last = page.get("LastEvaluatedKey")
-        return {"pending": items, "next": _encode_cursor(last) if last else None}
+    def pending(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = PAGE_SIZE,
+        of_teams: Callable[[str | None], bool] | None = None,
+    ) -> dict[str, Any]:
+        """One page of open requests, newest first (the index holds no tokens); `next` continues it.
+
+        With `of_teams`, only the requests whose run's team (None: no team) it accepts, each with its
+        `team`; the page is filled from as many index pages as it takes.
+        """
+        shown: list[dict[str, Any]] = []
+        start = _decode_cursor(cursor) if cursor else None
+        while True:
+            query: dict[str, Any] = {
+                "IndexName": PENDING_INDEX,
+                "KeyConditionExpression": "#s = :p",
+                "ExpressionAttributeNames": {"#s": "status"},
+                "ExpressionAttributeValues": {":p": PENDING},
+                "ScanIndexForward": False,
+                "Limit": limit,
+            }
+            if start:
+                query["ExclusiveStartKey"] = start
+            page = self.table.query(**query)
+            items = [{k: v for k, v in item.items() if k not in ("sealed_token", "ttl")} for item in page["Items"]]
+            last = page.get("LastEvaluatedKey")
+            if of_teams is None:
+                return {"pending": items, "next": _encode_cursor(last) if last else None}
+            teams = self._teams([item["request_id"] for item in items])
+            for i, item in enumerate(items):
+                team = teams.get(item["request_id"])
+                if not of_teams(team):
+                    continue
+                shown.append({**item, "team": team})
+                if len(shown) == limit:
+                    more = (
+                        last if i == len(items) - 1 else {k: item[k] for k in ("request_id", "status", "requested_at")}
+                    )
+                    return {"pending": shown, "next": _encode_cursor(more) if more else None}
+            if not last:
+                return {"pending": shown, "next": None}
+            start = last
+
+    def _teams(self, request_ids: list[str]) -> dict[str, str | None]:
+        """The team of each request (None: none); the pending index does not hold it."""
+        found: dict[str, str | None] = {}
+        keys: list[dict[str, Any]] = [{"request_id": request_id} for request_id in request_ids]
+        while keys:
+            # The resource's own client: it (de)serializes attribute values as the table does.
+            answer = self.table.meta.client.batch_get_item(
+                RequestItems={
+                    self.table.name: {
+                        "Keys": keys,
+                        "ProjectionExpression": "#id, #t",
+                        "ExpressionAttributeNames": {"#id": "request_id", "#t": "team"},
+                    }
+                }
+            )
+            for item in answer["Responses"].get(self.table.name, []):
+                found[item["request_id"]] = item.get("team")
+            keys = answer.get("UnprocessedKeys", {}).get(self.table.name, {}).get("Keys", [])
+        return found
 
     def open_requests(self, *, now: datetime) -> list[dict[str, Any]]:
         """Every request still waiting for a decision (pending and not yet past its deadline), tokens left out."""
@@ -132,19 +186,21 @@ class ApprovalStore:
         reason: str,
         caller: str,
         principal: str,
+        deciders: Deciders,
         forbid_self_approval: bool,
         now: datetime,
     ) -> dict[str, Any]:
         """Record the first decision on a request and resume the execution with it.
 
-        `caller` is who signed (as STS names them), `principal` the approver it counts as; both were
-        checked against the allow-list by the caller of this method.
+        `caller` is who signed (as STS names them), `principal` the approver it counts as; it decides
+        only if `deciders` names it for the request's team.
         """
         item = self._decidable(
             request_id,
             decision=decision,
             reason=reason,
             principal=principal,
+            deciders=deciders,
             forbid_self_approval=forbid_self_approval,
             now=now,
         )
@@ -204,7 +260,15 @@ class ApprovalStore:
         return str(opened["Plaintext"].decode())
 
     def _decidable(
-        self, request_id: str, *, decision: str, reason: str, principal: str, forbid_self_approval: bool, now: datetime
+        self,
+        request_id: str,
+        *,
+        decision: str,
+        reason: str,
+        principal: str,
+        deciders: Deciders,
+        forbid_self_approval: bool,
+        now: datetime,
     ) -> dict[str, Any]:
         """The pending request `principal` may decide, or the DecisionError that says why not."""
         if decision not in DECISIONS:
@@ -216,6 +280,12 @@ class ApprovalStore:
         item: dict[str, Any] | None = self.table.get_item(Key={"request_id": request_id}).get("Item")
         if item is None:
             raise DecisionError(404, f"no approval request {request_id}")
+        team = item.get("team")
+        if not deciders.may_decide(Principal.parse(principal), team):
+            of = f"a run of team {team!r}" if team else "a run without a team"
+            raise DecisionError(
+                403, f"{principal} may not decide request {request_id} ({of}): {deciders.named(team)} do"
+            )
         if item["status"] == EXPIRED:
             raise DecisionError(410, f"request {request_id} expired at {item['expires_at']}: the run was rejected")
         if item["status"] == PENDING and now > datetime.fromisoformat(item["expires_at"]):

@@ -32,9 +32,9 @@ class ApprovalGate(Construct):
     `gate()` adds one gate to a definition: a `.waitForTaskToken` task that stores the request
     (the token sealed under `token_key`) and notifies approvers, then a check that the decision
     it resumed with is the one the decision function recorded. Decisions arrive through a Lambda
-    function URL with AWS_IAM auth that only the configured approver principals may invoke; the
-    handler checks the allow-list again, records who decided and why, and accepts one decision
-    per request.
+    function URL with AWS_IAM auth that only the configured approver principals (the platform's and
+    the teams') may invoke; the handler checks who decides the request's team, records who decided
+    and why, and accepts one decision per request.
     """
 
     def __init__(
@@ -46,6 +46,7 @@ class ApprovalGate(Construct):
         topic: sns.ITopic,
         key: kms.IKey,
         approvers: list[str],
+        team_approvers: dict[str, list[str]],
         forbid_self_approval: bool,
         timeout: Duration,
         vpc: ec2.IVpc,
@@ -83,12 +84,13 @@ class ApprovalGate(Construct):
                 table_name=table.table_name,
                 token_key_arn=self.token_key.key_arn,
                 approvers=sorted(approvers),
+                team_approvers={team: sorted(arns) for team, arns in sorted(team_approvers.items()) if arns},
                 forbid_self_approval=forbid_self_approval,
             ).variables(),
             **placement,
         )
         self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
-        for principal in sorted(approvers):
+        for principal in sorted({*approvers, *(arn for arns in team_approvers.values() for arn in arns)}):
             self.decide.function.grant_invoke_url(iam.ArnPrincipal(principal))
         self.verify = PlatformFunction(
             self,
@@ -116,14 +118,18 @@ class ApprovalGate(Construct):
         )
         self.pending = self._pending_gauge(table_name=table.table_name, key=key, placement=placement)
         # Exactly the calls of lambdas/approvals: the request stores (conditional put) and publishes;
-        # the decision lists, reads and updates; the gauge lists. The platform key encrypts the table
+        # the decision lists (the requests' teams read from the table: the index does not hold them), reads
+        # and updates; the gauge lists. The platform key encrypts the table
         # and the topic.
         pending_index = f"{table.table_arn}/index/{PENDING_INDEX}"
         grants = {
             self.request: {"StoreRequests": (["dynamodb:PutItem"], table.table_arn)},
             self.decide: {
                 "ListPendingRequests": (["dynamodb:Query"], pending_index),
-                "DecideRequests": (["dynamodb:GetItem", "dynamodb:UpdateItem"], table.table_arn),
+                "DecideRequests": (
+                    ["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:UpdateItem"],
+                    table.table_arn,
+                ),
             },
             self.pending: {"ListPendingRequests": (["dynamodb:Query"], pending_index)},
             self.verify: {"ReadDecisions": (["dynamodb:GetItem"], table.table_arn)},
@@ -235,6 +241,7 @@ class ApprovalGate(Construct):
                     "execution": sfn.JsonPath.execution_id,
                     "run_name": sfn.JsonPath.string_at(str(REQUEST.run_name)),
                     "requested_by": sfn.JsonPath.string_at(str(REQUEST.requested_by)),
+                    "team": sfn.JsonPath.string_at(str(REQUEST.team)),
                     "summary": summary,
                 }
             ),

@@ -1,7 +1,8 @@
 """The pipeline's human decisions: the pre-launch gate, and what every gate does on a timeout or a rejection.
 
 The gates share one `ApprovalGate` (its request and decide functions, the decision URL). A run
-whose cost estimate is under the threshold goes straight on; above it, an approver decides. No
+whose cost estimate is under the threshold goes straight on; above it, an approver decides: one of
+the run's team's approvers when the team names any, else one of the platform's. No
 decision within `pipeline.approval_timeout_hours` counts as a rejection.
 """
 
@@ -28,6 +29,7 @@ class Approvals(Construct):
             topic=context.topics.runs,
             key=context.key,
             approvers=context.settings.approvers,
+            team_approvers={team.name: team.approvers for team in context.settings.teams},
             forbid_self_approval=pipeline.forbid_self_approval,
             timeout=Duration.hours(pipeline.approval_timeout_hours),
             vpc=network.vpc,

@@ -82,7 +82,13 @@ class PipelineContext:
             )
             for purpose in ("datasets", "checkpoints", "artifacts")
         )
-        topics = PlatformTopics(stack, "Topics", key=data.key, settings=settings.notifications)
+        topics = PlatformTopics(
+            stack,
+            "Topics",
+            key=data.key,
+            settings=settings.notifications,
+            team_emails={team.name: team.notification_emails for team in settings.teams},
+        )
         teams = (
             TeamQueue(stack, "Teams", capacity=settings.service_environment.capacity, teams=settings.teams)
             if settings.teams

@@ -25,6 +25,7 @@ def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TABLE_NAME", "approvals")
     monkeypatch.setenv("TOKEN_KEY_ARN", "arn:aws:kms:us-east-1:123456789012:key/k")
     monkeypatch.setenv("APPROVERS", json.dumps(["arn:aws:iam::123456789012:role/Approver"]))
+    monkeypatch.setenv("TEAM_APPROVERS", "{}")
     monkeypatch.setenv("FORBID_SELF_APPROVAL", "true")
 
 

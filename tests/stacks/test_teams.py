@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aws_cdk.assertions import Match
+from aws_cdk.assertions import Match, Template
 
 from localrun.cfn import ACCOUNT, REGION
 from localrun.iam_policy import Policy, allows
 from stacks.settings import SettingsError, build_settings
-from tests.conftest import SERVICE_ENVIRONMENT, TEAMS, cdk_context
+from tests.conftest import APPROVER, SERVICE_ENVIRONMENT, TEAMS, cdk_context
 from tests.support.iam import AssemblyIam
 from tests.support.templates import get_att, logical_id, resources, template
 
@@ -285,6 +285,81 @@ def test_each_teams_budget_stops_only_its_own_submissions(variant: Any, variant_
         definition = action["Definition"]["IamActionDefinition"]
         assert definition["Roles"] == [role.arn.rsplit("/", 1)[1]]
         assert action["ActionThreshold"] == {"Type": "PERCENTAGE", "Value": 100}
+
+
+# -- approvals and e-mails -----------------------------------------------------------------------------------
+VISION_LEAD = TEAMS[0]["approvers"][0]
+
+
+def test_a_teams_approvers_decide_its_runs_and_may_call_the_decision_url(variant: Any) -> None:
+    functions = resources(variant, variant.pipeline, "AWS::Lambda::Function")
+    decide = logical_id(variant, variant.pipeline, "AWS::Lambda::Function", "ApprovalDecide")
+    environment = functions[decide]["Properties"]["Environment"]["Variables"]
+    # language names no approvers: the platform's decide its runs.
+    assert json.loads(environment["TEAM_APPROVERS"]) == {"vision": [VISION_LEAD]}
+    assert json.loads(environment["APPROVERS"]) == [APPROVER]
+    url_callers = [
+        p["Properties"]
+        for p in resources(variant, variant.pipeline, "AWS::Lambda::Permission").values()
+        if p["Properties"]["Action"] == "lambda:InvokeFunctionUrl"
+    ]
+    assert sorted(p["Principal"] for p in url_callers) == sorted([APPROVER, VISION_LEAD])
+    assert all(p["FunctionName"] == get_att(decide, "Arn") for p in url_callers)
+
+
+def test_a_teams_addresses_subscribe_once_to_its_runs_and_approval_requests(variant: Any) -> None:
+    subscriptions = [
+        s["Properties"]
+        for s in resources(variant, variant.pipeline, "AWS::SNS::Subscription").values()
+        if s["Properties"]["Endpoint"] == "vision@example.org"
+    ]
+    assert subscriptions == [
+        {
+            "Endpoint": "vision@example.org",
+            "Protocol": "email",
+            "TopicArn": {"Ref": logical_id(variant, variant.pipeline, "AWS::SNS::Topic", "TopicsRuns")},
+            "FilterPolicy": {
+                "$or": [
+                    {"kind": ["approval"], "team": ["vision"]},
+                    {"kind": ["run"], "recipients": ["vision@example.org"]},
+                ]
+            },
+        }
+    ]
+
+
+def test_an_address_both_a_run_email_and_a_teams_has_one_subscription() -> None:
+    from stacks.app_builder import build_platform
+
+    context = cdk_context(**teams_settings())
+    context["platform"]["notifications"] = {
+        "approval_emails": ["vision@example.org"],
+        "run_emails": ["vision@example.org"],
+    }
+    subscriptions = [
+        s["Properties"]
+        for s in Template.from_stack(build_platform(context).pipeline).find_resources("AWS::SNS::Subscription").values()
+        if s["Properties"]["Endpoint"] == "vision@example.org"
+    ]
+    # Every approval request (an approver's inbox) covers the team's; runs only when they name it.
+    assert [s["FilterPolicy"] for s in subscriptions] == [
+        {"$or": [{"kind": ["approval"]}, {"kind": ["run"], "recipients": ["vision@example.org"]}]}
+    ]
+
+
+def test_a_member_who_is_the_teams_only_approver_is_refused_where_self_approval_is() -> None:
+    vision, language = copy.deepcopy(TEAMS)
+    vision["approvers"] = ["arn:aws:iam::123456789012:role/team-roles/VisionScientist"]  # a path: the same role
+    with pytest.raises(SettingsError) as err:
+        build_settings(teams_settings(teams=[vision, language]))
+    assert (
+        "teams[0] (vision): arn:aws:iam::123456789012:role/VisionScientist is both a member and the team's only "
+        "approver" in str(err.value)
+    )
+    allowed = build_settings(teams_settings(teams=[vision, language], pipeline={"forbid_self_approval": False}))
+    assert allowed.teams[0].approvers == vision["approvers"]
+    vision["approvers"].append(VISION_LEAD)  # another approver decides the member's runs
+    assert build_settings(teams_settings(teams=[vision, language])).teams[0].approvers[1] == VISION_LEAD
 
 
 def test_cfn_lint_reports_nothing_on_the_teams_templates(variant: Any) -> None:
