@@ -273,6 +273,12 @@ def _submit_service_job(call: Call) -> list[Request]:
     return requests
 
 
+def service_job_tags(job_id: str) -> dict[str, str]:
+    """The tags of a service job, which IAM evaluates as aws:ResourceTag: none here; the local queue
+    (localrun/service_jobs.py) patches in its jobs' tags."""
+    return {}
+
+
 def _kms_key(call: Call) -> str:
     """The key's ARN: named by KeyId, or (Decrypt of a symmetric ciphertext) by the ciphertext itself."""
     from moto.kms.models import kms_backends  # noqa: PLC0415 - moto loads backends lazily
@@ -315,9 +321,13 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     # The reference names no resource for these two: IAM authorizes them on "*".
     ("batch", "DescribeServiceJob"): _everything("batch:DescribeServiceJob"),
     ("batch", "ListServiceJobs"): _everything("batch:ListServiceJobs"),
-    ("batch", "TerminateServiceJob"): _one(
-        "batch:TerminateServiceJob", lambda c: c.arn("batch", f"service-job/{c.params['jobId']}")
-    ),
+    ("batch", "TerminateServiceJob"): lambda c: [
+        Request(
+            "batch:TerminateServiceJob",
+            c.arn("batch", f"service-job/{c.params['jobId']}"),
+            {f"aws:ResourceTag/{k}": v for k, v in service_job_tags(c.params["jobId"]).items()},
+        )
+    ],
     ("sagemaker", "CreateTrainingJob"): _create_training_job,
     ("sagemaker", "DescribeTrainingJob"): _one("sagemaker:DescribeTrainingJob", _training_job),
     ("sagemaker", "StopTrainingJob"): _one("sagemaker:StopTrainingJob", _training_job),

@@ -55,6 +55,7 @@ from moto.batch import urls as batch_urls
 from moto.batch.responses import BatchResponse
 from moto.core.exceptions import JsonRESTError
 
+from localrun import iam as local_iam
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam import _BATCH_OPERATIONS, acting_as
 
@@ -611,7 +612,7 @@ class LocalServiceJobs:
                 job.status, job.status_reason = "RUNNABLE", attempt.status_reason
                 self._note(f"{job.name}: requeued after preemption {len(job.preemptions)}")
         else:
-            reason = f"Received status from SageMaker: {training.failure_reason or status}"
+            reason = f"Received status from SageMaker: {getattr(training, 'failure_reason', None) or status}"
             attempt.status_reason = reason
             attempts = int((job.request.get("retryStrategy") or {}).get("attempts", 1))
             if len([a for a in job.attempts if not a.preempted]) < attempts:
@@ -681,9 +682,15 @@ class LocalServiceJobs:
             self.terminate(body["jobId"], body.get("reason", ""))
             return "{}"
 
+        def tags(job_id: str) -> dict[str, str]:
+            job = self.jobs.get(job_id)
+            return dict(job.request.get("tags") or {}) if job is not None else {}
+
         routes = {f"{{0}}/v1/{path}$": BatchResponse.dispatch for path in OPERATIONS}
         return [
             mock.patch.dict(batch_urls.url_paths, routes),
+            # IAM judges TerminateServiceJob on the job's tags (aws:ResourceTag).
+            mock.patch.object(local_iam, "service_job_tags", tags),
             *(
                 mock.patch.object(BatchResponse, name, method, create=True)
                 for name, method in (

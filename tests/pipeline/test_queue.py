@@ -27,7 +27,9 @@ from lambdas.validate.api_requests import (
     submit_service_job,
 )
 from localrun.cfn import ACCOUNT
-from localrun.scripted import Poll
+from localrun.clock import Clock
+from localrun.engine import LocalPlatform
+from localrun.scripted import Poll, ScriptedTraining
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from training.layout import split_s3_uri
 
@@ -79,11 +81,19 @@ def progress_polls(pipeline: Pipeline, arn: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def teams(teams_assembly: Path, open_platform: Any) -> Any:
-    def open_(scripts: list[list[Poll]]) -> Pipeline:
-        return open_platform(teams_assembly, scripts=scripts)  # type: ignore[no-any-return]
+def teams(teams_assembly: Path) -> Iterator[Any]:
+    """The teams platform with scripted training; its polls wait a little, so that a stopped execution ends."""
+    opened: list[LocalPlatform] = []
 
-    return open_
+    def open_(scripts: list[list[Poll]]) -> Pipeline:
+        training = ScriptedTraining(scripts=scripts)
+        local = LocalPlatform(teams_assembly, training=training, clock=Clock(wait_scale=0.001))
+        opened.append(local.__enter__())
+        return Pipeline(local, training)
+
+    yield open_
+    for local in opened:
+        local.__exit__(None, None, None)
 
 
 def test_a_teams_run_is_the_sagemaker_request_submitted_to_its_share_and_trained(teams: Any) -> None:
@@ -149,8 +159,8 @@ def test_a_borrowing_job_is_preempted_when_the_lender_submits_and_resumes_from_t
     a1 = pipeline.start(team_input(pipeline, "team-a", "a-one"), name="a1", requester=TEAM_A)
     local.wait(b2, 60, until=lambda: any(p.get("preemptions") for p in progress_polls(pipeline, b2)))
     assert borrowed in pipeline.training.stopped_names
-    waiting = [p for p in progress_polls(pipeline, b2) if p["status"] == "Queued"]
-    assert waiting and waiting[-1]["queued"].startswith("queued for capacity: ")
+    (preempted,) = [j for j in jobs.jobs.values() if j.name.startswith("b-two-")]
+    assert preempted.preemptions[0].status_reason == "Preempted to return capacity lent by share team-a"
     # a1 trains on the capacity it lent; when it ends, b2 starts again as a new training job of the same run.
     local.wait(b2, 90, until=lambda: len(pipeline.training.created_names) == 4)
     resumed = pipeline.training.created_names[3]
@@ -160,20 +170,37 @@ def test_a_borrowing_job_is_preempted_when_the_lender_submits_and_resumes_from_t
     assert any(f"{jobs.jobs[j].name}: requeued after preemption 1" in jobs.log for j in jobs.jobs)
     for arn in (b1, b2, a1):
         local.sfn.stop_execution(executionArn=arn)
-    # Every way out terminates the execution's service jobs (the ended-execution rule runs StopServiceJobs).
-    local.wait(b1, 60, until=lambda: all(j.status in ("SUCCEEDED", "FAILED") for j in jobs.jobs.values()))
+
+    # Every way out terminates the execution's service jobs (the ended-execution rule runs StopServiceJobs): those
+    # still waiting or running; the local scheduler moves on when called, as Batch would on its own.
+    def ended() -> bool:
+        jobs.advance()
+        return all(j.status in ("SUCCEEDED", "FAILED") for j in jobs.jobs.values())
+
+    local.wait(b1, 60, until=ended)
+    cleaned = [
+        c.event["detail"]["executionArn"]
+        for c in local.lambda_calls
+        if c.handler.startswith("lambdas.queue.cleanup") and "detail" in c.event
+    ]
+    assert {b1, b2, a1} <= set(cleaned)
 
 
-def test_a_teams_second_job_waits_while_its_quota_is_full_and_an_aborted_run_frees_it(teams: Any) -> None:
+def test_a_teams_second_job_waits_while_its_quota_is_full_and_is_terminated_when_its_run_is_stopped(
+    teams: Any,
+) -> None:
     pipeline = teams([[RUNNING], [RUNNING]])
-    local = pipeline.local
+    local, jobs = pipeline.local, pipeline.local.service_jobs
     first = pipeline.start(team_input(pipeline, "team-a", "a-first"), name="a-first", requester=TEAM_A)
     local.wait(first, 60, until=lambda: len(pipeline.training.created_names) == 1)
     second = pipeline.start(team_input(pipeline, "team-a", "a-second"), name="a-second", requester=TEAM_A)
     local.wait(second, 60, until=lambda: any(p["status"] == "Queued" for p in progress_polls(pipeline, second)))
     queued = [p for p in progress_polls(pipeline, second) if p["status"] == "Queued"][-1]["queued"]
     assert queued == "queued for capacity: waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge"
-    local.sfn.stop_execution(executionArn=first)
-    local.wait(second, 60, until=lambda: len(pipeline.training.created_names) == 2)
-    assert pipeline.training.created_names[0] in pipeline.training.stopped_names
+    (waiting,) = [j for j in jobs.jobs.values() if j.name.startswith("a-second-")]
+    # Stopped while it waits: no training job to stop, only its service job, which StopServiceJobs terminates.
     local.sfn.stop_execution(executionArn=second)
+    local.wait(second, 60, until=lambda: waiting.terminated)
+    assert waiting.status == "FAILED" and waiting.status_reason.startswith("Stopped by the training platform")
+    assert len(pipeline.training.created_names) == 1
+    local.sfn.stop_execution(executionArn=first)
