@@ -292,6 +292,8 @@ def _team_run(driver: _Driver, run_id: str) -> report.TeamRun:
         ),
         service_job_status=job.status if job is not None else None,
         jobs=jobs,
+        first_started_ms=job.attempts[0].started_at if job is not None and job.attempts else None,
+        ended_ms=job.stopped_at if job is not None else None,
         twin_of=run.uninterrupted_twin_of,
     )
 

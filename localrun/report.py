@@ -408,6 +408,10 @@ class TeamRun:
     """From submission to its first training job; None when it never reached the queue."""
     service_job_status: str | None
     jobs: list[TeamAttempt]
+    first_started_ms: int | None = None
+    """When the scheduler first gave its service job capacity (epoch ms)."""
+    ended_ms: int | None = None
+    """When its service job ended (epoch ms)."""
     twin_of: str | None = None
     twin_matches: bool | None = None
     twin_note: str = ""

@@ -474,8 +474,7 @@ class LocalTraining:
         files: list[tuple[Path, Path]] = []
         for host in local.hosts:
             folder = local.tree(host) / "checkpoints"
-            if folder.exists():
-                files.extend((folder, p) for p in folder.rglob("*") if p.is_file())
+            files.extend((folder, p) for p in _files_under(folder))
         # Manifests last: a checkpoint is complete in S3 only once all of its files are there.
         for folder, path in sorted(files, key=lambda f: (f[1].name == MANIFEST, str(f[1]))):
             key = f"{prefix}{path.relative_to(folder).as_posix()}"
@@ -530,3 +529,9 @@ class LocalTraining:
     def copy_outputs(self, name: str, destination: Path) -> None:
         local = self.jobs[name]
         shutil.copytree(local.tree(local.primary) / "model", destination / "model", dirs_exist_ok=True)
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """The files under `folder` as listed now; a folder the trainer removes meanwhile (a pruned checkpoint) is
+    skipped, where Path.rglob would raise."""
+    return [Path(root) / name for root, _dirs, names in os.walk(folder) for name in names]

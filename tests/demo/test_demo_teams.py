@@ -26,7 +26,7 @@ def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_
     teams_assembly: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parsed = scenario.parse(json.loads(TEAMS_SCENARIO.read_text()))
-    outcome = run_scenario(parsed, out=tmp_path, assembly=teams_assembly, wait_seconds=1.0, timeout_seconds=170)
+    outcome = run_scenario(parsed, out=tmp_path, assembly=teams_assembly, wait_seconds=1.0, timeout_seconds=300)
     assert hosts_left_running(tmp_path) == []
     runs = {run.id: run for run in outcome.runs}
     assert {i: r.status for i, r in runs.items()} == {r.id: r.expect for r in parsed.runs}
@@ -40,8 +40,8 @@ def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_
     assert runs["b-twin"].preemptions == 0
     # team-a's second job waited while its share was full, and started only when the first ended.
     first, second = runs["a-first"], runs["a-second"]
-    assert second.queue_wait_seconds is not None and first.queue_wait_seconds is not None
-    assert second.queue_wait_seconds > first.queue_wait_seconds + 1
+    assert second.first_started_ms is not None and first.ended_ms is not None
+    assert second.first_started_ms >= first.ended_ms
     log = outcome.report.read_text()
     assert "a-second queued: waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge" in capsys.readouterr().out
     # A member of team-b is refused as team-a and with team-a's data; team-a's budget stop refuses team-a only.
