@@ -44,15 +44,26 @@ _RESUMED = re.compile(r"resumed from checkpoint step-(\d+)")
 
 
 def interruptions(logs: str) -> list[tuple[int, int]]:
-    """(last step logged before the interruption, step resumed from), for each resume a training log records."""
+    """(last step logged before the interruption, step resumed from), for each resume after a logged step; a resume
+    before any (`started_from`) is where the log's training began, not an interruption."""
     out: list[tuple[int, int]] = []
-    last = 0
+    last = None
     for line in logs.splitlines():
-        if resumed := _RESUMED.search(line):
+        if (resumed := _RESUMED.search(line)) and last is not None:
             out.append((last, int(resumed.group(1))))
         elif step := _STEP.search(line):
             last = int(step.group(1))
     return out
+
+
+def started_from(logs: str) -> int | None:
+    """The checkpoint step a training log began from (a resume before its first step), or None."""
+    for line in logs.splitlines():
+        if resumed := _RESUMED.search(line):
+            return int(resumed.group(1))
+        if _STEP.search(line):
+            return None
+    return None
 
 
 def checkpoint_steps(checkpoints_uri: str) -> list[int]:

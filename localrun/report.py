@@ -20,7 +20,7 @@ import boto3
 from localrun.cfn import REGION
 from localrun.engine import LocalPlatform
 from localrun.iam import Judgement
-from localrun.jobs import Job, checkpoint_steps, interruptions, loss_curve
+from localrun.jobs import Job, checkpoint_steps, interruptions, loss_curve, started_from
 from localrun.sagemaker_local import LocalTraining
 from training import goodput, stragglers
 from training.goodput import RunLedger
@@ -353,6 +353,8 @@ def _render_job(job: Job, run_dir: Path) -> list[str]:
     lines += [f"Note: {note}" for note in job.notes]
     if job.secondary_status is not None:
         lines.append(f"Secondary statuses: {' -> '.join(job.transitions)}")
+    if (start := started_from(job.log)) is not None:
+        lines.append(f"Started from the checkpoint of step {start}")
     for interrupted, resumed in interruptions(job.log):
         lines.append(f"Interrupted after step {interrupted}; resumed from the checkpoint of step {resumed}")
     lines += [f"Straggler: {straggler}" for straggler in stragglers.named(job.log)]
@@ -450,6 +452,8 @@ def render_teams(runs: list[TeamRun], scheduler_log: list[str], denials: list[Ju
             losses = f"steps {min(job.losses)}-{max(job.losses)}" if job.losses else "no steps"
             ended = f"; {job.status_reason}" if job.status_reason else ""
             lines.append(f"- attempt {number}: training job `{job.name}` ({losses}{ended})")
+            if (start := started_from(job.log)) is not None:
+                lines.append(f"  - resumed from the checkpoint of step {start}")
             lines += [f"  - interrupted after step {i}; resumed from step {r}" for i, r in interruptions(job.log)]
         if run.twin_of is not None:
             verdict = "identical" if run.twin_matches else "NOT identical"

@@ -44,3 +44,14 @@ def test_the_goodput_section_has_the_run_and_each_jobs_parts() -> None:
     )
     (row,) = [line for line in lines if line.startswith("| run-1 ")]
     assert row.startswith("| run-1 | 2 | 100.0 | 0.0 |") and row.endswith("| 60.0% |")
+
+
+def test_a_job_that_began_from_a_checkpoint_was_not_interrupted(tmp_path: Path) -> None:
+    began = "INFO trainer: resumed from checkpoint step-108 (110592 tokens consumed)\nstep=110 loss=2.1\n"
+    lines = _render_job(_job(began), tmp_path)
+    assert "Started from the checkpoint of step 108" in lines
+    assert not [line for line in lines if line.startswith("Interrupted")]
+    restarted = "step=40 loss=3.0\nINFO trainer: resumed from checkpoint step-40\nstep=41 loss=2.9\n"
+    lines = _render_job(_job(restarted), tmp_path)
+    assert "Interrupted after step 40; resumed from the checkpoint of step 40" in lines
+    assert not [line for line in lines if line.startswith("Started from")]
