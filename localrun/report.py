@@ -382,7 +382,7 @@ def _render_iam(facts: RunFacts) -> list[str]:
     return lines
 
 
-# -- teams (localrun/demo_teams.py) -----------------------------------------------------------------
+# -- teams (localrun/demo.py run_scenario) -----------------------------------------------------------------
 @dataclass
 class TeamAttempt:
     """One attempt of a run's service job: its training job, its log and train losses by step."""

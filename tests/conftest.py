@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from localrun.scenario import is_scenario
+
 REPO = Path(__file__).resolve().parents[1]
 # jsii warns on every start that this machine's Node.js is past end of life; the warning is noise here.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -166,3 +168,9 @@ def teams_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     settings = scenario.parse(json.loads(TEAMS_SCENARIO.read_text())).settings
     return synthesize(tmp_path_factory.mktemp("teams"), lambda _: None, settings=settings)
+
+
+EXAMPLE_INPUTS = sorted(
+    path for path in (REPO / "examples").glob("*.json") if not is_scenario(json.loads(path.read_text()))
+)
+"""The examples that are execution inputs (examples/teams.json is a scenario of several, run by the demo)."""

@@ -8,7 +8,7 @@ moving states between parts never replaces a deployed function.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_kms as kms
@@ -27,9 +27,6 @@ from stacks.data_stack import DataStack
 from stacks.naming import bucket_name
 from stacks.network_stack import NetworkStack
 from stacks.settings import PipelineSettings, PlatformSettings
-
-if TYPE_CHECKING:
-    from stacks.pipeline.create_training_job import DistributedTrainingJob
 
 NOTIFY_TIMEOUT = Duration.seconds(30)
 
@@ -60,7 +57,8 @@ class PipelineContext:
     """Every handler made by `function`, by name, in the order they were made."""
     goodput_writers: list[PlatformFunction] = field(default_factory=list)
     """The progress handlers that write jobs' goodput ledgers (and log them), for the dashboard."""
-    _training_job: DistributedTrainingJob | None = None
+    shared: dict[str, Construct] = field(default_factory=dict)
+    """Constructs several steps use, made once by the first that asks (by construct ID)."""
 
     @classmethod
     def create(
@@ -95,16 +93,6 @@ class PipelineContext:
             else None
         )
         return cls(stack, settings, network, data, image, revision, topics, datasets, checkpoints, artifacts, teams)
-
-    @property
-    def training_job(self) -> DistributedTrainingJob:
-        """The SageMaker execution role and CreateTrainingJob request, one for every step that runs SageMaker
-        training jobs (made by the first that asks)."""
-        if self._training_job is None:
-            from stacks.pipeline.create_training_job import DistributedTrainingJob  # noqa: PLC0415 - imports this
-
-            self._training_job = DistributedTrainingJob(self.stack, "Training", context=self)
-        return self._training_job
 
     @property
     def pipeline(self) -> PipelineSettings:

@@ -346,3 +346,13 @@ class DistributedTrainingJob(Construct):
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             )
         )
+
+
+def training_job(context: PipelineContext) -> DistributedTrainingJob:
+    """The SageMaker execution role and CreateTrainingJob request, one for every step that runs SageMaker training
+    jobs (made by the first that asks)."""
+    job = context.shared.get("Training")
+    if job is None:
+        job = context.shared["Training"] = DistributedTrainingJob(context.stack, "Training", context=context)
+    assert isinstance(job, DistributedTrainingJob)
+    return job

@@ -29,6 +29,7 @@ from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.create_training_job import training_job
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     SDK_TIMEOUT_SECONDS,
@@ -55,7 +56,7 @@ class QueueTraining(Construct):
         if context.teams is None:
             raise ValueError("the queue step runs teams' jobs: settings name no teams")
         self._context, self.teams = context, context.teams
-        self.job = context.training_job
+        self.job = training_job(context)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(

@@ -19,6 +19,7 @@ from lambdas.monitor.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
+from stacks.pipeline.create_training_job import training_job
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
@@ -40,7 +41,7 @@ class SageMakerTraining(Construct):
     def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
         super().__init__(scope, id_)
         self._context = context
-        self.job = context.training_job
+        self.job = training_job(context)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(

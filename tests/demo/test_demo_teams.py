@@ -13,7 +13,7 @@ import pytest
 
 from lambdas.backends import BACKENDS
 from localrun import scenario
-from localrun.demo_teams import run_scenario
+from localrun.demo import run_scenario
 from tests.conftest import TEAMS_SCENARIO, hosts_left_running
 
 pytestmark = [

@@ -21,9 +21,9 @@ from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import resolve
 from stacks.settings import settings_from_context
-from tests.conftest import cdk_context
+from tests.conftest import EXAMPLE_INPUTS, cdk_context
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
+EXAMPLES = EXAMPLE_INPUTS
 # The limits cdk.json's settings deploy: every catalog type, a /20 training subnet, Batch on 4 x ml.p5.48xlarge.
 LIMITS = settings_from_context(
     cdk_context(notifications={"run_emails": ["alice@example.org", "ml-engineer@example.org"]})  # the demo's

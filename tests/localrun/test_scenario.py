@@ -21,7 +21,7 @@ def test_the_shipped_scenario_parses_with_its_teams_runs_and_budget_stop() -> No
         "b-own", "b-borrow", "a-first", "a-second", "b-as-a", "b-reads-a", "a-over-budget", "b-twin",
     ]  # fmt: skip
     assert [s.budget_stop for s in scenario.steps if s.budget_stop] == ["team-a"]
-    assert scenario.steps[2].after == After(condition="reached_step", run="b-borrow", step=40)
+    assert scenario.steps[2].after == After(condition="reached_step", run="b-borrow", step=20)
     (twin,) = [r for r in scenario.runs if r.uninterrupted_twin_of]
     assert twin.input == next(r.input for r in scenario.runs if r.id == twin.uninterrupted_twin_of)
     assert is_scenario(SHIPPED) and not is_scenario({"run_name": "x", "model": "tiny"})

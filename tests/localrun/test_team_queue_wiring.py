@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from localrun.cfn import REGION
-from localrun.demo_teams import team_budget_action
+from localrun.demo import team_budget_action
 from localrun.engine import LocalPlatform
 from localrun.iam import STATES
 from localrun.scripted import ScriptedTraining

@@ -105,7 +105,8 @@ def test_a_hand_typed_path_the_models_lack_is_reported() -> None:
         "$.request.instance_typ: TrainingRequest has no field 'instance_typ'; it has run_name, job_name_base, "
         "instance_groups, volume_size_gb, backend, distribution, spot, stopping_condition, poll_seconds, "
         "keep_alive_seconds, hyperparameters, channels, dataset, quality, notify, recipients, requested_by, tags, "
-        "tuning, resume_from, fallback, alternative, heterogeneous, sagemaker_instance_groups, training_groups, "
+        "tuning, resume_from, fallback, team, priority, alternative, heterogeneous, sagemaker_instance_groups, "
+        "training_groups, "
         "cluster, instance_type, instance_count, local_storage, efa, max_runtime_seconds, training_plan, "
         "fallback_left, gpus, allreduce_floor_gbps",
         "$.jobs: no part of the state is called 'jobs'",

@@ -15,7 +15,7 @@ from aws_cdk.assertions import Template
 from constructs import Construct
 from moto import mock_aws
 
-from lambdas.backends import BACKENDS
+from lambdas.backends import BACKENDS, deployed_backends
 from stacks.pipeline.training_step import BackendChoice, by_backend
 from tests.support.templates import resources
 
@@ -111,18 +111,28 @@ def test_validate_accepts_the_backends_the_pipeline_runs(platform: Any) -> None:
     assert json.loads(validate["Environment"]["Variables"]["TRAINING_BACKENDS"]) == ["sagemaker", "batch"]
 
 
-def test_the_pipeline_runs_one_step_per_registered_backend(platform: Any) -> None:
+@pytest.mark.parametrize("teams", [False, True], ids=["shipped", "with teams"])
+def test_the_pipeline_runs_one_step_per_backend_its_settings_deploy(teams: bool, platform: Any, variant: Any) -> None:
+    built = variant if teams else platform
     for name, declared in BACKENDS.items():
-        step = platform.pipeline.node.try_find_child(declared.step_id)
+        step = built.pipeline.node.try_find_child(declared.step_id)
+        if name not in deployed_backends(teams=teams):
+            assert step is None and declared.needs_teams, name
+            continue
         assert type(step).__module__ + "." + type(step).__name__ == declared.step
         assert step.backends == [name]
 
 
-def test_the_budget_stop_denies_what_starts_every_backends_jobs(platform: Any) -> None:
+@pytest.mark.parametrize("teams", [False, True], ids=["shipped", "with teams"])
+def test_the_budget_stop_denies_what_starts_every_deployed_backends_jobs(
+    teams: bool, platform: Any, variant: Any
+) -> None:
+    built = variant if teams else platform
     (deny,) = [
         props
-        for logical, props in resources(platform, platform.pipeline, "AWS::IAM::ManagedPolicy").items()
+        for logical, props in resources(built, built.pipeline, "AWS::IAM::ManagedPolicy").items()
         if "BudgetStopDeny" in logical
     ]
     (statement,) = [s for s in deny["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "NoNewTrainingJobs"]
-    assert sorted(statement["Action"]) == sorted(a for declared in BACKENDS.values() for a in declared.denies)
+    deployed = deployed_backends(teams=teams)
+    assert sorted(statement["Action"]) == sorted(a for name in deployed for a in BACKENDS[name].denies)

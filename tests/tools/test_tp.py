@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import time
 import urllib.parse
@@ -13,6 +14,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from rich.console import Console
 from typer.testing import CliRunner
 
 from localrun.cfn import REGION
@@ -22,7 +24,7 @@ from localrun.engine import REQUESTER
 from localrun.iam import SAGEMAKER
 from localrun.scripted import Poll
 from stacks.settings import PipelineSettings
-from tests.conftest import APPROVER, REPO
+from tests.conftest import APPROVER, EXAMPLE_INPUTS, REPO
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_resume_from import Uploads
 from tests.pipeline.test_trust_storage import _s3_as
@@ -48,7 +50,7 @@ def _answer(output: str) -> Any:
 # -- offline -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.json")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", EXAMPLE_INPUTS, ids=lambda p: p.stem)
 def test_validate_accepts_every_example_on_the_shipped_settings_and_prints_its_estimate(example: Path) -> None:
     result = tp("validate", str(example))
     assert result.exit_code == 0, result.output
@@ -212,7 +214,7 @@ def _lineage(run: str, team: str | None, actual_usd: float) -> dict[str, Any]:
 
 
 @mock_aws
-def test_cost_totals_each_team_and_filters_to_one() -> None:
+def test_cost_totals_each_team_and_filters_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="artifacts")
     for record in (_lineage("a", "vision", 10.0), _lineage("b", "language", 4.0), _lineage("c", "vision", 2.5)):
@@ -237,9 +239,12 @@ def test_cost_totals_each_team_and_filters_to_one() -> None:
     assert [(t["team"], t["actual_usd"]) for t in vision["teams"]] == [("vision", 12.5)]
     assert vision["total"]["actual_usd"] == 12.5
 
-    table = tp("cost", *where, env={"COLUMNS": "200"})
+    # The table as tp prints it, on a console of its own: other tests' platform threads also write to stdout.
+    console = Console(record=True, width=200, file=io.StringIO())
+    monkeypatch.setattr("tools.tp.out", console)
+    table = tp("cost", *where)
     assert table.exit_code == 0, table.output
-    rows = [line.split("│")[1:-1] for line in table.output.splitlines() if "│" in line]
+    rows = [line.split("│")[1:-1] for line in console.export_text().splitlines() if "│" in line]
     cells = {(row[0].strip(), row[1].strip()): row[3].strip() for row in rows}
     assert cells[("team total", "vision")] == "$12.50"
     assert cells[("team total", "(none)")] == "$1.00"
