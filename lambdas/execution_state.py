@@ -312,6 +312,43 @@ class JobProgress(_Model):
     preemptions: int = 0
     """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
 
+    @classmethod
+    def untrained(
+        cls,
+        job_name: str,
+        status: str,
+        secondary_status: str,
+        *,
+        finished: bool = False,
+        error: str | None = None,
+        failure_reason: str = "",
+        **fields: Any,
+    ) -> JobProgress:
+        """A poll of a job with no training to report (yet): no checkpoint age, metrics, billing or cost."""
+        defaults: dict[str, Any] = {
+            "retry_on_new_nodes": False,
+            "interruptions": 0,
+            "checkpoint": None,
+            "checkpoint_age_minutes": None,
+            "stale": False,
+            "warn_stale": False,
+            "stale_warned": False,
+            "final_metrics": {},
+            "billable_seconds": None,
+            "training_seconds": None,
+            "cost": None,
+            "model_artifacts": None,
+        }
+        return cls(
+            job_name=job_name,
+            status=status,
+            secondary_status=secondary_status,
+            finished=finished,
+            error=error,
+            failure_reason=failure_reason,
+            **(defaults | fields),
+        )
+
 
 class Evaluation(_Model):
     passed: bool

@@ -63,25 +63,12 @@ def preemptions(described: dict[str, Any]) -> int:
 def waiting(described: dict[str, Any], event: QueuePoll, checkpoint: dict[str, Any] | None) -> JobProgress:
     """A service job that waits for its share's capacity (first, or again after a preemption)."""
     reason = described.get("statusReason") or "waiting for capacity"
-    return JobProgress(
-        job_name=described["jobName"],
-        status=QUEUED,
-        secondary_status=described["status"],
-        finished=False,
-        error=None,
-        failure_reason="",
-        retry_on_new_nodes=False,
-        interruptions=0,
+    return JobProgress.untrained(
+        described["jobName"],
+        QUEUED,
+        described["status"],
         checkpoint=checkpoint,
-        checkpoint_age_minutes=None,
-        stale=False,
-        warn_stale=False,
         stale_warned=event.previous.stale_warned,
-        final_metrics={},
-        billable_seconds=None,
-        training_seconds=None,
-        cost=None,
-        model_artifacts=None,
         queued=f"queued for capacity: {reason}",
         preemptions=preemptions(described),
     )

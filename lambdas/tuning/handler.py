@@ -36,26 +36,7 @@ def _counters(described: dict[str, Any]) -> tuple[int, int]:
 
 def _progress(name: str, status: str, *, error: str | None, reason: str) -> JobProgress:
     """A JobProgress of the tuning job itself (no trial to report yet, or none to report)."""
-    return JobProgress(
-        job_name=name,
-        status=status,
-        secondary_status=status,
-        finished=status in _ENDED,
-        error=error,
-        failure_reason=reason,
-        retry_on_new_nodes=False,
-        interruptions=0,
-        checkpoint=None,
-        checkpoint_age_minutes=None,
-        stale=False,
-        warn_stale=False,
-        stale_warned=False,
-        final_metrics={},
-        billable_seconds=None,
-        training_seconds=None,
-        cost=None,
-        model_artifacts=None,
-    )
+    return JobProgress.untrained(name, status, status, finished=status in _ENDED, error=error, failure_reason=reason)
 
 
 def trials_total(sagemaker: Any, name: str, *, hourly_usd: float) -> dict[str, Any]:
