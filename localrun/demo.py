@@ -874,7 +874,8 @@ def run_scenario(
         training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
         for run in scenario.runs:
             _seed_datasets(platform, run.input, out / "corpus", detail)
-            platform.person(run.principal)  # the member's role, as the account's SSO would have it
+            # The member's role and tags, as the account's SSO would have them.
+            platform.person(run.principal, tags=scenario.principal_tags.get(run.principal))
         # Every run is tiny: its hyperparameters run as given unless one asks for more than this machine trains.
         training.local_hyperparameters = _local_hyperparameters(scenario.runs[0].input, None, detail)
         try:

@@ -259,6 +259,7 @@ class LocalPlatform:
                 state_machine=self.state_machine_arn,
                 execution_name=name,
                 credentials=credentials.get_frozen_credentials(),
+                artifacts_bucket=self.environment("Validate")["ARTIFACTS_BUCKET"],
             )
         arn = str(
             self.sfn.start_execution(
@@ -305,8 +306,11 @@ class LocalPlatform:
         """Call a platform handler directly (e.g. the approval decision behind the function URL)."""
         return self._run_handler(self.functions.named(function).name, event)
 
-    def person(self, role_arn: str, session_name: str = "person") -> boto3.Session:
-        """A person's AWS session in this account (as SSO would give): the role is created if needed, then assumed."""
+    def person(
+        self, role_arn: str, session_name: str = "person", *, tags: dict[str, str] | None = None
+    ) -> boto3.Session:
+        """A person's AWS session in this account (as SSO would give): the role is created if needed (with `tags`,
+        which then become its principal tags), then assumed."""
         iam = boto3.client("iam", region_name=REGION)
         name = role_arn.rsplit("/", 1)[-1]
         path = "/" + role_arn.split(":role/", 1)[1].rsplit("/", 1)[0] + "/" if role_arn.count("/") > 1 else "/"
@@ -317,6 +321,8 @@ class LocalPlatform:
         }
         with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
             iam.create_role(RoleName=name, Path=path, AssumeRolePolicyDocument=json.dumps(trust))
+        if tags:
+            iam.tag_role(RoleName=name, Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
         credentials = boto3.client("sts", region_name=REGION).assume_role(
             RoleArn=role_arn, RoleSessionName=session_name
         )

@@ -46,6 +46,7 @@ from moto.s3.models import s3_backends
 from moto.stepfunctions.parser.models import stepfunctions_parser_backends
 from moto.sts.models import sts_backends
 
+from lambdas.approvals.identity import BINDING_HEADER
 from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.iam_policy import Decision, Policy, Request, evaluate
 
@@ -552,16 +553,20 @@ class LocalIam:
         )
         # The session is identified by its access key and proven by its session token (moto checks
         # both above); moto's signature recomputation cannot verify S3's chunked uploads, so it runs
-        # only where a signature is what is being tested: an identity proof replayed to STS.
-        if (response.boto3_service_name, response._get_action()) == ("sts", "GetCallerIdentity"):
+        # only where a signature is what is being tested: a proof (bound to its request) replayed.
+        if any(response.headers.get(name) is not None for name in (BINDING_HEADER, BINDING_HEADER.lower())):
             iam_request.check_signature()
         session = iam_request._access_key
         role_name = session._owner_role_name
+        principal = {"aws:PrincipalAccount": ACCOUNT} | {
+            f"aws:PrincipalTag/{tag['Key']}": tag["Value"]
+            for tag in iam_backends[ACCOUNT]["aws"].get_role(role_name).tags
+        }
         for modelled in self._requests(response, resource):
             request = Request(
                 modelled.action,
                 modelled.resource,
-                {**modelled.context, "aws:SecureTransport": url.scheme == "https"},
+                {**modelled.context, **principal, "aws:SecureTransport": url.scheme == "https"},
                 modelled.known_keys,
                 principal=session.arn,
                 principal_role=f"arn:aws:iam::{ACCOUNT}:role/{role_name}",

@@ -3,6 +3,8 @@
 A scenario file is a JSON object, not one execution input:
 
     {"settings": {"service_environment": {...}, "teams": [...]},      merged over the demo's platform settings
+     "principal_tags": {"<IAM role ARN>": {"platform-team": "..."}},    optional: the roles' tags, as the account's
+                                                                        identity provider gives its people
      "steps": [                                                         carried out in order
         {"run": {"id": "a1", "as": "<IAM role ARN>", "input": {...}, "expect": "SUCCEEDED"}, "after": ...},
         {"budget_stop": "<team>", "after": ...}]}
@@ -69,6 +71,8 @@ class Step:
 class Scenario:
     settings: dict[str, Any]
     steps: list[Step] = field(default_factory=list)
+    principal_tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Tags of the roles that start runs, by role ARN (a team's `member_tag` admits the roles tagged with it)."""
 
     @property
     def runs(self) -> list[Run]:
@@ -89,9 +93,25 @@ def parse(document: Any) -> Scenario:
     problems: list[str] = []
     if not isinstance(document, dict):
         raise ScenarioError("a scenario is a JSON object with `settings` and `steps`")
-    unknown = sorted(set(document) - {"settings", "steps", "description"})
+    unknown = sorted(set(document) - {"settings", "steps", "description", "principal_tags"})
     if unknown:
-        problems.append(f"unknown keys {unknown}: a scenario has `settings`, `steps` and an optional `description`")
+        problems.append(
+            f"unknown keys {unknown}: a scenario has `settings`, `steps`, and optionally `principal_tags` and "
+            "`description`"
+        )
+    principal_tags = document.get("principal_tags", {})
+    if not (
+        isinstance(principal_tags, dict)
+        and all(
+            _is_role(arn) and isinstance(tags, dict) and all(isinstance(v, str) for v in [*tags, *tags.values()])
+            for arn, tags in principal_tags.items()
+        )
+    ):
+        problems.append(
+            'principal_tags: give role ARNs and their tags, e.g. {"arn:aws:iam::123456789012:role/Name": '
+            '{"platform-team": "team-b"}}'
+        )
+        principal_tags = {}
     settings = document.get("settings")
     if not isinstance(settings, dict) or not settings.get("teams"):
         problems.append("settings: give the platform settings to merge, with `teams` and `service_environment`")
@@ -123,7 +143,11 @@ def parse(document: Any) -> Scenario:
             steps.append(Step(after=after, run=run))
     if problems:
         raise ScenarioError("the scenario is not valid:\n    " + "\n    ".join(problems))
-    return Scenario(settings=settings, steps=steps)
+    return Scenario(settings=settings, steps=steps, principal_tags=principal_tags)
+
+
+def _is_role(arn: Any) -> bool:
+    return str(arn).startswith("arn:aws:iam::") and ":role/" in str(arn)
 
 
 def _after(raw: Any, where: str, seen: list[str], problems: list[str]) -> After:
@@ -162,7 +186,7 @@ def _run(raw: Any, where: str, seen: list[str], problems: list[str]) -> Run | No
         return None
     if raw["id"] in seen:
         problems.append(f"{where}.id: {raw['id']!r} is used by an earlier run; give each run its own id")
-    if not str(raw["as"]).startswith("arn:aws:iam::") or ":role/" not in str(raw["as"]):
+    if not _is_role(raw["as"]):
         problems.append(f"{where}.as: {raw['as']!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/Name)")
     if not isinstance(raw["input"], dict):
         problems.append(f"{where}.input: give the execution input as an object")

@@ -12,6 +12,8 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from lambdas.approvals.store import PENDING_INDEX
+from lambdas.validate import membership
+from lambdas.validate.api_requests import TEAM_TAG
 from stacks.constructs.buckets import TrainingBuckets
 from stacks.constructs.keys import account_key
 from stacks.constructs.logs import allow_cloudwatch_logs
@@ -34,6 +36,9 @@ class DataStack(Stack):
         super().__init__(scope, id_, termination_protection=True, **kwargs)
         self.key = self._platform_key()
         self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
+        for team in settings.teams:
+            if team.member_tag is not None:
+                self._membership_by_tag(team.name, team.member_tag)
         self.lustre = LustreDataRepository(
             self,
             "Lustre",
@@ -59,6 +64,34 @@ class DataStack(Stack):
             model_package_group_description="Models trained by the distributed training platform, with lineage",
         )
         self.model_registry.apply_removal_policy(RemovalPolicy.RETAIN)
+
+    def _membership_by_tag(self, team: str, member_tag: str) -> None:
+        """Listing the team's membership prefix of the artifacts bucket is for the principals tagged
+        `platform-team` = `member_tag` alone, whatever else their policies allow: Validate replays a starter's
+        signed listing, and S3's answer is IAM's verdict on the starter's tag (lambdas/validate/membership.py)."""
+        bucket = self.buckets.artifacts
+        on_prefix = {"s3:prefix": membership.prefix(team)}
+        tag = f"aws:PrincipalTag/{TEAM_TAG}"
+        name = "".join(part.capitalize() for part in team.split("-"))
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid=f"{name}MembershipOnlyByTag",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringEquals": on_prefix, "StringNotEquals": {tag: member_tag}},
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid=f"{name}MembershipByTag",
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringEquals": {**on_prefix, tag: member_tag, "aws:PrincipalAccount": self.account}},
+            )
+        )
 
     def _platform_key(self) -> kms.Key:
         """The one customer-managed key of the platform's data; AWS services may use it for this account only."""

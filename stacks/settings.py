@@ -442,8 +442,9 @@ class RetrainTrigger(_Model):
     @model_validator(mode="after")
     def _dataset(self) -> RetrainTrigger:
         template = self.template()
-        if "requester_proof" in template:
-            raise ValueError("input: drop `requester_proof`; the trigger proves who starts the run itself")
+        if proofs := [field for field in ("requester_proof", "membership_proof") if field in template]:
+            drop = " and ".join(f"`{p}`" for p in proofs)
+            raise ValueError(f"input: drop {drop}; the trigger proves who starts the run itself")
         fsx = f"{FSX_SCHEME}/datasets/{self.prefix}"
         dataset = template.get("dataset")
         if dataset is not None and (not isinstance(dataset, str) or dataset.rstrip("/") + "/" != fsx):

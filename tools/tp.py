@@ -264,10 +264,17 @@ def _credentials(session: Any) -> Any:
     return credentials.get_frozen_credentials()
 
 
-def with_proof(execution_input: dict[str, Any], state_machine: str, name: str, session: Any) -> dict[str, Any]:
-    """The input plus `requester_proof`, bound to this state machine, execution name and input."""
+def with_proof(
+    execution_input: dict[str, Any], state_machine: str, name: str, session: Any, artifacts_bucket: str | None = None
+) -> dict[str, Any]:
+    """The input plus `requester_proof`, bound to this state machine, execution name and input, and for an input
+    that names a team, `membership_proof` on the artifacts bucket."""
     return start_proof.attach(
-        execution_input, state_machine=state_machine, execution_name=name, credentials=_credentials(session)
+        execution_input,
+        state_machine=state_machine,
+        execution_name=name,
+        credentials=_credentials(session),
+        artifacts_bucket=artifacts_bucket,
     )
 
 
@@ -335,18 +342,22 @@ def start(
     stage: Stage = "dev",
     region: Region = None,
     state_machine: StateMachine = None,
+    artifacts_bucket: ArtifactsBucket = None,
     as_json: AsJson = False,
 ) -> None:
-    """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it)."""
+    """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it) and, for a team's
+    run, of the starter's team tag."""
     execution_input = _read_input(input_file)
     if not isinstance(execution_input, dict):
         err.print(f"{input_file} must hold a JSON object (README: Starting a training run)")
         raise typer.Exit(2)
-    t = target(stage, region, state_machine, "")
+    for_team = isinstance(execution_input.get("team"), str)
+    t = target(stage, region, state_machine, "", artifacts_bucket if for_team else "")
     machine = t.need_state_machine()
     name = name or f"{execution_input.get('run_name', 'run')}-{uuid.uuid4().hex[:8]}"
+    proven = with_proof(execution_input, machine, name, t.session, t.need_artifacts_bucket() if for_team else None)
     started = t.session.client("stepfunctions").start_execution(
-        stateMachineArn=machine, name=name, input=json.dumps(with_proof(execution_input, machine, name, t.session))
+        stateMachineArn=machine, name=name, input=json.dumps(proven)
     )
     if as_json:
         out.print_json(data={"name": name, "execution_arn": started["executionArn"]})

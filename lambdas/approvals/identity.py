@@ -26,8 +26,15 @@ PROOF_HEADER = "x-training-platform-identity"
 BODY = "Action=GetCallerIdentity&Version=2011-06-15"
 CONTENT_TYPE = "application/x-www-form-urlencoded; charset=utf-8"
 MAX_AGE = timedelta(minutes=15)
-_REPLAYED = ("Authorization", "X-Amz-Date", "X-Amz-Security-Token", BINDING_HEADER, "Content-Type")
-_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/sts/aws4_request")
+_REPLAYED = (
+    "Authorization",
+    "X-Amz-Date",
+    "X-Amz-Security-Token",
+    "X-Amz-Content-SHA256",  # S3's (lambdas/validate/membership.py)
+    BINDING_HEADER,
+    "Content-Type",
+)
+_SCOPE = re.compile(r"Credential=([^/]+)/\d{8}/([a-z0-9-]+)/([a-z0-9-]+)/aws4_request")
 _SIGNED = re.compile(r"SignedHeaders=([^,\s]+)")
 _PRINCIPAL = re.compile(r"^arn:(aws[a-z-]*):(iam|sts)::(\d{12}):(role|user|assumed-role)/(.+)$")
 
@@ -58,8 +65,17 @@ def make_proof(credentials: Any, region: str, bound_to: str) -> str:
         headers={"Content-Type": CONTENT_TYPE, BINDING_HEADER: bound_to},
     )
     SigV4Auth(credentials, "sts", region).add_auth(request)
-    headers = {name: request.headers[name] for name in _REPLAYED if name in request.headers}
-    return base64.b64encode(json.dumps(headers).encode()).decode()
+    return as_proof(request.headers)
+
+
+def as_proof(headers: Mapping[str, str | bytes]) -> str:
+    """A signed request's headers that a replay needs, as a header value (base64 of a JSON object)."""
+    replayed = {name: _text(headers[name]) for name in _REPLAYED if name in headers}
+    return base64.b64encode(json.dumps(replayed).encode()).decode()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def signature_digest(proof: str | None) -> str:
@@ -106,15 +122,31 @@ def _proof_headers(proof: str | None) -> dict[str, str]:
     return {name: headers[name] for name in _REPLAYED if name in headers}
 
 
+def access_key(proof: str | None) -> str:
+    """The access key that signed a proof (a session's, for temporary credentials): two proofs signed with the
+    same key were signed by the same principal."""
+    scope = _SCOPE.search(_proof_headers(proof).get("Authorization", ""))
+    if scope is None:
+        raise IdentityError(403, "the identity proof is not a SigV4 signature")
+    return scope.group(1)
+
+
 def check(
-    proof: str | None, *, bound_to: str, region: str, now: datetime, max_age: timedelta = MAX_AGE
+    proof: str | None,
+    *,
+    bound_to: str,
+    region: str,
+    now: datetime,
+    max_age: timedelta = MAX_AGE,
+    service: str = "sts",
 ) -> dict[str, str]:
-    """The proof's headers, once they are fresh (signed within `max_age`), for this Region's STS and this request."""
+    """The proof's headers, once they are fresh (signed within `max_age`), for this Region's `service` and this
+    request."""
     headers = _proof_headers(proof)
     authorization = headers.get("Authorization", "")
     scope, signed = _SCOPE.search(authorization), _SIGNED.search(authorization)
-    if scope is None or signed is None or scope.group(1) != region:
-        raise IdentityError(403, f"the identity proof must be a SigV4 signature for STS in {region}")
+    if scope is None or signed is None or scope.group(2, 3) != (region, service):
+        raise IdentityError(403, f"the identity proof must be a SigV4 signature for {service.upper()} in {region}")
     if BINDING_HEADER.lower() not in signed.group(1).split(";") or headers.get(BINDING_HEADER) != bound_to:
         raise IdentityError(403, "the identity proof was made for another request; sign a new one for this one")
     try:

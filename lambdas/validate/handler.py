@@ -11,7 +11,7 @@ from aws_lambda_powertools import Logger
 from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest, Problem, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate import budget, resume, start_proof, teams
+from lambdas.validate import budget, membership, resume, start_proof, teams
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import resolve
 
@@ -74,10 +74,20 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     limits = PlatformLimits.from_environment()
     requester_tag = None
     if isinstance(event["input"], dict) and (
-        principal := teams.tag_to_read(event["input"].get("team"), requested_by, limits.teams)
+        team := teams.tag_to_prove(event["input"].get("team"), requested_by, limits.teams)
     ):
-        # Membership by the principal's `platform-team` tag; an error reading it is a platform fault (raised).
-        requester_tag = teams.principal_team_tag(boto3.client("iam"), principal)
+        # Membership by the principal's `platform-team` tag, as IAM judges it; a failed call is a platform fault.
+        try:
+            if start_proof.prove_membership(
+                event["input"],
+                execution_arn=event["execution"],
+                team=team.name,
+                bucket=limits.artifacts_bucket,
+                now=datetime.now(UTC),
+            ):
+                requester_tag = team.member_tag
+        except start_proof.ProofError as exc:
+            problems.append(Problem(membership.FIELD, event["input"].get(membership.FIELD), str(exc)))
     continues = None
     if isinstance(event["input"], dict) and isinstance(event["input"].get(resume.FIELD), str):
         try:

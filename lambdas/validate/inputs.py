@@ -111,6 +111,11 @@ class ExecutionInput(BaseModel):
         description="Who starts the run, proven by `tp start` (good for 5 minutes, once); required "
         "while pipeline.forbid_self_approval is on (the default).",
     )
+    membership_proof: str | None = Field(
+        None,
+        description="That the starter carries its team's `platform-team` principal tag, signed by `tp start` with "
+        "the requester_proof; needed when the team's `members` do not name the starter.",
+    )
     resume_from: str | None = Field(
         None,
         description="Continue an ended run of yours from its newest checkpoint the platform recorded: its execution"

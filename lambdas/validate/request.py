@@ -534,8 +534,8 @@ def resolve(
 
     The one entry for Validate and offline callers (`resolve(input_dict, limits=limits)`): the schema's
     and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
-    resume.find found it. `requester_tag` is the requester's `platform-team` tag as the handler read it
-    (teams.tag_to_read); `check_membership` False leaves who starts a team's run unjudged, for offline checks that
+    resume.find found it. `requester_tag` is the requester's `platform-team` tag as IAM proved it
+    (teams.tag_to_prove); `check_membership` False leaves who starts a team's run unjudged, for offline checks that
     know no requester.
     """
     request, schema, rejected, alternatives = _parse(event, limits)

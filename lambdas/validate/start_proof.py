@@ -7,6 +7,9 @@ signature is recorded with a conditional write against the execution's ARN and s
 alone comes back when a deployment replaces the state machine), so the same proof cannot start a
 second run, and a retried Validate of the same execution finds its own record and goes on. Validate then drops
 the proof from the execution's state: only the proven identity travels on.
+
+An input that names a team carries a second proof, bound the same way and signed with the same credentials: the
+membership proof of lambdas/validate/membership.py, which lets IAM judge the starter's `platform-team` tag.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from lambdas.approvals import identity
+from lambdas.validate import membership
 
 FIELD = "requester_proof"
 """The execution input's field that holds the proof."""
@@ -39,8 +43,8 @@ def execution_parts(execution_arn: str) -> tuple[str, str]:
 
 
 def without_proof(execution_input: dict[str, Any]) -> dict[str, Any]:
-    """The input as the run carries it on: everything but the proof."""
-    return {k: v for k, v in execution_input.items() if k != FIELD}
+    """The input as the run carries it on: everything but the proofs."""
+    return {k: v for k, v in execution_input.items() if k not in (FIELD, membership.FIELD)}
 
 
 def binding(execution_input: dict[str, Any], *, state_machine: str, execution_name: str) -> str:
@@ -57,12 +61,53 @@ def binding(execution_input: dict[str, Any], *, state_machine: str, execution_na
 
 
 def attach(
-    execution_input: dict[str, Any], *, state_machine: str, execution_name: str, credentials: Any
+    execution_input: dict[str, Any],
+    *,
+    state_machine: str,
+    execution_name: str,
+    credentials: Any,
+    artifacts_bucket: str | None = None,
 ) -> dict[str, Any]:
-    """The starter's side: the input plus a proof signed with `credentials` (botocore credentials)."""
+    """The starter's side: the input plus a proof signed with `credentials` (botocore credentials), and, when the
+    input names a team and `artifacts_bucket` is given, the membership proof of that team."""
     region = state_machine.split(":")[3]
     bound_to = binding(execution_input, state_machine=state_machine, execution_name=execution_name)
-    return {**without_proof(execution_input), FIELD: identity.make_proof(credentials, region, bound_to)}
+    proven = {**without_proof(execution_input), FIELD: identity.make_proof(credentials, region, bound_to)}
+    team = execution_input.get("team")
+    if isinstance(team, str) and artifacts_bucket:
+        proven[membership.FIELD] = membership.sign(
+            credentials, bucket=artifacts_bucket, team=team, region=region, bound_to=bound_to
+        )
+    return proven
+
+
+def prove_membership(
+    execution_input: dict[str, Any], *, execution_arn: str, team: str, bucket: str, now: datetime, s3: Any = None
+) -> bool:
+    """Whether IAM lets the start proof's signer list `team`'s membership prefix (its `platform-team` tag is the
+    team's `member_tag`). Call it only once `prove` accepted the start proof; ProofError if the membership proof
+    is missing or does not hold."""
+    state_machine, execution_name = execution_parts(execution_arn)
+    proof = execution_input.get(membership.FIELD)
+    if proof is None:
+        raise ProofError(
+            f"{membership.FIELD}: a run of team {team!r} started by a principal its `members` do not name must "
+            "prove the principal's team tag; start it with `tp start`, which adds the proof"
+        )
+    try:
+        return membership.verify(
+            proof,
+            bucket=bucket,
+            team=team,
+            region=state_machine.split(":")[3],
+            bound_to=binding(execution_input, state_machine=state_machine, execution_name=execution_name),
+            signer_key=identity.access_key(execution_input.get(FIELD)),
+            now=now,
+            max_age=WINDOW,
+            s3=s3,
+        )
+    except membership.MembershipProofError as exc:
+        raise ProofError(str(exc)) from None
 
 
 def prove(

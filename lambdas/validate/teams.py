@@ -2,8 +2,9 @@
 which shape of its quota share; and what a team's run carries (its cost tag, its e-mails).
 
 The settings build these models (`PlatformSettings.platform_limits`) and the stack writes them into Validate's
-environment (lambdas/validate/limits.py). Membership by tag needs an IAM read of the requester's tags, which the
-handler does (`tag_to_read`, `principal_team_tag`) before `resolve` judges the rest (`team_problems`).
+environment (lambdas/validate/limits.py). Membership by tag is IAM's verdict on the requester's membership proof,
+which the handler obtains (`tag_to_prove`, lambdas/validate/membership.py) before `resolve` judges the rest
+(`team_problems`).
 """
 
 from __future__ import annotations
@@ -84,24 +85,15 @@ def named_team(name: str | None, teams: Sequence[Team]) -> Team | None:
     return next((team for team in teams if team.name == name), None)
 
 
-def tag_to_read(team_name: Any, requested_by: str | None, teams: Sequence[Team]) -> Principal | None:
-    """The principal whose `platform-team` tag decides whether it is a member, when only the tag can: the input
-    names a team with a member_tag, and the team's `members` do not list the proven requester."""
+def tag_to_prove(team_name: Any, requested_by: str | None, teams: Sequence[Team]) -> Team | None:
+    """The team whose `member_tag` the proven requester must be shown to carry, when only the tag can make it a
+    member: the input names a team with a member_tag, and the team's `members` do not list the requester (its
+    proof: lambdas/validate/membership.py)."""
     team = named_team(team_name, teams) if isinstance(team_name, str) else None
-    principal = _principal(requested_by)
-    if team is None or team.member_tag is None or principal is None or team.listed(principal):
+    if team is None or team.member_tag is None or requested_by is None:
         return None
-    return principal
-
-
-def principal_team_tag(iam: Any, principal: Principal) -> str | None:
-    """The principal's `platform-team` tag value (None without one). An error reading it is the caller's fault to
-    raise: a transient platform fault, not a refusal of the run."""
-    if principal.kind == "role":
-        pages = iam.get_paginator("list_role_tags").paginate(RoleName=principal.name)
-    else:
-        pages = iam.get_paginator("list_user_tags").paginate(UserName=principal.name)
-    return next((tag["Value"] for page in pages for tag in page["Tags"] if tag["Key"] == TEAM_TAG), None)
+    principal = _principal(requested_by)
+    return None if principal is not None and team.listed(principal) else team
 
 
 def dataset_key(uri: str, datasets_bucket: str) -> str | None:
@@ -143,9 +135,9 @@ def team_problems(
     """Why the request's team (or its lack of one) cannot run it, one line each with what to do (empty when it can).
 
     `instance_type` and `instance_count` are the cluster's (None: the cluster check refused it), `requester_tag`
-    the requester's `platform-team` tag as the handler read it, `continues_team` the team of the run `resume_from`
-    names (None: none, or a run of no team). Without `check_membership` (offline checks, which know no requester) who
-    starts the run is not judged.
+    the requester's `platform-team` tag as IAM proved it (the team's member_tag, or None), `continues_team` the
+    team of the run `resume_from` names (None: none, or a run of no team). Without `check_membership` (offline
+    checks, which know no requester) who starts the run is not judged.
     """
     problems: list[str] = []
     team = named_team(request.team, teams)

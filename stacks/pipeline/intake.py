@@ -105,30 +105,10 @@ class Intake(Construct):
             iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])
         )
         acknowledge_wildcard(function.role, records, "Reads the ledger of the run an input's resume_from names.")
-        if any(team.member_tag for team in settings.teams):
-            Intake._read_member_tags(function)
         # Recording a used proof is a conditional PutItem; nothing else on the table.
         context.data.start_proofs.grant(function.function, "dynamodb:PutItem")
         context.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
         return function
-
-    @staticmethod
-    def _read_member_tags(function: PlatformFunction) -> None:
-        """A team's member may be so by its principal tag `platform-team` (settings teams[].member_tag): Validate
-        reads the tags of the role or user that proved it starts a run (lambdas/validate/teams.py)."""
-        stack = Stack.of(function)
-        for sid, action, kind in (
-            ("ReadRoleTags", "iam:ListRoleTags", "role"),
-            ("ReadUserTags", "iam:ListUserTags", "user"),
-        ):
-            principals = stack.format_arn(service="iam", region="", resource=kind, resource_name="*")
-            function.function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=[action], resources=[principals]))
-            acknowledge_wildcard(
-                function.role,
-                principals,
-                f"Any {kind} of the account may start a run and claim a team; only its tags are read (List access), "
-                "to judge membership by the platform-team tag.",
-            )
 
     def read_ended_runs(self, state_machine: sfn.StateMachine, execution_key: ExecutionDataKey) -> None:
         """Let Validate read the executions of `state_machine` that `resume_from` names: status and history.

@@ -45,9 +45,11 @@ def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_
     log = outcome.report.read_text()
     assert "a-second queued: waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge" in capsys.readouterr().out
     # A member of team-b is refused as team-a and with team-a's data; team-a's budget stop refuses team-a only.
-    for refused in ("b-as-a", "b-reads-a", "a-over-budget"):
+    for refused in ("b-as-a", "b-reads-a", "a-as-b", "a-over-budget"):
         assert runs[refused].jobs == [] and runs[refused].status == "FAILED", runs[refused]
     assert "team-a" in str(runs["b-as-a"].cause) and "team-a/" in str(runs["b-reads-a"].cause)
+    # team-b admits its members by tag: its tagged member ran, team-a's untagged one was refused by IAM's verdict.
+    assert "is not a member of team 'team-b'" in str(runs["a-as-b"].cause), runs["a-as-b"].cause
     assert runs["b-twin"].status == "SUCCEEDED"
     assert "## The queue's scheduler" in log and "b-borrow" in log
     assert outcome.as_expected

@@ -14,12 +14,16 @@ from tests.conftest import TEAMS_SCENARIO
 SHIPPED = json.loads(TEAMS_SCENARIO.read_text())
 
 
+ROLE = "arn:aws:iam::123456789012:role/TeamBScientist"
+
+
 def test_the_shipped_scenario_parses_with_its_teams_runs_and_budget_stop() -> None:
     scenario = parse(SHIPPED)
     assert scenario.teams == ["team-a", "team-b"]
     assert [r.id for r in scenario.runs] == [
-        "b-own", "b-borrow", "a-first", "a-second", "b-as-a", "b-reads-a", "a-over-budget", "b-twin",
+        "b-own", "b-borrow", "a-first", "a-second", "b-as-a", "b-reads-a", "a-as-b", "a-over-budget", "b-twin",
     ]  # fmt: skip
+    assert scenario.principal_tags == {ROLE: {"platform-team": "team-b"}}
     assert [s.budget_stop for s in scenario.steps if s.budget_stop] == ["team-a"]
     assert scenario.steps[2].after == After(condition="reached_step", run="b-borrow", step=20)
     (twin,) = [r for r in scenario.runs if r.uninterrupted_twin_of]
@@ -50,7 +54,9 @@ def _broken(change: Any) -> str:
         (lambda d: d["steps"][1].update(after={"soon": "b-own"}), "steps[1].after: give seconds, or one of started"),
         (lambda d: d["steps"][1].update(after=-1), "steps[1].after: -1 seconds; give 0 or more"),
         (lambda d: d["steps"][2].update(after={"reached_step": "b-own"}), "reached_step takes [run id, step]"),
-        (lambda d: d["steps"][6].update(budget_stop="team-c"), "'team-c' is not a team of settings.teams"),
+        (lambda d: d["steps"][7].update(budget_stop="team-c"), "'team-c' is not a team of settings.teams"),
+        (lambda d: d.update(principal_tags={"TeamB": {"platform-team": "b"}}), "principal_tags: give role ARNs"),
+        (lambda d: d.update(principal_tags={ROLE: {"platform-team": 2}}), "principal_tags: give role ARNs"),
         (
             lambda d: d["steps"][8]["run"].update(uninterrupted_twin_of="b-later"),
             "steps[8].run.uninterrupted_twin_of: 'b-later' names no earlier run",
@@ -64,6 +70,6 @@ def test_a_broken_scenario_is_refused_saying_what_to_fix(change: Any, message: s
 def test_every_problem_is_named_at_once() -> None:
     def two(document: dict[str, Any]) -> None:
         document["steps"][0]["run"]["expect"] = "DONE"
-        document["steps"][6]["budget_stop"] = "team-c"
+        document["steps"][7]["budget_stop"] = "team-c"
 
     assert _broken(two).count("\n    ") == 2

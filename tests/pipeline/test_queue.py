@@ -26,10 +26,12 @@ from lambdas.validate.api_requests import (
     create_training_job,
     submit_service_job,
 )
+from localrun import scenario
 from localrun.cfn import ACCOUNT
 from localrun.clock import Clock
 from localrun.engine import LocalPlatform
 from localrun.scripted import Poll, ScriptedTraining
+from tests.conftest import TEAMS_SCENARIO
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from training.layout import split_s3_uri
 
@@ -89,6 +91,8 @@ def teams(teams_assembly: Path) -> Iterator[Any]:
         training = ScriptedTraining(scripts=scripts)
         local = LocalPlatform(teams_assembly, training=training, clock=Clock(wait_scale=0.001))
         opened.append(local.__enter__())
+        for role, tags in scenario.parse(json.loads(TEAMS_SCENARIO.read_text())).principal_tags.items():
+            local.person(role, tags=tags)  # team-b admits its members by their tag
         return Pipeline(local, training)
 
     yield open_

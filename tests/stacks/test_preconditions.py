@@ -19,7 +19,6 @@ from moto.iam.aws_managed_policies import aws_managed_policies_data
 from localrun.cfn import ACCOUNT, REGION
 from localrun.iam_policy import Policy, Request, evaluate
 from tests.support.iam import AssemblyIam, Role, calls_in_handler, task_states
-from tests.support.templates import resources
 
 S3_READ, S3_WRITE = ("s3:GetObject",), ("s3:PutObject",)
 TABLE_READ = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:BatchGetItem")
@@ -315,11 +314,17 @@ ENDPOINT_OF = {
 NOT_FROM_THE_VPC = {"ec2", "sqs"}
 
 
-def test_every_service_a_vpc_function_may_call_has_an_endpoint(platform: Any, iam: AssemblyIam) -> None:
-    """The VPC has no internet path: a call to a service without an endpoint times out in AWS, never locally."""
+@pytest.mark.parametrize("assembly", ["shipped", "teams"])
+def test_every_service_a_vpc_function_may_call_has_an_endpoint(assembly: str, request: pytest.FixtureRequest) -> None:
+    """The VPC has no internet path: a call to a service without an endpoint times out in AWS, never locally. On
+    the shipped settings and on the teams demo's (a queue, team approvers, a team admitted by its tag)."""
+    if assembly == "shipped":
+        iam = request.getfixturevalue("iam")
+    else:
+        iam = AssemblyIam(request.getfixturevalue("teams_assembly"))
+    assert iam.resources("AWS::EC2::NatGateway") == [], "with a NAT gateway every service has a route"
     endpoints = {
-        props["ServiceName"]["Fn::Join"][1][2].lstrip(".")
-        for props in (e["Properties"] for e in resources(platform, platform.network, "AWS::EC2::VPCEndpoint").values())
+        str(props["ServiceName"]).split(f".{REGION}.", 1)[1] for _, _, props in iam.resources("AWS::EC2::VPCEndpoint")
     }
     missing: dict[str, set[str]] = {}
     for logical, props, role in _function_roles(iam):

@@ -14,7 +14,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 from localrun.cfn import ACCOUNT, REGION
-from localrun.iam_policy import Policy, allows
+from localrun.iam_policy import Policy, Request, allows, evaluate
 from stacks.settings import SettingsError, build_settings
 from tests.conftest import APPROVER, SERVICE_ENVIRONMENT, TEAMS, cdk_context
 from tests.support.iam import AssemblyIam
@@ -383,14 +383,48 @@ def _validate_role(built_iam: AssemblyIam) -> Any:
     return built_iam.roles[function["Role"]]
 
 
-def test_validate_reads_only_principals_tags_and_only_with_a_member_tag(variant: Any, platform: Any) -> None:
+ARTIFACTS_ARN = "arn:aws:s3:::artifacts"
+
+
+def _resolved_bucket_arns(value: Any) -> Any:
+    """A bucket policy with the bucket's ARN (GetAtt Arn, and joined into object ARNs) as ARTIFACTS_ARN."""
+    if isinstance(value, dict) and set(value) == {"Fn::GetAtt"}:
+        return ARTIFACTS_ARN
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        return "".join(_resolved_bucket_arns(part) for part in value["Fn::Join"][1])
+    if isinstance(value, dict):
+        return {k: _resolved_bucket_arns(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolved_bucket_arns(v) for v in value]
+    return value
+
+
+def test_validate_reads_no_principals_tags_iam_judges_the_tag_on_the_artifacts_bucket(variant: Any) -> None:
+    # Validate has no route to IAM and cannot see session tags: it holds no IAM read at all.
     role = _validate_role(AssemblyIam(Path(variant.assembly.directory)))
-    assert role.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
-    assert role.may("iam:ListUserTags", f"arn:aws:iam::{ACCOUNT}:user/bob")
-    assert not role.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:user/bob")
-    assert not role.may("iam:ListUserTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
-    assert not role.may("iam:ListRoleTags", "arn:aws:iam::210987654321:role/Linguist")
-    assert not role.may("iam:GetRole", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
-    # No team has a member_tag (no teams at all): no IAM read.
-    unteamed = _validate_role(AssemblyIam(Path(platform.assembly.directory)))
-    assert not unteamed.may("iam:ListRoleTags", f"arn:aws:iam::{ACCOUNT}:role/Linguist")
+    for action in ("iam:ListRoleTags", "iam:ListUserTags", "iam:GetRole"):
+        assert not role.may(action, f"arn:aws:iam::{ACCOUNT}:role/Linguist"), action
+    # The artifacts bucket's policy decides the listing of a team's membership prefix by the principal tag alone.
+    (policy,) = [
+        p["Properties"]
+        for p in resources(variant, variant.data, "AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == {"Ref": logical_id(variant, variant.data, "AWS::S3::Bucket", "Artifacts")}
+    ]
+    document = json.loads(json.dumps(policy["PolicyDocument"]).replace('{"Ref": "AWS::AccountId"}', f'"{ACCOUNT}"'))
+    bucket = Policy("artifacts bucket policy", _resolved_bucket_arns(document), resource_policy=True)
+    everything = Policy("the caller's own", {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
+
+    def may_list(prefix: str, tags: dict[str, str], own: list[Policy], account: str = ACCOUNT) -> bool:
+        context = {"s3:prefix": prefix, "aws:PrincipalAccount": account, "aws:SecureTransport": True}
+        context |= {f"aws:PrincipalTag/{k}": v for k, v in tags.items()}
+        request = Request("s3:ListBucket", ARTIFACTS_ARN, context, known_keys=None, principal="arn:aws:sts::x")
+        return evaluate([*own, bucket], request).allowed
+
+    language = "team-membership/language/"
+    assert may_list(language, {"platform-team": "language"}, own=[])
+    assert not may_list(language, {"platform-team": "language"}, own=[], account="210987654321")
+    for tags in ({}, {"platform-team": "vision"}, {"platform-team": "Language"}, {"team": "language"}):
+        assert not may_list(language, tags, own=[everything]), tags
+    # vision has no member_tag: its prefix is not a proof of anything, and nothing else is denied.
+    assert not may_list("team-membership/vision/", {"platform-team": "vision"}, own=[])
+    assert may_list("runs/", {}, own=[everything])
