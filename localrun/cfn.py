@@ -195,6 +195,8 @@ class Resolver:
             return f"sg-{_digest(logical, 17)}"
         if type_ == "AWS::EC2::VPC":
             return f"vpc-{_digest(logical, 17)}"
+        if type_ == "AWS::EC2::VPCEndpoint":
+            return f"vpce-{_digest(logical, 17)}"
         if type_ == "AWS::FSx::FileSystem":
             return f"fs-{_digest(logical, 17)}"
         if type_ == "AWS::SageMaker::ModelPackageGroup":

@@ -132,8 +132,9 @@ def synthesize(out: Path, say: Callable[[str], None] = _say, settings: dict[str,
     return assembly
 
 
-def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str, str]:
-    """Overrides for what this machine runs; the request, the job and the lineage keep the originals."""
+def local_scale(hyperparameters: dict[str, str], steps: int | None, *, cap_steps: bool = True) -> dict[str, str]:
+    """Overrides for what this machine runs; the request, the job and the lineage keep the originals. Without
+    `cap_steps` the job's steps are the request's (a scenario's runs, each sized for this machine)."""
     scaled: dict[str, str] = {}
     model = hyperparameters.get("model", hyperparameters.get("model.name", "tiny"))
     if model not in TINY:
@@ -141,7 +142,7 @@ def local_scale(hyperparameters: dict[str, str], steps: int | None) -> dict[str,
     requested = int(hyperparameters.get("max_steps", hyperparameters.get("train.max_steps", "1000")))
     if steps is not None:
         scaled["max_steps"] = str(steps)
-    elif requested > LOCAL_MAX_STEPS:
+    elif requested > LOCAL_MAX_STEPS and cap_steps:
         scaled["max_steps"] = str(LOCAL_MAX_STEPS)
     if "max_steps" in scaled:  # warmup must fit in the shorter run
         warmup = int(scaled.get("optim.warmup_steps", hyperparameters.get("optim.warmup_steps", "100")))
@@ -304,7 +305,7 @@ def _ridden(platform: LocalPlatform, arn: str) -> str:
 
 
 def _local_hyperparameters(
-    execution_input: dict[str, Any], steps: int | None, say: Callable[[str], None]
+    execution_input: dict[str, Any], steps: int | None, say: Callable[[str], None], *, cap_steps: bool = True
 ) -> dict[str, str]:
     """What this machine runs instead of the input's hyperparameters (said aloud); {} when it runs them as given."""
     original = {
@@ -316,7 +317,7 @@ def _local_hyperparameters(
         "model": str(execution_input.get("model") or original.get("model", "tiny")),
         "distribution": str(execution_input.get("distribution", "ddp")),
     }
-    scaled = local_scale(requested, steps)
+    scaled = local_scale(requested, steps, cap_steps=cap_steps)
     # A tuning job's trials run the values it samples, never a local override of them.
     tuned = set((execution_input.get("tuning") or {}).get("ranges", {}))
     scaled = {k: v for k, v in scaled.items() if k not in tuned}
@@ -876,8 +877,8 @@ def run_scenario(
             _seed_datasets(platform, run.input, out / "corpus", detail)
             # The member's role and tags, as the account's SSO would have them.
             platform.person(run.principal, tags=scenario.principal_tags.get(run.principal))
-        # Every run is tiny: its hyperparameters run as given unless one asks for more than this machine trains.
-        training.local_hyperparameters = _local_hyperparameters(scenario.runs[0].input, None, detail)
+        # Every run is tiny: the jobs run their own steps; only a model too large for this machine is replaced.
+        training.local_hyperparameters = _local_hyperparameters(scenario.runs[0].input, None, detail, cap_steps=False)
         try:
             for step in scenario.steps:
                 driver.wait_for(step.after, deadline)

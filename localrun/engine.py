@@ -476,7 +476,7 @@ class LocalPlatform:
                 _HANDLER_LOCK,
                 handler_environment(environment),
                 handler_stdout(self.handler_log),
-                acting_as(self._role(function_name)),
+                acting_as(self._role(function_name), s3_endpoint=self._s3_endpoint(function_name)),
                 first_call_fails(self.faults.api_error(function_name)),
             ):
                 try:
@@ -489,6 +489,18 @@ class LocalPlatform:
                 self._handlers_running -= 1
                 self._inflight.notify_all()
         return call.result
+
+    def _s3_endpoint(self, function_name: str) -> str | None:
+        """The VPC's S3 gateway endpoint, for a function that runs in the VPC (its only route to S3)."""
+        if not self.functions[function_name].resource["Properties"].get("VpcConfig"):
+            return None
+        (endpoint,) = [
+            self.resolver.ref(stack, logical)
+            for stack, logical, resource in self.assembly.resources("AWS::EC2::VPCEndpoint")
+            if resource["Properties"].get("VpcEndpointType") == "Gateway"
+            and str(self.resolver.resolve(stack, resource["Properties"]["ServiceName"])).endswith(".s3")
+        ]
+        return str(endpoint)
 
     def _role(self, function_name: str) -> Credentials:
         """The credentials Lambda gives the function: a session of its execution role."""

@@ -539,7 +539,10 @@ class LocalIam:
     # -- judging calls --------------------------------------------------------------------------
     def authorize(self, response: Any, iam_request_cls: type, resource: str) -> None:
         match = _CREDENTIAL.search(response.headers.get("Authorization", ""))
-        if match is None or match.group(1) == self.operator_key:
+        if match is None:
+            # Anonymous: no platform policy allows one, and Block Public Access keeps it so.
+            raise _denied(response, "Anonymous users are not authorized: the request carries no signature")
+        if match.group(1) == self.operator_key:
             return  # the harness: the account administrator who deployed the platform
         url = urlparse(response.uri)
         iam_request = iam_request_cls(
@@ -562,6 +565,9 @@ class LocalIam:
             f"aws:PrincipalTag/{tag['Key']}": tag["Value"]
             for tag in iam_backends[ACCOUNT]["aws"].get_role(role_name).tags
         }
+        network = getattr(_acting, "network", None)  # the VPC's S3 endpoint, for a VPC function's S3 calls
+        if response.boto3_service_name == "s3" and network:
+            principal["aws:SourceVpce"] = network
         for modelled in self._requests(response, resource):
             request = Request(
                 modelled.action,
@@ -705,14 +711,15 @@ def _get_credentials(session: botocore.session.Session) -> Credentials | None:
 
 
 @contextlib.contextmanager
-def acting_as(credentials: Credentials | None) -> Iterator[None]:
+def acting_as(credentials: Credentials | None, *, s3_endpoint: str | None = None) -> Iterator[None]:
     """Clients this thread creates without keys (`boto3.client("s3")`) sign with `credentials` (None: the harness's).
+    `s3_endpoint`: the thread runs in the VPC, whose S3 calls go through that gateway endpoint (aws:SourceVpce).
 
     Takes effect while `LocalIam.enforced()` is active, which routes botocore's credential lookup here.
     """
-    previous = getattr(_acting, "credentials", None)
-    _acting.credentials = credentials
+    previous = getattr(_acting, "credentials", None), getattr(_acting, "network", None)
+    _acting.credentials, _acting.network = credentials, s3_endpoint
     try:
         yield
     finally:
-        _acting.credentials = previous
+        _acting.credentials, _acting.network = previous

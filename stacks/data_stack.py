@@ -38,7 +38,7 @@ class DataStack(Stack):
         self.buckets = TrainingBuckets(self, "Buckets", key=self.key, stage=settings.stage, settings=settings.storage)
         for team in settings.teams:
             if team.member_tag is not None:
-                self._membership_by_tag(team.name, team.member_tag)
+                self._membership_by_tag(team.name, team.member_tag, network.s3_endpoint.vpc_endpoint_id)
         self.lustre = LustreDataRepository(
             self,
             "Lustre",
@@ -65,10 +65,12 @@ class DataStack(Stack):
         )
         self.model_registry.apply_removal_policy(RemovalPolicy.RETAIN)
 
-    def _membership_by_tag(self, team: str, member_tag: str) -> None:
+    def _membership_by_tag(self, team: str, member_tag: str, s3_endpoint: str) -> None:
         """Listing the team's membership prefix of the artifacts bucket is for the principals tagged
         `platform-team` = `member_tag` alone, whatever else their policies allow: Validate replays a starter's
-        signed listing, and S3's answer is IAM's verdict on the starter's tag (lambdas/validate/membership.py)."""
+        signed listing, and S3's answer is IAM's verdict on the starter's tag (lambdas/validate/membership.py).
+        The allow holds only through the VPC's S3 endpoint, where Validate sends it (a fixed aws:SourceVpce also
+        keeps the policy non-public, which Block Public Access requires)."""
         bucket = self.buckets.artifacts
         on_prefix = {"s3:prefix": membership.prefix(team)}
         tag = f"aws:PrincipalTag/{TEAM_TAG}"
@@ -89,7 +91,14 @@ class DataStack(Stack):
                 principals=[iam.AnyPrincipal()],
                 actions=["s3:ListBucket"],
                 resources=[bucket.bucket_arn],
-                conditions={"StringEquals": {**on_prefix, tag: member_tag, "aws:PrincipalAccount": self.account}},
+                conditions={
+                    "StringEquals": {
+                        **on_prefix,
+                        tag: member_tag,
+                        "aws:PrincipalAccount": self.account,
+                        "aws:SourceVpce": s3_endpoint,
+                    }
+                },
             )
         )
 

@@ -23,18 +23,9 @@ FIELD = "membership_proof"
 PREFIX = "team-membership/"
 """The artifacts bucket's key prefix whose listing, one prefix per team, only the team's tagged principals get."""
 _OPERATION = "ListObjectsV2"
-# What S3 says of a signature it cannot accept: the proof's fault, not the requester's membership.
-_UNACCEPTED = frozenset(
-    {
-        "SignatureDoesNotMatch",
-        "InvalidAccessKeyId",
-        "InvalidToken",
-        "ExpiredToken",
-        "TokenRefreshRequired",
-        "RequestTimeTooSkewed",
-        "AuthorizationHeaderMalformed",
-    }
-)
+# S3's answers that are a platform fault, to retry, though S3 sends some as 4xx: the rest of 400 and 403 is the
+# proof's (SignatureDoesNotMatch, ExpiredToken, a missing X-Amz-Content-SHA256, ...), AccessDenied IAM's verdict.
+_RETRIED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "RequestTimeout"})
 
 
 class MembershipProofError(Exception):
@@ -59,8 +50,15 @@ def _client(region: str, credentials: Any = None) -> Any:
             "aws_secret_access_key": credentials.secret_key,
             "aws_session_token": credentials.token,
         }
-    signature = "s3v4" if credentials is not None else UNSIGNED
-    config = Config(signature_version=signature, s3={"addressing_style": "virtual"})
+    # The endpoint pinned, whatever the starter's configuration says (a regional us-east-1 endpoint, FIPS, dual
+    # stack, AWS_ENDPOINT_URL): a proof signed for another host never matches Validate's replay.
+    config = Config(
+        signature_version="s3v4" if credentials is not None else UNSIGNED,
+        s3={"addressing_style": "virtual", "us_east_1_regional_endpoint": "regional"},
+        use_fips_endpoint=False,
+        use_dualstack_endpoint=False,
+        ignore_configured_endpoint_urls=True,
+    )
     return boto3.client("s3", region_name=region, config=config, **keys)
 
 
@@ -135,9 +133,10 @@ def verify(
         _list(s3, bucket, team)
     except ClientError as exc:
         code = exc.response["Error"]["Code"]
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code == "AccessDenied":
             return False
-        if code in _UNACCEPTED:
+        if status in (400, 403) and code not in _RETRIED:
             raise MembershipProofError(f"S3 refused the membership proof ({code}); sign a new one") from None
         raise
     finally:

@@ -174,7 +174,14 @@ def _membership(team: Team, requested_by: str | None, requester_tag: str | None)
     principal = _principal(requested_by)
     if principal is not None and (team.listed(principal) or (team.member_tag and requester_tag == team.member_tag)):
         return []
-    ways = ["its members"] + ([f"the principal tag {TEAM_TAG}={team.member_tag}"] if team.member_tag else [])
+    ways = ["its members"] + (
+        [
+            f"the principal tag {TEAM_TAG}={team.member_tag}, which IAM judges: a policy of the principal's own (an "
+            "SCP, a permissions boundary) that denies s3:ListBucket on the artifacts bucket refuses a tagged member too"
+        ]
+        if team.member_tag
+        else []
+    )
     return [
         f"team: {principal or requested_by} is not a member of team {team.name!r}; start the run as a member, or ask "
         f"the platform team to make it one ({' or '.join(ways)})"

@@ -149,7 +149,7 @@ class TrainingNetwork(Construct):
 
     def _endpoints(self) -> None:
         in_account = {"StringEquals": {"aws:ResourceAccount": Aws.ACCOUNT_ID}}
-        s3 = self.vpc.add_gateway_endpoint(
+        s3 = self.s3_endpoint = self.vpc.add_gateway_endpoint(
             "S3",
             service=ec2.GatewayVpcEndpointAwsService.S3,
             subnets=[ec2.SubnetSelection(subnet_group_name=g) for g in ("training", "services")],

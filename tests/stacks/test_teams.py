@@ -384,12 +384,26 @@ def _validate_role(built_iam: AssemblyIam) -> Any:
 
 
 ARTIFACTS_ARN = "arn:aws:s3:::artifacts"
+S3_ENDPOINT = "vpce-s3"
+# S3's "meaning of public": a bucket policy's Allow to every principal is public unless a condition fixes one of these.
+NON_PUBLIC_KEYS = {
+    "aws:sourceip",
+    "aws:sourcearn",
+    "aws:sourcevpc",
+    "aws:sourcevpce",
+    "aws:sourceowner",
+    "aws:sourceaccount",
+    "s3:x-amz-server-side-encryption-aws-kms-key-id",
+    "aws:userid",
+}
 
 
 def _resolved_bucket_arns(value: Any) -> Any:
     """A bucket policy with the bucket's ARN (GetAtt Arn, and joined into object ARNs) as ARTIFACTS_ARN."""
     if isinstance(value, dict) and set(value) == {"Fn::GetAtt"}:
         return ARTIFACTS_ARN
+    if isinstance(value, dict) and set(value) & {"Fn::ImportValue", "Fn::GetStackOutput"}:  # the S3 endpoint
+        return S3_ENDPOINT
     if isinstance(value, dict) and set(value) == {"Fn::Join"}:
         return "".join(_resolved_bucket_arns(part) for part in value["Fn::Join"][1])
     if isinstance(value, dict):
@@ -414,8 +428,11 @@ def test_validate_reads_no_principals_tags_iam_judges_the_tag_on_the_artifacts_b
     bucket = Policy("artifacts bucket policy", _resolved_bucket_arns(document), resource_policy=True)
     everything = Policy("the caller's own", {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})
 
-    def may_list(prefix: str, tags: dict[str, str], own: list[Policy], account: str = ACCOUNT) -> bool:
+    def may_list(
+        prefix: str, tags: dict[str, str], own: list[Policy], account: str = ACCOUNT, vpce: str | None = S3_ENDPOINT
+    ) -> bool:
         context = {"s3:prefix": prefix, "aws:PrincipalAccount": account, "aws:SecureTransport": True}
+        context |= {"aws:SourceVpce": vpce} if vpce else {}
         context |= {f"aws:PrincipalTag/{k}": v for k, v in tags.items()}
         request = Request("s3:ListBucket", ARTIFACTS_ARN, context, known_keys=None, principal="arn:aws:sts::x")
         return evaluate([*own, bucket], request).allowed
@@ -423,8 +440,23 @@ def test_validate_reads_no_principals_tags_iam_judges_the_tag_on_the_artifacts_b
     language = "team-membership/language/"
     assert may_list(language, {"platform-team": "language"}, own=[])
     assert not may_list(language, {"platform-team": "language"}, own=[], account="210987654321")
+    assert not may_list(language, {"platform-team": "language"}, own=[], vpce=None)  # only through the VPC's endpoint
     for tags in ({}, {"platform-team": "vision"}, {"platform-team": "Language"}, {"team": "language"}):
         assert not may_list(language, tags, own=[everything]), tags
     # vision has no member_tag: its prefix is not a proof of anything, and nothing else is denied.
     assert not may_list("team-membership/vision/", {"platform-team": "vision"}, own=[])
     assert may_list("runs/", {}, own=[everything])
+
+
+def test_no_bucket_policy_is_public_so_block_public_access_accepts_it(variant: Any) -> None:
+    """With BlockPublicPolicy on, S3 refuses a policy it deems public, and the retained data stack fails to deploy."""
+    public = []
+    for built in (variant,):
+        for stack in built.stacks:
+            for logical, policy in resources(built, stack, "AWS::S3::BucketPolicy").items():
+                for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                    everyone = statement.get("Principal") in ("*", {"AWS": "*"})
+                    fixed = {key.lower() for key in statement.get("Condition", {}).get("StringEquals", {})}
+                    if statement["Effect"] == "Allow" and everyone and not fixed & NON_PUBLIC_KEYS:
+                        public.append((logical, statement.get("Sid")))
+    assert public == []
