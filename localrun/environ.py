@@ -5,7 +5,9 @@ threads (the state machine's, the local training runner's) read os.environ while
 botocore iterates it for proxy settings on every request. Setting a handler's variables in the
 process environment and removing them afterwards lets such an iteration find a key gone between
 listing and reading it (KeyError). So os.environ becomes a view: the process environment, plus the
-variables of the handler that runs on the reading thread. The process environment never changes.
+variables of the handler that runs on the reading thread. The handlers never change the process
+environment; what else does (a CLI runner in the tests) cannot break a reading in progress, since
+listings read one snapshot.
 
 Standard output is a handler's log in Lambda (Powertools writes its log lines and its embedded
 metrics there). Where the local platform keeps handler logs apart (`make demo` writes them to a
@@ -58,16 +60,30 @@ class _HandlerEnviron(_EnvironBase):  # type: ignore[misc]
         else:
             super().__delitem__(key)
 
-    def __iter__(self) -> Iterator[str]:
+    def _snapshot(self) -> dict[str, str]:
+        """The variables this thread sees, read at once: another thread (a CLI runner under test) may add and
+        remove process variables meanwhile, and listing the keys, then reading each, would find one gone."""
+        process = self._data.copy()  # one atomic copy of the process environment
         overlay = self._overlay() or {}
-        yield from overlay
-        yield from (key for key in super().__iter__() if key not in overlay)
+        return {**overlay, **{self.decodekey(k): self.decodevalue(v) for k, v in process.items() if k not in overlay}}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._snapshot())
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self._snapshot())
+
+    def keys(self) -> Any:
+        return self._snapshot().keys()
+
+    def items(self) -> Any:
+        return self._snapshot().items()
+
+    def values(self) -> Any:
+        return self._snapshot().values()
 
     def copy(self) -> dict[str, str]:
-        return dict(self)
+        return self._snapshot()
 
     @contextlib.contextmanager
     def overlaid(self, values: dict[str, str]) -> Iterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import urllib.request
 
 import pytest
 
@@ -67,3 +68,30 @@ def test_a_handlers_output_goes_to_its_log_and_other_threads_keep_the_terminal(
     thread.join(10)
     assert log.getvalue() == '{"_aws": "an embedded metric"}\n'
     assert capsys.readouterr().out == "demo progress\n"
+
+
+def test_a_handler_reading_every_variable_survives_another_thread_removing_one() -> None:
+    # botocore reads the proxy settings on every request (urllib's getproxies_environment: os.environ.items()),
+    # while the test harness's CLI runner sets and removes process variables (AWS_REGION, ...) on another thread.
+    stop, failures = threading.Event(), []
+
+    def handler() -> None:
+        with handler_environment({"TABLE_NAME": "approvals"}):
+            while not stop.is_set():
+                try:
+                    urllib.request.getproxies_environment()
+                    assert os.environ.copy()["TABLE_NAME"] == dict(os.environ.items())["TABLE_NAME"] == "approvals"
+                except Exception as exc:
+                    failures.append(repr(exc))
+                    return
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    try:
+        for _ in range(20_000):
+            os.environ["PLATFORM_TEST_RACE"] = "1"
+            del os.environ["PLATFORM_TEST_RACE"]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert failures == []
