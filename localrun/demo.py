@@ -793,8 +793,8 @@ class _Driver:
             return False
         if after.condition == "started":
             return job.status == "RUNNING"
-        if after.condition == "queued":
-            return job.status == "RUNNABLE"
+        if after.condition == "queued":  # held for capacity, even if it has started since the last look
+            return job.status == "RUNNABLE" or job.waited
         return bool(job.attempts) and self.steps.get(job.attempts[-1].training_job, 0) >= after.step
 
     def wait_for(self, after: After, deadline: float) -> None:

@@ -16,8 +16,8 @@ policy on the roles the action names) as AWS Budgets does at 100% of the team's 
 
 `after` is when the step is carried out, once the previous one was: a number of seconds, or one of
 {"started": id} (the run's service job holds capacity and its training job runs), {"queued": id} (its service
-job waits in the queue), {"reached_step": [id, n]} (its training logged step n), {"ended": id} (its execution
-ended). Without `after`, at once.
+job has waited in the queue for capacity), {"reached_step": [id, n]} (its training logged step n), {"ended": id}
+(its execution ended). Without `after`, at once.
 """
 
 from __future__ import annotations

@@ -354,6 +354,8 @@ class ServiceJob:
     stopping: str | None = None
     """Why its training job is being stopped: "preempted: <reason>" or "terminated: <reason>"."""
     terminated: bool = False
+    waited: bool = False
+    """The scheduler has held it for capacity at least once."""
 
     @property
     def arn(self) -> str:
@@ -505,6 +507,7 @@ class LocalServiceJobs:
                 self._stop(job, f"preempted: {reason}")
             for job_id, reason in decision.waiting.items():
                 self.jobs[job_id].status_reason = reason
+                self.jobs[job_id].waited = True
             for job_id in decision.start:
                 self._start(self.jobs[job_id])
 

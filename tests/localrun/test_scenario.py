@@ -73,3 +73,20 @@ def test_every_problem_is_named_at_once() -> None:
         document["steps"][7]["budget_stop"] = "team-c"
 
     assert _broken(two).count("\n    ") == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "waited", "holds"),
+    [("RUNNABLE", False, True), ("RUNNING", True, True), ("SUCCEEDED", True, True), ("RUNNING", False, False)],
+)
+def test_queued_holds_once_the_scheduler_held_the_job_even_if_it_has_started_since(
+    status: str, waited: bool, holds: bool
+) -> None:
+    # The driver looks now and then: a job that waited briefly and started between two looks was still queued.
+    from localrun.demo import _Driver
+    from localrun.service_jobs import ServiceJob
+
+    job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, status, waited=waited)
+    driver = object.__new__(_Driver)
+    driver.service_job = lambda _run: job  # type: ignore[method-assign]
+    assert driver.holds(After(condition="queued", run="a-second"), since=0.0) is holds
