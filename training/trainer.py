@@ -311,9 +311,13 @@ class Trainer:
             save = stop or save_due_by_time or bool(interval and step % interval == 0) or step == max_steps
             # Saving steps are logged too: the finite-loss check runs before any state is written.
             if step % cfg.metrics.log_interval == 0 or step == 1 or save:
-                elapsed = time.perf_counter() - window_start
-                self._log_step(step, loss, lr, grad_norm, window_steps * tokens_per_step / elapsed)
-                window_start, window_steps = time.perf_counter(), 0
+                # The window ends once the host has read the step's loss and norm, i.e. once the device's work
+                # is done (on a GPU, the steps before are only queued); the logging itself falls in the next
+                # window, as every other cost of a step does.
+                loss_value, norm = self._mean_over_ranks(loss), float(grad_norm.item())
+                now = time.perf_counter()
+                self._log_step(step, loss_value, lr, norm, window_steps * tokens_per_step / (now - window_start))
+                window_start, window_steps = now, 0
             if cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0 and step < max_steps:
                 self._log_validation(step, self.evaluate(self.periodic_val_batches))
                 window_start = time.perf_counter()
@@ -433,14 +437,13 @@ class Trainer:
         self._all_reduce(total)
         return float(total.item()) / self.env.world_size
 
-    def _log_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor, tps: float) -> None:
-        loss_value = self._mean_over_ranks(loss)
+    def _log_step(self, step: int, loss_value: float, lr: float, norm: float, tps: float) -> None:
+        """`loss_value`: the step's loss averaged over the ranks; `norm`: its gradient norm."""
         if not math.isfinite(loss_value):
             raise NonFiniteLossError(
                 f"loss is {loss_value} at step {step}: lower optim.lr, raise optim.warmup_steps, or keep "
                 "train.max_grad_norm > 0"
             )
-        norm = float(grad_norm.item())
         utilisation = None
         if self.peak_flops:
             utilisation = mfu(
