@@ -4,11 +4,13 @@ Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's fi
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
 its size and SHA-256, so a checkpoint that was truncated or changed (a partial S3 sync, a kill
-mid-write, a file replaced in S3) is detected, before anything reads it, and skipped for the previous
-one. Each process writes its share in several threads, one data file each, hashing every file as it
-writes it. Loading never unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows
-only DCP's metadata types, and the non-tensor items (optimizer settings, progress) with torch's
-``weights_only`` loader, so a planted ``.metadata`` or item cannot run code.
+mid-write, a file replaced in S3) is detected and skipped for the previous one. Each process writes its
+share in several threads, one data file each, hashing every file as it writes it. A load reads each file
+it needs once, into memory, hashes it as it arrives and unpickles nothing from it unless it matches; its
+tensors are then copied from those bytes, so a file changed after its check is never used. Loading never
+unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
+types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
+code.
 
 A checkpoint holds the model and optimizer (resharded by DCP when the number of processes changes),
 the LR schedule, the step, the data position and every rank's RNG state (restored only when the
@@ -21,6 +23,7 @@ one is committed, manifest first, so that a half-deleted checkpoint is never tak
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -31,19 +34,27 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
@@ -62,12 +73,16 @@ from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Manifest, 
 log = logging.getLogger(__name__)
 
 _HASH_CHUNK = 1 << 20
+_READ_CHUNK = 8 << 20
 _MAX_IO_THREADS = 8
 _WRITEBACK_CHUNK = 32 << 20
 
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint, or a save that could not be committed."""
+
+
+_OWN_ERROR = f"{CheckpointError.__module__}.{CheckpointError.__qualname__}: "  # how a traceback's last line names it
 
 
 def committed_steps(root: Path) -> list[int]:
@@ -95,35 +110,141 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify(directory: Path, *, share: tuple[int, int] = (0, 1)) -> str | None:
-    """Why this checkpoint directory cannot be loaded, or None if it is complete and every file is intact.
+def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | str:
+    """The checkpoint's manifest if the checkpoint is complete, else why it cannot be loaded.
 
-    Complete as training/stored_checkpoints.py defines it (every listed file present with its size),
-    and every file's content as its SHA-256 in the manifest says. `share` (index, count): hash only
-    every count-th data file from index (the processes of one host split the work); DCP's
-    ``.metadata`` is hashed by every caller, as every process unpickles it.
+    The manifest is read once: its digest is checked against `trusted` (the run's ledger; None: no ledger)
+    and the same bytes are parsed, so a manifest replaced after the listing checked it is refused. Complete
+    as training/stored_checkpoints.py defines it: every listed file present with its size. The files'
+    contents are checked against their SHA-256 as they are read for the load (`_read_verified`).
     """
     try:
-        manifest = read_manifest(directory)
+        data = (directory / MANIFEST).read_bytes()
     except OSError as exc:
         return f"{directory.name}: unreadable manifest ({describe(exc)})"
+    if trusted is not None and hashlib.sha256(data).hexdigest() not in trusted:
+        return f"{directory.name}: its manifest is not one the run's ledger records (it changed after it was listed)"
+    try:
+        manifest = Manifest.parse(data)
     except ManifestError as exc:
         return f"{directory.name}: {exc}"
-    index, count = share
-    data = sorted(name for name in manifest.files if name != DCP_METADATA)
-    mine = {DCP_METADATA, *data[index::count]}
     for name in manifest.files:
         path = directory / name
         problem = manifest.size_problem(name, path.stat().st_size if path.is_file() else None)
         if problem is not None:
             return f"{directory.name}: {problem}"
-    names = sorted(mine)
-    with ThreadPoolExecutor(io_threads()) as pool:  # hashlib releases the GIL: one file per core
-        digests = dict(zip(names, pool.map(lambda name: sha256_of(directory / name), names), strict=True))
-    for name in names:
-        if digests[name] != manifest.files[name][1]:
-            return f"{directory.name}: {name} does not match the SHA-256 in its manifest"
+    return manifest
+
+
+def _bytes_of(data: torch.Tensor) -> memoryview:
+    """The bytes of a uint8 CPU tensor, writable, without a copy."""
+    return memoryview(cast(Any, data.numpy())).cast("B")
+
+
+def _read_verified(path: Path, size: int, sha256: str) -> torch.Tensor:
+    """The file's bytes, read once into memory and hashed as they arrive; CheckpointError unless they are the
+    `size` bytes whose SHA-256 the manifest gives. What is loaded is these bytes: the file is not read again,
+    so it cannot be changed between its check and its use."""
+    data = torch.empty(size, dtype=torch.uint8)
+    view = _bytes_of(data)
+    digest = hashlib.sha256()
+    done = 0
+    with path.open("rb", buffering=0) as file:
+        while done < size:
+            read = file.readinto(view[done : done + _READ_CHUNK])
+            if not read:
+                break
+            if hasattr(os, "posix_fadvise"):  # the disk reads the next chunk while this one is hashed
+                os.posix_fadvise(file.fileno(), done + read, _READ_CHUNK, os.POSIX_FADV_WILLNEED)
+            digest.update(view[done : done + read])  # hashlib releases the GIL for large buffers
+            done += read
+        longer = bool(file.read(1))
+    if done != size or longer:
+        raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
+    if digest.hexdigest() != sha256:
+        raise CheckpointError(f"{path.name} does not match the SHA-256 in its manifest")
+    return data
+
+
+def verify(directory: Path) -> str | None:
+    """Why this checkpoint cannot be loaded, or None if it is complete and every file matches its SHA-256: the
+    checks a load makes, made of every file at once."""
+    manifest = manifest_of(directory)
+    if isinstance(manifest, str):
+        return manifest
+    for name, (size, sha256) in sorted(manifest.files.items()):
+        try:
+            _read_verified(directory / name, size, sha256)
+        except CheckpointError as exc:
+            return f"{directory.name}: {exc}"
     return None
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over bytes in memory, for torch's archive reader (which reads with seek, tell
+    and readinto), without copying the bytes into a new buffer as io.BytesIO would."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self.view, self.position = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.view[self.position : self.position + len(buffer)]
+        memoryview(buffer).cast("B")[: len(chunk)] = chunk
+        self.position += len(chunk)
+        return len(chunk)
+
+
+def _zero_copy_load() -> Any:
+    """``torch.serialization._load`` where it takes an archive's bytes as its storage (torch 2.1 on), else None."""
+    load = getattr(torch.serialization, "_load", None)
+    return load if load is not None and "overall_storage" in inspect.signature(load).parameters else None
+
+
+_ZERO_COPY_LOAD = _zero_copy_load()
+
+
+def _saved_tensor(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+    """The tensor that ``torch.save`` wrote at [offset, offset + length) of a data file held in `data`, unpickled
+    with torch's weights-only unpickler, its storage a view of `data`.
+
+    ``torch.load`` of a file-like object allocates every storage and copies the bytes into it, which costs as
+    much as reading them from the disk; its zero-copy form (``mmap=True``) takes only the path of a file that
+    holds one archive, and a DCP file holds many. This calls what that form calls, ``torch.serialization._load``
+    with the archive's own bytes as its storage, and where a torch release lacks it, ``torch.load``.
+    """
+    view = _bytes_of(data)[offset : offset + length]
+    if _ZERO_COPY_LOAD is not None:
+        reader = torch._C.PyTorchFileReader(cast(IO[bytes], _MemoryFile(view)))
+        try:
+            tensor = _ZERO_COPY_LOAD(
+                reader,
+                "cpu",
+                torch._weights_only_unpickler,
+                overall_storage=data.untyped_storage()[offset : offset + length],
+                encoding="utf-8",
+            )
+        except pickle.UnpicklingError as exc:
+            raise pickle.UnpicklingError(f"WeightsUnpickler error: {exc}") from None
+    else:
+        tensor = torch.load(cast(IO[bytes], _MemoryFile(view)), map_location="cpu", weights_only=True)
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointError(f"a tensor item holds a {type(tensor).__name__}")
+    return tensor
 
 
 def _fsync_dir(path: Path) -> None:
@@ -299,25 +420,56 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class _SafeReader(FileSystemReader):
-    """DCP's file-system reader, reading ``.metadata`` with `_MetadataUnpickler` instead of `pickle.load`,
-    and the data files in parallel threads, one file each."""
+    """DCP's file-system reader, loading only bytes that match the manifest: ``.metadata`` read by
+    `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
+    parallel threads, checked against its SHA-256 (`_read_verified`), its tensors taken from those bytes
+    without a copy (`_saved_tensor`) and copied into the state dict."""
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        super().__init__(directory)
+        self.directory, self.manifest = directory, manifest
+
+    def _verified(self, name: str) -> torch.Tensor:
+        if name not in self.manifest.files:
+            raise CheckpointError(f"{DCP_METADATA} refers to {name}, which the manifest does not list")
+        size, sha256 = self.manifest.files[name]
+        return _read_verified(self.directory / name, size, sha256)
+
+    def _read_file(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
+        data = self._verified(name)
+        for item in items:
+            info = self.storage_data[item.storage_index]
+            if info.transform_descriptors:
+                raise CheckpointError(f"{name} holds items written with storage transforms, which no save here writes")
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(data[info.offset : info.offset + info.length].numpy().tobytes()))
+                continue
+            tensor = narrow_tensor_by_index(
+                _saved_tensor(data, info.offset, info.length), item.storage_offsets, item.lengths
+            )
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != tensor.size():
+                found, expected = tuple(tensor.size()), tuple(target.size())
+                raise CheckpointError(f"{name}: {item.storage_index.fqn} is {found}, expected {expected}")
+            target.copy_(tensor)
+            planner.commit_tensor(item, target)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        read = super().read_data
-        with ThreadPoolExecutor(io_threads()) as pool:  # reads and tensor copies release the GIL
-            done = [pool.submit(read, replace(plan, items=items), planner) for items in per_file.values()]
+        with ThreadPoolExecutor(io_threads()) as pool:  # reads, hashing and tensor copies release the GIL
+            done = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
             for future in done:
-                future.result().wait()
+                future.result()
         finished: TorchFuture[None] = TorchFuture()
         finished.set_result(None)
         return finished
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as stream:
-            metadata = _MetadataUnpickler(stream).load()
+        name = Path(self._get_metadata_path(kwargs.get("rank"))).name
+        data = self._verified(name)
+        metadata = _MetadataUnpickler(io.BytesIO(data.numpy().tobytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")
         storage_meta = metadata.storage_meta or StorageMeta()
@@ -568,14 +720,16 @@ class CheckpointManager:
         problems: list[str] = []
         for step in candidates:
             directory = self.root / step_dir(step)
-            errors = self._agree(verify(directory, share=(self.env.local_rank, _local_world_size())))
+            manifest = manifest_of(directory, self.trusted)
+            errors = self._agree(manifest if isinstance(manifest, str) else None)
             if not errors:
-                same_world = read_manifest(directory).world_size == self.env.world_size
+                assert isinstance(manifest, Manifest)
+                same_world = manifest.world_size == self.env.world_size
                 template = state.state_dict(with_rng=same_world)
                 try:
                     dcp_load(
                         template,
-                        storage_reader=_SafeReader(directory),
+                        storage_reader=_SafeReader(directory, manifest),
                         planner=_WeightsOnlyPlanner(),
                         process_group=self.env.ctrl,
                     )
@@ -584,7 +738,7 @@ class CheckpointManager:
                 except (Exception, CheckpointException) as exc:
                     # DCP wraps the cause; its last line says what was wrong with the files, except for a
                     # refused weights_only load, whose reason is the line naming the global.
-                    lines = [line.strip() for line in str(exc).strip().splitlines()]
+                    lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
                     refused = [line for line in lines if "Unsupported global" in line]
                     error = f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
                 errors = self._agree(error)
@@ -599,7 +753,7 @@ class CheckpointManager:
                     "checkpoint %s was written by %d processes, resuming on %d: model and optimizer "
                     "resharded, data position kept, RNG streams reseeded",
                     step_dir(step),
-                    read_manifest(directory).world_size,
+                    cast(Manifest, manifest).world_size,
                     self.env.world_size,
                 )
             self.committed = sorted(s for s in candidates if s <= step)

@@ -97,6 +97,92 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
+def _change_middle(path: Path) -> None:
+    """Change 64 bytes in the middle of a data file, where the tensors are: it still loads, with other weights."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+
+
+def test_a_data_file_changed_after_the_checkpoint_was_checked_is_not_loaded(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes that are loaded are the bytes that were hashed: a file replaced between the check and the read
+    (another process, a sync that lands late) is not loaded."""
+    root = _copy(reference, tmp_path)
+    shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    load = training.checkpoint.dcp_load
+
+    def changed_once_checked(*args: Any, **kwargs: Any) -> Any:
+        if kwargs["storage_reader"].path.name == "step-12":
+            _change_middle(max(shards, key=lambda shard: shard.stat().st_size))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(training.checkpoint, "dcp_load", changed_once_checked)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "does not match the SHA-256" in log and "skipping checkpoint step-12" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_manifest_replaced_after_the_ledger_check_is_not_loaded(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest whose digest the ledger records is the one the load parses: one swapped in after the listing
+    was checked (with files to match) is refused."""
+    root = _copy(reference, tmp_path)
+    checkpoints = root / "checkpoints"
+    _ledger(root, [4, 8, 12])
+    recorded = training.checkpoint.CheckpointManager._recorded
+
+    def swapped_after_listing(self: Any, steps: list[int]) -> list[int]:
+        kept = recorded(self, steps)
+        _change_middle(max((checkpoints / "step-12").glob("__0_*.distcp"), key=lambda shard: shard.stat().st_size))
+        _recommit(checkpoints / "step-12")
+        return kept
+
+    monkeypatch.setattr(training.checkpoint.CheckpointManager, "_recorded", swapped_after_listing)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "skipping checkpoint step-12" in log and "not one the run's ledger records" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def _largest_item(directory: Path) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    """The bytes of the data file holding the checkpoint's largest item (a tensor), checked; the item's storage
+    info; the tensor as torch.load reads it from the file."""
+    manifest = training.checkpoint.manifest_of(directory)
+    assert not isinstance(manifest, str)
+    reader = training.checkpoint._SafeReader(directory, manifest)
+    reader.set_up_storage_reader(reader.read_metadata(), is_coordinator=True)
+    info = max(reader.storage_data.values(), key=lambda info: info.length)
+    data = training.checkpoint._read_verified(directory / info.relative_path, *manifest.files[info.relative_path])
+    with (directory / info.relative_path).open("rb") as file:
+        file.seek(info.offset)
+        expected = torch.load(io.BytesIO(file.read(info.length)), weights_only=True)
+    return data, info, expected
+
+
+def test_tensors_are_loaded_from_the_checked_bytes_without_a_copy(reference: tuple[Path, str]) -> None:
+    data, info, expected = _largest_item(reference[0] / "checkpoints" / "step-12")
+    tensor = training.checkpoint._saved_tensor(data, info.offset, info.length)
+    assert data.data_ptr() + info.offset <= tensor.data_ptr() < data.data_ptr() + info.offset + info.length
+    assert torch.equal(tensor, expected)
+
+
+def test_where_torch_has_no_zero_copy_load_tensors_are_loaded_with_torch_load(
+    reference: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, info, expected = _largest_item(reference[0] / "checkpoints" / "step-12")
+    monkeypatch.setattr(training.checkpoint, "_ZERO_COPY_LOAD", None)
+    tensor = training.checkpoint._saved_tensor(data, info.offset, info.length)
+    assert not data.data_ptr() <= tensor.data_ptr() < data.data_ptr() + len(data)  # a copy
+    assert torch.equal(tensor, expected)
+
+
 def test_a_save_hashes_its_data_files_as_it_writes_them(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
