@@ -11,8 +11,9 @@
 shards and runs its real loop; only the step boundaries are timed (with a device sync at the
 end of the warm-up and at the end). `loader` times the distributed loader on memory-mapped
 shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
-Trainer's own state, and compares a save's and a cold load's bandwidth with the disk's direct
-(O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory.
+Trainer's own state, and compares each save's and cold load's bandwidth with the disk's direct
+(O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory, probed
+right after it.
 `startup` starts the launcher of every "host" on this machine at once and times it to the first
 training step, with the pre-flight check and without, alternately. `stragglers` times the straggler
 check's own calls per step in a gloo world on this machine.
@@ -220,8 +221,11 @@ def _drop_cached_pages(directory: Path) -> None:
 
 def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: Path | None = None) -> dict[str, Any]:
     """Seconds the training loop is blocked by a checkpoint (a blocking save, and an async one's staging),
-    and a save's and a cold load's bandwidth beside the disk's direct write and read. `parent`: the
-    directory to work in (a temporary one in it; the system's temporary directory if None)."""
+    and a save's and a cold load's bandwidth against the disk's direct write and read of as many bytes in the
+    same directory, probed right after each save and load: a virtual disk's bandwidth drifts within a run, so
+    each ratio pairs a save or load with a probe of the same moment, and the row gives the median of the
+    `repeats` pairs and their range. `parent`: the directory to work in (a temporary one in it; the system's
+    temporary directory if None)."""
     import torch  # noqa: PLC0415
 
     from training.trainer import Trainer  # noqa: PLC0415
@@ -244,44 +248,45 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         try:
             trainer._train_step()  # optimizer state exists only after the first step
             trainer.state.step = 1
-            blocking, staging, loading = [], [], []
+            blocking, staging, loading, probes, method = [], [], [], [], ""
             for i in range(repeats):
                 trainer.state.step = 10 + 2 * i
                 start = time.perf_counter()
                 trainer.checkpoints.save(trainer.state, blocking=True)
                 blocking.append(time.perf_counter() - start)
+                newest = paths.checkpoints / step_dir(trainer.state.step)
+                size = sum(f.stat().st_size for f in newest.iterdir())
+                write_gibs, _, method = _direct_bandwidth(paths.checkpoints, size)
                 trainer.state.step = 11 + 2 * i
                 start = time.perf_counter()
                 trainer.checkpoints.save(trainer.state, blocking=False)
                 staging.append(time.perf_counter() - start)
                 trainer.checkpoints.wait()
-            newest = paths.checkpoints / step_dir(trainer.state.step)
-            size = sum(f.stat().st_size for f in newest.iterdir())
-            for _ in range(repeats):
-                _drop_cached_pages(newest)
+                _drop_cached_pages(paths.checkpoints / step_dir(trainer.state.step))
                 start = time.perf_counter()
                 trainer.checkpoints.load_latest(trainer.state)
                 loading.append(time.perf_counter() - start)
-            # Best of `repeats`, as the save and load times are: the disk may be shared.
-            probes = [_direct_bandwidth(paths.checkpoints, size) for _ in range(repeats)]
-            direct_write, direct_read = max(p[0] for p in probes), max(p[1] for p in probes)
-            method = probes[0][2]
+                _, read_gibs, _ = _direct_bandwidth(paths.checkpoints, size)
+                probes.append((write_gibs, read_gibs))
         finally:
             trainer.close()
-    save_gibs = size / 2**30 / min(blocking)
-    load_gibs = size / 2**30 / min(loading)
+    gib = size / 2**30
+    save_ratios = [gib / seconds / probe[0] for seconds, probe in zip(blocking, probes, strict=True)]
+    load_ratios = [gib / seconds / probe[1] for seconds, probe in zip(loading, probes, strict=True)]
     return {
         "model": cfg.model.name,
-        "checkpoint_gib": round(size / 2**30, 3),
+        "checkpoint_gib": round(gib, 3),
         "blocking_save_s": round(min(blocking), 3),
         "async_staging_s": round(min(staging), 3),
         "cold_load_s": round(min(loading), 3),
-        "save_gibps": round(save_gibs, 2),
-        "load_gibps": round(load_gibs, 2),
-        "direct_write_gibps": round(direct_write, 2),
-        "direct_read_gibps": round(direct_read, 2),
-        "save_over_direct_write": round(save_gibs / direct_write, 2),
-        "load_over_direct_read": round(load_gibs / direct_read, 2),
+        "save_gibps": round(gib / min(blocking), 2),
+        "load_gibps": round(gib / min(loading), 2),
+        "direct_write_gibps": [round(p[0], 2) for p in probes],
+        "direct_read_gibps": [round(p[1], 2) for p in probes],
+        "save_over_direct_write": round(statistics.median(save_ratios), 2),
+        "save_over_direct_write_range": [round(min(save_ratios), 2), round(max(save_ratios), 2)],
+        "load_over_direct_read": round(statistics.median(load_ratios), 2),
+        "load_over_direct_read_range": [round(min(load_ratios), 2), round(max(load_ratios), 2)],
         "direct_io": method,
         "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,

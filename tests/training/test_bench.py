@@ -10,7 +10,14 @@ import torch.distributed as dist
 from training_helpers import free_port
 
 from training import bench_peer
-from training.bench import _direct_bandwidth, bench_loader, bench_startup, bench_stragglers, bench_train
+from training.bench import (
+    _direct_bandwidth,
+    bench_checkpoint,
+    bench_loader,
+    bench_startup,
+    bench_stragglers,
+    bench_train,
+)
 from training.config import from_hyperparameters
 from training.data import read_shard
 
@@ -43,6 +50,27 @@ def test_train_row_uses_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (row["model"], row["batch"], row["seq"]) == ("tiny", 4, 64)
     assert row["tokens_per_sec"] > 0 and row["step_ms"] > 0
     assert row["mfu"] == "n/a"  # no peak is known for a CPU
+
+
+@pytest.mark.slow
+def test_checkpoint_row_pairs_every_save_and_load_with_a_probe_of_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    try:
+        row = bench_checkpoint({"model": "tiny", "seq_len": "32", "batch_size": "2"}, repeats=3, parent=tmp_path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+            os.environ.pop(key, None)
+    assert len(row["direct_write_gibps"]) == len(row["direct_read_gibps"]) == 3
+    for ratio in ("save_over_direct_write", "load_over_direct_read"):
+        low, high = row[f"{ratio}_range"]
+        assert 0 <= low <= row[ratio] <= high  # a tiny model's ratios may round to 0
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
