@@ -168,7 +168,7 @@ def _read_verified(path: Path, size: int, sha256: str) -> torch.Tensor:
 
 def verify(directory: Path) -> str | None:
     """Why this checkpoint cannot be loaded, or None if it is complete and every file matches its SHA-256: the
-    checks a load makes, made of every file at once."""
+    checks a load makes of the files it reads, made of every file (without a ledger)."""
     manifest = manifest_of(directory)
     if isinstance(manifest, str):
         return manifest
@@ -195,16 +195,19 @@ class _MemoryFile(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}[whence]
-        self.position = max(0, base + offset)
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}
+        if whence not in bases or bases[whence] + offset < 0:
+            raise ValueError(f"cannot seek to {offset} from {whence}")
+        self.position = bases[whence] + offset
         return self.position
 
     def tell(self) -> int:
         return self.position
 
     def readinto(self, buffer: Any) -> int:
-        chunk = self.view[self.position : self.position + len(buffer)]
-        memoryview(buffer).cast("B")[: len(chunk)] = chunk
+        target = memoryview(buffer).cast("B")
+        chunk = self.view[self.position : self.position + len(target)]
+        target[: len(chunk)] = chunk
         self.position += len(chunk)
         return len(chunk)
 
@@ -460,15 +463,20 @@ class _SafeReader(FileSystemReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         with ThreadPoolExecutor(io_threads()) as pool:  # reads, hashing and tensor copies release the GIL
             done = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
-            for future in done:
-                future.result()
+            try:
+                for future in done:
+                    future.result()
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # the checkpoint is refused: read no more of it
+                raise
         finished: TorchFuture[None] = TorchFuture()
         finished.set_result(None)
         return finished
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        name = Path(self._get_metadata_path(kwargs.get("rank"))).name
-        data = self._verified(name)
+        if kwargs.get("rank") is not None:  # DCP asks for a rank's own metadata when the global one failed
+            raise CheckpointError(f"saves here write one {DCP_METADATA} and no rank's own")
+        data = self._verified(DCP_METADATA)
         metadata = _MetadataUnpickler(io.BytesIO(data.numpy().tobytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")

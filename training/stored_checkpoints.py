@@ -2,9 +2,9 @@
 
 A checkpoint directory ``step-<N>/`` (training/layout.py) is complete when its manifest is there,
 parses, has the known format and names DCP's metadata, and every file the manifest lists is present
-with the size it lists. On disk the trainer also checks each file's SHA-256 before it loads anything
-(training/checkpoint.py); in S3 the sizes come from the listing, and the manifest's own SHA-256 is what
-the platform records of the checkpoint (training/ledger.py).
+with the size it lists. On disk the trainer also checks each file's SHA-256 before it unpickles or loads
+anything from that file (training/checkpoint.py); in S3 the sizes come from the listing, and the
+manifest's own SHA-256 is what the platform records of the checkpoint (training/ledger.py).
 
 Stdlib only: the Lambda assets hold this module, and the Batch contract imports it before torch.
 """

@@ -296,3 +296,29 @@ def test_a_write_error_in_a_writer_thread_fails_the_save(tmp_path: Path, monkeyp
     with pytest.raises(CheckpointException, match=r"wrote \d of the 8 items of this process: __0_\d\.distcp: OSError"):
         dcp.save({f"w{i}": torch.randn(1000) for i in range(8)}, storage_writer=writer, no_dist=True)
     assert not (tmp_path / ".metadata").exists()
+
+
+def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path, str], tmp_path: Path) -> None:
+    root = _copy(reference, tmp_path)
+    metadata = root / "checkpoints" / "step-12" / ".metadata"
+    data = bytearray(metadata.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    metadata.write_bytes(bytes(data))
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert ".metadata does not match the SHA-256 in its manifest" in log
+    assert "saves here write one .metadata and no rank's own" in log  # DCP's retry, refused for that reason
+    assert "resumed from checkpoint step-8" in log
+
+
+def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
+    import array
+
+    file = training.checkpoint._MemoryFile(memoryview(bytes(range(16))))
+    assert file.seek(0, io.SEEK_END) == 16 and file.read(4) == b""
+    assert file.seek(-4, io.SEEK_END) == 12 and file.read() == bytes([12, 13, 14, 15])
+    file.seek(2)
+    floats = array.array("f", [0.0, 0.0])  # 8 bytes, 2 elements
+    assert file.readinto(floats) == 8 and floats.tobytes() == bytes(range(2, 10))
+    with pytest.raises(ValueError, match="cannot seek"):
+        file.seek(-1)
