@@ -712,6 +712,8 @@ class _Driver:
         self.recent: dict[str, list[str]] = {}
         self.queue_states: dict[str, tuple[str, str] | None] = {}
         """Run -> its service job's status and reason as last shown (a waiting job's reason is shown as it changes)."""
+        self.told_queued: set[str] = set()
+        """Runs whose wait for capacity the terminal has told."""
         self.steps: dict[str, int] = {}
         """Training job name -> the last step its log reported."""
         self.started = time.monotonic()
@@ -752,6 +754,12 @@ class _Driver:
             said = (job.status, job.status_reason) if job is not None else None
             if job is not None and said != self.queue_states.get(run_id) and job.status == "RUNNABLE":
                 _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} queued: {job.status_reason}")
+                self.told_queued.add(run_id)
+            elif job is not None and job.waited and run_id not in self.told_queued:
+                # The scheduler may hold a job and start it between two looks (it also runs when the
+                # platform's handlers call Batch): say once that it waited, and why.
+                _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} queued: {job.held_for}")
+                self.told_queued.add(run_id)
             self.queue_states[run_id] = said
             self.decisions.setdefault(run_id, []).extend(
                 _answer_gates(

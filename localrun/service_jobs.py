@@ -354,8 +354,13 @@ class ServiceJob:
     stopping: str | None = None
     """Why its training job is being stopped: "preempted: <reason>" or "terminated: <reason>"."""
     terminated: bool = False
-    waited: bool = False
-    """The scheduler has held it for capacity at least once."""
+    held_for: str = ""
+    """Why the scheduler last held it for capacity ("" if it never has)."""
+
+    @property
+    def waited(self) -> bool:
+        """The scheduler has held it for capacity at least once."""
+        return bool(self.held_for)
 
     @property
     def arn(self) -> str:
@@ -506,8 +511,7 @@ class LocalServiceJobs:
                 self._note(f"{job.name}: {reason}")
                 self._stop(job, f"preempted: {reason}")
             for job_id, reason in decision.waiting.items():
-                self.jobs[job_id].status_reason = reason
-                self.jobs[job_id].waited = True
+                self.jobs[job_id].status_reason = self.jobs[job_id].held_for = reason
             for job_id in decision.start:
                 self._start(self.jobs[job_id])
 

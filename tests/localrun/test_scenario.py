@@ -86,7 +86,40 @@ def test_queued_holds_once_the_scheduler_held_the_job_even_if_it_has_started_sin
     from localrun.demo import _Driver
     from localrun.service_jobs import ServiceJob
 
-    job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, status, waited=waited)
+    held_for = "waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge" if waited else ""
+    job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, status, held_for=held_for)
     driver = object.__new__(_Driver)
     driver.service_job = lambda _run: job  # type: ignore[method-assign]
     assert driver.holds(After(condition="queued", run="a-second"), since=0.0) is holds
+
+
+def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two_looks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import localrun.demo
+    from localrun.demo import _Driver
+    from localrun.service_jobs import ServiceJob
+
+    reason = "waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge"
+    job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, "RUNNING", held_for=reason)
+
+    class Platform:
+        class service_jobs:  # noqa: N801
+            @staticmethod
+            def advance() -> None:
+                return None
+
+        @staticmethod
+        def states_entered(_arn: str) -> list[str]:
+            return []
+
+    monkeypatch.setattr(localrun.demo, "_answer_gates", lambda *_args, **_kwargs: [])
+    driver = object.__new__(_Driver)
+    driver.platform = Platform()  # type: ignore[assignment]
+    driver.service_job = lambda _run: job  # type: ignore[method-assign]
+    driver.arns, driver.seen, driver.recent, driver.decisions = {"a-second": "arn"}, {}, {}, {}
+    driver.queue_states, driver.told_queued, driver.started, driver.verbose = {}, set(), 0.0, False
+    driver.approver = None  # type: ignore[assignment]
+    driver.follow()
+    driver.follow()
+    assert capsys.readouterr().out.count(f"a-second queued: {reason}") == 1
