@@ -97,11 +97,6 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def read_manifest(directory: Path) -> Manifest:
-    """The checkpoint's manifest, parsed by the one rule (training/stored_checkpoints.py); ManifestError if not."""
-    return Manifest.parse((directory / MANIFEST).read_bytes())
-
-
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
