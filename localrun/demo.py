@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -386,7 +386,7 @@ def _follow(
         decisions.extend(
             _answer_gates(
                 platform,
-                arn,
+                [arn],
                 approver=approver,
                 auto_approve=auto_approve,
                 reject=reject,
@@ -434,7 +434,7 @@ def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path
 
 def _answer_gates(
     platform: Any,
-    arn: str,
+    executions: Collection[str],
     *,
     approver: str,
     auto_approve: bool,
@@ -443,7 +443,7 @@ def _answer_gates(
     before: Callable[[], None],
     elsewhere: DecisionUrl | None = None,
 ) -> list[dict[str, Any]]:
-    """Decide open requests of this execution as `approver`, as `tp approve|reject` does, through the real
+    """Decide open requests of these executions as `approver`, as `tp approve|reject` does, through the real
     handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what was decided."""
     session = platform.person(approver, "demo")
     pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
@@ -451,7 +451,7 @@ def _answer_gates(
     for result in answered:
         _say(f"    -> {result.get('decision')} by {result.get('by')} (tp, from another terminal)")
     for request in pending:
-        if request["execution"] != arn:
+        if request["execution"] not in executions:
             continue
         if elsewhere is not None:
             if request["request_id"] not in elsewhere.announced:
@@ -707,7 +707,8 @@ class _Driver:
         self.platform, self.training, self.approver, self.verbose = platform, training, approver, verbose
         self.arns: dict[str, str] = {}
         self.runs: dict[str, Run] = {}
-        self.decisions: dict[str, list[dict[str, Any]]] = {}
+        self.finished: set[str] = set()
+        """Runs whose execution had ended before the driver last read their history: nothing more to follow."""
         self.seen: dict[str, int] = {}
         self.recent: dict[str, list[str]] = {}
         self.queue_states: dict[str, tuple[str, str] | None] = {}
@@ -742,7 +743,15 @@ class _Driver:
         """Bring the queue up to date (Batch schedules on its own, not when asked), print new states, answer gates."""
         assert self.platform.service_jobs is not None
         self.platform.service_jobs.advance()
+        running = []
         for run_id, arn in self.arns.items():
+            if run_id in self.finished:
+                continue
+            # Whether it had ended before its history is read: that read then holds its every state.
+            if self.ended(run_id):
+                self.finished.add(run_id)
+            else:
+                running.append(arn)
             entered = self.platform.states_entered(arn)
             for name in entered[self.seen.get(run_id, 0) :]:
                 recent = self.recent.setdefault(run_id, [])
@@ -761,16 +770,15 @@ class _Driver:
                 _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} queued: {job.held_for}")
                 self.told_queued.add(run_id)
             self.queue_states[run_id] = said
-            self.decisions.setdefault(run_id, []).extend(
-                _answer_gates(
-                    self.platform,
-                    arn,
-                    approver=self.approver,
-                    auto_approve=True,
-                    reject=None,
-                    verbose=self.verbose,
-                    before=lambda: None,
-                )
+        if running:  # one look at the pending requests for every run (each look is a call of the decision URL)
+            _answer_gates(
+                self.platform,
+                running,
+                approver=self.approver,
+                auto_approve=True,
+                reject=None,
+                verbose=self.verbose,
+                before=lambda: None,
             )
 
     # -- the steps ----------------------------------------------------------------------------------
@@ -819,13 +827,31 @@ class _Driver:
                 raise TimeoutError(f"the scenario's time limit passed waiting {after.describe()}")
             time.sleep(0.3)
 
-    def start(self, run: Run) -> None:
+    def start(self, run: Run, deadline: float) -> None:
+        """Start the run; a queue run expected to succeed reaches the queue while every training job is held.
+
+        On AWS a request reaches its queue in seconds while jobs train for hours. Here the pipeline's states and
+        the jobs share this machine's cores and a job trains for seconds, so under load a job could end before a
+        run started while it trained was submitted. Training is held meanwhile (LocalTraining.paused), so the
+        queue sees what the scenario's steps say on any machine. A run expected to be refused is not waited for:
+        what the queue holds does not decide its refusal.
+        """
         name = f"{run.id}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         execution_input = {"notify": [DEMO_RECIPIENT], **run.input}
-        self.arns[run.id] = self.platform.start(execution_input, name=name, requester=run.principal)
-        self.runs[run.id] = run
-        who = run.principal.rsplit("/", 1)[-1]
-        _say(f"[{time.monotonic() - self.started:6.1f}s] {run.id}: started by {who} as team {run.input.get('team')}")
+        queued = run.input.get("backend") == "queue" and run.expect == "SUCCEEDED"
+        with self.training.paused() if queued else contextlib.nullcontext():
+            self.arns[run.id] = self.platform.start(execution_input, name=name, requester=run.principal)
+            self.runs[run.id] = run
+            who = run.principal.rsplit("/", 1)[-1]
+            _say(
+                f"[{time.monotonic() - self.started:6.1f}s] {run.id}: started by {who} as team {run.input.get('team')}"
+            )
+            while queued and self.service_job(run.id) is None and not self.ended(run.id):
+                self.follow()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the scenario's time limit passed while {run.id}'s request went to the queue")
+                time.sleep(0.3)
+            self.follow()  # the scheduler's pass over the new job (a preemption's SIGTERM arrives on the release)
 
     def budget_stop(self, team: str) -> None:
         """What AWS Budgets does at 100% of the team's actual spend: attach its deny policy to the action's roles."""
@@ -891,7 +917,7 @@ def run_scenario(
             for step in scenario.steps:
                 driver.wait_for(step.after, deadline)
                 if step.run is not None:
-                    driver.start(step.run)
+                    driver.start(step.run, deadline)
                 elif step.budget_stop is not None:
                     driver.budget_stop(step.budget_stop)
             while not all(driver.ended(run_id) for run_id in driver.arns):

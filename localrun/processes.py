@@ -78,15 +78,31 @@ def kill(pid: int) -> None:
         _send(p, signal.SIGKILL)
 
 
-def end(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> None:
-    """SIGKILL a host's (or a job's) processes: its live launchers' trees and whatever else runs under `root`.
+def _host_members(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> Callable[[], list[int]]:
+    """A host's (or a job's) processes: its live launchers' trees and whatever else runs under `root`.
 
-    A launcher that has exited is not signalled (its pid may be another process's by now).
+    A launcher that has exited is not counted (its pid may be another process's by now).
     """
 
     def members() -> list[int]:
         found = [p for launcher in launchers if launcher.poll() is None for p in tree(launcher.pid)]
         return found + [p for p in under(root) if p not in found]
 
-    for p in _freeze(members):
+    return members
+
+
+def end(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> None:
+    """SIGKILL a host's (or a job's) processes, as its container's end takes every process in it."""
+    for p in _freeze(_host_members(launchers, root)):
         _send(p, signal.SIGKILL)
+
+
+def pause(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> list[int]:
+    """SIGSTOP a host's (or a job's) processes, as `end` finds them; the frozen pids, for `resume`."""
+    return _freeze(_host_members(launchers, root))
+
+
+def resume(pids: Sequence[int]) -> None:
+    """SIGCONT what `pause` or `freeze` stopped."""
+    for p in pids:
+        _send(p, signal.SIGCONT)

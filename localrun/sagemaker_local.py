@@ -32,11 +32,12 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import boto3
 from botocore.credentials import Credentials
@@ -144,6 +145,10 @@ class LocalTraining:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        # `paused`: whether hosts are held, and the pids it stopped (hosts started meanwhile included).
+        self._spawn_lock = threading.Lock()
+        self._paused = False
+        self._frozen: list[int] = []
         # The process environment as the job starts (handler variables are not in it: localrun/environ.py).
         self._base_env = {
             k: v
@@ -264,6 +269,29 @@ class LocalTraining:
         job.secondary_status_transitions.append({"Status": "Stopped", "StartTime": datetime.now(UTC)})
         job.training_end_time = datetime.now(UTC)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every job's hosts frozen (SIGSTOP) for the block, hosts started in it too; SIGCONT after.
+
+        No training step runs meanwhile, and no clock inside a job sees the pause: the launcher, whose hang
+        check reads the workers' steps, is frozen with them. A stop (SIGTERM) sent meanwhile is delivered after.
+        """
+        if self.hang_after_checkpoint:
+            raise ValueError(
+                "a paused job's SIGCONT would also resume the worker the hang stopped: use one or the other"
+            )
+        with self._spawn_lock:
+            self._paused = True
+            for local in list(self.jobs.values()):
+                self._frozen += processes.pause(local.processes, local.workdir)
+        try:
+            yield
+        finally:
+            with self._spawn_lock:
+                self._paused = False
+                processes.resume(self._frozen)
+                self._frozen = []
+
     # -- hosts ------------------------------------------------------------------------------------
     def _start(self, local: LocalJob, job: Any) -> None:
         """Download the channels and checkpoints onto each host, then start every host's launcher."""
@@ -318,21 +346,26 @@ class LocalTraining:
             )
             log = logs / f"{host}-gen{local.generation}.log"
             handle = log.open("wb")
-            process = subprocess.Popen(
-                isolate([sys.executable, "-m", "training.launcher", "train"]),
-                cwd=REPO,
-                env=env,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            local.processes.append(process)
+            process = self._spawn(local, isolate([sys.executable, "-m", "training.launcher", "train"]), env, handle)
             if host == local.primary:
                 local.log = log
                 threading.Thread(target=self._follow, args=(local, log, process), daemon=True).start()
         job.secondary_status = "Training"
         job.secondary_status_transitions.append({"Status": "Training", "StartTime": datetime.now(UTC)})
         threading.Thread(target=self._await_exit, args=(local, list(local.processes)), daemon=True).start()
+
+    def _spawn(
+        self, local: LocalJob, command: list[str], env: dict[str, str], log: IO[bytes]
+    ) -> subprocess.Popen[bytes]:
+        """Start a host's launcher in a session of its own (frozen at once while `paused`)."""
+        with self._spawn_lock:
+            process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            local.processes.append(process)
+            if self._paused:
+                self._frozen += processes.freeze(process.pid)
+        return process
 
     def _await_exit(self, local: LocalJob, started: list[subprocess.Popen[bytes]]) -> None:
         """Note when the hosts' launchers have all exited (unless a restart has replaced them)."""

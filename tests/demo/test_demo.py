@@ -66,7 +66,6 @@ def _demo(platform: Any, tmp_path: Path, execution_input: dict[str, Any], **opti
         "spot_interrupt": False,
         "approver": APPROVER,
         "wait_seconds": 1.0,
-        "timeout_seconds": 240.0,
     }
     outcome = run_demo(
         execution_input=execution_input,

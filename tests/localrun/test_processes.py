@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from localrun import processes
+from localrun.sagemaker_local import LocalJob, LocalTraining
 
 # A launcher whose child starts a grandchild in a session of its own, as torchrun starts its workers.
 _LAUNCHER = """
@@ -68,3 +71,52 @@ def test_ending_a_host_kills_what_its_exited_launcher_left_running(tmp_path: Pat
     while _alive(worker):
         assert time.monotonic() < deadline, worker
         time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _states_become(pids: list[int], stopped: bool) -> None:
+    """A signal is acted on when its process next runs: wait for it, within a deadline."""
+    deadline = time.monotonic() + 10
+    while any((_state(pid) == "T") != stopped for pid in pids):
+        assert time.monotonic() < deadline, {pid: _state(pid) for pid in pids}
+        time.sleep(0.02)
+
+
+def _tree_of(launcher: subprocess.Popen[bytes], size: int) -> list[int]:
+    deadline = time.monotonic() + 10
+    while len(tree := processes.tree(launcher.pid)) < size:
+        assert time.monotonic() < deadline, tree
+        time.sleep(0.05)
+    return tree
+
+
+def test_a_paused_job_is_frozen_whole_and_so_is_a_host_started_while_paused(tmp_path: Path) -> None:
+    # The teams scenario holds training while a run's request reaches the queue (localrun/demo.py, _Driver.start).
+    training = LocalTraining(root=tmp_path, datasets_bucket="")
+    job = LocalJob("job", {}, tmp_path / "job", ["algo-1", "algo-2"])
+    training.jobs["job"] = job
+    env = {"PATH": "/usr/bin:/bin", "OPT_ML_ROOT": str(job.tree("algo-1"))}
+    with (tmp_path / "log").open("wb") as log:
+        first = training._spawn(job, [sys.executable, "-c", _LAUNCHER], env, log)
+        running = _tree_of(first, 3)
+        try:
+            with training.paused():
+                _states_become(running, stopped=True)
+                second = training._spawn(job, [sys.executable, "-c", _LAUNCHER], env, log)
+                _states_become(processes.tree(second.pid), stopped=True)  # with whatever it started first
+            _states_become(running, stopped=False)
+            _states_become(_tree_of(second, 3), stopped=False)  # it goes on from where it stopped
+        finally:
+            processes.end(job.processes, job.workdir)
+            for launcher in job.processes:
+                launcher.wait(timeout=10)
+
+
+def test_a_job_is_not_paused_where_the_hang_demo_stopped_a_worker(tmp_path: Path) -> None:
+    # Resuming a paused job would also resume the worker the hang check must find stopped.
+    training = LocalTraining(root=tmp_path, datasets_bucket="", hang_after_checkpoint=True)
+    with pytest.raises(ValueError, match="hang"), training.paused():
+        pass

@@ -117,7 +117,8 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
     driver = object.__new__(_Driver)
     driver.platform = Platform()  # type: ignore[assignment]
     driver.service_job = lambda _run: job  # type: ignore[method-assign]
-    driver.arns, driver.seen, driver.recent, driver.decisions = {"a-second": "arn"}, {}, {}, {}
+    driver.arns, driver.seen, driver.recent, driver.finished = {"a-second": "arn"}, {}, {}, set()
+    driver.ended = lambda _run: False  # type: ignore[method-assign]
     driver.queue_states, driver.told_queued, driver.started, driver.verbose = {}, set(), 0.0, False
     driver.approver = None  # type: ignore[assignment]
     driver.follow()
