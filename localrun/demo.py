@@ -787,7 +787,10 @@ class _Driver:
         assert self.platform.service_jobs is not None
         arn = self.arns[run_id]
         mine = [
-            j for j in self.platform.service_jobs.jobs.values() if j.request.get("tags", {}).get(EXECUTION_TAG) == arn
+            # A copy: the scheduler adds jobs on the handlers' threads.
+            j
+            for j in list(self.platform.service_jobs.jobs.values())
+            if j.request.get("tags", {}).get(EXECUTION_TAG) == arn
         ]
         return mine[-1] if mine else None
 
@@ -833,8 +836,8 @@ class _Driver:
         On AWS a request reaches its queue in seconds while jobs train for hours. Here the pipeline's states and
         the jobs share this machine's cores and a job trains for seconds, so under load a job could end before a
         run started while it trained was submitted. Training is held meanwhile (LocalTraining.paused), so the
-        queue sees what the scenario's steps say on any machine. A run expected to be refused is not waited for:
-        what the queue holds does not decide its refusal.
+        queue sees what the scenario's steps say on any machine. A run expected to fail is not waited for: the
+        shipped scenario's are refused before or at their submission, which what the queue holds does not decide.
         """
         name = f"{run.id}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         execution_input = {"notify": [DEMO_RECIPIENT], **run.input}

@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from training.launcher import parent_pids
@@ -97,12 +97,26 @@ def end(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> None:
         _send(p, signal.SIGKILL)
 
 
-def pause(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> list[int]:
-    """SIGSTOP a host's (or a job's) processes, as `end` finds them; the frozen pids, for `resume`."""
-    return _freeze(_host_members(launchers, root))
+def _start_time(pid: int) -> str | None:
+    """When the process started (/proc/<pid>/stat's starttime): with its pid, it names one process, pid reuse or not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
-def resume(pids: Sequence[int]) -> None:
-    """SIGCONT what `pause` or `freeze` stopped."""
-    for p in pids:
-        _send(p, signal.SIGCONT)
+def identify(pids: Sequence[int]) -> dict[int, str | None]:
+    """The processes behind `pids`, for `resume`."""
+    return {p: _start_time(p) for p in pids}
+
+
+def pause(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> dict[int, str | None]:
+    """SIGSTOP a host's (or a job's) processes, as `end` finds them; what was frozen, for `resume`."""
+    return identify(_freeze(_host_members(launchers, root)))
+
+
+def resume(frozen: Mapping[int, str | None]) -> None:
+    """SIGCONT what `pause` (or `freeze`, then `identify`) stopped: a process killed since, its pid reused, is not."""
+    for p, started in frozen.items():
+        if started is not None and _start_time(p) == started:
+            _send(p, signal.SIGCONT)

@@ -148,7 +148,7 @@ class LocalTraining:
         # `paused`: whether hosts are held, and the pids it stopped (hosts started meanwhile included).
         self._spawn_lock = threading.Lock()
         self._paused = False
-        self._frozen: list[int] = []
+        self._frozen: dict[int, str | None] = {}
         # The process environment as the job starts (handler variables are not in it: localrun/environ.py).
         self._base_env = {
             k: v
@@ -273,24 +273,29 @@ class LocalTraining:
     def paused(self) -> Iterator[None]:
         """Every job's hosts frozen (SIGSTOP) for the block, hosts started in it too; SIGCONT after.
 
-        No training step runs meanwhile, and no clock inside a job sees the pause: the launcher, whose hang
-        check reads the workers' steps, is frozen with them. A stop (SIGTERM) sent meanwhile is delivered after.
+        No training step runs meanwhile. A job's clocks still see the pause, as one slow step: a pause longer
+        than its hang limit (training/hang.py; hang.floor_minutes, 10 by default) would be judged a hang. A stop
+        (SIGTERM) sent meanwhile is delivered on the release, and SageMaker's grace before SIGKILL starts then.
         """
         if self.hang_after_checkpoint:
             raise ValueError(
                 "a paused job's SIGCONT would also resume the worker the hang stopped: use one or the other"
             )
-        with self._spawn_lock:
-            self._paused = True
-            for local in list(self.jobs.values()):
-                self._frozen += processes.pause(local.processes, local.workdir)
         try:
+            with self._spawn_lock:
+                self._paused = True
+                for local in list(self.jobs.values()):
+                    self._frozen.update(processes.pause(local.processes, local.workdir))
             yield
         finally:
             with self._spawn_lock:
                 self._paused = False
                 processes.resume(self._frozen)
-                self._frozen = []
+                self._frozen = {}
+            released = time.monotonic()
+            for local in list(self.jobs.values()):
+                if local.stopping:
+                    local.stop_requested_at = max(local.stop_requested_at, released)
 
     # -- hosts ------------------------------------------------------------------------------------
     def _start(self, local: LocalJob, job: Any) -> None:
@@ -364,7 +369,7 @@ class LocalTraining:
             )
             local.processes.append(process)
             if self._paused:
-                self._frozen += processes.freeze(process.pid)
+                self._frozen.update(processes.identify(processes.freeze(process.pid)))
         return process
 
     def _await_exit(self, local: LocalJob, started: list[subprocess.Popen[bytes]]) -> None:

@@ -85,9 +85,15 @@ def _states_become(pids: list[int], stopped: bool) -> None:
         time.sleep(0.02)
 
 
-def _tree_of(launcher: subprocess.Popen[bytes], size: int) -> list[int]:
+def _argv(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+
+
+def _launched(launcher: subprocess.Popen[bytes]) -> list[int]:
+    """_LAUNCHER's tree once its grandchild runs its own program: a process stopped between fork and exec
+    would hold its parent in the fork (state D, not T)."""
     deadline = time.monotonic() + 10
-    while len(tree := processes.tree(launcher.pid)) < size:
+    while (tree := processes.tree(launcher.pid)) and _argv(tree[-1])[-1:] != [b"import time; time.sleep(600)"]:
         assert time.monotonic() < deadline, tree
         time.sleep(0.05)
     return tree
@@ -101,14 +107,14 @@ def test_a_paused_job_is_frozen_whole_and_so_is_a_host_started_while_paused(tmp_
     env = {"PATH": "/usr/bin:/bin", "OPT_ML_ROOT": str(job.tree("algo-1"))}
     with (tmp_path / "log").open("wb") as log:
         first = training._spawn(job, [sys.executable, "-c", _LAUNCHER], env, log)
-        running = _tree_of(first, 3)
+        running = _launched(first)
+        assert len(running) == 3
         try:
             with training.paused():
                 _states_become(running, stopped=True)
-                second = training._spawn(job, [sys.executable, "-c", _LAUNCHER], env, log)
-                _states_become(processes.tree(second.pid), stopped=True)  # with whatever it started first
-            _states_become(running, stopped=False)
-            _states_become(_tree_of(second, 3), stopped=False)  # it goes on from where it stopped
+                second = training._spawn(job, [sys.executable, "-c", "import time; time.sleep(600)"], env, log)
+                _states_become([second.pid], stopped=True)
+            _states_become([*running, second.pid], stopped=False)
         finally:
             processes.end(job.processes, job.workdir)
             for launcher in job.processes:
@@ -120,3 +126,32 @@ def test_a_job_is_not_paused_where_the_hang_demo_stopped_a_worker(tmp_path: Path
     training = LocalTraining(root=tmp_path, datasets_bucket="", hang_after_checkpoint=True)
     with pytest.raises(ValueError, match="hang"), training.paused():
         pass
+
+
+def test_a_pause_resumes_only_the_processes_it_stopped_and_starts_a_stop_grace_on_its_release(tmp_path: Path) -> None:
+    training = LocalTraining(root=tmp_path, datasets_bucket="")
+    job = LocalJob("job", {}, tmp_path / "job", ["algo-1"])
+    training.jobs["job"] = job
+    env = {"PATH": "/usr/bin:/bin", "OPT_ML_ROOT": str(job.tree("algo-1"))}
+    with (tmp_path / "log").open("wb") as log:
+        host = training._spawn(job, [sys.executable, "-c", "import time; time.sleep(600)"], env, log)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # A pid whose process is not the one frozen (its pid reused by another): not resumed.
+        (frozen,) = processes.freeze(other.pid)
+        _states_become([other.pid], stopped=True)
+        processes.resume({frozen: "not its start time"})
+        assert _state(other.pid) == "T"
+        processes.resume(processes.identify([frozen]))
+        _states_become([other.pid], stopped=False)
+        # A stop requested before the release: SageMaker's grace counts from the SIGTERM's delivery.
+        job.stopping, job.stop_requested_at = True, 0.0
+        before = time.monotonic()
+        with training.paused():
+            _states_become([host.pid], stopped=True)
+        assert job.stop_requested_at >= before
+        _states_become([host.pid], stopped=False)
+    finally:
+        for process in (other, host):
+            process.kill()
+            process.wait(timeout=10)
