@@ -816,19 +816,29 @@ class _Driver:
             return job.status == "RUNNABLE" or job.waited
         return bool(job.attempts) and self.steps.get(job.attempts[-1].training_job, 0) >= after.step
 
+    def _until(self, done: Callable[[], bool], deadline: float, waiting: str) -> None:
+        """Follow the runs until `done()` holds; TimeoutError after the scenario's deadline."""
+        while not done():
+            self.follow()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scenario's time limit passed {waiting}")
+            time.sleep(0.3)
+
     def wait_for(self, after: After, deadline: float) -> None:
         since = time.monotonic()
-        while not self.holds(after, since):
-            self.follow()
+
+        def done() -> bool:
+            if self.holds(after, since):
+                return True
             if after.run is not None and after.condition != "ended" and self.ended(after.run):
                 ended = self.platform.sfn.describe_execution(executionArn=self.arns[after.run])
                 raise ScenarioError(
                     f"{after.run} ended {ended['status']} before the next step's condition held ({after.describe()}): "
                     f"{ended.get('error')}: {ended.get('cause')}"
                 )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the scenario's time limit passed waiting {after.describe()}")
-            time.sleep(0.3)
+            return False
+
+        self._until(done, deadline, f"waiting {after.describe()}")
 
     def start(self, run: Run, deadline: float) -> None:
         """Start the run; a queue run expected to succeed reaches the queue while every training job is held.
@@ -849,12 +859,13 @@ class _Driver:
             _say(
                 f"[{time.monotonic() - self.started:6.1f}s] {run.id}: started by {who} as team {run.input.get('team')}"
             )
-            while queued and self.service_job(run.id) is None and not self.ended(run.id):
-                self.follow()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the scenario's time limit passed while {run.id}'s request went to the queue")
-                time.sleep(0.3)
-            self.follow()  # the scheduler's pass over the new job (a preemption's SIGTERM arrives on the release)
+            if queued:
+                self._until(
+                    lambda: self.service_job(run.id) is not None or self.ended(run.id),
+                    deadline,
+                    f"while {run.id}'s request went to the queue",
+                )
+                self.follow()  # the scheduler's pass over the new job (a preemption's SIGTERM arrives on the release)
 
     def budget_stop(self, team: str) -> None:
         """What AWS Budgets does at 100% of the team's actual spend: attach its deny policy to the action's roles."""

@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from training.launcher import parent_pids
+from training.launcher import parent_pids, proc_stat
 from training.layout import OPT_ML_ROOT_ENV
 
 
@@ -97,12 +97,16 @@ def end(launchers: Sequence[subprocess.Popen[bytes]], root: Path) -> None:
         _send(p, signal.SIGKILL)
 
 
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, T: stopped, Z: exited, unreaped), or None once it is gone."""
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
+
+
 def _start_time(pid: int) -> str | None:
-    """When the process started (/proc/<pid>/stat's starttime): with its pid, it names one process, pid reuse or not."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    """When the process started (its stat's starttime): with its pid, it names one process, pid reuse or not."""
+    fields = proc_stat(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def identify(pids: Sequence[int]) -> dict[int, str | None]:

@@ -295,7 +295,7 @@ class LocalTraining:
             released = time.monotonic()
             for local in list(self.jobs.values()):
                 if local.stopping:
-                    local.stop_requested_at = max(local.stop_requested_at, released)
+                    local.stop_requested_at = released
 
     # -- hosts ------------------------------------------------------------------------------------
     def _start(self, local: LocalJob, job: Any) -> None:

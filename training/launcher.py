@@ -246,18 +246,21 @@ def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None)
     return [*command, sys.executable, "-m", "training.train"]
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat's fields from the state on (field 3: state, 4: parent pid, 22: start time); [] once the
+    process is gone. The command's name (field 2) may hold spaces and parentheses: the fields follow its last ")"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def parent_pids() -> dict[int, int]:
     """pid -> parent pid of every process, from /proc."""
     parents = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name (field 2) may contain spaces; the parent pid follows its closing paren.
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if entry.name.isdigit() and (fields := proc_stat(entry.name)):
+            parents[int(entry.name)] = int(fields[1])
     return parents
 
 

@@ -27,11 +27,7 @@ time.sleep(600)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return processes.state(pid) not in (None, "Z")
 
 
 def test_killing_a_host_kills_what_its_launcher_started_in_other_sessions() -> None:
@@ -73,15 +69,11 @@ def test_ending_a_host_kills_what_its_exited_launcher_left_running(tmp_path: Pat
         time.sleep(0.05)
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 def _states_become(pids: list[int], stopped: bool) -> None:
     """A signal is acted on when its process next runs: wait for it, within a deadline."""
     deadline = time.monotonic() + 10
-    while any((_state(pid) == "T") != stopped for pid in pids):
-        assert time.monotonic() < deadline, {pid: _state(pid) for pid in pids}
+    while any((processes.state(pid) == "T") != stopped for pid in pids):
+        assert time.monotonic() < deadline, {pid: processes.state(pid) for pid in pids}
         time.sleep(0.02)
 
 
@@ -141,7 +133,7 @@ def test_a_pause_resumes_only_the_processes_it_stopped_and_starts_a_stop_grace_o
         (frozen,) = processes.freeze(other.pid)
         _states_become([other.pid], stopped=True)
         processes.resume({frozen: "not its start time"})
-        assert _state(other.pid) == "T"
+        assert processes.state(other.pid) == "T"
         processes.resume(processes.identify([frozen]))
         _states_become([other.pid], stopped=False)
         # A stop requested before the release: SageMaker's grace counts from the SIGTERM's delivery.
