@@ -228,8 +228,9 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     platform: Any, tmp_path: Path
 ) -> None:
     # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
-    # sets the hang check's floor to 6 s.
-    hyperparameters = {"max_steps": 60, "checkpoint.interval_steps": 10}
+    # sets the hang check's floor to 6 s. The run is long enough that the Monitor records a checkpoint before
+    # its last step, after which nothing is judged: a CI run's 60 steps ended first and the job never failed.
+    hyperparameters = {"max_steps": 300, "checkpoint.interval_steps": 10}
     execution_input = _input(run_name="demo-hang", instance_count=1, spot=False, hyperparameters=hyperparameters)
     outcome = _demo(platform, tmp_path, execution_input, hang=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
