@@ -120,6 +120,8 @@ class LambdaCall:
     event: Any
     result: Any = None
     error: str | None = None
+    message: str = ""
+    """The error's message, with `error` its type."""
 
 
 class _Context:
@@ -284,10 +286,23 @@ class LocalPlatform:
                 return described
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"execution {described['status']} after {timeout} s, and what was awaited did not happen: "
-                    f"{self.states_entered(execution_arn)}"
+                    f"what was awaited did not happen in {timeout} s: {self.explain(execution_arn)}; "
+                    f"states entered: {self.states_entered(execution_arn)}"
                 )
             time.sleep(0.01)
+
+    def explain(self, *execution_arns: str) -> str:
+        """What a wait that failed needs said: each execution's status, error and cause; every handler that raised."""
+        ended = []
+        listed = self.sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]
+        for arn in execution_arns or [e["executionArn"] for e in listed]:
+            described = self.sfn.describe_execution(executionArn=arn)
+            ended.append(
+                f"{described['name']} {described['status']} (error {described.get('error')!r}, "
+                f"cause {described.get('cause')!r})"
+            )
+        failed = [f"{c.function}: {c.error}: {c.message}" for c in self.lambda_calls if c.error]
+        return f"{'; '.join(ended)}; handlers that raised: {failed or 'none'}"
 
     def history(self, execution_arn: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)[
@@ -482,7 +497,7 @@ class LocalPlatform:
                 try:
                     call.result = handler(event, _Context(function_name))
                 except Exception as exc:
-                    call.error = type(exc).__name__
+                    call.error, call.message = type(exc).__name__, str(exc)
                     raise
         finally:
             with self._inflight:
@@ -558,6 +573,7 @@ class LocalPlatform:
             moto_fixes.create_training_job(self._training_job_created),
             moto_fixes.describe_training_job(self.training.described),
             moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),
+            moto_fixes.roles_read_from_a_copy(),
             moto_fixes.definitions_validated_once(),
         ]
 

@@ -151,6 +151,22 @@ def aws_managed_policies_only(names: Iterable[str]) -> Any:
     return mock.patch.object(IAMBackend, "_init_aws_policies", init_aws_policies)
 
 
+def roles_read_from_a_copy() -> Any:
+    """moto finds a role (`get_role`, `get_role_by_arn`, on every call it judges) by iterating its dict of
+    roles; a role created on another thread meanwhile ends that iteration with "dictionary changed size
+    during iteration", and the call fails. AWS's IAM serves both at once. Here every lookup iterates a
+    copy, which `list()` takes in one step under the GIL.
+
+    The harness creates people's roles (`LocalPlatform.person`) while handlers and executions run on
+    other threads.
+    """
+
+    def get_roles(backend: IAMBackend) -> list[Any]:
+        return list(backend.roles.values())
+
+    return mock.patch.object(IAMBackend, "get_roles", get_roles)
+
+
 # -- S3 ----------------------------------------------------------------------------------------------
 def bucket_policies_left_to_local_iam() -> Any:
     """moto applies a bucket policy to object calls ignoring its conditions, so the TLS-only Deny denies

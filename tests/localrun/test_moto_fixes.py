@@ -35,3 +35,33 @@ def test_only_the_named_aws_managed_policies_exist_and_unknown_names_are_refused
             iam.attach_role_policy(RoleName="fn", PolicyArn="arn:aws:iam::aws:policy/AdministratorAccess")
     with pytest.raises(ValueError, match="not an AWS managed policy moto knows: AWSLambdaBasicExecutionRoel"):
         moto_fixes.aws_managed_policies_only(["AWSLambdaBasicExecutionRoel"])
+
+
+def test_a_role_created_while_a_lookup_iterates_the_roles_does_not_fail_the_lookup() -> None:
+    """As when the harness creates a person's role on its thread while a handler's call is judged on another."""
+    from moto.iam.models import iam_backends
+
+    trust = json.dumps({"Version": "2012-10-17", "Statement": []})
+    with mock_aws(), moto_fixes.roles_read_from_a_copy():
+        iam = boto3.client("iam", region_name="us-east-1")
+        iam.create_role(RoleName="fn", AssumeRolePolicyDocument=trust)
+        backend = iam_backends["123456789012"]["aws"]
+
+        class CreatesARoleWhenRead:
+            """A role whose name, once read, has another role created: the other thread's step, taken mid-lookup."""
+
+            created = False
+
+            @property
+            def name(self) -> str:
+                if not self.created:
+                    self.created = True
+                    backend.create_role("person", trust, "/", None, "", [], None)
+                return "interleaved"
+
+            arn = name
+
+        backend.roles = {"interleaved": CreatesARoleWhenRead(), **backend.roles}
+        assert backend.get_role("fn").name == "fn"
+        assert backend.get_role_by_arn("arn:aws:iam::123456789012:role/fn").name == "fn"
+        assert backend.get_role("person").name == "person"

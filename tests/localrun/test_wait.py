@@ -9,12 +9,22 @@ from typing import Any
 
 import pytest
 
-from localrun.engine import LocalPlatform
+from localrun.engine import LambdaCall, LocalPlatform
 
 
-def _ended(status: str) -> Any:
-    sfn = SimpleNamespace(describe_execution=lambda executionArn: {"status": status})  # noqa: N803
-    return SimpleNamespace(sfn=sfn, states_entered=lambda _arn: ["Validate request"])
+def _ended(status: str, calls: list[LambdaCall] | None = None) -> Any:
+    described = {"name": "run-1", "status": status}
+    if status == "FAILED":
+        described |= {"error": "RuntimeError", "cause": "dictionary changed size during iteration"}
+    sfn = SimpleNamespace(
+        describe_execution=lambda executionArn: described,  # noqa: N803
+        list_executions=lambda stateMachineArn: {"executions": [{"executionArn": "arn"}]},  # noqa: N803
+    )
+    platform = SimpleNamespace(
+        sfn=sfn, states_entered=lambda _arn: ["Validate request"], lambda_calls=calls or [], state_machine_arn="sm"
+    )
+    platform.explain = lambda *arns: LocalPlatform.explain(platform, *arns)  # type: ignore[arg-type]
+    return platform
 
 
 def test_an_ended_execution_does_not_end_the_wait_for_what_follows_its_end() -> None:
@@ -31,6 +41,11 @@ def test_without_a_condition_the_wait_ends_with_the_execution() -> None:
     assert time.monotonic() - started < 5
 
 
-def test_a_condition_that_never_holds_fails_naming_the_status() -> None:
-    with pytest.raises(TimeoutError, match=r"execution FAILED after 0\.2 s"):
-        LocalPlatform.wait(_ended("FAILED"), "arn", 0.2, until=lambda: False)  # type: ignore[arg-type]
+def test_a_condition_that_never_holds_fails_saying_why_the_run_ended_and_which_handler_raised() -> None:
+    raised = LambdaCall("ApprovalRequestFunction", "lambdas.approvals.handler.request", {}, None, "KeyError", "'gate'")
+    with pytest.raises(TimeoutError) as failed:
+        LocalPlatform.wait(_ended("FAILED", [raised]), "arn", 0.2, until=lambda: False)  # type: ignore[arg-type]
+    assert "in 0.2 s" in str(failed.value)
+    assert "run-1 FAILED (error 'RuntimeError', cause 'dictionary changed size during iteration')" in str(failed.value)
+    assert "ApprovalRequestFunction: KeyError: 'gate'" in str(failed.value)
+    assert "states entered: ['Validate request']" in str(failed.value)

@@ -66,7 +66,7 @@ class Pipeline:
             if found:
                 (request,) = found
                 return request  # type: ignore[no-any-return]
-            assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s"
+            assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s: {self.local.explain()}"
             time.sleep(0.02)
 
     def decide_raw(
