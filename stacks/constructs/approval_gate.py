@@ -23,7 +23,7 @@ from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.execution_key import ADMINISTRATION
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
-from stacks.constructs.tasks import invoke
+from stacks.constructs.tasks import GATE_TRANSIENT, SHORT, invoke, retry
 
 
 class ApprovalGate(Construct):
@@ -248,7 +248,10 @@ class ApprovalGate(Construct):
             task_timeout=sfn.Timeout.duration(self.timeout),
             result_path=str(result),
             comment=f"Waits for an approver's {name} decision; no decision in time counts as a rejection",
+            retry_on_service_exceptions=False,
         )
+        # A request that failed for a moment is made again; a token's request is stored once (request_id_for).
+        retry(task, GATE_TRANSIENT, SHORT)
         task.add_catch(
             on_timeout,
             errors=["States.Timeout", "States.HeartbeatTimeout"],

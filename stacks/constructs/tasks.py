@@ -61,11 +61,52 @@ class RetryBudget:
         return self.longest_seconds() / 2
 
 
+# A `.waitForTaskToken` handler (an approval gate's request) passes the same errors, except the task's own
+# timeout: there it is the approvers' time to decide running out, which the gate's Catch treats as a rejection.
+GATE_TRANSIENT = [error for error in TRANSIENT if error != "States.Timeout"]
+# What passes in an AWS SDK integration: the service's throttling and internal errors, and the task's own
+# timeout (the call may have been made: a create retried finds its job by name and adopts it, see
+# stacks/pipeline/polled_job.py). Step Functions names an SDK error "<Service>.<ErrorCode>"; Batch answers
+# throttling with a ClientException (HTTP 429).
+SAGEMAKER_TRANSIENT = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException", "States.Timeout"]
+BATCH_TRANSIENT = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
+# An SNS publish's errors (throttling, the topic key's KMS throttling) reach the state as States.TaskFailed.
+NOTIFY_TRANSIENT = ["States.TaskFailed"]
+
+
 # The polling handlers (Check progress, every backend): ~30 min on average (at most ~55 min), while the job
 # runs on; what outlasts it stops the run's jobs.
 POLLING = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=300, attempts=16)
 # Every other handler (validate, estimate, evaluate, register, cleanup, approvals): ~2 min (at most ~4 min).
 SHORT = RetryBudget(interval_seconds=2, backoff_rate=2, max_delay_seconds=60, attempts=8)
+# AWS SDK calls and notifications: ~4 min (at most ~6 min).
+SDK = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=120, attempts=5)
+
+
+def retry(task: sfn.TaskStateBase, errors: list[str], budget: RetryBudget) -> None:
+    """`task` retries `errors` within `budget`, each wait FULL-jittered."""
+    task.add_retry(
+        errors=errors,
+        interval=Duration.seconds(budget.interval_seconds),
+        backoff_rate=budget.backoff_rate,
+        max_delay=Duration.seconds(budget.max_delay_seconds),
+        max_attempts=budget.attempts,
+        jitter_strategy=sfn.JitterType.FULL,
+    )
+
+
+def sdk_retry(errors: list[str]) -> list[dict[str, Any]]:
+    """The Retry of an SDK task written as state JSON (a CustomState): `errors` within the SDK budget."""
+    return [
+        {
+            "ErrorEquals": errors,
+            "IntervalSeconds": SDK.interval_seconds,
+            "BackoffRate": SDK.backoff_rate,
+            "MaxAttempts": SDK.attempts,
+            "MaxDelaySeconds": SDK.max_delay_seconds,
+            "JitterStrategy": "FULL",
+        }
+    ]
 
 
 def invoke(
@@ -89,12 +130,5 @@ def invoke(
         task_timeout=sfn.Timeout.duration(Duration.seconds(timeout.to_seconds() + 30)),
         retry_on_service_exceptions=False,
     )
-    task.add_retry(
-        errors=TRANSIENT,
-        interval=Duration.seconds(budget.interval_seconds),
-        backoff_rate=budget.backoff_rate,
-        max_delay=Duration.seconds(budget.max_delay_seconds),
-        max_attempts=budget.attempts,
-        jitter_strategy=sfn.JitterType.FULL,
-    )
+    retry(task, TRANSIENT, budget)
     return task

@@ -29,6 +29,7 @@ from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.constructs.tasks import BATCH_TRANSIENT, sdk_retry
 from stacks.pipeline.context import PipelineContext, obj
 from stacks.pipeline.polled_job import (
     JOB_NAME,
@@ -40,7 +41,6 @@ from stacks.pipeline.polled_job import (
     grant_checkpoint_ledger,
     grant_goodput_ledger,
     sdk_arn,
-    sdk_retry,
     watch_ended_executions,
 )
 from training.layout import (
@@ -60,8 +60,6 @@ from training.layout import (
 # A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as
 # insufficient capacity, and a new attempt is submitted (Batch itself would wait for ever).
 CAPACITY_WAIT_MINUTES = 30
-# Retried with backoff while looking for a submitted job: Batch's errors and a call that timed out.
-TRANSIENT_ERRORS = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
 
 NAMES = StepNames(label="Batch")
 
@@ -257,7 +255,7 @@ class BatchTraining(Construct):
                 "ResultSelector": {"arns.$": "$.JobSummaryList[*].JobArn", "names.$": "$.JobSummaryList[*].JobName"},
                 "ResultPath": str(TRAIN.found),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(TRANSIENT_ERRORS),
+                "Retry": sdk_retry(BATCH_TRANSIENT),
             },
         )
 
@@ -289,7 +287,7 @@ class BatchTraining(Construct):
                 "ResultSelector": {"jobs.$": "$.Jobs"},
                 "ResultPath": str(TRAIN.owners),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(TRANSIENT_ERRORS),
+                "Retry": sdk_retry(BATCH_TRANSIENT),
             },
         )
         read_owners.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))

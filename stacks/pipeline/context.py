@@ -21,6 +21,7 @@ from constructs import Construct
 from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.notifications import PlatformTopics
+from stacks.constructs.tasks import NOTIFY_TRANSIENT, SDK, retry
 from stacks.constructs.team_queue import TeamQueue
 from stacks.constructs.training_image import TrainingImage
 from stacks.data_stack import DataStack
@@ -140,8 +141,12 @@ class PipelineContext:
         return {"run_name": string(REQUEST.run_name), "execution": sfn.JsonPath.execution_id}
 
     def notify(self, scope: Construct, id_: str, *, subject: str, fields: dict[str, Any]) -> tasks.SnsPublish:
-        """A run notification; subscribers filter on its kind ("run") and on the run's `recipients`."""
-        return tasks.SnsPublish(
+        """A run notification; subscribers filter on its kind ("run") and on the run's `recipients`.
+
+        A publish that fails for a moment (throttling, the topic key's KMS) is retried; beyond that the
+        state fails, into its Catch.
+        """
+        notice = tasks.SnsPublish(
             scope,
             id_,
             topic=self.topics.runs,
@@ -158,3 +163,5 @@ class PipelineContext:
             result_path=sfn.JsonPath.DISCARD,
             task_timeout=sfn.Timeout.duration(NOTIFY_TIMEOUT),
         )
+        retry(notice, NOTIFY_TRANSIENT, SDK)
+        return notice

@@ -22,11 +22,12 @@ from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.tasks import SAGEMAKER_TRANSIENT, sdk_retry
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.context import PipelineContext
-from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn, sdk_retry
+from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn
 from training.layout import (
     CHECKPOINTS_FORMAT,
     EFA_ENV,
@@ -38,9 +39,6 @@ from training.layout import (
     TRAINING_GROUPS_ENV,
 )
 from training.metrics import METRIC_DEFINITIONS
-
-# Retried with backoff: throttling and SageMaker's unmodelled transient errors.
-TRANSIENT_ERRORS = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException"]
 
 
 class DistributedTrainingJob(Construct):
@@ -247,7 +245,7 @@ class DistributedTrainingJob(Construct):
                 },
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(TRANSIENT_ERRORS),
+                "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
             },
         )
 

@@ -16,7 +16,7 @@ from constructs import Construct
 from lambdas.execution_state import CONTINUED, ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
 from lambdas.register.environment import RegisterEnvironment
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, invoke
+from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, SAGEMAKER_TRANSIENT, SDK, invoke, retry
 from stacks.pipeline.approvals import Approvals, decided
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.polled_job import list_runs
@@ -168,7 +168,7 @@ class Promotion(Construct):
         )
 
     def _set_approval(self, id_: str, status: str, description: str) -> tasks.CallAwsService:
-        return tasks.CallAwsService(
+        approval = tasks.CallAwsService(
             self,
             id_,
             service="sagemaker",
@@ -182,3 +182,5 @@ class Promotion(Construct):
             result_path=sfn.JsonPath.DISCARD,
             task_timeout=sfn.Timeout.duration(LAMBDA_TASK_TIMEOUT),
         )
+        retry(approval, SAGEMAKER_TRANSIENT, SDK)  # setting the same status again is the same update
+        return approval

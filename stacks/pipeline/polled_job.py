@@ -41,7 +41,7 @@ from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT
 from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import POLLING, invoke
+from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, invoke, sdk_retry
 from stacks.pipeline.context import PipelineContext, obj, string
 from training.layout import (
     ANY_CHECKPOINT,
@@ -78,6 +78,7 @@ def read_sagemaker_owners(scope: Construct, id_: str, *, resource: str, job_name
             "ResultSelector": {"executions.$": f"$.Tags[?(@.Key == '{EXECUTION_TAG}')].Value"},
             "ResultPath": str(TRAIN.owners),
             "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+            "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
         },
     )
 
@@ -133,25 +134,6 @@ def adopt_if_own(
 def sdk_arn(service: str, action: str) -> str:
     """An AWS SDK integration without `.sync`: the step polls what it starts."""
     return f"arn:{Aws.PARTITION}:states:::aws-sdk:{service}:{action}"
-
-
-def sdk_retry(errors: list[str]) -> list[dict[str, Any]]:
-    """The Retry of an SDK task: `errors` (throttling, the service's transient errors) with backoff and jitter."""
-    return [
-        {
-            "ErrorEquals": errors,
-            "IntervalSeconds": 5,
-            "BackoffRate": 2,
-            "MaxAttempts": 5,
-            "MaxDelaySeconds": 120,
-            "JitterStrategy": "FULL",
-        }
-    ]
-
-
-def retry_notice(task: sfn.TaskStateBase) -> None:
-    """A notification that fails for a moment (throttling, KMS) is retried; beyond that the run stops."""
-    task.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(5), backoff_rate=2, max_attempts=4)
 
 
 @dataclass(frozen=True)
@@ -277,7 +259,6 @@ class PolledJobStep:
                 "latest_checkpoint": obj(JOB.checkpoint),
             },
         )
-        retry_notice(stale)
         stale.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         return stale
 
@@ -306,7 +287,6 @@ class PolledJobStep:
                 "next_cluster": string(REQUEST.cluster),
             },
         )
-        retry_notice(retrying)
         retrying.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         if self._fallback is None:
             next_attempt.next(retrying)

@@ -28,6 +28,7 @@ from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.constructs.tasks import BATCH_TRANSIENT, sdk_retry
 from stacks.pipeline.context import PipelineContext, obj
 from stacks.pipeline.create_training_job import training_job
 from stacks.pipeline.polled_job import (
@@ -39,13 +40,10 @@ from stacks.pipeline.polled_job import (
     grant_checkpoint_ledger,
     grant_goodput_ledger,
     sdk_arn,
-    sdk_retry,
     watch_ended_executions,
 )
 
 NAMES = StepNames(label="queue", not_created_error="ServiceJobNotSubmitted")
-# Retried with backoff: Batch's errors and a call that timed out (the client token makes a second submit the first).
-TRANSIENT_ERRORS = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
 
 
 class QueueTraining(Construct):
@@ -196,7 +194,7 @@ class QueueTraining(Construct):
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName", "job_id.$": "$.JobId"},
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(TRANSIENT_ERRORS),
+                "Retry": sdk_retry(BATCH_TRANSIENT),  # the client token makes a second submit the first
             },
         )
 

@@ -21,8 +21,9 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.validate.api_requests import training_job_definition
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
+from stacks.constructs.tasks import SAGEMAKER_TRANSIENT, sdk_retry
 from stacks.pipeline.context import PipelineContext, string
-from stacks.pipeline.create_training_job import TRANSIENT_ERRORS, DistributedTrainingJob
+from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.polled_job import (
     SDK_TIMEOUT_SECONDS,
     PolledJobStep,
@@ -32,7 +33,6 @@ from stacks.pipeline.polled_job import (
     grant_goodput_ledger,
     read_sagemaker_owners,
     sdk_arn,
-    sdk_retry,
 )
 from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import StepChoice, TrainingStep
@@ -108,7 +108,7 @@ class SageMakerTuning(Construct):
                 },
                 "ResultPath": str(TRAIN.job),
                 "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(TRANSIENT_ERRORS),
+                "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
             },
         )
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from localrun.scripted import Poll
 from stacks.constructs.tasks import POLLING, SHORT
 from tests.pipeline.conftest import COMPLETED, Pipeline
@@ -126,3 +128,48 @@ def test_a_short_burst_in_another_handler_is_ridden_through(pipeline: Pipeline) 
     assert described["status"] == "SUCCEEDED", pipeline.error(described)
     assert _calls(pipeline, "Register") == ["TransientError", "TransientError", None]
     assert len(pipeline.model_packages()) == 1
+
+
+def test_a_gate_whose_request_fails_for_a_moment_asks_again_and_waits(pipeline: Pipeline) -> None:
+    pipeline.local.faults.throttle["ApprovalRequest"] = 1  # Lambda.TooManyRequestsException
+    pipeline.local.faults.api_errors["ApprovalRequest"] = ["ThrottlingException"]  # the handler's TransientError
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    request = pipeline.pending("promotion")
+    assert _calls(pipeline, "ApprovalRequest") == ["TransientError", None]
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert len(pipeline.local.clock.retries) == 2
+    assert pipeline.model_packages()[0]["ModelApprovalStatus"] == "Approved"
+    assert request["gate"] == "promotion"
+
+
+@pytest.mark.filterwarnings("ignore:Exception\\(SagemakerClientError\\) with code ThrottlingException:UserWarning")
+def test_a_throttled_promotion_and_its_notification_are_retried_not_the_end_of_a_trained_run(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moto.sagemaker.exceptions import SagemakerClientError
+    from moto.sagemaker.models import SageMakerModelBackend
+
+    original = SageMakerModelBackend.update_model_package
+    calls = {"n": 0}
+
+    def throttled_once(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise SagemakerClientError("ThrottlingException", "Rate exceeded")
+        return original(backend, *args, **kwargs)
+
+    monkeypatch.setattr(SageMakerModelBackend, "update_model_package", throttled_once)
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.pending("promotion")  # the gate's own notification is out
+    pipeline.local.faults.sns_failures = 1  # the next publish: the run's success
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert calls["n"] == 2 and pipeline.local.faults.sns_failures == 0
+    assert pipeline.model_packages()[0]["ModelApprovalStatus"] == "Approved"
+    subjects = [m["Subject"] for m in pipeline.local.messages("TopicsRuns")]
+    assert "Training run finished: model registered and approved" in subjects, subjects

@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from stacks.constructs.tasks import POLLING, SHORT, TRANSIENT, RetryBudget
+from stacks.constructs.tasks import (
+    BATCH_TRANSIENT,
+    GATE_TRANSIENT,
+    NOTIFY_TRANSIENT,
+    POLLING,
+    SAGEMAKER_TRANSIENT,
+    SHORT,
+    TRANSIENT,
+    RetryBudget,
+)
 from tests.support.iam import AssemblyIam, task_states
 
 
@@ -80,3 +89,54 @@ def test_polling_handlers_ride_through_tens_of_minutes_of_faults_and_the_others_
     assert set(checks.values()) == {POLLING}
     assert POLLING.expected_seconds() >= 20 * 60 and POLLING.longest_seconds() <= 60 * 60
     assert SHORT.expected_seconds() >= 60 and SHORT.longest_seconds() <= 5 * 60
+
+
+def _named_states(definition: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every state of a definition by name, in any nesting of Parallel branches or Map iterators."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, state in definition.get("States", {}).items():
+        found[name] = state
+        for branch in [*state.get("Branches", []), state.get("ItemProcessor") or state.get("Iterator") or {}]:
+            found |= _named_states(branch)
+    return found
+
+
+# What passes, by the integration a task state calls (its Resource after "arn:<partition>:states:::").
+PASSES = {
+    "lambda:invoke.waitForTaskToken": GATE_TRANSIENT,
+    "aws-sdk:sagemaker:": SAGEMAKER_TRANSIENT,
+    "aws-sdk:batch:": BATCH_TRANSIENT,
+    "sns:publish": NOTIFY_TRANSIENT,
+}
+
+
+def test_every_task_state_retries_what_passes_in_what_it_calls(iam: AssemblyIam) -> None:
+    """A throttle at a gate, a notification or an SDK call never ends a run (a handler's task: the test above)."""
+    handlers = {
+        iam.arn(stack, logical)
+        for stack, logical, function in iam.resources("AWS::Lambda::Function")
+        if function.get("Handler", "").startswith("lambdas.")
+    }
+    checked: dict[str, int] = {}
+    missing = []
+    for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine"):
+        states = _named_states(iam.definition(stack, logical))
+        if not any(state.get("Resource") in handlers for state in states.values()):
+            continue  # not the platform's (a CDK provider's waiter)
+        for name, state in states.items():
+            if state["Type"] != "Task" or state["Resource"] in handlers:
+                continue
+            integration = state["Resource"].split(":::", 1)[1]
+            (errors,) = [errors for prefix, errors in PASSES.items() if integration.startswith(prefix)] or [None]
+            assert errors is not None, f"{name}: what passes in {integration}? (add it to PASSES)"
+            checked[integration] = checked.get(integration, 0) + 1
+            if integration == "aws-sdk:batch:submitJob":
+                # Batch takes no client token: a failed submit is followed by a look for the job it may have made.
+                (caught,) = state["Catch"]
+                assert caught["ErrorEquals"] == ["States.ALL"], name
+                assert states[caught["Next"]]["Resource"].endswith(":::aws-sdk:batch:listJobs"), name
+                continue
+            if not any(set(errors) <= set(retry["ErrorEquals"]) for retry in state.get("Retry", [])):
+                missing.append(f"{name} ({integration}): {state.get('Retry', [])}")
+    assert missing == [], "these task states end the run on a passing error:\n" + "\n".join(missing)
+    assert checked.get("lambda:invoke.waitForTaskToken") == 2 and checked.get("sns:publish", 0) >= 8, checked
