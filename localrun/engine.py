@@ -294,8 +294,10 @@ class LocalPlatform:
     def explain(self, *execution_arns: str) -> str:
         """What a wait that failed needs said: each execution's status, error and cause; every handler that raised."""
         ended = []
-        listed = self.sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]
-        for arn in execution_arns or [e["executionArn"] for e in listed]:
+        if not execution_arns:
+            listed = self.sfn.list_executions(stateMachineArn=self.state_machine_arn)["executions"]
+            execution_arns = tuple(e["executionArn"] for e in listed)
+        for arn in execution_arns:
             described = self.sfn.describe_execution(executionArn=arn)
             ended.append(
                 f"{described['name']} {described['status']} (error {described.get('error')!r}, "

@@ -193,7 +193,7 @@ def _create_model_package(call: Call) -> list[Request]:
     p = call.params
     group = p["ModelPackageGroupName"]
     backend = sagemaker_backend(call)
-    version = 1 + sum(1 for m in backend.model_packages.values() if m.model_package_group_name == group)
+    version = 1 + sum(1 for m in list(backend.model_packages.values()) if m.model_package_group_name == group)
     package = call.arn("sagemaker", f"model-package/{group.lower()}/{version}")
     metadata = {
         f"sagemaker:CustomerMetadataProperties/{k}": v for k, v in p.get("CustomerMetadataProperties", {}).items()
@@ -499,8 +499,9 @@ class LocalIam:
     def role_policies(self, role_name: str) -> list[Policy]:
         backend = iam_backends[ACCOUNT]["aws"]
         role = backend.get_role(role_name)
-        policies = [Policy.parse(f"{role_name}/{name}", doc) for name, doc in role.policies.items()]
-        for managed in role.managed_policies.values():
+        # Copies, each taken in one step: the harness changes roles' policies on its own thread while handlers run.
+        policies = [Policy.parse(f"{role_name}/{name}", doc) for name, doc in list(role.policies.items())]
+        for managed in list(role.managed_policies.values()):
             version = next(v for v in managed.versions if v.is_default)
             policies.append(Policy.parse(managed.arn, version.document))
         return policies

@@ -1,7 +1,8 @@
 """Approval-gate handlers.
 
 `request`: invoked by the state machine with `.waitForTaskToken`; seals the token, stores the
-request and notifies approvers. `verify`: after a gate resumes, fails the run unless the decision
+request (superseding the gate's earlier request of the execution, when it is made again with another
+token) and notifies approvers. `verify`: after a gate resumes, fails the run unless the decision
 it resumed with is the one `decide` recorded. `report_pending`: on a schedule, counts the requests still waiting and the
 age of the oldest, as metrics. `decide`: behind a Lambda function URL with AWS_IAM auth (only principals
 granted lambda:InvokeFunctionUrl reach it), it takes the caller's identity from a proof STS

@@ -26,6 +26,8 @@ from lambdas.approvals.identity import Principal
 from lambdas.execution_state import Decision
 
 PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
+# A gate's request made again (the state machine retried it after a fault) replaces the one before it.
+SUPERSEDED = "SUPERSEDED"
 DECISIONS = {"approve": APPROVED, "reject": REJECTED}
 # Keep decided requests this long after they expire, as the audit record.
 AUDIT_DAYS = 90
@@ -100,7 +102,36 @@ class ApprovalStore:
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
+        self._supersede(execution=execution, gate=gate, by=request_id)
         return request_id
+
+    def _supersede(self, *, execution: str, gate: str, by: str) -> None:
+        """Mark the gate's earlier pending requests of `execution` superseded by request `by`.
+
+        The state machine retries a gate's request after a fault; a retry may carry another task token,
+        and the request an earlier attempt stored waits on a token nothing resumes. It leaves the
+        approvers' list, and deciding it says which request to decide instead.
+        """
+        start: dict[str, Any] | None = None
+        while True:
+            page = self._pending_page(start, PAGE_SIZE)
+            for earlier in page["Items"]:
+                if earlier["execution"] != execution or earlier["gate"] != gate or earlier["request_id"] == by:
+                    continue
+                try:
+                    self.table.update_item(
+                        Key={"request_id": earlier["request_id"]},
+                        UpdateExpression="SET #s = :s, superseded_by = :by",
+                        ConditionExpression="#s = :p",
+                        ExpressionAttributeNames={"#s": "status"},
+                        ExpressionAttributeValues={":s": SUPERSEDED, ":by": by, ":p": PENDING},
+                    )
+                except ClientError as exc:  # decided or expired meanwhile: that record stands
+                    if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                        raise
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
 
     def pending(
         self,
@@ -117,17 +148,7 @@ class ApprovalStore:
         shown: list[dict[str, Any]] = []
         start = _decode_cursor(cursor) if cursor else None
         while True:
-            query: dict[str, Any] = {
-                "IndexName": PENDING_INDEX,
-                "KeyConditionExpression": "#s = :p",
-                "ExpressionAttributeNames": {"#s": "status"},
-                "ExpressionAttributeValues": {":p": PENDING},
-                "ScanIndexForward": False,
-                "Limit": limit,
-            }
-            if start:
-                query["ExclusiveStartKey"] = start
-            page = self.table.query(**query)
+            page = self._pending_page(start, limit)
             items = [{k: v for k, v in item.items() if k not in ("sealed_token", "ttl")} for item in page["Items"]]
             last = page.get("LastEvaluatedKey")
             if of_teams is None:
@@ -146,6 +167,20 @@ class ApprovalStore:
             if not last:
                 return {"pending": shown, "next": None}
             start = last
+
+    def _pending_page(self, start: dict[str, Any] | None, limit: int) -> dict[str, Any]:
+        """One page of the pending index, newest first, from `start` (a LastEvaluatedKey)."""
+        query: dict[str, Any] = {
+            "IndexName": PENDING_INDEX,
+            "KeyConditionExpression": "#s = :p",
+            "ExpressionAttributeNames": {"#s": "status"},
+            "ExpressionAttributeValues": {":p": PENDING},
+            "ScanIndexForward": False,
+            "Limit": limit,
+        }
+        if start:
+            query["ExclusiveStartKey"] = start
+        return self.table.query(**query)  # type: ignore[no-any-return]
 
     def _teams(self, request_ids: list[str]) -> dict[str, str | None]:
         """The team of each request (None: none); the pending index does not hold it."""
@@ -285,6 +320,12 @@ class ApprovalStore:
             of = f"a run of team {team!r}" if team else "a run without a team"
             raise DecisionError(
                 403, f"{principal} may not decide request {request_id} ({of}): {deciders.named(team)} do"
+            )
+        if item["status"] == SUPERSEDED:
+            raise DecisionError(
+                410,
+                f"request {request_id} was made again as request {item['superseded_by']} (the gate's request was "
+                "retried after a fault): decide that one",
             )
         if item["status"] == EXPIRED:
             raise DecisionError(410, f"request {request_id} expired at {item['expires_at']}: the run was rejected")

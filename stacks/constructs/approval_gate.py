@@ -117,13 +117,17 @@ class ApprovalGate(Construct):
             **placement,
         )
         self.pending = self._pending_gauge(table_name=table.table_name, key=key, placement=placement)
-        # Exactly the calls of lambdas/approvals: the request stores (conditional put) and publishes;
+        # Exactly the calls of lambdas/approvals: the request stores (conditional put), supersedes the
+        # gate's earlier requests of its execution (lists, updates) and publishes;
         # the decision lists (the requests' teams read from the table: the index does not hold them), reads
         # and updates; the gauge lists. The platform key encrypts the table
         # and the topic.
         pending_index = f"{table.table_arn}/index/{PENDING_INDEX}"
         grants = {
-            self.request: {"StoreRequests": (["dynamodb:PutItem"], table.table_arn)},
+            self.request: {
+                "StoreRequests": (["dynamodb:PutItem", "dynamodb:UpdateItem"], table.table_arn),
+                "ListPendingRequests": (["dynamodb:Query"], pending_index),
+            },
             self.decide: {
                 "ListPendingRequests": (["dynamodb:Query"], pending_index),
                 "DecideRequests": (
@@ -250,7 +254,7 @@ class ApprovalGate(Construct):
             comment=f"Waits for an approver's {name} decision; no decision in time counts as a rejection",
             retry_on_service_exceptions=False,
         )
-        # A request that failed for a moment is made again; a token's request is stored once (request_id_for).
+        # A request that failed for a moment is made again; it supersedes the gate's earlier request (store.py).
         retry(task, GATE_TRANSIENT, SHORT)
         task.add_catch(
             on_timeout,

@@ -70,8 +70,10 @@ GATE_TRANSIENT = [error for error in TRANSIENT if error != "States.Timeout"]
 # throttling with a ClientException (HTTP 429).
 SAGEMAKER_TRANSIENT = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException", "States.Timeout"]
 BATCH_TRANSIENT = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
-# An SNS publish's errors (throttling, the topic key's KMS throttling) reach the state as States.TaskFailed.
-NOTIFY_TRANSIENT = ["States.TaskFailed"]
+# A notification: States.TaskFailed matches every error of the publish (throttling, the topic key's KMS
+# throttling, and a lasting error too, which reaches the state's Catch after the retries), and a publish that
+# timed out is sent again (an e-mail may come twice).
+NOTIFY_TRANSIENT = ["States.TaskFailed", "States.Timeout"]
 
 
 # The polling handlers (Check progress, every backend): ~30 min on average (at most ~55 min), while the job
@@ -79,7 +81,7 @@ NOTIFY_TRANSIENT = ["States.TaskFailed"]
 POLLING = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=300, attempts=16)
 # Every other handler (validate, estimate, evaluate, register, cleanup, approvals): ~2 min (at most ~4 min).
 SHORT = RetryBudget(interval_seconds=2, backoff_rate=2, max_delay_seconds=60, attempts=8)
-# AWS SDK calls and notifications: ~4 min (at most ~6 min).
+# AWS SDK calls and notifications: ~1.3 min on average (at most ~2.6 min).
 SDK = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=120, attempts=5)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from localrun.scripted import Poll
 from stacks.constructs.tasks import POLLING, SHORT
+from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_batch import BatchPipeline, batch_factory  # noqa: F401 - the fixture
 from tests.pipeline.test_tuning import LOSSES, _trial, tuning_input
@@ -173,3 +174,46 @@ def test_a_throttled_promotion_and_its_notification_are_retried_not_the_end_of_a
     assert pipeline.model_packages()[0]["ModelApprovalStatus"] == "Approved"
     subjects = [m["Subject"] for m in pipeline.local.messages("TopicsRuns")]
     assert "Training run finished: model registered and approved" in subjects, subjects
+
+
+def test_a_gate_request_made_again_with_another_token_replaces_the_one_before(pipeline: Pipeline) -> None:
+    """A retried request with a new task token: the earlier request (its token resumes nothing) cannot be decided."""
+    arn = pipeline.start(pipeline.input())
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first = pipeline.pending("promotion")
+    again = {
+        "gate": "promotion",
+        "execution": first["execution"],
+        "run_name": first["run_name"],
+        "summary": json.loads(first["summary"]),
+    }
+    # The same token again: the same request, still the only one.
+    assert pipeline.local.invoke("ApprovalRequest", again | {"token": _token_of(pipeline, first)}) == {
+        "request_id": first["request_id"]
+    }
+    assert pipeline.pending("promotion")["request_id"] == first["request_id"]
+    # Another token: the earlier request leaves the list, and deciding it names the request to decide.
+    second = pipeline.local.invoke("ApprovalRequest", again | {"token": "a-token-of-a-later-attempt"})["request_id"]
+    assert pipeline.pending("promotion")["request_id"] == second != first["request_id"]
+    refused = pipeline.decide_raw(
+        APPROVER, body={"request_id": first["request_id"], "decision": "approve", "reason": "looks right"}
+    )
+    assert refused["statusCode"] == 410 and f"made again as request {second}" in refused["body"], refused
+    other_gate = pipeline.local.invoke("ApprovalRequest", again | {"gate": "launch", "token": "a-launch-token"})
+    assert {r["request_id"] for r in _all_pending(pipeline)} == {second, other_gate["request_id"]}
+
+
+def _token_of(pipeline: Pipeline, request: dict[str, Any]) -> str:
+    """The task token the execution waits on (the harness reads the engine; nobody else can)."""
+    (token,) = [
+        json.loads(e["taskScheduledEventDetails"]["parameters"])["Payload"]["token"]
+        for e in pipeline.local.history(request["execution"])
+        if e["type"] == "TaskScheduled" and "waitForTaskToken" in e["taskScheduledEventDetails"]["resource"]
+    ]
+    return token  # type: ignore[no-any-return]
+
+
+def _all_pending(pipeline: Pipeline) -> list[dict[str, Any]]:
+    response = pipeline.decide_raw(APPROVER, method="GET")
+    assert response["statusCode"] == 200, response
+    return json.loads(response["body"])["pending"]  # type: ignore[no-any-return]

@@ -110,8 +110,11 @@ PASSES = {
 }
 
 
-def test_every_task_state_retries_what_passes_in_what_it_calls(iam: AssemblyIam) -> None:
-    """A throttle at a gate, a notification or an SDK call never ends a run (a handler's task: the test above)."""
+@pytest.mark.parametrize("built", ["platform", "variant"])
+def test_every_task_state_retries_what_passes_in_what_it_calls(built: str, request: pytest.FixtureRequest) -> None:
+    """A throttle at a gate, a notification or an SDK call never ends a run (a handler's task: the test above);
+    a gate's own timeout (the approvers' time) is never retried."""
+    iam = AssemblyIam(Path(request.getfixturevalue(built).assembly.directory))
     handlers = {
         iam.arn(stack, logical)
         for stack, logical, function in iam.resources("AWS::Lambda::Function")
@@ -136,7 +139,12 @@ def test_every_task_state_retries_what_passes_in_what_it_calls(iam: AssemblyIam)
                 assert caught["ErrorEquals"] == ["States.ALL"], name
                 assert states[caught["Next"]]["Resource"].endswith(":::aws-sdk:batch:listJobs"), name
                 continue
+            retried = {error for retry in state.get("Retry", []) for error in retry["ErrorEquals"]}
             if not any(set(errors) <= set(retry["ErrorEquals"]) for retry in state.get("Retry", [])):
                 missing.append(f"{name} ({integration}): {state.get('Retry', [])}")
+            if integration.endswith(".waitForTaskToken"):
+                assert "States.Timeout" not in retried and "States.ALL" not in retried, name
     assert missing == [], "these task states end the run on a passing error:\n" + "\n".join(missing)
     assert checked.get("lambda:invoke.waitForTaskToken") == 2 and checked.get("sns:publish", 0) >= 8, checked
+    if built == "variant":  # the teams' queue: its submit takes a client token, and is retried
+        assert checked.get("aws-sdk:batch:submitServiceJob") == 1, checked
