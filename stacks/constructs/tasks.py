@@ -9,7 +9,7 @@ a bug) is not retried, and the state's Catch ends the run at once with its cause
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aws_cdk import Duration
 from aws_cdk import aws_stepfunctions as sfn
@@ -35,6 +35,10 @@ TRANSIENT = [
     "Lambda.SdkClientException",
     "Lambda.ClientExecutionTimeoutException",
 ]
+
+
+# A task state, built by a task construct or written as state JSON (a CustomState).
+Retrying = TypeVar("Retrying", sfn.TaskStateBase, sfn.CustomState)
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,9 @@ SHORT = RetryBudget(interval_seconds=2, backoff_rate=2, max_delay_seconds=60, at
 SDK = RetryBudget(interval_seconds=5, backoff_rate=2, max_delay_seconds=120, attempts=5)
 
 
-def retry(task: sfn.TaskStateBase, errors: list[str], budget: RetryBudget) -> None:
-    """`task` retries `errors` within `budget`, each wait FULL-jittered."""
-    task.add_retry(
+def retry(state: Retrying, errors: list[str], budget: RetryBudget) -> Retrying:
+    """`state` retries `errors` within `budget`, each wait FULL-jittered; returns `state`."""
+    state.add_retry(
         errors=errors,
         interval=Duration.seconds(budget.interval_seconds),
         backoff_rate=budget.backoff_rate,
@@ -95,20 +99,7 @@ def retry(task: sfn.TaskStateBase, errors: list[str], budget: RetryBudget) -> No
         max_attempts=budget.attempts,
         jitter_strategy=sfn.JitterType.FULL,
     )
-
-
-def sdk_retry(errors: list[str]) -> list[dict[str, Any]]:
-    """The Retry of an SDK task written as state JSON (a CustomState): `errors` within the SDK budget."""
-    return [
-        {
-            "ErrorEquals": errors,
-            "IntervalSeconds": SDK.interval_seconds,
-            "BackoffRate": SDK.backoff_rate,
-            "MaxAttempts": SDK.attempts,
-            "MaxDelaySeconds": SDK.max_delay_seconds,
-            "JitterStrategy": "FULL",
-        }
-    ]
+    return state
 
 
 def invoke(

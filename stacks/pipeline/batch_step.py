@@ -29,18 +29,17 @@ from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
-from stacks.constructs.tasks import BATCH_TRANSIENT, sdk_retry
+from stacks.constructs.tasks import BATCH_TRANSIENT
 from stacks.pipeline.context import PipelineContext, obj
 from stacks.pipeline.polled_job import (
     JOB_NAME,
-    SDK_TIMEOUT_SECONDS,
     PolledJobStep,
     StepNames,
     adopt_if_own,
     cleanup_function,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
-    sdk_arn,
+    sdk_task,
     watch_ended_executions,
 )
 from training.layout import (
@@ -223,29 +222,29 @@ class BatchTraining(Construct):
             "Tags": {f"{EXECUTION_TAG}.$": "$$.Execution.Id", "run.$": str(REQUEST.run_name)},
             "PropagateTags": True,
         }
-        return sfn.CustomState(
+        return sdk_task(
             self,
             id_,
-            state_json={
-                "Type": "Task",
+            "batch",
+            "submitJob",
+            {
                 "Comment": "Submits the multi-node parallel job (no .sync: the pipeline polls it)",
-                "Resource": sdk_arn("batch", "submitJob"),
                 "Parameters": parameters,
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName"},
                 "ResultPath": str(TRAIN.job),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
             },
+            passes=None,
         )
 
     def _find_state(self, id_: str) -> sfn.CustomState:
         """This attempt's jobs on the queue, by name (names are per execution and attempt)."""
-        return sfn.CustomState(
+        return sdk_task(
             self,
             id_,
-            state_json={
-                "Type": "Task",
+            "batch",
+            "listJobs",
+            {
                 "Comment": "A submit whose answer was lost may have created the job: look for it by name",
-                "Resource": sdk_arn("batch", "listJobs"),
                 "Parameters": {
                     "JobQueue": self.cluster.queue.job_queue_arn,
                     "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
@@ -254,9 +253,8 @@ class BatchTraining(Construct):
                 # ($.JobSummaryList[0].JobArn) is a string in AWS's engine and a list in the local one.
                 "ResultSelector": {"arns.$": "$.JobSummaryList[*].JobArn", "names.$": "$.JobSummaryList[*].JobName"},
                 "ResultPath": str(TRAIN.found),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(BATCH_TRANSIENT),
             },
+            passes=BATCH_TRANSIENT,
         )
 
     def _submit(self, wait: sfn.Wait, stop_not_created: sfn.IChainable) -> sfn.IChainable:
@@ -276,19 +274,18 @@ class BatchTraining(Construct):
             },
             result_path=str(TRAIN.job),
         ).next(wait)
-        read_owners = sfn.CustomState(
+        read_owners = sdk_task(
             self,
             "Read the found Batch job's execution",
-            state_json={
-                "Type": "Task",
+            "batch",
+            "describeJobs",
+            {
                 "Comment": "A job of this attempt's name is on the queue: read whose it is before following it",
-                "Resource": sdk_arn("batch", "describeJobs"),
                 "Parameters": {"Jobs.$": f"States.Array(States.ArrayGetItem({TRAIN.found.arns}, 0))"},
                 "ResultSelector": {"jobs.$": "$.Jobs"},
                 "ResultPath": str(TRAIN.owners),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(BATCH_TRANSIENT),
             },
+            passes=BATCH_TRANSIENT,
         )
         read_owners.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
         existing = adopt_if_own(

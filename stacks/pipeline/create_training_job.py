@@ -22,12 +22,12 @@ from lambdas.execution_state import REQUEST, TRAIN
 from lambdas.shared.catalog import INSTANCE_TYPES
 from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
-from stacks.constructs.tasks import SAGEMAKER_TRANSIENT, sdk_retry
+from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.context import PipelineContext
-from stacks.pipeline.polled_job import JOB_NAME, SDK_TIMEOUT_SECONDS, sdk_arn
+from stacks.pipeline.polled_job import JOB_NAME, sdk_task
 from training.layout import (
     CHECKPOINTS_FORMAT,
     EFA_ENV,
@@ -228,25 +228,24 @@ class DistributedTrainingJob(Construct):
         self, scope: Construct, id_: str, *, kms_volume: bool, groups: bool = False, plan: bool = False
     ) -> sfn.CustomState:
         """CreateTrainingJob; its result is the job's name and ARN under `$.train.job`."""
-        return sfn.CustomState(
+        return sdk_task(
             scope,
             id_,
-            state_json={
-                "Type": "Task",
+            "sagemaker",
+            "createTrainingJob",
+            {
                 "Comment": "Starts the training job"
                 + (" on a heterogeneous cluster" if groups else "")
                 + (" in the stage's training plan" if plan else "")
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Resource": sdk_arn("sagemaker", "createTrainingJob"),
                 "Parameters": self.create_parameters(kms_volume=kms_volume, groups=groups, plan=plan),
                 "ResultSelector": {
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",
                 },
                 "ResultPath": str(TRAIN.job),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
             },
+            passes=SAGEMAKER_TRANSIENT,
         )
 
     def grant_follow(self, role: iam.IRole) -> None:

@@ -41,7 +41,7 @@ from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT
 from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, invoke, sdk_retry
+from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
 from stacks.pipeline.context import PipelineContext, obj, string
 from training.layout import (
     ANY_CHECKPOINT,
@@ -67,19 +67,18 @@ def read_sagemaker_owners(scope: Construct, id_: str, *, resource: str, job_name
     """ListTags of the SageMaker `resource` (e.g. "training-job") named `job_name` (an intrinsic): the values
     of its execution tag at `$.train.owners.executions`."""
     arn = f"arn:{Aws.PARTITION}:sagemaker:{Aws.REGION}:{Aws.ACCOUNT_ID}:{resource}/{{}}"
-    return sfn.CustomState(
+    return sdk_task(
         scope,
         id_,
-        state_json={
-            "Type": "Task",
+        "sagemaker",
+        "listTags",
+        {
             "Comment": "A job of this name exists: read whose it is before following it",
-            "Resource": sdk_arn("sagemaker", "listTags"),
             "Parameters": {"ResourceArn.$": f"States.Format('{arn}', {job_name})"},
             "ResultSelector": {"executions.$": f"$.Tags[?(@.Key == '{EXECUTION_TAG}')].Value"},
             "ResultPath": str(TRAIN.owners),
-            "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-            "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
         },
+        passes=SAGEMAKER_TRANSIENT,
     )
 
 
@@ -134,6 +133,27 @@ def adopt_if_own(
 def sdk_arn(service: str, action: str) -> str:
     """An AWS SDK integration without `.sync`: the step polls what it starts."""
     return f"arn:{Aws.PARTITION}:states:::aws-sdk:{service}:{action}"
+
+
+def sdk_task(
+    scope: Construct, id_: str, service: str, action: str, state: dict[str, Any], *, passes: list[str] | None
+) -> sfn.CustomState:
+    """A Task state calling `service`'s `action` (`state`: its other fields), cut off after SDK_TIMEOUT_SECONDS.
+
+    `passes`: the errors it retries within the SDK budget (stacks/constructs/tasks.py); None for a call that
+    is not simply made again (a submit without a client token: what follows it looks for its job).
+    """
+    task = sfn.CustomState(
+        scope,
+        id_,
+        state_json={
+            "Type": "Task",
+            "Resource": sdk_arn(service, action),
+            **state,
+            "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
+        },
+    )
+    return retry(task, passes, SDK) if passes is not None else task
 
 
 @dataclass(frozen=True)

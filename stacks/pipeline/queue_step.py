@@ -28,18 +28,17 @@ from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
-from stacks.constructs.tasks import BATCH_TRANSIENT, sdk_retry
+from stacks.constructs.tasks import BATCH_TRANSIENT
 from stacks.pipeline.context import PipelineContext, obj
 from stacks.pipeline.create_training_job import training_job
 from stacks.pipeline.polled_job import (
     JOB_NAME,
-    SDK_TIMEOUT_SECONDS,
     PolledJobStep,
     StepNames,
     cleanup_function,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
-    sdk_arn,
+    sdk_task,
     watch_ended_executions,
 )
 
@@ -170,13 +169,13 @@ class QueueTraining(Construct):
 
     def _submit_state(self) -> sfn.CustomState:
         retries = self._context.settings.service_environment.preemption_retries
-        return sfn.CustomState(
+        return sdk_task(
             self,
             "Submit service job",
-            state_json={
-                "Type": "Task",
+            "batch",
+            "submitServiceJob",
+            {
                 "Comment": "Queues the training job under the team's quota share (no .sync: the pipeline polls it)",
-                "Resource": sdk_arn("batch", "submitServiceJob"),
                 "Parameters": {
                     "JobName.$": JOB_NAME,
                     # The attempt's name: a retried submit whose answer was lost returns the job it queued.
@@ -193,9 +192,8 @@ class QueueTraining(Construct):
                 },
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName", "job_id.$": "$.JobId"},
                 "ResultPath": str(TRAIN.job),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(BATCH_TRANSIENT),  # the client token makes a second submit the first
             },
+            passes=BATCH_TRANSIENT,
         )
 
     def _submit(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.IChainable:

@@ -21,18 +21,17 @@ from lambdas.monitor.environment import MonitorEnvironment
 from lambdas.validate.api_requests import training_job_definition
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import SAGEMAKER_TRANSIENT, sdk_retry
+from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
 from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.polled_job import (
-    SDK_TIMEOUT_SECONDS,
     PolledJobStep,
     StepNames,
     adopt_if_own,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
     read_sagemaker_owners,
-    sdk_arn,
+    sdk_task,
 )
 from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import StepChoice, TrainingStep
@@ -86,14 +85,14 @@ class SageMakerTuning(Construct):
     def create_state(self, id_: str, *, kms_volume: bool) -> sfn.CustomState:
         """CreateHyperParameterTuningJob; its result is the tuning job's name and ARN under `$.train.job`."""
         tuning = REQUEST.tuning
-        return sfn.CustomState(
+        return sdk_task(
             self,
             id_,
-            state_json={
-                "Type": "Task",
+            "sagemaker",
+            "createHyperParameterTuningJob",
+            {
                 "Comment": "Starts the tuning job; its trials are the single job's definition with tuned values"
                 + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Resource": sdk_arn("sagemaker", "createHyperParameterTuningJob"),
                 "Parameters": {
                     "HyperParameterTuningJobName.$": str(tuning.job_name),
                     "HyperParameterTuningJobConfig.$": str(tuning.config),
@@ -107,9 +106,8 @@ class SageMakerTuning(Construct):
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.HyperParameterTuningJobArn, '/'), 1)",
                 },
                 "ResultPath": str(TRAIN.job),
-                "TimeoutSeconds": SDK_TIMEOUT_SECONDS,
-                "Retry": sdk_retry(SAGEMAKER_TRANSIENT),
             },
+            passes=SAGEMAKER_TRANSIENT,
         )
 
     def grant_run(self, state_machine_role: iam.IRole) -> None:

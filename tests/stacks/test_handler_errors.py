@@ -18,7 +18,7 @@ from stacks.constructs.tasks import (
     TRANSIENT,
     RetryBudget,
 )
-from tests.support.iam import AssemblyIam, task_states
+from tests.support.iam import AssemblyIam, named_states, task_states
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,18 @@ def _budget(retry: dict[str, Any]) -> RetryBudget:
     )
 
 
-def _handler_tasks(iam: AssemblyIam) -> list[dict[str, Any]]:
-    """The task states that invoke a platform handler and wait for its answer."""
-    handlers = {
+def _handler_arns(iam: AssemblyIam) -> set[str]:
+    """The ARNs of the platform's handlers (a CDK provider's functions are not)."""
+    return {
         iam.arn(stack, logical)
         for stack, logical, function in iam.resources("AWS::Lambda::Function")
         if function.get("Handler", "").startswith("lambdas.")
     }
+
+
+def _handler_tasks(iam: AssemblyIam) -> list[dict[str, Any]]:
+    """The task states that invoke a platform handler and wait for its answer."""
+    handlers = _handler_arns(iam)
     machines = [(stack, logical) for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")]
     return [
         state
@@ -91,16 +96,6 @@ def test_polling_handlers_ride_through_tens_of_minutes_of_faults_and_the_others_
     assert SHORT.expected_seconds() >= 60 and SHORT.longest_seconds() <= 5 * 60
 
 
-def _named_states(definition: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every state of a definition by name, in any nesting of Parallel branches or Map iterators."""
-    found: dict[str, dict[str, Any]] = {}
-    for name, state in definition.get("States", {}).items():
-        found[name] = state
-        for branch in [*state.get("Branches", []), state.get("ItemProcessor") or state.get("Iterator") or {}]:
-            found |= _named_states(branch)
-    return found
-
-
 # What passes, by the integration a task state calls (its Resource after "arn:<partition>:states:::").
 PASSES = {
     "lambda:invoke.waitForTaskToken": GATE_TRANSIENT,
@@ -115,15 +110,11 @@ def test_every_task_state_retries_what_passes_in_what_it_calls(built: str, reque
     """A throttle at a gate, a notification or an SDK call never ends a run (a handler's task: the test above);
     a gate's own timeout (the approvers' time) is never retried."""
     iam = AssemblyIam(Path(request.getfixturevalue(built).assembly.directory))
-    handlers = {
-        iam.arn(stack, logical)
-        for stack, logical, function in iam.resources("AWS::Lambda::Function")
-        if function.get("Handler", "").startswith("lambdas.")
-    }
+    handlers = _handler_arns(iam)
     checked: dict[str, int] = {}
     missing = []
     for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine"):
-        states = _named_states(iam.definition(stack, logical))
+        states = named_states(iam.definition(stack, logical))
         if not any(state.get("Resource") in handlers for state in states.values()):
             continue  # not the platform's (a CDK provider's waiter)
         for name, state in states.items():

@@ -87,15 +87,19 @@ class AssemblyIam:
         return json.loads(self.resolver.resolve(stack, machine["Properties"]["DefinitionString"]))  # type: ignore[no-any-return]
 
 
+def named_states(definition: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every state of a definition by name, in any nesting of Parallel branches or Map iterators."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, state in definition.get("States", {}).items():
+        found[name] = state
+        for branch in [*state.get("Branches", []), state.get("ItemProcessor") or state.get("Iterator") or {}]:
+            found |= named_states(branch)
+    return found
+
+
 def task_states(definition: dict[str, Any]) -> list[dict[str, Any]]:
     """Every Task state of a definition, in any nesting of Parallel branches or Map iterators."""
-    found: list[dict[str, Any]] = []
-    for state in definition.get("States", {}).values():
-        if state["Type"] == "Task":
-            found.append(state)
-        for branch in [*state.get("Branches", []), state.get("ItemProcessor") or state.get("Iterator") or {}]:
-            found += task_states(branch)
-    return found
+    return [state for state in named_states(definition).values() if state["Type"] == "Task"]
 
 
 def calls_in_handler(handler: str) -> set[str]:
