@@ -224,8 +224,9 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     and a save's and a cold load's bandwidth against the disk's direct write and read of as many bytes in the
     same directory, probed right after each save and load: a virtual disk's bandwidth drifts within a run, so
     each ratio pairs a save or load with a probe of the same moment, and the row gives the median of the
-    `repeats` pairs and their range. `parent`: the directory to work in (a temporary one in it; the system's
-    temporary directory if None)."""
+    `repeats` pairs and their range; and the median CPU seconds of a blocking save (all its threads) in user
+    space, which the disk's drift moves less, and in the kernel. `parent`: the directory to work in (a
+    temporary one in it; the system's temporary directory if None)."""
     import torch  # noqa: PLC0415
 
     from training.trainer import Trainer  # noqa: PLC0415
@@ -248,12 +249,14 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         try:
             trainer._train_step()  # optimizer state exists only after the first step
             trainer.state.step = 1
-            blocking, staging, loading, probes, method = [], [], [], [], ""
+            blocking, save_cpu, staging, loading, probes, method = [], [], [], [], [], ""
             for i in range(repeats):
                 trainer.state.step = 10 + 2 * i
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
                 trainer.checkpoints.save(trainer.state, blocking=True)
                 blocking.append(time.perf_counter() - start)
+                cpu_end = resource.getrusage(resource.RUSAGE_SELF)
+                save_cpu.append((cpu_end.ru_utime - cpu_start.ru_utime, cpu_end.ru_stime - cpu_start.ru_stime))
                 newest = paths.checkpoints / step_dir(trainer.state.step)
                 size = sum(f.stat().st_size for f in newest.iterdir())
                 write_gibs, _, method = _direct_bandwidth(paths.checkpoints, size)
@@ -277,6 +280,8 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         "model": cfg.model.name,
         "checkpoint_gib": round(gib, 3),
         "blocking_save_s": round(min(blocking), 3),
+        "save_cpu_user_s": round(statistics.median(user for user, _ in save_cpu), 2),
+        "save_cpu_sys_s": round(statistics.median(kernel for _, kernel in save_cpu), 2),
         "async_staging_s": round(min(staging), 3),
         "cold_load_s": round(min(loading), 3),
         "save_gibps": round(gib / min(blocking), 2),

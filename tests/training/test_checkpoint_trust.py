@@ -7,12 +7,14 @@ import io
 import json
 import pickle
 import shutil
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils.serialization import config as serialization_config
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses
 
 import training.checkpoint
@@ -201,6 +203,17 @@ def test_a_save_hashes_its_data_files_as_it_writes_them(
     assert completed
     assert read_back == [".metadata"]
     assert verify(paths.checkpoints / "step-4") is None
+
+
+def test_a_save_computes_no_zip_crc_the_load_never_reads(reference: tuple[Path, str]) -> None:
+    """The SHA-256 of every file is the check; the per-record CRC-32 inside each item's archive is left at
+    zero, only while the checkpoint is written."""
+    directory = reference[0] / "checkpoints" / "step-12"
+    data, info, expected = _largest_item(directory)
+    archive = zipfile.ZipFile(io.BytesIO(training.checkpoint._bytes_of(data)[info.offset : info.offset + info.length]))
+    assert {record.CRC for record in archive.infolist()} == {0}
+    assert torch.equal(training.checkpoint._saved_tensor(data, info.offset, info.length), expected)
+    assert serialization_config.save.compute_crc32  # the process's setting is restored after the save
 
 
 def test_manifest_names_every_file_with_its_size_and_sha256(reference: tuple[Path, str]) -> None:
