@@ -373,8 +373,8 @@ class _CheckedWriter(FileSystemWriter):
         # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
         # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
         # file's SHA-256 before it uses a byte. The setting is process-wide; nothing else in a training process
-        # calls torch.save.
-        with serialization_config.patch({"save.compute_crc32": False}):
+        # calls torch.save. (torch adds `patch` to its config modules at import, where mypy cannot see it.)
+        with cast(Any, serialization_config).patch({"save.compute_crc32": False}):
             future = super().write_data(plan, planner)
         written = future.wait()
         if self.fs.errors or len(written) != len(plan.items):
