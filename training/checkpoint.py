@@ -353,7 +353,12 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         try:
-            with path.open("wb") as file:
+            # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
+            # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
+            # file's SHA-256 before it uses a byte. torch's settings are the calling thread's own, and DCP writes
+            # each file in the thread that opens it here. (torch adds `patch` to its config modules at import,
+            # where mypy cannot see it.)
+            with path.open("wb") as file, cast(Any, serialization_config).patch({"save.compute_crc32": False}):
                 hashing = _HashingStream(file)
                 yield hashing
         except BaseException as exc:
@@ -370,12 +375,7 @@ class _CheckedWriter(FileSystemWriter):
     fs: _HashingFileSystem
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-        # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
-        # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
-        # file's SHA-256 before it uses a byte. The setting is process-wide; nothing else in a training process
-        # calls torch.save. (torch adds `patch` to its config modules at import, where mypy cannot see it.)
-        with cast(Any, serialization_config).patch({"save.compute_crc32": False}):
-            future = super().write_data(plan, planner)
+        future = super().write_data(plan, planner)
         written = future.wait()
         if self.fs.errors or len(written) != len(plan.items):
             problem = "; ".join(self.fs.errors) or "a writer thread stopped"
