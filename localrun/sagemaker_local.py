@@ -51,6 +51,7 @@ from training.layout import (
     EXPECTED_GPUS_ENV,
     JOB_NAME_ENV,
     MANIFEST,
+    MANIFEST_GLOB,
     MASTER_ADDR_ENV,
     MASTER_PORT_ENV,
     MIN_BUSBW_ENV,
@@ -431,46 +432,70 @@ class LocalTraining:
                 return
             time.sleep(0.2)
 
-    def _reclaim_after_first_checkpoint(self, local: LocalJob, job: Any) -> None:
-        """Reclaim the hosts as soon as the platform has recorded a checkpoint of the run, while training goes on.
+    def _after_recorded_checkpoint(self, local: LocalJob, act: Callable[[dict[int, str | None]], bool]) -> None:
+        """Call `act(held)` under the lock, until it returns True, once the platform has recorded a checkpoint of
+        the job's run; nothing if the job ends or is stopped first.
 
-        A restarted job resumes only from a checkpoint its run's ledger records (training/ledger.py),
-        so the reclaim comes once the Monitor has recorded one: the point a real interruption after
-        a poll would find.
+        A restarted job resumes only from a checkpoint its run's ledger records (training/ledger.py), so a fault
+        played from then on is one a real fault after a poll would meet. The hosts are held (SIGSTOP; `held`,
+        for `act` to release) from the moment one of them has committed a checkpoint until it is recorded, so
+        that the run cannot finish while the checkpoint uploads and the Monitor records it, however fast its
+        steps are.
         """
+        held: dict[int, str | None] = {}
         while True:
             with self._lock:
                 if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
+                    processes.resume(held)
                     return
-                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]):
-                    local.restarting = True
-                    job.secondary_status = "Interrupted"
-                    job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
-                    break
+                if not held and any(
+                    any((local.tree(host) / "checkpoints").glob(MANIFEST_GLOB)) for host in local.hosts
+                ):
+                    held = processes.pause(local.processes, local.workdir)
+                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]) and act(held):
+                    return
             time.sleep(0.05)
-        self._interrupt(local, job)
+
+    def _reclaim_after_first_checkpoint(self, local: LocalJob, job: Any) -> None:
+        """Reclaim the hosts (a spot interruption) once the platform has recorded a checkpoint of the run, with
+        training still under way."""
+        reclaimed: list[dict[int, str | None]] = []
+
+        def reclaim(held: dict[int, str | None]) -> bool:
+            local.restarting = True
+            job.secondary_status = "Interrupted"
+            job.secondary_status_transitions.append({"Status": "Interrupted", "StartTime": datetime.now(UTC)})
+            reclaimed.append(held)
+            return True
+
+        self._after_recorded_checkpoint(local, reclaim)
+        if reclaimed:
+            self._interrupt(local, job, reclaimed[0])
 
     def _hang_after_first_checkpoint(self, local: LocalJob) -> None:
         """Once the platform recorded a checkpoint of the run (the retry resumes from it), SIGSTOP a training
-        worker of the last host: it makes no progress, and its peers wait for it in their collectives."""
-        while True:
-            with self._lock:
-                if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
-                    return
-                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]):
-                    worker = _training_worker(local.processes[-1].pid)
-                    if worker is not None:
-                        os.kill(worker, signal.SIGSTOP)
-                        self._note(local, f"hang: training worker {worker} of {local.hosts[-1]} stopped (SIGSTOP)")
-                        return
-            time.sleep(0.05)
+        worker of the last host and release the rest: it makes no progress, and its peers wait for it in their
+        collectives."""
 
-    def _interrupt(self, local: LocalJob, job: Any) -> None:
-        """A spot reclaim, in the background: SIGTERM every host, let them checkpoint, start fresh hosts."""
+        def hang(held: dict[int, str | None]) -> bool:
+            worker = _training_worker(local.processes[-1].pid)
+            if worker is None:
+                return False
+            os.kill(worker, signal.SIGSTOP)
+            processes.resume({pid: started for pid, started in held.items() if pid != worker})
+            self._note(local, f"hang: training worker {worker} of {local.hosts[-1]} stopped (SIGSTOP)")
+            return True
+
+        self._after_recorded_checkpoint(local, hang)
+
+    def _interrupt(self, local: LocalJob, job: Any, held: dict[int, str | None]) -> None:
+        """A spot reclaim, in the background: SIGTERM every host (releasing those `held`), let them checkpoint,
+        start fresh hosts."""
         if self.on_line is not None:
             self.on_line(local.name, "-- spot interruption: SIGTERM to every host; they checkpoint and exit --")
         for process in local.processes:
             os.killpg(process.pid, signal.SIGTERM)
+        processes.resume(held)
         for process in local.processes:
             process.wait(timeout=180)
         with self._lock:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from localrun import netns
+from localrun import netns, sagemaker_local
 from localrun.cfn import Assembly, Resolver
 from localrun.construct_paths import Functions
 from localrun.demo import BURST, run_demo
@@ -200,7 +200,17 @@ def test_a_burst_of_faults_at_the_progress_handler_is_ridden_through(
     assert f"monitor-throttle: handler failures: {burst} TransientError; {burst} retries" in capsys.readouterr().out
 
 
-def test_spot_interruption_resumes_from_the_checkpoint(platform: Any, tmp_path: Path) -> None:
+def test_spot_interruption_resumes_from_the_checkpoint(
+    platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reclaim comes once the platform recorded a checkpoint, with steps still to go, however late the record
+    comes: here 20 s after the run starts, by when a fast machine has trained all 60 steps."""
+    recorded, started = sagemaker_local.recorded_checkpoints, time.monotonic()
+
+    def recorded_late(*args: Any) -> Any:
+        return recorded(*args) if time.monotonic() - started > 20 else []
+
+    monkeypatch.setattr(sagemaker_local, "recorded_checkpoints", recorded_late)
     outcome = _demo(platform, tmp_path, _input(run_name="demo-spot"), spot_interrupt=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
     (job,) = outcome.job_names  # SageMaker's managed spot restarts the same job
@@ -228,9 +238,9 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     platform: Any, tmp_path: Path
 ) -> None:
     # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
-    # sets the hang check's floor to 6 s. The run is long enough that the Monitor records a checkpoint before
-    # its last step, after which nothing is judged: a CI run's 60 steps ended first and the job never failed.
-    hyperparameters = {"max_steps": 300, "checkpoint.interval_steps": 10}
+    # sets the hang check's floor to 6 s. The local SageMaker holds the hosts from their first checkpoint until
+    # the Monitor has recorded it, so the run cannot end first however fast its steps are.
+    hyperparameters = {"checkpoint.interval_steps": 10}
     execution_input = _input(run_name="demo-hang", instance_count=1, spot=False, hyperparameters=hyperparameters)
     outcome = _demo(platform, tmp_path, execution_input, hang=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
