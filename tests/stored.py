@@ -31,8 +31,12 @@ def buckets(*names: str) -> Iterator[Any]:
 
 
 def manifest_of(files: dict[str, bytes], *, step: int, world_size: int = 1) -> bytes:
-    """A format-2 manifest listing `files` with their sizes and SHA-256, as training/checkpoint.py writes it."""
-    listed = {name: {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()} for name, body in files.items()}
+    """A manifest listing `files` with their sizes and segments (one per file here), as training/checkpoint.py
+    writes it."""
+    listed = {
+        name: {"size": len(body), "segments": [[len(body), hashlib.sha256(body).hexdigest()]] if body else []}
+        for name, body in files.items()
+    }
     return json.dumps({"format": FORMAT_VERSION, "step": step, "world_size": world_size, "files": listed}).encode()
 
 

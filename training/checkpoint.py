@@ -3,11 +3,13 @@
 Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_<i>.distcp``
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
-its size and SHA-256, so a checkpoint that was truncated or changed (a partial S3 sync, a kill
-mid-write, a file replaced in S3) is detected and skipped for the previous one. Each process writes its
-share in several threads, one data file each, hashing every file as it writes it. A load reads each file
-it needs once, into memory, hashes it as it arrives and unpickles nothing from it unless it matches; its
-tensors are then copied from those bytes, so a file changed after its check is never used. Loading never
+its size and the SHA-256 of each of its segments (runs of whole items, from 16 MiB), so a checkpoint that was
+truncated or changed (a partial S3 sync, a kill mid-write, a file replaced in S3) is detected and skipped for
+the previous one. Each process writes its share in several threads, one data file each, hashing every
+segment as it writes it. A load reads each file it needs once, front to back, a window of whole segments at
+a time into one reused buffer, hashes the bytes as they arrive and unpickles nothing from a window until
+each of its segments matches; its tensors are then copied from those bytes, so bytes changed after their
+check are never used, and a load holds one window of each file in memory, not the file. Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
 types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
 code.
@@ -30,10 +32,11 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -69,7 +72,7 @@ from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
 from training.layout import MANIFEST, step_dir, step_of
 from training.sagemaker_contract import describe
-from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Manifest, ManifestError
+from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Listed, Manifest, ManifestError, Segment
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,11 @@ _HASH_CHUNK = 1 << 20
 _READ_CHUNK = 8 << 20
 _MAX_IO_THREADS = 8
 _WRITEBACK_CHUNK = 32 << 20
+_MIN_SEGMENT = 16 << 20
+"""A segment of a data file ends at the first item boundary after this many bytes, so a window of a file this
+trainer wrote is at most about this plus its largest item (a load holds one window per file it is reading, in
+`io_threads()` threads; `.metadata`, and each file of a checkpoint saved before segments, is one window), and the
+manifest lists at most one SHA-256 per this many bytes, or per item larger than this."""
 
 
 class CheckpointError(RuntimeError):
@@ -112,7 +120,7 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
     The manifest is read once: its digest is checked against `trusted` (the run's ledger; None: no ledger)
     and the same bytes are parsed, so a manifest replaced after the listing checked it is refused. Complete
     as training/stored_checkpoints.py defines it: every listed file present with its size. The files'
-    contents are checked against their SHA-256 as they are read for the load (`_read_verified`).
+    contents are checked against their segments' SHA-256 as they are read for the load (`_verified_windows`).
     """
     try:
         data = (directory / MANIFEST).read_bytes()
@@ -137,40 +145,83 @@ def _bytes_of(data: torch.Tensor) -> memoryview:
     return memoryview(cast(Any, data.numpy())).cast("B")
 
 
-def _read_verified(path: Path, size: int, sha256: str) -> torch.Tensor:
-    """The file's bytes, read once into memory and hashed as they arrive; CheckpointError unless they are the
-    `size` bytes whose SHA-256 the manifest gives. What is loaded is these bytes: the file is not read again,
-    so it cannot be changed between its check and its use."""
-    data = torch.empty(size, dtype=torch.uint8)
+def _buffer(size: int) -> torch.Tensor:
+    """Memory for one window of a file a load reads."""
+    return torch.empty(size, dtype=torch.uint8)
+
+
+def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A file's windows: [start, end) of runs of whole segments, each ending at the first segment end that none
+    of `spans` ((offset, length) of the items a load uses, inside the file) straddles, so that every item lies
+    in one window."""
+    windows: list[tuple[int, int]] = []
+    pending = sorted(spans)
+    start = end = reach = index = 0
+    for length, _ in segments:
+        end += length
+        while index < len(pending) and pending[index][0] < end:  # the furthest end of the items begun before `end`
+            reach = max(reach, sum(pending[index]))
+            index += 1
+        if reach <= end:
+            windows.append((start, end))
+            start = end
+    return windows
+
+
+def _verified_windows(
+    path: Path, size: int, segments: Sequence[Segment], windows: Sequence[tuple[int, int]]
+) -> Generator[tuple[int, torch.Tensor]]:
+    """(start, bytes) of each of the file's `windows` in turn, read once into memory and yielded only when each
+    of the window's segments matched its SHA-256 in the manifest; CheckpointError at the first that does not,
+    or when the file is not the `size` bytes the manifest lists. What is used is these bytes: they are not
+    read again, so they cannot change between their check and their use. One buffer, the largest window's
+    size, holds each window in turn: use a window's bytes before taking the next."""
+    data = _buffer(max((end - start for start, end in windows), default=0))
     view = _bytes_of(data)
-    digest = hashlib.sha256()
-    done = 0
+    listed = iter(segments)
+    advise = hasattr(os, "posix_fadvise")
     with path.open("rb", buffering=0) as file:
-        while done < size:
-            read = file.readinto(view[done : done + _READ_CHUNK])
-            if not read:
-                break
-            if hasattr(os, "posix_fadvise"):  # the disk reads the next chunk while this one is hashed
-                os.posix_fadvise(file.fileno(), done + read, _READ_CHUNK, os.POSIX_FADV_WILLNEED)
-            digest.update(view[done : done + read])  # hashlib releases the GIL for large buffers
-            done += read
-        longer = bool(file.read(1))
-    if done != size or longer:
-        raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
-    if digest.hexdigest() != sha256:
-        raise CheckpointError(f"{path.name} does not match the SHA-256 in its manifest")
-    return data
+        if advise:
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        for start, end in windows:
+            done = 0
+            while done < end - start:
+                length, sha256 = next(listed)
+                digest, stop = hashlib.sha256(), done + length
+                while done < stop:
+                    read = file.readinto(view[done : min(stop, done + _READ_CHUNK)])
+                    if not read:
+                        raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
+                    if advise:  # the disk reads the next chunk while this one is hashed
+                        os.posix_fadvise(file.fileno(), start + done + read, _READ_CHUNK, os.POSIX_FADV_WILLNEED)
+                    digest.update(view[done : done + read])  # hashlib releases the GIL for large buffers
+                    done += read
+                if digest.hexdigest() != sha256:
+                    where = f"bytes {start + stop - length}-{start + stop}"
+                    raise CheckpointError(f"{path.name} does not match the SHA-256 its manifest lists for {where}")
+            yield start, data[: end - start]
+        if file.read(1):
+            raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
+
+
+def _read_verified(path: Path, size: int, segments: Sequence[Segment]) -> torch.Tensor:
+    """The whole file's bytes, checked as `_verified_windows` checks them."""
+    whole = torch.empty(0, dtype=torch.uint8)  # an empty file has no window
+    for _, data in _verified_windows(path, size, segments, [(0, size)] if size else []):
+        whole = data
+    return whole
 
 
 def verify(directory: Path) -> str | None:
-    """Why this checkpoint cannot be loaded, or None if it is complete and every file matches its SHA-256: the
-    checks a load makes of the files it reads, made of every file (without a ledger)."""
+    """Why this checkpoint cannot be loaded, or None if it is complete and every segment of every file matches
+    its SHA-256: the checks a load makes of the files it reads, made of every file (without a ledger)."""
     manifest = manifest_of(directory)
     if isinstance(manifest, str):
         return manifest
-    for name, (size, sha256) in sorted(manifest.files.items()):
+    for name, (size, segments) in sorted(manifest.files.items()):
         try:
-            _read_verified(directory / name, size, sha256)
+            for _ in _verified_windows(directory / name, size, segments, _windows(segments, [])):
+                pass
         except CheckpointError as exc:
             return f"{directory.name}: {exc}"
     return None
@@ -276,12 +327,21 @@ def data_files(metadata: Metadata) -> list[str]:
     return sorted({info.relative_path for info in metadata.storage_data.values()})
 
 
-def file_entries(
-    directory: Path, names: list[str], hashed: dict[str, tuple[int, str]] | None = None
-) -> dict[str, dict[str, Any]]:
-    """The manifest's entries of those of `names` present in `directory`: size and SHA-256.
+def segments_of(path: Path) -> tuple[Segment, ...]:
+    """A file's segments, read back from the disk: every `_MIN_SEGMENT` bytes (its items are not known here)."""
+    segments = []
+    with path.open("rb") as stream:
+        while chunk := stream.read(_MIN_SEGMENT):
+            segments.append((len(chunk), hashlib.sha256(chunk).hexdigest()))
+    return tuple(segments)
 
-    `hashed`: (size, SHA-256) of files hashed as they were written; a file is read back only if it is
+
+def file_entries(
+    directory: Path, names: list[str], hashed: dict[str, Listed] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The manifest's entries of those of `names` present in `directory`: size and segments.
+
+    `hashed`: (size, segments) of files hashed as they were written; a file is read back only if it is
     not there or its size on disk differs."""
     hashed = hashed or {}
     entries = {}
@@ -291,7 +351,8 @@ def file_entries(
             continue
         size = path.stat().st_size
         known = hashed.get(name)
-        entries[name] = {"size": size, "sha256": known[1] if known and known[0] == size else sha256_of(path)}
+        segments = known[1] if known and known[0] == size else segments_of(path)
+        entries[name] = {"size": size, "segments": [list(segment) for segment in segments]}
     return entries
 
 
@@ -303,12 +364,15 @@ def io_threads() -> int:
 
 
 class _HashingStream:
-    """A file being written that hashes its bytes as they pass (DCP writes each file front to back)."""
+    """A file being written that hashes its bytes in segments as they pass. DCP writes each file front to back
+    and asks the stream's position before and after each item; a segment ends at such a boundary once it
+    holds `_MIN_SEGMENT` bytes, so that segments are runs of whole items."""
 
     def __init__(self, file: io.BufferedWriter) -> None:
         self.file = file
-        self.digest = hashlib.sha256()
-        self.size = 0
+        self.segments: list[Segment] = []
+        self.digest = hashlib.sha256()  # of the bytes since `started`
+        self.size = self.started = 0
         self.flushing = 0  # bytes before this offset have been handed to the kernel's writeback
 
     def write(self, data: Any) -> int:
@@ -324,7 +388,16 @@ class _HashingStream:
         return written
 
     def tell(self) -> int:
+        if self.size - self.started >= _MIN_SEGMENT:
+            self.end_segment()
         return self.file.tell()
+
+    def end_segment(self) -> tuple[Segment, ...]:
+        """The segments written so far, the last one ended here."""
+        if self.size > self.started:
+            self.segments.append((self.size - self.started, self.digest.hexdigest()))
+            self.digest, self.started = hashlib.sha256(), self.size
+        return tuple(self.segments)
 
     def flush(self) -> None:
         self.file.flush()
@@ -337,12 +410,12 @@ class _HashingStream:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the size and SHA-256 of every data file as it writes it, and
+    """DCP's local file system, recording the size and segments of every data file as it writes it, and
     every error met writing one (DCP's writer threads would otherwise swallow it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.hashed: dict[str, tuple[int, str]] = {}
+        self.hashed: dict[str, Listed] = {}
         self.errors: list[str] = []
 
     @contextmanager
@@ -355,16 +428,16 @@ class _HashingFileSystem(FileSystem):
         try:
             # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
             # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
-            # file's SHA-256 before it uses a byte. torch's settings are the calling thread's own, and DCP writes
-            # each file in the thread that opens it here. (torch adds `patch` to its config modules at import,
-            # where mypy cannot see it.)
+            # segment's SHA-256 before it uses a byte. torch's settings are the calling thread's own, and DCP
+            # writes each file in the thread that opens it here. (torch adds `patch` to its config modules at
+            # import, where mypy cannot see it.)
             with path.open("wb") as file, cast(Any, serialization_config).patch({"save.compute_crc32": False}):
                 hashing = _HashingStream(file)
                 yield hashing
         except BaseException as exc:
             self.errors.append(f"{path.name}: {describe(exc)}")
             raise
-        self.hashed[path.name] = (hashing.size, hashing.digest.hexdigest())
+        self.hashed[path.name] = (hashing.size, hashing.end_segment())
 
 
 class _CheckedWriter(FileSystemWriter):
@@ -383,10 +456,10 @@ class _CheckedWriter(FileSystemWriter):
         return future
 
 
-def _writer(directory: Path) -> tuple[_CheckedWriter, dict[str, tuple[int, str]]]:
+def _writer(directory: Path) -> tuple[_CheckedWriter, dict[str, Listed]]:
     """DCP's file writer for one save, with `io_threads()` threads, each serialising, hashing and writing
     (and fsyncing) its own file, so that the CPU work of one overlaps the disk writes of another; and
-    the (size, SHA-256) of each data file, filled in as the writer writes it."""
+    the (size, segments) of each data file, filled in as the writer writes it."""
     fs = _HashingFileSystem()
     writer = _CheckedWriter(directory, thread_count=io_threads())
     writer.fs = fs
@@ -426,37 +499,61 @@ class _MetadataUnpickler(pickle.Unpickler):
 class _SafeReader(FileSystemReader):
     """DCP's file-system reader, loading only bytes that match the manifest: ``.metadata`` read by
     `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
-    parallel threads, checked against its SHA-256 (`_read_verified`), its tensors taken from those bytes
-    without a copy (`_saved_tensor`) and copied into the state dict."""
+    parallel threads, a window at a time, checked against its segments' SHA-256 (`_verified_windows`), the
+    window's tensors taken from those bytes without a copy (`_saved_tensor`) and copied into the state dict
+    before the next window is read. The state dict's tensors are the model's and the optimizer's own, so should
+    a later window fail its check, these hold checked bytes of this checkpoint in part: `load_latest` then
+    loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks one), or refuses to
+    start. Once a file is refused, no thread loads another window of the checkpoint."""
 
     def __init__(self, directory: Path, manifest: Manifest) -> None:
         super().__init__(directory)
         self.directory, self.manifest = directory, manifest
+        self.refused = threading.Event()
 
-    def _verified(self, name: str) -> torch.Tensor:
+    def _listed(self, name: str) -> Listed:
         if name not in self.manifest.files:
             raise CheckpointError(f"{DCP_METADATA} refers to {name}, which the manifest does not list")
-        size, sha256 = self.manifest.files[name]
-        return _read_verified(self.directory / name, size, sha256)
+        return self.manifest.files[name]
 
     def _read_file(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
-        data = self._verified(name)
-        for item in items:
-            info = self.storage_data[item.storage_index]
+        size, segments = self._listed(name)
+        placed = sorted(((self.storage_data[item.storage_index], item) for item in items), key=lambda p: p[0].offset)
+        for info, item in placed:
             if info.transform_descriptors:
                 raise CheckpointError(f"{name} holds items written with storage transforms, which no save here writes")
-            if item.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(item, io.BytesIO(data[info.offset : info.offset + info.length].numpy().tobytes()))
-                continue
-            tensor = narrow_tensor_by_index(
-                _saved_tensor(data, info.offset, info.length), item.storage_offsets, item.lengths
-            )
-            target = planner.resolve_tensor(item).detach()
-            if target.size() != tensor.size():
-                found, expected = tuple(tensor.size()), tuple(target.size())
-                raise CheckpointError(f"{name}: {item.storage_index.fqn} is {found}, expected {expected}")
-            target.copy_(tensor)
-            planner.commit_tensor(item, target)
+            if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
+                raise CheckpointError(f"{name}: {item.storage_index.fqn} lies outside the file's {size} bytes")
+        windows = _windows(segments, [(info.offset, info.length) for info, _ in placed])
+        index = 0
+        with closing(_verified_windows(self.directory / name, size, segments, windows)) as verified:
+            for start, data in verified:  # every item lies in one window; the items are in file order
+                if self.refused.is_set():
+                    return
+                end = start + data.numel()
+                while index < len(placed) and placed[index][0].offset + placed[index][0].length <= end:
+                    info, item = placed[index]
+                    self._load_item(item, planner, name=name, data=data, offset=info.offset - start, length=info.length)
+                    index += 1
+        if index != len(placed):
+            info, item = placed[index]
+            raise CheckpointError(f"{name}: {item.storage_index.fqn} lies in no segment of the file")
+
+    @staticmethod
+    def _load_item(
+        item: ReadItem, planner: LoadPlanner, *, name: str, data: torch.Tensor, offset: int, length: int
+    ) -> None:
+        """Load one item from the checked bytes `data[offset : offset + length]`."""
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(data[offset : offset + length].numpy().tobytes()))
+            return
+        tensor = narrow_tensor_by_index(_saved_tensor(data, offset, length), item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            found, expected = tuple(tensor.size()), tuple(target.size())
+            raise CheckpointError(f"{name}: {item.storage_index.fqn} is {found}, expected {expected}")
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
         per_file: dict[str, list[ReadItem]] = {}
@@ -465,10 +562,12 @@ class _SafeReader(FileSystemReader):
         with ThreadPoolExecutor(io_threads()) as pool:  # reads, hashing and tensor copies release the GIL
             done = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
             try:
-                for future in done:
+                wait(done, return_when=FIRST_EXCEPTION)
+                for future in sorted(done, key=lambda future: not future.done()):  # finished ones (any failed) first
                     future.result()
             except BaseException:
-                pool.shutdown(cancel_futures=True)  # the checkpoint is refused: read no more of it
+                self.refused.set()  # the checkpoint is refused: no thread loads another window of it
+                pool.shutdown(cancel_futures=True)
                 raise
         finished: TorchFuture[None] = TorchFuture()
         finished.set_result(None)
@@ -477,7 +576,7 @@ class _SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # DCP asks for a rank's own metadata when the global one failed
             raise CheckpointError(f"saves here write one {DCP_METADATA} and no rank's own")
-        data = self._verified(DCP_METADATA)
+        data = _read_verified(self.directory / DCP_METADATA, *self._listed(DCP_METADATA))
         metadata = _MetadataUnpickler(io.BytesIO(data.numpy().tobytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")
@@ -558,7 +657,7 @@ class _Pending:
     future: Future[Any]
     world_size: int
     tokens_consumed: int
-    hashed: dict[str, tuple[int, str]]
+    hashed: dict[str, Listed]
     started: float = field(default_factory=time.monotonic)
 
 
@@ -635,7 +734,7 @@ class CheckpointManager:
         *,
         world_size: int,
         tokens: int,
-        hashed: dict[str, tuple[int, str]],
+        hashed: dict[str, Listed],
         started: float,
     ) -> None:
         directory = self.root / step_dir(step)

@@ -2,8 +2,8 @@
 
 A checkpoint directory ``step-<N>/`` (training/layout.py) is complete when its manifest is there,
 parses, has the known format and names DCP's metadata, and every file the manifest lists is present
-with the size it lists. On disk the trainer also checks each file's SHA-256 before it unpickles or loads
-anything from that file (training/checkpoint.py); in S3 the sizes come from the listing, and the
+with the size it lists. On disk the trainer also checks the SHA-256 of each segment of a file before it
+unpickles or loads anything from that segment (training/checkpoint.py); in S3 the sizes come from the listing, and the
 manifest's own SHA-256 is what the platform records of the checkpoint (training/ledger.py).
 
 Stdlib only: the Lambda assets hold this module, and the Batch contract imports it before torch.
@@ -21,8 +21,18 @@ from typing import Any
 
 from training.layout import MANIFEST
 
-FORMAT_VERSION = 2
-"""2: every file with its size and SHA-256 (1 had sizes only and is no longer loaded)."""
+FORMAT_VERSION = 3
+"""3: every file with its size and the SHA-256 of each of its segments, consecutive runs of its bytes that a
+load checks and uses one at a time (2, still loaded: one SHA-256 per file, its only segment; 1 had sizes only
+and is no longer loaded)."""
+_ONE_DIGEST_FORMAT = 2
+_LOADED_FORMATS = (_ONE_DIGEST_FORMAT, FORMAT_VERSION)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+Segment = tuple[int, str]
+"""(length in bytes, SHA-256) of one segment of a checkpoint file."""
+Listed = tuple[int, tuple[Segment, ...]]
+"""(size, segments) of one file of a checkpoint."""
 DCP_METADATA = ".metadata"
 """DCP's metadata file, which every checkpoint has and every process reads."""
 _IN_CHECKPOINT = re.compile(r"^(?P<location>(?:.*/)?)step-(?P<step>\d+)/(?P<name>[^/]+)$")
@@ -34,9 +44,10 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a checkpoint's manifest promises: each file's size and SHA-256, and the processes that wrote it."""
+    """What a checkpoint's manifest promises: each file's size and its segments' SHA-256 (the segments cover the
+    file in order), and the processes that wrote it."""
 
-    files: dict[str, tuple[int, str]]
+    files: dict[str, Listed]
     world_size: int | None
 
     @classmethod
@@ -44,15 +55,21 @@ class Manifest:
         try:
             manifest = json.loads(data)
             files = manifest["files"]
-            if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or DCP_METADATA not in files:
+            version = manifest.get("format")
+            if type(version) is not int or version not in _LOADED_FORMATS:
                 raise ManifestError("manifest has an unknown format")
-            listed = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
+            if not isinstance(files, dict) or DCP_METADATA not in files:
+                raise ManifestError("manifest has an unknown format")
+            listed = {str(name): _file_entry(entry, version) for name, entry in files.items()}
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"unreadable manifest ({type(exc).__name__}: {exc})") from None
         if any("/" in name or name in ("", ".", "..", MANIFEST) for name in listed):
             raise ManifestError("manifest lists a file outside its checkpoint's directory")
+        wrong = sorted(name for name, (size, segments) in listed.items() if sum(n for n, _ in segments) != size)
+        if wrong:
+            raise ManifestError(f"manifest's segments of {', '.join(wrong)} do not add up to the file's size")
         world_size = manifest.get("world_size")
         return cls(files=listed, world_size=world_size if isinstance(world_size, int) else None)
 
@@ -74,6 +91,26 @@ class Manifest:
             if problem is not None:
                 return problem
         return None
+
+
+def _file_entry(entry: dict[str, Any], version: int) -> Listed:
+    """(size, segments) of one file's manifest entry; format 2's one SHA-256 is the file's only segment (an
+    empty file has none)."""
+    size = entry["size"]
+    if version == _ONE_DIGEST_FORMAT:
+        pairs = [(size, entry["sha256"])]
+    else:
+        pairs = [(length, digest) for length, digest in entry["segments"]]
+        if any(length == 0 for length, _ in pairs):
+            raise ValueError("an empty segment")
+    if not _whole(size) or not all(_whole(n) and isinstance(d, str) and _SHA256.fullmatch(d) for n, d in pairs):
+        raise ValueError("a size or segment that is not a whole number of bytes with a SHA-256")
+    return size, tuple((n, d) for n, d in pairs if n)
+
+
+def _whole(value: Any) -> bool:
+    """A whole number of bytes: an int (not a bool, a float or a string), not negative."""
+    return type(value) is int and value >= 0
 
 
 def manifest_sha256(data: bytes) -> str:

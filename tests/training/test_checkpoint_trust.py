@@ -7,10 +7,12 @@ import io
 import json
 import pickle
 import shutil
+import threading
 import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -18,10 +20,10 @@ from torch.utils.serialization import config as serialization_config
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses
 
 import training.checkpoint
-from training.checkpoint import verify
+from training.checkpoint import sha256_of, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
-from training.stored_checkpoints import manifest_sha256
+from training.stored_checkpoints import Segment, manifest_sha256
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -47,7 +49,7 @@ def _recommit(directory: Path) -> None:
     for name, entry in manifest["files"].items():
         data = (directory / name).read_bytes()
         if isinstance(entry, dict):
-            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            entry.update(size=len(data), segments=[list(s) for s in training.checkpoint.segments_of(directory / name)])
         else:
             manifest["files"][name] = len(data)
     (directory / MANIFEST).write_text(json.dumps(manifest))
@@ -191,13 +193,13 @@ def test_a_save_hashes_its_data_files_as_it_writes_them(
     """Committing does not read the data files back from the disk; the manifest still matches them."""
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
     read_back: list[str] = []
-    hash_file = training.checkpoint.sha256_of
+    hash_file = training.checkpoint.segments_of
 
-    def recording(path: Path) -> str:
+    def recording(path: Path) -> tuple[Segment, ...]:
         read_back.append(path.name)
         return hash_file(path)
 
-    monkeypatch.setattr(training.checkpoint, "sha256_of", recording)
+    monkeypatch.setattr(training.checkpoint, "segments_of", recording)
     completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "4"})
     monkeypatch.undo()
     assert completed
@@ -206,8 +208,8 @@ def test_a_save_hashes_its_data_files_as_it_writes_them(
 
 
 def test_a_save_computes_no_zip_crc_the_load_never_reads(reference: tuple[Path, str]) -> None:
-    """The SHA-256 of every file is the check; the per-record CRC-32 inside each item's archive is left at zero
-    in every data file, whichever of DCP's writer threads wrote it, only while the checkpoint is written."""
+    """The SHA-256 of every segment is the check; the per-record CRC-32 inside each item's archive is left at
+    zero in every data file, whichever of DCP's writer threads wrote it, only while the checkpoint is written."""
     directory = reference[0] / "checkpoints" / "step-12"
     data, info, expected = _largest_item(directory)
     assert torch.equal(training.checkpoint._saved_tensor(data, info.offset, info.length), expected)
@@ -223,13 +225,59 @@ def test_a_save_computes_no_zip_crc_the_load_never_reads(reference: tuple[Path, 
     assert serialization_config.save.compute_crc32  # the process's setting is restored after the save
 
 
-def test_manifest_names_every_file_with_its_size_and_sha256(reference: tuple[Path, str]) -> None:
-    directory = reference[0] / "checkpoints" / "step-12"
+_SMALL_SEGMENT = 4096
+
+
+@pytest.fixture(scope="module")
+def segmented(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The reference job run with segments of at least 4 KiB instead of 16 MiB, so that its data files have
+    several segments, as a large model's have; and its log."""
+    root = tmp_path_factory.mktemp("segmented")
+    make_opt_ml(root, {}, corpus=corpus)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training.checkpoint, "_MIN_SEGMENT", _SMALL_SEGMENT)
+        completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    return root, log
+
+
+def _item_ends(directory: Path) -> dict[str, set[int]]:
+    """Where each item of each data file ends, by DCP's metadata (the test's own, trusted file)."""
+    metadata = pickle.loads((directory / ".metadata").read_bytes())
+    ends: dict[str, set[int]] = {}
+    for info in metadata.storage_data.values():
+        ends.setdefault(info.relative_path, set()).add(info.offset + info.length)
+    return ends
+
+
+@pytest.mark.parametrize("run", ["reference", "segmented"])
+def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request: pytest.FixtureRequest) -> None:
+    """Each file's segments cover it in order, each with its bytes' SHA-256; a data file's segments end where
+    items end, at the first item end after 16 MiB (4 KiB in the segmented run)."""
+    root, _ = request.getfixturevalue(run)
+    smallest = _SMALL_SEGMENT if run == "segmented" else training.checkpoint._MIN_SEGMENT
+    directory = root / "checkpoints" / "step-12"
     files = json.loads((directory / MANIFEST).read_text())["files"]
     assert set(files) == {p.name for p in directory.iterdir() if p.name != MANIFEST}
+    item_ends = _item_ends(directory)
     for name, entry in files.items():
         data = (directory / name).read_bytes()
-        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert set(entry) == {"size", "segments"} and entry["size"] == len(data)
+        start, ends = 0, []
+        for length, sha256 in entry["segments"]:
+            assert hashlib.sha256(data[start : start + length]).hexdigest() == sha256
+            start += length
+            ends.append(start)
+        assert start == len(data)
+        if name in item_ends:  # a data file: cut at the first item end `smallest` bytes or more after the last cut
+            expected, cut = [], 0
+            for end in sorted(item_ends[name]):
+                if end - cut >= smallest or end == len(data):
+                    expected.append(end)
+                    cut = end
+            assert ends == expected
+    if run == "segmented":
+        assert max(len(entry["segments"]) for entry in files.values()) > 2
 
 
 def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path) -> None:
@@ -326,7 +374,7 @@ def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path
     metadata.write_bytes(bytes(data))
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert ".metadata does not match the SHA-256 in its manifest" in log
+    assert ".metadata does not match the SHA-256 its manifest lists" in log
     assert "saves here write one .metadata and no rank's own" in log  # DCP's retry, refused for that reason
     assert "resumed from checkpoint step-8" in log
 
@@ -342,3 +390,168 @@ def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
     assert file.readinto(floats) == 8 and floats.tobytes() == bytes(range(2, 10))
     with pytest.raises(ValueError, match="cannot seek"):
         file.seek(-1)
+
+
+def test_a_load_holds_one_window_of_a_data_file_not_the_file(
+    segmented: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(segmented, tmp_path)
+    shards = list((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    buffers: list[int] = []
+    allocate = training.checkpoint._buffer
+
+    def recording(size: int) -> torch.Tensor:
+        buffers.append(size)
+        return allocate(size)
+
+    monkeypatch.setattr(training.checkpoint, "_buffer", recording)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "resumed from checkpoint step-12" in log
+    metadata = (root / "checkpoints" / "step-12" / ".metadata").stat().st_size
+    data_buffers = [size for size in buffers if size != metadata]
+    assert len(data_buffers) == len(shards)
+    assert max(data_buffers) < min(shard.stat().st_size for shard in shards) / 2
+
+
+def _record_loaded_items(monkeypatch: pytest.MonkeyPatch, loaded: list[tuple[str, str]]) -> list[Any]:
+    """Record (checkpoint, file) of each item a load loads into `loaded`; the readers made, in order."""
+    readers: list[Any] = []
+    read_data, load_item = training.checkpoint._SafeReader.read_data, training.checkpoint._SafeReader._load_item
+
+    def reading(self: Any, plan: Any, planner: Any) -> Any:
+        readers.append(self)
+        return read_data(self, plan, planner)
+
+    def loading(item: Any, planner: Any, **kwargs: Any) -> None:
+        loaded.append((readers[-1].directory.name, kwargs["name"]))
+        load_item(item, planner, **kwargs)
+
+    monkeypatch.setattr(training.checkpoint._SafeReader, "read_data", reading)
+    monkeypatch.setattr(training.checkpoint._SafeReader, "_load_item", staticmethod(loading))
+    return readers
+
+
+def test_a_changed_later_segment_is_refused_after_earlier_windows_were_loaded(
+    segmented: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The items of a file's windows are loaded before its later windows are read: when a later one fails its
+    check, the older checkpoint is loaded whole, and the run goes on exactly as from that checkpoint."""
+    root = _copy(segmented, tmp_path)
+    directory = root / "checkpoints" / "step-12"
+    shard = max(directory.glob("__0_*.distcp"), key=lambda path: path.stat().st_size)
+    segments = json.loads((directory / MANIFEST).read_text())["files"][shard.name]["segments"]
+    data = bytearray(shard.read_bytes())
+    last = len(data) - segments[-1][0]
+    data[last : last + 8] = bytes(b ^ 0xFF for b in data[last : last + 8])
+    shard.write_bytes(bytes(data))
+    loaded: list[tuple[str, str]] = []  # (checkpoint, file) of each item loaded
+    _record_loaded_items(monkeypatch, loaded)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert f"{shard.name} does not match the SHA-256 its manifest lists for bytes {last}-{len(data)}" in log
+    assert ("step-12", shard.name) in loaded  # items of its earlier windows were loaded before the refusal
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(segmented[1]).items() if s > 8}
+
+
+def test_a_checkpoint_with_one_sha256_per_file_still_loads(reference: tuple[Path, str], tmp_path: Path) -> None:
+    """A checkpoint saved before segments (manifest format 2: one SHA-256 per file) resumes a run, and is
+    refused when a file changed."""
+    root = _copy(reference, tmp_path)
+    for step in (8, 12):
+        directory = root / "checkpoints" / f"step-{step}"
+        manifest = json.loads((directory / MANIFEST).read_text())
+        for name in manifest["files"]:
+            manifest["files"][name] = {"size": (directory / name).stat().st_size, "sha256": sha256_of(directory / name)}
+        (directory / MANIFEST).write_text(json.dumps({**manifest, "format": 2}))
+    changed = tmp_path / "changed"
+    shutil.copytree(root, changed)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-12" in log
+    shard = next((changed / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    _change_middle(shard)
+    completed, log = run_in_process(changed, CHECKPOINTED_JOB)
+    assert completed
+    assert f"{shard.name} does not match the SHA-256 its manifest lists for bytes 0-{shard.stat().st_size}" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+@pytest.mark.parametrize(
+    ("spans", "windows"),
+    [
+        ([], [(0, 4), (4, 8), (8, 12)]),
+        ([(0, 4), (4, 4), (8, 4)], [(0, 4), (4, 8), (8, 12)]),
+        ([(2, 4)], [(0, 8), (8, 12)]),
+        ([(2, 7)], [(0, 12)]),
+        ([(0, 1), (3, 2), (9, 1)], [(0, 8), (8, 12)]),
+    ],
+    ids=["no-items", "one-per-segment", "straddles-one-end", "straddles-two-ends", "several"],
+)
+def test_a_window_ends_where_no_item_straddles_a_segment_end(
+    spans: list[tuple[int, int]], windows: list[tuple[int, int]]
+) -> None:
+    segments = [(4, "a"), (4, "b"), (4, "c")]
+    assert training.checkpoint._windows(segments, spans) == windows
+
+
+def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint(
+    segmented: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file's first segment is changed; the other file's thread, held in its first window until the refusal,
+    loads no later window."""
+    root = _copy(segmented, tmp_path)
+    directory = root / "checkpoints" / "step-12"
+    changed, other = sorted(directory.glob("__0_*.distcp"))
+    data = bytearray(changed.read_bytes())
+    data[:8] = bytes(b ^ 0xFF for b in data[:8])
+    changed.write_bytes(bytes(data))
+    loaded: list[tuple[str, str]] = []
+    readers = _record_loaded_items(monkeypatch, loaded)
+    load_item = training.checkpoint._SafeReader._load_item  # the recording one
+    verified_windows, failed = training.checkpoint._verified_windows, threading.Event()
+
+    def watched(path: Path, *args: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        try:
+            yield from verified_windows(path, *args)
+        except training.checkpoint.CheckpointError:
+            failed.set()
+            raise
+
+    def held_until_refused(item: Any, planner: Any, **kwargs: Any) -> None:
+        if readers[-1].directory.name == "step-12" and kwargs["name"] == other.name:
+            assert failed.wait(timeout=60)
+            refused = getattr(readers[-1], "refused", None)  # a reader that stops on a refusal says when it does
+            assert refused is None or refused.wait(timeout=60)
+        load_item(item, planner, **kwargs)
+
+    monkeypatch.setattr(training.checkpoint, "_verified_windows", watched)
+
+    monkeypatch.setattr(training.checkpoint._SafeReader, "_load_item", staticmethod(held_until_refused))
+    first_window = training.checkpoint._windows(training.checkpoint.manifest_of(directory).files[other.name][1], [])[0]
+    items = list(pickle.loads((directory / ".metadata").read_bytes()).storage_data.values())
+    in_first = [i for i in items if i.relative_path == other.name and i.offset + i.length <= first_window[1]]
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)  # it saves step-12 anew: the files are read before
+    assert completed
+    assert f"{changed.name} does not match the SHA-256 its manifest lists for bytes 0-" in log
+    assert "resumed from checkpoint step-8" in log
+    assert loaded.count(("step-12", other.name)) <= len(in_first) < sum(i.relative_path == other.name for i in items)
+    assert loaded.count(("step-12", changed.name)) == 0
+
+
+def test_an_item_that_lies_in_no_segment_is_refused(tmp_path: Path) -> None:
+    """A zero-length item of an empty file (no segment, no window) is not skipped in silence."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+    (tmp_path / "__0_0.distcp").write_bytes(b"")
+    manifest = training.checkpoint.Manifest(files={"__0_0.distcp": (0, ())}, world_size=1)
+    reader = training.checkpoint._SafeReader(tmp_path, manifest)
+    index = MetadataIndex("w")
+    reader.storage_data = {index: _StorageInfo("__0_0.distcp", 0, 0)}
+    empty = torch.Size([0])
+    item = ReadItem(LoadItemType.TENSOR, index, empty, index, empty, empty)
+    with pytest.raises(training.checkpoint.CheckpointError, match=r"__0_0\.distcp: w lies in no segment of the file"):
+        reader._read_file("__0_0.distcp", [item], planner=cast(Any, None))

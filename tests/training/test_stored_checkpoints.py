@@ -81,3 +81,49 @@ def test_the_manifest_rule_names_what_is_wrong() -> None:
     assert manifest.incomplete({DCP_METADATA: 8}) == "__0_0.distcp is missing"
     with pytest.raises(ManifestError, match="unknown format"):
         Manifest.parse(b'{"format": 2, "files": []}')
+
+
+def test_a_manifest_with_one_sha256_per_file_lists_it_as_the_files_only_segment() -> None:
+    """Format 2, written before segments, is still read."""
+    old = {
+        "format": 2,
+        "files": {DCP_METADATA: {"size": 8, "sha256": "a" * 64}, "__0_0.distcp": {"size": 0, "sha256": "b" * 64}},
+    }
+    assert Manifest.parse(json.dumps(old)).files == {DCP_METADATA: (8, ((8, "a" * 64),)), "__0_0.distcp": (0, ())}
+
+
+@pytest.mark.parametrize(
+    ("segments", "why"),
+    [
+        ([[4, "a" * 64]], "segments of .metadata do not add up to the file's size"),
+        ([[4, "a" * 64], [4, "a" * 64], [1, "a" * 64]], "do not add up"),
+        ([[8, "not a digest"]], "unreadable manifest"),
+        ([[0, "a" * 64], [8, "a" * 64]], "unreadable manifest"),
+        ([8, "a" * 64], "unreadable manifest"),
+        ([[8, "a" * 64 + "\n"]], "unreadable manifest"),
+        ([[True, "a" * 64], [7, "a" * 64]], "unreadable manifest"),
+        ([[8.0, "a" * 64]], "unreadable manifest"),
+        ([["8", "a" * 64]], "unreadable manifest"),
+    ],
+    ids=["short", "long", "not-a-digest", "empty-segment", "not-pairs", "digest-and-newline", "bool", "float", "text"],
+)
+def test_a_manifest_whose_segments_do_not_describe_the_file_is_refused(segments: Any, why: str) -> None:
+    manifest = {"format": 3, "files": {DCP_METADATA: {"size": 8, "segments": segments}}}
+    with pytest.raises(ManifestError, match=why):
+        Manifest.parse(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("manifest", "why"),
+    [
+        ({"format": 2.0, "files": {DCP_METADATA: {"size": 8, "sha256": "a" * 64}}}, "unknown format"),
+        ({"format": True, "files": {DCP_METADATA: {"size": 8, "sha256": "a" * 64}}}, "unknown format"),
+        ({"format": 2, "files": {DCP_METADATA: {"size": 8, "sha256": "a" * 64}, "x": {"size": 0}}}, "unreadable"),
+        ({"format": 2, "files": {DCP_METADATA: {"size": "8", "sha256": "a" * 64}}}, "unreadable"),
+        ({"format": 3, "files": {DCP_METADATA: {"size": -1, "segments": []}}}, "unreadable"),
+    ],
+    ids=["format-float", "format-bool", "empty-file-no-digest", "size-text", "size-negative"],
+)
+def test_a_manifest_entry_that_is_not_a_size_with_digests_is_refused(manifest: dict[str, Any], why: str) -> None:
+    with pytest.raises(ManifestError, match=why):
+        Manifest.parse(json.dumps(manifest))
