@@ -53,14 +53,17 @@ def test_train_row_uses_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("async_save", ["false", "true"])
 def test_checkpoint_row_pairs_every_save_and_load_with_a_probe_of_the_disk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The row's async staging is the staging of async saves, and is there only when saves are async."""
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     try:
-        row = bench_checkpoint({"model": "tiny", "seq_len": "32", "batch_size": "2"}, repeats=3, parent=tmp_path)
+        hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
+        row = bench_checkpoint(hyperparameters, repeats=3, parent=tmp_path)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -70,6 +73,7 @@ def test_checkpoint_row_pairs_every_save_and_load_with_a_probe_of_the_disk(
     for ratio in ("save_over_direct_write", "load_over_direct_read"):
         low, high = row[f"{ratio}_range"]
         assert 0 <= low <= row[ratio] <= high  # a tiny model's ratios may round to 0
+    assert ("async_staging_s" in row) == (async_save == "true")
     assert list(tmp_path.iterdir()) == []
 
 
