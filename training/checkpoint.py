@@ -35,7 +35,7 @@ import shutil
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +160,8 @@ def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> l
     for length, _ in segments:
         end += length
         while index < len(pending) and pending[index][0] < end:  # the furthest end of the items begun before `end`
-            reach = max(reach, sum(pending[index]))
+            offset, span = pending[index]
+            reach = max(reach, offset + span)
             index += 1
         if reach <= end:
             windows.append((start, end))
@@ -562,8 +563,7 @@ class _SafeReader(FileSystemReader):
         with ThreadPoolExecutor(io_threads()) as pool:  # reads, hashing and tensor copies release the GIL
             done = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
             try:
-                wait(done, return_when=FIRST_EXCEPTION)
-                for future in sorted(done, key=lambda future: not future.done()):  # finished ones (any failed) first
+                for future in as_completed(done):  # the first to fail raises as it ends
                     future.result()
             except BaseException:
                 self.refused.set()  # the checkpoint is refused: no thread loads another window of it
