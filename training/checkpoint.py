@@ -67,6 +67,7 @@ from torch.futures import Future as TorchFuture
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.serialization import config as serialization_config
 
+from training import direct_io
 from training.config import CheckpointConfig
 from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
@@ -79,7 +80,6 @@ log = logging.getLogger(__name__)
 _HASH_CHUNK = 1 << 20
 _READ_CHUNK = 8 << 20
 _MAX_IO_THREADS = 8
-_WRITEBACK_CHUNK = 32 << 20
 _MIN_SEGMENT = 16 << 20
 """A segment of a data file ends at the first item boundary after this many bytes, so a window of a file this
 trainer wrote is at most about this plus its largest item (a load holds one window per file it is reading, in
@@ -369,24 +369,25 @@ class _HashingStream:
     and asks the stream's position before and after each item; a segment ends at such a boundary once it
     holds `_MIN_SEGMENT` bytes, so that segments are runs of whole items."""
 
-    def __init__(self, file: io.BufferedWriter) -> None:
+    def __init__(self, file: direct_io.DirectFile | direct_io.BufferedFile) -> None:
         self.file = file
         self.segments: list[Segment] = []
         self.digest = hashlib.sha256()  # of the bytes since `started`
-        self.size = self.started = 0
-        self.flushing = 0  # bytes before this offset have been handed to the kernel's writeback
+        self.started = 0
+
+    @property
+    def size(self) -> int:
+        return self.file.size
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        written = self.file.write(view)
-        self.digest.update(view)  # hashlib releases the GIL for large buffers
-        self.size += len(view)
-        if self.size - self.flushing >= _WRITEBACK_CHUNK and hasattr(os, "posix_fadvise"):
-            # Start writing these pages to the disk now (Linux starts writeback for dirty pages it is
-            # advised to drop), not all at the final fsync: the disk works while the threads serialise.
-            os.posix_fadvise(self.file.fileno(), self.flushing, self.size - self.flushing, os.POSIX_FADV_DONTNEED)
-            self.flushing = self.size
-        return written
+        for start in range(0, len(view), _HASH_CHUNK):
+            # Each chunk is hashed, then written while it is still in the CPU's cache. (hashlib releases the GIL
+            # for large buffers.)
+            chunk = view[start : start + _HASH_CHUNK]
+            self.digest.update(chunk)
+            self.file.write(chunk)
+        return len(view)
 
     def tell(self) -> int:
         if self.size - self.started >= _MIN_SEGMENT:
@@ -401,7 +402,7 @@ class _HashingStream:
         return tuple(self.segments)
 
     def flush(self) -> None:
-        self.file.flush()
+        """Nothing: `close` writes what is left (a file written with O_DIRECT writes whole blocks only)."""
 
     def fileno(self) -> int:
         return self.file.fileno()
@@ -411,8 +412,9 @@ class _HashingStream:
 
 
 class _HashingFileSystem(FileSystem):
-    """DCP's local file system, recording the size and segments of every data file as it writes it, and
-    every error met writing one (DCP's writer threads would otherwise swallow it)."""
+    """DCP's local file system, writing every data file with O_DIRECT where the file system allows (see
+    `training.direct_io`), and recording the size and segments of each as it writes it, and every error met
+    writing one (DCP's writer threads would otherwise swallow it)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -426,16 +428,21 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
+        file = None
         try:
             # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
             # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
             # segment's SHA-256 before it uses a byte. torch's settings are the calling thread's own, and DCP
             # writes each file in the thread that opens it here. (torch adds `patch` to its config modules at
             # import, where mypy cannot see it.)
-            with path.open("wb") as file, cast(Any, serialization_config).patch({"save.compute_crc32": False}):
+            with cast(Any, serialization_config).patch({"save.compute_crc32": False}):
+                file = direct_io.create(path)
                 hashing = _HashingStream(file)
                 yield hashing
+            file.close()  # DCP closes the stream itself, after its fsync (which `close` repeats once all is written)
         except BaseException as exc:
+            if file is not None:
+                file.abandon()
             self.errors.append(f"{path.name}: {describe(exc)}")
             raise
         self.hashed[path.name] = (hashing.size, hashing.end_segment())

@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 import torch
 from torch.utils.serialization import config as serialization_config
-from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses
+from training_helpers import CHECKPOINTED_JOB, make_opt_ml, refuse_o_direct, run_in_process, step_losses
 
 import training.checkpoint
 from training.checkpoint import sha256_of, verify
@@ -555,3 +555,59 @@ def test_an_item_that_lies_in_no_segment_is_refused(tmp_path: Path) -> None:
     item = ReadItem(LoadItemType.TENSOR, index, empty, index, empty, empty)
     with pytest.raises(training.checkpoint.CheckpointError, match=r"__0_0\.distcp: w lies in no segment of the file"):
         reader._read_file("__0_0.distcp", [item], planner=cast(Any, None))
+
+
+def _save_alone(state: dict[str, torch.Tensor], directory: Path) -> dict[str, Any]:
+    """`state` saved by this trainer's writer, outside a run; the (size, segments) of each data file."""
+    import torch.distributed.checkpoint as dcp
+
+    writer, hashed = training.checkpoint._writer(directory)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return hashed
+
+
+def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save writes its data files with O_DIRECT where the file system allows, and falls back to buffered
+    writes where it does not: both give the same files and the same manifest entries."""
+    from training import direct_io
+
+    monkeypatch.setattr(direct_io, "CHUNK", 4 * direct_io.ALIGNMENT)  # many chunks and a partial last block
+    monkeypatch.setattr(training.checkpoint, "_MIN_SEGMENT", _SMALL_SEGMENT)
+    state = {f"w{i}": torch.randn(1000 + 333 * i) for i in range(8)}
+    opened: list[str] = []
+    create = direct_io.create
+
+    def recorded(path: Path) -> Any:
+        file = create(path)
+        opened.append(type(file).__name__)
+        return file
+
+    monkeypatch.setattr(direct_io, "create", recorded)
+    direct = _save_alone(state, tmp_path / "direct")
+    assert opened == ["DirectFile"] * len(direct)
+    refuse_o_direct(monkeypatch)
+    opened.clear()
+    buffered = _save_alone(state, tmp_path / "buffered")
+    assert opened == ["BufferedFile"] * len(buffered)
+    assert direct == buffered and len({segments for _, segments in direct.values()}) == len(direct)
+    for name in direct:
+        assert (tmp_path / "direct" / name).read_bytes() == (tmp_path / "buffered" / name).read_bytes()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # torch's thread dies of it
+def test_a_failed_o_direct_write_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk writes of a file written with O_DIRECT run in a thread of their own: their error fails the
+    save, including the last block's, written when DCP closes the file."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from training import direct_io
+
+    def disk_full(fd: int, data: memoryview) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(direct_io, "_write_all", disk_full)
+    with pytest.raises(CheckpointException, match=r"OSError: \[Errno 28\] No space left on device"):
+        _save_alone({f"w{i}": torch.randn(1000) for i in range(8)}, tmp_path)
+    assert not (tmp_path / ".metadata").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -15,10 +16,13 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
+from training import direct_io
 from training.config import from_hyperparameters
 from training.launcher import child_pids
 from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
@@ -205,3 +209,15 @@ def run_in_process(root: Path, hyperparameters: Mapping[str, str], stop: StopReq
             else:
                 os.environ[key] = value
     return completed, "\n".join(capture.lines)
+
+
+def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make training.direct_io's file system refuse O_DIRECT, as tmpfs does."""
+    real_open = os.open
+
+    def open_without_o_direct(path: Any, flags: int, *args: Any) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(direct_io.os, "open", open_without_o_direct)

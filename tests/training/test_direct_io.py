@@ -1,0 +1,86 @@
+"""training/direct_io.py: a new file written with O_DIRECT holds exactly the bytes written, whatever their
+sizes; where O_DIRECT is refused the file is buffered, with the same bytes; a failed disk write fails the file
+and leaves no descriptor open."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from pathlib import Path
+
+import pytest
+from training_helpers import refuse_o_direct
+
+from training import direct_io
+
+_SMALL_CHUNK = 2 * direct_io.ALIGNMENT
+
+
+def _o_direct_works(directory: Path) -> bool:
+    try:
+        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0)))
+    except OSError:
+        return False
+    return hasattr(os, "O_DIRECT")
+
+
+def _write_in_pieces(file: direct_io.DirectFile | direct_io.BufferedFile, data: bytes, seed: int) -> None:
+    rng, at = random.Random(seed), 0
+    while at < len(data):
+        length = rng.choice([1, 7, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, _SMALL_CHUNK + 3, 5 * _SMALL_CHUNK])
+        file.write(memoryview(data[at : at + length]))
+        at = min(len(data), at + length)
+        assert file.tell() == at
+
+
+_SIZES = [
+    *(0, 1, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT),
+    *(_SMALL_CHUNK - 1, _SMALL_CHUNK, _SMALL_CHUNK + 1, 3 * _SMALL_CHUNK + 17, 11 * _SMALL_CHUNK),
+]
+
+
+@pytest.mark.parametrize("size", _SIZES)
+@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "refused"])
+def test_a_new_file_holds_exactly_the_bytes_written(
+    size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if o_direct and not _o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    if not o_direct:
+        refuse_o_direct(monkeypatch)
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)  # many chunks, and both buffers reused, in few bytes
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "file"
+    path.write_bytes(b"x" * (2 * size + 5))  # an older, longer file there is replaced
+    file = direct_io.create(path)
+    assert isinstance(file, direct_io.DirectFile if o_direct else direct_io.BufferedFile)
+    _write_in_pieces(file, data, seed=size)
+    file.close()
+    file.close()  # a second close does nothing
+    assert path.read_bytes() == data
+
+
+def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
+    writes = []
+
+    def disk_full(fd: int, data: memoryview) -> None:
+        writes.append(len(data))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(direct_io, "_write_all", disk_full)
+    file = direct_io.create(tmp_path / "file")
+    assert isinstance(file, direct_io.DirectFile)
+    with pytest.raises(OSError, match="No space left"):  # the write after the failed one, or the close
+        file.write(memoryview(bytes(3 * _SMALL_CHUNK)))
+        file.close()
+    assert writes
+    file.abandon()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(file.fd)
+    file.abandon()  # and again does nothing

@@ -1,0 +1,150 @@
+"""Writing a new file with O_DIRECT, which skips the page cache: the disk reads each chunk from the process's
+own page-aligned buffer, where a buffered write has the kernel copy every byte into cached pages first. On the
+benchmark VM that copy cost more CPU than anything else in a checkpoint save (docs/BENCHMARKS.md).
+
+Python's file objects cannot write with O_DIRECT (its writes must be whole blocks from aligned memory), and no
+library does this; hence `DirectFile`. It falls back to a buffered file where the file system refuses O_DIRECT
+(tmpfs, some overlays) and on systems without it."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
+
+ALIGNMENT = 4096
+"""What O_DIRECT needs of a write's offset, length and buffer address: a multiple of every device's logical
+block size (512 or 4096); anonymous maps are page-aligned."""
+
+CHUNK = 16 << 20
+"""Bytes per O_DIRECT write; a multiple of `ALIGNMENT`."""
+
+_WRITEBACK_CHUNK = 32 << 20
+
+
+def aligned_buffer(size: int) -> mmap.mmap:
+    """`size` bytes of zeroed memory that O_DIRECT can write from and read into."""
+    return mmap.mmap(-1, size)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class DirectFile:
+    """A new file written with O_DIRECT from two page-aligned buffers: one is written to the disk, in a thread of
+    its own, while the caller fills the other, so the disk works while the caller serialises and hashes.
+    `close` writes the last, partial block padded to `ALIGNMENT`, cuts the file back to the bytes written,
+    and fsyncs it; until then the file's contents are incomplete. `abandon` closes it without. Not safe for
+    concurrent callers."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+        self._buffers = [aligned_buffer(CHUNK), aligned_buffer(CHUNK)]
+        self._views = [memoryview(buffer) for buffer in self._buffers]
+        self._current = 0
+        self._filled = 0  # bytes of the current buffer
+        self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write")
+        self._writing: Future[None] | None = None
+        self._closed = False
+
+    def write(self, data: memoryview) -> None:
+        while data:
+            view = self._views[self._current]
+            count = min(len(data), CHUNK - self._filled)
+            view[self._filled : self._filled + count] = data[:count]
+            self._filled += count
+            self.size += count
+            data = data[count:]
+            if self._filled == CHUNK:
+                self._hand_over(CHUNK)
+
+    def _hand_over(self, length: int) -> None:
+        """Write the current buffer's first `length` bytes (a multiple of `ALIGNMENT`) once the other buffer's
+        write has ended, and fill the other buffer next."""
+        self._wait()
+        self._writing = self._disk.submit(_write_all, self.fd, self._views[self._current][:length])
+        self._current, self._filled = 1 - self._current, 0
+
+    def _wait(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def tell(self) -> int:
+        return self.size
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self._filled:
+                padded = -(-self._filled // ALIGNMENT) * ALIGNMENT
+                self._views[self._current][self._filled : padded] = bytes(padded - self._filled)
+                self._hand_over(padded)
+            self._wait()
+            os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._disk.shutdown(wait=True)  # a write in flight ends before the file and its buffer go
+        os.close(self.fd)
+        self._views, self._buffers = [], []  # unmapped once no write's view of them is left
+
+
+class BufferedFile:
+    """A new file written through the page cache, for file systems that refuse O_DIRECT. It starts writing each
+    32 MiB to the disk as soon as it is written (Linux starts writeback for dirty pages it is advised to drop),
+    not all at `close`, which fsyncs the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("wb")
+        self.size = self._flushing = 0  # bytes before `_flushing` have been handed to the kernel's writeback
+
+    def write(self, data: memoryview) -> None:
+        self.file.write(data)
+        self.size += len(data)
+        if self.size - self._flushing >= _WRITEBACK_CHUNK and hasattr(os, "posix_fadvise"):
+            self.file.flush()
+            os.posix_fadvise(self.file.fileno(), self._flushing, self.size - self._flushing, os.POSIX_FADV_DONTNEED)
+            self._flushing = self.size
+
+    def tell(self) -> int:
+        return self.size
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        with self.file:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+
+    def abandon(self) -> None:
+        with suppress(OSError):  # its error is the one being reported
+            self.file.close()
+
+
+def create(path: Path) -> DirectFile | BufferedFile:
+    """A new, empty file at `path` (replacing one there), written with O_DIRECT where its file system allows."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return DirectFile(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644))
+        except OSError:  # EINVAL where the file system has no O_DIRECT
+            pass
+    return BufferedFile(path)
