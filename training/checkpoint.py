@@ -323,6 +323,16 @@ def remove_checkpoint(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _remove_old(directories: list[Path]) -> None:
+    for directory in directories:
+        try:
+            remove_checkpoint(directory)
+        except OSError as exc:  # the checkpoint is committed and newer ones are kept: log it, and train on
+            log.warning("could not remove old checkpoint %s: %s", directory.name, describe(exc))
+        else:
+            log.info("removed old checkpoint %s", directory.name)
+
+
 def data_files(metadata: Metadata) -> list[str]:
     """The DCP data files a checkpoint's metadata refers to."""
     return sorted({info.relative_path for info in metadata.storage_data.values()})
@@ -678,6 +688,8 @@ class CheckpointManager:
         self.committed: list[int] = []
         self.pending: _Pending | None = None
         self.last_save_time = time.monotonic()
+        self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
+        self._deletions: list[Future[None]] = []
         # Async saves run collectives from a background thread: they get their own group so they
         # never interleave with the main thread's collectives.
         self._async_group = dist.new_group(backend="gloo") if cfg.async_save else None
@@ -799,12 +811,19 @@ class CheckpointManager:
         # One process per host deletes: hosts do not share /opt/ml/checkpoints on SageMaker.
         if not self.env.is_local_main or not self.root.is_dir():
             return
-        for entry in self.root.iterdir():
-            step = step_of(entry.name)
-            # Never touch anything newer than the newest commit: it may be a save in progress.
-            if step is not None and step < newest and step not in keep:
-                remove_checkpoint(entry)
-                log.info("removed old checkpoint %s", entry.name)
+        # Never touch anything newer than the newest commit: it may be a save in progress.
+        steps = {entry: step_of(entry.name) for entry in self.root.iterdir()}
+        old = [entry for entry, step in steps.items() if step is not None and step < newest and step not in keep]
+        if old:
+            # In the background: a deletion can take as long as writing a checkpoint (a disk mounted with `discard`
+            # trims every freed block as it is freed), and training need not wait for it.
+            self._deletions.append(self._deleter.submit(_remove_old, old))
+
+    def _deleted(self) -> None:
+        """Wait for the deletions `_prune` started, so that nothing else touches the directories meanwhile."""
+        for deletion in self._deletions:
+            deletion.result()
+        self._deletions.clear()
 
     # ---------------------------------------------------------------- loading
 
@@ -829,6 +848,7 @@ class CheckpointManager:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
         if not self.cfg.resume:
             return None
+        self._deleted()
         listing: list[list[int]] = [self._recorded(committed_steps(self.root)) if self.env.is_main else []]
         dist.broadcast_object_list(listing, src=0, group=self.env.ctrl)
         candidates = listing[0]
@@ -887,4 +907,7 @@ class CheckpointManager:
         return None
 
     def close(self) -> None:
+        """Commit a background save, if any, and finish deleting old checkpoints."""
         self.wait()
+        self._deleted()
+        self._deleter.shutdown()

@@ -7,6 +7,7 @@ import itertools
 import json
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
+import training.checkpoint
 from training import goodput
 from training import trainer as trainer_module
 from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
@@ -166,6 +168,50 @@ def test_retention_keeps_the_newest_and_never_touches_newer_debris(corpus: Path,
     assert completed
     # Retention prunes checkpoints only: the progress records stay.
     assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["progress", "step-12", "step-8", "step-999"]
+
+
+def test_training_goes_on_while_an_old_checkpoint_is_deleted(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting an old checkpoint can take as long as writing one (a disk mounted with `discard` trims each
+    freed block): the run trains on, and saves the next checkpoint, while it is deleted; it ends once the
+    deletion has."""
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    remove = training.checkpoint.remove_checkpoint
+    trained_on: list[bool] = []
+
+    def slow_remove(directory: Path) -> None:
+        if directory.name == "step-4":  # until the run has gone on to save step 12
+            deadline = time.monotonic() + 60
+            while not (paths.checkpoints / "step-12").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            trained_on.append((paths.checkpoints / "step-12").exists())
+        remove(directory)
+
+    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", slow_remove)
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "1"})
+    assert completed
+    assert trained_on == [True]
+    assert "removed old checkpoint step-4" in log and "removed old checkpoint step-8" in log
+    assert committed_steps(paths.checkpoints) == [12]
+
+
+def test_an_old_checkpoint_that_cannot_be_deleted_is_reported_and_the_run_goes_on(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    remove = training.checkpoint.remove_checkpoint
+
+    def refused(directory: Path) -> None:
+        if directory.name == "step-4":
+            raise PermissionError(13, "Permission denied", str(directory / MANIFEST))
+        remove(directory)
+
+    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", refused)
+    completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "1"})
+    assert completed
+    assert "could not remove old checkpoint step-4: PermissionError: [Errno 13] Permission denied" in log
+    assert committed_steps(paths.checkpoints) == [12, 4]
 
 
 class _StopAt(StopRequest):
