@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -91,6 +92,12 @@ class Trainer:
         self._build_metrics()
         if self.env.is_main:
             self._log_setup(n_params, loader.samples.n_samples)
+        # What is built lives until the run ends (some 300,000 objects for GPT-2): out of the garbage collector's
+        # sight, its full collections, which a checkpoint save's allocations trigger, no longer walk it (0.1-0.3 s
+        # of every other save on the benchmark VM).
+        gc.collect()
+        gc.freeze()
+        self._resources.callback(gc.unfreeze)
 
     def _init_process(self) -> None:
         """The process group and determinism, then the config log and optional outputs."""

@@ -366,3 +366,24 @@ def test_a_world_of_one_trains_without_collectives(
     completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "3", "eval.interval_steps": "2"})
     assert completed and sorted(step_losses(log)) == [1, 2, 3] and sorted(val_losses(log)) == [2, 3]
     assert calls == []
+
+
+def test_what_the_trainer_built_is_out_of_the_garbage_collectors_sight_until_it_closes(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full collection walks every object not frozen; a checkpoint save's allocations trigger them."""
+    import gc
+
+    frozen: list[int] = []
+    train = trainer_module.Trainer.train
+
+    def counted(self: trainer_module.Trainer) -> bool:
+        frozen.append(gc.get_freeze_count())
+        return train(self)
+
+    monkeypatch.setattr(trainer_module.Trainer, "train", counted)
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "2"})
+    assert completed
+    assert frozen[0] > 10_000  # the model's modules, torch's and the trainer's own objects
+    assert gc.get_freeze_count() == 0
