@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
@@ -18,8 +19,11 @@ ALIGNMENT = 4096
 """What O_DIRECT needs of a write's offset, length and buffer address: a multiple of every device's logical
 block size (512 or 4096); anonymous maps are page-aligned."""
 
-CHUNK = 16 << 20
+CHUNK = 8 << 20
 """Bytes per O_DIRECT write; a multiple of `ALIGNMENT`."""
+
+BUFFERS = 4
+"""Buffers per file: the caller fills one while the disk writes the others, up to `BUFFERS - 1` at once."""
 
 _WRITEBACK_CHUNK = 32 << 20
 
@@ -29,27 +33,29 @@ def aligned_buffer(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
-        data = data[os.write(fd, data) :]
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 class DirectFile:
-    """A new file written with O_DIRECT from two page-aligned buffers: one is written to the disk, in a thread of
-    its own, while the caller fills the other, so the disk works while the caller serialises and hashes.
-    `close` writes the last, partial block padded to `ALIGNMENT`, cuts the file back to the bytes written,
-    and fsyncs it; until then the file's contents are incomplete. `abandon` closes it without. Not safe for
-    concurrent callers."""
+    """A new file written with O_DIRECT from `BUFFERS` page-aligned buffers: the caller fills one while threads
+    of the file's own write the others, so the disk works while the caller serialises and hashes. `close`
+    writes the last, partial block padded to `ALIGNMENT`, cuts the file back to the bytes written, and fsyncs
+    it; until then the file's contents are incomplete. `abandon` closes it without. Not safe for concurrent
+    callers."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = 0
-        self._buffers = [aligned_buffer(CHUNK), aligned_buffer(CHUNK)]
+        self._buffers = [aligned_buffer(CHUNK) for _ in range(BUFFERS)]
         self._views = [memoryview(buffer) for buffer in self._buffers]
+        self._free = deque(range(1, BUFFERS))
         self._current = 0
         self._filled = 0  # bytes of the current buffer
-        self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write")
-        self._writing: Future[None] | None = None
+        self._disk = ThreadPoolExecutor(max_workers=BUFFERS - 1, thread_name_prefix="direct-write")
+        self._writing: deque[tuple[int, Future[None]]] = deque()  # oldest first
         self._closed = False
 
     def write(self, data: memoryview) -> None:
@@ -64,16 +70,22 @@ class DirectFile:
                 self._hand_over(CHUNK)
 
     def _hand_over(self, length: int) -> None:
-        """Write the current buffer's first `length` bytes (a multiple of `ALIGNMENT`) once the other buffer's
-        write has ended, and fill the other buffer next."""
-        self._wait()
-        self._writing = self._disk.submit(_write_all, self.fd, self._views[self._current][:length])
-        self._current, self._filled = 1 - self._current, 0
+        """Start writing the current buffer's first `length` bytes (a multiple of `ALIGNMENT`), and fill a free
+        buffer next, once the oldest write has ended if none is free."""
+        offset = self.size - self._filled
+        self._writing.append(
+            (self._current, self._disk.submit(_write_all, self.fd, self._views[self._current][:length], offset))
+        )
+        if not self._free:
+            self._wait(1)
+        self._current, self._filled = self._free.popleft(), 0
 
-    def _wait(self) -> None:
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
+    def _wait(self, count: int) -> None:
+        """Wait for the `count` oldest writes; raise the first one's error."""
+        for _ in range(min(count, len(self._writing))):
+            index, writing = self._writing.popleft()
             writing.result()
+            self._free.append(index)
 
     def tell(self) -> int:
         return self.size
@@ -89,7 +101,7 @@ class DirectFile:
                 padded = -(-self._filled // ALIGNMENT) * ALIGNMENT
                 self._views[self._current][self._filled : padded] = bytes(padded - self._filled)
                 self._hand_over(padded)
-            self._wait()
+            self._wait(len(self._writing))
             os.ftruncate(self.fd, self.size)
             os.fsync(self.fd)
         finally:

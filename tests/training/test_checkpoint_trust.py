@@ -604,7 +604,7 @@ def test_a_failed_o_direct_write_fails_the_save(tmp_path: Path, monkeypatch: pyt
 
     from training import direct_io
 
-    def disk_full(fd: int, data: memoryview) -> None:
+    def disk_full(fd: int, data: memoryview, offset: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(direct_io, "_write_all", disk_full)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     writes = []
 
-    def disk_full(fd: int, data: memoryview) -> None:
+    def disk_full(fd: int, data: memoryview, offset: int) -> None:
         writes.append(len(data))
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -84,3 +85,29 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(file.fd)
     file.abandon()  # and again does nothing
+
+
+def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
+    write_all = direct_io._write_all
+    later_ended, ended = threading.Event(), []
+
+    def first_write_ends_last(fd: int, data: memoryview, offset: int) -> None:
+        if offset == 0:
+            assert later_ended.wait(timeout=30)
+        write_all(fd, data, offset)
+        ended.append(offset)
+        if offset:
+            later_ended.set()
+
+    monkeypatch.setattr(direct_io, "_write_all", first_write_ends_last)
+    data = random.Random(0).randbytes(7 * _SMALL_CHUNK + 5)
+    file = direct_io.create(tmp_path / "file")
+    file.write(memoryview(data))
+    file.close()
+    assert ended.index(0) > 0  # a later buffer's write ended first
+    assert (tmp_path / "file").read_bytes() == data
