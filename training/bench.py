@@ -227,8 +227,9 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     same directory, probed right after each save and load: a virtual disk's bandwidth drifts within a run, so
     each ratio pairs a save or load with a probe of the same moment, and the row gives the median of the
     `repeats` pairs and their range; and the median CPU seconds of a blocking save (all its threads) in user
-    space, which the disk's drift moves less, and in the kernel. `parent`: the directory to work in (a
-    temporary one in it; the system's temporary directory if None)."""
+    space, which the disk's drift moves less, and in the kernel. Old checkpoints are deleted in the background
+    while training goes on, and a load waits for that: the benchmark waits for it before it times a load.
+    `parent`: the directory to work in (a temporary one in it; the system's temporary directory if None)."""
     import torch  # noqa: PLC0415
 
     from training.trainer import Trainer  # noqa: PLC0415
@@ -267,6 +268,7 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
                 trainer.checkpoints.save(trainer.state, blocking=False)
                 staging.append(time.perf_counter() - start)
                 trainer.checkpoints.wait()
+                trainer.checkpoints.wait_for_deletions()  # which the load would otherwise wait for
                 _drop_cached_pages(paths.checkpoints / step_dir(trainer.state.step))
                 start = time.perf_counter()
                 trainer.checkpoints.load_latest(trainer.state)

@@ -819,7 +819,7 @@ class CheckpointManager:
             # trims every freed block as it is freed), and training need not wait for it.
             self._deletions.append(self._deleter.submit(_remove_old, old))
 
-    def _deleted(self) -> None:
+    def wait_for_deletions(self) -> None:
         """Wait for the deletions `_prune` started, so that nothing else touches the directories meanwhile."""
         for deletion in self._deletions:
             deletion.result()
@@ -848,7 +848,7 @@ class CheckpointManager:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
         if not self.cfg.resume:
             return None
-        self._deleted()
+        self.wait_for_deletions()
         listing: list[list[int]] = [self._recorded(committed_steps(self.root)) if self.env.is_main else []]
         dist.broadcast_object_list(listing, src=0, group=self.env.ctrl)
         candidates = listing[0]
@@ -909,5 +909,5 @@ class CheckpointManager:
     def close(self) -> None:
         """Commit a background save, if any, and finish deleting old checkpoints."""
         self.wait()
-        self._deleted()
+        self.wait_for_deletions()
         self._deleter.shutdown()
