@@ -384,6 +384,7 @@ class _HashingStream:
         self.segments: list[Segment] = []
         self.digest = hashlib.sha256()  # of the bytes since `started`
         self.started = 0
+        self.failure: BaseException | None = None  # the file's own error, which torch.save reports as another
 
     @property
     def size(self) -> int:
@@ -396,7 +397,11 @@ class _HashingStream:
             # for large buffers.)
             chunk = view[start : start + _HASH_CHUNK]
             self.digest.update(chunk)
-            self.file.write(chunk)
+            try:
+                self.file.write(chunk)
+            except BaseException as exc:
+                self.failure = exc
+                raise
         return len(view)
 
     def tell(self) -> int:
@@ -438,7 +443,7 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        file = None
+        file, hashing = None, None
         try:
             # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
             # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
@@ -453,8 +458,13 @@ class _HashingFileSystem(FileSystem):
         except BaseException as exc:
             if file is not None:
                 file.abandon()
-            self.errors.append(f"{path.name}: {describe(exc)}")
+            # The disk's error (ENOSPC, say), where torch.save met it and raised its own ("unexpected pos ...").
+            cause = hashing.failure if hashing is not None and hashing.failure is not None else exc
+            self.errors.append(f"{path.name}: {describe(cause)}")
+            if cause is not exc:
+                raise cause from exc
             raise
+        assert hashing is not None
         self.hashed[path.name] = (hashing.size, hashing.end_segment())
 
 

@@ -4,10 +4,13 @@ benchmark VM that copy cost more CPU than anything else in a checkpoint save (do
 
 Python's file objects cannot write with O_DIRECT (its writes must be whole blocks from aligned memory), and no
 library does this; hence `DirectFile`. It falls back to a buffered file where the file system refuses O_DIRECT
-(tmpfs, some overlays) and on systems without it."""
+(some overlays and FUSE file systems) and on systems without it, and goes on through the page cache where a
+write is refused (a device whose blocks are larger than `ALIGNMENT`)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
 from collections import deque
@@ -16,8 +19,8 @@ from contextlib import suppress
 from pathlib import Path
 
 ALIGNMENT = 4096
-"""What O_DIRECT needs of a write's offset, length and buffer address: a multiple of every device's logical
-block size (512 or 4096); anonymous maps are page-aligned."""
+"""What O_DIRECT needs of a write's offset, length and buffer address: a multiple of the device's logical block
+size (512 or 4096 bytes on the disks this is written for); anonymous maps are page-aligned."""
 
 CHUNK = 8 << 20
 """Bytes per O_DIRECT write; a multiple of `ALIGNMENT`."""
@@ -34,8 +37,18 @@ def aligned_buffer(size: int) -> mmap.mmap:
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write `data` at `offset`; where O_DIRECT refuses the write (EINVAL: the device's blocks are larger than
+    `ALIGNMENT`), turn O_DIRECT off for the file and write it through the page cache."""
+    direct = True
     while data:
-        written = os.pwrite(fd, data, offset)
+        try:
+            written = os.pwrite(fd, data, offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not direct:
+                raise
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            direct = False
+            continue
         data, offset = data[written:], offset + written
 
 
@@ -43,8 +56,8 @@ class DirectFile:
     """A new file written with O_DIRECT from `BUFFERS` page-aligned buffers: the caller fills one while threads
     of the file's own write the others, so the disk works while the caller serialises and hashes. `close`
     writes the last, partial block padded to `ALIGNMENT`, cuts the file back to the bytes written, and fsyncs
-    it; until then the file's contents are incomplete. `abandon` closes it without. Not safe for concurrent
-    callers."""
+    it; until then the file's contents are incomplete. `abandon` closes it without, and `close` then refuses.
+    Not safe for concurrent callers."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -56,7 +69,7 @@ class DirectFile:
         self._filled = 0  # bytes of the current buffer
         self._disk = ThreadPoolExecutor(max_workers=BUFFERS - 1, thread_name_prefix="direct-write")
         self._writing: deque[tuple[int, Future[None]]] = deque()  # oldest first
-        self._closed = False
+        self._closed = self._abandoned = False
 
     def write(self, data: memoryview) -> None:
         while data:
@@ -94,6 +107,8 @@ class DirectFile:
         return self.fd
 
     def close(self) -> None:
+        if self._abandoned:
+            raise ValueError("the file was abandoned: its contents are incomplete")
         if self._closed:
             return
         try:
@@ -104,16 +119,23 @@ class DirectFile:
             self._wait(len(self._writing))
             os.ftruncate(self.fd, self.size)
             os.fsync(self.fd)
-        finally:
+        except BaseException:
             self.abandon()
+            raise
+        self._release()
 
     def abandon(self) -> None:
-        if self._closed:
-            return
+        if not self._closed:
+            self._abandoned = True
+            self._release()
+
+    def _release(self) -> None:
         self._closed = True
         self._disk.shutdown(wait=True)  # a write in flight ends before the file and its buffer go
         os.close(self.fd)
-        self._views, self._buffers = [], []  # unmapped once no write's view of them is left
+        # Unmapped once no view of them is left (a failed write's traceback may hold one a while).
+        self._writing.clear()
+        self._views, self._buffers = [], []
 
 
 class BufferedFile:
@@ -124,6 +146,7 @@ class BufferedFile:
     def __init__(self, path: Path) -> None:
         self.file = path.open("wb")
         self.size = self._flushing = 0  # bytes before `_flushing` have been handed to the kernel's writeback
+        self._abandoned = False
 
     def write(self, data: memoryview) -> None:
         self.file.write(data)
@@ -140,23 +163,36 @@ class BufferedFile:
         return self.file.fileno()
 
     def close(self) -> None:
+        if self._abandoned:
+            raise ValueError("the file was abandoned: its contents are incomplete")
         if self.file.closed:
             return
-        with self.file:
+        try:
             self.file.flush()
             os.fsync(self.file.fileno())
+        except BaseException:
+            self.abandon()
+            raise
+        self.file.close()
 
     def abandon(self) -> None:
-        with suppress(OSError):  # its error is the one being reported
-            self.file.close()
+        if not self.file.closed:
+            self._abandoned = True
+            with suppress(OSError):  # its error is the one being reported
+                self.file.close()
 
 
 def create(path: Path) -> DirectFile | BufferedFile:
     """A new, empty file at `path` (replacing one there), written with O_DIRECT where its file system allows."""
     direct = getattr(os, "O_DIRECT", 0)
-    if direct:
-        try:
-            return DirectFile(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644))
-        except OSError:  # EINVAL where the file system has no O_DIRECT
-            pass
-    return BufferedFile(path)
+    if not direct:
+        return BufferedFile(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+    except OSError:  # EINVAL where the file system has no O_DIRECT
+        return BufferedFile(path)
+    try:
+        return DirectFile(fd)
+    except BaseException:
+        os.close(fd)
+        raise

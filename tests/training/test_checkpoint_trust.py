@@ -17,7 +17,14 @@ from typing import Any, cast
 import pytest
 import torch
 from torch.utils.serialization import config as serialization_config
-from training_helpers import CHECKPOINTED_JOB, make_opt_ml, refuse_o_direct, run_in_process, step_losses
+from training_helpers import (
+    CHECKPOINTED_JOB,
+    make_opt_ml,
+    o_direct_works,
+    refuse_o_direct,
+    run_in_process,
+    step_losses,
+)
 
 import training.checkpoint
 from training.checkpoint import sha256_of, verify
@@ -570,9 +577,12 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A save writes its data files with O_DIRECT where the file system allows, and falls back to buffered
-    writes where it does not: both give the same files and the same manifest entries."""
+    writes where it does not: both give the same files, and the segments listed are those of the bytes on the
+    disk."""
     from training import direct_io
 
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "CHUNK", 4 * direct_io.ALIGNMENT)  # many chunks and a partial last block
     monkeypatch.setattr(training.checkpoint, "_MIN_SEGMENT", _SMALL_SEGMENT)
     state = {f"w{i}": torch.randn(1000 + 333 * i) for i in range(8)}
@@ -591,23 +601,62 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
     opened.clear()
     buffered = _save_alone(state, tmp_path / "buffered")
     assert opened == ["BufferedFile"] * len(buffered)
-    assert direct == buffered and len({segments for _, segments in direct.values()}) == len(direct)
-    for name in direct:
-        assert (tmp_path / "direct" / name).read_bytes() == (tmp_path / "buffered" / name).read_bytes()
+    assert direct == buffered
+    for name, (size, segments) in direct.items():
+        on_disk = (tmp_path / "direct" / name).read_bytes()
+        assert on_disk == (tmp_path / "buffered" / name).read_bytes()
+        assert len(on_disk) == size and len(segments) > 1
+        at = 0
+        for length, sha256 in segments:
+            assert hashlib.sha256(on_disk[at : at + length]).hexdigest() == sha256
+            at += length
+        assert at == size
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # torch's thread dies of it
-def test_a_failed_o_direct_write_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The disk writes of a file written with O_DIRECT run in a thread of their own: their error fails the
-    save, including the last block's, written when DCP closes the file."""
+@pytest.mark.parametrize("elements", [1000, 100_000], ids=["at_close", "while_writing"])
+def test_a_failed_o_direct_write_fails_the_save(elements: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk writes of a file written with O_DIRECT run in threads of their own: their error fails the
+    save, whether it comes while DCP writes the file or from the last block, written when DCP closes it."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     from training import direct_io
 
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    if elements > 1000:
+        monkeypatch.setattr(direct_io, "CHUNK", 4 * direct_io.ALIGNMENT)  # 8 items of 400 KB: many buffers' worth
+    written: list[int] = []
+
     def disk_full(fd: int, data: memoryview, offset: int) -> None:
+        written.append(len(data))
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(direct_io, "_write_all", disk_full)
     with pytest.raises(CheckpointException, match=r"OSError: \[Errno 28\] No space left on device"):
-        _save_alone({f"w{i}": torch.randn(1000) for i in range(8)}, tmp_path)
+        _save_alone({f"w{i}": torch.randn(elements) for i in range(8)}, tmp_path)
+    assert written and (elements == 1000) == all(length < direct_io.CHUNK for length in written)
     assert not (tmp_path / ".metadata").exists()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # torch's thread dies of it
+def test_a_disk_error_inside_an_item_is_reported_as_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save meets the file's error halfway through an item's archive and raises its own ("unexpected
+    pos ..."): the save reports the disk's error, which says what to fix."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from training import direct_io
+
+    refuse_o_direct(monkeypatch)
+    write, calls = direct_io.BufferedFile.write, []
+
+    def full_after_a_while(self: direct_io.BufferedFile, data: memoryview) -> None:
+        calls.append(len(data))
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        write(self, data)
+
+    monkeypatch.setattr(direct_io.BufferedFile, "write", full_after_a_while)
+    with pytest.raises(CheckpointException, match=r"OSError: \[Errno 28\] No space left on device") as raised:
+        _save_alone({f"w{i}": torch.randn(1000) for i in range(8)}, tmp_path)
+    assert "unexpected pos" not in str(raised.value)

@@ -5,25 +5,18 @@ and leaves no descriptor open."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 import threading
 from pathlib import Path
 
 import pytest
-from training_helpers import refuse_o_direct
+from training_helpers import o_direct_works, refuse_o_direct
 
 from training import direct_io
 
 _SMALL_CHUNK = 2 * direct_io.ALIGNMENT
-
-
-def _o_direct_works(directory: Path) -> bool:
-    try:
-        os.close(os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0)))
-    except OSError:
-        return False
-    return hasattr(os, "O_DIRECT")
 
 
 def _write_in_pieces(file: direct_io.DirectFile | direct_io.BufferedFile, data: bytes, seed: int) -> None:
@@ -46,11 +39,11 @@ _SIZES = [
 def test_a_new_file_holds_exactly_the_bytes_written(
     size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if o_direct and not _o_direct_works(tmp_path):
+    if o_direct and not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     if not o_direct:
         refuse_o_direct(monkeypatch)
-    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)  # many chunks, and both buffers reused, in few bytes
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)  # many chunks, and every buffer reused, in few bytes
     data = random.Random(size).randbytes(size)
     path = tmp_path / "file"
     path.write_bytes(b"x" * (2 * size + 5))  # an older, longer file there is replaced
@@ -65,7 +58,7 @@ def test_a_new_file_holds_exactly_the_bytes_written(
 def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _o_direct_works(tmp_path):
+    if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     writes = []
@@ -77,20 +70,50 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
     monkeypatch.setattr(direct_io, "_write_all", disk_full)
     file = direct_io.create(tmp_path / "file")
     assert isinstance(file, direct_io.DirectFile)
-    with pytest.raises(OSError, match="No space left"):  # the write after the failed one, or the close
-        file.write(memoryview(bytes(3 * _SMALL_CHUNK)))
+    closed: list[int] = []
+    close = os.close
+    monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
+    with pytest.raises(OSError, match="No space left"):  # a later write, when it waits for a buffer, or the close
+        file.write(memoryview(bytes((direct_io.BUFFERS + 1) * _SMALL_CHUNK)))
         file.close()
     assert writes
     file.abandon()
-    with pytest.raises(OSError, match="Bad file descriptor"):
-        os.fstat(file.fd)
+    assert closed == [file.fd]
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-write")]
     file.abandon()  # and again does nothing
+    with pytest.raises(ValueError, match="abandoned: its contents are incomplete"):
+        file.close()  # never taken for a complete file
+
+
+def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the writes."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
+    pwrite, refused = os.pwrite, []
+
+    def large_blocks(fd: int, data: memoryview, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(direct_io.os, "pwrite", large_blocks)
+    data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
+    file = direct_io.create(tmp_path / "file")
+    assert isinstance(file, direct_io.DirectFile)
+    file.write(memoryview(data))
+    file.close()
+    assert refused
+    assert (tmp_path / "file").read_bytes() == data
 
 
 def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _o_direct_works(tmp_path):
+    if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     write_all = direct_io._write_all

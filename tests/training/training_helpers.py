@@ -211,6 +211,15 @@ def run_in_process(root: Path, hyperparameters: Mapping[str, str], stop: StopReq
     return completed, "\n".join(capture.lines)
 
 
+def o_direct_works(directory: Path) -> bool:
+    """Whether `directory`'s file system opens files with O_DIRECT."""
+    try:
+        os.close(os.open(directory / "o-direct-probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0)))
+    except OSError:
+        return False
+    return hasattr(os, "O_DIRECT")
+
+
 def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make training.direct_io's file system refuse O_DIRECT, as tmpfs does."""
     real_open = os.open
