@@ -327,6 +327,9 @@ def _remove_old(directories: list[Path]) -> None:
     for directory in directories:
         try:
             remove_checkpoint(directory)
+            if directory.exists():
+                left = sorted(path.name for path in directory.iterdir())
+                raise OSError(f"{', '.join(left[:4]) or 'the directory'} could not be deleted")
         except OSError as exc:  # the checkpoint is committed and newer ones are kept: log it, and train on
             log.warning("could not remove old checkpoint %s: %s", directory.name, describe(exc))
         else:
@@ -700,6 +703,7 @@ class CheckpointManager:
         self.last_save_time = time.monotonic()
         self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
         self._deletions: list[Future[None]] = []
+        self._deleting: set[Path] = set()  # the directories of `_deletions`
         # Async saves run collectives from a background thread: they get their own group so they
         # never interleave with the main thread's collectives.
         self._async_group = dist.new_group(backend="gloo") if cfg.async_save else None
@@ -822,18 +826,20 @@ class CheckpointManager:
         if not self.env.is_local_main or not self.root.is_dir():
             return
         # Never touch anything newer than the newest commit: it may be a save in progress.
-        steps = {entry: step_of(entry.name) for entry in self.root.iterdir()}
+        steps = {entry: step_of(entry.name) for entry in self.root.iterdir() if entry not in self._deleting}
         old = [entry for entry, step in steps.items() if step is not None and step < newest and step not in keep]
         if old:
             # In the background: a deletion can take as long as writing a checkpoint (a disk mounted with `discard`
             # trims every freed block as it is freed), and training need not wait for it.
             self._deletions.append(self._deleter.submit(_remove_old, old))
+            self._deleting.update(old)
 
     def wait_for_deletions(self) -> None:
         """Wait for the deletions `_prune` started, so that nothing else touches the directories meanwhile."""
         for deletion in self._deletions:
             deletion.result()
         self._deletions.clear()
+        self._deleting.clear()
 
     # ---------------------------------------------------------------- loading
 
@@ -916,8 +922,12 @@ class CheckpointManager:
             )
         return None
 
-    def close(self) -> None:
-        """Commit a background save, if any, and finish deleting old checkpoints."""
-        self.wait()
-        self.wait_for_deletions()
-        self._deleter.shutdown()
+    def close(self, *, commit: bool = True) -> None:
+        """Commit a background save, if any (unless not `commit`: the run is failing, and other ranks may not
+        take part), and finish deleting old checkpoints."""
+        try:
+            if commit:
+                self.wait()
+        finally:
+            self.wait_for_deletions()
+            self._deleter.shutdown()

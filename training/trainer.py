@@ -562,8 +562,7 @@ class Trainer:
     def close(self, *, commit_pending: bool = True) -> None:
         """Commit a background save (unless failing), then release profiler, TensorBoard, process group."""
         try:
-            if commit_pending:
-                self.checkpoints.close()
+            self.checkpoints.close(commit=commit_pending)
         finally:
             self._final_progress()
             self._resources.close()

@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -196,22 +197,75 @@ def test_training_goes_on_while_an_old_checkpoint_is_deleted(
     assert committed_steps(paths.checkpoints) == [12]
 
 
+@pytest.mark.parametrize("what", ["manifest", "data"])
 def test_an_old_checkpoint_that_cannot_be_deleted_is_reported_and_the_run_goes_on(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    what: str, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its manifest (the deletion stops there, and the checkpoint stays whole), or the rest of its files
+    (`shutil.rmtree` ignores each error, so what is left is named)."""
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    remove = training.checkpoint.remove_checkpoint
+    if what == "manifest":
+        unlink = Path.unlink
 
-    def refused(directory: Path) -> None:
-        if directory.name == "step-4":
-            raise PermissionError(13, "Permission denied", str(directory / MANIFEST))
-        remove(directory)
+        def refused(self: Path, missing_ok: bool = False) -> None:
+            if self.parent.name == "step-4" and self.name == MANIFEST:
+                raise PermissionError(13, "Permission denied", str(self))
+            unlink(self, missing_ok=missing_ok)
 
-    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", refused)
+        monkeypatch.setattr(Path, "unlink", refused)
+    else:
+        rmtree = shutil.rmtree
+        monkeypatch.setattr(
+            training.checkpoint.shutil,
+            "rmtree",
+            lambda path, **kw: None if Path(path).name == "step-4" else rmtree(path, **kw),
+        )
     completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "1"})
     assert completed
-    assert "could not remove old checkpoint step-4: PermissionError: [Errno 13] Permission denied" in log
-    assert committed_steps(paths.checkpoints) == [12, 4]
+    if what == "manifest":
+        assert "could not remove old checkpoint step-4: PermissionError: [Errno 13] Permission denied" in log
+        assert committed_steps(paths.checkpoints) == [12, 4]
+    else:
+        assert "could not remove old checkpoint step-4: OSError: .metadata, __0_0.distcp" in log
+        assert "removed old checkpoint step-4" not in log
+        assert committed_steps(paths.checkpoints) == [12]
+
+
+def test_a_failing_run_still_waits_for_its_deletions(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing run closes without committing a pending save; the old checkpoints it was deleting are gone
+    (or logged) before it exits, not half deleted by a thread the interpreter's exit joins."""
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    remove, removed = training.checkpoint.remove_checkpoint, []
+
+    def slow_remove(directory: Path) -> None:
+        time.sleep(0.5)
+        remove(directory)
+        removed.append(directory.name)
+
+    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", slow_remove)
+    train_step, steps = trainer_module.Trainer._train_step, []
+
+    def fails_after_step_9(self: trainer_module.Trainer) -> Any:
+        steps.append(1)
+        if len(steps) > 9:
+            raise RuntimeError("the step failed")
+        return train_step(self)
+
+    monkeypatch.setattr(trainer_module.Trainer, "_train_step", fails_after_step_9)
+    monkeypatch.setattr(trainer_module.Trainer, "close", _closes_as_a_failing_run(trainer_module.Trainer.close))
+    with pytest.raises(RuntimeError, match="the step failed"):
+        run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "1"})
+    assert removed == ["step-4"]
+    assert committed_steps(paths.checkpoints) == [8]
+
+
+def _closes_as_a_failing_run(close: Any) -> Any:
+    def closing(self: trainer_module.Trainer, *, commit_pending: bool = True) -> None:
+        close(self, commit_pending=False)
+
+    return closing
 
 
 class _StopAt(StopRequest):
