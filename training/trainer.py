@@ -95,9 +95,10 @@ class Trainer:
         # What is built lives until the run ends (some 300,000 objects for GPT-2): out of the garbage collector's
         # sight, its full collections, which a checkpoint save's allocations trigger, no longer walk it (0.1-0.3 s
         # of every other save on the benchmark VM).
-        gc.collect()
-        gc.freeze()
-        self._resources.callback(gc.unfreeze)
+        if gc.get_freeze_count() == 0:  # not already done by another Trainer in this process (tests)
+            gc.collect()
+            gc.freeze()
+            self._resources.callback(gc.unfreeze)
 
     def _init_process(self) -> None:
         """The process group and determinism, then the config log and optional outputs."""
