@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import re
 import resource
@@ -45,6 +44,7 @@ import numpy as np
 from training import bench_peer
 from training.config import StragglerConfig, from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
+from training.direct_io import aligned_buffer
 from training.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
 from training.sagemaker_contract import Paths
@@ -171,7 +171,7 @@ def _direct_bandwidth(directory: Path, size: int) -> tuple[float, float, str]:
     """GiB/s of writing `size` bytes to a new file in `directory` (then fsync) and of reading it back,
     both with O_DIRECT from page-aligned buffers, and how: "O_DIRECT", or "buffered+fsync, read after
     dropping the file's cached pages" where the filesystem refuses O_DIRECT (tmpfs, some overlays)."""
-    buffer = mmap.mmap(-1, _DIRECT_BLOCK)  # anonymous maps are page-aligned, as O_DIRECT requires
+    buffer = aligned_buffer(_DIRECT_BLOCK)
     buffer.write(os.urandom(_DIRECT_BLOCK))
     blocks = max(1, -(-size // _DIRECT_BLOCK))
     path = directory / "direct-io-probe"
