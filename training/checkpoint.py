@@ -323,17 +323,16 @@ def remove_checkpoint(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _remove_old(directories: list[Path]) -> None:
-    for directory in directories:
-        try:
-            remove_checkpoint(directory)
-            if directory.exists():
-                left = sorted(path.name for path in directory.iterdir())
-                raise OSError(f"{', '.join(left[:4]) or 'the directory'} could not be deleted")
-        except OSError as exc:  # the checkpoint is committed and newer ones are kept: log it, and train on
-            log.warning("could not remove old checkpoint %s: %s", directory.name, describe(exc))
-        else:
-            log.info("removed old checkpoint %s", directory.name)
+def _remove_old(directory: Path) -> None:
+    try:
+        remove_checkpoint(directory)
+        if directory.exists():
+            left = sorted(path.name for path in directory.iterdir())
+            raise OSError(f"{', '.join(left[:4]) or 'the directory'} could not be deleted")
+    except OSError as exc:  # the checkpoint is committed and newer ones are kept: log it, and train on
+        log.warning("could not remove old checkpoint %s: %s", directory.name, describe(exc))
+    else:
+        log.info("removed old checkpoint %s", directory.name)
 
 
 def data_files(metadata: Metadata) -> list[str]:
@@ -702,8 +701,7 @@ class CheckpointManager:
         self.pending: _Pending | None = None
         self.last_save_time = time.monotonic()
         self._deleter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
-        self._deletions: list[Future[None]] = []
-        self._deleting: set[Path] = set()  # the directories of `_deletions`
+        self._deletions: dict[Path, Future[None]] = {}  # of old checkpoints, by directory
         # Async saves run collectives from a background thread: they get their own group so they
         # never interleave with the main thread's collectives.
         self._async_group = dist.new_group(backend="gloo") if cfg.async_save else None
@@ -826,20 +824,18 @@ class CheckpointManager:
         if not self.env.is_local_main or not self.root.is_dir():
             return
         # Never touch anything newer than the newest commit: it may be a save in progress.
-        steps = {entry: step_of(entry.name) for entry in self.root.iterdir() if entry not in self._deleting}
-        old = [entry for entry, step in steps.items() if step is not None and step < newest and step not in keep]
-        if old:
-            # In the background: a deletion can take as long as writing a checkpoint (a disk mounted with `discard`
-            # trims every freed block as it is freed), and training need not wait for it.
-            self._deletions.append(self._deleter.submit(_remove_old, old))
-            self._deleting.update(old)
+        for entry in self.root.iterdir():
+            step = step_of(entry.name)
+            if step is not None and step < newest and step not in keep and entry not in self._deletions:
+                # In the background: a deletion can take as long as writing a checkpoint (a disk mounted with
+                # `discard` trims every freed block as it is freed), and training need not wait for it.
+                self._deletions[entry] = self._deleter.submit(_remove_old, entry)
 
     def wait_for_deletions(self) -> None:
         """Wait for the deletions `_prune` started, so that nothing else touches the directories meanwhile."""
-        for deletion in self._deletions:
+        for deletion in self._deletions.values():
             deletion.result()
         self._deletions.clear()
-        self._deleting.clear()
 
     # ---------------------------------------------------------------- loading
 

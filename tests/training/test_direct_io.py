@@ -19,6 +19,14 @@ from training import direct_io
 _SMALL_CHUNK = 2 * direct_io.ALIGNMENT
 
 
+@pytest.fixture
+def small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """O_DIRECT in `tmp_path` (or the test is skipped), in chunks of two blocks: many writes in few bytes."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
+
+
 def _write_in_pieces(file: direct_io.DirectFile | direct_io.BufferedFile, data: bytes, seed: int) -> None:
     rng, at = random.Random(seed), 0
     while at < len(data):
@@ -55,12 +63,10 @@ def test_a_new_file_holds_exactly_the_bytes_written(
     assert path.read_bytes() == data
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     writes = []
 
     def disk_full(fd: int, data: memoryview, offset: int) -> None:
@@ -85,13 +91,11 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
         file.close()  # never taken for a complete file
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the writes."""
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     pwrite, refused = os.pwrite, []
 
     def large_blocks(fd: int, data: memoryview, offset: int) -> int:
@@ -110,12 +114,10 @@ def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
     assert (tmp_path / "file").read_bytes() == data
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
     write_all = direct_io._write_all
     later_ended, ended = threading.Event(), []
 
