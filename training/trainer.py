@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from training import distributed, goodput, metrics
+from training import distributed, goodput, host_memory, metrics
 from training.checkpoint import CheckpointManager, TrainingState
 from training.config import ConfigError, JobConfig
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
@@ -79,6 +79,7 @@ class Trainer:
             raise
 
     def _build(self) -> None:
+        host_memory.keep_freed_memory()  # before the model and its first step allocate
         self._init_process()
         self.param_dtype = self._compute_dtype()
         files = find_data_files(self.paths)
