@@ -64,8 +64,10 @@ def test_training_steps_reuse_the_heap_instead_of_faulting_in_fresh_pages(corpus
     defaults = _faults_per_step(corpus, tmp_path / "defaults", "defaults")
     assert len(kept) == len(defaults) == 20
     # With glibc's defaults the heap is trimmed and regrown within steps: 10,000-18,000 faults in these 20 steps
-    # when measured; kept, 3-194.
-    assert sum(defaults) > 5_000, defaults
+    # when measured; kept, 3-194. Where the defaults do not trim (another glibc or kernel, huge pages for the
+    # heap), there is nothing for the setting to show.
+    if sum(defaults) < 5_000:
+        pytest.skip(f"glibc's defaults faulted only {sum(defaults)} pages in 20 steps here")
     assert sum(kept) < 1_500, kept
 
 
