@@ -1,14 +1,13 @@
-"""The C heap keeps what a training step frees (training/host_memory.py): no page faults step after step."""
+"""The C heap keeps what a training step frees (training/host_memory.py), not trimmed and faulted in again."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from training_helpers import REPO
+from training_helpers import REPO, clean_env, run
 
 from training import host_memory
 
@@ -47,13 +46,9 @@ print(json.dumps([after - before for before, after in zip(faults[9:], faults[10:
 
 
 def _faults_per_step(corpus: Path, root: Path, mode: str) -> list[int]:
-    done = subprocess.run(
+    done = run(
         [sys.executable, "-c", _SCRIPT, str(root), str(corpus), mode],
-        cwd=REPO,
-        env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'training'}", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=False,
+        clean_env(root, PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'training'}"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
