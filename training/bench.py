@@ -13,7 +13,7 @@ end of the warm-up and at the end). `loader` times the distributed loader on mem
 shards. `checkpoint` times a blocking DCP save and the blocking part of an async one of the
 Trainer's own state, and compares each save's and cold load's bandwidth with the disk's direct
 (O_DIRECT, as `dd oflag=direct`) write and read of a file as large, in the same directory, probed
-right after it.
+just before and just after it.
 `startup` starts the launcher of every "host" on this machine at once and times it to the first
 training step, with the pre-flight check and without, alternately. `stragglers` times the straggler
 check's own calls per step in a gloo world on this machine.
@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.stragglers import StepTimer, StragglerDetector, share_and_judge
 
+if TYPE_CHECKING:
+    from training.checkpoint import CheckpointManager
+
 
 def _synthetic_shards(folder: Path, *, tokens: int, vocab: int, shards: int = 2, seed: int = 0) -> list[Path]:
     rng = np.random.default_rng(seed)
@@ -63,10 +66,20 @@ def _synthetic_shards(folder: Path, *, tokens: int, vocab: int, shards: int = 2,
     return paths
 
 
+_SINGLE_PROCESS = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+}
+SINGLE_PROCESS_ENV = (*_SINGLE_PROCESS, "MASTER_PORT")
+"""What `_single_process_env` sets where it is not set: the environment of a process that is its own world."""
+
+
 def _single_process_env() -> None:
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
+    for key, value in _SINGLE_PROCESS.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
@@ -167,46 +180,85 @@ def bench_loader(*, seq_len: int, batch: int, tokens: int, batches: int, world_s
 _DIRECT_BLOCK = 64 << 20  # dd bs=64M; a multiple of every device's logical block size
 
 
-def _direct_bandwidth(directory: Path, size: int) -> tuple[float, float, str]:
-    """GiB/s of writing `size` bytes to a new file in `directory` (then fsync) and of reading it back,
-    both with O_DIRECT from page-aligned buffers, and how: "O_DIRECT", or "buffered+fsync, read after
-    dropping the file's cached pages" where the filesystem refuses O_DIRECT (tmpfs, some overlays)."""
-    buffer = aligned_buffer(_DIRECT_BLOCK)
-    buffer.write(os.urandom(_DIRECT_BLOCK))
-    blocks = max(1, -(-size // _DIRECT_BLOCK))
-    path = directory / "direct-io-probe"
-    method = "O_DIRECT"
-    try:
+class _DiskProbe:
+    """The disk's direct write and read, as `dd oflag=direct` and `iflag=direct` measure them: `write` writes a
+    new file in `directory` as large as `size` bytes rounded up to whole blocks (then fsync), `read` reads it
+    back, both with O_DIRECT from a page-aligned buffer; each returns GiB/s. Where the file system refuses
+    O_DIRECT (tmpfs, some overlays), `method` says "buffered+fsync" and a read drops the file's cached pages
+    first. `close` deletes the file."""
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.path = directory / "direct-io-probe"
+        self.blocks = max(1, -(-size // _DIRECT_BLOCK))
+        self.method = "O_DIRECT"
+        self.buffer = aligned_buffer(_DIRECT_BLOCK)
+        self.buffer.write(os.urandom(_DIRECT_BLOCK))
+
+    def _gibps(self, seconds: float) -> float:
+        return self.blocks * _DIRECT_BLOCK / 2**30 / seconds
+
+    def write(self) -> float:
+        self.path.unlink(missing_ok=True)  # what it frees is synced (and trimmed, where a commit trims) untimed
+        os.sync()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
         except OSError:
-            method = "buffered+fsync"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self.method = "buffered+fsync"
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         start = time.perf_counter()
         try:
-            for _ in range(blocks):
-                os.write(fd, buffer)
+            for _ in range(self.blocks):
+                os.write(fd, self.buffer)
             os.fsync(fd)
         finally:
             os.close(fd)
-        write_s = time.perf_counter() - start
-        if method == "O_DIRECT":
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        return self._gibps(time.perf_counter() - start)
+
+    def read(self) -> float:
+        if self.method == "O_DIRECT":
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
         else:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         start = time.perf_counter()
         try:
-            while os.readv(fd, [buffer]):
+            while os.readv(fd, [self.buffer]):
                 pass
         finally:
             os.close(fd)
-        read_s = time.perf_counter() - start
-    finally:
-        path.unlink(missing_ok=True)
-        buffer.close()
-    gib = blocks * _DIRECT_BLOCK / 2**30
-    return gib / write_s, gib / read_s, method
+        return self._gibps(time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.buffer.close()
+
+
+def _timed(call: Callable[[], object]) -> tuple[float, tuple[float, float]]:
+    """Seconds `call` took, and the CPU seconds of all this process's threads meanwhile, in user space and in the
+    kernel."""
+    cpu_start, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    call()
+    seconds, cpu_end = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    return seconds, (cpu_end.ru_utime - cpu_start.ru_utime, cpu_end.ru_stime - cpu_start.ru_stime)
+
+
+def _settle(checkpoints: CheckpointManager) -> None:
+    """Wait for the deletions of old checkpoints a save started, and sync the file system, so that no deletion
+    of an old checkpoint and no unwritten page of this process shares the disk with what follows."""
+    checkpoints.wait_for_deletions()
+    os.sync()
+
+
+def _ratios(name: str, gib: float, seconds: list[float], probes: list[tuple[float, float]]) -> dict[str, Any]:
+    """The median and range of the rates of `gib` in each of `seconds` over the disk's rate around each."""
+    ratios = [gib / taken / _bracketed(*around) for taken, around in zip(seconds, probes, strict=True)]
+    return {name: round(statistics.median(ratios), 2), f"{name}_range": [round(min(ratios), 2), round(max(ratios), 2)]}
+
+
+def _bracketed(before: float, after: float) -> float:
+    """The disk's rate over an operation, from probes of equal size just before and just after it: their
+    bytes over their summed times (the harmonic mean of their rates)."""
+    return 2 / (1 / before + 1 / after)
 
 
 def _drop_cached_pages(directory: Path) -> None:
@@ -224,11 +276,14 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     ``checkpoint.async_save=true`` an async one's staging; without it the second save of each pair blocks too,
     and its time is not reported),
     and a save's and a cold load's bandwidth against the disk's direct write and read of as many bytes in the
-    same directory, probed right after each save and load: a virtual disk's bandwidth drifts within a run, so
-    each ratio pairs a save or load with a probe of the same moment, and the row gives the median of the
-    `repeats` pairs and their range; and the median CPU seconds of a blocking save (all its threads) in user
-    space, which the disk's drift moves less, and in the kernel. Old checkpoints are deleted in the background
-    while training goes on, and a load waits for that: the benchmark waits for it before it times a load.
+    same directory, probed just before and just after each save and load: a virtual disk's bandwidth drifts
+    within a run, so each ratio compares a save or load with the disk's rate over the probes around it
+    (`_bracketed`), and the row gives the median of the `repeats` ratios and their range; and the median CPU
+    seconds of a blocking save (all its threads) in user space, which the disk's drift moves less, and in the
+    kernel. A first save, untimed, sizes the probes. Old checkpoints are deleted in the background while
+    training goes on, and a load waits for that: the benchmark waits for it and syncs the file system before
+    each probe and each timed save and load (`_settle`). A timed save starts the deletion its commit allows
+    just before its timer stops, and its CPU seconds count the deleting thread's.
     `parent`: the directory to work in (a temporary one in it; the system's temporary directory if None)."""
     import torch  # noqa: PLC0415
 
@@ -249,37 +304,40 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         vocab = cfg.model.vocab_size or PRESETS[cfg.model.name].vocab_size
         _synthetic_shards(paths.channel("train"), tokens=4 * cfg.train.micro_batch_size * 1025, vocab=vocab)
         trainer = Trainer(cfg, paths, StopRequest())
+        probe: _DiskProbe | None = None
         try:
             trainer._train_step()  # optimizer state exists only after the first step
             trainer.state.step = 1
-            blocking, save_cpu, staging, loading, probes, method = [], [], [], [], [], ""
+            trainer.checkpoints.save(trainer.state, blocking=True)  # untimed: it sizes the probes
+            size = sum(f.stat().st_size for f in (paths.checkpoints / step_dir(1)).iterdir())
+            probe = _DiskProbe(paths.checkpoints, size)
+            blocking, save_cpu, staging, loading, writes, reads = [], [], [], [], [], []
             for i in range(repeats):
+                _settle(trainer.checkpoints)
+                before = probe.write()
                 trainer.state.step = 10 + 2 * i
-                start, cpu_start = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-                trainer.checkpoints.save(trainer.state, blocking=True)
-                blocking.append(time.perf_counter() - start)
-                cpu_end = resource.getrusage(resource.RUSAGE_SELF)
-                save_cpu.append((cpu_end.ru_utime - cpu_start.ru_utime, cpu_end.ru_stime - cpu_start.ru_stime))
-                newest = paths.checkpoints / step_dir(trainer.state.step)
-                size = sum(f.stat().st_size for f in newest.iterdir())
-                write_gibs, _, method = _direct_bandwidth(paths.checkpoints, size)
+                seconds, cpu = _timed(lambda: trainer.checkpoints.save(trainer.state, blocking=True))
+                blocking.append(seconds)
+                save_cpu.append(cpu)
+                _settle(trainer.checkpoints)
+                writes.append((before, probe.write()))
                 trainer.state.step = 11 + 2 * i
-                start = time.perf_counter()
-                trainer.checkpoints.save(trainer.state, blocking=False)
-                staging.append(time.perf_counter() - start)
+                staging.append(_timed(lambda: trainer.checkpoints.save(trainer.state, blocking=False))[0])
                 trainer.checkpoints.wait()
-                trainer.checkpoints.wait_for_deletions()  # which the load would otherwise wait for
+                _settle(trainer.checkpoints)  # a load would otherwise wait for the deletions
                 _drop_cached_pages(paths.checkpoints / step_dir(trainer.state.step))
-                start = time.perf_counter()
-                trainer.checkpoints.load_latest(trainer.state)
-                loading.append(time.perf_counter() - start)
-                _, read_gibs, _ = _direct_bandwidth(paths.checkpoints, size)
-                probes.append((write_gibs, read_gibs))
+                before = probe.read()
+                loading.append(_timed(lambda: trainer.checkpoints.load_latest(trainer.state))[0])
+                _settle(trainer.checkpoints)
+                reads.append((before, probe.read()))
         finally:
-            trainer.close()
+            try:
+                if probe is not None:
+                    method = probe.method
+                    probe.close()
+            finally:
+                trainer.close()
     gib = size / 2**30
-    save_ratios = [gib / seconds / probe[0] for seconds, probe in zip(blocking, probes, strict=True)]
-    load_ratios = [gib / seconds / probe[1] for seconds, probe in zip(loading, probes, strict=True)]
     return {
         "model": cfg.model.name,
         "checkpoint_gib": round(gib, 3),
@@ -290,12 +348,10 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         "cold_load_s": round(min(loading), 3),
         "save_gibps": round(gib / min(blocking), 2),
         "load_gibps": round(gib / min(loading), 2),
-        "direct_write_gibps": [round(p[0], 2) for p in probes],
-        "direct_read_gibps": [round(p[1], 2) for p in probes],
-        "save_over_direct_write": round(statistics.median(save_ratios), 2),
-        "save_over_direct_write_range": [round(min(save_ratios), 2), round(max(save_ratios), 2)],
-        "load_over_direct_read": round(statistics.median(load_ratios), 2),
-        "load_over_direct_read_range": [round(min(load_ratios), 2), round(max(load_ratios), 2)],
+        "direct_write_gibps": [[round(rate, 2) for rate in probes] for probes in writes],
+        "direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in reads],
+        **_ratios("save_over_direct_write", gib, blocking, writes),
+        **_ratios("load_over_direct_read", gib, loading, reads),
         "direct_io": method,
         "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,

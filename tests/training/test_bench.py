@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 from training_helpers import free_port
 
-from training import bench_peer
+from training import bench_peer, checkpoint
 from training.bench import (
-    _direct_bandwidth,
+    SINGLE_PROCESS_ENV,
+    _bracketed,
+    _DiskProbe,
     bench_checkpoint,
     bench_loader,
     bench_startup,
@@ -22,6 +27,19 @@ from training.config import from_hyperparameters
 from training.data import read_shard
 
 
+@pytest.fixture
+def lone_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The environment of a process that is its own world: `bench_train` and `bench_checkpoint` start one."""
+    for key in SINGLE_PROCESS_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in SINGLE_PROCESS_ENV:
+        os.environ.pop(key, None)
+
+
 def test_loader_row() -> None:
     row = bench_loader(seq_len=128, batch=8, tokens=400_000, batches=20, world_size=2)
     assert row["batch"] == 8 and row["seq"] == 128
@@ -29,52 +47,102 @@ def test_loader_row() -> None:
 
 
 def test_direct_io_probe_measures_both_ways_and_leaves_nothing(tmp_path: Path) -> None:
-    write, read, method = _direct_bandwidth(tmp_path, 1 << 20)
-    assert write > 0 and read > 0
-    assert method in {"O_DIRECT", "buffered+fsync"}
+    probe = _DiskProbe(tmp_path, 1 << 20)
+    try:
+        assert probe.write() > 0 and probe.read() > 0 and probe.write() > 0 and probe.read() > 0
+        assert probe.method in {"O_DIRECT", "buffered+fsync"}
+    finally:
+        probe.close()
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bracketed_rate_is_the_probes_bytes_over_their_summed_times() -> None:
+    assert _bracketed(1.0, 3.0) == pytest.approx(1.5)  # 1 GiB in 1 s and 1 GiB in 1/3 s: 2 GiB in 4/3 s
+    assert _bracketed(2.0, 2.0) == pytest.approx(2.0)
+
+
 @pytest.mark.slow
-def test_train_row_uses_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    try:
-        row = bench_train({"model": "tiny", "seq_len": "64", "batch_size": "4"}, warmup=2, steps=3, tokens=100_000)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-            os.environ.pop(key, None)
+@pytest.mark.usefixtures("lone_process")
+def test_train_row_uses_the_trainer() -> None:
+    row = bench_train({"model": "tiny", "seq_len": "64", "batch_size": "4"}, warmup=2, steps=3, tokens=100_000)
     assert (row["model"], row["batch"], row["seq"]) == ("tiny", 4, 64)
     assert row["tokens_per_sec"] > 0 and row["step_ms"] > 0
     assert row["mfu"] == "n/a"  # no peak is known for a CPU
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("lone_process")
 @pytest.mark.parametrize("async_save", ["false", "true"])
-def test_checkpoint_row_pairs_every_save_and_load_with_a_probe_of_the_disk(
-    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(async_save: str, tmp_path: Path) -> None:
     """The row's async staging is the staging of async saves, and is there only when saves are async."""
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    try:
-        hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
-        row = bench_checkpoint(hyperparameters, repeats=3, parent=tmp_path)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-            os.environ.pop(key, None)
+    hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
+    row = bench_checkpoint(hyperparameters, repeats=3, parent=tmp_path)
     assert len(row["direct_write_gibps"]) == len(row["direct_read_gibps"]) == 3
     for ratio in ("save_over_direct_write", "load_over_direct_read"):
         low, high = row[f"{ratio}_range"]
         assert 0 <= low <= row[ratio] <= high  # a tiny model's ratios may round to 0
     assert ("async_staging_s" in row) == (async_save == "true")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("lone_process")
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_the_disk_with_other_work(
+    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each probe finds no deletion of an old checkpoint unfinished and no background save unwritten, and follows
+    a sync of the file system, as does each timed save and load. A deletion here finishes only once the benchmark
+    waits for it, so one the benchmark did not wait for is seen."""
+    events: list[str] = []
+    managers: list[checkpoint.CheckpointManager] = []
+    waited = threading.Event()
+
+    def recorded(name: str, call: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if name == "sync":
+                events.append(name)
+            elif name in {"write", "read"}:
+                manager = managers[0]
+                busy = sorted(d.name for d, deletion in manager._deletions.items() if not deletion.done())
+                busy += ["a background save"] if manager.pending is not None else []
+                events.append(f"{name} beside {busy}" if busy else name)
+            else:
+                managers[:] = managers or [args[0]]
+                events.append(name)
+            return call(*args, **kwargs)
+
+        return run
+
+    def remove_old(directory: Path) -> None:
+        if not waited.wait(timeout=60):
+            raise AssertionError(f"nothing waited for the deletion of {directory.name}")
+        remove_old_now(directory)
+
+    def wait_for_deletions(manager: checkpoint.CheckpointManager) -> None:
+        waited.set()
+        try:
+            wait_for_deletions_now(manager)
+        finally:
+            waited.clear()
+
+    remove_old_now, manager = checkpoint._remove_old, checkpoint.CheckpointManager
+    wait_for_deletions_now = manager.wait_for_deletions
+    monkeypatch.setattr(checkpoint, "_remove_old", remove_old)
+    monkeypatch.setattr(os, "sync", recorded("sync", os.sync))
+    monkeypatch.setattr(manager, "wait_for_deletions", wait_for_deletions)
+    monkeypatch.setattr(_DiskProbe, "write", recorded("write", _DiskProbe.write))
+    monkeypatch.setattr(_DiskProbe, "read", recorded("read", _DiskProbe.read))
+    monkeypatch.setattr(manager, "save", recorded("save", manager.save))
+    monkeypatch.setattr(manager, "load_latest", recorded("load", manager.load_latest))
+    hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
+    row = bench_checkpoint(hyperparameters, repeats=2, parent=tmp_path)
+    # The Trainer looks for a checkpoint to resume when it is built, and the first save only sizes the probes.
+    # Each timed save lies between two writes, each timed load between two reads; a write probe syncs what
+    # deleting its old file freed.
+    each = ["sync", "write", "sync", "save", "sync", "write", "sync", "save", "sync", "read", "load", "sync", "read"]
+    assert events == ["load", "save"] + 2 * each
+    assert [len(pair) for pair in row["direct_write_gibps"] + row["direct_read_gibps"]] == [2, 2, 2, 2]
 
 
 @pytest.mark.slow
