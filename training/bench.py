@@ -44,7 +44,7 @@ import numpy as np
 from training import bench_peer
 from training.config import StragglerConfig, from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
-from training.direct_io import aligned_buffer
+from training.direct_io import aligned_buffer, evict
 from training.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
 from training.models.args import PRESETS
 from training.sagemaker_contract import Paths
@@ -218,8 +218,8 @@ class _DiskProbe:
         if self.method == "O_DIRECT":
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
         else:
+            evict(self.path)
             fd = os.open(self.path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         start = time.perf_counter()
         try:
             while os.readv(fd, [self.buffer]):
@@ -259,16 +259,6 @@ def _bracketed(before: float, after: float) -> float:
     """The disk's rate over an operation, from probes of equal size just before and just after it: their
     bytes over their summed times (the harmonic mean of their rates)."""
     return 2 / (1 / before + 1 / after)
-
-
-def _drop_cached_pages(directory: Path) -> None:
-    """Evict a committed checkpoint's files from the page cache, so that a load reads the disk."""
-    for path in directory.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: Path | None = None) -> dict[str, Any]:
@@ -325,7 +315,8 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
                 staging.append(_timed(lambda: trainer.checkpoints.save(trainer.state, blocking=False))[0])
                 trainer.checkpoints.wait()
                 _settle(trainer.checkpoints)  # a load would otherwise wait for the deletions
-                _drop_cached_pages(paths.checkpoints / step_dir(trainer.state.step))
+                for path in (paths.checkpoints / step_dir(trainer.state.step)).iterdir():
+                    evict(path)  # a cold load reads the disk
                 before = probe.read()
                 loading.append(_timed(lambda: trainer.checkpoints.load_latest(trainer.state))[0])
                 _settle(trainer.checkpoints)

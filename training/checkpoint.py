@@ -78,7 +78,6 @@ from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Listed, Ma
 log = logging.getLogger(__name__)
 
 _HASH_CHUNK = 1 << 20
-_READ_CHUNK = 8 << 20
 _MAX_IO_THREADS = 8
 _MIN_SEGMENT = 16 << 20
 """A segment of a data file ends at the first item boundary after this many bytes, so a window of a file this
@@ -172,36 +171,33 @@ def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> l
 def _verified_windows(
     path: Path, size: int, segments: Sequence[Segment], windows: Sequence[tuple[int, int]]
 ) -> Generator[tuple[int, torch.Tensor]]:
-    """(start, bytes) of each of the file's `windows` in turn, read once into memory and yielded only when each
-    of the window's segments matched its SHA-256 in the manifest; CheckpointError at the first that does not,
-    or when the file is not the `size` bytes the manifest lists. What is used is these bytes: they are not
-    read again, so they cannot change between their check and their use. One buffer, the largest window's
-    size, holds each window in turn: use a window's bytes before taking the next."""
+    """(start, bytes) of each of the file's `windows` in turn, read once into memory (with O_DIRECT where the
+    file system allows: `direct_io.open_to_read`) and yielded only when each of the window's segments matched
+    its SHA-256 in the manifest; CheckpointError at the first that does not, or when the file is not the
+    `size` bytes the manifest lists. What is used is these bytes: they are not read again, so they cannot
+    change between their check and their use. One buffer, the largest window's size, holds each window in
+    turn: use a window's bytes before taking the next."""
     data = _buffer(max((end - start for start, end in windows), default=0))
     view = _bytes_of(data)
     listed = iter(segments)
-    advise = hasattr(os, "posix_fadvise")
-    with path.open("rb", buffering=0) as file:
-        if advise:
-            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    with direct_io.open_to_read(path) as file:
         for start, end in windows:
             done = 0
             while done < end - start:
                 length, sha256 = next(listed)
                 digest, stop = hashlib.sha256(), done + length
                 while done < stop:
-                    read = file.readinto(view[done : min(stop, done + _READ_CHUNK)])
+                    # Copied out of the reader's buffers a piece at a time, and hashed while still in the CPU's cache.
+                    read = file.readinto(view[done : min(stop, done + _HASH_CHUNK)])
                     if not read:
                         raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
-                    if advise:  # the disk reads the next chunk while this one is hashed
-                        os.posix_fadvise(file.fileno(), start + done + read, _READ_CHUNK, os.POSIX_FADV_WILLNEED)
                     digest.update(view[done : done + read])  # hashlib releases the GIL for large buffers
                     done += read
                 if digest.hexdigest() != sha256:
                     where = f"bytes {start + stop - length}-{start + stop}"
                     raise CheckpointError(f"{path.name} does not match the SHA-256 its manifest lists for {where}")
             yield start, data[: end - start]
-        if file.read(1):
+        if file.readinto(bytearray(1)):
             raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
 
 

@@ -1,11 +1,14 @@
-"""Writing a new file with O_DIRECT, which skips the page cache: the disk reads each chunk from the process's
-own page-aligned buffer, where a buffered write has the kernel copy every byte into cached pages first. On the
-benchmark VM that copy cost more CPU than anything else in a checkpoint save (docs/BENCHMARKS.md).
+"""Writing a new file, and reading a whole file front to back, with O_DIRECT, which skips the page cache: the
+disk reads each chunk from, or writes it into, the process's own page-aligned buffer, where a buffered write or
+read has the kernel copy every byte through cached pages it must first allocate. On the benchmark VM that
+kernel work cost more CPU than anything else in a checkpoint save, and made a cold load's kernel time swing
+from under half a second to three (docs/BENCHMARKS.md).
 
-Python's file objects cannot write with O_DIRECT (its writes must be whole blocks from aligned memory), and no
-library does this; hence `DirectFile`. It falls back to a buffered file where the file system refuses O_DIRECT
-(some overlays and FUSE file systems) and on systems without it, and goes on through the page cache where a
-write is refused (a device whose blocks are larger than `ALIGNMENT`)."""
+Python's file objects cannot write or read with O_DIRECT (its transfers must be whole blocks at aligned offsets,
+in aligned memory), and no library does this; hence `DirectFile` and `DirectReader`. Both fall back to the page
+cache where the file system refuses O_DIRECT (some overlays and FUSE file systems) and on systems without it,
+and go on through the page cache where a transfer is refused (a device whose blocks are larger than
+`ALIGNMENT`)."""
 
 from __future__ import annotations
 
@@ -17,16 +20,21 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 ALIGNMENT = 4096
 """What O_DIRECT needs of a write's offset, length and buffer address: a multiple of the device's logical block
 size (512 or 4096 bytes on the disks this is written for); anonymous maps are page-aligned."""
 
 CHUNK = 8 << 20
-"""Bytes per O_DIRECT write; a multiple of `ALIGNMENT`."""
+"""Bytes per O_DIRECT write or read; a multiple of `ALIGNMENT`."""
 
 BUFFERS = 4
-"""Buffers per file: the caller fills one while the disk writes the others, up to `BUFFERS - 1` at once."""
+"""Buffers per file written: the caller fills one while the disk writes the others, up to `BUFFERS - 1` at once."""
+
+READ_BUFFERS = 8
+"""Buffers per file read: the caller copies out of one while the disk reads the next `READ_BUFFERS - 1` chunks
+(O_DIRECT has no kernel readahead, so the reader keeps the disk busy itself)."""
 
 _WRITEBACK_CHUNK = 32 << 20
 
@@ -34,6 +42,10 @@ _WRITEBACK_CHUNK = 32 << 20
 def aligned_buffer(size: int) -> mmap.mmap:
     """`size` bytes of zeroed memory that O_DIRECT can write from and read into."""
     return mmap.mmap(-1, size)
+
+
+def _without_o_direct(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
 def _write_all(fd: int, data: memoryview, offset: int) -> None:
@@ -46,10 +58,31 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EINVAL or not direct:
                 raise
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            _without_o_direct(fd)
             direct = False
             continue
         data, offset = data[written:], offset + written
+
+
+def _read_chunk(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill `buffer` from `offset`, or as much of it as the file holds there; the bytes read. Where O_DIRECT
+    refuses the read (EINVAL), turn O_DIRECT off for the file and read through the page cache."""
+    done, direct = 0, True
+    while done < len(buffer):
+        try:
+            read = os.preadv(fd, [buffer[done:]], offset + done)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not direct:
+                raise
+            _without_o_direct(fd)  # for the reader's other threads too
+            direct = False
+            continue
+        if not read:
+            break
+        done += read
+        if done % ALIGNMENT:  # a read of a file ends inside a block only at the file's end
+            break
+    return done
 
 
 class DirectFile:
@@ -180,6 +213,128 @@ class BufferedFile:
             self._abandoned = True
             with suppress(OSError):  # its error is the one being reported
                 self.file.close()
+
+
+def evict(path: Path) -> None:
+    """Write `path`'s dirty pages to the disk and drop all its pages from the page cache, so that the next read
+    of it reads the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class DirectReader:
+    """A file read front to back with O_DIRECT: threads of the reader's own read the next `READ_BUFFERS - 1`
+    chunks into page-aligned buffers while the caller copies the bytes of one out with `readinto`, in order.
+    The bytes come from the disk once, into memory of this process's own: nothing the kernel caches, or another
+    process writes to the file later, reaches the caller after they are read. Not safe for concurrent callers;
+    `close` it (or use it as a context manager)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffers = [aligned_buffer(CHUNK) for _ in range(READ_BUFFERS)]
+        self._views = [memoryview(buffer) for buffer in self._buffers]
+        self._disk = ThreadPoolExecutor(max_workers=READ_BUFFERS - 1, thread_name_prefix="direct-read")
+        self._reading: deque[tuple[int, Future[int]]] = deque()  # (buffer, its read), oldest first
+        self._requested = 0  # the file offset of the next chunk to read
+        self._ended = False  # a chunk came back short: the file ends in it
+        self._current, self._available = 0, memoryview(b"")  # the buffer being copied out, and its bytes left
+        for index in range(1, READ_BUFFERS):
+            self._request(index)
+
+    def _request(self, index: int) -> None:
+        self._reading.append((index, self._disk.submit(_read_chunk, self.fd, self._views[index], self._requested)))
+        self._requested += CHUNK
+
+    def readinto(self, target: Any) -> int:
+        """Copy the file's next bytes into `target`, as many as it holds or the file has left; 0 at its end."""
+        view, done = memoryview(target).cast("B"), 0
+        while done < len(view):
+            if not self._available:
+                if self._ended or not self._reading:
+                    break
+                if not self._reading[0][1].done() and done:
+                    break  # return what is here rather than wait
+                self._request(self._current)  # the buffer just emptied reads the chunk after the last requested
+                self._current, reading = self._reading.popleft()
+                read = reading.result()
+                self._ended = read < CHUNK
+                self._available = self._views[self._current][:read]
+                continue
+            count = min(len(view) - done, len(self._available))
+            view[done : done + count] = self._available[:count]
+            self._available, done = self._available[count:], done + count
+        return done
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if not self._buffers:
+            return
+        self._disk.shutdown(wait=True, cancel_futures=True)  # no read is in flight when its buffer goes
+        os.close(self.fd)
+        self._reading.clear()
+        self._available = memoryview(b"")
+        self._views, self._buffers = [], []
+
+    def __enter__(self) -> DirectReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CachedReader:
+    """A file read front to back through the page cache, for file systems that refuse O_DIRECT, asking the
+    kernel to read each next `CHUNK` ahead while the caller works on the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("rb", buffering=0)
+        self.offset = 0
+        self._advise = hasattr(os, "posix_fadvise")
+        if self._advise:
+            os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def readinto(self, target: Any) -> int:
+        read = self.file.readinto(target) or 0
+        if self._advise and read:
+            os.posix_fadvise(self.file.fileno(), self.offset + read, CHUNK, os.POSIX_FADV_WILLNEED)
+        self.offset += read
+        return read
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> CachedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_to_read(path: Path) -> DirectReader | CachedReader:
+    """`path`, to be read front to back, with O_DIRECT where its file system allows."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        return CachedReader(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | direct)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # a missing file is reported as such
+            raise
+        return CachedReader(path)
+    try:
+        return DirectReader(fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def create(path: Path) -> DirectFile | BufferedFile:

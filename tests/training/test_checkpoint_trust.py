@@ -19,6 +19,7 @@ import torch
 from torch.utils.serialization import config as serialization_config
 from training_helpers import (
     CHECKPOINTED_JOB,
+    cached_pages,
     make_opt_ml,
     o_direct_works,
     refuse_o_direct,
@@ -27,6 +28,7 @@ from training_helpers import (
 )
 
 import training.checkpoint
+from training import direct_io
 from training.checkpoint import sha256_of, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
@@ -421,6 +423,24 @@ def test_a_load_holds_one_window_of_a_data_file_not_the_file(
     assert max(data_buffers) < min(shard.stat().st_size for shard in shards) / 2
 
 
+def test_a_cold_load_reads_the_checkpoint_from_the_disk_and_leaves_none_of_it_cached(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A load reads each file it checks with O_DIRECT: the kernel neither caches the checkpoint's pages nor
+    copies them through its cache (docs/BENCHMARKS.md: that cost a cold load most of its kernel time)."""
+    root = _copy(reference, tmp_path)
+    if not o_direct_works(root):
+        pytest.skip(f"{root}'s file system refuses O_DIRECT")
+    checked = [path for path in (root / "checkpoints" / "step-12").iterdir() if path.name != MANIFEST]
+    for path in checked:
+        direct_io.evict(path)
+    assert [cached_pages(path) for path in checked] == [0] * len(checked)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "resumed from checkpoint step-12" in log
+    assert {path.name: cached_pages(path) for path in checked} == dict.fromkeys((p.name for p in checked), 0)
+
+
 def _record_loaded_items(monkeypatch: pytest.MonkeyPatch, loaded: list[tuple[str, str]]) -> list[Any]:
     """Record (checkpoint, file) of each item a load loads into `loaded`; the readers made, in order."""
     readers: list[Any] = []
@@ -579,7 +599,6 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
     """A save writes its data files with O_DIRECT where the file system allows, and falls back to buffered
     writes where it does not: both give the same files, and the segments listed are those of the bytes on the
     disk."""
-    from training import direct_io
 
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
@@ -620,8 +639,6 @@ def test_a_failed_o_direct_write_fails_the_save(elements: int, tmp_path: Path, m
     save, whether it comes while DCP writes the file or from the last block, written when DCP closes it."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from training import direct_io
-
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     if elements > 1000:
@@ -644,8 +661,6 @@ def test_a_disk_error_inside_an_item_is_reported_as_itself(tmp_path: Path, monke
     """torch.save meets the file's error halfway through an item's archive and raises its own ("unexpected
     pos ..."): the save reports the disk's error, which says what to fix."""
     from torch.distributed.checkpoint.api import CheckpointException
-
-    from training import direct_io
 
     refuse_o_direct(monkeypatch)
     write, calls = direct_io.BufferedFile.write, []

@@ -1,6 +1,8 @@
 """training/direct_io.py: a new file written with O_DIRECT holds exactly the bytes written, whatever their
 sizes; where O_DIRECT is refused the file is buffered, with the same bytes; a failed disk write fails the file
-and leaves no descriptor open."""
+and leaves no descriptor open. A file read with O_DIRECT gives exactly its bytes, in order, whatever the sizes
+asked for, and leaves none of them in the page cache; where O_DIRECT is refused it is read through the page
+cache; a failed disk read fails the read, and closing the reader leaves no descriptor or thread behind."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from training_helpers import o_direct_works, refuse_o_direct
+from training_helpers import cached_pages, o_direct_works, refuse_o_direct
 
 from training import direct_io
 
@@ -136,3 +138,129 @@ def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
     file.close()
     assert ended.index(0) > 0  # a later buffer's write ended first
     assert (tmp_path / "file").read_bytes() == data
+
+
+def _read_in_pieces(file: direct_io.DirectReader | direct_io.CachedReader, seed: int) -> bytes:
+    """The file's bytes, read with `readinto` in pieces of sizes that straddle every chunk and block."""
+    rng, pieces = random.Random(seed), []
+    while True:
+        length = rng.choice([1, 7, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, _SMALL_CHUNK + 3, 5 * _SMALL_CHUNK])
+        piece = bytearray(length)
+        read = file.readinto(piece)
+        if not read:
+            return b"".join(pieces)
+        assert 0 < read <= length
+        pieces.append(bytes(piece[:read]))
+
+
+@pytest.fixture
+def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads in chunks of two blocks, three buffers per file: every buffer reused many times, in few bytes."""
+    monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
+    monkeypatch.setattr(direct_io, "READ_BUFFERS", 3)
+
+
+@pytest.mark.usefixtures("small_reads")
+@pytest.mark.parametrize("size", _SIZES)
+@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "refused"])
+def test_a_file_read_front_to_back_gives_exactly_its_bytes(
+    size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if o_direct and not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    if not o_direct:
+        refuse_o_direct(monkeypatch)
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    direct_io.evict(path)
+    with direct_io.open_to_read(path) as file:
+        assert isinstance(file, direct_io.DirectReader if o_direct else direct_io.CachedReader)
+        assert _read_in_pieces(file, seed=size) == data
+        assert file.readinto(bytearray(10)) == 0  # and no more after the end
+    if o_direct:
+        assert cached_pages(path) == 0  # read from the disk into the reader's own memory only
+
+
+@pytest.mark.usefixtures("small_reads")
+def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the reads."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    preadv, refused = os.preadv, []
+
+    def large_blocks(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_io.os, "preadv", large_blocks)
+    data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
+    (tmp_path / "file").write_bytes(data)
+    with direct_io.open_to_read(tmp_path / "file") as file:
+        assert isinstance(file, direct_io.DirectReader)
+        assert _read_in_pieces(file, seed=1) == data
+    assert refused
+
+
+@pytest.mark.usefixtures("small_reads")
+def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    (tmp_path / "file").write_bytes(bytes(9 * _SMALL_CHUNK))
+    preadv = os.preadv
+
+    def failing_third_chunk(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if offset >= 2 * _SMALL_CHUNK:
+            raise OSError(errno.EIO, "Input/output error")
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_io.os, "preadv", failing_third_chunk)
+    file = direct_io.open_to_read(tmp_path / "file")
+    assert isinstance(file, direct_io.DirectReader)
+    closed: list[int] = []
+    close = os.close
+    monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
+    first, done = memoryview(bytearray(2 * _SMALL_CHUNK)), 0
+    while done < len(first):  # the chunks before the failed one
+        read = file.readinto(first[done:])
+        assert read
+        done += read
+    with pytest.raises(OSError, match="Input/output error"):
+        file.readinto(bytearray(_SMALL_CHUNK))
+    file.close()
+    assert closed == [file.fd]
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
+    file.close()  # and again does nothing
+    assert closed == [file.fd]
+
+
+@pytest.mark.usefixtures("small_reads")
+def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    read_chunk = direct_io._read_chunk
+    later_ended, ended = threading.Event(), []
+
+    def first_read_ends_last(fd: int, buffer: memoryview, offset: int) -> int:
+        if offset == 0:
+            assert later_ended.wait(timeout=30)
+        read = read_chunk(fd, buffer, offset)
+        ended.append(offset)
+        if offset:
+            later_ended.set()
+        return read
+
+    monkeypatch.setattr(direct_io, "_read_chunk", first_read_ends_last)
+    data = random.Random(0).randbytes(7 * _SMALL_CHUNK + 5)
+    (tmp_path / "file").write_bytes(data)
+    with direct_io.open_to_read(tmp_path / "file") as file:
+        assert _read_in_pieces(file, seed=0) == data
+    assert ended.index(0) > 0  # a later chunk's read ended first

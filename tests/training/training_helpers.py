@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -230,3 +232,21 @@ def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(direct_io.os, "open", open_without_o_direct)
+
+
+def cached_pages(path: Path) -> int:
+    """How many of `path`'s pages the page cache holds: mincore(2) over a private map of the file, which reads
+    none of it."""
+    size = path.stat().st_size
+    if not size:
+        return 0
+    residency = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    with path.open("rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        start = ctypes.c_char.from_buffer(mapped)
+        try:
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), residency):
+                raise OSError(ctypes.get_errno(), f"mincore of {path}")
+        finally:
+            del start  # the map closes only once nothing holds its buffer
+    return sum(page & 1 for page in residency)
