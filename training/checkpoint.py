@@ -9,7 +9,8 @@ the previous one. Each process writes its share in several threads, one data fil
 segment as it writes it. A load reads each file it needs once, front to back, a window of whole segments at
 a time into one reused buffer, hashes the bytes as they arrive and unpickles nothing from a window until
 each of its segments matches; its tensors are then copied from those bytes, so bytes changed after their
-check are never used, and a load holds one window of each file in memory, not the file. Loading never
+check are never used, and a load holds one window of each file in memory, not the file (and the reader's
+buffers: `direct_io.DirectReader`). Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
 types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
 code.
@@ -81,9 +82,10 @@ _HASH_CHUNK = 1 << 20
 _MAX_IO_THREADS = 8
 _MIN_SEGMENT = 16 << 20
 """A segment of a data file ends at the first item boundary after this many bytes, so a window of a file this
-trainer wrote is at most about this plus its largest item (a load holds one window per file it is reading, in
-`io_threads()` threads; `.metadata`, and each file of a checkpoint saved before segments, is one window), and the
-manifest lists at most one SHA-256 per this many bytes, or per item larger than this."""
+trainer wrote is at most about this plus its largest item (a load holds one window per file it is reading, and
+the reader's buffers, in `io_threads()` threads; `.metadata`, and each file of a checkpoint saved before
+segments, is one window), and the manifest lists at most one SHA-256 per this many bytes, or per item larger
+than this."""
 
 
 class CheckpointError(RuntimeError):

@@ -22,9 +22,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ALIGNMENT = 4096
-"""What O_DIRECT needs of a write's offset, length and buffer address: a multiple of the device's logical block
-size (512 or 4096 bytes on the disks this is written for); anonymous maps are page-aligned."""
+"""What O_DIRECT needs of a write's or a read's offset, length and buffer address: a multiple of the device's
+logical block size (512 or 4096 bytes on the disks this is written for); anonymous maps are page-aligned."""
 
 CHUNK = 8 << 20
 """Bytes per O_DIRECT write or read; a multiple of `ALIGNMENT`."""
@@ -66,7 +68,8 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
 
 def _read_chunk(fd: int, buffer: memoryview, offset: int) -> int:
     """Fill `buffer` from `offset`, or as much of it as the file holds there; the bytes read. Where O_DIRECT
-    refuses the read (EINVAL), turn O_DIRECT off for the file and read through the page cache."""
+    refuses the read (EINVAL: the device's blocks are larger than `ALIGNMENT`, or a short read left the next
+    one unaligned), turn O_DIRECT off for the file and read through the page cache."""
     done, direct = 0, True
     while done < len(buffer):
         try:
@@ -80,8 +83,6 @@ def _read_chunk(fd: int, buffer: memoryview, offset: int) -> int:
         if not read:
             break
         done += read
-        if done % ALIGNMENT:  # a read of a file ends inside a block only at the file's end
-            break
     return done
 
 
@@ -216,8 +217,8 @@ class BufferedFile:
 
 
 def evict(path: Path) -> None:
-    """Write `path`'s dirty pages to the disk and drop all its pages from the page cache, so that the next read
-    of it reads the disk."""
+    """Write `path`'s dirty pages to the disk and ask the kernel to drop its pages from the page cache, so that
+    the next read of it reads the disk (where the file system lets its pages go: tmpfs does not)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -228,10 +229,10 @@ def evict(path: Path) -> None:
 
 class DirectReader:
     """A file read front to back with O_DIRECT: threads of the reader's own read the next `READ_BUFFERS - 1`
-    chunks into page-aligned buffers while the caller copies the bytes of one out with `readinto`, in order.
-    The bytes come from the disk once, into memory of this process's own: nothing the kernel caches, or another
-    process writes to the file later, reaches the caller after they are read. Not safe for concurrent callers;
-    `close` it (or use it as a context manager)."""
+    chunks into page-aligned buffers (`READ_BUFFERS * CHUNK` bytes of memory per reader) while the caller
+    copies the bytes of one out with `readinto`, in order. Each byte is read from the file once. After a
+    failed read every `readinto` raises that error: the bytes after it never come as if they were the next.
+    Not safe for concurrent callers; `close` it (or use it as a context manager)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -241,9 +242,14 @@ class DirectReader:
         self._reading: deque[tuple[int, Future[int]]] = deque()  # (buffer, its read), oldest first
         self._requested = 0  # the file offset of the next chunk to read
         self._ended = False  # a chunk came back short: the file ends in it
+        self._failure: BaseException | None = None
         self._current, self._available = 0, memoryview(b"")  # the buffer being copied out, and its bytes left
-        for index in range(1, READ_BUFFERS):
-            self._request(index)
+        try:
+            for index in range(1, READ_BUFFERS):
+                self._request(index)
+        except BaseException:
+            self._disk.shutdown(wait=True)  # no read is in flight when the caller closes the file
+            raise
 
     def _request(self, index: int) -> None:
         self._reading.append((index, self._disk.submit(_read_chunk, self.fd, self._views[index], self._requested)))
@@ -251,6 +257,10 @@ class DirectReader:
 
     def readinto(self, target: Any) -> int:
         """Copy the file's next bytes into `target`, as many as it holds or the file has left; 0 at its end."""
+        if not self._buffers:
+            raise ValueError("the reader is closed")
+        if self._failure is not None:
+            raise self._failure
         view, done = memoryview(target).cast("B"), 0
         while done < len(view):
             if not self._available:
@@ -260,12 +270,17 @@ class DirectReader:
                     break  # return what is here rather than wait
                 self._request(self._current)  # the buffer just emptied reads the chunk after the last requested
                 self._current, reading = self._reading.popleft()
-                read = reading.result()
+                try:
+                    read = reading.result()
+                except BaseException as exc:
+                    self._failure = exc
+                    raise
                 self._ended = read < CHUNK
                 self._available = self._views[self._current][:read]
                 continue
             count = min(len(view) - done, len(self._available))
-            view[done : done + count] = self._available[:count]
+            # numpy's copy releases the GIL (a memoryview's does not): the load's other threads hash meanwhile.
+            np.copyto(np.frombuffer(view[done : done + count], np.uint8), self._available[:count])
             self._available, done = self._available[count:], done + count
         return done
 
@@ -290,20 +305,22 @@ class DirectReader:
 
 class CachedReader:
     """A file read front to back through the page cache, for file systems that refuse O_DIRECT, asking the
-    kernel to read each next `CHUNK` ahead while the caller works on the last."""
+    kernel to read one to two `CHUNK`s ahead of the caller."""
 
     def __init__(self, path: Path) -> None:
         self.file = path.open("rb", buffering=0)
-        self.offset = 0
+        self.offset = self._ahead = 0  # bytes read; bytes the kernel was asked to read ahead
         self._advise = hasattr(os, "posix_fadvise")
         if self._advise:
             os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
     def readinto(self, target: Any) -> int:
         read = self.file.readinto(target) or 0
-        if self._advise and read:
-            os.posix_fadvise(self.file.fileno(), self.offset + read, CHUNK, os.POSIX_FADV_WILLNEED)
         self.offset += read
+        if self._advise and read and self.offset + CHUNK > self._ahead:
+            start = max(self.offset, self._ahead)
+            os.posix_fadvise(self.file.fileno(), start, CHUNK, os.POSIX_FADV_WILLNEED)
+            self._ahead = start + CHUNK
         return read
 
     def fileno(self) -> int:

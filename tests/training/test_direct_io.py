@@ -174,11 +174,14 @@ def test_a_file_read_front_to_back_gives_exactly_its_bytes(
     path = tmp_path / "file"
     path.write_bytes(data)
     direct_io.evict(path)
+    evicted = cached_pages(path) == 0  # not on tmpfs, which accepts O_DIRECT from Linux 6.6 but keeps every page
     with direct_io.open_to_read(path) as file:
         assert isinstance(file, direct_io.DirectReader if o_direct else direct_io.CachedReader)
         assert _read_in_pieces(file, seed=size) == data
         assert file.readinto(bytearray(10)) == 0  # and no more after the end
-    if o_direct:
+    with pytest.raises(ValueError, match="closed"):
+        file.readinto(bytearray(10))
+    if o_direct and evicted:
         assert cached_pages(path) == 0  # read from the disk into the reader's own memory only
 
 
@@ -200,10 +203,35 @@ def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
     monkeypatch.setattr(direct_io.os, "preadv", large_blocks)
     data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
     (tmp_path / "file").write_bytes(data)
+    direct_io.evict(tmp_path / "file")
     with direct_io.open_to_read(tmp_path / "file") as file:
         assert isinstance(file, direct_io.DirectReader)
         assert _read_in_pieces(file, seed=1) == data
     assert refused
+    assert cached_pages(tmp_path / "file") > 0  # read through the page cache
+
+
+@pytest.mark.usefixtures("small_reads")
+def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that ends inside a block before the file's end (a FUSE or network file system may return one)
+    is followed by reads of the rest, through the page cache where O_DIRECT refuses an unaligned read."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    preadv, short = os.preadv, []
+
+    def short_reads(fd: int, buffers: list[memoryview], offset: int) -> int:
+        (buffer,) = buffers
+        if offset % _SMALL_CHUNK == 0 and len(buffer) == _SMALL_CHUNK:  # the first read of each chunk
+            short.append(offset)
+            return preadv(fd, [buffer[: direct_io.ALIGNMENT + 100]], offset)
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_io.os, "preadv", short_reads)
+    data = random.Random(2).randbytes(6 * _SMALL_CHUNK + 5)
+    (tmp_path / "file").write_bytes(data)
+    with direct_io.open_to_read(tmp_path / "file") as file:
+        assert _read_in_pieces(file, seed=2) == data
+    assert len(short) >= 2
 
 
 @pytest.mark.usefixtures("small_reads")
@@ -231,8 +259,9 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
         read = file.readinto(first[done:])
         assert read
         done += read
-    with pytest.raises(OSError, match="Input/output error"):
-        file.readinto(bytearray(_SMALL_CHUNK))
+    for _ in range(2):  # and again: the bytes after the failed chunk never come as the next ones
+        with pytest.raises(OSError, match="Input/output error"):
+            file.readinto(bytearray(_SMALL_CHUNK))
     file.close()
     assert closed == [file.fd]
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]

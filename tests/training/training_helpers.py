@@ -223,7 +223,8 @@ def o_direct_works(directory: Path) -> bool:
 
 
 def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make training.direct_io's file system refuse O_DIRECT, as tmpfs does."""
+    """Make training.direct_io's file system refuse O_DIRECT, as tmpfs did before Linux 6.6 and some overlay and
+    FUSE file systems do."""
     real_open = os.open
 
     def open_without_o_direct(path: Any, flags: int, *args: Any) -> int:
