@@ -189,7 +189,7 @@ def _verified_windows(
                 length, sha256 = next(listed)
                 digest, stop = hashlib.sha256(), done + length
                 while done < stop:
-                    # Copied out of the reader's buffers a piece at a time, and hashed while still in the CPU's cache.
+                    # Read a piece at a time, and hashed while still in the CPU's cache.
                     read = file.readinto(view[done : min(stop, done + _HASH_CHUNK)])
                     if not read:
                         raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
