@@ -272,7 +272,7 @@ class DirectReader:
                 self._current, reading = self._reading.popleft()
                 try:
                     read = reading.result()
-                except BaseException as exc:
+                except Exception as exc:
                     self._failure = exc
                     raise
                 self._ended = read < CHUNK

@@ -11,7 +11,10 @@ import fcntl
 import os
 import random
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from training_helpers import cached_pages, o_direct_works, refuse_o_direct
@@ -220,11 +223,11 @@ def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pyte
     preadv, short = os.preadv, []
 
     def short_reads(fd: int, buffers: list[memoryview], offset: int) -> int:
-        (buffer,) = buffers
-        if offset % _SMALL_CHUNK == 0 and len(buffer) == _SMALL_CHUNK:  # the first read of each chunk
+        read = preadv(fd, buffers, offset)
+        if offset % _SMALL_CHUNK == 0 and read > direct_io.ALIGNMENT + 100:  # the first read of each chunk
             short.append(offset)
-            return preadv(fd, [buffer[: direct_io.ALIGNMENT + 100]], offset)
-        return preadv(fd, buffers, offset)
+            return direct_io.ALIGNMENT + 100  # and the next read, at an unaligned offset, is one O_DIRECT refuses
+        return read
 
     monkeypatch.setattr(direct_io.os, "preadv", short_reads)
     data = random.Random(2).randbytes(6 * _SMALL_CHUNK + 5)
@@ -244,7 +247,7 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
     preadv = os.preadv
 
     def failing_third_chunk(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if offset >= 2 * _SMALL_CHUNK:
+        if offset == 2 * _SMALL_CHUNK:  # that chunk only: the chunks after it read well
             raise OSError(errno.EIO, "Input/output error")
         return preadv(fd, buffers, offset)
 
@@ -293,3 +296,42 @@ def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
     with direct_io.open_to_read(tmp_path / "file") as file:
         assert _read_in_pieces(file, seed=0) == data
     assert ended.index(0) > 0  # a later chunk's read ended first
+
+
+def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a thread cannot be started (a process limit), opening the reader fails, and the reads already begun
+    end before the file's descriptor is closed (whose number another file may take at once)."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    (tmp_path / "file").write_bytes(bytes(4 * direct_io.CHUNK))
+    read_chunk, reads = direct_io._read_chunk, []
+    started, closed = threading.Event(), []
+
+    def slow_first_read(fd: int, buffer: memoryview, offset: int) -> int:
+        started.set()
+        time.sleep(0.5)  # still reading when the next thread fails to start
+        read = read_chunk(fd, buffer, offset)
+        reads.append((offset, closed[:]))
+        return read
+
+    submitted: list[object] = []
+
+    class NoSecondThread(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            submitted.append(args)
+            if len(submitted) == 2:  # the second read would need a second thread
+                assert started.wait(timeout=30)
+                raise RuntimeError("can't start new thread")
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(direct_io, "_read_chunk", slow_first_read)
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", NoSecondThread)
+    close = os.close
+    monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        direct_io.open_to_read(tmp_path / "file")
+    assert len(closed) == 1
+    assert reads == [(0, [])]  # the read begun ended before the descriptor was closed
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
