@@ -443,6 +443,9 @@ class LocalTraining:
         steps are.
         """
         held: dict[int, str | None] = {}
+        # One client, and the ledger read only once the hosts are held: a client made and a listing read on every
+        # round, under the lock, made the rounds slower than a tiny run's last steps, which could end first.
+        s3 = self._s3(local)
         while True:
             with self._lock:
                 if local.finished or local.stopping or any(p.poll() is not None for p in local.processes):
@@ -452,7 +455,7 @@ class LocalTraining:
                     any((local.tree(host) / "checkpoints").glob(MANIFEST_GLOB)) for host in local.hosts
                 ):
                     held = processes.pause(local.processes, local.workdir)
-                if recorded_checkpoints(self._s3(local), local.request["InputDataConfig"]) and act(held):
+                if held and recorded_checkpoints(s3, local.request["InputDataConfig"]) and act(held):
                     return
             time.sleep(0.05)
 

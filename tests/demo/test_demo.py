@@ -238,9 +238,10 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     platform: Any, tmp_path: Path
 ) -> None:
     # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
-    # sets the hang check's floor to 6 s. The local SageMaker holds the hosts from their first checkpoint until
-    # the Monitor has recorded it, so the run cannot end first however fast its steps are.
-    hyperparameters = {"checkpoint.interval_steps": 10}
+    # sets the hang check's floor to 6 s. The local SageMaker holds the hosts from the first checkpoint it sees
+    # until the Monitor has recorded it. It looks every 0.05 s, but a loaded machine can delay it by seconds:
+    # 300 steps (over 10 s on this machine) leave it that long to see one before the run ends.
+    hyperparameters = {"checkpoint.interval_steps": 10, "max_steps": 300}
     execution_input = _input(run_name="demo-hang", instance_count=1, spot=False, hyperparameters=hyperparameters)
     outcome = _demo(platform, tmp_path, execution_input, hang=True)
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
