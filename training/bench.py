@@ -201,10 +201,10 @@ class _DiskProbe:
         self.path.unlink(missing_ok=True)  # what it frees is synced (and trimmed, where a commit trims) untimed
         os.sync()
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
         except OSError:
             self.method = "buffered+fsync"
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
         start = time.perf_counter()
         try:
             for _ in range(self.blocks):

@@ -284,9 +284,6 @@ class DirectReader:
             self._available, done = self._available[count:], done + count
         return done
 
-    def fileno(self) -> int:
-        return self.fd
-
     def close(self) -> None:
         if not self._buffers:
             return
@@ -322,9 +319,6 @@ class CachedReader:
             os.posix_fadvise(self.file.fileno(), start, CHUNK, os.POSIX_FADV_WILLNEED)
             self._ahead = start + CHUNK
         return read
-
-    def fileno(self) -> int:
-        return self.file.fileno()
 
     def close(self) -> None:
         self.file.close()

@@ -32,6 +32,17 @@ def small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
 
 
+@pytest.fixture(params=[True, False], ids=["o_direct", "refused"])
+def o_direct(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a file is opened: with O_DIRECT (skipped where `tmp_path`'s file system refuses it), and where
+    the file system refuses it."""
+    if request.param and not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    if not request.param:
+        refuse_o_direct(monkeypatch)
+    return bool(request.param)
+
+
 def _write_in_pieces(file: direct_io.DirectFile | direct_io.BufferedFile, data: bytes, seed: int) -> None:
     rng, at = random.Random(seed), 0
     while at < len(data):
@@ -48,14 +59,9 @@ _SIZES = [
 
 
 @pytest.mark.parametrize("size", _SIZES)
-@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "refused"])
 def test_a_new_file_holds_exactly_the_bytes_written(
     size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if o_direct and not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    if not o_direct:
-        refuse_o_direct(monkeypatch)
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)  # many chunks, and every buffer reused, in few bytes
     data = random.Random(size).randbytes(size)
     path = tmp_path / "file"
@@ -163,16 +169,18 @@ def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(direct_io, "READ_BUFFERS", 3)
 
 
+@pytest.fixture
+def direct_reads(tmp_path: Path, small_reads: None) -> None:
+    """O_DIRECT in `tmp_path` (or the test is skipped), read in small chunks (`small_reads`)."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+
+
 @pytest.mark.usefixtures("small_reads")
 @pytest.mark.parametrize("size", _SIZES)
-@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "refused"])
 def test_a_file_read_front_to_back_gives_exactly_its_bytes(
     size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if o_direct and not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    if not o_direct:
-        refuse_o_direct(monkeypatch)
     data = random.Random(size).randbytes(size)
     path = tmp_path / "file"
     path.write_bytes(data)
@@ -188,13 +196,11 @@ def test_a_file_read_front_to_back_gives_exactly_its_bytes(
         assert cached_pages(path) == 0  # read from the disk into the reader's own memory only
 
 
-@pytest.mark.usefixtures("small_reads")
+@pytest.mark.usefixtures("direct_reads")
 def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the reads."""
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     preadv, refused = os.preadv, []
 
     def large_blocks(fd: int, buffers: list[memoryview], offset: int) -> int:
@@ -214,12 +220,10 @@ def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
     assert cached_pages(tmp_path / "file") > 0  # read through the page cache
 
 
-@pytest.mark.usefixtures("small_reads")
+@pytest.mark.usefixtures("direct_reads")
 def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read that ends inside a block before the file's end (a FUSE or network file system may return one)
     is followed by reads of the rest, through the page cache where O_DIRECT refuses an unaligned read."""
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     preadv, short = os.preadv, []
 
     def short_reads(fd: int, buffers: list[memoryview], offset: int) -> int:
@@ -237,12 +241,10 @@ def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pyte
     assert len(short) >= 2
 
 
-@pytest.mark.usefixtures("small_reads")
+@pytest.mark.usefixtures("direct_reads")
 def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     (tmp_path / "file").write_bytes(bytes(9 * _SMALL_CHUNK))
     preadv = os.preadv
 
@@ -272,12 +274,10 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
     assert closed == [file.fd]
 
 
-@pytest.mark.usefixtures("small_reads")
+@pytest.mark.usefixtures("direct_reads")
 def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     read_chunk = direct_io._read_chunk
     later_ended, ended = threading.Event(), []
 
