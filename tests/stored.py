@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import boto3
+from blake3 import blake3
 from moto import mock_aws
 
 from training.layout import MANIFEST, run_checkpoints
@@ -34,7 +34,7 @@ def manifest_of(files: dict[str, bytes], *, step: int, world_size: int = 1) -> b
     """A manifest listing `files` with their sizes and segments (one per file here), as training/checkpoint.py
     writes it."""
     listed = {
-        name: {"size": len(body), "segments": [[len(body), hashlib.sha256(body).hexdigest()]] if body else []}
+        name: {"size": len(body), "segments": [[len(body), blake3(body).hexdigest()]] if body else []}
         for name, body in files.items()
     }
     return json.dumps({"format": FORMAT_VERSION, "step": step, "world_size": world_size, "files": listed}).encode()

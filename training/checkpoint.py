@@ -3,7 +3,7 @@
 Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_<i>.distcp``
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
-its size and the SHA-256 of each of its segments (runs of whole items, from 16 MiB), so a checkpoint that was
+its size and the BLAKE3 digest of each of its segments (runs of whole items, from 16 MiB), so a checkpoint that was
 truncated or changed (a partial S3 sync, a kill mid-write, a file replaced in S3) is detected and skipped for
 the previous one. Each process writes its share in several threads, one data file each, hashing every
 segment as it writes it. A load reads each file it needs once, front to back, a window of whole segments at
@@ -40,10 +40,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
+from blake3 import blake3
 from torch import nn
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
@@ -74,7 +75,16 @@ from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
 from training.layout import MANIFEST, step_dir, step_of
 from training.sagemaker_contract import describe
-from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Listed, Manifest, ManifestError, Segment
+from training.stored_checkpoints import (
+    DCP_METADATA,
+    FORMAT_VERSION,
+    SEGMENT_HASHES,
+    Listed,
+    Manifest,
+    ManifestError,
+    Segment,
+    manifest_sha256,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +94,24 @@ _MIN_SEGMENT = 16 << 20
 """A segment of a data file ends at the first item boundary after this many bytes, so a window of a file this
 trainer wrote is at most about this plus its largest item (a load holds one window per file it is reading, and
 the reader's buffers, in `io_threads()` threads; `.metadata`, and each file of a checkpoint saved before
-segments, is one window), and the manifest lists at most one SHA-256 per this many bytes, or per item larger
+segments, is one window), and the manifest lists at most one digest per this many bytes, or per item larger
 than this."""
+
+
+class _Digest(Protocol):
+    def update(self, data: Any, /) -> Any: ...
+    def hexdigest(self) -> str: ...
+
+
+_HASHES: dict[str, Any] = {"sha256": hashlib.sha256, "blake3": blake3}  # both release the GIL for large buffers
+SAVED_HASH = SEGMENT_HASHES[FORMAT_VERSION]
+"""The hash of the segments' digests in the manifests this trainer writes."""
+
+
+def segment_digest(hashed_with: str = SAVED_HASH) -> _Digest:
+    """A new digest of the hash `hashed_with` names (stored_checkpoints.SEGMENT_HASHES). A save hashes with BLAKE3:
+    4.1 GiB/s per core on the benchmark VM, against SHA-256's 1.7 (docs/BENCHMARKS.md)."""
+    return cast(_Digest, _HASHES[hashed_with]())
 
 
 class CheckpointError(RuntimeError):
@@ -121,13 +147,13 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
     The manifest is read once: its digest is checked against `trusted` (the run's ledger; None: no ledger)
     and the same bytes are parsed, so a manifest replaced after the listing checked it is refused. Complete
     as training/stored_checkpoints.py defines it: every listed file present with its size. The files'
-    contents are checked against their segments' SHA-256 as they are read for the load (`_verified_windows`).
+    contents are checked against their segments' digests as they are read for the load (`_verified_windows`).
     """
     try:
         data = (directory / MANIFEST).read_bytes()
     except OSError as exc:
         return f"{directory.name}: unreadable manifest ({describe(exc)})"
-    if trusted is not None and hashlib.sha256(data).hexdigest() not in trusted:
+    if trusted is not None and manifest_sha256(data) not in trusted:
         return f"{directory.name}: its manifest is not one the run's ledger records (it changed after it was listed)"
     try:
         manifest = Manifest.parse(data)
@@ -171,55 +197,60 @@ def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> l
 
 
 def _verified_windows(
-    path: Path, size: int, segments: Sequence[Segment], windows: Sequence[tuple[int, int]]
+    path: Path, listed: Listed, windows: Sequence[tuple[int, int]], hashed_with: str
 ) -> Generator[tuple[int, torch.Tensor]]:
     """(start, bytes) of each of the file's `windows` in turn, read once into memory (with O_DIRECT where the
     file system allows: `direct_io.open_to_read`) and yielded only when each of the window's segments matched
-    its SHA-256 in the manifest; CheckpointError at the first that does not, or when the file is not the
+    its digest (by the hash `hashed_with` names) in the manifest `listed` (size, segments) comes from;
+    CheckpointError at the first that does not, or when the file is not the
     `size` bytes the manifest lists. What is used is these bytes: they are not read again, so they cannot
     change between their check and their use. One buffer, the largest window's size, holds each window in
     turn: use a window's bytes before taking the next."""
+    size, segments = listed
     data = _buffer(max((end - start for start, end in windows), default=0))
     view = _bytes_of(data)
-    listed = iter(segments)
+    remaining = iter(segments)
     with direct_io.open_to_read(path) as file:
         for start, end in windows:
             done = 0
             while done < end - start:
-                length, sha256 = next(listed)
-                digest, stop = hashlib.sha256(), done + length
+                length, expected = next(remaining)
+                digest, stop = segment_digest(hashed_with), done + length
                 while done < stop:
                     # Read a piece at a time, and hashed while still in the CPU's cache.
                     read = file.readinto(view[done : min(stop, done + _HASH_CHUNK)])
                     if not read:
                         raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
-                    digest.update(view[done : done + read])  # hashlib releases the GIL for large buffers
+                    digest.update(view[done : done + read])
                     done += read
-                if digest.hexdigest() != sha256:
+                if digest.hexdigest() != expected:
                     where = f"bytes {start + stop - length}-{start + stop}"
-                    raise CheckpointError(f"{path.name} does not match the SHA-256 its manifest lists for {where}")
+                    raise CheckpointError(
+                        f"{path.name} does not match the {hashed_with} digest its manifest lists for {where}"
+                    )
             yield start, data[: end - start]
         if file.readinto(bytearray(1)):
             raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
 
 
-def _read_verified(path: Path, size: int, segments: Sequence[Segment]) -> torch.Tensor:
+def _read_verified(path: Path, listed: Listed, hashed_with: str) -> torch.Tensor:
     """The whole file's bytes, checked as `_verified_windows` checks them."""
+    size = listed[0]
     whole = torch.empty(0, dtype=torch.uint8)  # an empty file has no window
-    for _, data in _verified_windows(path, size, segments, [(0, size)] if size else []):
+    for _, data in _verified_windows(path, listed, [(0, size)] if size else [], hashed_with):
         whole = data
     return whole
 
 
 def verify(directory: Path) -> str | None:
     """Why this checkpoint cannot be loaded, or None if it is complete and every segment of every file matches
-    its SHA-256: the checks a load makes of the files it reads, made of every file (without a ledger)."""
+    its digest: the checks a load makes of the files it reads, made of every file (without a ledger)."""
     manifest = manifest_of(directory)
     if isinstance(manifest, str):
         return manifest
-    for name, (size, segments) in sorted(manifest.files.items()):
+    for name, listed in sorted(manifest.files.items()):
         try:
-            for _ in _verified_windows(directory / name, size, segments, _windows(segments, [])):
+            for _ in _verified_windows(directory / name, listed, _windows(listed[1], []), manifest.hashed_with):
                 pass
         except CheckpointError as exc:
             return f"{directory.name}: {exc}"
@@ -343,7 +374,9 @@ def segments_of(path: Path) -> tuple[Segment, ...]:
     segments = []
     with path.open("rb") as stream:
         while chunk := stream.read(_MIN_SEGMENT):
-            segments.append((len(chunk), hashlib.sha256(chunk).hexdigest()))
+            digest = segment_digest()
+            digest.update(chunk)
+            segments.append((len(chunk), digest.hexdigest()))
     return tuple(segments)
 
 
@@ -382,7 +415,7 @@ class _HashingStream:
     def __init__(self, file: direct_io.DirectFile | direct_io.BufferedFile) -> None:
         self.file = file
         self.segments: list[Segment] = []
-        self.digest = hashlib.sha256()  # of the bytes since `started`
+        self.digest = segment_digest()  # of the bytes since `started`
         self.started = 0
         self.failure: BaseException | None = None  # the file's own error, which torch.save reports as another
 
@@ -393,8 +426,7 @@ class _HashingStream:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         for start in range(0, len(view), _HASH_CHUNK):
-            # Each chunk is hashed, then written while it is still in the CPU's cache. (hashlib releases the GIL
-            # for large buffers.)
+            # Each chunk is hashed, then written while it is still in the CPU's cache.
             chunk = view[start : start + _HASH_CHUNK]
             self.digest.update(chunk)
             try:
@@ -413,7 +445,7 @@ class _HashingStream:
         """The segments written so far, the last one ended here."""
         if self.size > self.started:
             self.segments.append((self.size - self.started, self.digest.hexdigest()))
-            self.digest, self.started = hashlib.sha256(), self.size
+            self.digest, self.started = segment_digest(), self.size
         return tuple(self.segments)
 
     def flush(self) -> None:
@@ -447,7 +479,7 @@ class _HashingFileSystem(FileSystem):
         try:
             # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
             # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
-            # segment's SHA-256 before it uses a byte. torch's settings are the calling thread's own, and DCP
+            # segment's digest before it uses a byte. torch's settings are the calling thread's own, and DCP
             # writes each file in the thread that opens it here. (torch adds `patch` to its config modules at
             # import, where mypy cannot see it.)
             with cast(Any, serialization_config).patch({"save.compute_crc32": False}):
@@ -527,7 +559,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 class _SafeReader(FileSystemReader):
     """DCP's file-system reader, loading only bytes that match the manifest: ``.metadata`` read by
     `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
-    parallel threads, a window at a time, checked against its segments' SHA-256 (`_verified_windows`), the
+    parallel threads, a window at a time, checked against its segments' digests (`_verified_windows`), the
     window's tensors taken from those bytes without a copy (`_saved_tensor`) and copied into the state dict
     before the next window is read. The state dict's tensors are the model's and the optimizer's own, so should
     a later window fail its check, these hold checked bytes of this checkpoint in part: `load_latest` then
@@ -545,7 +577,8 @@ class _SafeReader(FileSystemReader):
         return self.manifest.files[name]
 
     def _read_file(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
-        size, segments = self._listed(name)
+        listed = self._listed(name)
+        size, segments = listed
         placed = sorted(((self.storage_data[item.storage_index], item) for item in items), key=lambda p: p[0].offset)
         for info, item in placed:
             if info.transform_descriptors:
@@ -554,7 +587,7 @@ class _SafeReader(FileSystemReader):
                 raise CheckpointError(f"{name}: {item.storage_index.fqn} lies outside the file's {size} bytes")
         windows = _windows(segments, [(info.offset, info.length) for info, _ in placed])
         index = 0
-        with closing(_verified_windows(self.directory / name, size, segments, windows)) as verified:
+        with closing(_verified_windows(self.directory / name, listed, windows, self.manifest.hashed_with)) as verified:
             for start, data in verified:  # every item lies in one window; the items are in file order
                 if self.refused.is_set():
                     return
@@ -603,7 +636,7 @@ class _SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # DCP asks for a rank's own metadata when the global one failed
             raise CheckpointError(f"saves here write one {DCP_METADATA} and no rank's own")
-        data = _read_verified(self.directory / DCP_METADATA, *self._listed(DCP_METADATA))
+        data = _read_verified(self.directory / DCP_METADATA, self._listed(DCP_METADATA), self.manifest.hashed_with)
         metadata = _MetadataUnpickler(io.BytesIO(data.numpy().tobytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")

@@ -1,8 +1,8 @@
 """What makes a checkpoint complete, on disk or in S3: one rule for the trainer, the handlers and the local platform.
 
 A checkpoint directory ``step-<N>/`` (training/layout.py) is complete when its manifest is there,
-parses, has the known format and names DCP's metadata, and every file the manifest lists is present
-with the size it lists. On disk the trainer also checks the SHA-256 of each segment of a file before it
+parses, has a known format and names DCP's metadata, and every file the manifest lists is present
+with the size it lists. On disk the trainer also checks the digest of each segment of a file before it
 unpickles or loads anything from that segment (training/checkpoint.py); in S3 the sizes come from the listing, and the
 manifest's own SHA-256 is what the platform records of the checkpoint (training/ledger.py).
 
@@ -21,16 +21,17 @@ from typing import Any
 
 from training.layout import MANIFEST
 
-FORMAT_VERSION = 3
-"""3: every file with its size and the SHA-256 of each of its segments, consecutive runs of its bytes that a
-load checks and uses one at a time (2, still loaded: one SHA-256 per file, its only segment; 1 had sizes only
-and is no longer loaded)."""
+FORMAT_VERSION = 4
+"""4: every file with its size and the BLAKE3 digest of each of its segments, consecutive runs of its bytes that a
+load checks and uses one at a time. Still loaded: 3, the same with SHA-256; 2, one SHA-256 per file, its only
+segment. 1 had sizes only and is no longer loaded."""
+SEGMENT_HASHES = {2: "sha256", 3: "sha256", FORMAT_VERSION: "blake3"}
+"""The hash each loaded format's segment digests are made with: the names training/checkpoint.py hashes by."""
 _ONE_DIGEST_FORMAT = 2
-_LOADED_FORMATS = (_ONE_DIGEST_FORMAT, FORMAT_VERSION)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # 32 bytes, in both hashes
 
 Segment = tuple[int, str]
-"""(length in bytes, SHA-256) of one segment of a checkpoint file."""
+"""(length in bytes, digest) of one segment of a checkpoint file."""
 Listed = tuple[int, tuple[Segment, ...]]
 """(size, segments) of one file of a checkpoint."""
 DCP_METADATA = ".metadata"
@@ -44,11 +45,13 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a checkpoint's manifest promises: each file's size and its segments' SHA-256 (the segments cover the
-    file in order), and the processes that wrote it."""
+    """What a checkpoint's manifest promises: each file's size and its segments' digests (the segments cover the
+    file in order), the hash those digests are made with, and the processes that wrote it."""
 
     files: dict[str, Listed]
     world_size: int | None
+    hashed_with: str
+    """The name, in SEGMENT_HASHES, of the hash of the segments' digests."""
 
     @classmethod
     def parse(cls, data: bytes | str) -> Manifest:
@@ -56,7 +59,7 @@ class Manifest:
             manifest = json.loads(data)
             files = manifest["files"]
             version = manifest.get("format")
-            if type(version) is not int or version not in _LOADED_FORMATS:
+            if type(version) is not int or version not in SEGMENT_HASHES:
                 raise ManifestError("manifest has an unknown format")
             if not isinstance(files, dict) or DCP_METADATA not in files:
                 raise ManifestError("manifest has an unknown format")
@@ -71,7 +74,8 @@ class Manifest:
         if wrong:
             raise ManifestError(f"manifest's segments of {', '.join(wrong)} do not add up to the file's size")
         world_size = manifest.get("world_size")
-        return cls(files=listed, world_size=world_size if isinstance(world_size, int) else None)
+        processes = world_size if isinstance(world_size, int) else None
+        return cls(files=listed, world_size=processes, hashed_with=SEGMENT_HASHES[version])
 
     def size_problem(self, name: str, actual: int | None) -> str | None:
         """What is wrong with the size of one listed file (`actual` None: it is missing)."""
@@ -94,7 +98,7 @@ class Manifest:
 
 
 def _file_entry(entry: dict[str, Any], version: int) -> Listed:
-    """(size, segments) of one file's manifest entry; format 2's one SHA-256 is the file's only segment (an
+    """(size, segments) of one file's manifest entry; format 2's one digest is the file's only segment (an
     empty file has none)."""
     size = entry["size"]
     if version == _ONE_DIGEST_FORMAT:
@@ -103,8 +107,8 @@ def _file_entry(entry: dict[str, Any], version: int) -> Listed:
         pairs = [(length, digest) for length, digest in entry["segments"]]
         if any(length == 0 for length, _ in pairs):
             raise ValueError("an empty segment")
-    if not _whole(size) or not all(_whole(n) and isinstance(d, str) and _SHA256.fullmatch(d) for n, d in pairs):
-        raise ValueError("a size or segment that is not a whole number of bytes with a SHA-256")
+    if not _whole(size) or not all(_whole(n) and isinstance(d, str) and _DIGEST.fullmatch(d) for n, d in pairs):
+        raise ValueError("a size or segment that is not a whole number of bytes with a digest")
     return size, tuple((n, d) for n, d in pairs if n)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -29,7 +28,7 @@ from training_helpers import (
 
 import training.checkpoint
 from training import direct_io
-from training.checkpoint import sha256_of, verify
+from training.checkpoint import segment_digest, sha256_of, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
 from training.stored_checkpoints import Segment, manifest_sha256
@@ -50,6 +49,12 @@ class _Payload:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
+
+
+def _digest(data: bytes, hashed_with: str) -> str:
+    digest = segment_digest(hashed_with)
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def _recommit(directory: Path) -> None:
@@ -90,7 +95,7 @@ def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint
     shard.write_bytes(bytes(data))
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the SHA-256" in log
+    assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the blake3 digest" in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
@@ -105,7 +110,7 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
     shards[-1].write_bytes(bytes(data))
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert f"skipping checkpoint step-12: rank 0: step-12: {shards[-1].name} does not match the SHA-256" in log
+    assert f"skipping checkpoint step-12: rank 0: step-12: {shards[-1].name} does not match the blake3 digest" in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
@@ -135,7 +140,7 @@ def test_a_data_file_changed_after_the_checkpoint_was_checked_is_not_loaded(
     monkeypatch.setattr(training.checkpoint, "dcp_load", changed_once_checked)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert "does not match the SHA-256" in log and "skipping checkpoint step-12" in log
+    assert "does not match the blake3 digest" in log and "skipping checkpoint step-12" in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
@@ -172,7 +177,8 @@ def _largest_item(directory: Path) -> tuple[torch.Tensor, Any, torch.Tensor]:
     reader = training.checkpoint._SafeReader(directory, manifest)
     reader.set_up_storage_reader(reader.read_metadata(), is_coordinator=True)
     info = max(reader.storage_data.values(), key=lambda info: info.length)
-    data = training.checkpoint._read_verified(directory / info.relative_path, *manifest.files[info.relative_path])
+    listed = manifest.files[info.relative_path]
+    data = training.checkpoint._read_verified(directory / info.relative_path, listed, manifest.hashed_with)
     with (directory / info.relative_path).open("rb") as file:
         file.seek(info.offset)
         expected = torch.load(io.BytesIO(file.read(info.length)), weights_only=True)
@@ -217,7 +223,7 @@ def test_a_save_hashes_its_data_files_as_it_writes_them(
 
 
 def test_a_save_computes_no_zip_crc_the_load_never_reads(reference: tuple[Path, str]) -> None:
-    """The SHA-256 of every segment is the check; the per-record CRC-32 inside each item's archive is left at
+    """The digest of every segment is the check; the per-record CRC-32 inside each item's archive is left at
     zero in every data file, whichever of DCP's writer threads wrote it, only while the checkpoint is written."""
     directory = reference[0] / "checkpoints" / "step-12"
     data, info, expected = _largest_item(directory)
@@ -261,20 +267,22 @@ def _item_ends(directory: Path) -> dict[str, set[int]]:
 
 @pytest.mark.parametrize("run", ["reference", "segmented"])
 def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request: pytest.FixtureRequest) -> None:
-    """Each file's segments cover it in order, each with its bytes' SHA-256; a data file's segments end where
-    items end, at the first item end after 16 MiB (4 KiB in the segmented run)."""
+    """Each file's segments cover it in order, each with its bytes' BLAKE3 digest (format 4); a data file's segments
+    end where items end, at the first item end after 16 MiB (4 KiB in the segmented run)."""
     root, _ = request.getfixturevalue(run)
     smallest = _SMALL_SEGMENT if run == "segmented" else training.checkpoint._MIN_SEGMENT
     directory = root / "checkpoints" / "step-12"
-    files = json.loads((directory / MANIFEST).read_text())["files"]
+    manifest = json.loads((directory / MANIFEST).read_text())
+    files = manifest["files"]
+    assert manifest["format"] == 4
     assert set(files) == {p.name for p in directory.iterdir() if p.name != MANIFEST}
     item_ends = _item_ends(directory)
     for name, entry in files.items():
         data = (directory / name).read_bytes()
         assert set(entry) == {"size", "segments"} and entry["size"] == len(data)
         start, ends = 0, []
-        for length, sha256 in entry["segments"]:
-            assert hashlib.sha256(data[start : start + length]).hexdigest() == sha256
+        for length, digest in entry["segments"]:
+            assert _digest(data[start : start + length], "blake3") == digest
             start += length
             ends.append(start)
         assert start == len(data)
@@ -383,7 +391,7 @@ def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path
     metadata.write_bytes(bytes(data))
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert ".metadata does not match the SHA-256 its manifest lists" in log
+    assert ".metadata does not match the blake3 digest its manifest lists" in log
     assert "saves here write one .metadata and no rank's own" in log  # DCP's retry, refused for that reason
     assert "resumed from checkpoint step-8" in log
 
@@ -477,22 +485,32 @@ def test_a_changed_later_segment_is_refused_after_earlier_windows_were_loaded(
     _record_loaded_items(monkeypatch, loaded)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert f"{shard.name} does not match the SHA-256 its manifest lists for bytes {last}-{len(data)}" in log
+    assert f"{shard.name} does not match the blake3 digest its manifest lists for bytes {last}-{len(data)}" in log
     assert ("step-12", shard.name) in loaded  # items of its earlier windows were loaded before the refusal
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(segmented[1]).items() if s > 8}
 
 
-def test_a_checkpoint_with_one_sha256_per_file_still_loads(reference: tuple[Path, str], tmp_path: Path) -> None:
-    """A checkpoint saved before segments (manifest format 2: one SHA-256 per file) resumes a run, and is
-    refused when a file changed."""
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_checkpoint_saved_with_sha256_digests_still_loads(
+    version: int, reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A checkpoint saved before BLAKE3 (manifest format 3: the SHA-256 of each segment; format 2, before segments:
+    one SHA-256 per file) resumes a run, and is refused when a file changed."""
     root = _copy(reference, tmp_path)
     for step in (8, 12):
         directory = root / "checkpoints" / f"step-{step}"
         manifest = json.loads((directory / MANIFEST).read_text())
-        for name in manifest["files"]:
-            manifest["files"][name] = {"size": (directory / name).stat().st_size, "sha256": sha256_of(directory / name)}
-        (directory / MANIFEST).write_text(json.dumps({**manifest, "format": 2}))
+        for name, entry in manifest["files"].items():
+            data = (directory / name).read_bytes()
+            if version == 2:
+                manifest["files"][name] = {"size": len(data), "sha256": sha256_of(directory / name)}
+                continue
+            start = 0
+            for segment in entry["segments"]:
+                segment[1] = _digest(data[start : start + segment[0]], "sha256")
+                start += segment[0]
+        (directory / MANIFEST).write_text(json.dumps({**manifest, "format": version}))
     changed = tmp_path / "changed"
     shutil.copytree(root, changed)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
@@ -501,7 +519,7 @@ def test_a_checkpoint_with_one_sha256_per_file_still_loads(reference: tuple[Path
     _change_middle(shard)
     completed, log = run_in_process(changed, CHECKPOINTED_JOB)
     assert completed
-    assert f"{shard.name} does not match the SHA-256 its manifest lists for bytes 0-{shard.stat().st_size}" in log
+    assert f"{shard.name} does not match the sha256 digest its manifest lists for bytes " in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
@@ -562,7 +580,7 @@ def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint
     in_first = [i for i in items if i.relative_path == other.name and i.offset + i.length <= first_window[1]]
     completed, log = run_in_process(root, CHECKPOINTED_JOB)  # it saves step-12 anew: the files are read before
     assert completed
-    assert f"{changed.name} does not match the SHA-256 its manifest lists for bytes 0-" in log
+    assert f"{changed.name} does not match the blake3 digest its manifest lists for bytes 0-" in log
     assert "resumed from checkpoint step-8" in log
     assert loaded.count(("step-12", other.name)) <= len(in_first) < sum(i.relative_path == other.name for i in items)
     assert loaded.count(("step-12", changed.name)) == 0
@@ -575,7 +593,7 @@ def test_an_item_that_lies_in_no_segment_is_refused(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
     (tmp_path / "__0_0.distcp").write_bytes(b"")
-    manifest = training.checkpoint.Manifest(files={"__0_0.distcp": (0, ())}, world_size=1)
+    manifest = training.checkpoint.Manifest(files={"__0_0.distcp": (0, ())}, world_size=1, hashed_with="blake3")
     reader = training.checkpoint._SafeReader(tmp_path, manifest)
     index = MetadataIndex("w")
     reader.storage_data = {index: _StorageInfo("__0_0.distcp", 0, 0)}
@@ -627,8 +645,8 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
         assert on_disk == (tmp_path / "buffered" / name).read_bytes()
         assert len(on_disk) == size and len(segments) > 1
         at = 0
-        for length, sha256 in segments:
-            assert hashlib.sha256(on_disk[at : at + length]).hexdigest() == sha256
+        for length, digest in segments:
+            assert _digest(on_disk[at : at + length], "blake3") == digest
             at += length
         assert at == size
 

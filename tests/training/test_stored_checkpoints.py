@@ -81,6 +81,8 @@ def test_the_manifest_rule_names_what_is_wrong() -> None:
     assert manifest.incomplete({DCP_METADATA: 8}) == "__0_0.distcp is missing"
     with pytest.raises(ManifestError, match="unknown format"):
         Manifest.parse(b'{"format": 2, "files": []}')
+    with pytest.raises(ManifestError, match="unknown format"):
+        Manifest.parse(json.dumps({"format": 5, "files": {DCP_METADATA: {"size": 0, "segments": []}}}))
 
 
 def test_a_manifest_with_one_sha256_per_file_lists_it_as_the_files_only_segment() -> None:
@@ -89,7 +91,18 @@ def test_a_manifest_with_one_sha256_per_file_lists_it_as_the_files_only_segment(
         "format": 2,
         "files": {DCP_METADATA: {"size": 8, "sha256": "a" * 64}, "__0_0.distcp": {"size": 0, "sha256": "b" * 64}},
     }
-    assert Manifest.parse(json.dumps(old)).files == {DCP_METADATA: (8, ((8, "a" * 64),)), "__0_0.distcp": (0, ())}
+    manifest = Manifest.parse(json.dumps(old))
+    assert manifest.files == {DCP_METADATA: (8, ((8, "a" * 64),)), "__0_0.distcp": (0, ())}
+    assert manifest.hashed_with == "sha256"
+
+
+@pytest.mark.parametrize(("version", "hashed_with"), [(3, "sha256"), (4, "blake3")])
+def test_a_manifest_names_the_hash_of_its_segments_by_its_format(version: int, hashed_with: str) -> None:
+    """Format 4 lists BLAKE3 digests; format 3, the same segments with SHA-256, is still read."""
+    listed = {"format": version, "files": {DCP_METADATA: {"size": 8, "segments": [[5, "a" * 64], [3, "b" * 64]]}}}
+    manifest = Manifest.parse(json.dumps(listed))
+    assert manifest.files == {DCP_METADATA: (8, ((5, "a" * 64), (3, "b" * 64)))}
+    assert manifest.hashed_with == hashed_with
 
 
 @pytest.mark.parametrize(
