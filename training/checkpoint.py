@@ -110,7 +110,7 @@ SAVED_HASH = SEGMENT_HASHES[FORMAT_VERSION]
 
 def segment_digest(hashed_with: str = SAVED_HASH) -> _Digest:
     """A new digest of the hash `hashed_with` names (stored_checkpoints.SEGMENT_HASHES). A save hashes with BLAKE3:
-    4.1 GiB/s per core on the benchmark VM, against SHA-256's 1.7 (docs/BENCHMARKS.md)."""
+    3.8-4.3 GiB/s per core on the benchmark VM, against SHA-256's 1.6-1.7 (docs/BENCHMARKS.md)."""
     return cast(_Digest, _HASHES[hashed_with]())
 
 
@@ -131,14 +131,6 @@ def committed_steps(root: Path) -> list[int]:
         if step is not None and (entry / MANIFEST).is_file():
             steps.append(step)
     return sorted(steps, reverse=True)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | str:
@@ -881,7 +873,7 @@ class CheckpointManager:
             return steps
         kept = []
         for step in steps:
-            if sha256_of(self.root / step_dir(step) / MANIFEST) in self.trusted:
+            if manifest_sha256((self.root / step_dir(step) / MANIFEST).read_bytes()) in self.trusted:
                 kept.append(step)
             else:
                 log.warning("skipping checkpoint %s: the run's ledger does not record it", step_dir(step))

@@ -25,7 +25,7 @@ FORMAT_VERSION = 4
 """4: every file with its size and the BLAKE3 digest of each of its segments, consecutive runs of its bytes that a
 load checks and uses one at a time. Still loaded: 3, the same with SHA-256; 2, one SHA-256 per file, its only
 segment. 1 had sizes only and is no longer loaded."""
-SEGMENT_HASHES = {2: "sha256", 3: "sha256", FORMAT_VERSION: "blake3"}
+SEGMENT_HASHES = {2: "sha256", 3: "sha256", 4: "blake3"}
 """The hash each loaded format's segment digests are made with: the names training/checkpoint.py hashes by."""
 _ONE_DIGEST_FORMAT = 2
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # 32 bytes, in both hashes

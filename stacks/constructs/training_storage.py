@@ -5,8 +5,8 @@ lineage (only the platform's handlers do: Register, the progress handlers' ledge
 old checkpoints is the platform's (lambdas/cleanup). The two denials hold whatever else a role is granted.
 Training code of one run can still write into another run's checkpoint prefix (one role serves every job),
 which is why a job loads only a checkpoint its run's ledger records (training/ledger.py), which training roles
-may read and never write, verifies every file's SHA-256 and never unpickles anything but DCP's own metadata
-types (training/checkpoint.py)."""
+may read and never write, verifies the digest of every segment of every file it loads (BLAKE3; SHA-256 in older
+manifests) and never unpickles anything but DCP's own metadata types (training/checkpoint.py)."""
 
 from __future__ import annotations
 

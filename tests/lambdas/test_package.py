@@ -42,12 +42,23 @@ def test_one_code_asset_with_only_the_handlers_and_the_torch_free_modules(platfo
     assert not any("__pycache__" in f for f in files)
 
 
+def _image_only_packages() -> set[str]:
+    """What the training image has and the Lambda runtime does not: the DLC's torch and numpy, and the extras
+    training/requirements.txt installs."""
+    lines = (Path(__file__).resolve().parents[2] / "training" / "requirements.txt").read_text().splitlines()
+    extras = {line.split("==")[0].strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert {"safetensors", "blake3"} <= extras
+    return {"torch", "numpy", *extras}
+
+
 def test_handlers_import_from_the_asset_alone_without_torch(platform: Any, tmp_path: Path) -> None:
     (asset,) = _asset_dirs(platform)
-    # Make `import torch` fail, as it would in the Lambda runtime, and keep the repository off the path.
+    # Make importing the training image's packages fail, as it would in the Lambda runtime, and keep the
+    # repository off the path.
     blocker = tmp_path / "blocker"
     blocker.mkdir()
-    (blocker / "torch.py").write_text("raise ImportError('torch is not in the Lambda runtime')\n")
+    for package in _image_only_packages():
+        (blocker / f"{package}.py").write_text(f"raise ImportError('{package} is not in the Lambda runtime')\n")
     code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]; print('ok')"
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{asset}", "PYTHONSAFEPATH": "1"}
     result = subprocess.run(

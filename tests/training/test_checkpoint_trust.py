@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import itertools
 import json
 import pickle
 import shutil
@@ -15,6 +17,7 @@ from typing import Any, cast
 
 import pytest
 import torch
+from blake3 import blake3
 from torch.utils.serialization import config as serialization_config
 from training_helpers import (
     CHECKPOINTED_JOB,
@@ -28,10 +31,10 @@ from training_helpers import (
 
 import training.checkpoint
 from training import direct_io
-from training.checkpoint import segment_digest, sha256_of, verify
+from training.checkpoint import segment_digest, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
-from training.stored_checkpoints import Segment, manifest_sha256
+from training.stored_checkpoints import FORMAT_VERSION, Segment, manifest_sha256
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -51,15 +54,10 @@ class _Payload:
         return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
 
 
-def _digest(data: bytes, hashed_with: str) -> str:
-    digest = segment_digest(hashed_with)
-    digest.update(data)
-    return digest.hexdigest()
-
-
 def _recommit(directory: Path) -> None:
-    """Rewrite the manifest so that it checks out against the files now there (whatever its format)."""
+    """Rewrite the manifest so that it checks out against the files now there, in the format a save writes."""
     manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["format"] = FORMAT_VERSION
     for name, entry in manifest["files"].items():
         data = (directory / name).read_bytes()
         if isinstance(entry, dict):
@@ -265,6 +263,19 @@ def _item_ends(directory: Path) -> dict[str, set[int]]:
     return ends
 
 
+def test_segment_digests_are_the_hashes_their_names_say() -> None:
+    """Known answers (the empty input's digest in each hash's specification), so that a name in the format table
+    cannot stand for another hash."""
+    empty = {"sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}
+    empty["blake3"] = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    for name, expected in empty.items():
+        assert segment_digest(name).hexdigest() == expected
+    assert training.checkpoint.SAVED_HASH == "blake3"
+    digest = segment_digest()
+    digest.update(b"abc")
+    assert digest.hexdigest() == blake3(b"abc").hexdigest() != hashlib.sha256(b"abc").hexdigest()
+
+
 @pytest.mark.parametrize("run", ["reference", "segmented"])
 def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request: pytest.FixtureRequest) -> None:
     """Each file's segments cover it in order, each with its bytes' BLAKE3 digest (format 4); a data file's segments
@@ -282,7 +293,7 @@ def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request:
         assert set(entry) == {"size", "segments"} and entry["size"] == len(data)
         start, ends = 0, []
         for length, digest in entry["segments"]:
-            assert _digest(data[start : start + length], "blake3") == digest
+            assert blake3(data[start : start + length]).hexdigest() == digest
             start += length
             ends.append(start)
         assert start == len(data)
@@ -491,37 +502,47 @@ def test_a_changed_later_segment_is_refused_after_earlier_windows_were_loaded(
     assert step_losses(log) == {s: v for s, v in step_losses(segmented[1]).items() if s > 8}
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize(("version", "run"), [(2, "reference"), (3, "segmented")])
 def test_a_checkpoint_saved_with_sha256_digests_still_loads(
-    version: int, reference: tuple[Path, str], tmp_path: Path
+    version: int, run: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """A checkpoint saved before BLAKE3 (manifest format 3: the SHA-256 of each segment; format 2, before segments:
-    one SHA-256 per file) resumes a run, and is refused when a file changed."""
-    root = _copy(reference, tmp_path)
+    """A checkpoint saved before BLAKE3 (manifest format 3: the SHA-256 of each segment, here several per file;
+    format 2, before segments: one SHA-256 per file) resumes a run, and is refused at the segment that changed."""
+    saved: tuple[Path, str] = request.getfixturevalue(run)
+    root = _copy(saved, tmp_path)
     for step in (8, 12):
         directory = root / "checkpoints" / f"step-{step}"
         manifest = json.loads((directory / MANIFEST).read_text())
         for name, entry in manifest["files"].items():
             data = (directory / name).read_bytes()
             if version == 2:
-                manifest["files"][name] = {"size": len(data), "sha256": sha256_of(directory / name)}
+                manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                 continue
             start = 0
             for segment in entry["segments"]:
-                segment[1] = _digest(data[start : start + segment[0]], "sha256")
+                segment[1] = hashlib.sha256(data[start : start + segment[0]]).hexdigest()
                 start += segment[0]
         (directory / MANIFEST).write_text(json.dumps({**manifest, "format": version}))
     changed = tmp_path / "changed"
     shutil.copytree(root, changed)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed and "resumed from checkpoint step-12" in log
-    shard = next((changed / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    directory = changed / "checkpoints" / "step-12"
+    shard = max(directory.glob("__0_*.distcp"), key=lambda path: path.stat().st_size)
+    size, middle = shard.stat().st_size, shard.stat().st_size // 2
     _change_middle(shard)
+    where = f"0-{size}"
+    if version == 3:  # the segment holding the first changed byte
+        segments = json.loads((directory / MANIFEST).read_text())["files"][shard.name]["segments"]
+        ends = list(itertools.accumulate(length for length, _ in segments))
+        assert len(ends) > 2
+        index = next(i for i, end in enumerate(ends) if middle < end)
+        where = f"{ends[index - 1] if index else 0}-{ends[index]}"
     completed, log = run_in_process(changed, CHECKPOINTED_JOB)
     assert completed
-    assert f"{shard.name} does not match the sha256 digest its manifest lists for bytes " in log
+    assert f"{shard.name} does not match the sha256 digest its manifest lists for bytes {where}" in log
     assert "resumed from checkpoint step-8" in log
-    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+    assert step_losses(log) == {s: v for s, v in step_losses(saved[1]).items() if s > 8}
 
 
 @pytest.mark.parametrize(
@@ -646,7 +667,7 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
         assert len(on_disk) == size and len(segments) > 1
         at = 0
         for length, digest in segments:
-            assert _digest(on_disk[at : at + length], "blake3") == digest
+            assert blake3(on_disk[at : at + length]).hexdigest() == digest
             at += length
         assert at == size
 
