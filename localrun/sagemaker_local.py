@@ -83,6 +83,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_NO_FAULT = "training ended before a checkpoint was recorded: no fault played"
+
+
 def _training_worker(launcher: int) -> int | None:
     """A training worker under a host's launcher: a process that runs training.train itself, not torchrun."""
     for pid in reversed(processes.tree(launcher)):
@@ -440,7 +443,9 @@ class LocalTraining:
         played from then on is one a real fault after a poll would meet. The hosts are held (SIGSTOP; `held`,
         for `act` to release) from the moment one of them has committed a checkpoint until it is recorded, so
         that the run cannot finish while the checkpoint uploads and the Monitor records it, however fast its
-        steps are.
+        steps are. A hold that comes after every training worker has exited (the run's last checkpoint was its
+        first one seen) releases the hosts and plays no fault: it would freeze launchers with no training left,
+        and the job would wait for its deadline. (Hosts of a group that does not train never have one.)
         """
         held: dict[int, str | None] = {}
         # One client, and the ledger read only once the hosts are held: a client made and a listing read on every
@@ -455,6 +460,10 @@ class LocalTraining:
                     any((local.tree(host) / "checkpoints").glob(MANIFEST_GLOB)) for host in local.hosts
                 ):
                     held = processes.pause(local.processes, local.workdir)
+                    if all(_training_worker(p.pid) is None for p in local.processes):
+                        processes.resume(held)
+                        self._note(local, _NO_FAULT)
+                        return
                 if held and recorded_checkpoints(s3, local.request["InputDataConfig"]) and act(held):
                     return
             time.sleep(0.05)
@@ -482,8 +491,10 @@ class LocalTraining:
 
         def hang(held: dict[int, str | None]) -> bool:
             worker = _training_worker(local.processes[-1].pid)
-            if worker is None:
-                return False
+            if worker is None:  # the last host's training has ended: nothing to stop
+                processes.resume(held)
+                self._note(local, _NO_FAULT)
+                return True
             os.kill(worker, signal.SIGSTOP)
             processes.resume({pid: started for pid, started in held.items() if pid != worker})
             self._note(local, f"hang: training worker {worker} of {local.hosts[-1]} stopped (SIGSTOP)")

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from localrun import processes
-from localrun.sagemaker_local import LocalJob, LocalTraining
+from localrun.sagemaker_local import REGION, LocalJob, LocalTraining
+from training.layout import LEDGER_CHANNEL, MANIFEST
 
 # A launcher whose child starts a grandchild in a session of its own, as torchrun starts its workers.
 _LAUNCHER = """
@@ -147,3 +152,87 @@ def test_a_pause_resumes_only_the_processes_it_stopped_and_starts_a_stop_grace_o
         for process in (other, host):
             process.kill()
             process.wait(timeout=10)
+
+
+# A launcher, and under it a process whose arguments name training.train, as a training worker's do.
+_WITH_WORKER = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', 'training.train']); time.sleep(600)"
+)
+
+
+def _watched_job(tmp_path: Path, s3: Any, workers: list[bool]) -> LocalJob:
+    """A job of one host per entry of `workers`, each with a training worker under its launcher or none (its
+    training has ended); its first host has committed a checkpoint, which the run's ledger records."""
+    s3.create_bucket(Bucket="ledger")
+    s3.put_object(Bucket="ledger", Key="r/ledger/step-10", Body=b"{}")
+    channel = {"ChannelName": LEDGER_CHANNEL, "DataSource": {"S3DataSource": {"S3Uri": "s3://ledger/r/ledger/"}}}
+    hosts = [f"algo-{i + 1}" for i in range(len(workers))]
+    job = LocalJob("job", {"InputDataConfig": [channel]}, tmp_path / "job", hosts)
+    manifest = job.tree("algo-1") / "checkpoints" / "step-10" / MANIFEST
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{}")
+    for worker in workers:
+        code = _WITH_WORKER if worker else "import time; time.sleep(600)"
+        job.processes.append(subprocess.Popen([sys.executable, "-c", code]))
+        deadline = time.monotonic() + 10
+        while len(processes.tree(job.processes[-1].pid)) < (2 if worker else 1):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    return job
+
+
+def _watch(watch: Any) -> None:
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "the watch still holds the hosts"
+
+
+def _stopped(job: LocalJob) -> list[int]:
+    return [pid for launcher in job.processes for pid in processes.tree(launcher.pid) if processes.state(pid) == "T"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "workers"), [("reclaim", [False]), ("hang", [True, False])], ids=["reclaim", "hang-last-host"]
+)
+def test_a_fault_held_for_after_the_training_ended_releases_the_hosts_and_is_not_played(
+    fault: str, workers: list[bool], tmp_path: Path
+) -> None:
+    """The hold comes after the training ended: the run's first checkpoint seen was its last, or the host whose
+    worker a hang stops has none left. Holding on would freeze launchers with no training left, and the job
+    would wait for its deadline, for a fault that can no longer be played."""
+    training, acted = LocalTraining(root=tmp_path, datasets_bucket=""), []
+    with mock_aws():
+        job = _watched_job(tmp_path, boto3.client("s3", region_name=REGION), workers)
+        try:
+            if fault == "hang":
+                _watch(lambda: training._hang_after_first_checkpoint(job))
+            else:
+                _watch(lambda: training._after_recorded_checkpoint(job, lambda held: acted.append(held) or True))
+            assert _stopped(job) == []
+        finally:
+            processes.end(job.processes, job.workdir)
+            for launcher in job.processes:
+                launcher.wait(timeout=10)
+    assert acted == []
+    assert job.notes == ["training ended before a checkpoint was recorded: no fault played"]
+
+
+def test_a_fault_held_for_with_training_under_way_is_played_on_the_held_hosts(tmp_path: Path) -> None:
+    training, held_states = LocalTraining(root=tmp_path, datasets_bucket=""), []
+
+    def act(held: dict[int, str | None]) -> bool:
+        held_states.append({processes.state(pid) for pid in held})
+        processes.resume(held)
+        return True
+
+    with mock_aws():
+        job = _watched_job(tmp_path, boto3.client("s3", region_name=REGION), [True, False])
+        try:
+            _watch(lambda: training._after_recorded_checkpoint(job, act))
+        finally:
+            processes.end(job.processes, job.workdir)
+            for launcher in job.processes:
+                launcher.wait(timeout=10)
+    assert held_states == [{"T"}] and job.notes == []
