@@ -193,11 +193,10 @@ def _verified_windows(
 ) -> Generator[tuple[int, torch.Tensor]]:
     """(start, bytes) of each of the file's `windows` in turn, read once into memory (with O_DIRECT where the
     file system allows: `direct_io.open_to_read`) and yielded only when each of the window's segments matched
-    its digest (by the hash `hashed_with` names) in the manifest `listed` (size, segments) comes from;
-    CheckpointError at the first that does not, or when the file is not the
-    `size` bytes the manifest lists. What is used is these bytes: they are not read again, so they cannot
-    change between their check and their use. One buffer, the largest window's size, holds each window in
-    turn: use a window's bytes before taking the next."""
+    its digest in `listed` (the file's size and segments, from its manifest), made with the hash `hashed_with`
+    names; CheckpointError at the first that does not, or when the file is not the `size` bytes listed. What is
+    used is these bytes: they are not read again, so they cannot change between their check and their use. One
+    buffer, the largest window's size, holds each window in turn: use a window's bytes before taking the next."""
     size, segments = listed
     data = _buffer(max((end - start for start, end in windows), default=0))
     view = _bytes_of(data)
