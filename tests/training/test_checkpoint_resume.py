@@ -80,7 +80,8 @@ def test_every_checkpoint_and_the_end_report_where_the_time_went(reference: tupl
     (record,) = goodput.local_records(reference[0] / "checkpoints")
     assert (record.job, record.first_step, record.step) == ("local", 0, 12)
     assert all(record.phases[p] >= final[p] - 0.002 for p in PHASES)
-    assert 0 <= sum(record.phases.values()) - final["wall"] < 10
+    rounding = 0.0005 * (len(PHASES) + 1)  # the record's phases and the line's wall are each to the millisecond
+    assert -rounding <= sum(record.phases.values()) - final["wall"] < 10
 
 
 def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Path, str], tmp_path: Path) -> None:
