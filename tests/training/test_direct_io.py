@@ -6,10 +6,13 @@ cache; a failed disk read fails the read, and closing the reader leaves no descr
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -335,3 +338,29 @@ def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
     assert len(closed) == 1
     assert reads == [(0, [])]  # the read begun ended before the descriptor was closed
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
+
+
+def _mapping_of(buffer: mmap.mmap) -> tuple[str, set[str]]:
+    """The permissions and the VmFlags of the mapping that holds `buffer`."""
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+        header = block.split(maxsplit=2)
+        low, high = (int(bound, 16) for bound in header[0].split("-"))
+        if low <= address < high:
+            flags = re.search(r"^VmFlags:(.*)$", block, re.M)
+            return header[1], set(flags.group(1).split()) if flags else set()
+    raise AssertionError("no mapping holds the buffer")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no transparent huge pages on this platform")
+def test_buffers_for_direct_io_are_private_memory_advised_for_huge_pages() -> None:
+    """A 2 MiB page is one run of memory in a request to the disk, where 4 KiB pages cap a request at the device's
+    max_segments pages. The buffers are private anonymous memory (a shared mapping is shmem, whose huge pages
+    the kernel's shmem setting governs), advised for huge pages. (Whether the kernel then gives huge pages
+    depends on its settings and free memory; docs/BENCHMARKS.md measures what they do.)"""
+    buffer = direct_io.aligned_buffer(8 << 20)
+    try:
+        permissions, flags = _mapping_of(buffer)
+        assert permissions == "rw-p" and "hg" in flags
+    finally:
+        buffer.close()
