@@ -113,9 +113,7 @@ def test_a_paused_job_is_frozen_whole_and_so_is_a_host_started_while_paused(tmp_
                 _states_become([second.pid], stopped=True)
             _states_become([*running, second.pid], stopped=False)
         finally:
-            processes.end(job.processes, job.workdir)
-            for launcher in job.processes:
-                launcher.wait(timeout=10)
+            LocalTraining._end_hosts(job)
 
 
 def test_a_job_is_not_paused_where_the_hang_demo_stopped_a_worker(tmp_path: Path) -> None:
@@ -212,9 +210,7 @@ def test_a_fault_held_for_after_the_training_ended_releases_the_hosts_and_is_not
                 _watch(lambda: training._after_recorded_checkpoint(job, lambda held: acted.append(held) or True))
             assert _stopped(job) == []
         finally:
-            processes.end(job.processes, job.workdir)
-            for launcher in job.processes:
-                launcher.wait(timeout=10)
+            LocalTraining._end_hosts(job)
     assert acted == []
     assert job.notes == ["training ended before a checkpoint was recorded: no fault played"]
 
@@ -232,7 +228,5 @@ def test_a_fault_held_for_with_training_under_way_is_played_on_the_held_hosts(tm
         try:
             _watch(lambda: training._after_recorded_checkpoint(job, act))
         finally:
-            processes.end(job.processes, job.workdir)
-            for launcher in job.processes:
-                launcher.wait(timeout=10)
+            LocalTraining._end_hosts(job)
     assert held_states == [{"T"}] and job.notes == []

@@ -15,6 +15,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from training_helpers import cached_pages, o_direct_works, refuse_o_direct
 from training import direct_io
 
 _SMALL_CHUNK = 2 * direct_io.ALIGNMENT
+_PIECES = [1, 7, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, _SMALL_CHUNK + 3, 5 * _SMALL_CHUNK]
+"""Sizes of the pieces tests write and read: they straddle every chunk and block."""
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def o_direct(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
 def _write_in_pieces(file: direct_io.DirectFile | direct_io.BufferedFile, data: bytes, seed: int) -> None:
     rng, at = random.Random(seed), 0
     while at < len(data):
-        length = rng.choice([1, 7, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, _SMALL_CHUNK + 3, 5 * _SMALL_CHUNK])
+        length = rng.choice(_PIECES)
         file.write(memoryview(data[at : at + length]))
         at = min(len(data), at + length)
         assert file.tell() == at
@@ -106,18 +109,25 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
 
 
 @pytest.mark.usefixtures("small_chunks")
+def _refusing_o_direct(transfer: Callable[[int, Any, int], int]) -> tuple[Callable[[int, Any, int], int], list[int]]:
+    """`transfer(fd, data, offset)` (os.pwrite or os.preadv) on a device whose blocks are larger than ALIGNMENT: it
+    refuses with EINVAL on a file open with O_DIRECT; and the offsets it refused."""
+    refused: list[int] = []
+
+    def large_blocks(fd: int, data: Any, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return transfer(fd, data, offset)
+
+    return large_blocks, refused
+
+
 def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the writes."""
-    pwrite, refused = os.pwrite, []
-
-    def large_blocks(fd: int, data: memoryview, offset: int) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            refused.append(offset)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return pwrite(fd, data, offset)
-
+    large_blocks, refused = _refusing_o_direct(os.pwrite)
     monkeypatch.setattr(direct_io.os, "pwrite", large_blocks)
     data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
     file = direct_io.create(tmp_path / "file")
@@ -128,21 +138,28 @@ def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
     assert (tmp_path / "file").read_bytes() == data
 
 
+def _first_ends_last(transfer: Callable[[int, memoryview, int], Any]) -> tuple[Callable[..., Any], list[int]]:
+    """`transfer(fd, buffer, offset)` (a chunk's disk write or read), the call at offset 0 held until a later one
+    has ended; and the offsets, in the order their calls ended."""
+    later_ended, ended = threading.Event(), []
+
+    def first_ends_last(fd: int, buffer: memoryview, offset: int) -> Any:
+        if offset == 0:
+            assert later_ended.wait(timeout=30)
+        result = transfer(fd, buffer, offset)
+        ended.append(offset)
+        if offset:
+            later_ended.set()
+        return result
+
+    return first_ends_last, ended
+
+
 @pytest.mark.usefixtures("small_chunks")
 def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_all = direct_io._write_all
-    later_ended, ended = threading.Event(), []
-
-    def first_write_ends_last(fd: int, data: memoryview, offset: int) -> None:
-        if offset == 0:
-            assert later_ended.wait(timeout=30)
-        write_all(fd, data, offset)
-        ended.append(offset)
-        if offset:
-            later_ended.set()
-
+    first_write_ends_last, ended = _first_ends_last(direct_io._write_all)
     monkeypatch.setattr(direct_io, "_write_all", first_write_ends_last)
     data = random.Random(0).randbytes(7 * _SMALL_CHUNK + 5)
     file = direct_io.create(tmp_path / "file")
@@ -156,7 +173,7 @@ def _read_in_pieces(file: direct_io.DirectReader | direct_io.CachedReader, seed:
     """The file's bytes, read with `readinto` in pieces of sizes that straddle every chunk and block."""
     rng, pieces = random.Random(seed), []
     while True:
-        length = rng.choice([1, 7, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, _SMALL_CHUNK + 3, 5 * _SMALL_CHUNK])
+        length = rng.choice(_PIECES)
         piece = bytearray(length)
         read = file.readinto(piece)
         if not read:
@@ -204,14 +221,7 @@ def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A device whose blocks are larger than ALIGNMENT opens files with O_DIRECT and refuses the reads."""
-    preadv, refused = os.preadv, []
-
-    def large_blocks(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            refused.append(offset)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return preadv(fd, buffers, offset)
-
+    large_blocks, refused = _refusing_o_direct(os.preadv)
     monkeypatch.setattr(direct_io.os, "preadv", large_blocks)
     data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
     (tmp_path / "file").write_bytes(data)
@@ -281,18 +291,7 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
 def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_chunk = direct_io._read_chunk
-    later_ended, ended = threading.Event(), []
-
-    def first_read_ends_last(fd: int, buffer: memoryview, offset: int) -> int:
-        if offset == 0:
-            assert later_ended.wait(timeout=30)
-        read = read_chunk(fd, buffer, offset)
-        ended.append(offset)
-        if offset:
-            later_ended.set()
-        return read
-
+    first_read_ends_last, ended = _first_ends_last(direct_io._read_chunk)
     monkeypatch.setattr(direct_io, "_read_chunk", first_read_ends_last)
     data = random.Random(0).randbytes(7 * _SMALL_CHUNK + 5)
     (tmp_path / "file").write_bytes(data)
