@@ -88,9 +88,7 @@ def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint
 ) -> None:
     root = _copy(reference, tmp_path)
     shard = next((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
-    data = bytearray(shard.read_bytes())
-    data[-8:] = bytes(8)  # same size: only the digest tells
-    shard.write_bytes(bytes(data))
+    _flip(shard, -8)  # same size: only the digest tells
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert f"skipping checkpoint step-12: rank 0: step-12: {shard.name} does not match the blake3 digest" in log
@@ -103,9 +101,7 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
     root = _copy(reference, tmp_path)
     shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
     assert len(shards) >= 2
-    data = bytearray(shards[-1].read_bytes())
-    data[-8:] = bytes(8)
-    shards[-1].write_bytes(bytes(data))
+    _flip(shards[-1], -8)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert f"skipping checkpoint step-12: rank 0: step-12: {shards[-1].name} does not match the blake3 digest" in log
@@ -113,12 +109,19 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
+def _flip(path: Path, start: int, count: int = 8) -> None:
+    """Invert `count` bytes of the file from `start` (from its end where negative): they change, whatever they
+    were (zeroing them would change nothing where a tensor's bytes are zeros, as an embedding's rows and their
+    optimizer moments are for tokens the run has not seen)."""
+    data = bytearray(path.read_bytes())
+    start %= len(data)
+    data[start : start + count] = bytes(b ^ 0xFF for b in data[start : start + count])
+    path.write_bytes(bytes(data))
+
+
 def _change_middle(path: Path) -> None:
     """Change 64 bytes in the middle of a data file, where the tensors are: it still loads, with other weights."""
-    data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(64)
-    path.write_bytes(bytes(data))
+    _flip(path, path.stat().st_size // 2, 64)
 
 
 def test_a_data_file_changed_after_the_checkpoint_was_checked_is_not_loaded(
@@ -397,9 +400,7 @@ def test_a_write_error_in_a_writer_thread_fails_the_save(tmp_path: Path, monkeyp
 def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path, str], tmp_path: Path) -> None:
     root = _copy(reference, tmp_path)
     metadata = root / "checkpoints" / "step-12" / ".metadata"
-    data = bytearray(metadata.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    metadata.write_bytes(bytes(data))
+    _flip(metadata, metadata.stat().st_size // 2, 1)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert ".metadata does not match the blake3 digest its manifest lists" in log
@@ -488,15 +489,14 @@ def test_a_changed_later_segment_is_refused_after_earlier_windows_were_loaded(
     directory = root / "checkpoints" / "step-12"
     shard = max(directory.glob("__0_*.distcp"), key=lambda path: path.stat().st_size)
     segments = json.loads((directory / MANIFEST).read_text())["files"][shard.name]["segments"]
-    data = bytearray(shard.read_bytes())
-    last = len(data) - segments[-1][0]
-    data[last : last + 8] = bytes(b ^ 0xFF for b in data[last : last + 8])
-    shard.write_bytes(bytes(data))
+    size = shard.stat().st_size
+    last = size - segments[-1][0]
+    _flip(shard, last)
     loaded: list[tuple[str, str]] = []  # (checkpoint, file) of each item loaded
     _record_loaded_items(monkeypatch, loaded)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
-    assert f"{shard.name} does not match the blake3 digest its manifest lists for bytes {last}-{len(data)}" in log
+    assert f"{shard.name} does not match the blake3 digest its manifest lists for bytes {last}-{size}" in log
     assert ("step-12", shard.name) in loaded  # items of its earlier windows were loaded before the refusal
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(segmented[1]).items() if s > 8}
@@ -571,9 +571,7 @@ def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint
     root = _copy(segmented, tmp_path)
     directory = root / "checkpoints" / "step-12"
     changed, other = sorted(directory.glob("__0_*.distcp"))
-    data = bytearray(changed.read_bytes())
-    data[:8] = bytes(b ^ 0xFF for b in data[:8])
-    changed.write_bytes(bytes(data))
+    _flip(changed, 0)
     loaded: list[tuple[str, str]] = []
     readers = _record_loaded_items(monkeypatch, loaded)
     load_item = training.checkpoint._SafeReader._load_item  # the recording one
