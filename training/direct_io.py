@@ -16,6 +16,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -38,6 +39,16 @@ READ_BUFFERS = 8
 """Buffers per file read: the caller copies out of one while the disk reads the next `READ_BUFFERS - 1` chunks
 (O_DIRECT has no kernel readahead, so the reader keeps the disk busy itself)."""
 
+KEPT_BUFFERS = 32
+"""Write buffers a process keeps once a `DirectFile` is closed, for the files it writes next (32: eight files
+being written at once, as `training.checkpoint` writes at most). Memory a process touches for the first time
+costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB of huge pages freed more
+than two seconds before (its balloon has reported them free to the host by then), 0.06-0.13 ms per MiB freed
+just before (docs/BENCHMARKS.md)."""
+
+_kept: list[mmap.mmap] = []
+_kept_lock = threading.Lock()
+
 _WRITEBACK_CHUNK = 32 << 20
 
 
@@ -52,6 +63,22 @@ def aligned_buffer(size: int) -> mmap.mmap:
         with suppress(OSError):  # a kernel without transparent huge pages: 4 KiB pages
             buffer.madvise(mmap.MADV_HUGEPAGE)
     return buffer
+
+
+def _write_buffer() -> mmap.mmap:
+    """A buffer of `CHUNK` bytes to write from: one a closed `DirectFile` left, or new."""
+    with _kept_lock:
+        while _kept:
+            buffer = _kept.pop()
+            if len(buffer) == CHUNK:
+                return buffer
+    return aligned_buffer(CHUNK)
+
+
+def _keep(buffers: list[mmap.mmap]) -> None:
+    """Keep write buffers no write is using any more for later files, up to `KEPT_BUFFERS`."""
+    with _kept_lock:
+        _kept.extend(buffers[: max(0, KEPT_BUFFERS - len(_kept))])
 
 
 def _without_o_direct(fd: int) -> None:
@@ -104,7 +131,7 @@ class DirectFile:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = 0
-        self._buffers = [aligned_buffer(CHUNK) for _ in range(BUFFERS)]
+        self._buffers = [_write_buffer() for _ in range(BUFFERS)]
         self._views = [memoryview(buffer) for buffer in self._buffers]
         self._free = deque(range(1, BUFFERS))
         self._current = 0
@@ -175,8 +202,8 @@ class DirectFile:
         self._closed = True
         self._disk.shutdown(wait=True)  # a write in flight ends before the file and its buffer go
         os.close(self.fd)
-        # Unmapped once no view of them is left (a failed write's traceback may hold one a while).
         self._writing.clear()
+        _keep(self._buffers)
         self._views, self._buffers = [], []
 
 

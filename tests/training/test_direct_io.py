@@ -169,6 +169,33 @@ def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
     assert (tmp_path / "file").read_bytes() == data
 
 
+@pytest.mark.usefixtures("small_chunks")
+def test_a_file_written_after_another_writes_from_the_buffers_the_first_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed file's write buffers are kept, up to KEPT_BUFFERS, for the files written next: memory a process
+    touches for the first time costs a page fault per page. A buffer is never in two open files."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    monkeypatch.setattr(direct_io, "KEPT_BUFFERS", direct_io.BUFFERS + 1)
+    contents = [random.Random(seed).randbytes(5 * _SMALL_CHUNK + 3) for seed in range(3)]
+    first = direct_io.create(tmp_path / "0")
+    assert isinstance(first, direct_io.DirectFile)
+    left = {id(buffer) for buffer in first._buffers}
+    first.write(memoryview(contents[0]))
+    first.close()
+    assert {id(buffer) for buffer in direct_io._kept} == left
+    second, third = direct_io.create(tmp_path / "1"), direct_io.create(tmp_path / "2")
+    assert isinstance(second, direct_io.DirectFile) and isinstance(third, direct_io.DirectFile)
+    assert {id(buffer) for buffer in second._buffers} == left
+    assert not {id(buffer) for buffer in third._buffers} & left  # new ones, while the second file holds those
+    for file, data in zip((second, third), contents[1:], strict=True):
+        file.write(memoryview(data))
+    second.close()
+    third.abandon()
+    assert len(direct_io._kept) == direct_io.BUFFERS + 1
+    assert [(tmp_path / name).read_bytes() for name in "01"] == contents[:2]
+
+
 def _read_in_pieces(file: direct_io.DirectReader | direct_io.CachedReader, seed: int) -> bytes:
     """The file's bytes, read with `readinto` in pieces of sizes that straddle every chunk and block."""
     rng, pieces = random.Random(seed), []
