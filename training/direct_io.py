@@ -42,9 +42,9 @@ READ_BUFFERS = 8
 KEPT_BUFFERS = 32
 """Write buffers a process keeps once a `DirectFile` is closed, for the files it writes next (32: eight files
 being written at once, as `training.checkpoint` writes at most). Memory a process touches for the first time
-costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB of huge pages freed more
-than two seconds before (its balloon has reported them free to the host by then), 0.06-0.13 ms per MiB freed
-just before (docs/BENCHMARKS.md)."""
+costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB of huge pages freed 3 s
+or more before (its balloon reports free pages to the host, which drops them), 0.06-0.13 ms per MiB freed up to
+0.5 s before. Kept, they took a save's kernel CPU there from 0.06-0.10 s to 0.03-0.07 s (docs/BENCHMARKS.md)."""
 
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()

@@ -111,8 +111,8 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
 
 def _flip(path: Path, start: int, count: int = 8) -> None:
     """Invert `count` bytes of the file from `start` (from its end where negative): they change, whatever they
-    were (zeroing them would change nothing where a tensor's bytes are zeros, as an embedding's rows and their
-    optimizer moments are for tokens the run has not seen)."""
+    were (zeroing them changes nothing where they are zeros, as the optimizer's moments are for the rows of the
+    position embedding past the run's sequence length, which no step uses)."""
     data = bytearray(path.read_bytes())
     start %= len(data)
     data[start : start + count] = bytes(b ^ 0xFF for b in data[start : start + count])

@@ -108,7 +108,6 @@ def test_a_failed_disk_write_fails_the_file_and_leaves_no_descriptor_open(
         file.close()  # never taken for a complete file
 
 
-@pytest.mark.usefixtures("small_chunks")
 def _refusing_o_direct(transfer: Callable[[int, Any, int], int]) -> tuple[Callable[[int, Any, int], int], list[int]]:
     """`transfer(fd, data, offset)` (os.pwrite or os.preadv) on a device whose blocks are larger than ALIGNMENT: it
     refuses with EINVAL on a file open with O_DIRECT; and the offsets it refused."""
@@ -123,6 +122,7 @@ def _refusing_o_direct(transfer: Callable[[int, Any, int], int]) -> tuple[Callab
     return large_blocks, refused
 
 
+@pytest.mark.usefixtures("small_chunks")
 def test_a_write_that_o_direct_refuses_goes_through_the_page_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +194,36 @@ def test_a_file_written_after_another_writes_from_the_buffers_the_first_left(
     third.abandon()
     assert len(direct_io._kept) == direct_io.BUFFERS + 1
     assert [(tmp_path / name).read_bytes() for name in "01"] == contents[:2]
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_write_buffers_are_kept_only_once_no_write_uses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file abandoned while a write of it is still under way keeps its buffers for later files only once that
+    write has ended."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    write_all, keep = direct_io._write_all, direct_io._keep
+    under_way, released, kept_while = threading.Event(), threading.Event(), []
+
+    def held_write(fd: int, data: memoryview, offset: int) -> None:
+        under_way.set()
+        assert released.wait(timeout=30)
+        write_all(fd, data, offset)
+        under_way.clear()
+
+    def keeping(buffers: list[mmap.mmap]) -> None:
+        kept_while.append(under_way.is_set())
+        keep(buffers)
+
+    monkeypatch.setattr(direct_io, "_write_all", held_write)
+    monkeypatch.setattr(direct_io, "_keep", keeping)
+    file = direct_io.create(tmp_path / "file")
+    assert isinstance(file, direct_io.DirectFile)
+    file.write(memoryview(bytes(_SMALL_CHUNK)))  # one full buffer: its write starts, and is held
+    assert under_way.wait(timeout=30)
+    threading.Timer(0.2, released.set).start()  # abandon, below, waits for the write
+    file.abandon()
+    assert kept_while == [False]
+    assert len(direct_io._kept) == direct_io.BUFFERS
 
 
 def _read_in_pieces(file: direct_io.DirectReader | direct_io.CachedReader, seed: int) -> bytes:
