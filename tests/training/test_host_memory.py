@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -56,14 +57,19 @@ def _faults_per_step(corpus: Path, root: Path, mode: str) -> list[int]:
 
 def test_training_steps_reuse_the_heap_instead_of_faulting_in_fresh_pages(corpus: Path, tmp_path: Path) -> None:
     kept = _faults_per_step(corpus, tmp_path / "kept", "kept")
-    defaults = _faults_per_step(corpus, tmp_path / "defaults", "defaults")
-    assert len(kept) == len(defaults) == 20
-    # With glibc's defaults the heap is trimmed and regrown within steps: 10,000-18,000 faults in these 20 steps
-    # when measured; kept, 3-194. Where the defaults do not trim (another glibc or kernel, huge pages for the
-    # heap), there is nothing for the setting to show.
-    if sum(defaults) < 5_000:
-        pytest.skip(f"glibc's defaults faulted only {sum(defaults)} pages in 20 steps here")
-    assert sum(kept) < 1_500, kept
+    assert len(kept) == 20
+    # The typical step, not the sum: now and then a step faults in pages whatever the heap keeps (up to 384 in
+    # a kept step here; a CI run's 20 kept steps summed to 1,571). Medians measured in ten runs, some
+    # beside other tests: kept, 0 in all; glibc's defaults, which trim the heap and regrow it within steps,
+    # 292-917 faults a step, and 0 in one run. So the defaults are measured again once where they did not trim,
+    # and where they do not (another glibc or kernel, huge pages for the heap) there is nothing to show.
+    for attempt in range(2):
+        defaults = _faults_per_step(corpus, tmp_path / f"defaults-{attempt}", "defaults")
+        if statistics.median(defaults) >= 100:
+            break
+    else:
+        pytest.skip(f"glibc's defaults faulted a median {statistics.median(defaults)} pages a step here: {defaults}")
+    assert statistics.median(kept) < 20, (kept, defaults)
 
 
 def test_the_thresholds_are_set_only_under_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
