@@ -10,7 +10,8 @@ segment as it writes it. A load reads each file it needs once, front to back, a 
 a time into one reused buffer, hashes the bytes as they arrive and unpickles nothing from a window until
 each of its segments matches; its tensors are then copied from those bytes, so bytes changed after their
 check are never used, and a load holds one window of each file in memory, not the file (and the reader's
-buffers: `direct_io.DirectReader`). Loading never
+buffers: `direct_io.DirectReader`); a tensor is saved in pieces of at most 16 MiB, so that a window is at most
+about 32 MiB. Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
 types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
 code.
@@ -25,11 +26,13 @@ one is committed, manifest first, so that a half-deleted checkpoint is never tak
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -49,9 +52,9 @@ from torch import nn
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -59,6 +62,9 @@ from torch.distributed.checkpoint.planner import (
     ReadItem,
     SavePlan,
     SavePlanner,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
 )
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -96,6 +102,12 @@ trainer wrote is at most about this plus its largest item (a load holds one wind
 the reader's buffers, in `io_threads()` threads; `.metadata`, and each file of a checkpoint saved before
 segments, is one window), and the manifest lists at most one digest per this many bytes, or per item larger
 than this."""
+_MAX_ITEM = 16 << 20
+"""A tensor of more bytes than this is saved as pieces of at most this many, runs of rows of its first dimension
+(one row at least), each a DCP item of its own: a load holds a window of each file it reads, which is as large as
+a segment and the item that ends it, so the largest item sets the memory a load maps (GPT-2's token embedding,
+and each of its optimizer moments, is 154 MiB). A load takes the pieces as DCP takes any tensor saved in
+chunks, whatever the world size that loads them."""
 
 
 class _Digest(Protocol):
@@ -507,6 +519,59 @@ class _CheckedWriter(FileSystemWriter):
         return future
 
 
+class _PieceSavePlanner(DefaultSavePlanner):
+    """DCP's save planner, saving each tensor larger than `_MAX_ITEM` bytes as pieces of at most that many."""
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        self._pieces: dict[MetadataIndex, tuple[MetadataIndex, int, int]] = {}
+        """A piece's index: its tensor's own item's index, and the piece's first row and rows in that item."""
+        self.plan = dataclasses.replace(plan, items=[piece for item in plan.items for piece in self._split(item)])
+        return self.plan
+
+    def _split(self, item: WriteItem) -> list[WriteItem]:
+        data = item.tensor_data
+        if data is None or not data.chunk.sizes:
+            return [item]
+        rows, *row = data.chunk.sizes
+        row_bytes = math.prod(row) * data.properties.dtype.itemsize
+        if rows * row_bytes <= _MAX_ITEM:
+            return [item]
+        step = max(1, _MAX_ITEM // max(1, row_bytes))
+        pieces = []
+        for first in range(0, rows, step):
+            count = min(step, rows - first)
+            offsets = torch.Size((data.chunk.offsets[0] + first, *data.chunk.offsets[1:]))
+            chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size((count, *row)))
+            piece = WriteItem(
+                index=MetadataIndex(item.index.fqn, offsets),
+                type=WriteItemType.SHARD,  # DCP takes several items of one tensor only as shards
+                tensor_data=TensorWriteData(chunk=chunk, properties=data.properties, size=data.size),
+            )
+            self._pieces[piece.index] = (item.index, first, count)
+            pieces.append(piece)
+        return pieces
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        piece = self._pieces.get(write_item.index)
+        if piece is None:
+            return super().resolve_data(write_item)
+        whole, first, count = piece
+        return _rows(self.lookup_object(whole), first, count)
+
+
+def _rows(tensor: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """`count` rows of `tensor`'s first dimension from `first`. Of a contiguous tensor in CPU memory, a tensor
+    whose storage is exactly those rows' bytes, not a copy: DCP's writer copies a tensor whose storage holds more
+    than the tensor (``torch.save`` would write all of it), and these are most of a checkpoint's bytes."""
+    rows = tensor.narrow(0, first, count)
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return rows  # DCP's writer copies it to the CPU, or into a storage of its own
+    start = rows.storage_offset() * rows.element_size()
+    storage = cast(torch.UntypedStorage, tensor.untyped_storage()[start : start + rows.nbytes])  # a view of it
+    return torch.empty(0, dtype=tensor.dtype).set_(storage, 0, rows.size(), rows.stride())
+
+
 def _writer(directory: Path) -> tuple[_CheckedWriter, dict[str, Listed]]:
     """DCP's file writer for one save, with `io_threads()` threads, each serialising, hashing and writing
     (and fsyncing) its own file, so that the CPU work of one overlaps the disk writes of another; and
@@ -746,7 +811,9 @@ class CheckpointManager:
         state_dict = state.state_dict()
         writer, hashed = _writer(directory)
         if self._async_group is not None and not blocking:
-            response = dcp_async_save(state_dict, storage_writer=writer, process_group=self._async_group)
+            response = dcp_async_save(
+                state_dict, storage_writer=writer, planner=_PieceSavePlanner(), process_group=self._async_group
+            )
             # torch returns a Future, or (with some stagers) a response holding the upload's Future.
             future = response if isinstance(response, Future) else response.upload_completion
             self.pending = _Pending(step, future, self.env.world_size, state.tokens_consumed, hashed, started)
@@ -756,7 +823,7 @@ class CheckpointManager:
                 time.monotonic() - started,
             )
             return
-        metadata = dcp_save(state_dict, storage_writer=writer, process_group=self.env.ctrl)
+        metadata = dcp_save(state_dict, storage_writer=writer, planner=_PieceSavePlanner(), process_group=self.env.ctrl)
         self._commit(
             step, metadata, world_size=self.env.world_size, tokens=state.tokens_consumed, hashed=hashed, started=started
         )

@@ -1,0 +1,127 @@
+"""A tensor larger than `_MAX_ITEM` bytes is saved as pieces (training/checkpoint.py), and loads exactly."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from training_helpers import CHECKPOINTED_JOB, free_port, make_opt_ml, run_in_process, save_rows_in_pieces, step_losses
+
+import training.checkpoint
+from training.checkpoint import _PieceSavePlanner, _rows
+
+_ITEM = 4096  # as in training_helpers.save_rows_in_pieces
+
+
+def _chunks(directory: Path) -> dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """(offsets, sizes) of each saved chunk of each tensor, from DCP's metadata."""
+    metadata = pickle.loads((directory / ".metadata").read_bytes())
+    assert isinstance(metadata, Metadata)
+    return {
+        name: [(tuple(chunk.offsets), tuple(chunk.sizes)) for chunk in stored.chunks]
+        for name, stored in metadata.state_dict_metadata.items()
+        if isinstance(stored, TensorStorageMetadata)
+    }
+
+
+def _bytes(sizes: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(sizes) * torch.empty(0, dtype=dtype).element_size()
+
+
+def test_rows_of_a_contiguous_cpu_tensor_share_its_memory_and_hold_no_more(tmp_path: Path) -> None:
+    whole = torch.arange(60, dtype=torch.bfloat16).reshape(10, 6)
+    rows = _rows(whole, 3, 4)
+    assert torch.equal(rows, whole[3:7])
+    assert rows.data_ptr() == whole[3:7].data_ptr()  # no copy
+    assert rows.untyped_storage().nbytes() == rows.nbytes  # so DCP's writer saves it without copying it either
+    # Where the rows are not contiguous memory, a view that DCP's writer copies.
+    columns = whole.t()
+    assert torch.equal(_rows(columns, 1, 2), columns[1:3])
+
+
+def test_large_tensors_are_saved_in_pieces_of_at_most_an_item_and_load_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    torch.manual_seed(0)
+    state = {
+        "rows": torch.randn(100, 7),  # 28 bytes a row: 146 rows a piece, so 1 piece
+        "large": torch.randn(300, 7),  # 8,400 bytes: 3 pieces
+        "half": torch.randn(50, 64).to(torch.bfloat16),  # 6,400 bytes: 2 pieces
+        "strided": torch.randn(40, 60).t(),  # not contiguous: 9,600 bytes, 3 pieces
+        "vector": torch.randn(2500),  # 10,000 bytes: 3 pieces
+        "wide": torch.randn(2, 1500),  # a row is larger than an item: a piece per row
+        "step": torch.tensor(7.0),  # no dimension: whole
+        "settings": {"lr": 0.1},
+    }
+    dcp_save(state, storage_writer=FileSystemWriter(tmp_path), planner=_PieceSavePlanner())
+    chunks = _chunks(tmp_path)
+    assert {name: len(found) for name, found in chunks.items()} == {
+        "rows": 1,
+        "large": 3,
+        "half": 2,
+        "strided": 3,
+        "vector": 3,
+        "wide": 2,
+        "step": 1,
+    }
+    for name, found in chunks.items():
+        tensor = state[name]
+        assert isinstance(tensor, torch.Tensor)
+        if name != "wide":
+            assert all(_bytes(sizes, tensor.dtype) <= _ITEM for _, sizes in found), (name, found)
+        # The pieces tile the tensor: consecutive runs of rows, from the first to the last.
+        if tensor.dim():
+            starts = [offsets[0] for offsets, _ in sorted(found)]
+            ends = [offsets[0] + sizes[0] for offsets, sizes in sorted(found)]
+            assert starts == [0, *ends[:-1]] and ends[-1] == tensor.shape[0], (name, found)
+    loaded = {
+        name: torch.zeros_like(value) if isinstance(value, torch.Tensor) else {"lr": 0.0}
+        for name, value in state.items()
+    }
+    dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(loaded[name], value), name
+    assert loaded["settings"] == {"lr": 0.1}
+
+
+def test_the_shards_of_several_processes_are_saved_in_pieces_at_their_own_rows(tmp_path: Path) -> None:
+    mp.spawn(save_rows_in_pieces, args=(2, free_port(), str(tmp_path)), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
+    # 100 rows (8,000 bytes) a rank, 80 bytes a row: pieces of 51 rows, from each shard's own first row.
+    assert sorted(_chunks(tmp_path)["weight"]) == [
+        ((0, 0), (51, 20)),
+        ((51, 0), (49, 20)),
+        ((100, 0), (51, 20)),
+        ((151, 0), (49, 20)),
+    ]
+    torch.manual_seed(0)
+    full = torch.randn(200, 20)
+    loaded = {"weight": torch.zeros(200, 20)}
+    dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
+    assert torch.equal(loaded["weight"], full)
+
+
+def test_a_run_saved_in_pieces_trains_and_resumes_bit_for_bit(
+    reference: tuple[Path, str], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and step_losses(log) == step_losses(reference[1])
+    chunks = _chunks(paths.checkpoints / "step-8")
+    assert max(len(found) for found in chunks.values()) > 1
+    shutil.rmtree(paths.checkpoints / "step-12")
+    shutil.rmtree(paths.model)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
