@@ -40,11 +40,13 @@ READ_BUFFERS = 8
 (O_DIRECT has no kernel readahead, so the reader keeps the disk busy itself)."""
 
 KEPT_BUFFERS = 32
-"""Write buffers a process keeps once a `DirectFile` is closed, for the files it writes next (32: eight files
-being written at once, as `training.checkpoint` writes at most). Memory a process touches for the first time
-costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB of huge pages freed 3 s
-or more before (its balloon reports free pages to the host, which drops them), 0.06-0.13 ms per MiB freed up to
-0.5 s before. Kept, they took a save's kernel CPU there from 0.06-0.10 s to 0.03-0.07 s (docs/BENCHMARKS.md)."""
+"""Buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or reads next
+(32: eight files being written at once, as `training.checkpoint` writes at most, or four read). Memory a
+process touches for the first time costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms
+per MiB of huge pages freed 3 s or more before (its balloon reports free pages to the host, which drops them),
+0.06-0.13 ms per MiB freed up to 0.5 s before. Kept, they took a save's kernel CPU there from 0.06-0.10 s to
+0.03-0.07 s (docs/BENCHMARKS.md). A process that resumes reads its checkpoint first: its first save then writes
+from the buffers that load read into."""
 
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()
@@ -65,8 +67,8 @@ def aligned_buffer(size: int) -> mmap.mmap:
     return buffer
 
 
-def _write_buffer() -> mmap.mmap:
-    """A buffer of `CHUNK` bytes to write from: one a closed `DirectFile` left, or new."""
+def _kept_buffer() -> mmap.mmap:
+    """A buffer of `CHUNK` bytes: one a closed `DirectFile` or `DirectReader` left, or new."""
     with _kept_lock:
         while _kept:
             buffer = _kept.pop()
@@ -76,7 +78,7 @@ def _write_buffer() -> mmap.mmap:
 
 
 def _keep(buffers: list[mmap.mmap]) -> None:
-    """Keep write buffers no write is using any more for later files, up to `KEPT_BUFFERS`."""
+    """Keep buffers no write or read is using any more for later files, up to `KEPT_BUFFERS`."""
     with _kept_lock:
         _kept.extend(buffers[: max(0, KEPT_BUFFERS - len(_kept))])
 
@@ -131,7 +133,7 @@ class DirectFile:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = 0
-        self._buffers = [_write_buffer() for _ in range(BUFFERS)]
+        self._buffers = [_kept_buffer() for _ in range(BUFFERS)]
         self._views = [memoryview(buffer) for buffer in self._buffers]
         self._free = deque(range(1, BUFFERS))
         self._current = 0
@@ -271,7 +273,7 @@ class DirectReader:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._buffers = [aligned_buffer(CHUNK) for _ in range(READ_BUFFERS)]
+        self._buffers = [_kept_buffer() for _ in range(READ_BUFFERS)]
         self._views = [memoryview(buffer) for buffer in self._buffers]
         self._disk = ThreadPoolExecutor(max_workers=READ_BUFFERS - 1, thread_name_prefix="direct-read")
         self._reading: deque[tuple[int, Future[int]]] = deque()  # (buffer, its read), oldest first
@@ -326,6 +328,7 @@ class DirectReader:
         os.close(self.fd)
         self._reading.clear()
         self._available = memoryview(b"")
+        _keep(self._buffers)
         self._views, self._buffers = [], []
 
     def __enter__(self) -> DirectReader:

@@ -396,6 +396,65 @@ def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
 
 
+@pytest.mark.usefixtures("direct_reads")
+def test_a_file_read_after_a_save_reads_into_its_buffers_and_leaves_them_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader takes the buffers closed files left and, once closed, leaves its own: a process that resumes
+    writes its first checkpoint from the buffers its load read into."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    data = random.Random(0).randbytes(5 * _SMALL_CHUNK + 3)
+    written = direct_io.create(tmp_path / "file")
+    assert isinstance(written, direct_io.DirectFile)
+    left = {id(buffer) for buffer in written._buffers}
+    written.write(memoryview(data))
+    written.close()
+    with direct_io.open_to_read(tmp_path / "file") as reader:
+        assert isinstance(reader, direct_io.DirectReader)
+        read_into = {id(buffer) for buffer in reader._buffers}
+        assert read_into <= left and len(read_into) == direct_io.READ_BUFFERS < direct_io.BUFFERS
+        assert _read_in_pieces(reader, 0) == data
+    assert {id(buffer) for buffer in direct_io._kept} == left
+    after = direct_io.create(tmp_path / "next")
+    assert isinstance(after, direct_io.DirectFile)
+    assert {id(buffer) for buffer in after._buffers} == left >= read_into
+    after.abandon()
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_read_buffers_are_kept_only_once_no_read_uses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader closed while its reads are under way keeps its buffers for later files only once they ended."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    (tmp_path / "file").write_bytes(bytes(8 * _SMALL_CHUNK))
+    read_chunk, keep = direct_io._read_chunk, direct_io._keep
+    under_way, released, kept_while = threading.Event(), threading.Event(), []
+    lock, reading = threading.Lock(), [0]
+
+    def held_read(fd: int, buffer: memoryview, offset: int) -> int:
+        with lock:
+            reading[0] += 1
+        under_way.set()
+        assert released.wait(timeout=30)
+        try:
+            return read_chunk(fd, buffer, offset)
+        finally:
+            with lock:
+                reading[0] -= 1
+
+    def keeping(buffers: list[mmap.mmap]) -> None:
+        kept_while.append(reading[0])
+        keep(buffers)
+
+    monkeypatch.setattr(direct_io, "_read_chunk", held_read)
+    monkeypatch.setattr(direct_io, "_keep", keeping)
+    reader = direct_io.open_to_read(tmp_path / "file")
+    assert under_way.wait(timeout=30)
+    threading.Timer(0.2, released.set).start()  # close, below, waits for the reads under way
+    reader.close()
+    assert kept_while == [0]
+    assert len(direct_io._kept) == direct_io.READ_BUFFERS
+
+
 def _mapping_of(buffer: mmap.mmap) -> tuple[str, set[str]]:
     """The permissions and the VmFlags of the mapping that holds `buffer`."""
     address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
