@@ -269,11 +269,11 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     same directory, probed just before and just after each save and load: a virtual disk's bandwidth drifts
     within a run, so each ratio compares a save or load with the disk's rate over the probes around it
     (`_bracketed`), and the row gives the median of the `repeats` ratios and their range; and the median CPU
-    seconds of a blocking save (all its threads) in user space, which the disk's drift moves less, and in the
-    kernel. A first save, untimed, sizes the probes. Old checkpoints are deleted in the background while
-    training goes on, and a load waits for that: the benchmark waits for it and syncs the file system before
-    each probe and each timed save and load (`_settle`). A timed save starts the deletion its commit allows
-    just before its timer stops, and its CPU seconds count the deleting thread's.
+    seconds of a blocking save and of a cold load (all their threads) in user space, which the disk's drift
+    moves less, and in the kernel. A first save, untimed, sizes the probes. Old checkpoints are deleted in the
+    background while training goes on, and a load waits for that: the benchmark waits for it and syncs the file
+    system before each probe and each timed save and load (`_settle`). A timed save starts the deletion its
+    commit allows just before its timer stops, and its CPU seconds count the deleting thread's.
     `parent`: the directory to work in (a temporary one in it; the system's temporary directory if None)."""
     import torch  # noqa: PLC0415
 
@@ -301,7 +301,7 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
             trainer.checkpoints.save(trainer.state, blocking=True)  # untimed: it sizes the probes
             size = sum(f.stat().st_size for f in (paths.checkpoints / step_dir(1)).iterdir())
             probe = _DiskProbe(paths.checkpoints, size)
-            blocking, save_cpu, staging, loading, writes, reads = [], [], [], [], [], []
+            blocking, save_cpu, staging, loading, load_cpu, writes, reads = [], [], [], [], [], [], []
             for i in range(repeats):
                 _settle(trainer.checkpoints)
                 before = probe.write()
@@ -318,7 +318,9 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
                 for path in (paths.checkpoints / step_dir(trainer.state.step)).iterdir():
                     evict(path)  # a cold load reads the disk
                 before = probe.read()
-                loading.append(_timed(lambda: trainer.checkpoints.load_latest(trainer.state))[0])
+                seconds, cpu = _timed(lambda: trainer.checkpoints.load_latest(trainer.state))
+                loading.append(seconds)
+                load_cpu.append(cpu)
                 _settle(trainer.checkpoints)
                 reads.append((before, probe.read()))
         finally:
@@ -337,6 +339,8 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         "save_cpu_sys_s": round(statistics.median(kernel for _, kernel in save_cpu), 2),
         **({"async_staging_s": round(min(staging), 3)} if cfg.checkpoint.async_save else {}),
         "cold_load_s": round(min(loading), 3),
+        "load_cpu_user_s": round(statistics.median(user for user, _ in load_cpu), 2),
+        "load_cpu_sys_s": round(statistics.median(kernel for _, kernel in load_cpu), 2),
         "save_gibps": round(gib / min(blocking), 2),
         "load_gibps": round(gib / min(loading), 2),
         "direct_write_gibps": [[round(rate, 2) for rate in probes] for probes in writes],

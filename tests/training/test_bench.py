@@ -82,6 +82,8 @@ def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(async_
         low, high = row[f"{ratio}_range"]
         assert 0 <= low <= row[ratio] <= high  # a tiny model's ratios may round to 0
     assert ("async_staging_s" in row) == (async_save == "true")
+    for cpu in ("save_cpu_user_s", "save_cpu_sys_s", "load_cpu_user_s", "load_cpu_sys_s"):
+        assert row[cpu] >= 0, cpu
     assert list(tmp_path.iterdir()) == []
 
 
