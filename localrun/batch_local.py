@@ -302,7 +302,12 @@ class LocalBatch:
         assert batch_node is not None
 
         def started(process: subprocess.Popen[bytes]) -> None:
-            node.process = process
+            with self._lock:  # as `terminate` signals: one or the other sends a TerminateJob's SIGTERM, once
+                node.process = process
+                if job.terminating is not None:
+                    # TerminateJob came while the node prepared, when ECS signals the container's main process
+                    # (the entrypoint, which the SIGTERM ends): here the launcher gets it as it starts.
+                    self._signal(node, signal.SIGTERM)
 
         def echo(line: str) -> None:
             job.log.append(line)

@@ -207,10 +207,11 @@ class LocalTraining:
     def stopped(self, name: str, job: Any) -> None:
         """StopTrainingJob: SIGTERM to every host (the trainer checkpoints and exits), as SageMaker does."""
         local = self.jobs[name]
-        local.stopping, local.stop_requested_at = True, time.monotonic()
-        for process in local.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+        with self._spawn_lock:  # as `_spawn` starts a host: one or the other sends it the SIGTERM, once
+            local.stopping, local.stop_requested_at = True, time.monotonic()
+            for process in local.processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
 
     def described(self, name: str, job: Any) -> None:
         with self._lock:
@@ -372,6 +373,8 @@ class LocalTraining:
                 command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             local.processes.append(process)
+            if local.stopping:  # StopTrainingJob came while the hosts prepared: the launcher gets it as it starts
+                os.killpg(process.pid, signal.SIGTERM)
             if self._paused:
                 self._frozen.update(processes.identify(processes.freeze(process.pid)))
         return process

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -230,3 +231,19 @@ def test_a_fault_held_for_with_training_under_way_is_played_on_the_held_hosts(tm
         finally:
             LocalTraining._end_hosts(job)
     assert held_states == [{"T"}] and job.notes == []
+
+
+def test_a_host_started_after_its_job_was_stopped_gets_the_stop_s_sigterm(tmp_path: Path) -> None:
+    """StopTrainingJob while a job's hosts still download: each launcher is signalled as it starts, rather than
+    trained until SageMaker's grace runs out."""
+    training = LocalTraining(root=tmp_path, datasets_bucket="")
+    job = LocalJob("job", {}, tmp_path / "job", ["algo-1"])
+    training.jobs["job"] = job
+    training.stopped("job", None)
+    env = {"PATH": "/usr/bin:/bin", "OPT_ML_ROOT": str(job.tree("algo-1"))}
+    with (tmp_path / "log").open("wb") as log:
+        host = training._spawn(job, [sys.executable, "-c", "import time; time.sleep(600)"], env, log)
+    try:
+        assert host.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        LocalTraining._end_hosts(job)

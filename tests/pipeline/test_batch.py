@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from localrun.scripted import ScriptedTraining
 from tests.conftest import hosts_left_running
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
+from training import batch_contract
 
 CLUSTER_TYPE = "ml.p5.48xlarge"  # cdk.json's network.largest_cluster: the compute environment's type
 LOCAL = {"model": "tiny", "batch_size": "4", "seq_len": "64", "optim.warmup_steps": "2"}
@@ -183,8 +185,19 @@ def test_a_submit_whose_answer_was_lost_is_adopted_not_repeated(batch_factory: A
     assert len(pipeline.batch.jobs) == 1  # one cluster, not two
 
 
-def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> None:
+def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = batch_factory()
+    prepare = batch_contract.prepare
+
+    def last_node_prepares_until_terminated(paths: Any, node: Any, env: Any, s3: Any) -> None:
+        # ECS signals a container that is still preparing: its node starts its launcher after the TerminateJob.
+        if node.index == node.num_nodes - 1:
+            deadline = time.monotonic() + 60
+            while not any(job.terminating for job in pipeline.batch.jobs.values()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        prepare(paths, node, env, s3)
+
+    monkeypatch.setattr(batch_contract, "prepare", last_node_prepares_until_terminated)
     execution_input = pipeline.batch_input()
     execution_input["hyperparameters"].update({"max_steps": 100000, "checkpoint.interval_steps": 1000})
     arn = pipeline.start(execution_input)
@@ -207,6 +220,9 @@ def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any) -> N
         time.sleep(0.1)
     assert pipeline.batch.describe([job.job_id])[0]["status"] == "FAILED"
     assert all(n.process is None or n.process.poll() is not None for n in nodes)
+    # SIGTERM stopped every node, also one that was still preparing when the job was terminated: none waited
+    # out the stop timeout for its SIGKILL.
+    assert all(n.exit_code is not None and n.exit_code != -signal.SIGKILL for n in nodes), [n.exit_code for n in nodes]
     assert pipeline.local.iam.denials() == []
 
 
