@@ -10,8 +10,8 @@ segment as it writes it. A load reads each file it needs once, front to back, a 
 a time into one reused buffer, hashes the bytes as they arrive and unpickles nothing from a window until
 each of its segments matches; its tensors are then copied from those bytes, so bytes changed after their
 check are never used, and a load holds one window of each file in memory, not the file (and the reader's
-buffers: `direct_io.DirectReader`); a tensor is saved in pieces of at most 16 MiB, so that a window is at most
-about 32 MiB. Loading never
+buffers: `direct_io.DirectReader`); a tensor is saved in pieces of at most 16 MiB (whole rows, one at least),
+so that a window is at most about 32 MiB where no row is larger. Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
 types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
 code.
@@ -511,7 +511,7 @@ class _CheckedWriter(FileSystemWriter):
     fs: _HashingFileSystem
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-        future = super().write_data(plan, planner)
+        future = super().write_data(_sized_by_chunk(plan), planner)
         written = future.wait()
         if self.fs.errors or len(written) != len(plan.items):
             problem = "; ".join(self.fs.errors) or "a writer thread stopped"
@@ -537,7 +537,7 @@ class _PieceSavePlanner(DefaultSavePlanner):
         row_bytes = math.prod(row) * data.properties.dtype.itemsize
         if rows * row_bytes <= _MAX_ITEM:
             return [item]
-        step = max(1, _MAX_ITEM // max(1, row_bytes))
+        step = max(1, _MAX_ITEM // row_bytes)
         pieces = []
         for first in range(0, rows, step):
             count = min(step, rows - first)
@@ -551,6 +551,11 @@ class _PieceSavePlanner(DefaultSavePlanner):
             self._pieces[piece.index] = (item.index, first, count)
             pieces.append(piece)
         return pieces
+
+    def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
+        whole = {item.index: item for plan in all_plans for item in plan.items}
+        deduped = super()._dedup_save_plans([_sized_by_chunk(plan) for plan in all_plans])
+        return [dataclasses.replace(plan, items=[whole[item.index] for item in plan.items]) for plan in deduped]
 
     def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
         piece = self._pieces.get(write_item.index)
@@ -569,7 +574,24 @@ def _rows(tensor: torch.Tensor, first: int, count: int) -> torch.Tensor:
         return rows  # DCP's writer copies it to the CPU, or into a storage of its own
     start = rows.storage_offset() * rows.element_size()
     storage = cast(torch.UntypedStorage, tensor.untyped_storage()[start : start + rows.nbytes])  # a view of it
-    return torch.empty(0, dtype=tensor.dtype).set_(storage, 0, rows.size(), rows.stride())
+    return torch.empty(0, dtype=tensor.dtype, device="cpu").set_(storage, 0, rows.size(), rows.stride())
+
+
+def _sized_by_chunk(plan: SavePlan) -> SavePlan:
+    """`plan` with each tensor item sized as its own chunk. DCP's writer spreads a process's items over its files,
+    and its dedup spreads the items every rank holds over the ranks, by `tensor_data.size`, which is the whole
+    tensor's size for a shard or a piece: each 16 MiB piece of a 154 MiB tensor would count 154 MiB, and the
+    files or ranks that got one piece fewer would get all the rest. Only for those two: the checkpoint's
+    metadata takes the whole tensor's size from the same field."""
+    items = [
+        item
+        if item.tensor_data is None
+        else dataclasses.replace(
+            item, tensor_data=dataclasses.replace(item.tensor_data, size=item.tensor_data.chunk.sizes)
+        )
+        for item in plan.items
+    ]
+    return dataclasses.replace(plan, items=items)
 
 
 def _writer(directory: Path) -> tuple[_CheckedWriter, dict[str, Listed]]:

@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from training_helpers import CHECKPOINTED_JOB, free_port, make_opt_ml, run_in_process, save_rows_in_pieces, step_losses
@@ -19,7 +20,7 @@ from training_helpers import CHECKPOINTED_JOB, free_port, make_opt_ml, run_in_pr
 import training.checkpoint
 from training.checkpoint import _PieceSavePlanner, _rows
 
-_ITEM = 4096  # as in training_helpers.save_rows_in_pieces
+_ITEM = 4096
 
 
 def _chunks(directory: Path) -> dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
@@ -96,7 +97,7 @@ def test_large_tensors_are_saved_in_pieces_of_at_most_an_item_and_load_exactly(
 
 
 def test_the_shards_of_several_processes_are_saved_in_pieces_at_their_own_rows(tmp_path: Path) -> None:
-    mp.spawn(save_rows_in_pieces, args=(2, free_port(), str(tmp_path)), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(save_rows_in_pieces, args=(2, free_port(), str(tmp_path), _ITEM), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]
     # 100 rows (8,000 bytes) a rank, 80 bytes a row: pieces of 51 rows, from each shard's own first row.
     assert sorted(_chunks(tmp_path)["weight"]) == [
         ((0, 0), (51, 20)),
@@ -111,17 +112,70 @@ def test_the_shards_of_several_processes_are_saved_in_pieces_at_their_own_rows(t
     assert torch.equal(loaded["weight"], full)
 
 
+@pytest.mark.parametrize("async_save", ["false", "true"])
 def test_a_run_saved_in_pieces_trains_and_resumes_bit_for_bit(
-    reference: tuple[Path, str], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    async_save: str, reference: tuple[Path, str], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
-    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    job = {**CHECKPOINTED_JOB, "checkpoint.async_save": async_save}
+    completed, log = run_in_process(paths.root, job)
     assert completed and step_losses(log) == step_losses(reference[1])
     chunks = _chunks(paths.checkpoints / "step-8")
     assert max(len(found) for found in chunks.values()) > 1
     shutil.rmtree(paths.checkpoints / "step-12")
     shutil.rmtree(paths.model)
-    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    completed, log = run_in_process(paths.root, job)
     assert completed and "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def _balanced_state() -> dict[str, torch.Tensor]:
+    """Nine pieces of one tensor, and eight tensors of half a piece each."""
+    torch.manual_seed(0)
+    return {"large": torch.randn(9 * 64, 16), **{f"small{i}": torch.randn(32, 16) for i in range(8)}}
+
+
+def _tensor_bytes(plan: SavePlan) -> int:
+    return sum(
+        math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+        for item in plan.items
+        if item.tensor_data is not None
+    )
+
+
+def test_ranks_that_hold_the_same_tensors_share_their_pieces_by_their_own_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DCP gives each item that several ranks hold (a DDP model's) to one of them, the one with the fewest bytes
+    so far; a piece counts its own bytes, not its whole tensor's."""
+    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    planner = _PieceSavePlanner()
+    planner.set_up_planner(_balanced_state(), is_coordinator=True)
+    plan = planner.create_local_plan()
+    assert len(plan.items) == 9 + 8
+    first, second = planner._dedup_save_plans([plan, plan])
+    assert len(first.items) + len(second.items) == len(plan.items)
+    # 9 x 4 KiB and 8 x 2 KiB: 26 KiB each at best. Counting each piece as its whole tensor gave one rank five
+    # pieces (20 KiB) and the other four and every small tensor (32 KiB).
+    assert sorted([_tensor_bytes(first), _tensor_bytes(second)]) == [26 * 1024, 26 * 1024]
+    assert {item.tensor_data.size for item in first.items + second.items if item.tensor_data} == {
+        torch.Size((9 * 64, 16)),
+        torch.Size((32, 16)),
+    }  # the metadata's sizes are still the whole tensors'
+
+
+def test_a_process_spreads_its_pieces_over_its_files_by_their_own_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
+    writer, _ = training.checkpoint._writer(tmp_path)
+    state = _balanced_state()
+    dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
+    sizes = sorted(path.stat().st_size for path in tmp_path.glob("*.distcp"))
+    assert len(sizes) == 2
+    assert sizes[1] < 1.2 * sizes[0], sizes  # counted whole, the pieces left one file 20 KiB and the other 32
+    loaded = {name: torch.zeros_like(value) for name, value in state.items()}
+    dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
+    assert all(torch.equal(loaded[name], value) for name, value in state.items())

@@ -253,9 +253,9 @@ def cached_pages(path: Path) -> int:
     return sum(page & 1 for page in residency)
 
 
-def save_rows_in_pieces(rank: int, world: int, port: int, directory: str) -> None:
+def save_rows_in_pieces(rank: int, world: int, port: int, directory: str, item_bytes: int) -> None:
     """One of `world` processes (torch.multiprocessing.spawn's, which must import it): save a 200 x 20 tensor
-    of torch.manual_seed(0), sharded by rows across them, with items of at most 4,096 bytes."""
+    of torch.manual_seed(0), sharded by rows across them, with items of at most `item_bytes`."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
     from torch.distributed.device_mesh import init_device_mesh
@@ -266,7 +266,7 @@ def save_rows_in_pieces(rank: int, world: int, port: int, directory: str) -> Non
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        training.checkpoint._MAX_ITEM = 4096
+        training.checkpoint._MAX_ITEM = item_bytes
         torch.manual_seed(0)
         sharded = distribute_tensor(torch.randn(200, 20), init_device_mesh("cpu", (world,)), [Shard(0)])
         save(
