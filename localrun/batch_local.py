@@ -68,6 +68,11 @@ class Node:
     exited_at: int | None = None
     """When the node's entrypoint returned (ms): its container's end."""
     lost: bool = False
+    pending: int | None = None
+    """A signal sent while the node prepared, before its launcher existed: ECS signals the container's main
+    process then (the entrypoint, which the signal ends); here the launcher gets it as it starts."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Guards `process` and `pending`: a signal reaches the node once, before or after its launcher starts."""
 
 
 @dataclass
@@ -302,12 +307,10 @@ class LocalBatch:
         assert batch_node is not None
 
         def started(process: subprocess.Popen[bytes]) -> None:
-            with self._lock:  # as `terminate` signals: one or the other sends a TerminateJob's SIGTERM, once
-                node.process = process
-                if job.terminating is not None:
-                    # TerminateJob came while the node prepared, when ECS signals the container's main process
-                    # (the entrypoint, which the SIGTERM ends): here the launcher gets it as it starts.
-                    self._signal(node, signal.SIGTERM)
+            with node.lock:
+                node.process, pending = process, node.pending
+            if pending is not None:
+                self._signal(node, pending)
 
         def echo(line: str) -> None:
             job.log.append(line)
@@ -389,12 +392,16 @@ class LocalBatch:
 
     @staticmethod
     def _signal(node: Node, signum: int) -> None:
-        """SIGTERM to the container's main process (ECS's stop); SIGKILL to every process of the container."""
-        if signum == signal.SIGKILL:
-            processes.end([node.process] if node.process is not None else [], node.root)
-        elif node.process is not None and node.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.process.pid, signum)
+        """SIGTERM to the container's main process (ECS's stop); SIGKILL to every process of the container. A
+        node still preparing gets it as its launcher starts (`Node.pending`)."""
+        with node.lock:
+            if node.process is None:
+                node.pending = signal.SIGKILL if signal.SIGKILL in (signum, node.pending) else signum
+            if signum == signal.SIGKILL:
+                processes.end([node.process] if node.process is not None else [], node.root)
+            elif node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signum)
 
     # -- state --------------------------------------------------------------------------------------
     def _advance(self, job: BatchJob) -> None:
