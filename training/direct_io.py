@@ -45,8 +45,9 @@ KEPT_BUFFERS = 32
 process touches for the first time costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms
 per MiB of huge pages freed 3 s or more before (its balloon reports free pages to the host, which drops them),
 0.06-0.13 ms per MiB freed up to 0.5 s before. Kept, they took a save's kernel CPU there from 0.06-0.10 s to
-0.03-0.07 s (docs/BENCHMARKS.md). A process that resumes reads its checkpoint first: its first save then writes
-from the buffers that load read into."""
+0.03-0.07 s (docs/BENCHMARKS.md). A file read takes eight buffers and a file written leaves four: a load
+after a save finds half of what it needs, one after another load all of it. A process that resumes loads once,
+first, into new buffers, and its first save writes from them."""
 
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()
@@ -286,6 +287,7 @@ class DirectReader:
                 self._request(index)
         except BaseException:
             self._disk.shutdown(wait=True)  # no read is in flight when the caller closes the file
+            _keep(self._buffers)
             raise
 
     def _request(self, index: int) -> None:
