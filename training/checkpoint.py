@@ -13,8 +13,9 @@ check are never used, and a load holds one window of each file in memory, not th
 buffers: `direct_io.DirectReader`); a tensor is saved in pieces of at most 16 MiB (whole rows, one at least),
 so that a window is at most about 32 MiB where no row is larger. Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
-types, and every item with torch's weights-only unpickler, so a planted ``.metadata`` or item cannot run
-code.
+types, a tensor item by one that knows only a plain tensor's (`tensor_archive`, which leaves any other to
+torch's weights-only unpickler), and every other item with torch's weights-only unpickler, so a planted
+``.metadata`` or item cannot run code.
 
 A checkpoint holds the model and optimizer (resharded by DCP when the number of processes changes),
 the LR schedule, the step, the data position and every rank's RNG state (restored only when the
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import io
 import json
 import logging
@@ -43,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -91,6 +91,7 @@ from training.stored_checkpoints import (
     Segment,
     manifest_sha256,
 )
+from training.tensor_archive import bytes_of, saved_tensor
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +172,6 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
     return manifest
 
 
-def _bytes_of(data: torch.Tensor) -> memoryview:
-    """The bytes of a uint8 CPU tensor, writable, without a copy."""
-    return memoryview(cast(Any, data.numpy())).cast("B")
-
-
 def _buffer(size: int) -> torch.Tensor:
     """Memory for one window of a file a load reads."""
     return torch.empty(size, dtype=torch.uint8)
@@ -211,7 +207,7 @@ def _verified_windows(
     buffer, the largest window's size, holds each window in turn: use a window's bytes before taking the next."""
     size, segments = listed
     data = _buffer(max((end - start for start, end in windows), default=0))
-    view = _bytes_of(data)
+    view = bytes_of(data)
     remaining = iter(segments)
     with direct_io.open_to_read(path) as file:
         for start, end in windows:
@@ -258,76 +254,6 @@ def verify(directory: Path) -> str | None:
         except CheckpointError as exc:
             return f"{directory.name}: {exc}"
     return None
-
-
-class _MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over bytes in memory, for torch's archive reader (which reads with seek, tell
-    and readinto), without copying the bytes into a new buffer as io.BytesIO would."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self.view, self.position = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: len(self.view)}
-        if whence not in bases or bases[whence] + offset < 0:
-            raise ValueError(f"cannot seek to {offset} from {whence}")
-        self.position = bases[whence] + offset
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        chunk = self.view[self.position : self.position + len(target)]
-        target[: len(chunk)] = chunk
-        self.position += len(chunk)
-        return len(chunk)
-
-
-def _zero_copy_load() -> Any:
-    """``torch.serialization._load`` where it takes an archive's bytes as its storage (torch 2.1 on), else None."""
-    load = getattr(torch.serialization, "_load", None)
-    return load if load is not None and "overall_storage" in inspect.signature(load).parameters else None
-
-
-_ZERO_COPY_LOAD = _zero_copy_load()
-
-
-def _saved_tensor(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
-    """The tensor that ``torch.save`` wrote at [offset, offset + length) of a data file held in `data`, unpickled
-    with torch's weights-only unpickler, its storage a view of `data`.
-
-    ``torch.load`` of a file-like object allocates every storage and copies the bytes into it, which costs as
-    much as reading them from the disk; its zero-copy form (``mmap=True``) takes only the path of a file that
-    holds one archive, and a DCP file holds many. This calls what that form calls, ``torch.serialization._load``
-    with the archive's own bytes as its storage, and where a torch release lacks it, ``torch.load``.
-    """
-    view = _bytes_of(data)[offset : offset + length]
-    if _ZERO_COPY_LOAD is not None:
-        reader = torch._C.PyTorchFileReader(cast(IO[bytes], _MemoryFile(view)))
-        try:
-            tensor = _ZERO_COPY_LOAD(
-                reader,
-                "cpu",
-                torch._weights_only_unpickler,
-                overall_storage=data.untyped_storage()[offset : offset + length],
-                encoding="utf-8",
-            )
-        except pickle.UnpicklingError as exc:
-            raise pickle.UnpicklingError(f"WeightsUnpickler error: {exc}") from None
-    else:
-        tensor = torch.load(cast(IO[bytes], _MemoryFile(view)), map_location="cpu", weights_only=True)
-    if not isinstance(tensor, torch.Tensor):
-        raise CheckpointError(f"a tensor item holds a {type(tensor).__name__}")
-    return tensor
 
 
 def _fsync_dir(path: Path) -> None:
@@ -638,11 +564,11 @@ class _SafeReader(FileSystemReader):
     """DCP's file-system reader, loading only bytes that match the manifest: ``.metadata`` read by
     `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
     parallel threads, a window at a time, checked against its segments' digests (`_verified_windows`), the
-    window's tensors taken from those bytes without a copy (`_saved_tensor`) and copied into the state dict
-    before the next window is read. The state dict's tensors are the model's and the optimizer's own, so should
-    a later window fail its check, these hold checked bytes of this checkpoint in part: `load_latest` then
-    loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks one), or refuses to
-    start. Once a file is refused, no thread loads another window of the checkpoint."""
+    window's tensors taken from those bytes without a copy (`tensor_archive.saved_tensor`) and copied into the
+    state dict before the next window is read. The state dict's tensors are the model's and the optimizer's
+    own, so should a later window fail its check, these hold checked bytes of this checkpoint in part:
+    `load_latest` then loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks
+    one), or refuses to start. Once a file is refused, no thread loads another window of the checkpoint."""
 
     def __init__(self, directory: Path, manifest: Manifest) -> None:
         super().__init__(directory)
@@ -686,7 +612,7 @@ class _SafeReader(FileSystemReader):
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data[offset : offset + length].numpy().tobytes()))
             return
-        tensor = narrow_tensor_by_index(_saved_tensor(data, offset, length), item.storage_offsets, item.lengths)
+        tensor = narrow_tensor_by_index(saved_tensor(data, offset, length), item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
             found, expected = tuple(tensor.size()), tuple(target.size())

@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 import torch
 from blake3 import blake3
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.utils.serialization import config as serialization_config
 from training_helpers import (
     CHECKPOINTED_JOB,
@@ -30,6 +31,7 @@ from training_helpers import (
 )
 
 import training.checkpoint
+import training.tensor_archive
 from training import direct_io
 from training.checkpoint import segment_digest, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
@@ -188,17 +190,41 @@ def _largest_item(directory: Path) -> tuple[torch.Tensor, Any, torch.Tensor]:
 
 def test_tensors_are_loaded_from_the_checked_bytes_without_a_copy(reference: tuple[Path, str]) -> None:
     data, info, expected = _largest_item(reference[0] / "checkpoints" / "step-12")
-    tensor = training.checkpoint._saved_tensor(data, info.offset, info.length)
+    tensor = training.tensor_archive.saved_tensor(data, info.offset, info.length)
     assert data.data_ptr() + info.offset <= tensor.data_ptr() < data.data_ptr() + info.offset + info.length
     assert torch.equal(tensor, expected)
+
+
+def test_every_tensor_a_trainer_saves_is_read_without_torch_s_reader(reference: tuple[Path, str]) -> None:
+    """`tensor_archive` reads each tensor item of a checkpoint itself, as torch's reader would."""
+    directory = reference[0] / "checkpoints" / "step-12"
+    metadata = pickle.loads((directory / ".metadata").read_bytes())  # the test's own, trusted file
+    read = 0
+    for index, item in metadata.storage_data.items():
+        if isinstance(metadata.state_dict_metadata[index.fqn], TensorStorageMetadata):
+            file = (directory / item.relative_path).read_bytes()[item.offset : item.offset + item.length]
+            data = torch.frombuffer(bytearray(file), dtype=torch.uint8)
+            found = training.tensor_archive._read_itself(data, 0, len(file))
+            assert torch.equal(found, torch.load(io.BytesIO(file), weights_only=True))
+            read += 1
+    assert read >= 20
 
 
 def test_where_torch_has_no_zero_copy_load_tensors_are_loaded_with_torch_load(
     reference: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An archive torch's reader takes (one `tensor_archive` does not read itself) on a torch without the
+    zero-copy form of its reader."""
     data, info, expected = _largest_item(reference[0] / "checkpoints" / "step-12")
-    monkeypatch.setattr(training.checkpoint, "_ZERO_COPY_LOAD", None)
-    tensor = training.checkpoint._saved_tensor(data, info.offset, info.length)
+
+    def not_read_here(*_: object) -> None:
+        raise training.tensor_archive._NotReadHereError
+
+    monkeypatch.setattr(training.tensor_archive, "_read_itself", not_read_here)
+    tensor = training.tensor_archive.saved_tensor(data, info.offset, info.length)
+    assert data.data_ptr() <= tensor.data_ptr() < data.data_ptr() + len(data)  # torch's zero-copy form
+    monkeypatch.setattr(training.tensor_archive, "_ZERO_COPY_LOAD", None)
+    tensor = training.tensor_archive.saved_tensor(data, info.offset, info.length)
     assert not data.data_ptr() <= tensor.data_ptr() < data.data_ptr() + len(data)  # a copy
     assert torch.equal(tensor, expected)
 
@@ -228,7 +254,7 @@ def test_a_save_computes_no_zip_crc_the_load_never_reads(reference: tuple[Path, 
     zero in every data file, whichever of DCP's writer threads wrote it, only while the checkpoint is written."""
     directory = reference[0] / "checkpoints" / "step-12"
     data, info, expected = _largest_item(directory)
-    assert torch.equal(training.checkpoint._saved_tensor(data, info.offset, info.length), expected)
+    assert torch.equal(training.tensor_archive.saved_tensor(data, info.offset, info.length), expected)
     metadata = pickle.loads((directory / ".metadata").read_bytes())  # the test's own, trusted file
     crcs: dict[str, set[int]] = {}
     for item in metadata.storage_data.values():
@@ -311,8 +337,10 @@ def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request:
         assert max(len(entry["segments"]) for entry in files.values()) > 2
 
 
-def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path) -> None:
-    """The progress item (like the optimizer's settings) is a pickled object: it is read with weights_only."""
+@pytest.mark.parametrize("planted_as", ["progress", "tensor"])
+def test_a_planted_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path, planted_as: str) -> None:
+    """The progress item (like the optimizer's settings) is a pickled object: it is read with weights_only; a
+    tensor item is read by `tensor_archive`, which leaves what it does not know to weights_only."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
@@ -325,13 +353,17 @@ def test_a_planted_non_tensor_item_runs_no_code(reference: tuple[Path, str], tmp
     offset = shard.stat().st_size
     shard.write_bytes(shard.read_bytes() + payload.getvalue())
     metadata = pickle.loads((planted / ".metadata").read_bytes())  # the test's own, trusted file
-    metadata.storage_data[MetadataIndex("progress")] = _StorageInfo(shard.name, offset, len(payload.getvalue()))
+    index = MetadataIndex("progress")
+    if planted_as == "tensor":
+        index = next(key for key in metadata.storage_data if key.fqn.startswith("model."))
+    metadata.storage_data[index] = _StorageInfo(shard.name, offset, len(payload.getvalue()))
     (planted / ".metadata").write_bytes(pickle.dumps(metadata))
     _recommit(planted)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
-    assert not marker.exists(), "loading the planted progress item ran its code"
+    assert not marker.exists(), "loading the planted item ran its code"
     assert completed
-    assert "skipping checkpoint step-12: rank 0: step-12: WeightsUnpickler error: Unsupported global" in log
+    assert "skipping checkpoint step-12: rank 0: step-12: " in log
+    assert "WeightsUnpickler error: Unsupported global: GLOBAL exec" in log
     assert "resumed from checkpoint step-8" in log
 
 
@@ -411,7 +443,7 @@ def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path
 def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
     import array
 
-    file = training.checkpoint._MemoryFile(memoryview(bytes(range(16))))
+    file = training.tensor_archive._MemoryFile(memoryview(bytes(range(16))))
     assert file.seek(0, io.SEEK_END) == 16 and file.read(4) == b""
     assert file.seek(-4, io.SEEK_END) == 12 and file.read() == bytes([12, 13, 14, 15])
     file.seek(2)
