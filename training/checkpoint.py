@@ -91,7 +91,7 @@ from training.stored_checkpoints import (
     Segment,
     manifest_sha256,
 )
-from training.tensor_archive import bytes_of, saved_tensor
+from training.tensor_archive import bytes_of, saved
 
 log = logging.getLogger(__name__)
 
@@ -564,7 +564,7 @@ class _SafeReader(FileSystemReader):
     """DCP's file-system reader, loading only bytes that match the manifest: ``.metadata`` read by
     `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
     parallel threads, a window at a time, checked against its segments' digests (`_verified_windows`), the
-    window's tensors taken from those bytes without a copy (`tensor_archive.saved_tensor`) and copied into the
+    window's tensors taken from those bytes without a copy (`tensor_archive.saved`) and copied into the
     state dict before the next window is read. The state dict's tensors are the model's and the optimizer's
     own, so should a later window fail its check, these hold checked bytes of this checkpoint in part:
     `load_latest` then loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks
@@ -612,7 +612,10 @@ class _SafeReader(FileSystemReader):
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data[offset : offset + length].numpy().tobytes()))
             return
-        tensor = narrow_tensor_by_index(saved_tensor(data, offset, length), item.storage_offsets, item.lengths)
+        loaded = saved(data, offset, length)
+        if not isinstance(loaded, torch.Tensor):
+            raise CheckpointError(f"{name}: {item.storage_index.fqn} holds a {type(loaded).__name__}, not a tensor")
+        tensor = narrow_tensor_by_index(loaded, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
             found, expected = tuple(tensor.size()), tuple(target.size())

@@ -1,21 +1,25 @@
-"""A tensor that ``torch.save`` wrote, taken from bytes in memory without a copy: a checkpoint load's every item.
+"""A tensor that ``torch.save`` wrote, taken from bytes in memory without a copy: each tensor item of a load.
 
 ``torch.load`` of a file-like object allocates every storage and copies the bytes into it, which costs as much
 as reading them from the disk; its zero-copy form (``mmap=True``) takes only the path of a file that holds one
 archive, and a DCP data file holds many. What that form calls, ``torch.serialization._load`` with the archive's
 own bytes as its storage, costs 0.17-0.23 ms an item on the benchmark VM, most of it in Python with the GIL
 held (a zip reader calling back into Python some forty times, and torch's weights-only unpickler, written in
-Python); a GPT-2 load has 630 items, read in two threads. `saved_tensor` reads the archive of one tensor, as
-torch's writer lays it out, itself: the zip's central directory with `struct`, and the pickle with the C
-unpickler, which resolves no global but torch's own tensor rebuild (0.03-0.05 ms an item). No library reads a
-torch archive from memory without a copy. An archive it does not know (zip64, compressed or encrypted records,
-a comment, big-endian data, or any global but a plain tensor's) goes to torch's reader as before: it decides
-what it accepts, and neither reader runs code a checkpoint names.
-"""
+Python); a GPT-2 load has 630 items, read in two threads. `saved` reads the archive of a plain tensor, as
+torch's writer here lays it out, itself (0.03-0.05 ms an item): the zip's central directory with `struct`, and
+the pickle with the C unpickler, which resolves no global but a plain tensor's rebuild, its storage types and
+``OrderedDict`` (while no extension is registered with ``copyreg``, whose opcodes would skip that check). No
+library reads a torch archive from memory without a copy. Any other archive goes to torch's reader as before,
+which decides what it accepts: zip64, compressed or encrypted records, a comment, big-endian data, records
+under several folders or named twice, another version record, a tensor with its own attributes, hooks or grad
+flag, a parameter, and the dtypes torch saves with another rebuild (unsigned integers wider than a byte, the
+float8 types). A storage named as torch never names one is refused, not passed on. Neither reader runs code a
+checkpoint names."""
 
 from __future__ import annotations
 
 import collections
+import copyreg
 import inspect
 import io
 import pickle
@@ -36,20 +40,28 @@ _END_SIGNATURE, _ENTRY_SIGNATURE, _LOCAL_SIGNATURE = 0x06054B50, 0x02014B50, 0x0
 _STORED = 0
 _ENCRYPTED = 0x1
 _ZIP64 = 0xFFFFFFFF
+_KEY_LENGTH = 20
+"""Characters in a storage's key at most: torch.save numbers its storages "0", "1", ..."""
 
 
 class _NotReadHereError(Exception):
-    """The archive is not one `saved_tensor` reads itself: torch's reader takes it."""
+    """The archive is not one `saved` reads itself: torch's reader takes it."""
+
+
+class RefusedError(pickle.UnpicklingError):
+    """The archive holds what ``torch.save`` never writes, and what torch's reader should not be given either."""
 
 
 def _records(view: memoryview) -> dict[str, tuple[int, int]]:
-    """(start, length) in `view` of each of the archive's records, by name (without the archive's own folder)."""
+    """(start, length) in `view` of each of the archive's records, by name without the archive's own folder, which
+    every record shares and none names twice (torch's reader would read another, or refuse)."""
     if len(view) < _END.size:
         raise _NotReadHereError
     signature, _, _, _, count, _, directory, comment = _END.unpack_from(view, len(view) - _END.size)
     if signature != _END_SIGNATURE or comment or count == 0xFFFF or directory == _ZIP64:
         raise _NotReadHereError
-    records, position = {}, directory
+    records: dict[str, tuple[int, int]] = {}
+    folders, position = set(), directory
     for _ in range(count):
         if position + _ENTRY.size > len(view):
             raise _NotReadHereError
@@ -71,7 +83,13 @@ def _records(view: memoryview) -> dict[str, tuple[int, int]]:
         start = header + _LOCAL.size + local[9] + local[10]
         if local[0] != _LOCAL_SIGNATURE or start + size > len(view):
             raise _NotReadHereError
-        records[name.decode("utf-8", "replace").partition("/")[2]] = (start, size)
+        folder, _, inner = name.decode("utf-8", "replace").partition("/")
+        if inner in records:
+            raise _NotReadHereError
+        folders.add(folder)
+        records[inner] = (start, size)
+    if len(folders) > 1:
+        raise _NotReadHereError
     return records
 
 
@@ -117,12 +135,22 @@ class _TensorUnpickler(pickle.Unpickler):
         raise _NotReadHereError
 
     def persistent_load(self, pid: Any) -> torch.storage.TypedStorage:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise _NotReadHereError
+        if not (
+            type(pid) is tuple
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], StorageType)
+            and type(pid[2]) is str
+            and len(pid[2]) <= _KEY_LENGTH
+            and type(pid[4]) is int
+        ):
+            # Not what torch.save writes; and torch's reader would hash the key whatever it is (a deep enough
+            # tuple crashes it): refused, not passed on.
+            raise RefusedError("a tensor item names a storage as torch.save never does")
         _, kind, key, _, numel = pid  # its location: a load's is the CPU, as torch's with ``map_location="cpu"``
         if key not in self.loaded:
             record = self.records.get(f"data/{key}")
-            if not isinstance(kind, StorageType) or type(numel) is not int or record is None:
+            if record is None:
                 raise _NotReadHereError
             start, length = record
             nbytes = numel * kind.dtype.itemsize
@@ -136,19 +164,45 @@ class _TensorUnpickler(pickle.Unpickler):
         return self.loaded[key]
 
 
-def _read_itself(data: torch.Tensor, offset: int, length: int) -> Any:
-    """What the archive at `data[offset : offset + length]` holds, read by `_TensorUnpickler`."""
+def _read_itself(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+    """The plain tensor that the archive at `data[offset : offset + length]` holds, read by `_TensorUnpickler`."""
+    if sys.byteorder != "little" or cast(Any, copyreg)._extension_registry:  # EXT opcodes skip find_class
+        raise _NotReadHereError
     view = bytes_of(data)[offset : offset + length]
     records = _records(view)
-    if sys.byteorder != "little" or "data.pkl" not in records:
+    if "data.pkl" not in records or _record(view, records, "version") != _VERSION:
         raise _NotReadHereError
-    if "byteorder" in records:  # torch's writer names it; an archive without is little-endian to torch too
-        start, size = records["byteorder"]
-        if bytes(view[start : start + size]) != b"little":
-            raise _NotReadHereError
+    if "byteorder" in records and _record(view, records, "byteorder") != b"little":
+        raise _NotReadHereError  # an archive without is little-endian to torch too
     start, size = records["data.pkl"]
     base = int(data.storage_offset()) + offset
-    return _TensorUnpickler(io.BytesIO(view[start : start + size]), records, data.untyped_storage(), base).load()
+    loaded = _TensorUnpickler(io.BytesIO(view[start : start + size]), records, data.untyped_storage(), base).load()
+    # A BUILD after the rebuild reaches the tensor's own __setstate__ (its grad flag and hooks): torch's reader
+    # refuses it, and a checkpoint's tensors have neither.
+    if type(loaded) is not torch.Tensor or loaded.requires_grad or loaded._backward_hooks or vars(loaded):
+        raise _NotReadHereError
+    return loaded
+
+
+def _record(view: memoryview, records: dict[str, tuple[int, int]], name: str) -> bytes | None:
+    if name not in records:
+        return None
+    start, size = records[name]
+    return bytes(view[start : start + size])
+
+
+def _written_version() -> bytes | None:
+    """The version record torch's writer gives an archive here."""
+    stream = io.BytesIO()
+    torch.save(torch.zeros(0), stream)
+    view = memoryview(stream.getbuffer())
+    try:
+        return _record(view, _records(view), "version")
+    finally:
+        view.release()
+
+
+_VERSION = _written_version()
 
 
 class _MemoryFile(io.RawIOBase):
@@ -212,17 +266,19 @@ def _read_by_torch(data: torch.Tensor, offset: int, length: int) -> Any:
         raise pickle.UnpicklingError(f"WeightsUnpickler error: {exc}") from None
 
 
-def saved_tensor(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
-    """The tensor that ``torch.save`` wrote at [offset, offset + length) of `data` (uint8, on the CPU), its
-    storage a view of `data`'s (but where a torch release lacks the zero-copy form of its reader); an archive
-    this module does not read itself is read by torch's reader, which raises for what it refuses."""
+def saved(data: torch.Tensor, offset: int, length: int) -> Any:
+    """What ``torch.save`` wrote at [offset, offset + length) of `data` (uint8, on the CPU): a tensor's storage is
+    a view of `data`'s (but where a torch release lacks the zero-copy form of its reader). An archive of anything
+    but a plain tensor, or laid out otherwise than torch's writer here lays one out, is read by torch's reader,
+    which raises for what it refuses."""
+    if not 0 <= offset <= offset + length <= data.numel():
+        raise ValueError(f"bytes {offset}-{offset + length} are not all in the {data.numel()} given")
     try:
-        tensor = _read_itself(data, offset, length)
+        return _read_itself(data, offset, length)
+    except RefusedError:
+        raise
     except Exception:  # whatever this reader does not take, torch's reader decides on
-        tensor = _read_by_torch(data, offset, length)
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"a tensor item holds a {type(tensor).__name__}")
-    return tensor
+        return _read_by_torch(data, offset, length)
 
 
 def bytes_of(data: torch.Tensor) -> memoryview:

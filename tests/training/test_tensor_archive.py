@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import copyreg
 import io
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import training.tensor_archive
-from training.tensor_archive import _NotReadHereError, _read_itself, saved_tensor
+from training.tensor_archive import RefusedError, _NotReadHereError, _read_itself, saved
 
 _PAD = 13  # bytes before the archive in the buffer it is read from
 
@@ -55,6 +57,11 @@ def _same(found: torch.Tensor, expected: torch.Tensor) -> None:
     assert type(found) is type(expected) and found.dtype == expected.dtype
     assert found.shape == expected.shape and found.stride() == expected.stride()
     assert found.storage_offset() == expected.storage_offset()
+    assert (found.is_conj(), found.is_neg(), found.requires_grad) == (
+        expected.is_conj(),
+        expected.is_neg(),
+        expected.requires_grad,
+    )
     assert found.untyped_storage().nbytes() == expected.untyped_storage().nbytes()
     assert bytes(found.untyped_storage()) == bytes(expected.untyped_storage())  # bit for bit, NaNs and all
 
@@ -68,14 +75,24 @@ def test_it_reads_each_dtype_and_layout_as_torch_does_from_the_archive_s_own_byt
     start = data.data_ptr() + _PAD
     pointer = found.untyped_storage().data_ptr()
     assert start <= pointer and pointer + found.untyped_storage().nbytes() <= start + len(archive)  # no copy
-    assert saved_tensor(data, _PAD, len(archive)).untyped_storage().data_ptr() == pointer
+    assert saved(data, _PAD, len(archive)).untyped_storage().data_ptr() == pointer
 
 
 def test_an_archive_of_more_than_a_plain_tensor_is_read_by_torch_s_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A parameter, and a tensor with an attribute of its own: torch's weights-only reader takes each as before."""
+    """A parameter, a tensor with an attribute of its own, one with its grad flag, a conjugate and a negative view
+    (their bits are metadata), and a dtype torch saves with another rebuild: torch's weights-only reader takes
+    each as before."""
     noted = torch.ones(3)
     noted.note = 7  # type: ignore[attr-defined]
-    values = [torch.nn.Parameter(torch.ones(2, 2)), noted]
+    complex_ = torch.randn(3, dtype=torch.complex64)
+    values = [
+        torch.nn.Parameter(torch.ones(2, 2)),
+        noted,
+        torch.ones(2, requires_grad=True),
+        complex_.conj(),
+        complex_.conj().imag,
+        torch.zeros(5, dtype=torch.uint16),
+    ]
     by_torch: list[Any] = []
     read_by_torch = training.tensor_archive._read_by_torch
     monkeypatch.setattr(
@@ -86,9 +103,9 @@ def test_an_archive_of_more_than_a_plain_tensor_is_read_by_torch_s_reader(monkey
         data = _placed(archive)
         with pytest.raises(_NotReadHereError):
             _read_itself(data, _PAD, len(archive))
-        found = saved_tensor(data, _PAD, len(archive))
+        found = saved(data, _PAD, len(archive))
         expected = torch.load(io.BytesIO(archive), weights_only=True)
-        assert type(found) is type(expected) and torch.equal(found, expected)
+        _same(found, expected)
         assert getattr(found, "note", None) == getattr(value, "note", None)
     assert len(by_torch) == len(values)
 
@@ -110,7 +127,7 @@ def test_a_planted_archive_runs_no_code_and_is_refused_by_torch_s_reader(tmp_pat
     with pytest.raises(_NotReadHereError):
         _read_itself(data, _PAD, len(archive))
     with pytest.raises(pickle.UnpicklingError, match=r"WeightsUnpickler error: .*exec"):
-        saved_tensor(data, _PAD, len(archive))
+        saved(data, _PAD, len(archive))
     assert not marker.exists()
 
 
@@ -131,20 +148,22 @@ class _Storage:
         self.numel = numel
 
 
-def _tensor_pickle(numel: int, size: tuple[int, ...], offset: int = 0) -> bytes:
-    """A tensor's pickle as torch writes it, with a storage of `numel` floats and the shape and offset given."""
+def _tensor_pickle(numel: int, size: tuple[int, ...], offset: int = 0, *, key: Any = "0", state: Any = None) -> bytes:
+    """A tensor's pickle as torch writes it, with a storage of `numel` floats named `key`, the shape and offset
+    given, and a BUILD of `state` after the rebuild where it is not None (torch writes none)."""
 
     class Rebuilt:
         def __reduce__(self) -> tuple[Any, ...]:
             stride = tuple(int(torch.tensor(size[i + 1 :]).prod()) for i in range(len(size)))
             rebuild = torch._utils._rebuild_tensor_v2  # type: ignore[no-untyped-call]
-            return (rebuild, (storage, offset, size, stride, False, collections.OrderedDict()))
+            arguments = (storage, offset, size, stride, False, collections.OrderedDict())
+            return (rebuild, arguments) if state is None else (rebuild, arguments, state)
 
     storage = _Storage(numel)
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, obj: Any) -> Any:
-            return ("storage", torch.FloatStorage, "0", "cpu", obj.numel) if isinstance(obj, _Storage) else None
+            return ("storage", torch.FloatStorage, key, "cpu", obj.numel) if isinstance(obj, _Storage) else None
 
     stream = io.BytesIO()
     Pickler(stream, protocol=2).dump(Rebuilt())
@@ -179,7 +198,7 @@ def test_a_tensor_reaching_past_its_bytes_is_not_read_here(numel: int, size: tup
     with pytest.raises((_NotReadHereError, RuntimeError)):
         _read_itself(data, _PAD, len(archive))
     by_torch = _outcome(training.tensor_archive._read_by_torch, archive)
-    assert _outcome(saved_tensor, archive) == by_torch
+    assert _outcome(saved, archive) == by_torch
     assert (by_torch is RuntimeError) == (numel == 6)
 
 
@@ -201,6 +220,78 @@ def test_an_archive_laid_out_otherwise_goes_to_torch_s_reader(change: str) -> No
     with pytest.raises(_NotReadHereError):
         _read_itself(data, _PAD, len(archive))
     by_torch = _outcome(training.tensor_archive._read_by_torch, archive)
-    assert _outcome(saved_tensor, archive) == by_torch
+    assert _outcome(saved, archive) == by_torch
     if change in {"comment", "big-endian"}:  # torch's reader reads them
         assert by_torch == _outcome(lambda *_: tensor, archive)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [(True, None, collections.OrderedDict()), (False, None, collections.OrderedDict([(0, collections.OrderedDict)]))],
+    ids=["grad-flag", "hook"],
+)
+def test_a_build_after_the_rebuild_is_not_read_here(state: Any) -> None:
+    """A BUILD reaches the tensor's own __setstate__ (its grad flag and hooks), which torch's reader refuses."""
+    archive = _rewritten(_archive(torch.arange(6.0)), {"data.pkl": _tensor_pickle(6, (6,), state=state)})
+    with pytest.raises(_NotReadHereError):
+        _read_itself(_placed(archive), _PAD, len(archive))
+    refused = _outcome(saved, archive)
+    assert refused == _outcome(training.tensor_archive._read_by_torch, archive)
+    assert isinstance(refused, type) and issubclass(refused, Exception)
+
+
+def test_with_an_extension_registered_in_copyreg_it_reads_nothing_itself() -> None:
+    """The C unpickler resolves an EXT opcode from copyreg's registry without asking find_class."""
+    archive = _archive(torch.arange(6.0))
+    _read_itself(_placed(archive), _PAD, len(archive))
+    copyreg.add_extension("collections", "OrderedDict", 240)
+    try:
+        with pytest.raises(_NotReadHereError):
+            _read_itself(_placed(archive), _PAD, len(archive))
+        _same(saved(_placed(archive), _PAD, len(archive)), torch.arange(6.0))
+    finally:
+        copyreg.remove_extension("collections", "OrderedDict", 240)
+
+
+@pytest.mark.parametrize("key", [("0",), "0" * 21, 0], ids=["tuple", "long", "int"])
+def test_a_storage_named_as_torch_never_names_one_is_refused_by_both_readers(
+    key: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused without torch's reader, which hashes whatever the key is (a deep tuple crashes it)."""
+    archive = _rewritten(_archive(torch.arange(6.0)), {"data.pkl": _tensor_pickle(6, (6,), key=key)})
+    monkeypatch.setattr(training.tensor_archive, "_read_by_torch", lambda *_: pytest.fail("torch's reader was asked"))
+    with pytest.raises(RefusedError, match=r"names a storage as torch\.save never does"):
+        saved(_placed(archive), _PAD, len(archive))
+
+
+def _refiled(archive: bytes, change: str) -> bytes:
+    """`archive` without its version record, with a second data record of the same name, or with one record
+    in another folder."""
+    source, target = zipfile.ZipFile(io.BytesIO(archive)), io.BytesIO()
+    with zipfile.ZipFile(target, "w") as rewritten, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns of the duplicate name
+        for info in source.infolist():
+            inner = info.filename.partition("/")[2]
+            if change == "no-version" and inner == "version":
+                continue
+            name = f"other/{inner}" if change == "two-folders" and inner == "byteorder" else info.filename
+            rewritten.writestr(name, source.read(info))
+            if change == "duplicate" and inner == "data/0":
+                rewritten.writestr(info.filename, bytes(len(source.read(info))))
+    return target.getvalue()
+
+
+@pytest.mark.parametrize("change", ["no-version", "duplicate", "two-folders"])
+def test_records_torch_s_reader_would_read_otherwise_are_not_read_here(change: str) -> None:
+    archive = _refiled(_archive(torch.arange(6.0)), change)
+    with pytest.raises(_NotReadHereError):
+        _read_itself(_placed(archive), _PAD, len(archive))
+    assert _outcome(saved, archive) == _outcome(training.tensor_archive._read_by_torch, archive)
+
+
+def test_bytes_outside_the_buffer_are_refused() -> None:
+    archive = _archive(torch.arange(6.0))
+    data = _placed(archive)
+    for offset, length in [(-1, len(archive)), (_PAD, len(data))]:
+        with pytest.raises(ValueError, match="are not all in the"):
+            saved(data, offset, length)
