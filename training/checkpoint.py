@@ -761,9 +761,10 @@ class CheckpointManager:
         started = time.monotonic()
         state_dict = state.state_dict()
         writer, hashed = _writer(directory)
+        planner = _PieceSavePlanner()
         if self._async_group is not None and not blocking:
             response = dcp_async_save(
-                state_dict, storage_writer=writer, planner=_PieceSavePlanner(), process_group=self._async_group
+                state_dict, storage_writer=writer, planner=planner, process_group=self._async_group
             )
             # torch returns a Future, or (with some stagers) a response holding the upload's Future.
             future = response if isinstance(response, Future) else response.upload_completion
@@ -774,7 +775,7 @@ class CheckpointManager:
                 time.monotonic() - started,
             )
             return
-        metadata = dcp_save(state_dict, storage_writer=writer, planner=_PieceSavePlanner(), process_group=self.env.ctrl)
+        metadata = dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=self.env.ctrl)
         self._commit(
             step, metadata, world_size=self.env.world_size, tokens=state.tokens_consumed, hashed=hashed, started=started
         )

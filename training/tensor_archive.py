@@ -102,9 +102,11 @@ def _rebuild(  # noqa: PLR0917 - the unpickler calls it as torch's own, position
     backward_hooks: dict[Any, Any],
     metadata: Any = None,
 ) -> torch.Tensor:
-    """torch's rebuild of a plain tensor (``torch._utils._rebuild_tensor_v2``), for one with no hooks or metadata,
-    as every tensor a checkpoint saves is; ``set_`` refuses a shape or offset that reaches past the storage."""
-    if backward_hooks or metadata:
+    """torch's rebuild of a plain tensor (``torch._utils._rebuild_tensor_v2``), for one with no metadata (a
+    conjugate's or negative view's bit), as every tensor a checkpoint saves is; ``set_`` refuses a shape or offset
+    that reaches past the storage. Hooks are refused with the rest of what a tensor should not carry, once it is
+    loaded (`_read_itself`)."""
+    if metadata:
         raise _NotReadHereError
     rebuild = cast(Any, torch._utils)._rebuild_tensor_v2
     return cast(torch.Tensor, rebuild(storage, storage_offset, size, stride, requires_grad, backward_hooks))

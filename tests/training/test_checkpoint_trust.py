@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.utils.serialization import config as serialization_config
 from training_helpers import (
     CHECKPOINTED_JOB,
+    Payload,
     cached_pages,
     make_opt_ml,
     o_direct_works,
@@ -46,16 +47,6 @@ def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
     return root
 
 
-class _Payload:
-    """Unpickling this writes `marker`: what planted training code would do instead."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
-
-
 def _recommit(directory: Path) -> None:
     """Rewrite the manifest so that it checks out against the files now there, in the format a save writes."""
     manifest = json.loads((directory / MANIFEST).read_text())
@@ -75,7 +66,7 @@ def test_planted_metadata_with_a_valid_manifest_runs_no_code_and_is_not_loaded(
     root = _copy(reference, tmp_path)
     marker = tmp_path / "marker"
     planted = root / "checkpoints" / "step-12"
-    (planted / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    (planted / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
     _recommit(planted)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert not marker.exists(), "unpickling the planted .metadata ran its code"
@@ -356,7 +347,7 @@ def test_a_planted_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path
     planted = root / "checkpoints" / "step-12"
     shard = next(planted.glob("__0_*.distcp"))
     payload = io.BytesIO()
-    torch.save(_Payload(marker), payload)
+    torch.save(Payload(marker), payload)
     offset = shard.stat().st_size
     shard.write_bytes(shard.read_bytes() + payload.getvalue())
     metadata = pickle.loads((planted / ".metadata").read_bytes())  # the test's own, trusted file

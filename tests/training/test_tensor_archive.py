@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from training_helpers import Payload
 
 import training.tensor_archive
 from training.tensor_archive import RefusedError, _NotReadHereError, _read_itself, saved
@@ -110,19 +111,9 @@ def test_an_archive_of_more_than_a_plain_tensor_is_read_by_torch_s_reader(monkey
     assert len(by_torch) == len(values)
 
 
-class _Payload:
-    """Unpickling this writes `marker`: what planted code would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
-
-
 def test_a_planted_archive_runs_no_code_and_is_refused_by_torch_s_reader(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    archive = _archive(_Payload(marker))
+    archive = _archive(Payload(marker))
     data = _placed(archive)
     with pytest.raises(_NotReadHereError):
         _read_itself(data, _PAD, len(archive))

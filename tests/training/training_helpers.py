@@ -276,3 +276,13 @@ def save_rows_in_pieces(rank: int, world: int, port: int, directory: str, item_b
         )
     finally:
         dist.destroy_process_group()
+
+
+class Payload:
+    """Unpickling this writes `marker`: what code planted in a checkpoint would do instead."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
