@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import copyreg
+import functools
 import inspect
 import io
 import pickle
@@ -172,7 +173,7 @@ def _read_itself(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
         raise _NotReadHereError
     view = bytes_of(data)[offset : offset + length]
     records = _records(view)
-    if "data.pkl" not in records or _record(view, records, "version") != _VERSION:
+    if "data.pkl" not in records or _record(view, records, "version") != _written_version():
         raise _NotReadHereError
     if "byteorder" in records and _record(view, records, "byteorder") != b"little":
         raise _NotReadHereError  # an archive without is little-endian to torch too
@@ -193,8 +194,9 @@ def _record(view: memoryview, records: dict[str, tuple[int, int]], name: str) ->
     return bytes(view[start : start + size])
 
 
+@functools.cache
 def _written_version() -> bytes | None:
-    """The version record torch's writer gives an archive here."""
+    """The version record torch's writer gives an archive here (learnt from one archive, at the first read)."""
     stream = io.BytesIO()
     torch.save(torch.zeros(0), stream)
     view = memoryview(stream.getbuffer())
@@ -202,9 +204,6 @@ def _written_version() -> bytes | None:
         return _record(view, _records(view), "version")
     finally:
         view.release()
-
-
-_VERSION = _written_version()
 
 
 class _MemoryFile(io.RawIOBase):
