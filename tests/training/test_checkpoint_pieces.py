@@ -6,6 +6,7 @@ import math
 import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -169,6 +170,7 @@ def test_a_process_spreads_its_pieces_over_its_files_by_their_own_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint, "_SMALL_ITEM", 0)  # no item is small here: all are shared out
     monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
     writer, _ = training.checkpoint._writer(tmp_path)
     state = _balanced_state()
@@ -179,3 +181,36 @@ def test_a_process_spreads_its_pieces_over_its_files_by_their_own_bytes(
     loaded = {name: torch.zeros_like(value) for name, value in state.items()}
     dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
     assert all(torch.equal(loaded[name], value) for name, value in state.items())
+
+
+def test_a_process_saves_its_small_items_first_in_one_file_and_shares_the_rest_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load reads each file in a thread of its own, front to back: the small items, which cost it the most CPU
+    for their bytes, come first and in one file, so that the last bytes read are large items."""
+    monkeypatch.setattr(training.checkpoint, "_SMALL_ITEM", 1024)
+    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
+    torch.manual_seed(0)
+    state: dict[str, Any] = {
+        **{f"large{i}": torch.randn(64 * (i + 1), 8) for i in range(6)},  # 2-12 KiB
+        **{f"small{i}": torch.randn(16 + i) for i in range(10)},  # 64-100 bytes
+        "step": 7,  # a non-tensor item
+    }
+    writer, _ = training.checkpoint._writer(tmp_path)
+    dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
+    metadata = pickle.loads((tmp_path / ".metadata").read_bytes())
+    where = {index.fqn: info for index, info in metadata.storage_data.items()}
+    small = [where[f"small{i}"] for i in range(10)]
+    large = [where[f"large{i}"] for i in range(6)]
+    first = small[0].relative_path
+    assert {info.relative_path for info in small} == {first}, "the small items share one file"
+    in_first = [info.offset for info in large if info.relative_path == first]
+    assert max(info.offset for info in small) < min(in_first, default=math.inf), "ahead of its large items"
+    # The large items go to the file with the fewest bytes so far, the small ones counted in theirs.
+    sizes = sorted(path.stat().st_size for path in tmp_path.glob("*.distcp"))
+    assert len(sizes) == 2 and sizes[1] - sizes[0] <= 12 * 1024 + 4096, sizes
+    loaded: dict[str, Any] = {name: torch.zeros_like(value) for name, value in state.items() if name != "step"}
+    loaded["step"] = 0
+    dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
+    assert loaded["step"] == 7
+    assert all(torch.equal(loaded[name], value) for name, value in state.items() if name != "step")
