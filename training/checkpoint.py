@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -203,19 +203,24 @@ def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> l
 
 
 def _verified_windows(
-    path: Path, listed: Listed, windows: Sequence[tuple[int, int]], hashed_with: str
+    path: Path,
+    listed: Listed,
+    windows: Sequence[tuple[int, int]],
+    hashed_with: str,
+    opened: direct_io.DirectReader | direct_io.CachedReader | None = None,
 ) -> Generator[tuple[int, torch.Tensor]]:
     """(start, bytes) of each of the file's `windows` in turn, read once into memory (with O_DIRECT where the
     file system allows: `direct_io.open_to_read`) and yielded only when each of the window's segments matched
     its digest in `listed` (the file's size and segments, from its manifest), made with the hash `hashed_with`
     names; CheckpointError at the first that does not, or when the file is not the `size` bytes listed. What is
     used is these bytes: they are not read again, so they cannot change between their check and their use. One
-    buffer, the largest window's size, holds each window in turn: use a window's bytes before taking the next."""
+    buffer, the largest window's size, holds each window in turn: use a window's bytes before taking the next.
+    `opened`: the file, opened to read (`direct_io.open_to_read`) and not yet read from; closed here."""
     size, segments = listed
     data = _buffer(max((end - start for start, end in windows), default=0))
     view = bytes_of(data)
     remaining = iter(segments)
-    with direct_io.open_to_read(path) as file:
+    with opened or direct_io.open_to_read(path) as file:
         for start, end in windows:
             done = 0
             while done < end - start:
@@ -333,6 +338,12 @@ def file_entries(
         segments = known[1] if known and known[0] == size else segments_of(path)
         entries[name] = {"size": size, "segments": [list(segment) for segment in segments]}
     return entries
+
+
+def written_by(rank: int) -> str:
+    """How the names of the data files the process of `rank` writes begin (DCP's file writer names them
+    ``__<rank>_<i>.distcp``)."""
+    return f"__{rank}_"
 
 
 def io_threads() -> int:
@@ -608,12 +619,29 @@ class _SafeReader(FileSystemReader):
     state dict before the next window is read. The state dict's tensors are the model's and the optimizer's
     own, so should a later window fail its check, these hold checked bytes of this checkpoint in part:
     `load_latest` then loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks
-    one), or refuses to start. Once a file is refused, no thread loads another window of the checkpoint."""
+    one), or refuses to start. Once a file is refused, no thread loads another window of the checkpoint.
+
+    `read_ahead` starts reading files before DCP plans the load. `close` closes those that no read took."""
 
     def __init__(self, directory: Path, manifest: Manifest) -> None:
         super().__init__(directory)
         self.directory, self.manifest = directory, manifest
         self.refused = threading.Event()
+        self._metadata: Metadata | None = None
+        self._opened: dict[str, direct_io.DirectReader | direct_io.CachedReader] = {}
+
+    def read_ahead(self, names: Sequence[str]) -> None:
+        """Read and check ``.metadata``, then open the files `names` to read (`direct_io.open_to_read`), which
+        reads their first chunks while DCP plans the load; a file's bytes are checked as it is read for the
+        load, as any file's are."""
+        self._metadata = self._checked_metadata()
+        for name in names:
+            with suppress(OSError):  # the load opens it again, and fails where DCP reports why
+                self._opened[name] = direct_io.open_to_read(self.directory / name)
+
+    def close(self) -> None:
+        while self._opened:
+            self._opened.popitem()[1].close()
 
     def _listed(self, name: str) -> Listed:
         if name not in self.manifest.files:
@@ -630,16 +658,23 @@ class _SafeReader(FileSystemReader):
             if info.offset < 0 or info.length < 0 or info.offset + info.length > size:
                 raise CheckpointError(f"{name}: {item.storage_index.fqn} lies outside the file's {size} bytes")
         windows = _windows(segments, [(info.offset, info.length) for info, _ in placed])
-        index = 0
-        with closing(_verified_windows(self.directory / name, listed, windows, self.manifest.hashed_with)) as verified:
-            for start, data in verified:  # every item lies in one window; the items are in file order
-                if self.refused.is_set():
-                    return
-                end = start + data.numel()
-                while index < len(placed) and placed[index][0].offset + placed[index][0].length <= end:
-                    info, item = placed[index]
-                    self._load_item(item, planner, name=name, data=data, offset=info.offset - start, length=info.length)
-                    index += 1
+        index, opened = 0, self._opened.pop(name, None)
+        try:
+            verified = _verified_windows(self.directory / name, listed, windows, self.manifest.hashed_with, opened)
+            with closing(verified):
+                for start, data in verified:  # every item lies in one window; the items are in file order
+                    if self.refused.is_set():
+                        return
+                    end = start + data.numel()
+                    while index < len(placed) and placed[index][0].offset + placed[index][0].length <= end:
+                        info, item = placed[index]
+                        self._load_item(
+                            item, planner, name=name, data=data, offset=info.offset - start, length=info.length
+                        )
+                        index += 1
+        finally:
+            if opened is not None:
+                opened.close()  # a generator closed before its first window has not closed it
         if index != len(placed):
             info, item = placed[index]
             raise CheckpointError(f"{name}: {item.storage_index.fqn} lies in no segment of the file")
@@ -667,8 +702,9 @@ class _SafeReader(FileSystemReader):
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        files = sorted(per_file.items(), key=lambda file: file[0] not in self._opened)  # those being read first
         with ThreadPoolExecutor(io_threads()) as pool:  # reads, hashing and tensor copies release the GIL
-            done = [pool.submit(self._read_file, name, items, planner) for name, items in per_file.items()]
+            done = [pool.submit(self._read_file, name, items, planner) for name, items in files]
             try:
                 for future in as_completed(done):  # the first to fail raises as it ends
                     future.result()
@@ -683,13 +719,17 @@ class _SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # DCP asks for a rank's own metadata when the global one failed
             raise CheckpointError(f"saves here write one {DCP_METADATA} and no rank's own")
+        metadata = self._metadata or self._checked_metadata()
+        storage_meta = metadata.storage_meta or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+    def _checked_metadata(self) -> Metadata:
         data = _read_verified(self.directory / DCP_METADATA, self._listed(DCP_METADATA), self.manifest.hashed_with)
         metadata = _MetadataUnpickler(io.BytesIO(data.numpy().tobytes())).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"{DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")
-        storage_meta = metadata.storage_meta or StorageMeta()
-        storage_meta.load_id = self.load_id
-        metadata.storage_meta = storage_meta
         return metadata
 
 
@@ -856,7 +896,7 @@ class CheckpointManager:
         try:
             if not isinstance(metadata, Metadata):
                 raise CheckpointError(f"DCP returned {type(metadata).__name__}, not its Metadata")
-            names = [n for n in data_files(metadata) if n.startswith(f"__{self.env.rank}_")]
+            names = [n for n in data_files(metadata) if n.startswith(written_by(self.env.rank))]
             own = file_entries(directory, names + ([DCP_METADATA] if self.env.is_main else []), hashed)
         except Exception as exc:
             own = describe(exc)
@@ -937,6 +977,25 @@ class CheckpointManager:
                 log.warning("skipping checkpoint %s: the run's ledger does not record it", step_dir(step))
         return kept
 
+    def _load(self, directory: Path, manifest: Manifest, template: dict[str, Any], *, same_world: bool) -> str | None:
+        """Load the checkpoint in `directory` into `template`; why it could not, or None."""
+        reader = _SafeReader(directory, manifest)
+        try:
+            if same_world:  # each process reads the files it wrote: it starts reading them now
+                own = [name for name in sorted(manifest.files) if name.startswith(written_by(self.env.rank))]
+                reader.read_ahead(own[: io_threads()])
+            dcp_load(template, storage_reader=reader, planner=_WeightsOnlyPlanner(), process_group=self.env.ctrl)
+        # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
+        except (Exception, CheckpointException) as exc:
+            # DCP wraps the cause; its last line says what was wrong with the files, except for a refused
+            # weights_only load, whose reason is the line naming the global.
+            lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
+            refused = [line for line in lines if "Unsupported global" in line]
+            return f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+        finally:
+            reader.close()
+        return None
+
     def load_latest(self, state: TrainingState) -> int | None:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
         if not self.cfg.resume:
@@ -954,21 +1013,7 @@ class CheckpointManager:
                 assert isinstance(manifest, Manifest)
                 same_world = manifest.world_size == self.env.world_size
                 template = state.state_dict(with_rng=same_world)
-                try:
-                    dcp_load(
-                        template,
-                        storage_reader=_SafeReader(directory, manifest),
-                        planner=_WeightsOnlyPlanner(),
-                        process_group=self.env.ctrl,
-                    )
-                    error = None
-                # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
-                except (Exception, CheckpointException) as exc:
-                    # DCP wraps the cause; its last line says what was wrong with the files, except for a
-                    # refused weights_only load, whose reason is the line naming the global.
-                    lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
-                    refused = [line for line in lines if "Unsupported global" in line]
-                    error = f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+                error = self._load(directory, manifest, template, same_world=same_world)
                 errors = self._agree(error)
             if errors:
                 problems.extend(errors)

@@ -37,7 +37,7 @@ from training import direct_io
 from training.checkpoint import segment_digest, verify
 from training.layout import LEDGER_CHANNEL, MANIFEST
 from training.ledger import OPENED, Record
-from training.stored_checkpoints import FORMAT_VERSION, Segment, manifest_sha256
+from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Segment, manifest_sha256
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -124,14 +124,14 @@ def test_a_data_file_changed_after_the_checkpoint_was_checked_is_not_loaded(
     (another process, a sync that lands late) is not loaded."""
     root = _copy(reference, tmp_path)
     shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
-    load = training.checkpoint.dcp_load
+    reader = training.checkpoint._SafeReader.__init__
 
-    def changed_once_checked(*args: Any, **kwargs: Any) -> Any:
-        if kwargs["storage_reader"].path.name == "step-12":
+    def changed_once_checked(self: Any, directory: Path, *args: Any, **kwargs: Any) -> None:
+        if directory.name == "step-12":  # its manifest was checked: its files are about to be opened
             _change_middle(max(shards, key=lambda shard: shard.stat().st_size))
-        return load(*args, **kwargs)
+        reader(self, directory, *args, **kwargs)
 
-    monkeypatch.setattr(training.checkpoint, "dcp_load", changed_once_checked)
+    monkeypatch.setattr(training.checkpoint._SafeReader, "__init__", changed_once_checked)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert "does not match the blake3 digest" in log and "skipping checkpoint step-12" in log
@@ -434,8 +434,12 @@ def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert ".metadata does not match the blake3 digest its manifest lists" in log
-    assert "saves here write one .metadata and no rank's own" in log  # DCP's retry, refused for that reason
     assert "resumed from checkpoint step-8" in log
+    # Where DCP's read of .metadata fails, it asks for a rank's own metadata file: refused for what it is.
+    manifest = training.checkpoint.manifest_of(metadata.parent)
+    assert not isinstance(manifest, str)
+    with pytest.raises(training.checkpoint.CheckpointError, match=r"saves here write one \.metadata and no rank's own"):
+        training.checkpoint._SafeReader(metadata.parent, manifest).read_metadata(rank=0)
 
 
 def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
@@ -591,6 +595,74 @@ def test_a_window_ends_where_no_item_straddles_a_segment_end(
 ) -> None:
     segments = [(4, "a"), (4, "b"), (4, "c")]
     assert training.checkpoint._windows(segments, spans) == windows
+
+
+def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str]]) -> list[Any]:
+    """Record ("open", directory/file) of each file a load opens to read, and ("plan", "") as DCP plans each load;
+    the readers opened."""
+    opened: list[Any] = []
+    open_to_read, set_up = direct_io.open_to_read, training.checkpoint._WeightsOnlyPlanner.set_up_planner
+
+    def opening(path: Path) -> Any:
+        events.append(("open", f"{path.parent.name}/{path.name}"))
+        opened.append(open_to_read(path))
+        return opened[-1]
+
+    def planning(self: Any, *args: Any, **kwargs: Any) -> None:
+        events.append(("plan", ""))
+        set_up(self, *args, **kwargs)
+
+    monkeypatch.setattr(direct_io, "open_to_read", opening)
+    monkeypatch.setattr(training.checkpoint._WeightsOnlyPlanner, "set_up_planner", planning)
+    return opened
+
+
+def _closed(reader: Any) -> bool:
+    return not reader._buffers if isinstance(reader, direct_io.DirectReader) else reader.file.closed
+
+
+def test_a_process_reads_the_files_it_wrote_while_dcp_plans_the_load(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming on as many processes as saved the checkpoint, a process opens the files it wrote, which starts
+    their reads, once ``.metadata`` is checked and before DCP plans the load; each is read once, and closed."""
+    root = _copy(reference, tmp_path)
+    events: list[tuple[str, str]] = []
+    opened = _recorded_opens(monkeypatch, events)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-12" in log
+    own = sorted(f"step-12/{p.name}" for p in (root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    plan = events.index(("plan", ""))
+    assert [name for kind, name in events[:plan]] == [f"step-12/{DCP_METADATA}", *own]
+    assert sorted(name for kind, name in events if name.startswith("step-12/__")) == own  # none opened twice
+    assert all(_closed(reader) for reader in opened)
+
+
+def test_the_files_read_ahead_of_a_refused_checkpoint_are_closed(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint refused while its files are being read (one fails its digest; the other may not have been
+    taken by a read yet) leaves none of them open, and the load goes on to the one before."""
+    root = _copy(reference, tmp_path)
+    shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
+    _flip(shards[0], 0)
+    events: list[tuple[str, str]] = []
+    opened = _recorded_opens(monkeypatch, events)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "skipping checkpoint step-12" in log and "resumed from checkpoint step-8" in log
+    assert ("open", f"step-12/{shards[1].name}") in events
+    assert opened and all(_closed(reader) for reader in opened)
+    # Files read ahead of a load that never reads them (DCP refused the plan) are closed with the reader.
+    directory = root / "checkpoints" / "step-8"
+    manifest = training.checkpoint.manifest_of(directory)
+    assert not isinstance(manifest, str)
+    opened.clear()
+    reader = training.checkpoint._SafeReader(directory, manifest)
+    reader.read_ahead(sorted(p.name for p in directory.glob("__0_*.distcp")))
+    assert len(opened) == 3 and not any(_closed(file) for file in opened[1:])  # .metadata's, then the two files
+    reader.close()
+    assert all(_closed(file) for file in opened)
 
 
 def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint(
