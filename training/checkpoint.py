@@ -559,15 +559,17 @@ def _files_for(items: Sequence[WriteItem], count: int) -> list[list[WriteItem]]:
     files: list[list[WriteItem]] = [[] for _ in range(count)]
     for index, item in enumerate(item for item in items if item.type == WriteItemType.BYTE_IO):
         files[index % count].append(item)
-    tensors = sorted((item for item in items if item.type != WriteItemType.BYTE_IO), key=_item_bytes, reverse=True)
-    share, sizes = sum(map(_item_bytes, tensors)) / count, [0] * count
-    while tensors and _item_bytes(tensors[-1]) < _SMALL_ITEM and sizes[0] + _item_bytes(tensors[-1]) <= share:
-        files[0].append(tensors[-1])
-        sizes[0] += _item_bytes(tensors.pop())
-    for item in tensors:
+    tensors = [(_item_bytes(item), item) for item in items if item.type != WriteItemType.BYTE_IO]
+    tensors.sort(key=lambda sized: sized[0], reverse=True)
+    share, sizes = sum(size for size, _ in tensors) / count, [0] * count
+    while tensors and tensors[-1][0] < _SMALL_ITEM and sizes[0] + tensors[-1][0] <= share:
+        size, item = tensors.pop()
+        files[0].append(item)
+        sizes[0] += size
+    for size, item in tensors:
         lightest = min(range(count), key=sizes.__getitem__)
         files[lightest].append(item)
-        sizes[lightest] += _item_bytes(item)
+        sizes[lightest] += size
     return files
 
 
