@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import pickle
-import queue
 import shutil
 import threading
 import time
@@ -54,7 +53,13 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    DEFAULT_SUFFIX,
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+    _StorageInfo,
+)
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
@@ -76,7 +81,7 @@ from torch.futures import Future as TorchFuture
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.serialization import config as serialization_config
 
-from training import direct_io
+from training import direct_io, tensor_archive
 from training.config import CheckpointConfig
 from training.data import DistributedTokenLoader
 from training.distributed import DistEnv
@@ -355,9 +360,9 @@ def io_threads() -> int:
 
 
 class _HashingStream:
-    """A file being written that hashes its bytes in segments as they pass. DCP writes each file front to back
-    and asks the stream's position before and after each item; a segment ends at such a boundary once it
-    holds `_MIN_SEGMENT` bytes, so that segments are runs of whole items."""
+    """A file being written that hashes its bytes in segments as they pass. `_CheckedWriter` writes each file
+    front to back and asks the stream's position before and after each item; a segment ends at such a boundary
+    once it holds `_MIN_SEGMENT` bytes, so that segments are runs of whole items."""
 
     def __init__(self, file: direct_io.DirectFile | direct_io.BufferedFile) -> None:
         self.file = file
@@ -396,19 +401,13 @@ class _HashingStream:
         return tuple(self.segments)
 
     def flush(self) -> None:
-        """Nothing: `close` writes what is left (a file written with O_DIRECT writes whole blocks only)."""
-
-    def fileno(self) -> int:
-        return self.file.fileno()
-
-    def close(self) -> None:
-        self.file.close()
+        """Nothing: the file's `close` writes what is left (a file written with O_DIRECT writes whole blocks only)."""
 
 
 class _HashingFileSystem(FileSystem):
     """DCP's local file system, writing every data file with O_DIRECT where the file system allows (see
     `training.direct_io`), and recording the size and segments of each as it writes it, and every error met
-    writing one (DCP's writer threads would otherwise swallow it)."""
+    writing one, by file."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -424,16 +423,16 @@ class _HashingFileSystem(FileSystem):
             return
         file, hashing = None, None
         try:
-            # DCP writes each item as a torch.save archive, whose zip records carry a CRC-32 that torch computes on
-            # one core (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each
-            # segment's digest before it uses a byte. torch's settings are the calling thread's own, and DCP
-            # writes each file in the thread that opens it here. (torch adds `patch` to its config modules at
-            # import, where mypy cannot see it.)
+            # Each item is a torch.save archive, whose zip records carry a CRC-32 that torch computes on one core
+            # (about 0.4 s per GiB on the benchmark VM) and that no load here reads: a load checks each segment's
+            # digest before it uses a byte. torch's settings are the calling thread's own, and each file is
+            # written in the thread that opens it here (`_CheckedWriter._write_file`). (torch adds `patch` to its
+            # config modules at import, where mypy cannot see it.)
             with cast(Any, serialization_config).patch({"save.compute_crc32": False}):
                 file = direct_io.create(path)
                 hashing = _HashingStream(file)
                 yield hashing
-            file.close()  # DCP closes the stream itself, after its fsync (which `close` repeats once all is written)
+            file.close()  # writes what is left, and fsyncs
         except BaseException as exc:
             if file is not None:
                 file.abandon()
@@ -448,26 +447,52 @@ class _HashingFileSystem(FileSystem):
 
 
 class _CheckedWriter(FileSystemWriter):
-    """DCP's file writer, failing the save when a writer thread did not write all its items: with several
-    threads, torch's writer returns the results of those that finished and drops a thread's error, and the
-    checkpoint's metadata would then name only what was written."""
+    """DCP's file writer, writing the files itself: one file per thread, each file's items shared out and ordered
+    by `_files_for` rather than by DCP's own split, each tensor written by `tensor_archive.write` (what
+    ``torch.save`` writes, faster), and the save failed with every file's error (torch's own threaded writer drops
+    a helper thread's error, and the checkpoint's metadata would then name only what was written)."""
 
     fs: _HashingFileSystem
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-        """DCP's `write_data` (one file per thread, each written by one thread), with the items shared among the
-        files and ordered in each by `_files_for`, not by DCP's own split."""
-        files: queue.Queue[tuple[str | os.PathLike[str], str, list[WriteItem]]] = queue.Queue()
         prefix = cast(Any, plan.storage_data).prefix
-        for index, items in enumerate(_files_for(plan.items, self.thread_count)):
-            name = f"{prefix}{index}{DEFAULT_SUFFIX}"
-            files.put((self.fs.concat_path(self.path, name), name, items))
-        future = self._write_data(planner, files)
-        written = future.wait()
-        if self.fs.errors or len(written) != len(plan.items):
-            problem = "; ".join(self.fs.errors) or "a writer thread stopped"
-            raise CheckpointError(f"wrote {len(written)} of the {len(plan.items)} items of this process: {problem}")
+        files = _files_for(plan.items, self.thread_count)
+        with ThreadPoolExecutor(len(files), thread_name_prefix="checkpoint-write") as pool:
+            writing = [
+                pool.submit(self._write_file, f"{prefix}{index}{DEFAULT_SUFFIX}", items, planner)
+                for index, items in enumerate(files)
+            ]
+        written = [result for future in writing if future.exception() is None for result in future.result()]
+        failures = [error for future in writing if (error := future.exception()) is not None]
+        if failures or len(written) != len(plan.items):
+            problem = "; ".join(self.fs.errors or map(describe, failures)) or "an item was given no file"
+            raise CheckpointError(
+                f"wrote {len(written)} of the {len(plan.items)} items of this process: {problem}"
+            ) from next(iter(failures), None)
+        future: TorchFuture[list[WriteResult]] = TorchFuture()
+        future.set_result(written)
         return future
+
+    def _write_file(self, name: str, items: list[WriteItem], planner: SavePlanner) -> list[WriteResult]:
+        """Write `items` in order to the file `name` (as DCP's writer writes an item: a non-tensor's pickled
+        bytes, a tensor's ``torch.save`` archive); where each lies in it."""
+        written = []
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as stream:
+            for item in items:
+                offset = stream.tell()
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    stream.write(cast(io.BytesIO, data).getbuffer())
+                else:
+                    tensor = cast(torch.Tensor, data).detach().cpu()
+                    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+                        tensor = tensor.clone()  # torch.save writes a tensor's whole storage
+                    tensor_archive.write(tensor, stream)
+                length = stream.tell() - offset
+                written.append(
+                    WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(name, offset, length))
+                )
+        return written
 
 
 class _PieceSavePlanner(DefaultSavePlanner):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
 import shutil
@@ -16,9 +17,11 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.utils.serialization import config as serialization_config
 from training_helpers import CHECKPOINTED_JOB, free_port, make_opt_ml, run_in_process, save_rows_in_pieces, step_losses
 
 import training.checkpoint
+import training.tensor_archive
 from training.checkpoint import _PieceSavePlanner, _rows
 
 _ITEM = 4096
@@ -214,3 +217,48 @@ def test_a_process_saves_its_small_items_first_in_one_file_and_shares_the_rest_b
     dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
     assert loaded["step"] == 7
     assert all(torch.equal(loaded[name], value) for name, value in state.items() if name != "step")
+
+
+def test_a_save_runs_torch_s_writer_once_for_each_layout_and_writes_what_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's writer costs a small item more time than its bytes do, with the GIL held: a save writes the tensors
+    of one dtype and shape around the bytes torch wrote for the first of them (`tensor_archive.write`), and each
+    item's archive is the one torch would write, read back by DCP's own reader."""
+    monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {}, raising=False)  # none learnt yet
+    torch.manual_seed(0)
+    state: dict[str, Any] = {
+        **{f"bias{i}": torch.randn(768) for i in range(40)},
+        **{f"step{i}": torch.tensor(float(i)) for i in range(40)},
+        "weight": torch.randn(64, 768),
+        "progress": "{}",  # a non-tensor item
+    }
+    saves: list[torch.Size] = []
+    save = torch.save
+
+    def counted(value: Any, stream: Any) -> None:
+        if isinstance(value, torch.Tensor):  # DCP's planner pickles the non-tensor items with torch.save too
+            saves.append(value.shape)
+        save(value, stream)
+
+    monkeypatch.setattr(torch, "save", counted)
+    writer, _ = training.checkpoint._writer(tmp_path)
+    dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
+    monkeypatch.setattr(torch, "save", save)
+    assert sorted(saves) == sorted([torch.Size([768])] * 2 + [torch.Size([])] * 2 + [torch.Size([64, 768])] * 2)
+    metadata = pickle.loads((tmp_path / ".metadata").read_bytes())
+    for index, info in metadata.storage_data.items():
+        if index.fqn == "progress":
+            continue
+        with (tmp_path / info.relative_path).open("rb") as file:
+            file.seek(info.offset)
+            found = file.read(info.length)
+        expected = io.BytesIO()
+        with serialization_config.patch({"save.compute_crc32": False}):
+            torch.save(state[index.fqn], expected)
+        assert found == expected.getvalue(), index.fqn
+    loaded: dict[str, Any] = {name: torch.zeros_like(value) for name, value in state.items() if name != "progress"}
+    loaded["progress"] = ""
+    dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
+    assert loaded["progress"] == "{}"
+    assert all(torch.equal(loaded[name], value) for name, value in state.items() if name != "progress")

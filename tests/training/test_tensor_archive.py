@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.serialization import config as serialization_config
 from training_helpers import Payload
 
 import training.tensor_archive
@@ -286,3 +287,63 @@ def test_bytes_outside_the_buffer_are_refused() -> None:
     for offset, length in [(-1, len(archive)), (_PAD, len(data))]:
         with pytest.raises(ValueError, match="are not all in the"):
             saved(data, offset, length)
+
+
+def _written(tensor: torch.Tensor) -> bytes:
+    stream = io.BytesIO()
+    training.tensor_archive.write(tensor, stream)
+    return stream.getvalue()
+
+
+def _to_write() -> list[torch.Tensor]:
+    return [
+        *_tensors(),
+        torch.randn(3, requires_grad=True),
+        torch.nn.Parameter(torch.randn(2)),
+        torch.randn(3).to(torch.float8_e4m3fn),
+        torch.arange(9).to(torch.uint16),
+        torch.randn(training.tensor_archive._LAYOUT_BYTES // 4),  # as large as a learnt layout's tensors may not be
+    ]
+
+
+@pytest.mark.parametrize("crc32", [False, True])
+def test_it_writes_each_tensor_as_torch_save_does_byte_for_byte(monkeypatch: pytest.MonkeyPatch, crc32: bool) -> None:
+    monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {})
+    with serialization_config.patch({"save.compute_crc32": crc32}):
+        for tensor in _to_write() + _to_write():  # the first of a layout learns it; the second has other values
+            assert _written(tensor) == _archive(tensor)
+    # Plain tensors that are all of their storage, without CRC-32s: a layout for each dtype and shape.
+    assert len(training.tensor_archive._LAYOUTS) == (0 if crc32 else 12)
+
+
+def test_it_runs_torch_s_writer_once_for_each_layout_and_twice_to_learn_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {})
+    tensors = [torch.randn(768) for _ in range(20)] + [torch.randn(3, 4) for _ in range(5)]
+    with serialization_config.patch({"save.compute_crc32": False}):
+        expected = [_archive(tensor) for tensor in tensors]
+        calls = []
+        save = torch.save
+        monkeypatch.setattr(torch, "save", lambda value, stream: calls.append(value.shape) or save(value, stream))
+        assert [_written(tensor) for tensor in tensors] == expected
+    assert calls == [torch.Size([768])] * 2 + [torch.Size([3, 4])] * 2  # the tensor's, then as many zeros
+
+
+def test_a_layout_whose_bytes_around_the_storage_depend_on_its_values_is_not_learnt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should torch ever write a record that depends on a tensor's values (as a CRC-32 does), the archive of as
+    many zeros differs around the storage, and each tensor of that layout goes to torch's writer."""
+    monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {})
+    save = torch.save
+
+    def save_with_a_sum(value: torch.Tensor, stream: Any) -> None:
+        save({"tensor": value, "sum": float(value.sum())}, stream)
+
+    monkeypatch.setattr(torch, "save", save_with_a_sum)
+    with serialization_config.patch({"save.compute_crc32": False}):
+        for _ in range(3):
+            tensor = torch.randn(16)
+            expected = io.BytesIO()
+            save_with_a_sum(tensor, expected)
+            assert _written(tensor) == expected.getvalue()
+    assert training.tensor_archive._LAYOUTS == {}
