@@ -1005,13 +1005,18 @@ class CheckpointManager:
                 log.warning("skipping checkpoint %s: the run's ledger does not record it", step_dir(step))
         return kept
 
-    def _load(self, directory: Path, manifest: Manifest, template: dict[str, Any], *, same_world: bool) -> str | None:
-        """Load the checkpoint in `directory` into `template`; why it could not, or None."""
+    def _load(
+        self, directory: Path, manifest: Manifest, state: TrainingState, *, same_world: bool
+    ) -> tuple[dict[str, Any], str | None]:
+        """Load the checkpoint in `directory` into a state dict of `state`'s own tensors (with its RNG streams when
+        `same_world`); that state dict, and why it could not be loaded, or None."""
         reader = _SafeReader(directory, manifest)
+        template: dict[str, Any] = {}
         try:
             if same_world:  # each process reads the files it wrote: it starts reading them now
                 own = [name for name in sorted(manifest.files) if name.startswith(written_by(self.env.rank))]
                 reader.read_ahead(own[: io_threads()])
+            template = state.state_dict(with_rng=same_world)  # while those reads run
             dcp_load(template, storage_reader=reader, planner=_WeightsOnlyPlanner(), process_group=self.env.ctrl)
         # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
         except (Exception, CheckpointException) as exc:
@@ -1019,10 +1024,10 @@ class CheckpointManager:
             # weights_only load, whose reason is the line naming the global.
             lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
             refused = [line for line in lines if "Unsupported global" in line]
-            return f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+            return template, f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
         finally:
             reader.close()
-        return None
+        return template, None
 
     def load_latest(self, state: TrainingState) -> int | None:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
@@ -1040,8 +1045,7 @@ class CheckpointManager:
             if not errors:
                 assert isinstance(manifest, Manifest)
                 same_world = manifest.world_size == self.env.world_size
-                template = state.state_dict(with_rng=same_world)
-                error = self._load(directory, manifest, template, same_world=same_world)
+                template, error = self._load(directory, manifest, state, same_world=same_world)
                 errors = self._agree(error)
             if errors:
                 problems.extend(errors)

@@ -597,10 +597,15 @@ def test_a_window_ends_where_no_item_straddles_a_segment_end(
 
 
 def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str]]) -> list[Any]:
-    """Record ("open", directory/file) of each file a load opens to read, and ("plan", "") as DCP plans each load;
-    the readers opened."""
+    """Record ("open", directory/file) of each file a load opens to read, ("state", "") as the training state's
+    state dict is taken, and ("plan", "") as DCP plans each load; the readers opened."""
     opened: list[Any] = []
     open_to_read, set_up = direct_io.open_to_read, training.checkpoint._WeightsOnlyPlanner.set_up_planner
+    state_dict = training.checkpoint.TrainingState.state_dict
+
+    def taking(self: Any, **kwargs: Any) -> dict[str, Any]:
+        events.append(("state", ""))
+        return state_dict(self, **kwargs)
 
     def opening(path: Path) -> Any:
         events.append(("open", f"{path.parent.name}/{path.name}"))
@@ -613,6 +618,7 @@ def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str
 
     monkeypatch.setattr(direct_io, "open_to_read", opening)
     monkeypatch.setattr(training.checkpoint._WeightsOnlyPlanner, "set_up_planner", planning)
+    monkeypatch.setattr(training.checkpoint.TrainingState, "state_dict", taking)
     return opened
 
 
@@ -624,7 +630,8 @@ def test_a_process_reads_the_files_it_wrote_while_dcp_plans_the_load(
     reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Resuming on as many processes as saved the checkpoint, a process opens the files it wrote, which starts
-    their reads, once ``.metadata`` is checked and before DCP plans the load; each is read once, and closed."""
+    their reads, once ``.metadata`` is checked and before it takes the state dict to load into and DCP plans the
+    load; each is read once, and closed."""
     root = _copy(reference, tmp_path)
     events: list[tuple[str, str]] = []
     opened = _recorded_opens(monkeypatch, events)
@@ -632,7 +639,7 @@ def test_a_process_reads_the_files_it_wrote_while_dcp_plans_the_load(
     assert completed and "resumed from checkpoint step-12" in log
     own = sorted(f"step-12/{p.name}" for p in (root / "checkpoints" / "step-12").glob("__0_*.distcp"))
     plan = events.index(("plan", ""))
-    assert [name for kind, name in events[:plan]] == [f"step-12/{DCP_METADATA}", *own]
+    assert events[:plan] == [("open", name) for name in (f"step-12/{DCP_METADATA}", *own)] + [("state", "")]
     assert sorted(name for kind, name in events if name.startswith("step-12/__")) == own  # none opened twice
     assert all(_closed(reader) for reader in opened)
 
