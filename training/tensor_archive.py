@@ -14,7 +14,12 @@ which decides what it accepts: zip64, compressed or encrypted records, a comment
 under several folders or named twice, another version record, a tensor with its own attributes, hooks or grad
 flag, a parameter, and the dtypes torch saves with another rebuild (unsigned integers wider than a byte, the
 float8 types). A storage named as torch never names one is refused, not passed on. Neither reader runs code a
-checkpoint names."""
+checkpoint names.
+
+An archive that is, in every byte but its storage's, one that `saved` has read itself is not parsed again: it
+holds what that one held, on its own storage's bytes (`_read_by_layout`). A save's items, written without CRC-32s,
+are so for every tensor of a dtype and shape after the first. `write` writes them that way: ``torch.save``'s
+archive, byte for byte, without torch's pickler for each."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import io
 import pickle
 import struct
 import sys
+from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import torch
@@ -180,12 +186,68 @@ def _read_itself(data: torch.Tensor, offset: int, length: int) -> torch.Tensor:
         raise _NotReadHereError  # an archive without is little-endian to torch too
     start, size = records["data.pkl"]
     base = int(data.storage_offset()) + offset
-    loaded = _TensorUnpickler(io.BytesIO(view[start : start + size]), records, data.untyped_storage(), base).load()
+    unpickler = _TensorUnpickler(io.BytesIO(view[start : start + size]), records, data.untyped_storage(), base)
+    loaded = unpickler.load()
     # A BUILD after the rebuild reaches the tensor's own __setstate__ (its grad flag and hooks): torch's reader
     # refuses it, and a checkpoint's tensors have neither.
     if type(loaded) is not torch.Tensor or loaded.requires_grad or loaded._backward_hooks or vars(loaded):
         raise _NotReadHereError
+    _learn(view, records, unpickler, loaded)
     return loaded
+
+
+@dataclass(frozen=True)
+class _ReadLayout:
+    """An archive `_read_itself` read, but for the bytes of its one storage's record: those before and after
+    them, and the tensor it held on them."""
+
+    head: bytes
+    tail: bytes
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+_READ_LAYOUTS: dict[int, list[_ReadLayout]] = {}
+"""The layouts of the archives read so far, by their length: at most `_MAX_LAYOUTS`."""
+
+
+def _learn(view: memoryview, records: dict[str, tuple[int, int]], unpickler: _TensorUnpickler, loaded: Any) -> None:
+    """Keep the layout of the archive `view`, which `_read_itself` read as `loaded`, where it holds one storage,
+    all of its one record's bytes."""
+    if len(unpickler.loaded) != 1 or sum(len(known) for known in _READ_LAYOUTS.values()) >= _MAX_LAYOUTS:
+        return
+    (key,) = unpickler.loaded
+    start, size = records[f"data/{key}"]
+    if loaded.untyped_storage().nbytes() != size:  # its one storage's
+        return
+    layout = _ReadLayout(
+        bytes(view[:start]),
+        bytes(view[start + size :]),
+        loaded.dtype,
+        tuple(loaded.size()),
+        tuple(loaded.stride()),
+        loaded.storage_offset(),
+    )
+    known = _READ_LAYOUTS.setdefault(len(view), [])
+    if layout not in known:
+        known.append(layout)
+
+
+def _read_by_layout(data: torch.Tensor, offset: int, length: int) -> torch.Tensor | None:
+    """The tensor of the archive at `data[offset : offset + length]`, where every byte of it but its storage's
+    record is the same as in an archive read before (`_READ_LAYOUTS`): what the reader made of that one, on this
+    one's storage bytes. None if no archive read before was laid out as this one."""
+    view = bytes_of(data)[offset : offset + length]
+    for layout in _READ_LAYOUTS.get(length, ()):
+        start, end = len(layout.head), length - len(layout.tail)
+        if bytes(view[:start]) == layout.head and bytes(view[end:]) == layout.tail:
+            base = int(data.storage_offset()) + offset
+            storage = data.untyped_storage()[base + start : base + end]
+            empty = torch.empty(0, dtype=layout.dtype)
+            return empty.set_(storage, layout.offset, layout.size, layout.stride)
+    return None
 
 
 def _record(view: memoryview, records: dict[str, tuple[int, int]], name: str) -> bytes | None:
@@ -276,7 +338,8 @@ def saved(data: torch.Tensor, offset: int, length: int) -> Any:
     if not 0 <= offset <= offset + length <= data.numel():
         raise ValueError(f"bytes {offset}-{offset + length} are not all in the {data.numel()} given")
     try:
-        return _read_itself(data, offset, length)
+        known = _read_by_layout(data, offset, length)
+        return known if known is not None else _read_itself(data, offset, length)
     except RefusedError:
         raise
     except Exception:  # whatever this reader does not take, torch's reader decides on
@@ -291,7 +354,8 @@ def bytes_of(data: torch.Tensor) -> memoryview:
 _LAYOUTS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
 """The bytes ``torch.save`` writes before and after a plain tensor's storage, by `_layout_key`."""
 _MAX_LAYOUTS = 4096
-"""Layouts learnt at most (a model's tensors have a few dozen); past them, `write` is ``torch.save``."""
+"""Layouts `write` learns at most, and as many `saved` does (a model's tensors have a few dozen); past them, each
+archive is written by ``torch.save``, or parsed."""
 _LAYOUT_BYTES = 1 << 20
 """Tensors of fewer bytes than this are written around a learnt layout. Learning one holds two archives and a
 tensor of zeros as large in memory, and torch's writer takes its fixed 0.1 ms or so over a larger tensor's time

@@ -219,6 +219,7 @@ def test_where_torch_has_no_zero_copy_load_tensors_are_loaded_with_torch_load(
         raise training.tensor_archive._NotReadHereError
 
     monkeypatch.setattr(training.tensor_archive, "_read_itself", not_read_here)
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {})  # nor laid out as one it read
     tensor = training.tensor_archive.saved(data, info.offset, info.length)
     assert data.data_ptr() <= tensor.data_ptr() < data.data_ptr() + len(data)  # torch's zero-copy form
     monkeypatch.setattr(training.tensor_archive, "_ZERO_COPY_LOAD", None)

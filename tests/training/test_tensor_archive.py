@@ -347,3 +347,50 @@ def test_a_layout_whose_bytes_around_the_storage_depend_on_its_values_is_not_lea
             save_with_a_sum(tensor, expected)
             assert _written(tensor) == expected.getvalue()
     assert training.tensor_archive._LAYOUTS == {}
+
+
+@pytest.mark.parametrize("crc32", [False, True])
+@pytest.mark.parametrize("index", range(len(_tensors())))
+def test_an_archive_laid_out_as_one_read_before_is_read_as_that_one_was_on_its_own_bytes(
+    index: int, crc32: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CRC-32s, as a checkpoint saves its items, archives of one layout differ only in their storage's
+    bytes: the first is unpickled, the rest are not. With them, only an archive the same in every byte is."""
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {}, raising=False)  # none read yet
+    first, other = _tensors()[index], _tensors()[index]  # the random ones differ
+    with serialization_config.patch({"save.compute_crc32": crc32}):
+        archives = [_archive(tensor) for tensor in (first, other, first)]
+    unpickled = []
+    load = training.tensor_archive._TensorUnpickler.load
+    monkeypatch.setattr(
+        training.tensor_archive._TensorUnpickler, "load", lambda self: unpickled.append(1) or load(self)
+    )
+    for archive in archives:
+        data = _placed(archive)
+        found = saved(data, _PAD, len(archive))
+        _same(found, torch.load(io.BytesIO(archive), weights_only=True))
+        start = data.data_ptr() + _PAD
+        pointer = found.untyped_storage().data_ptr()
+        assert start <= pointer and pointer + found.untyped_storage().nbytes() <= start + len(archive)  # no copy
+    assert len(unpickled) == (len(set(archives)) if crc32 else 1)
+
+
+def test_an_archive_that_differs_from_one_read_before_outside_its_storage_is_read_in_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {})
+    with serialization_config.patch({"save.compute_crc32": False}):
+        archive = _archive(torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    saved(_placed(archive), _PAD, len(archive))
+    (layout,) = training.tensor_archive._READ_LAYOUTS[len(archive)]
+    # The same bytes but for the shape in the pickle, (2, 4) not (3, 4); then for the central directory's end.
+    pickled = archive.index(b"K\x03K\x04")
+    reshaped = archive[:pickled] + b"K\x02K\x04" + archive[pickled + 4 :]
+    found = saved(_placed(reshaped), _PAD, len(reshaped))
+    assert found.shape == (2, 4) and torch.equal(found, torch.arange(8, dtype=torch.float32).reshape(2, 4))
+    comment = archive[: len(archive) - 2] + b"\x01\x00"  # the directory's comment length: not read here
+    with pytest.raises(_NotReadHereError):
+        _read_itself(_placed(comment), _PAD, len(comment))
+    assert training.tensor_archive._read_by_layout(_placed(comment), _PAD, len(comment)) is None
+    assert len(training.tensor_archive._READ_LAYOUTS[len(archive)]) == 2  # the reshaped one's, learnt
+    assert training.tensor_archive._READ_LAYOUTS[len(archive)][0] == layout
