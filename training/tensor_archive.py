@@ -210,13 +210,22 @@ class _ReadLayout:
 
 
 _READ_LAYOUTS: dict[int, list[_ReadLayout]] = {}
-"""The layouts of the archives read so far, by their length: at most `_MAX_LAYOUTS`."""
+"""The layouts of the archives read so far, by their length: of at most `_READ_LENGTHS` lengths, and
+`_LAYOUTS_A_LENGTH` of each. Archives with CRC-32s, as ``torch.save`` writes by default, differ around their
+storage whenever their storage's bytes differ: each would be another layout of its length, and be compared with
+all those before it."""
+_READ_LENGTHS = 1024
+_LAYOUTS_A_LENGTH = 4
 
 
 def _learn(view: memoryview, records: dict[str, tuple[int, int]], unpickler: _TensorUnpickler, loaded: Any) -> None:
     """Keep the layout of the archive `view`, which `_read_itself` read as `loaded`, where it holds one storage,
     all of its one record's bytes."""
-    if len(unpickler.loaded) != 1 or sum(len(known) for known in _READ_LAYOUTS.values()) >= _MAX_LAYOUTS:
+    known = _READ_LAYOUTS.get(len(view))
+    if known is None and len(_READ_LAYOUTS) >= _READ_LENGTHS:
+        return
+    known = known or []
+    if len(unpickler.loaded) != 1 or len(known) >= _LAYOUTS_A_LENGTH:
         return
     (key,) = unpickler.loaded
     start, size = records[f"data/{key}"]
@@ -230,9 +239,8 @@ def _learn(view: memoryview, records: dict[str, tuple[int, int]], unpickler: _Te
         tuple(loaded.stride()),
         loaded.storage_offset(),
     )
-    known = _READ_LAYOUTS.setdefault(len(view), [])
     if layout not in known:
-        known.append(layout)
+        _READ_LAYOUTS[len(view)] = [*known, layout]  # a list others may be reading is not changed
 
 
 def _read_by_layout(data: torch.Tensor, offset: int, length: int) -> torch.Tensor | None:
@@ -354,8 +362,7 @@ def bytes_of(data: torch.Tensor) -> memoryview:
 _LAYOUTS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
 """The bytes ``torch.save`` writes before and after a plain tensor's storage, by `_layout_key`."""
 _MAX_LAYOUTS = 4096
-"""Layouts `write` learns at most, and as many `saved` does (a model's tensors have a few dozen); past them, each
-archive is written by ``torch.save``, or parsed."""
+"""Layouts `write` learns at most (a model's tensors have a few dozen); past them, it is ``torch.save``."""
 _LAYOUT_BYTES = 1 << 20
 """Tensors of fewer bytes than this are written around a learnt layout. Learning one holds two archives and a
 tensor of zeros as large in memory, and torch's writer takes its fixed 0.1 ms or so over a larger tensor's time

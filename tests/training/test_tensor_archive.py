@@ -394,3 +394,17 @@ def test_an_archive_that_differs_from_one_read_before_outside_its_storage_is_rea
     assert training.tensor_archive._read_by_layout(_placed(comment), _PAD, len(comment)) is None
     assert len(training.tensor_archive._READ_LAYOUTS[len(archive)]) == 2  # the reshaped one's, learnt
     assert training.tensor_archive._READ_LAYOUTS[len(archive)][0] == layout
+
+
+def test_archives_with_crc32s_are_read_in_full_and_learnt_up_to_a_few_a_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each archive with CRC-32s of other values differs around its storage: a load of many compares each with
+    at most a few read before, not with all of them."""
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {})
+    archives = [_archive(torch.full((16,), float(i))) for i in range(12)]
+    for index, archive in enumerate(archives):
+        assert torch.equal(saved(_placed(archive), _PAD, len(archive)), torch.full((16,), float(index)))
+    learnt = training.tensor_archive._READ_LAYOUTS
+    assert list(learnt) == [len(archives[0])]
+    assert len(learnt[len(archives[0])]) == training.tensor_archive._LAYOUTS_A_LENGTH
