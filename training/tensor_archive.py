@@ -60,7 +60,17 @@ class RefusedError(pickle.UnpicklingError):
     """The archive holds what ``torch.save`` never writes, and what torch's reader should not be given either."""
 
 
-def _records(view: memoryview) -> dict[str, tuple[int, int]]:
+class _Records(dict[str, tuple[int, int]]):
+    """(start, length) of each record, by name; and where each record's local header and the central directory
+    begin."""
+
+    def __init__(self, directory: int) -> None:
+        super().__init__()
+        self.directory = directory
+        self.headers: dict[str, int] = {}
+
+
+def _records(view: memoryview) -> _Records:
     """(start, length) in `view` of each of the archive's records, by name without the archive's own folder, which
     every record shares and none names twice (torch's reader would read another, or refuse)."""
     if len(view) < _END.size:
@@ -68,7 +78,7 @@ def _records(view: memoryview) -> dict[str, tuple[int, int]]:
     signature, _, _, _, count, _, directory, comment = _END.unpack_from(view, len(view) - _END.size)
     if signature != _END_SIGNATURE or comment or count == 0xFFFF or directory == _ZIP64:
         raise _NotReadHereError
-    records: dict[str, tuple[int, int]] = {}
+    records = _Records(directory)
     folders, position = set(), directory
     for _ in range(count):
         if position + _ENTRY.size > len(view):
@@ -96,6 +106,7 @@ def _records(view: memoryview) -> dict[str, tuple[int, int]]:
             raise _NotReadHereError
         folders.add(folder)
         records[inner] = (start, size)
+        records.headers[inner] = header
     if len(folders) > 1:
         raise _NotReadHereError
     return records
@@ -218,9 +229,10 @@ _READ_LENGTHS = 1024
 _LAYOUTS_A_LENGTH = 4
 
 
-def _learn(view: memoryview, records: dict[str, tuple[int, int]], unpickler: _TensorUnpickler, loaded: Any) -> None:
+def _learn(view: memoryview, records: _Records, unpickler: _TensorUnpickler, loaded: Any) -> None:
     """Keep the layout of the archive `view`, which `_read_itself` read as `loaded`, where it holds one storage,
-    all of its one record's bytes."""
+    all of its one record's bytes, and no other record, local header or the central directory shares a byte with
+    that record: every byte the reader read but the storage's is then in the layout's head or tail."""
     known = _READ_LAYOUTS.get(len(view))
     if known is None and len(_READ_LAYOUTS) >= _READ_LENGTHS:
         return
@@ -228,8 +240,15 @@ def _learn(view: memoryview, records: dict[str, tuple[int, int]], unpickler: _Te
     if len(unpickler.loaded) != 1 or len(known) >= _LAYOUTS_A_LENGTH:
         return
     (key,) = unpickler.loaded
-    start, size = records[f"data/{key}"]
-    if loaded.untyped_storage().nbytes() != size:  # its one storage's
+    name = f"data/{key}"
+    start, size = records[name]
+    if loaded.untyped_storage().nbytes() != size or records.directory < start + size:  # its one storage's
+        return
+    if any(
+        records.headers[other] < start + size and start < begin + length
+        for other, (begin, length) in records.items()
+        if other != name
+    ):
         return
     layout = _ReadLayout(
         bytes(view[:start]),
@@ -370,7 +389,8 @@ on the disk (4 ms per 8 MiB at 2 GiB/s), which its bytes dwarf."""
 
 
 def _layout_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
-    """What, besides its storage's bytes, ``torch.save`` writes of `tensor`: its dtype and shape, for a plain CPU
+    """What, besides its storage's bytes, ``torch.save`` writes of `tensor`: its dtype, shape and strides (a
+    contiguous tensor's may differ where a dimension has one element), for a plain CPU
     tensor under `_LAYOUT_BYTES` that is all of its storage, saved without CRC-32s (a record's CRC-32 depends on
     its bytes); else None. torch's settings are the calling thread's own, and so is this key."""
     save = cast(Any, serialization_config).save
@@ -379,6 +399,7 @@ def _layout_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
         or type(tensor) is not torch.Tensor
         or tensor.device.type != "cpu"
         or tensor.layout != torch.strided
+        or tensor.is_quantized
         or tensor.requires_grad
         or tensor._backward_hooks
         or vars(tensor)
@@ -390,7 +411,7 @@ def _layout_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
         or tensor.untyped_storage().nbytes() != tensor.nbytes
     ):
         return None
-    return (tensor.dtype, tuple(tensor.shape), save.storage_alignment)
+    return (tensor.dtype, tuple(tensor.shape), tensor.stride(), save.storage_alignment)
 
 
 def write(tensor: torch.Tensor, stream: IO[bytes]) -> None:
@@ -399,9 +420,9 @@ def write(tensor: torch.Tensor, stream: IO[bytes]) -> None:
     VM, and a GPT-2 checkpoint has 443 tensor items under 1 MiB, which a save writes while its other threads wait
     for the GIL. For tensors of one `_layout_key`, only the storage's bytes differ from one archive to the next:
     the first such archive is torch's own, and gives the bytes before and after its storage to those that follow,
-    once torch's archive of as many zeros is found to hold the same bytes around them, and the storage's record
-    exactly the tensor's bytes. Any other tensor is written by ``torch.save``. No library writes a torch archive
-    without torch's pickler."""
+    once torch's archives of as many 0x00 bytes and as many 0xFF bytes are found to hold the same bytes around
+    theirs, and each storage's record exactly its tensor's bytes. Any other tensor is written by ``torch.save``.
+    No library writes a torch archive without torch's pickler."""
     key = _layout_key(tensor)
     layout = _LAYOUTS.get(key) if key is not None else None
     if layout is not None:
@@ -415,10 +436,20 @@ def write(tensor: torch.Tensor, stream: IO[bytes]) -> None:
         return
     archive = _saved_bytes(tensor)
     layout = _around_storage(archive, tensor)
-    zeros = torch.zeros_like(tensor)
-    if layout is not None and layout == _around_storage(_saved_bytes(zeros), zeros):
+    if layout is not None and all(layout == _around_storage(_saved_bytes(fill), fill) for fill in _fills(tensor)):
         _LAYOUTS[key] = layout
     stream.write(archive)
+
+
+def _fills(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors of `tensor`'s dtype, shape and strides, whose bytes are all 0x00 and all 0xFF: whatever `tensor`'s
+    own bytes, at least one of them differs from them."""
+    return tuple(  # type: ignore[return-value]
+        torch.full((tensor.nbytes,), byte, dtype=torch.uint8)
+        .view(tensor.dtype)
+        .as_strided(tensor.size(), tensor.stride())
+        for byte in (0x00, 0xFF)
+    )
 
 
 def _saved_bytes(tensor: torch.Tensor) -> bytes:

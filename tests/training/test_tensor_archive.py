@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 import copyreg
 import io
@@ -316,7 +317,9 @@ def test_it_writes_each_tensor_as_torch_save_does_byte_for_byte(monkeypatch: pyt
     assert len(training.tensor_archive._LAYOUTS) == (0 if crc32 else 12)
 
 
-def test_it_runs_torch_s_writer_once_for_each_layout_and_twice_to_learn_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_runs_torch_s_writer_once_for_each_layout_and_three_times_to_learn_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {})
     tensors = [torch.randn(768) for _ in range(20)] + [torch.randn(3, 4) for _ in range(5)]
     with serialization_config.patch({"save.compute_crc32": False}):
@@ -325,7 +328,8 @@ def test_it_runs_torch_s_writer_once_for_each_layout_and_twice_to_learn_it(monke
         save = torch.save
         monkeypatch.setattr(torch, "save", lambda value, stream: calls.append(value.shape) or save(value, stream))
         assert [_written(tensor) for tensor in tensors] == expected
-    assert calls == [torch.Size([768])] * 2 + [torch.Size([3, 4])] * 2  # the tensor's, then as many zeros
+    # The tensor's, then as many 0x00 bytes and as many 0xFF bytes.
+    assert calls == [torch.Size([768])] * 3 + [torch.Size([3, 4])] * 3
 
 
 def test_a_layout_whose_bytes_around_the_storage_depend_on_its_values_is_not_learnt(
@@ -341,8 +345,7 @@ def test_a_layout_whose_bytes_around_the_storage_depend_on_its_values_is_not_lea
 
     monkeypatch.setattr(torch, "save", save_with_a_sum)
     with serialization_config.patch({"save.compute_crc32": False}):
-        for _ in range(3):
-            tensor = torch.randn(16)
+        for tensor in (torch.zeros(16), torch.randn(16), torch.randn(16)):  # a first of zeros proves nothing
             expected = io.BytesIO()
             save_with_a_sum(tensor, expected)
             assert _written(tensor) == expected.getvalue()
@@ -408,3 +411,49 @@ def test_archives_with_crc32s_are_read_in_full_and_learnt_up_to_a_few_a_length(
     learnt = training.tensor_archive._READ_LAYOUTS
     assert list(learnt) == [len(archives[0])]
     assert len(learnt[len(archives[0])]) == training.tensor_archive._LAYOUTS_A_LENGTH
+
+
+def test_tensors_of_one_shape_whose_strides_differ_are_written_as_torch_save_writes_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A contiguous tensor's stride along a dimension of one element can be anything, and torch.save writes it."""
+    monkeypatch.setattr(training.tensor_archive, "_LAYOUTS", {})
+    column, row_turned = torch.zeros(4, 1), torch.randn(1, 4).t()
+    assert column.is_contiguous() and row_turned.is_contiguous() and column.stride() != row_turned.stride()
+    with serialization_config.patch({"save.compute_crc32": False}):
+        for tensor in (column, row_turned, column, row_turned):
+            assert _written(tensor) == _archive(tensor)
+
+
+def test_a_quantized_tensor_is_written_by_torch_save() -> None:
+    tensor = torch.quantize_per_tensor(torch.randn(8), 0.1, 0, torch.qint8)
+    with serialization_config.patch({"save.compute_crc32": False}):
+        assert _written(tensor) == _archive(tensor)
+        assert _written(tensor) == _archive(tensor)
+
+
+def test_no_layout_is_learnt_of_an_archive_whose_storage_shares_bytes_with_another_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bytes of the storage's record that another record, a local header or the central directory also holds
+    are read as more than the storage: an archive differing only there may hold another thing."""
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {})
+    with serialization_config.patch({"save.compute_crc32": False}):
+        archive = _archive(torch.arange(16, dtype=torch.uint8))
+    view = memoryview(archive)
+    records = training.tensor_archive._records(view)
+    start, size = records["data/0"]
+    loaded = _read_itself(_placed(archive), _PAD, len(archive))
+    monkeypatch.setattr(training.tensor_archive, "_READ_LAYOUTS", {})
+    unpickler = argparse.Namespace(loaded={"0": None})
+    overlapping = [("extra", start + size - 1, start + size + 2), ("extra", start - 30, start + 1)]
+    for name, header, end in overlapping:
+        shared = training.tensor_archive._records(view)
+        shared[name], shared.headers[name] = (header + 30, end - header - 30), header
+        training.tensor_archive._learn(view, shared, unpickler, loaded)  # type: ignore[arg-type]
+    shared = training.tensor_archive._records(view)
+    shared.directory = start + 1
+    training.tensor_archive._learn(view, shared, unpickler, loaded)  # type: ignore[arg-type]
+    assert training.tensor_archive._READ_LAYOUTS == {}
+    training.tensor_archive._learn(view, records, unpickler, loaded)  # type: ignore[arg-type]
+    assert len(training.tensor_archive._READ_LAYOUTS[len(archive)]) == 1
