@@ -1011,20 +1011,27 @@ class CheckpointManager:
         """Load the checkpoint in `directory` into a state dict of `state`'s own tensors (with its RNG streams when
         `same_world`); that state dict, and why it could not be loaded, or None."""
         reader = _SafeReader(directory, manifest)
-        template: dict[str, Any] = {}
         try:
             if same_world:  # each process reads the files it wrote: it starts reading them now
                 own = [name for name in sorted(manifest.files) if name.startswith(written_by(self.env.rank))]
-                reader.read_ahead(own[: io_threads()])
+                problem = None
+                try:
+                    reader.read_ahead(own[: io_threads()])
+                except Exception as exc:
+                    problem = f"{directory.name}: {describe(exc)}"
+                # Every rank learns of a refusal before any enters DCP's collectives, which the others would wait in.
+                if self._agree(problem):
+                    return {}, problem or f"{directory.name}: another rank refused its {DCP_METADATA}"
             template = state.state_dict(with_rng=same_world)  # while those reads run
-            dcp_load(template, storage_reader=reader, planner=_WeightsOnlyPlanner(), process_group=self.env.ctrl)
-        # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
-        except (Exception, CheckpointException) as exc:
-            # DCP wraps the cause; its last line says what was wrong with the files, except for a refused
-            # weights_only load, whose reason is the line naming the global.
-            lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
-            refused = [line for line in lines if "Unsupported global" in line]
-            return template, f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+            try:
+                dcp_load(template, storage_reader=reader, planner=_WeightsOnlyPlanner(), process_group=self.env.ctrl)
+            # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
+            except (Exception, CheckpointException) as exc:
+                # DCP wraps the cause; its last line says what was wrong with the files, except for a refused
+                # weights_only load, whose reason is the line naming the global.
+                lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
+                refused = [line for line in lines if "Unsupported global" in line]
+                return template, f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
         finally:
             reader.close()
         return template, None

@@ -645,6 +645,24 @@ def test_a_process_reads_the_files_it_wrote_while_dcp_plans_the_load(
     assert all(_closed(reader) for reader in opened)
 
 
+def test_an_error_taking_the_state_dict_to_load_into_is_not_blamed_on_the_checkpoints(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state dict is taken while the files are read, but its failure is the trainer's: it is raised as it is,
+    not logged as each checkpoint's problem until none can be loaded."""
+    root = _copy(reference, tmp_path)
+
+    def failing(self: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("the optimizer has no state for a parameter")
+
+    monkeypatch.setattr(training.checkpoint.TrainingState, "state_dict", failing)
+    logged: list[str] = []
+    monkeypatch.setattr(training.checkpoint.log, "warning", lambda message, *args: logged.append(message % args))
+    with pytest.raises(RuntimeError, match="the optimizer has no state for a parameter"):
+        run_in_process(root, CHECKPOINTED_JOB)
+    assert not [message for message in logged if "skipping checkpoint" in message]
+
+
 def test_the_files_read_ahead_of_a_refused_checkpoint_are_closed(
     reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
