@@ -6,12 +6,13 @@ shards and ``.metadata``) and, written last by rank 0 via temp file + rename + d
 its size and the BLAKE3 digest of each of its segments (runs of whole items, from 16 MiB), so a checkpoint that was
 truncated or changed (a partial S3 sync, a kill mid-write, a file replaced in S3) is detected and skipped for
 the previous one. Each process writes its share in several threads, one data file each, hashing every
-segment as it writes it. A load reads each file it needs once, front to back, a window of whole segments at
-a time into one reused buffer, hashes the bytes as they arrive and unpickles nothing from a window until
-each of its segments matches; its tensors are then copied from those bytes, so bytes changed after their
-check are never used, and a load holds one window of each file in memory, not the file (and the reader's
-buffers: `direct_io.DirectReader`); a tensor is saved in pieces of at most 16 MiB (whole rows, one at least),
-so that a window is at most about 32 MiB where no row is larger. Loading never
+segment as it writes it. A load reads each file it needs once, front to back, a segment at a time into the
+reader's own buffers (`direct_io.DirectReader`, which reads a few segments ahead), hashes each segment where
+it was read and unpickles nothing from a window (a run of whole segments, one wherever no item straddles a
+segment's end, as none of a save here does) until each of its segments matches; its tensors are then copied
+from those bytes, so bytes changed after their check are never used, and a load holds a few segments of each
+file in memory, not the file; a tensor is saved in pieces of at most 16 MiB (whole rows, one at least), so
+that a segment is at most about 32 MiB where no row is larger. Loading never
 unpickles arbitrary objects: DCP's ``.metadata`` is read by an unpickler that knows only DCP's metadata
 types, a tensor item by one that knows only a plain tensor's (`tensor_archive`, which leaves any other to
 torch's weights-only unpickler), and every other item with torch's weights-only unpickler, so a planted
@@ -97,7 +98,7 @@ from training.stored_checkpoints import (
     Segment,
     manifest_sha256,
 )
-from training.tensor_archive import bytes_of, saved
+from training.tensor_archive import saved
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,11 @@ def _windows(segments: Sequence[Segment], spans: Sequence[tuple[int, int]]) -> l
     return windows
 
 
+def _opened(path: Path, listed: Listed) -> direct_io.DirectReader | direct_io.CachedReader:
+    """The file `path`, opened to be read a segment at a time (`listed`: its size and segments)."""
+    return direct_io.open_to_read(path, [length for length, _ in listed[1]])
+
+
 def _verified_windows(
     path: Path,
     listed: Listed,
@@ -215,46 +221,51 @@ def _verified_windows(
     hashed_with: str,
     opened: direct_io.DirectReader | direct_io.CachedReader | None = None,
 ) -> Generator[tuple[int, torch.Tensor]]:
-    """(start, bytes) of each of the file's `windows` in turn, read once into memory (with O_DIRECT where the
-    file system allows: `direct_io.open_to_read`) and yielded only when each of the window's segments matched
-    its digest in `listed` (the file's size and segments, from its manifest), made with the hash `hashed_with`
-    names; CheckpointError at the first that does not, or when the file is not the `size` bytes listed. What is
-    used is these bytes: they are not read again, so they cannot change between their check and their use. One
-    buffer, the largest window's size, holds each window in turn: use a window's bytes before taking the next.
-    `opened`: the file, opened to read (`direct_io.open_to_read`) and not yet read from; closed here."""
+    """(start, bytes) of each of the file's `windows` in turn, runs of whole segments, each segment read once into
+    memory (with O_DIRECT where the file system allows: `direct_io.open_to_read`) and each window yielded only
+    when each of its segments matched its digest in `listed` (the file's size and segments), made with the hash
+    `hashed_with` names; CheckpointError at the first that does not, or when the file is not the `size` bytes
+    listed. What is used is these bytes: they are not read again, so they cannot change between their check and
+    their use. A window of one segment is the memory the segment was read into; one of several, a copy of them in
+    one buffer. Use a window's bytes before taking the next, which may reuse its memory. `opened`: the file,
+    opened by `_opened` and not yet read from; closed here."""
     size, segments = listed
-    data = _buffer(max((end - start for start, end in windows), default=0))
-    view = bytes_of(data)
-    remaining = iter(segments)
-    with opened or direct_io.open_to_read(path) as file:
+    remaining, joined = iter(segments), None
+    with opened or _opened(path, listed) as file:
         for start, end in windows:
-            done = 0
-            while done < end - start:
+            window, position = None, start
+            while position < end:
                 length, expected = next(remaining)
-                digest, stop = segment_digest(hashed_with), done + length
-                while done < stop:
-                    # Read a piece at a time, and hashed while still in the CPU's cache.
-                    read = file.readinto(view[done : min(stop, done + _HASH_CHUNK)])
-                    if not read:
-                        raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
-                    digest.update(view[done : done + read])
-                    done += read
+                data = file.next_span()
+                if len(data) != length:
+                    raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
+                digest = segment_digest(hashed_with)
+                digest.update(data)
                 if digest.hexdigest() != expected:
-                    where = f"bytes {start + stop - length}-{start + stop}"
+                    where = f"bytes {position}-{position + length}"
                     raise CheckpointError(
                         f"{path.name} does not match the {hashed_with} digest its manifest lists for {where}"
                     )
-            yield start, data[: end - start]
-        if file.readinto(bytearray(1)):
+                if length == end - start:
+                    window = torch.frombuffer(data, dtype=torch.uint8)
+                else:  # a window of several segments: they are copied into one buffer, the next reusing its memory
+                    if joined is None:
+                        joined = _buffer(max(last - first for first, last in windows))
+                    joined[position - start : position - start + length] = torch.frombuffer(data, dtype=torch.uint8)
+                    window = joined[: end - start]
+                position += length
+            assert window is not None
+            yield start, window
+        if file.beyond():
             raise CheckpointError(f"{path.name} is no longer the {size} bytes its manifest lists")
 
 
 def _read_verified(path: Path, listed: Listed, hashed_with: str) -> torch.Tensor:
-    """The whole file's bytes, checked as `_verified_windows` checks them."""
+    """The whole file's bytes, checked as `_verified_windows` checks them, in memory of their own."""
     size = listed[0]
     whole = torch.empty(0, dtype=torch.uint8)  # an empty file has no window
     for _, data in _verified_windows(path, listed, [(0, size)] if size else [], hashed_with):
-        whole = data
+        whole = data.clone()
     return whole
 
 
@@ -644,7 +655,7 @@ class _SafeReader(FileSystemReader):
     `_MetadataUnpickler` instead of `pickle.load`, and each data file this process needs read once, in
     parallel threads, a window at a time, checked against its segments' digests (`_verified_windows`), the
     window's tensors taken from those bytes without a copy (`tensor_archive.saved`) and copied into the
-    state dict before the next window is read. The state dict's tensors are the model's and the optimizer's
+    state dict before the next window is taken. The state dict's tensors are the model's and the optimizer's
     own, so should a later window fail its check, these hold checked bytes of this checkpoint in part:
     `load_latest` then loads an older checkpoint over every one of them (DCP refuses a checkpoint that lacks
     one), or refuses to start. Once a file is refused, no thread loads another window of the checkpoint.
@@ -665,7 +676,7 @@ class _SafeReader(FileSystemReader):
         self._metadata = self._checked_metadata()
         for name in names:
             with suppress(OSError):  # the load opens it again, and fails where DCP reports why
-                self._opened[name] = direct_io.open_to_read(self.directory / name)
+                self._opened[name] = _opened(self.directory / name, self._listed(name))
 
     def close(self) -> None:
         while self._opened:

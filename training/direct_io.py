@@ -1,6 +1,7 @@
-"""Writing a new file, and reading a whole file front to back, with O_DIRECT, which skips the page cache: the
-disk reads each chunk from, or writes it into, the process's own page-aligned buffer, where a buffered write or
-read has the kernel copy every byte through cached pages it must first allocate. On the benchmark VM that
+"""Writing a new file, and reading a whole file front to back in given spans, with O_DIRECT, which skips the page
+cache: the disk reads each chunk from, or writes it into, the process's own page-aligned buffer, where a buffered
+write or read has the kernel copy every byte through cached pages it must first allocate; a reader gives its
+caller each span in the memory the disk read it into. On the benchmark VM that
 kernel work cost more CPU than anything else in a checkpoint save, and made a cold load's kernel time swing
 from under half a second to three (docs/BENCHMARKS.md).
 
@@ -14,16 +15,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import mmap
 import os
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 ALIGNMENT = 4096
 """What O_DIRECT needs of a write's or a read's offset, length and buffer address: a multiple of the device's
@@ -35,24 +35,25 @@ CHUNK = 8 << 20
 BUFFERS = 4
 """Buffers per file written: the caller fills one while the disk writes the others, up to `BUFFERS - 1` at once."""
 
-READ_BUFFERS = 8
-"""Buffers per file read: the caller copies out of one while the disk reads the next `READ_BUFFERS - 1` chunks
+READ_AHEAD = 64 << 20
+"""Bytes of a file a `DirectReader` reads ahead of the span its caller has, in whole spans, the next one at least
 (O_DIRECT has no kernel readahead, so the reader keeps the disk busy itself)."""
 
-KEPT_BUFFERS = 32
-"""Buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or reads next
-(32: eight files being written at once, as `training.checkpoint` writes at most, or four read). Memory a
-process touches for the first time costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms
-per MiB of huge pages freed 3 s or more before (its balloon reports free pages to the host, which drops them),
+KEPT_BYTES = 256 << 20
+"""Bytes of buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or
+reads next (256 MiB: eight files being written at once, as `training.checkpoint` writes at most, or two read in
+its 16 MiB segments, five buffers of 18 MiB each, with what a save of two files leaves). Memory a process
+touches for the first time costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB
+of huge pages freed 3 s or more before (its balloon reports free pages to the host, which drops them),
 0.06-0.13 ms per MiB freed up to 0.5 s before. Kept, they took a save's kernel CPU there from 0.06-0.10 s to
-0.03-0.07 s (docs/BENCHMARKS.md). A file read takes eight buffers and a file written leaves four: a load
-after a save finds half of what it needs, one after another load all of it. A process that resumes loads once,
-first, into new buffers, and its first save writes from them."""
+0.03-0.07 s (docs/BENCHMARKS.md). A process that resumes loads once, first, into new buffers, and its first
+save writes from them."""
 
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()
 
 _WRITEBACK_CHUNK = 32 << 20
+_HUGE_PAGE = 2 << 20
 
 
 def aligned_buffer(size: int) -> mmap.mmap:
@@ -68,20 +69,24 @@ def aligned_buffer(size: int) -> mmap.mmap:
     return buffer
 
 
-def _kept_buffer() -> mmap.mmap:
-    """A buffer of `CHUNK` bytes: one a closed `DirectFile` or `DirectReader` left, or new."""
+def _kept_buffer(size: int) -> mmap.mmap:
+    """A buffer of at least `size` bytes: the smallest that a closed `DirectFile` or `DirectReader` left, or a new
+    one of `size` rounded up to whole huge pages."""
     with _kept_lock:
-        while _kept:
-            buffer = _kept.pop()
-            if len(buffer) == CHUNK:
-                return buffer
-    return aligned_buffer(CHUNK)
+        fitting = [index for index, buffer in enumerate(_kept) if len(buffer) >= size]
+        if fitting:
+            return _kept.pop(min(fitting, key=lambda index: len(_kept[index])))
+    return aligned_buffer(-(-size // _HUGE_PAGE) * _HUGE_PAGE)
 
 
 def _keep(buffers: list[mmap.mmap]) -> None:
-    """Keep buffers no write or read is using any more for later files, up to `KEPT_BUFFERS`."""
+    """Keep buffers no write or read is using any more for later files, up to `KEPT_BYTES`."""
     with _kept_lock:
-        _kept.extend(buffers[: max(0, KEPT_BUFFERS - len(_kept))])
+        held = sum(map(len, _kept))
+        for buffer in buffers:
+            if held + len(buffer) <= KEPT_BYTES:
+                _kept.append(buffer)
+                held += len(buffer)
 
 
 def _without_o_direct(fd: int) -> None:
@@ -134,7 +139,7 @@ class DirectFile:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = 0
-        self._buffers = [_kept_buffer() for _ in range(BUFFERS)]
+        self._buffers = [_kept_buffer(CHUNK) for _ in range(BUFFERS)]
         self._views = [memoryview(buffer) for buffer in self._buffers]
         self._free = deque(range(1, BUFFERS))
         self._current = 0
@@ -265,73 +270,121 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-class DirectReader:
-    """A file read front to back with O_DIRECT: threads of the reader's own read the next `READ_BUFFERS - 1`
-    chunks into page-aligned buffers (`READ_BUFFERS * CHUNK` bytes of memory per reader) while the caller
-    copies the bytes of one out with `readinto`, in order. Each byte is read from the file once. After a
-    failed read every `readinto` raises that error: the bytes after it never come as if they were the next.
-    Not safe for concurrent callers; `close` it (or use it as a context manager)."""
+def _blocks(start: int, end: int, *, last: bool) -> int:
+    """The bytes a read of the span [start, end) of a file covers, from the start of the block `start` is in to
+    the end of the block `end` is in; for the file's last span, to the end of the block after its last byte, so
+    that a byte past the end shows."""
+    stop = end + 1 if last else end
+    return -(-stop // ALIGNMENT) * ALIGNMENT - (start - start % ALIGNMENT)
 
-    def __init__(self, fd: int) -> None:
+
+class _SpanRead:
+    """One span being read: its bytes [start, end) of the file, read from `first` (the start of the block that
+    `start` is in) into `buffer`, in reads of up to `CHUNK` bytes: (their length, the read)."""
+
+    def __init__(self, start: int, end: int, buffer: mmap.mmap) -> None:
+        self.start, self.end, self.first, self.buffer = start, end, start - start % ALIGNMENT, buffer
+        self.reads: list[tuple[int, Future[int]]] = []
+
+    def wait(self) -> int:
+        """Wait for the span's reads; where the file ends, or where the reads do when it goes on past them."""
+        extent = self.first
+        for length, reading in self.reads:
+            read = reading.result()
+            extent += read
+            if read < length:
+                break
+        return extent
+
+
+class DirectReader:
+    """A file read front to back with O_DIRECT, a span at a time: `spans` are the lengths of consecutive runs of
+    its bytes from the first. Each span is read into a page-aligned buffer of the reader's own (from the start of
+    the block it starts in) by threads of the reader's own, in reads of up to `CHUNK` bytes, and `next_span` gives
+    the caller its bytes where the disk put them, without a copy. The spans after the caller's are being read
+    until they hold `READ_AHEAD` bytes: the reader's buffers are as large as its largest span, and there is one
+    more of them than it takes to hold `READ_AHEAD` bytes (fewer for fewer spans). After a failed read every call
+    raises that error: the bytes after it never come as if they were the next. Not safe for concurrent callers;
+    `close` it (or use it as a context manager)."""
+
+    def __init__(self, fd: int, spans: Sequence[int]) -> None:
         self.fd = fd
-        self._buffers = [_kept_buffer() for _ in range(READ_BUFFERS)]
-        self._views = [memoryview(buffer) for buffer in self._buffers]
-        self._disk = ThreadPoolExecutor(max_workers=READ_BUFFERS - 1, thread_name_prefix="direct-read")
-        self._reading: deque[tuple[int, Future[int]]] = deque()  # (buffer, its read), oldest first
-        self._requested = 0  # the file offset of the next chunk to read
-        self._ended = False  # a chunk came back short: the file ends in it
+        self._spans = list(itertools.pairwise(itertools.accumulate(spans, initial=0)))  # [start, end) of each
+        largest = max((_blocks(*span, last=True) for span in self._spans), default=ALIGNMENT)
+        count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // largest)))  # one for a file of no spans
+        self._disk = ThreadPoolExecutor(max_workers=max(1, READ_AHEAD // CHUNK), thread_name_prefix="direct-read")
+        self._buffers: list[mmap.mmap] = []
+        self._reading: deque[_SpanRead] = deque()  # oldest first
+        self._held: _SpanRead | None = None  # the span whose bytes the caller has
+        self._requested = 0  # spans whose reads have been asked for
+        self._extent: int | None = None  # where the file ends, or its last span's reads do, once it is read
         self._failure: BaseException | None = None
-        self._current, self._available = 0, memoryview(b"")  # the buffer being copied out, and its bytes left
+        self._closed = False
         try:
-            for index in range(1, READ_BUFFERS):
-                self._request(index)
+            self._buffers = [_kept_buffer(largest) for _ in range(count)]
+            self._free = deque(self._buffers)
+            self._request()
         except BaseException:
             self._disk.shutdown(wait=True)  # no read is in flight when the caller closes the file
             _keep(self._buffers)
             raise
 
-    def _request(self, index: int) -> None:
-        self._reading.append((index, self._disk.submit(_read_chunk, self.fd, self._views[index], self._requested)))
-        self._requested += CHUNK
+    def _request(self) -> None:
+        """Start reading the spans after those asked for, into the free buffers."""
+        while self._free and self._requested < len(self._spans):
+            start, end = self._spans[self._requested]
+            self._requested += 1
+            span = _SpanRead(start, end, self._free.popleft())
+            self._reading.append(span)
+            view = memoryview(span.buffer)[: _blocks(start, end, last=self._requested == len(self._spans))]
+            for at in range(0, len(view), CHUNK):
+                piece = view[at : at + CHUNK]
+                span.reads.append((len(piece), self._disk.submit(_read_chunk, self.fd, piece, span.first + at)))
 
-    def readinto(self, target: Any) -> int:
-        """Copy the file's next bytes into `target`, as many as it holds or the file has left; 0 at its end."""
-        if not self._buffers:
+    def next_span(self) -> memoryview:
+        """The next span's bytes (fewer where the file ends in it), valid until the next call or `close`."""
+        if self._closed:
             raise ValueError("the reader is closed")
         if self._failure is not None:
             raise self._failure
-        view, done = memoryview(target).cast("B"), 0
-        while done < len(view):
-            if not self._available:
-                if self._ended or not self._reading:
-                    break
-                if not self._reading[0][1].done() and done:
-                    break  # return what is here rather than wait
-                self._request(self._current)  # the buffer just emptied reads the chunk after the last requested
-                self._current, reading = self._reading.popleft()
-                try:
-                    read = reading.result()
-                except Exception as exc:
-                    self._failure = exc
-                    raise
-                self._ended = read < CHUNK
-                self._available = self._views[self._current][:read]
-                continue
-            count = min(len(view) - done, len(self._available))
-            # numpy's copy releases the GIL (a memoryview's does not): the load's other threads hash meanwhile.
-            np.copyto(np.frombuffer(view[done : done + count], np.uint8), self._available[:count])
-            self._available, done = self._available[count:], done + count
-        return done
+        if not self._reading:
+            raise ValueError("every span has been read")
+        if self._held is not None:
+            self._free.append(self._held.buffer)
+        self._held = span = self._reading.popleft()
+        self._request()  # into the buffer the caller gave back
+        try:
+            extent = span.wait()
+        except Exception as exc:
+            self._failure = exc
+            raise
+        if not self._reading:
+            self._extent = extent
+        return memoryview(span.buffer)[span.start - span.first : max(span.start, min(extent, span.end)) - span.first]
+
+    def beyond(self) -> bool:
+        """Whether the file holds a byte past its spans' end; once every span has been taken."""
+        if self._closed:
+            raise ValueError("the reader is closed")
+        if self._failure is not None:
+            raise self._failure
+        if not self._spans:
+            self._extent = _read_chunk(self.fd, memoryview(self._buffers[0])[:ALIGNMENT], 0)
+        elif self._reading or self._extent is None:
+            raise ValueError("a span has not been read")
+        return self._extent > (self._spans[-1][1] if self._spans else 0)
 
     def close(self) -> None:
-        if not self._buffers:
+        if self._closed:
             return
+        self._closed = True
         self._disk.shutdown(wait=True, cancel_futures=True)  # no read is in flight when its buffer goes
         os.close(self.fd)
         self._reading.clear()
-        self._available = memoryview(b"")
+        self._free.clear()
+        self._held = None
         _keep(self._buffers)
-        self._views, self._buffers = [], []
+        self._buffers = []
 
     def __enter__(self) -> DirectReader:
         return self
@@ -341,24 +394,43 @@ class DirectReader:
 
 
 class CachedReader:
-    """A file read front to back through the page cache, for file systems that refuse O_DIRECT, asking the
-    kernel to read one to two `CHUNK`s ahead of the caller."""
+    """A file read front to back through the page cache, a span at a time as `DirectReader` reads it, for file
+    systems that refuse O_DIRECT: each span is copied into one buffer as large as the largest, while the kernel
+    is asked to read the next span ahead."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, spans: Sequence[int]) -> None:
         self.file = path.open("rb", buffering=0)
-        self.offset = self._ahead = 0  # bytes read; bytes the kernel was asked to read ahead
+        self._spans = list(spans)
+        self._buffer = memoryview(bytearray(max(self._spans, default=0)))
+        self._taken = self._offset = 0  # spans taken; bytes read
         self._advise = hasattr(os, "posix_fadvise")
         if self._advise:
             os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            self._read_ahead(0)
 
-    def readinto(self, target: Any) -> int:
-        read = self.file.readinto(target) or 0
-        self.offset += read
-        if self._advise and read and self.offset + CHUNK > self._ahead:
-            start = max(self.offset, self._ahead)
-            os.posix_fadvise(self.file.fileno(), start, CHUNK, os.POSIX_FADV_WILLNEED)
-            self._ahead = start + CHUNK
-        return read
+    def _read_ahead(self, index: int) -> None:
+        if self._advise and index < len(self._spans):
+            os.posix_fadvise(self.file.fileno(), self._offset, self._spans[index], os.POSIX_FADV_WILLNEED)
+
+    def next_span(self) -> memoryview:
+        """The next span's bytes (fewer where the file ends in it), valid until the next call or `close`."""
+        if self.file.closed:
+            raise ValueError("the reader is closed")
+        if self._taken == len(self._spans):
+            raise ValueError("every span has been read")
+        length, done = self._spans[self._taken], 0
+        self._taken += 1
+        while done < length and (read := self.file.readinto(self._buffer[done:length])):
+            done += read
+        self._offset += done
+        self._read_ahead(self._taken)
+        return self._buffer[:done]
+
+    def beyond(self) -> bool:
+        """Whether the file holds a byte past its spans' end; once every span has been taken."""
+        if self._taken != len(self._spans):
+            raise ValueError("a span has not been read")
+        return bool(self.file.read(1))
 
     def close(self) -> None:
         self.file.close()
@@ -370,19 +442,20 @@ class CachedReader:
         self.close()
 
 
-def open_to_read(path: Path) -> DirectReader | CachedReader:
-    """`path`, to be read front to back, with O_DIRECT where its file system allows."""
+def open_to_read(path: Path, spans: Sequence[int]) -> DirectReader | CachedReader:
+    """`path`, to be read front to back in `spans` (the lengths of consecutive runs of its bytes from the first),
+    with O_DIRECT where its file system allows."""
     direct = getattr(os, "O_DIRECT", 0)
     if not direct:
-        return CachedReader(path)
+        return CachedReader(path, spans)
     try:
         fd = os.open(path, os.O_RDONLY | direct)
     except OSError as exc:
         if exc.errno != errno.EINVAL:  # a missing file is reported as such
             raise
-        return CachedReader(path)
+        return CachedReader(path, spans)
     try:
-        return DirectReader(fd)
+        return DirectReader(fd, spans)
     except BaseException:
         os.close(fd)
         raise

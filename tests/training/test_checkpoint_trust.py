@@ -455,26 +455,41 @@ def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
         file.seek(-1)
 
 
-def test_a_load_holds_one_window_of_a_data_file_not_the_file(
+def test_a_load_holds_a_few_segments_of_a_data_file_not_the_file(
     segmented: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A load reads each data file a segment at a time, into memory no larger than its largest segment, and takes
+    each item from the segment it lies in, with no copy into a window of several (`direct_io` bounds how many
+    segments a reader holds). ``.metadata`` is read whole."""
     root = _copy(segmented, tmp_path)
-    shards = list((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
-    buffers: list[int] = []
-    allocate = training.checkpoint._buffer
+    shards = {shard.name: shard.stat().st_size for shard in (root / "checkpoints" / "step-12").glob("__0_*.distcp")}
+    opened: dict[str, list[int]] = {}
+    asked: list[int] = []
+    open_to_read, kept_buffer, allocate = direct_io.open_to_read, direct_io._kept_buffer, training.checkpoint._buffer
+    windows: list[int] = []
 
-    def recording(size: int) -> torch.Tensor:
-        buffers.append(size)
-        return allocate(size)
+    def opening(path: Path, spans: Any) -> Any:
+        opened[path.name] = list(spans)
+        return open_to_read(path, spans)
 
-    monkeypatch.setattr(training.checkpoint, "_buffer", recording)
+    def buffer(size: int = direct_io.CHUNK) -> Any:
+        asked.append(size)
+        return kept_buffer(size)
+
+    monkeypatch.setattr(direct_io, "open_to_read", opening)
+    monkeypatch.setattr(direct_io, "_kept_buffer", buffer)
+    monkeypatch.setattr(training.checkpoint, "_buffer", lambda size: (windows.append(size), allocate(size))[1])
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert "resumed from checkpoint step-12" in log
+    assert opened.keys() >= shards.keys()
+    for name, size in shards.items():
+        assert len(opened[name]) > 2 and sum(opened[name]) == size
+    largest = max(max(opened[name]) for name in shards)
+    read_buffers = [size for size in asked if size != direct_io.CHUNK]  # a save's writes take buffers of CHUNK bytes
+    assert read_buffers and max(read_buffers) <= largest + 2 * direct_io.ALIGNMENT < min(shards.values()) / 2
     metadata = (root / "checkpoints" / "step-12" / ".metadata").stat().st_size
-    data_buffers = [size for size in buffers if size != metadata]
-    assert len(data_buffers) == len(shards)
-    assert max(data_buffers) < min(shard.stat().st_size for shard in shards) / 2
+    assert set(windows) == {metadata}  # read whole, as one window of its segments
 
 
 def test_a_cold_load_reads_the_checkpoint_from_the_disk_and_leaves_none_of_it_cached(
@@ -597,6 +612,64 @@ def test_a_window_ends_where_no_item_straddles_a_segment_end(
     assert training.checkpoint._windows(segments, spans) == windows
 
 
+def _listed_file(path: Path, lengths: list[int]) -> tuple[bytes, tuple[int, tuple[Segment, ...]]]:
+    """A new file at `path` of patterned bytes in segments of `lengths`; its bytes, and its (size, segments)."""
+    data = bytes(itertools.islice(itertools.cycle(range(251)), sum(lengths)))
+    path.write_bytes(data)
+    starts = list(itertools.accumulate(lengths, initial=0))
+    segments = tuple(
+        (length, blake3(data[start : start + length]).hexdigest())
+        for start, length in zip(starts, lengths, strict=False)
+    )
+    return data, (len(data), segments)
+
+
+@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "refused"])
+def test_a_window_of_one_segment_is_the_memory_it_was_read_into_and_one_of_several_a_copy(
+    o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each window is its file's bytes there; a window of one segment is a view of the reader's own memory (no
+    copy), one of several segments a copy of them in one buffer."""
+    if o_direct and not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    if not o_direct:
+        refuse_o_direct(monkeypatch)
+    data, listed = _listed_file(tmp_path / "file", [5000, 3000, 4096, 7])
+    windows = [(0, 5000), (5000, 12096), (12096, 12103)]
+    opened: list[Any] = []
+    open_to_read = direct_io.open_to_read
+    monkeypatch.setattr(direct_io, "open_to_read", lambda *args: (opened.append(open_to_read(*args)), opened[-1])[1])
+    verified = training.checkpoint._verified_windows(tmp_path / "file", listed, windows, "blake3")
+    for (start, end), (at, window) in zip(windows, verified, strict=True):
+        assert at == start and bytes(window.numpy()) == data[start:end]
+        (reader,) = opened
+        memory = reader._buffers if isinstance(reader, direct_io.DirectReader) else [reader._buffer.obj]
+        in_reader = any(_within(window, torch.frombuffer(buffer, dtype=torch.uint8)) for buffer in memory)
+        assert in_reader is (end - start in (5000, 7)), (start, end)
+
+
+def _within(view: torch.Tensor, memory: torch.Tensor) -> bool:
+    """Whether the bytes of `view` lie in `memory`'s."""
+    start, low = view.data_ptr(), memory.data_ptr()
+    return low <= start and start + view.numel() <= low + memory.numel()
+
+
+@pytest.mark.parametrize("change", ["longer", "shorter", "changed"])
+def test_a_file_not_as_its_segments_list_is_refused(change: str, tmp_path: Path) -> None:
+    data, listed = _listed_file(tmp_path / "file", [5000, 4096])
+    if change == "longer":
+        (tmp_path / "file").write_bytes(data + b"x")
+        problem = "is no longer the 9096 bytes its manifest lists"
+    elif change == "shorter":
+        (tmp_path / "file").write_bytes(data[:-1])
+        problem = "is no longer the 9096 bytes its manifest lists"
+    else:
+        (tmp_path / "file").write_bytes(data[:6000] + b"x" + data[6001:])
+        problem = "does not match the blake3 digest its manifest lists for bytes 5000-9096"
+    with pytest.raises(training.checkpoint.CheckpointError, match=problem):
+        list(training.checkpoint._verified_windows(tmp_path / "file", listed, [(0, 5000), (5000, 9096)], "blake3"))
+
+
 def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str]]) -> list[Any]:
     """Record ("open", directory/file) of each file a load opens to read, ("state", "") as the training state's
     state dict is taken, and ("plan", "") as DCP plans each load; the readers opened."""
@@ -608,9 +681,9 @@ def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str
         events.append(("state", ""))
         return state_dict(self, **kwargs)
 
-    def opening(path: Path) -> Any:
+    def opening(path: Path, spans: Any) -> Any:
         events.append(("open", f"{path.parent.name}/{path.name}"))
-        opened.append(open_to_read(path))
+        opened.append(open_to_read(path, spans))
         return opened[-1]
 
     def planning(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -624,7 +697,7 @@ def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str
 
 
 def _closed(reader: Any) -> bool:
-    return not reader._buffers if isinstance(reader, direct_io.DirectReader) else reader.file.closed
+    return reader._closed if isinstance(reader, direct_io.DirectReader) else reader.file.closed
 
 
 def test_a_process_reads_the_files_it_wrote_while_dcp_plans_the_load(

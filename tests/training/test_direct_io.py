@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import itertools
 import mmap
 import os
 import random
@@ -173,10 +174,10 @@ def test_writes_that_end_out_of_order_still_give_the_bytes_in_order(
 def test_a_file_written_after_another_writes_from_the_buffers_the_first_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A closed file's write buffers are kept, up to KEPT_BUFFERS, for the files written next: memory a process
+    """A closed file's write buffers are kept, up to KEPT_BYTES, for the files written next: memory a process
     touches for the first time costs a page fault per page. A buffer is never in two open files."""
     monkeypatch.setattr(direct_io, "_kept", [])
-    monkeypatch.setattr(direct_io, "KEPT_BUFFERS", direct_io.BUFFERS + 1)
+    monkeypatch.setattr(direct_io, "KEPT_BYTES", (direct_io.BUFFERS + 1) * len(direct_io._kept_buffer(direct_io.CHUNK)))
     contents = [random.Random(seed).randbytes(5 * _SMALL_CHUNK + 3) for seed in range(3)]
     first = direct_io.create(tmp_path / "0")
     assert isinstance(first, direct_io.DirectFile)
@@ -226,24 +227,30 @@ def test_write_buffers_are_kept_only_once_no_write_uses_them(tmp_path: Path, mon
     assert len(direct_io._kept) == direct_io.BUFFERS
 
 
-def _read_in_pieces(file: direct_io.DirectReader | direct_io.CachedReader, seed: int) -> bytes:
-    """The file's bytes, read with `readinto` in pieces of sizes that straddle every chunk and block."""
-    rng, pieces = random.Random(seed), []
-    while True:
-        length = rng.choice(_PIECES)
-        piece = bytearray(length)
-        read = file.readinto(piece)
-        if not read:
-            return b"".join(pieces)
-        assert 0 < read <= length
-        pieces.append(bytes(piece[:read]))
+def _spans_of(size: int, seed: int) -> list[int]:
+    """Lengths of consecutive runs of a file of `size` bytes, from 1 byte to several chunks: their ends fall inside
+    blocks and on them, and the first span of a file begins some at a block's end."""
+    rng, spans = random.Random(seed), []
+    while sum(spans) < size:
+        spans.append(min(size - sum(spans), rng.choice(_PIECES)))
+    return spans
+
+
+def _read_in_spans(file: direct_io.DirectReader | direct_io.CachedReader, spans: list[int]) -> list[bytes]:
+    """Each span's bytes, as `next_span` gives them."""
+    return [bytes(file.next_span()) for _ in spans]
+
+
+def _cut(data: bytes, spans: list[int]) -> list[bytes]:
+    ends = list(itertools.accumulate(spans, initial=0))
+    return [data[start:end] for start, end in itertools.pairwise(ends)]
 
 
 @pytest.fixture
 def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reads in chunks of two blocks, three buffers per file: every buffer reused many times, in few bytes."""
+    """Reads in chunks of two blocks, ahead by three: every buffer reused many times, in few bytes."""
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
-    monkeypatch.setattr(direct_io, "READ_BUFFERS", 3)
+    monkeypatch.setattr(direct_io, "READ_AHEAD", 3 * _SMALL_CHUNK)
 
 
 @pytest.fixture
@@ -255,7 +262,7 @@ def direct_reads(tmp_path: Path, small_reads: None) -> None:
 
 @pytest.mark.usefixtures("small_reads")
 @pytest.mark.parametrize("size", _SIZES)
-def test_a_file_read_front_to_back_gives_exactly_its_bytes(
+def test_a_file_read_a_span_at_a_time_gives_exactly_its_bytes(
     size: int, o_direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = random.Random(size).randbytes(size)
@@ -263,14 +270,76 @@ def test_a_file_read_front_to_back_gives_exactly_its_bytes(
     path.write_bytes(data)
     direct_io.evict(path)
     evicted = cached_pages(path) == 0  # not on tmpfs, which accepts O_DIRECT from Linux 6.6 but keeps every page
-    with direct_io.open_to_read(path) as file:
+    spans = _spans_of(size, seed=size)
+    with direct_io.open_to_read(path, spans) as file:
         assert isinstance(file, direct_io.DirectReader if o_direct else direct_io.CachedReader)
-        assert _read_in_pieces(file, seed=size) == data
-        assert file.readinto(bytearray(10)) == 0  # and no more after the end
+        assert _read_in_spans(file, spans) == _cut(data, spans)
+        assert not file.beyond()
+        with pytest.raises(ValueError, match="every span has been read"):
+            file.next_span()
     with pytest.raises(ValueError, match="closed"):
-        file.readinto(bytearray(10))
+        file.next_span()
     if o_direct and evicted:
         assert cached_pages(path) == 0  # read from the disk into the reader's own memory only
+
+
+@pytest.mark.usefixtures("small_reads")
+@pytest.mark.parametrize("size", [1, direct_io.ALIGNMENT - 1, direct_io.ALIGNMENT, 3 * _SMALL_CHUNK])
+def test_a_file_longer_or_shorter_than_its_spans_shows(size: int, o_direct: bool, tmp_path: Path) -> None:
+    """One byte more than the spans hold shows in `beyond`, whether the spans end inside a block or at its end;
+    one byte less shows as a short last span."""
+    data = random.Random(size).randbytes(size + 1)
+    (tmp_path / "longer").write_bytes(data)
+    (tmp_path / "shorter").write_bytes(data[: size - 1])
+    spans = [size // 2, size - size // 2] if size > 1 else [1]
+    with direct_io.open_to_read(tmp_path / "longer", spans) as file:
+        assert _read_in_spans(file, spans) == _cut(data[:size], spans)
+        assert file.beyond()
+    with direct_io.open_to_read(tmp_path / "shorter", spans) as file:
+        assert _read_in_spans(file, spans) == _cut(data[: size - 1], spans)
+
+
+def test_a_file_of_no_spans_is_empty_or_shows_a_byte_beyond(o_direct: bool, tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "one").write_bytes(b"x")
+    for name, beyond in (("empty", False), ("one", True)):
+        with direct_io.open_to_read(tmp_path / name, []) as file:
+            assert file.beyond() is beyond
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_span_is_the_memory_the_disk_read_it_into_and_the_reader_holds_a_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`next_span` gives the reader's own buffer, not a copy; the reader has one buffer more than its reads ahead
+    need (READ_AHEAD bytes, in whole spans), each as large as its largest span, and reads no span into a buffer
+    whose bytes the caller still has."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    spans = [3 * _SMALL_CHUNK + 5, _SMALL_CHUNK - 1, *[_SMALL_CHUNK + 17] * 6, 2 * _SMALL_CHUNK]
+    data = random.Random(3).randbytes(sum(spans))
+    (tmp_path / "file").write_bytes(data)
+    read_chunk, held, into_held = direct_io._read_chunk, [None], []
+
+    def recording(fd: int, buffer: memoryview, offset: int) -> int:
+        into_held.append(buffer.obj is held[0])
+        read = read_chunk(fd, buffer, offset)
+        into_held.append(buffer.obj is held[0])
+        return read
+
+    monkeypatch.setattr(direct_io, "_read_chunk", recording)
+    largest = direct_io._blocks(0, spans[0], last=False) + direct_io.ALIGNMENT
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
+        assert isinstance(file, direct_io.DirectReader)
+        assert len(file._buffers) == 1 + -(-direct_io.READ_AHEAD // largest) == 2
+        assert all(len(buffer) >= largest for buffer in file._buffers)
+        for expected in _cut(data, spans):
+            held[0] = None
+            span = file.next_span()
+            held[0] = span.obj
+            assert span.obj in file._buffers and bytes(span) == expected
+            time.sleep(0.01)  # reads started now would go on meanwhile
+        assert not file.beyond()
+    assert len(into_held) >= 2 * len(spans) and not any(into_held)
 
 
 @pytest.mark.usefixtures("direct_reads")
@@ -283,9 +352,11 @@ def test_a_read_that_o_direct_refuses_goes_through_the_page_cache(
     data = random.Random(1).randbytes(5 * _SMALL_CHUNK + 99)
     (tmp_path / "file").write_bytes(data)
     direct_io.evict(tmp_path / "file")
-    with direct_io.open_to_read(tmp_path / "file") as file:
+    spans = _spans_of(len(data), seed=1)
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
         assert isinstance(file, direct_io.DirectReader)
-        assert _read_in_pieces(file, seed=1) == data
+        assert _read_in_spans(file, spans) == _cut(data, spans)
+        assert not file.beyond()
     assert refused
     assert cached_pages(tmp_path / "file") > 0  # read through the page cache
 
@@ -298,7 +369,7 @@ def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pyte
 
     def short_reads(fd: int, buffers: list[memoryview], offset: int) -> int:
         read = preadv(fd, buffers, offset)
-        if offset % _SMALL_CHUNK == 0 and read > direct_io.ALIGNMENT + 100:  # the first read of each chunk
+        if offset % direct_io.ALIGNMENT == 0 and read > direct_io.ALIGNMENT + 100:  # the first read of each chunk
             short.append(offset)
             return direct_io.ALIGNMENT + 100  # and the next read, at an unaligned offset, is one O_DIRECT refuses
         return read
@@ -306,8 +377,10 @@ def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(direct_io.os, "preadv", short_reads)
     data = random.Random(2).randbytes(6 * _SMALL_CHUNK + 5)
     (tmp_path / "file").write_bytes(data)
-    with direct_io.open_to_read(tmp_path / "file") as file:
-        assert _read_in_pieces(file, seed=2) == data
+    spans = [2 * _SMALL_CHUNK, 4 * _SMALL_CHUNK + 5]
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
+        assert _read_in_spans(file, spans) == _cut(data, spans)
+        assert not file.beyond()
     assert len(short) >= 2
 
 
@@ -324,19 +397,15 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
         return preadv(fd, buffers, offset)
 
     monkeypatch.setattr(direct_io.os, "preadv", failing_third_chunk)
-    file = direct_io.open_to_read(tmp_path / "file")
+    file = direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 9)
     assert isinstance(file, direct_io.DirectReader)
     closed: list[int] = []
     close = os.close
     monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
-    first, done = memoryview(bytearray(2 * _SMALL_CHUNK)), 0
-    while done < len(first):  # the chunks before the failed one
-        read = file.readinto(first[done:])
-        assert read
-        done += read
-    for _ in range(2):  # and again: the bytes after the failed chunk never come as the next ones
+    assert [len(file.next_span()) for _ in range(2)] == [_SMALL_CHUNK] * 2  # the spans before the failed one
+    for call in (file.next_span, file.next_span, file.beyond):  # the bytes after it never come as the next ones
         with pytest.raises(OSError, match="Input/output error"):
-            file.readinto(bytearray(_SMALL_CHUNK))
+            call()
     file.close()
     assert closed == [file.fd]
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
@@ -352,8 +421,9 @@ def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
     monkeypatch.setattr(direct_io, "_read_chunk", first_read_ends_last)
     data = random.Random(0).randbytes(7 * _SMALL_CHUNK + 5)
     (tmp_path / "file").write_bytes(data)
-    with direct_io.open_to_read(tmp_path / "file") as file:
-        assert _read_in_pieces(file, seed=0) == data
+    spans = [3 * _SMALL_CHUNK, 4 * _SMALL_CHUNK + 5]
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
+        assert _read_in_spans(file, spans) == _cut(data, spans)
     assert ended.index(0) > 0  # a later chunk's read ended first
 
 
@@ -391,38 +461,60 @@ def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
     close = os.close
     monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
     with pytest.raises(RuntimeError, match="can't start new thread"):
-        direct_io.open_to_read(tmp_path / "file")
+        direct_io.open_to_read(tmp_path / "file", [direct_io.CHUNK] * 4)
     assert len(closed) == 1
     assert reads == [(0, [])]  # the read begun ended before the descriptor was closed
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
-    assert len(direct_io._kept) == direct_io.READ_BUFFERS  # its buffers, for the files after
+    assert len(direct_io._kept) == 4  # its buffers, one a span (fewer spans than READ_AHEAD holds), for the files after
 
 
 @pytest.mark.usefixtures("direct_reads")
 def test_a_file_read_after_a_save_reads_into_its_buffers_and_leaves_them_to_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reader takes the buffers closed files left (a written file leaves fewer than a read takes, as in
-    production: it maps the rest) and, once closed, leaves all of its own: a process that resumes writes its
-    first checkpoint from the buffers its load read into."""
+    """A reader takes the buffers closed files left where they are large enough, and new ones where they are
+    not, and once closed leaves its own: a process that resumes writes its first checkpoint from the buffers its
+    load read into."""
     monkeypatch.setattr(direct_io, "_kept", [])
-    monkeypatch.setattr(direct_io, "READ_BUFFERS", 2 * direct_io.BUFFERS)
     data = random.Random(0).randbytes(5 * _SMALL_CHUNK + 3)
     written = direct_io.create(tmp_path / "file")
     assert isinstance(written, direct_io.DirectFile)
     left = {id(buffer) for buffer in written._buffers}
     written.write(memoryview(data))
     written.close()
-    with direct_io.open_to_read(tmp_path / "file") as reader:
+    spans = [_SMALL_CHUNK] * 5 + [3]
+    with direct_io.open_to_read(tmp_path / "file", spans) as reader:
+        assert isinstance(reader, direct_io.DirectReader)
+        assert {id(buffer) for buffer in reader._buffers} < left  # as large as these spans need
+        assert _read_in_spans(reader, spans) == _cut(data, spans)
+    assert {id(buffer) for buffer in direct_io._kept} == left
+    larger = random.Random(1).randbytes(max(map(len, direct_io._kept)) + 1)
+    (tmp_path / "larger").write_bytes(larger)
+    with direct_io.open_to_read(tmp_path / "larger", [len(larger)]) as reader:
         assert isinstance(reader, direct_io.DirectReader)
         read_into = {id(buffer) for buffer in reader._buffers}
-        assert left < read_into and len(read_into) == direct_io.READ_BUFFERS
-        assert _read_in_pieces(reader, 0) == data
-    assert {id(buffer) for buffer in direct_io._kept} == read_into
+        assert read_into and not read_into & left  # too small for its span: new ones
+        assert _read_in_spans(reader, [len(larger)]) == [larger]
+    assert {id(buffer) for buffer in direct_io._kept} == left | read_into
     after = direct_io.create(tmp_path / "next")
     assert isinstance(after, direct_io.DirectFile)
-    assert {id(buffer) for buffer in after._buffers} < read_into
+    assert {id(buffer) for buffer in after._buffers} == left  # the smallest that fit
     after.abandon()
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_kept_buffers_are_the_smallest_that_fit_and_hold_at_most_kept_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small, large = direct_io.aligned_buffer(2 << 20), direct_io.aligned_buffer(4 << 20)
+    monkeypatch.setattr(direct_io, "_kept", [large, small])
+    monkeypatch.setattr(direct_io, "KEPT_BYTES", 6 << 20)
+    assert direct_io._kept_buffer(1) is small
+    assert direct_io._kept_buffer(1) is large
+    new = direct_io._kept_buffer((4 << 20) + 1)  # none left: a new one, in whole huge pages
+    assert len(new) == 6 << 20
+    direct_io._keep([small, new, large])
+    assert direct_io._kept == [small, large]  # the new one would take them past KEPT_BYTES
 
 
 @pytest.mark.usefixtures("direct_reads")
@@ -451,12 +543,14 @@ def test_read_buffers_are_kept_only_once_no_read_uses_them(tmp_path: Path, monke
 
     monkeypatch.setattr(direct_io, "_read_chunk", held_read)
     monkeypatch.setattr(direct_io, "_keep", keeping)
-    reader = direct_io.open_to_read(tmp_path / "file")
+    reader = direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 8)
+    assert isinstance(reader, direct_io.DirectReader)
+    buffers = len(reader._buffers)
     assert under_way.wait(timeout=30)
     threading.Timer(0.2, released.set).start()  # close, below, waits for the reads under way
     reader.close()
     assert kept_while == [0]
-    assert len(direct_io._kept) == direct_io.READ_BUFFERS
+    assert len(direct_io._kept) == buffers
 
 
 def _mapping_of(buffer: mmap.mmap) -> tuple[str, set[str]]:
