@@ -36,8 +36,10 @@ BUFFERS = 4
 """Buffers per file written: the caller fills one while the disk writes the others, up to `BUFFERS - 1` at once."""
 
 READ_AHEAD = 64 << 20
-"""Bytes of a file a `DirectReader` reads ahead of the span its caller has, in whole spans, the next one at least
-(O_DIRECT has no kernel readahead, so the reader keeps the disk busy itself)."""
+"""What a `DirectReader` reads ahead of the span its caller has (O_DIRECT has no kernel readahead, so the reader
+keeps the disk busy itself): as many whole spans as it takes spans of its largest one's size to hold this many
+bytes, the next one at least. The bound is in spans: a file of many spans smaller than its largest reads fewer
+bytes ahead, and each of its buffers is still the largest's size, in whole huge pages."""
 
 KEPT_BYTES = 256 << 20
 """Bytes of buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or
@@ -301,9 +303,10 @@ class DirectReader:
     """A file read front to back with O_DIRECT, a span at a time: `spans` are the lengths of consecutive runs of
     its bytes from the first. Each span is read into a page-aligned buffer of the reader's own (from the start of
     the block it starts in) by threads of the reader's own, in reads of up to `CHUNK` bytes, and `next_span` gives
-    the caller its bytes where the disk put them, without a copy. The spans after the caller's are being read
-    until they hold `READ_AHEAD` bytes: the reader's buffers are as large as its largest span, and there is one
-    more of them than it takes to hold `READ_AHEAD` bytes (fewer for fewer spans). After a failed read every call
+    the caller its bytes where the disk put them, without a copy. The reader's buffers are each as large as its
+    largest span (with the blocks it starts and ends in), and there is one more of them than it takes buffers of
+    that size to hold `READ_AHEAD` bytes (fewer for fewer spans): the spans after the caller's are read into the
+    others. After a failed read every call
     raises that error: the bytes after it never come as if they were the next. Not safe for concurrent callers;
     `close` it (or use it as a context manager)."""
 

@@ -458,9 +458,10 @@ def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
 def test_a_load_holds_a_few_segments_of_a_data_file_not_the_file(
     segmented: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A load reads each data file a segment at a time, into memory no larger than its largest segment, and takes
-    each item from the segment it lies in, with no copy into a window of several (`direct_io` bounds how many
-    segments a reader holds). ``.metadata`` is read whole."""
+    """A load reads each data file a segment at a time, into buffers of its largest segment's size (with the blocks
+    it starts and ends in), never one of the whole file, and takes each item from the segment it lies in, with no
+    copy into a window of several (`direct_io` bounds how many segments a reader holds). ``.metadata`` is read
+    whole."""
     root = _copy(segmented, tmp_path)
     shards = {shard.name: shard.stat().st_size for shard in (root / "checkpoints" / "step-12").glob("__0_*.distcp")}
     opened: dict[str, list[int]] = {}
