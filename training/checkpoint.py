@@ -249,8 +249,8 @@ def _verified_windows(
                 if length == end - start:
                     window = torch.frombuffer(data, dtype=torch.uint8)
                 else:  # a window of several segments: they are copied into one buffer, the next reusing its memory
-                    if joined is None:
-                        joined = _buffer(max(last - first for first, last in windows))
+                    if joined is None or len(joined) < end - start:
+                        joined = _buffer(end - start)
                     joined[position - start : position - start + length] = torch.frombuffer(data, dtype=torch.uint8)
                     window = joined[: end - start]
                 position += length

@@ -21,7 +21,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from pathlib import Path
 
@@ -37,9 +37,10 @@ BUFFERS = 4
 
 READ_AHEAD = 64 << 20
 """What a `DirectReader` reads ahead of the span its caller has (O_DIRECT has no kernel readahead, so the reader
-keeps the disk busy itself): as many whole spans as it takes spans of its largest one's size to hold this many
-bytes, the next one at least. The bound is in spans: a file of many spans smaller than its largest reads fewer
-bytes ahead, and each of its buffers is still the largest's size, in whole huge pages."""
+keeps the disk busy itself): as many whole spans as it takes buffers for its largest span (that span with the
+blocks it starts and ends in, in whole huge pages) to hold this many bytes, the next one at least. A reader's
+buffers are then at most this many bytes and one buffer more, however many spans its file has; a file of many
+spans smaller than its largest reads fewer bytes ahead."""
 
 KEPT_BYTES = 256 << 20
 """Bytes of buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or
@@ -71,6 +72,10 @@ def aligned_buffer(size: int) -> mmap.mmap:
     return buffer
 
 
+def _in_huge_pages(size: int) -> int:
+    return -(-size // _HUGE_PAGE) * _HUGE_PAGE
+
+
 def _kept_buffer(size: int) -> mmap.mmap:
     """A buffer of at least `size` bytes: the smallest that a closed `DirectFile` or `DirectReader` left, or a new
     one of `size` rounded up to whole huge pages."""
@@ -78,7 +83,7 @@ def _kept_buffer(size: int) -> mmap.mmap:
         fitting = [index for index, buffer in enumerate(_kept) if len(buffer) >= size]
         if fitting:
             return _kept.pop(min(fitting, key=lambda index: len(_kept[index])))
-    return aligned_buffer(-(-size // _HUGE_PAGE) * _HUGE_PAGE)
+    return aligned_buffer(_in_huge_pages(size))
 
 
 def _keep(buffers: list[mmap.mmap]) -> None:
@@ -289,7 +294,9 @@ class _SpanRead:
         self.reads: list[tuple[int, Future[int]]] = []
 
     def wait(self) -> int:
-        """Wait for the span's reads; where the file ends, or where the reads do when it goes on past them."""
+        """Wait for every one of the span's reads (none is then writing into its buffer); where the file ends, or
+        where the reads do when it goes on past them. The first failed read's error is raised."""
+        wait([reading for _, reading in self.reads])
         extent = self.first
         for length, reading in self.reads:
             read = reading.result()
@@ -304,17 +311,18 @@ class DirectReader:
     its bytes from the first. Each span is read into a page-aligned buffer of the reader's own (from the start of
     the block it starts in) by threads of the reader's own, in reads of up to `CHUNK` bytes, and `next_span` gives
     the caller its bytes where the disk put them, without a copy. The reader's buffers are each as large as its
-    largest span (with the blocks it starts and ends in), and there is one more of them than it takes buffers of
-    that size to hold `READ_AHEAD` bytes (fewer for fewer spans): the spans after the caller's are read into the
-    others. After a failed read every call
-    raises that error: the bytes after it never come as if they were the next. Not safe for concurrent callers;
-    `close` it (or use it as a context manager)."""
+    largest span (with the blocks it starts and ends in, in whole huge pages), and there is one more of them than
+    it takes buffers of that size to hold `READ_AHEAD` bytes (fewer for fewer spans): the spans after the caller's
+    are read into the others. After a failed read, or a failure to start one, every call raises that error: the
+    bytes after it never come as if they were the next. Not safe for concurrent callers; `close` it (or use it as
+    a context manager). A span the caller still has when it closes the reader is not kept for other files."""
 
     def __init__(self, fd: int, spans: Sequence[int]) -> None:
         self.fd = fd
         self._spans = list(itertools.pairwise(itertools.accumulate(spans, initial=0)))  # [start, end) of each
         largest = max((_blocks(*span, last=True) for span in self._spans), default=ALIGNMENT)
-        count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // largest)))  # one for a file of no spans
+        # as many as buffers of new memory for it would be, in whole huge pages; one for a file of no spans
+        count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // _in_huge_pages(largest))))
         self._disk = ThreadPoolExecutor(max_workers=max(1, READ_AHEAD // CHUNK), thread_name_prefix="direct-read")
         self._buffers: list[mmap.mmap] = []
         self._reading: deque[_SpanRead] = deque()  # oldest first
@@ -324,7 +332,8 @@ class DirectReader:
         self._failure: BaseException | None = None
         self._closed = False
         try:
-            self._buffers = [_kept_buffer(largest) for _ in range(count)]
+            for _ in range(count):
+                self._buffers.append(_kept_buffer(largest))
             self._free = deque(self._buffers)
             self._request()
         except BaseException:
@@ -345,32 +354,40 @@ class DirectReader:
                 span.reads.append((len(piece), self._disk.submit(_read_chunk, self.fd, piece, span.first + at)))
 
     def next_span(self) -> memoryview:
-        """The next span's bytes (fewer where the file ends in it), valid until the next call or `close`."""
+        """The next span's bytes (fewer where the file ends in it), valid until the next call of this or `beyond`,
+        or `close`."""
         if self._closed:
             raise ValueError("the reader is closed")
         if self._failure is not None:
             raise self._failure
         if not self._reading:
             raise ValueError("every span has been read")
-        if self._held is not None:
-            self._free.append(self._held.buffer)
+        self._give_back()
         self._held = span = self._reading.popleft()
-        self._request()  # into the buffer the caller gave back
         try:
+            self._request()  # into the buffer the caller gave back
             extent = span.wait()
-        except Exception as exc:
+        except BaseException as exc:
             self._failure = exc
             raise
         if not self._reading:
             self._extent = extent
         return memoryview(span.buffer)[span.start - span.first : max(span.start, min(extent, span.end)) - span.first]
 
+    def _give_back(self) -> None:
+        """The caller is done with the span it had: its buffer is free for the next read."""
+        if self._held is not None:
+            self._free.append(self._held.buffer)
+            self._held = None
+
     def beyond(self) -> bool:
-        """Whether the file holds a byte past its spans' end; once every span has been taken."""
+        """Whether the file holds a byte past its spans' end; once every span has been taken, and the caller is
+        done with the last."""
         if self._closed:
             raise ValueError("the reader is closed")
         if self._failure is not None:
             raise self._failure
+        self._give_back()
         if not self._spans:
             self._extent = _read_chunk(self.fd, memoryview(self._buffers[0])[:ALIGNMENT], 0)
         elif self._reading or self._extent is None:
@@ -383,10 +400,11 @@ class DirectReader:
         self._closed = True
         self._disk.shutdown(wait=True, cancel_futures=True)  # no read is in flight when its buffer goes
         os.close(self.fd)
+        held = self._held.buffer if self._held is not None else None
         self._reading.clear()
         self._free.clear()
         self._held = None
-        _keep(self._buffers)
+        _keep([buffer for buffer in self._buffers if buffer is not held])  # the caller may still read the held one
         self._buffers = []
 
     def __enter__(self) -> DirectReader:
@@ -416,7 +434,8 @@ class CachedReader:
             os.posix_fadvise(self.file.fileno(), self._offset, self._spans[index], os.POSIX_FADV_WILLNEED)
 
     def next_span(self) -> memoryview:
-        """The next span's bytes (fewer where the file ends in it), valid until the next call or `close`."""
+        """The next span's bytes (fewer where the file ends in it), valid until the next call of this or `beyond`,
+        or `close`."""
         if self.file.closed:
             raise ValueError("the reader is closed")
         if self._taken == len(self._spans):

@@ -649,6 +649,21 @@ def test_a_window_of_one_segment_is_the_memory_it_was_read_into_and_one_of_sever
         assert in_reader is (end - start in (5000, 7)), (start, end)
 
 
+def test_only_windows_of_several_segments_are_copied_into_a_buffer_of_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, listed = _listed_file(tmp_path / "file", [9000, 3000, 4096, 7, 100, 50])
+    windows = [(0, 9000), (9000, 16096), (16096, 16103), (16103, 16253)]
+    sizes: list[int] = []
+    buffer = training.checkpoint._buffer
+    monkeypatch.setattr(training.checkpoint, "_buffer", lambda size: (sizes.append(size), buffer(size))[1])
+    for (start, end), (_, window) in zip(
+        windows, training.checkpoint._verified_windows(tmp_path / "file", listed, windows, "blake3"), strict=True
+    ):
+        assert bytes(window.numpy()) == data[start:end]
+    assert sizes == [7096]  # the second window's; the last, smaller, reuses it
+
+
 def _within(view: torch.Tensor, memory: torch.Tensor) -> bool:
     """Whether the bytes of `view` lie in `memory`'s."""
     start, low = view.data_ptr(), memory.data_ptr()

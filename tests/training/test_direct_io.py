@@ -248,9 +248,10 @@ def _cut(data: bytes, spans: list[int]) -> list[bytes]:
 
 @pytest.fixture
 def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reads in chunks of two blocks, ahead by three: every buffer reused many times, in few bytes."""
+    """Reads in chunks of two blocks, ahead by three buffers of spans up to a huge page: every buffer reused many
+    times, in few bytes."""
     monkeypatch.setattr(direct_io, "CHUNK", _SMALL_CHUNK)
-    monkeypatch.setattr(direct_io, "READ_AHEAD", 3 * _SMALL_CHUNK)
+    monkeypatch.setattr(direct_io, "READ_AHEAD", 3 * direct_io._HUGE_PAGE)
 
 
 @pytest.fixture
@@ -312,8 +313,8 @@ def test_a_span_is_the_memory_the_disk_read_it_into_and_the_reader_holds_a_few(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`next_span` gives the reader's own buffer, not a copy; the reader has one buffer more than its reads ahead
-    need (READ_AHEAD bytes, in whole spans), each as large as its largest span, and reads no span into a buffer
-    whose bytes the caller still has."""
+    need (READ_AHEAD bytes, in buffers for whole spans), each as large as its largest span in whole huge pages,
+    and reads no span into a buffer whose bytes the caller still has."""
     monkeypatch.setattr(direct_io, "_kept", [])
     spans = [3 * _SMALL_CHUNK + 5, _SMALL_CHUNK - 1, *[_SMALL_CHUNK + 17] * 6, 2 * _SMALL_CHUNK]
     data = random.Random(3).randbytes(sum(spans))
@@ -330,7 +331,7 @@ def test_a_span_is_the_memory_the_disk_read_it_into_and_the_reader_holds_a_few(
     largest = direct_io._blocks(0, spans[0], last=False) + direct_io.ALIGNMENT
     with direct_io.open_to_read(tmp_path / "file", spans) as file:
         assert isinstance(file, direct_io.DirectReader)
-        assert len(file._buffers) == 1 + -(-direct_io.READ_AHEAD // largest) == 2
+        assert len(file._buffers) == 1 + -(-direct_io.READ_AHEAD // direct_io._in_huge_pages(largest)) == 4
         assert all(len(buffer) >= largest for buffer in file._buffers)
         for expected in _cut(data, spans):
             held[0] = None
@@ -485,8 +486,9 @@ def test_a_file_read_after_a_save_reads_into_its_buffers_and_leaves_them_to_the_
     spans = [_SMALL_CHUNK] * 5 + [3]
     with direct_io.open_to_read(tmp_path / "file", spans) as reader:
         assert isinstance(reader, direct_io.DirectReader)
-        assert {id(buffer) for buffer in reader._buffers} < left  # as large as these spans need
+        assert {id(buffer) for buffer in reader._buffers} <= left  # as large as these spans need
         assert _read_in_spans(reader, spans) == _cut(data, spans)
+        assert not reader.beyond()  # done with the last span: its buffer is free again
     assert {id(buffer) for buffer in direct_io._kept} == left
     larger = random.Random(1).randbytes(max(map(len, direct_io._kept)) + 1)
     (tmp_path / "larger").write_bytes(larger)
@@ -495,6 +497,7 @@ def test_a_file_read_after_a_save_reads_into_its_buffers_and_leaves_them_to_the_
         read_into = {id(buffer) for buffer in reader._buffers}
         assert read_into and not read_into & left  # too small for its span: new ones
         assert _read_in_spans(reader, [len(larger)]) == [larger]
+        assert not reader.beyond()
     assert {id(buffer) for buffer in direct_io._kept} == left | read_into
     after = direct_io.create(tmp_path / "next")
     assert isinstance(after, direct_io.DirectFile)
@@ -577,3 +580,111 @@ def test_buffers_for_direct_io_are_private_memory_advised_for_huge_pages() -> No
         assert permissions == "rw-p" and "hg" in flags
     finally:
         buffer.close()
+
+
+@pytest.mark.parametrize(
+    "spans", [[1] * 400, [3 << 20, *[1] * 400, 5]], ids=["400 one-byte spans", "one of 3 MiB and 401 small"]
+)
+def test_a_reader_holds_read_ahead_bytes_and_one_buffer_more_however_many_its_spans(
+    spans: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest may list many small segments: the reader's buffers are bounded in bytes, each being its largest
+    span's in whole huge pages, not one a span."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "_kept", [])
+    data = random.Random(4).randbytes(sum(spans))
+    (tmp_path / "file").write_bytes(data)
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
+        assert isinstance(file, direct_io.DirectReader)
+        sizes = [len(buffer) for buffer in file._buffers]
+        assert sum(sizes) <= direct_io.READ_AHEAD + max(sizes), sizes
+        assert _read_in_spans(file, spans) == _cut(data, spans)
+        assert not file.beyond()
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_read_that_cannot_be_started_fails_every_later_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the reads of a later span cannot start (no thread for them), the span being taken fails, and so does
+    every call after it: no span comes in the place of another."""
+    data = random.Random(5).randbytes(8 * _SMALL_CHUNK)
+    (tmp_path / "file").write_bytes(data)
+    spans = [_SMALL_CHUNK] * 8
+    submitted: list[object] = []
+
+    class NoFifthRead(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            submitted.append(args)
+            if len(submitted) == 5:  # the reads ahead of the second span taken
+                raise RuntimeError("can't start new thread")
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", NoFifthRead)
+    with direct_io.open_to_read(tmp_path / "file", spans) as file:
+        assert isinstance(file, direct_io.DirectReader)
+        assert len(file._buffers) == 4
+        assert bytes(file.next_span()) == data[:_SMALL_CHUNK]
+        for call in (file.next_span, file.next_span, file.beyond):
+            with pytest.raises(RuntimeError, match="can't start new thread"):
+                call()
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_span_comes_once_every_read_into_its_buffer_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A span read in several reads, the first of them short (the file ends in it): the span comes only once the
+    others have ended too, so that no read is still writing into the memory the caller has."""
+    data = random.Random(6).randbytes(_SMALL_CHUNK // 2)
+    (tmp_path / "file").write_bytes(data)
+    read_chunk, events, taken = direct_io._read_chunk, [], threading.Event()
+
+    def later_read_ends_late(fd: int, buffer: memoryview, offset: int) -> int:
+        if offset:  # the span's second read, past the file's end
+            taken.wait(timeout=1)
+            events.append("second read ended")
+        return read_chunk(fd, buffer, offset)
+
+    monkeypatch.setattr(direct_io, "_read_chunk", later_read_ends_late)
+    with direct_io.open_to_read(tmp_path / "file", [2 * _SMALL_CHUNK]) as file:
+        span = file.next_span()
+        events.append("span taken")
+        taken.set()
+        assert bytes(span) == data
+    assert "second read ended" in events and events[-1] == "span taken", events
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_reader_that_cannot_take_all_its_buffers_leaves_those_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_bytes(bytes(8 * _SMALL_CHUNK))
+    kept = [direct_io.aligned_buffer(2 << 20) for _ in range(2)]
+    monkeypatch.setattr(direct_io, "_kept", list(kept))
+
+    def no_memory(size: int) -> mmap.mmap:
+        raise MemoryError
+
+    monkeypatch.setattr(direct_io, "aligned_buffer", no_memory)  # a third buffer would be new memory
+    with pytest.raises(MemoryError):
+        direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 8)
+    assert sorted(map(id, direct_io._kept)) == sorted(map(id, kept))
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_span_the_caller_has_when_the_reader_closes_is_not_kept_for_other_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader closed before its last span was done with (a load that failed half-way) keeps its other buffers
+    for later files, and not the one whose bytes the caller may still hold: a later file would read into them."""
+    monkeypatch.setattr(direct_io, "_kept", [])
+    data = random.Random(7).randbytes(8 * _SMALL_CHUNK)
+    (tmp_path / "file").write_bytes(data)
+    with direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 8) as file:
+        assert isinstance(file, direct_io.DirectReader)
+        buffers = list(file._buffers)
+        file.next_span()
+        span = file.next_span()
+    assert span.obj not in direct_io._kept
+    assert sorted(map(id, direct_io._kept)) == sorted(id(buffer) for buffer in buffers if buffer is not span.obj)
+    assert bytes(span) == data[_SMALL_CHUNK : 2 * _SMALL_CHUNK]
