@@ -52,6 +52,11 @@ of huge pages freed 3 s or more before (its balloon reports free pages to the ho
 0.03-0.07 s (docs/BENCHMARKS.md). A process that resumes loads once, first, into new buffers, and its first
 save writes from them."""
 
+READ_THREADS = 16
+"""Threads a process reads with, for all its `DirectReader`s: two files' `READ_AHEAD` in `CHUNK`s in flight at once
+(a checkpoint's files are read two or more at a time), and what a file system that serves many reads at once
+(FSx for Lustre, striped NVMe) needs to be kept busy."""
+
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()
 
@@ -94,6 +99,52 @@ def _keep(buffers: list[mmap.mmap]) -> None:
             if held + len(buffer) <= KEPT_BYTES:
                 _kept.append(buffer)
                 held += len(buffer)
+
+
+class _ReadingThreads:
+    """The process's `READ_THREADS`, every one started at its first read, before the read, and shared by its
+    readers. On the benchmark VM, threads started while a first load's reads faulted in its new buffers were slow
+    to start: a process's first load opened its files (and started their reads) in 0.06-0.21 s with threads of
+    each reader's own, and in 0.03-0.11 s with these (docs/BENCHMARKS.md). Idle, they wait on a queue."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+
+    def started(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pool is None:
+                pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="direct-read")
+                together = threading.Barrier(READ_THREADS + 1)  # each waits until all are started: none is reused
+                try:
+                    waiting = [pool.submit(together.wait) for _ in range(READ_THREADS)]
+                    together.wait()
+                    wait(waiting)
+                except BaseException:
+                    together.abort()
+                    pool.shutdown(wait=True)
+                    raise
+                self.pool = pool
+            return self.pool
+
+    def forget(self) -> None:
+        """In a child process forked from this one, where the threads do not run."""
+        self.lock, self.pool = threading.Lock(), None
+
+
+_reading = _ReadingThreads()
+
+
+def _reading_threads() -> ThreadPoolExecutor:
+    return _reading.started()
+
+
+def _forget_reading_threads() -> None:
+    _reading.forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_reading_threads)
 
 
 def _without_o_direct(fd: int) -> None:
@@ -309,13 +360,14 @@ class _SpanRead:
 class DirectReader:
     """A file read front to back with O_DIRECT, a span at a time: `spans` are the lengths of consecutive runs of
     its bytes from the first. Each span is read into a page-aligned buffer of the reader's own (from the start of
-    the block it starts in) by threads of the reader's own, in reads of up to `CHUNK` bytes, and `next_span` gives
-    the caller its bytes where the disk put them, without a copy. The reader's buffers are each as large as its
-    largest span (with the blocks it starts and ends in, in whole huge pages), and there is one more of them than
-    it takes buffers of that size to hold `READ_AHEAD` bytes (fewer for fewer spans): the spans after the caller's
-    are read into the others. After a failed read, or a failure to start one, every call raises that error: the
-    bytes after it never come as if they were the next. Not safe for concurrent callers; `close` it (or use it as
-    a context manager). A span the caller still has when it closes the reader is not kept for other files."""
+    the block it starts in) by the process's reading threads (`READ_THREADS`), in reads of up to `CHUNK` bytes,
+    and `next_span` gives the caller its bytes where the disk put them, without a copy. The reader's buffers are
+    each as large as its largest span (with the blocks it starts and ends in), and there is one more of them than
+    it takes buffers of that size, in whole huge pages, to hold `READ_AHEAD` bytes (fewer for fewer spans): the
+    spans after the caller's are read into the others. After a failed read, or a failure to start one, every call
+    raises that error: the bytes after it never come as if they were the next. Not safe for concurrent callers;
+    `close` it (or use it as a context manager). A span the caller still has when it closes the reader is not kept
+    for other files."""
 
     def __init__(self, fd: int, spans: Sequence[int]) -> None:
         self.fd = fd
@@ -323,7 +375,6 @@ class DirectReader:
         largest = max((_blocks(*span, last=True) for span in self._spans), default=ALIGNMENT)
         # as many as buffers of new memory for it would be, in whole huge pages; one for a file of no spans
         count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // _in_huge_pages(largest))))
-        self._disk = ThreadPoolExecutor(max_workers=max(1, READ_AHEAD // CHUNK), thread_name_prefix="direct-read")
         self._buffers: list[mmap.mmap] = []
         self._reading: deque[_SpanRead] = deque()  # oldest first
         self._held: _SpanRead | None = None  # the span whose bytes the caller has
@@ -332,12 +383,13 @@ class DirectReader:
         self._failure: BaseException | None = None
         self._closed = False
         try:
+            self._disk = _reading_threads()
             for _ in range(count):
                 self._buffers.append(_kept_buffer(largest))
             self._free = deque(self._buffers)
             self._request()
         except BaseException:
-            self._disk.shutdown(wait=True)  # no read is in flight when the caller closes the file
+            self._end_reads()  # no read is in flight when the caller closes the file
             _keep(self._buffers)
             raise
 
@@ -374,6 +426,14 @@ class DirectReader:
             self._extent = extent
         return memoryview(span.buffer)[span.start - span.first : max(span.start, min(extent, span.end)) - span.first]
 
+    def _end_reads(self) -> None:
+        """Cancel the reads not yet begun and wait for the others."""
+        spans = [*self._reading, *([self._held] if self._held is not None else [])]
+        reads = [reading for span in spans for _, reading in span.reads]
+        for reading in reads:
+            reading.cancel()
+        wait(reads)
+
     def _give_back(self) -> None:
         """The caller is done with the span it had: its buffer is free for the next read."""
         if self._held is not None:
@@ -398,7 +458,7 @@ class DirectReader:
         if self._closed:
             return
         self._closed = True
-        self._disk.shutdown(wait=True, cancel_futures=True)  # no read is in flight when its buffer goes
+        self._end_reads()  # no read is in flight when its buffer goes
         os.close(self.fd)
         held = self._held.buffer if self._held is not None else None
         self._reading.clear()

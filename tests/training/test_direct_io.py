@@ -386,16 +386,23 @@ def test_a_short_read_inside_the_file_reads_on(tmp_path: Path, monkeypatch: pyte
 
 
 @pytest.mark.usefixtures("direct_reads")
-def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thread(
+def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "file").write_bytes(bytes(9 * _SMALL_CHUNK))
-    preadv = os.preadv
+    preadv, lock, running = os.preadv, threading.Lock(), [0]
 
     def failing_third_chunk(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if offset == 2 * _SMALL_CHUNK:  # that chunk only: the chunks after it read well
-            raise OSError(errno.EIO, "Input/output error")
-        return preadv(fd, buffers, offset)
+        with lock:
+            running[0] += 1
+        try:
+            time.sleep(0.001)
+            if offset == 2 * _SMALL_CHUNK:  # that chunk only: the chunks after it read well
+                raise OSError(errno.EIO, "Input/output error")
+            return preadv(fd, buffers, offset)
+        finally:
+            with lock:
+                running[0] -= 1
 
     monkeypatch.setattr(direct_io.os, "preadv", failing_third_chunk)
     file = direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 9)
@@ -409,7 +416,7 @@ def test_a_failed_disk_read_fails_the_read_and_close_leaves_no_descriptor_or_thr
             call()
     file.close()
     assert closed == [file.fd]
-    assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
+    assert running == [0]
     file.close()  # and again does nothing
     assert closed == [file.fd]
 
@@ -428,11 +435,26 @@ def test_reads_that_end_out_of_order_still_give_the_bytes_in_order(
     assert ended.index(0) > 0  # a later chunk's read ended first
 
 
-def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
+class _Refusing:
+    """The process's reading threads, refusing the `refused`-th read asked of them (as a pool shut down at the
+    interpreter's exit does), after `before` returns."""
+
+    def __init__(self, refused: int, before: Callable[[], object] = lambda: None) -> None:
+        self.pool, self.refused, self.before, self.asked = direct_io._reading_threads(), refused, before, 0
+
+    def submit(self, *args: Any) -> Any:
+        self.asked += 1
+        if self.asked == self.refused:
+            self.before()
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return self.pool.submit(*args)
+
+
+def test_a_reader_whose_reads_cannot_start_leaves_no_read_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where a thread cannot be started (a process limit), opening the reader fails, and the reads already begun
-    end before the file's descriptor is closed (whose number another file may take at once)."""
+    """Opening the reader fails, and the reads already begun end before the file's descriptor is closed (whose
+    number another file may take at once)."""
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "_kept", [])
@@ -442,31 +464,108 @@ def test_a_reader_that_cannot_start_its_reads_leaves_no_read_running(
 
     def slow_first_read(fd: int, buffer: memoryview, offset: int) -> int:
         started.set()
-        time.sleep(0.5)  # still reading when the next thread fails to start
+        time.sleep(0.5)  # still reading when the next read is refused
         read = read_chunk(fd, buffer, offset)
         reads.append((offset, closed[:]))
         return read
 
-    submitted: list[object] = []
-
-    class NoSecondThread(ThreadPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            submitted.append(args)
-            if len(submitted) == 2:  # the second read would need a second thread
-                assert started.wait(timeout=30)
-                raise RuntimeError("can't start new thread")
-            return super().submit(*args, **kwargs)
-
+    refusing = _Refusing(2, lambda: started.wait(timeout=30))
+    monkeypatch.setattr(direct_io, "_reading_threads", lambda: refusing)
     monkeypatch.setattr(direct_io, "_read_chunk", slow_first_read)
-    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", NoSecondThread)
     close = os.close
     monkeypatch.setattr(direct_io.os, "close", lambda fd: (closed.append(fd), close(fd))[1])
-    with pytest.raises(RuntimeError, match="can't start new thread"):
+    with pytest.raises(RuntimeError, match="cannot schedule new futures"):
         direct_io.open_to_read(tmp_path / "file", [direct_io.CHUNK] * 4)
     assert len(closed) == 1
     assert reads == [(0, [])]  # the read begun ended before the descriptor was closed
-    assert not [thread for thread in threading.enumerate() if thread.name.startswith("direct-read")]
     assert len(direct_io._kept) == 4  # its buffers, one a span (fewer spans than READ_AHEAD holds), for the files after
+
+
+def test_reading_threads_that_cannot_all_start_leave_none_and_are_started_again_at_the_next_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "_reading", direct_io._ReadingThreads())
+    pools: list[ThreadPoolExecutor] = []
+
+    class NoThirdThread(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            if len(self._threads) == 2 and not self._idle_semaphore.acquire(timeout=0):  # a third is needed
+                raise RuntimeError("can't start new thread")
+            return super().submit(*args, **kwargs)
+
+    def recorded(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
+        pools.append(NoThirdThread(*args, **kwargs))
+        return pools[-1]
+
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", recorded)
+    (tmp_path / "file").write_bytes(b"bytes")
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        direct_io.open_to_read(tmp_path / "file", [5])
+    assert direct_io._reading.pool is None
+    assert not [thread for thread in pools[0]._threads if thread.is_alive()]
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", ThreadPoolExecutor)
+    with direct_io.open_to_read(tmp_path / "file", [5]) as file:
+        assert bytes(file.next_span()) == b"bytes"
+
+
+def test_every_read_begins_once_all_the_reading_threads_have_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's reading threads start at its first read, all at once, and its readers share them: no thread
+    starts while a read (faulting in new memory) runs, and a second file starts none."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "_reading", direct_io._ReadingThreads())
+    pools: list[ThreadPoolExecutor] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
+        pools.append(ThreadPoolExecutor(*args, **kwargs))
+        return pools[-1]
+
+    read_chunk, seen = direct_io._read_chunk, []
+
+    def counting(fd: int, buffer: memoryview, offset: int) -> int:
+        seen.append(sum(len(pool._threads) for pool in pools))
+        return read_chunk(fd, buffer, offset)
+
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", recorded)
+    monkeypatch.setattr(direct_io, "_read_chunk", counting)
+    data = random.Random(8).randbytes(3 * direct_io.CHUNK + 5)
+    for name in ("one", "two"):
+        (tmp_path / name).write_bytes(data)
+        spans = [direct_io.CHUNK] * 3 + [5]
+        with direct_io.open_to_read(tmp_path / name, spans) as file:
+            assert _read_in_spans(file, spans) == _cut(data, spans)
+            assert not file.beyond()
+    assert len(pools) == 1 and len(seen) > 4
+    assert set(seen) == {direct_io.READ_THREADS}
+
+
+def test_a_forked_child_reads_with_threads_of_its_own(tmp_path: Path) -> None:
+    """The reading threads of the parent do not run in a child it forks: the child starts its own."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    data = random.Random(9).randbytes(3 * _SMALL_CHUNK)
+    (tmp_path / "file").write_bytes(data)
+    direct_io._reading_threads()  # started in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only when it read the file
+        code = 1
+        try:
+            with direct_io.open_to_read(tmp_path / "file", [len(data)]) as file:
+                code = 0 if bytes(file.next_span()) == data else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (ended := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended == (0, 0):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's read never ended")
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
 
 
 @pytest.mark.usefixtures("direct_reads")
@@ -605,27 +704,19 @@ def test_a_reader_holds_read_ahead_bytes_and_one_buffer_more_however_many_its_sp
 
 @pytest.mark.usefixtures("direct_reads")
 def test_a_read_that_cannot_be_started_fails_every_later_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the reads of a later span cannot start (no thread for them), the span being taken fails, and so does
+    """Where the reads of a later span cannot start (the interpreter exiting), the span being taken fails, and so does
     every call after it: no span comes in the place of another."""
     data = random.Random(5).randbytes(8 * _SMALL_CHUNK)
     (tmp_path / "file").write_bytes(data)
     spans = [_SMALL_CHUNK] * 8
-    submitted: list[object] = []
-
-    class NoFifthRead(ThreadPoolExecutor):
-        def submit(self, *args: Any, **kwargs: Any) -> Any:
-            submitted.append(args)
-            if len(submitted) == 5:  # the reads ahead of the second span taken
-                raise RuntimeError("can't start new thread")
-            return super().submit(*args, **kwargs)
-
-    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", NoFifthRead)
+    refusing = _Refusing(5)  # the reads ahead of the second span taken
+    monkeypatch.setattr(direct_io, "_reading_threads", lambda: refusing)
     with direct_io.open_to_read(tmp_path / "file", spans) as file:
         assert isinstance(file, direct_io.DirectReader)
         assert len(file._buffers) == 4
         assert bytes(file.next_span()) == data[:_SMALL_CHUNK]
         for call in (file.next_span, file.next_span, file.beyond):
-            with pytest.raises(RuntimeError, match="can't start new thread"):
+            with pytest.raises(RuntimeError, match="cannot schedule new futures"):
                 call()
 
 
