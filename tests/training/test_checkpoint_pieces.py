@@ -262,3 +262,22 @@ def test_a_save_runs_torch_s_writer_once_for_each_layout_and_writes_what_it_writ
     dcp_load(loaded, storage_reader=FileSystemReader(tmp_path))
     assert loaded["progress"] == "{}"
     assert all(torch.equal(loaded[name], value) for name, value in state.items() if name != "progress")
+
+
+def test_only_the_very_same_tensor_under_another_name_is_left_out_of_a_state_dict() -> None:
+    """Tied weights are saved once; views of the same bytes seen another way, copies and empty tensors are not
+    the same tensor."""
+    base = torch.arange(12.0).reshape(3, 4)
+    model_sd = {
+        "a": base,
+        "b": base.detach(),
+        "t": base.t(),
+        "row": base[1],
+        "copy": base.clone(),
+        "empty": torch.empty(0),
+        "also_empty": torch.empty(0),
+        "n": 3,
+    }
+    kept, tied = training.checkpoint._untied(model_sd)
+    assert tied == {"b": "a"}
+    assert list(kept) == ["a", "t", "row", "copy", "empty", "also_empty", "n"]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
 import training.checkpoint
@@ -102,6 +103,37 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(reference: tuple[Pa
     resumed = load_file(str(paths.model / "model.safetensors"))
     assert original.keys() == resumed.keys()
     assert all(original[k].equal(resumed[k]) for k in original)
+
+
+def _saved_keys(directory: Path) -> set[str]:
+    return set(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+
+
+def test_a_tied_weight_is_saved_once(reference: tuple[Path, str]) -> None:
+    """The tiny model's head is its token embedding: a checkpoint holds those bytes once."""
+    keys = _saved_keys(reference[0] / "checkpoints" / "step-12")
+    assert "model.wte.weight" in keys and "optim.state.wte.weight.exp_avg" in keys
+    assert "model.lm_head.weight" not in keys
+
+
+def test_a_checkpoint_holding_a_tied_weight_twice_resumes_bit_for_bit(
+    reference: tuple[Path, str], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints saved before tied weights were saved once hold the head under its own name too."""
+    paths = make_opt_ml(tmp_path, {}, corpus=corpus)
+    with monkeypatch.context() as saving_both:
+        saving_both.setattr(training.checkpoint, "_untied", lambda model_sd: (model_sd, {}))
+        completed, _ = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "model.lm_head.weight" in _saved_keys(paths.checkpoints / "step-4")
+    for step in (8, 12):
+        shutil.rmtree(paths.checkpoints / f"step-{step}")
+    shutil.rmtree(paths.model)
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-4" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 4}
+    original = load_file(str(reference[0] / "model" / "model.safetensors"))
+    resumed = load_file(str(paths.model / "model.safetensors"))
+    assert original.keys() == resumed.keys() and all(original[k].equal(resumed[k]) for k in original)
 
 
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(

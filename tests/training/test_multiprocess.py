@@ -12,6 +12,7 @@ from statistics import mean
 
 import pytest
 from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import (
     TINY_JOB,
     clean_env,
@@ -134,6 +135,8 @@ def test_fsdp_two_processes_learn_and_shard_the_checkpoint(fsdp_run: tuple[Paths
     assert all(len(mine) >= 2 and sum(p.stat().st_size for p in mine) > 100_000 for mine in per_rank.values())
     full = load_file(str(paths.model / "model.safetensors"))
     assert full["wte.weight"].shape == (320, 64)
+    saved = FileSystemReader(str(paths.checkpoints / "step-40")).read_metadata().state_dict_metadata
+    assert "model.wte.weight" in saved and "model.lm_head.weight" not in saved  # a tied weight's shards, once
 
 
 def test_two_to_one_process_resume_after_a_corrupt_newest_checkpoint(
