@@ -54,8 +54,8 @@ save writes from them."""
 
 READ_THREADS = 16
 """Threads a process reads with, for all its `DirectReader`s: two files' `READ_AHEAD` in `CHUNK`s in flight at once
-(a checkpoint's files are read two or more at a time), and what a file system that serves many reads at once
-(FSx for Lustre, striped NVMe) needs to be kept busy."""
+(128 MiB). A process that reads more files at once (`training.checkpoint.io_threads`, up to 8) shares them;
+not measured on a host with more than two cores."""
 
 _kept: list[mmap.mmap] = []
 _kept_lock = threading.Lock()
@@ -81,11 +81,15 @@ def _in_huge_pages(size: int) -> int:
     return -(-size // _HUGE_PAGE) * _HUGE_PAGE
 
 
-def _kept_buffer(size: int) -> mmap.mmap:
-    """A buffer of at least `size` bytes: the smallest that a closed `DirectFile` or `DirectReader` left, or a new
-    one of `size` rounded up to whole huge pages."""
+def _kept_buffer(size: int, at_most: int | None = None) -> mmap.mmap:
+    """A buffer of at least `size` bytes: the smallest that a closed `DirectFile` or `DirectReader` left (of at
+    most `at_most` bytes, where given), or a new one of `size` rounded up to whole huge pages."""
     with _kept_lock:
-        fitting = [index for index, buffer in enumerate(_kept) if len(buffer) >= size]
+        fitting = [
+            index
+            for index, buffer in enumerate(_kept)
+            if size <= len(buffer) and (at_most is None or len(buffer) <= at_most)
+        ]
         if fitting:
             return _kept.pop(min(fitting, key=lambda index: len(_kept[index])))
     return aligned_buffer(_in_huge_pages(size))
@@ -373,8 +377,8 @@ class DirectReader:
         self.fd = fd
         self._spans = list(itertools.pairwise(itertools.accumulate(spans, initial=0)))  # [start, end) of each
         largest = max((_blocks(*span, last=True) for span in self._spans), default=ALIGNMENT)
-        # as many as buffers of new memory for it would be, in whole huge pages; one for a file of no spans
-        count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // _in_huge_pages(largest))))
+        size = _in_huge_pages(largest)  # a new buffer's; a kept one is taken only up to it
+        count = max(1, min(len(self._spans), 1 + -(-READ_AHEAD // size)))  # one for a file of no spans
         self._buffers: list[mmap.mmap] = []
         self._reading: deque[_SpanRead] = deque()  # oldest first
         self._held: _SpanRead | None = None  # the span whose bytes the caller has
@@ -385,7 +389,7 @@ class DirectReader:
         try:
             self._disk = _reading_threads()
             for _ in range(count):
-                self._buffers.append(_kept_buffer(largest))
+                self._buffers.append(_kept_buffer(largest, at_most=size))
             self._free = deque(self._buffers)
             self._request()
         except BaseException:
@@ -427,12 +431,10 @@ class DirectReader:
         return memoryview(span.buffer)[span.start - span.first : max(span.start, min(extent, span.end)) - span.first]
 
     def _end_reads(self) -> None:
-        """Cancel the reads not yet begun and wait for the others."""
+        """Cancel the reads not yet begun (a cancelled read never runs) and wait for the others, not for the reads
+        of other files queued before them."""
         spans = [*self._reading, *([self._held] if self._held is not None else [])]
-        reads = [reading for span in spans for _, reading in span.reads]
-        for reading in reads:
-            reading.cancel()
-        wait(reads)
+        wait([reading for span in spans for _, reading in span.reads if not reading.cancel()])
 
     def _give_back(self) -> None:
         """The caller is done with the span it had: its buffer is free for the next read."""

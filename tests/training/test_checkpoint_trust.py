@@ -473,9 +473,9 @@ def test_a_load_holds_a_few_segments_of_a_data_file_not_the_file(
         opened[path.name] = list(spans)
         return open_to_read(path, spans)
 
-    def buffer(size: int = direct_io.CHUNK) -> Any:
+    def buffer(size: int = direct_io.CHUNK, at_most: int | None = None) -> Any:
         asked.append(size)
-        return kept_buffer(size)
+        return kept_buffer(size, at_most)
 
     monkeypatch.setattr(direct_io, "open_to_read", opening)
     monkeypatch.setattr(direct_io, "_kept_buffer", buffer)

@@ -779,3 +779,52 @@ def test_a_span_the_caller_has_when_the_reader_closes_is_not_kept_for_other_file
     assert span.obj not in direct_io._kept
     assert sorted(map(id, direct_io._kept)) == sorted(id(buffer) for buffer in buffers if buffer is not span.obj)
     assert bytes(span) == data[_SMALL_CHUNK : 2 * _SMALL_CHUNK]
+
+
+def test_a_reader_closes_without_waiting_for_reads_of_other_files_queued_before_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's reads not yet begun are cancelled at its close, which then waits only for those under way: not
+    for the reads of another file ahead of them on the process's threads."""
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    monkeypatch.setattr(direct_io, "READ_THREADS", 1)
+    monkeypatch.setattr(direct_io, "_reading", direct_io._ReadingThreads())
+    for name in ("first", "second"):
+        (tmp_path / name).write_bytes(bytes(2 * direct_io.ALIGNMENT))
+    read_chunk, begun, release = direct_io._read_chunk, threading.Event(), threading.Event()
+
+    def held(fd: int, buffer: memoryview, offset: int) -> int:
+        begun.set()
+        assert release.wait(timeout=30)
+        return read_chunk(fd, buffer, offset)
+
+    monkeypatch.setattr(direct_io, "_read_chunk", held)
+    first = direct_io.open_to_read(tmp_path / "first", [2 * direct_io.ALIGNMENT])
+    assert begun.wait(timeout=30)  # the one thread is in the first file's read
+    second = direct_io.open_to_read(tmp_path / "second", [2 * direct_io.ALIGNMENT])
+    closing = threading.Thread(target=second.close)
+    closing.start()
+    try:
+        closing.join(timeout=5)
+        assert not closing.is_alive()
+    finally:
+        release.set()
+        closing.join()
+        first.close()
+
+
+@pytest.mark.usefixtures("direct_reads")
+def test_a_reader_takes_no_kept_buffer_larger_than_a_new_one_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its buffers stay within READ_AHEAD and one buffer more, and a larger kept buffer is left for a file whose
+    spans need it."""
+    larger = direct_io.aligned_buffer(2 * direct_io._HUGE_PAGE)
+    monkeypatch.setattr(direct_io, "_kept", [larger])
+    (tmp_path / "file").write_bytes(bytes(8 * _SMALL_CHUNK))
+    with direct_io.open_to_read(tmp_path / "file", [_SMALL_CHUNK] * 8) as file:
+        assert isinstance(file, direct_io.DirectReader)
+        assert larger not in file._buffers
+        assert all(len(buffer) == direct_io._HUGE_PAGE for buffer in file._buffers)
+    assert larger in direct_io._kept
