@@ -785,13 +785,13 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
 
 
 def _same_memory(value: Any) -> tuple[Any, ...] | None:
-    """What makes two tensors the very same one in memory (the same bytes seen the same way); None for what is not
-    a tensor with bytes. A DTensor is its local shard."""
+    """What makes two tensors the very same one (the same storage, seen the same way), an empty one too (a rank's
+    empty shard of a tied weight); None for what is not a tensor. A DTensor is its local shard."""
     local = value.to_local() if isinstance(value, DTensor) else value
-    if not isinstance(local, torch.Tensor) or local.numel() == 0:
+    if not isinstance(local, torch.Tensor):
         return None
-    storage = local.untyped_storage()
-    return (local.device, storage.data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(), local.dtype)
+    storage = local.untyped_storage()._cdata  # the storage itself, which each view of it shares
+    return (storage, local.storage_offset(), tuple(local.shape), local.stride(), local.dtype)
 
 
 def _untied(model_sd: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -824,7 +824,7 @@ class TrainingState:
     rank: int
     seed: int
     step: int = 0
-    _tied: dict[str, str] | None = field(default=None, init=False, repr=False)
+    _tied: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def tokens_consumed(self) -> int:

@@ -265,19 +265,21 @@ def test_a_save_runs_torch_s_writer_once_for_each_layout_and_writes_what_it_writ
 
 
 def test_only_the_very_same_tensor_under_another_name_is_left_out_of_a_state_dict() -> None:
-    """Tied weights are saved once; views of the same bytes seen another way, copies and empty tensors are not
-    the same tensor."""
-    base = torch.arange(12.0).reshape(3, 4)
+    """Tied weights are saved once, an empty one too (a rank's empty shard of a tied weight, which every rank
+    must leave out alike); views of the same bytes seen another way, copies and other empty tensors are not the
+    same tensor."""
+    base, empty = torch.arange(12.0).reshape(3, 4), torch.empty(0)
     model_sd = {
         "a": base,
         "b": base.detach(),
         "t": base.t(),
         "row": base[1],
         "copy": base.clone(),
-        "empty": torch.empty(0),
-        "also_empty": torch.empty(0),
+        "empty": empty,
+        "empty_tied": empty.detach(),
+        "another_empty": torch.empty(0),
         "n": 3,
     }
     kept, tied = training.checkpoint._untied(model_sd)
-    assert tied == {"b": "a"}
-    assert list(kept) == ["a", "t", "row", "copy", "empty", "also_empty", "n"]
+    assert tied == {"b": "a", "empty_tied": "empty"}
+    assert list(kept) == ["a", "t", "row", "copy", "empty", "another_empty", "n"]
