@@ -481,25 +481,34 @@ def test_a_reader_whose_reads_cannot_start_leaves_no_read_running(
     assert len(direct_io._kept) == 4  # its buffers, one a span (fewer spans than READ_AHEAD holds), for the files after
 
 
-def test_reading_threads_that_cannot_all_start_leave_none_and_are_started_again_at_the_next_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _new_reading_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type[ThreadPoolExecutor] = ThreadPoolExecutor
+) -> list[ThreadPoolExecutor]:
+    """The pools of reading threads a process not yet reading starts (of `kind`), O_DIRECT in `tmp_path` (or the
+    test is skipped)."""
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "_reading", direct_io._ReadingThreads())
     pools: list[ThreadPoolExecutor] = []
 
+    def recorded(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
+        pools.append(kind(*args, **kwargs))
+        return pools[-1]
+
+    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", recorded)
+    return pools
+
+
+def test_reading_threads_that_cannot_all_start_leave_none_and_are_started_again_at_the_next_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     class NoThirdThread(ThreadPoolExecutor):
         def submit(self, *args: Any, **kwargs: Any) -> Any:
             if len(self._threads) == 2 and not self._idle_semaphore.acquire(timeout=0):  # a third is needed
                 raise RuntimeError("can't start new thread")
             return super().submit(*args, **kwargs)
 
-    def recorded(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
-        pools.append(NoThirdThread(*args, **kwargs))
-        return pools[-1]
-
-    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", recorded)
+    pools = _new_reading_threads(tmp_path, monkeypatch, NoThirdThread)
     (tmp_path / "file").write_bytes(b"bytes")
     with pytest.raises(RuntimeError, match="can't start new thread"):
         direct_io.open_to_read(tmp_path / "file", [5])
@@ -515,22 +524,13 @@ def test_every_read_begins_once_all_the_reading_threads_have_started(
 ) -> None:
     """The process's reading threads start at its first read, all at once, and its readers share them: no thread
     starts while a read (faulting in new memory) runs, and a second file starts none."""
-    if not o_direct_works(tmp_path):
-        pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
-    monkeypatch.setattr(direct_io, "_reading", direct_io._ReadingThreads())
-    pools: list[ThreadPoolExecutor] = []
-
-    def recorded(*args: Any, **kwargs: Any) -> ThreadPoolExecutor:
-        pools.append(ThreadPoolExecutor(*args, **kwargs))
-        return pools[-1]
-
+    pools = _new_reading_threads(tmp_path, monkeypatch)
     read_chunk, seen = direct_io._read_chunk, []
 
     def counting(fd: int, buffer: memoryview, offset: int) -> int:
         seen.append(sum(len(pool._threads) for pool in pools))
         return read_chunk(fd, buffer, offset)
 
-    monkeypatch.setattr(direct_io, "ThreadPoolExecutor", recorded)
     monkeypatch.setattr(direct_io, "_read_chunk", counting)
     data = random.Random(8).randbytes(3 * direct_io.CHUNK + 5)
     for name in ("one", "two"):
