@@ -15,10 +15,19 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.state_dict import _init_optim_state
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils.serialization import config as serialization_config
-from training_helpers import CHECKPOINTED_JOB, free_port, make_opt_ml, run_in_process, save_rows_in_pieces, step_losses
+from training_helpers import (
+    CHECKPOINTED_JOB,
+    compare_unfilled_sharded_optimizer_state,
+    free_port,
+    make_opt_ml,
+    run_in_process,
+    save_rows_in_pieces,
+    step_losses,
+)
 
 import training.checkpoint
 import training.tensor_archive
@@ -283,3 +292,82 @@ def test_only_the_very_same_tensor_under_another_name_is_left_out_of_a_state_dic
     kept, tied = training.checkpoint._untied(model_sd)
     assert tied == {"b": "a", "empty_tied": "empty"}
     assert list(kept) == ["a", "t", "row", "copy", "empty", "another_empty", "n"]
+
+
+def _params() -> list[torch.nn.Parameter]:
+    """Parameters of several ranks, dtypes and layouts, one of them frozen."""
+    torch.manual_seed(0)
+    frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+    return [
+        torch.nn.Parameter(torch.randn(4, 3)),
+        torch.nn.Parameter(torch.randn(3, 4).t()),
+        torch.nn.Parameter(torch.randn(5)),
+        torch.nn.Parameter(torch.randn(())),
+        torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64)),
+        frozen,
+    ]
+
+
+def _groups(params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
+    return [{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:], "weight_decay": 0.0}]
+
+
+_OPTIMIZERS = {
+    "adamw_fused": lambda groups: torch.optim.AdamW(groups, lr=1e-3, fused=True),
+    "adamw_foreach": lambda groups: torch.optim.AdamW(groups, lr=1e-3, foreach=True),
+    "adamw_amsgrad": lambda groups: torch.optim.AdamW(groups, lr=1e-3, amsgrad=True, foreach=False),
+    "adam": lambda groups: torch.optim.Adam(groups, lr=1e-3),
+    "sgd_momentum": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9),
+    "sgd": lambda groups: torch.optim.SGD(groups, lr=0.1),
+    "rmsprop_centered": lambda groups: torch.optim.RMSprop(groups, lr=1e-3, momentum=0.9, centered=True),
+    "nadam": lambda groups: torch.optim.NAdam(groups, lr=1e-3),
+}
+
+
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_an_optimizer_s_unfilled_state_is_laid_out_as_dcp_s_step_lays_it_out(name: str) -> None:
+    """A load fills the optimizer state made without a step: its entries, and each tensor's type, shape, strides,
+    dtype and device, are those DCP's step on zero gradients makes, and the parameters and options are untouched."""
+    stepped_params, unfilled_params = _params(), _params()
+    stepped, unfilled = _OPTIMIZERS[name](_groups(stepped_params)), _OPTIMIZERS[name](_groups(unfilled_params))
+    _init_optim_state(stepped)
+    assert training.checkpoint._unfilled_optimizer_state(unfilled) == bool(stepped.state)  # plain SGD keeps none
+    assert not training.checkpoint._unfilled_optimizer_state(unfilled)
+
+    def layout(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return type(value), value.shape, value.stride(), value.dtype, value.device
+        return type(value)
+
+    expected, made = stepped.state_dict(), unfilled.state_dict()
+    assert made["param_groups"] == expected["param_groups"]
+    assert made["state"].keys() == expected["state"].keys() == ({0, 1, 2, 3, 4} if stepped.state else set())
+    for index, entries in expected["state"].items():
+        assert {key: layout(value) for key, value in made["state"][index].items()} == {
+            key: layout(value) for key, value in entries.items()
+        }
+    assert all(p.equal(q) and p.grad is None for p, q in zip(unfilled_params, _params(), strict=True))
+
+
+class _OwnAdamW(torch.optim.AdamW):
+    """An optimizer not of torch.optim, whose step may do what torch's do not."""
+
+
+def test_an_optimizer_whose_state_is_not_shaped_like_its_parameters_or_that_has_gradients_is_left_to_dcp() -> None:
+    """Adafactor keeps factored rows and columns; an optimizer with gradients is one DCP takes to need no state;
+    one not of torch.optim may step otherwise."""
+    own = _OwnAdamW(_groups(_params()), lr=1e-3)
+    assert not training.checkpoint._unfilled_optimizer_state(own)
+    assert not own.state
+    factored = torch.optim.Adafactor(_groups(_params()), lr=1e-2)
+    assert not training.checkpoint._unfilled_optimizer_state(factored)
+    assert not factored.state
+    params = _params()
+    params[0].grad = torch.zeros_like(params[0])
+    with_gradients = torch.optim.AdamW(_groups(params), lr=1e-3)
+    assert not training.checkpoint._unfilled_optimizer_state(with_gradients)
+    assert not with_gradients.state
+
+
+def test_the_unfilled_state_of_sharded_parameters_is_sharded_as_dcp_s_step_shards_it() -> None:
+    mp.spawn(compare_unfilled_sharded_optimizer_state, args=(2, free_port()), nprocs=2)  # type: ignore[attr-defined,no-untyped-call]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint.state_dict as dcp_state_dict
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
@@ -134,6 +135,25 @@ def test_a_checkpoint_holding_a_tied_weight_twice_resumes_bit_for_bit(
     original = load_file(str(reference[0] / "model" / "model.safetensors"))
     resumed = load_file(str(paths.model / "model.safetensors"))
     assert original.keys() == resumed.keys() and all(original[k].equal(resumed[k]) for k in original)
+
+
+def test_a_resume_makes_the_optimizer_state_it_loads_without_dcp_s_step(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCP makes an optimizer's missing state with a step on zero gradients, which writes every byte of it and
+    of the gradients before the load overwrites them; a resume gives it that state unwritten first, and resumes
+    bit for bit."""
+    had_state: list[bool] = []
+    init = dcp_state_dict._init_optim_state
+    monkeypatch.setattr(
+        dcp_state_dict, "_init_optim_state", lambda optim: (had_state.append(bool(optim.state)), init(optim))[1]
+    )
+    paths = _resume_copy(reference, tmp_path)
+    shutil.rmtree(paths.checkpoints / "step-12")
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-8" in log
+    assert had_state and all(had_state)
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from training import direct_io
 from training.config import from_hyperparameters
@@ -274,6 +275,46 @@ def save_rows_in_pieces(rank: int, world: int, port: int, directory: str, item_b
             storage_writer=FileSystemWriter(directory),
             planner=training.checkpoint._PieceSavePlanner(),
         )
+    finally:
+        dist.destroy_process_group()
+
+
+def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -> None:
+    """One of `world` processes (torch.multiprocessing.spawn's): raise AssertionError unless the optimizer state
+    `training.checkpoint._unfilled_optimizer_state` makes for an FSDP2 model is laid out as the state DCP's step
+    makes, on shards of unequal size (3 rows over 2 ranks) and an empty one (1 row over 2 ranks)."""
+    from torch.distributed.checkpoint.state_dict import _init_optim_state, get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import training.checkpoint
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+
+        def built() -> tuple[nn.Module, torch.optim.Optimizer]:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+            fully_shard(model)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+        def layout(value: object) -> object:
+            if isinstance(value, torch.Tensor):
+                local = getattr(value, "to_local", lambda: value)()
+                return type(value), value.shape, getattr(value, "placements", None), local.shape, value.dtype
+            return type(value)
+
+        stepped_model, stepped = built()
+        unfilled_model, unfilled = built()
+        _init_optim_state(stepped)
+        assert training.checkpoint._unfilled_optimizer_state(unfilled)
+        expected = get_state_dict(stepped_model, stepped)[1]["state"]
+        made = get_state_dict(unfilled_model, unfilled)[1]["state"]
+        assert made.keys() == expected.keys() and len(made) == 4
+        for name, entries in expected.items():
+            assert {key: layout(value) for key, value in made[name].items()} == {
+                key: layout(value) for key, value in entries.items()
+            }, name
     finally:
         dist.destroy_process_group()
 
