@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +55,7 @@ from training.stragglers import StepTimer, StragglerDetector, share_and_judge
 
 if TYPE_CHECKING:
     from training.checkpoint import CheckpointManager
+    from training.trainer import Trainer
 
 
 def _synthetic_shards(folder: Path, *, tokens: int, vocab: int, shards: int = 2, seed: int = 0) -> list[Path]:
@@ -261,7 +264,48 @@ def _bracketed(before: float, after: float) -> float:
     return 2 / (1 / before + 1 / after)
 
 
-def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: Path | None = None) -> dict[str, Any]:
+def _resumed(root: str, hyperparameters: dict[str, str], port: int, step: int) -> float:
+    """Run in a new interpreter: build the Trainer on `root`, which resumes from its newest checkpoint, that of
+    `step`, as a restarted job does; the seconds its load took. `port`: its process group's, free."""
+    os.environ["MASTER_PORT"] = str(port)
+    _single_process_env()
+    from training.trainer import Trainer  # noqa: PLC0415
+
+    trainer = Trainer(from_hyperparameters(hyperparameters), Paths(Path(root)), StopRequest())
+    try:
+        if trainer.start_step != step:
+            raise RuntimeError(f"the new process resumed at step {trainer.start_step}, not {step}")
+        return trainer.clock.totals()["checkpoint_load"]
+    finally:
+        trainer.close()
+
+
+def _resume_in_new_process(root: Path, hyperparameters: dict[str, str], step: int) -> float:
+    """`_resumed`, in a process of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as process:
+        return process.submit(_resumed, str(root), hyperparameters, _free_port(), step).result()
+
+
+def _timed_resumes(
+    trainer: Trainer, probe: _DiskProbe, hyperparameters: dict[str, str], count: int
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """The seconds of `count` cold loads of `trainer`'s newest checkpoint, each the load of a new process's
+    Trainer (`_resume_in_new_process`), and the disk's direct read probed just before and just after each."""
+    seconds, probes = [], []
+    for _ in range(count):
+        _settle(trainer.checkpoints)
+        for path in (trainer.paths.checkpoints / step_dir(trainer.state.step)).iterdir():
+            evict(path)  # a cold load reads the disk
+        before = probe.read()
+        seconds.append(_resume_in_new_process(trainer.paths.root, hyperparameters, trainer.state.step))
+        _settle(trainer.checkpoints)
+        probes.append((before, probe.read()))
+    return seconds, probes
+
+
+def bench_checkpoint(
+    hyperparameters: dict[str, str], *, repeats: int, resumes: int | None = None, parent: Path | None = None
+) -> dict[str, Any]:
     """Seconds the training loop is blocked by a checkpoint (a blocking save, and with
     ``checkpoint.async_save=true`` an async one's staging; without it the second save of each pair blocks too,
     and its time is not reported),
@@ -270,7 +314,10 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     within a run, so each ratio compares a save or load with the disk's rate over the probes around it
     (`_bracketed`), and the row gives the median of the `repeats` ratios and their range; and the median CPU
     seconds of a blocking save and of a cold load (all their threads) in user space, which the disk's drift
-    moves less, and in the kernel. A first save, untimed, sizes the probes. Old checkpoints are deleted in the
+    moves less, and in the kernel. Then `resumes` (default: `repeats`) times, a new process builds the Trainer, which
+    loads the newest checkpoint cold as a restarted job does, its first load in a process that has not saved or
+    loaded before: its load's seconds, and their ratio to the disk's rate, as for the loads above.
+    A first save, untimed, sizes the probes. Old checkpoints are deleted in the
     background while training goes on, and a load waits for that: the benchmark waits for it and syncs the file
     system before each probe and each timed save and load (`_settle`). A timed save starts the deletion its
     commit allows just before its timer stops, and its CPU seconds count the deleting thread's.
@@ -282,15 +329,14 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
     _single_process_env()
     with tempfile.TemporaryDirectory(prefix="bench-", dir=parent) as tmp:
         paths = Paths(Path(tmp))
-        cfg = from_hyperparameters(
-            {
-                "max_steps": "100",
-                "optim.warmup_steps": "1",
-                "checkpoint.keep_last": "2",
-                "eval.interval_steps": "0",
-                **hyperparameters,
-            }
-        )
+        settings = {
+            "max_steps": "100",
+            "optim.warmup_steps": "1",
+            "checkpoint.keep_last": "2",
+            "eval.interval_steps": "0",
+            **hyperparameters,
+        }
+        cfg = from_hyperparameters(settings)
         vocab = cfg.model.vocab_size or PRESETS[cfg.model.name].vocab_size
         _synthetic_shards(paths.channel("train"), tokens=4 * cfg.train.micro_batch_size * 1025, vocab=vocab)
         trainer = Trainer(cfg, paths, StopRequest())
@@ -323,6 +369,7 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
                 load_cpu.append(cpu)
                 _settle(trainer.checkpoints)
                 reads.append((before, probe.read()))
+            resuming, resume_reads = _timed_resumes(trainer, probe, settings, repeats if resumes is None else resumes)
         finally:
             try:
                 if probe is not None:
@@ -347,6 +394,9 @@ def bench_checkpoint(hyperparameters: dict[str, str], *, repeats: int, parent: P
         "direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in reads],
         **_ratios("save_over_direct_write", gib, blocking, writes),
         **_ratios("load_over_direct_read", gib, loading, reads),
+        "resume_load_s": round(min(resuming), 3),
+        "resume_direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in resume_reads],
+        **_ratios("resume_load_over_direct_read", gib, resuming, resume_reads),
         "direct_io": method,
         "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,
@@ -525,6 +575,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
     checkpoint.add_argument("--repeats", type=int, default=3)
     checkpoint.add_argument(
+        "--resumes", type=int, default=None, help="resumes in a new process, each timed (default: --repeats)"
+    )
+    checkpoint.add_argument(
         "--dir", type=Path, default=None, help="work in a temporary directory here (default: the system's temp dir)"
     )
     startup = commands.add_parser("startup", help="the launcher to the first step, with and without the pre-flight")
@@ -569,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seq_len=args.seq_len, batch=args.batch, tokens=args.tokens, batches=args.batches, world_size=args.world_size
         )
     elif args.command == "checkpoint":
-        row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats, parent=args.dir)
+        row = bench_checkpoint(parse_overrides(args.hp), repeats=args.repeats, resumes=args.resumes, parent=args.dir)
     else:
         row = bench_startup(hosts=args.hosts, nproc=args.nproc, repeats=args.repeats)
     print(_row(row))

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 from training_helpers import free_port
 
-from training import bench_peer, checkpoint
+from training import bench, bench_peer, checkpoint
 from training.bench import (
     SINGLE_PROCESS_ENV,
     _bracketed,
@@ -76,9 +76,10 @@ def test_train_row_uses_the_trainer() -> None:
 def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(async_save: str, tmp_path: Path) -> None:
     """The row's async staging is the staging of async saves, and is there only when saves are async."""
     hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
-    row = bench_checkpoint(hyperparameters, repeats=3, parent=tmp_path)
+    row = bench_checkpoint(hyperparameters, repeats=3, resumes=1, parent=tmp_path)
     assert len(row["direct_write_gibps"]) == len(row["direct_read_gibps"]) == 3
-    for ratio in ("save_over_direct_write", "load_over_direct_read"):
+    assert len(row["resume_direct_read_gibps"]) == 1 and row["resume_load_s"] > 0
+    for ratio in ("save_over_direct_write", "load_over_direct_read", "resume_load_over_direct_read"):
         low, high = row[f"{ratio}_range"]
         assert 0 <= low <= row[ratio] <= high  # a tiny model's ratios may round to 0
     assert ("async_staging_s" in row) == (async_save == "true")
@@ -137,14 +138,16 @@ def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_t
     monkeypatch.setattr(_DiskProbe, "read", recorded("read", _DiskProbe.read))
     monkeypatch.setattr(manager, "save", recorded("save", manager.save))
     monkeypatch.setattr(manager, "load_latest", recorded("load", manager.load_latest))
+    monkeypatch.setattr(bench, "_resume_in_new_process", recorded("resume", bench._resume_in_new_process))
     hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
-    row = bench_checkpoint(hyperparameters, repeats=2, parent=tmp_path)
+    row = bench_checkpoint(hyperparameters, repeats=2, resumes=1, parent=tmp_path)
     # The Trainer looks for a checkpoint to resume when it is built, and the first save only sizes the probes.
     # Each timed save lies between two writes, each timed load between two reads; a write probe syncs what
-    # deleting its old file freed.
+    # deleting its old file freed. Then a new process resumes between two reads.
     each = ["sync", "write", "sync", "save", "sync", "write", "sync", "save", "sync", "read", "load", "sync", "read"]
-    assert events == ["load", "save"] + 2 * each
-    assert [len(pair) for pair in row["direct_write_gibps"] + row["direct_read_gibps"]] == [2, 2, 2, 2]
+    assert events == ["load", "save"] + 2 * each + ["sync", "read", "resume", "sync", "read"]
+    pairs = row["direct_write_gibps"] + row["direct_read_gibps"] + row["resume_direct_read_gibps"]
+    assert [len(pair) for pair in pairs] == [2, 2, 2, 2, 2]
 
 
 @pytest.mark.slow
