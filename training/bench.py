@@ -290,7 +290,8 @@ def _timed_resumes(
     trainer: Trainer, probe: _DiskProbe, hyperparameters: dict[str, str], count: int
 ) -> tuple[list[float], list[tuple[float, float]]]:
     """The seconds of `count` cold loads of `trainer`'s newest checkpoint, each the load of a new process's
-    Trainer (`_resume_in_new_process`), and the disk's direct read probed just before and just after each."""
+    Trainer (`_resume_in_new_process`), and the disk's direct read probed just before the process starts and just
+    after it ends (so the probes also span its start: its imports and building the Trainer)."""
     seconds, probes = [], []
     for _ in range(count):
         _settle(trainer.checkpoints)
@@ -316,7 +317,8 @@ def bench_checkpoint(
     seconds of a blocking save and of a cold load (all their threads) in user space, which the disk's drift
     moves less, and in the kernel. Then `resumes` (default: `repeats`) times, a new process builds the Trainer, which
     loads the newest checkpoint cold as a restarted job does, its first load in a process that has not saved or
-    loaded before: its load's seconds, and their ratio to the disk's rate, as for the loads above.
+    loaded before: its load's seconds, and their ratio to the disk's rate over probes just before the process starts
+    and just after it ends (none with `resumes` 0).
     A first save, untimed, sizes the probes. Old checkpoints are deleted in the
     background while training goes on, and a load waits for that: the benchmark waits for it and syncs the file
     system before each probe and each timed save and load (`_settle`). A timed save starts the deletion its
@@ -394,9 +396,15 @@ def bench_checkpoint(
         "direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in reads],
         **_ratios("save_over_direct_write", gib, blocking, writes),
         **_ratios("load_over_direct_read", gib, loading, reads),
-        "resume_load_s": round(min(resuming), 3),
-        "resume_direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in resume_reads],
-        **_ratios("resume_load_over_direct_read", gib, resuming, resume_reads),
+        **(
+            {
+                "resume_load_s": round(min(resuming), 3),
+                "resume_direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in resume_reads],
+                **_ratios("resume_load_over_direct_read", gib, resuming, resume_reads),
+            }
+            if resuming
+            else {}
+        ),
         "direct_io": method,
         "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,
@@ -575,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint.add_argument("--hp", action="append", default=[], metavar="KEY=VALUE")
     checkpoint.add_argument("--repeats", type=int, default=3)
     checkpoint.add_argument(
-        "--resumes", type=int, default=None, help="resumes in a new process, each timed (default: --repeats)"
+        "--resumes", type=int, default=None, help="resumes in a new process, each timed (default: --repeats; 0: none)"
     )
     checkpoint.add_argument(
         "--dir", type=Path, default=None, help="work in a temporary directory here (default: the system's temp dir)"

@@ -821,16 +821,17 @@ def _unfilled_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     checkpoint over them, or refuses to start.
 
     The layout is the optimizer's own: a twin of the same type and options takes one step on two tensors per
-    parameter, of its dtype, device and rank, one of size 1 and one of size 2 along every dimension. A state tensor
-    of each twin's shape is shaped like the parameter (`torch.empty_like`, in the state's dtype); one of the same
-    shape in both is a copy of the first twin's; so is a value that is not a tensor. An optimizer whose state is
-    otherwise, that has gradients already (DCP takes it to have no state), whose parameters need no gradient, or
-    that is not one of torch.optim's (whose steps are the process's own: no collective) is left to DCP. The twin
-    has none of the optimizer's hooks."""
+    parameter, of its dtype, device and rank, one of size 1 along every dimension and one of sizes 2, 3, 4, ...
+    A state tensor of each twin's shape is shaped like the parameter (`torch.empty_like`, in the state's dtype);
+    one of the same shape in both is a copy of the first twin's; so is a value that is not a tensor. An optimizer
+    whose state is otherwise, that has gradients already (DCP takes it to have no state), whose parameters need no
+    gradient, or that is not one of torch.optim's (whose steps are the process's own: no collective) is left to
+    DCP. The twin has none of the optimizer's own hooks; torch's global step hooks run for it, as they do for
+    DCP's step."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     if (
         optimizer.state
-        or not type(optimizer).__module__.startswith("torch.optim.")
+        or not _of_torch_optim(type(optimizer))
         or not params
         or any(p.grad is not None or (isinstance(p, DTensor) and not p.dim()) for p in params)
     ):
@@ -842,6 +843,7 @@ def _unfilled_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     ]
     shadow = type(optimizer).__new__(type(optimizer))
     shadow.__setstate__({"defaults": dict(optimizer.defaults), "state": defaultdict(dict), "param_groups": groups})
+    shadow._warned_capturable_if_run_uncaptured = True  # as `Optimizer.__init__` sets it: no warning per resume
     shadow.step()
     made: dict[torch.Tensor, dict[str, Any]] = {}
     for p, (one, two) in pairs.items():
@@ -855,9 +857,16 @@ def _unfilled_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     return bool(optimizer.state)
 
 
+def _of_torch_optim(kind: type) -> bool:
+    """Whether `kind` is one of torch.optim's optimizers (defined in torch.optim or a module of it)."""
+    return kind.__module__ == "torch.optim" or kind.__module__.startswith("torch.optim.")
+
+
 def _twins(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeros of `p`'s dtype, device and rank, of size 1 and of size 2 along every dimension, with zero gradients."""
-    pair = tuple(torch.zeros((size,) * p.dim(), dtype=p.dtype, device=p.device, requires_grad=True) for size in (1, 2))
+    """Zeros of `p`'s dtype, device and rank, of size 1 along every dimension and of sizes 2, 3, 4, ..., with zero
+    gradients: a state of the second's shape grows with each dimension of the parameter, not with another one's."""
+    shapes = ((1,) * p.dim(), tuple(range(2, 2 + p.dim())))
+    pair = tuple(torch.zeros(shape, dtype=p.dtype, device=p.device, requires_grad=True) for shape in shapes)
     for twin in pair:
         twin.grad = torch.zeros_like(twin)
     return pair[0], pair[1]

@@ -353,9 +353,28 @@ class _OwnAdamW(torch.optim.AdamW):
     """An optimizer not of torch.optim, whose step may do what torch's do not."""
 
 
+class _RowsByRows(torch.optim.Optimizer):
+    """Keeps a rows x rows state for each matrix, as a preconditioner does; presented as one of torch.optim's."""
+
+    __module__ = "torch.optim._rows_by_rows"
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 1e-3})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["rows"] = torch.zeros(p.shape[0], p.shape[0], dtype=p.dtype, device=p.device)
+
+
 def test_an_optimizer_whose_state_is_not_shaped_like_its_parameters_or_that_has_gradients_is_left_to_dcp() -> None:
-    """Adafactor keeps factored rows and columns; an optimizer with gradients is one DCP takes to need no state;
-    one not of torch.optim may step otherwise."""
+    """Adafactor keeps factored rows and columns, and another a rows x rows state of a matrix; an optimizer with
+    gradients is one DCP takes to need no state; one not of torch.optim may step otherwise."""
+    square = torch.nn.Parameter(torch.randn(3, 3))
+    assert not training.checkpoint._unfilled_optimizer_state(
+        _RowsByRows([square, torch.nn.Parameter(torch.randn(4, 3))])
+    )
     own = _OwnAdamW(_groups(_params()), lr=1e-3)
     assert not training.checkpoint._unfilled_optimizer_state(own)
     assert not own.state
