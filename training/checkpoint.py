@@ -825,9 +825,9 @@ def _unfilled_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     A state tensor of each twin's shape is shaped like the parameter (`torch.empty_like`, in the state's dtype);
     one of the same shape in both is a copy of the first twin's; so is a value that is not a tensor. An optimizer
     whose state is otherwise, that has gradients already (DCP takes it to have no state), whose parameters need no
-    gradient, or that is not one of torch.optim's (whose steps are the process's own: no collective) is left to
-    DCP. The twin has none of the optimizer's own hooks; torch's global step hooks run for it, as they do for
-    DCP's step."""
+    gradient, that is not one of torch.optim's (whose steps are the process's own: no collective), or whose twin
+    cannot step is left to DCP. The twin has none of the optimizer's own hooks; torch's global step hooks run for
+    it, as they do for DCP's step."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     if (
         optimizer.state
@@ -844,7 +844,10 @@ def _unfilled_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     shadow = type(optimizer).__new__(type(optimizer))
     shadow.__setstate__({"defaults": dict(optimizer.defaults), "state": defaultdict(dict), "param_groups": groups})
     shadow._warned_capturable_if_run_uncaptured = True  # as `Optimizer.__init__` sets it: no warning per resume
-    shadow.step()
+    try:
+        shadow.step()
+    except Exception:  # one that cannot step on tensors this small: DCP's step is on the real ones
+        return False
     made: dict[torch.Tensor, dict[str, Any]] = {}
     for p, (one, two) in pairs.items():
         entries, of_two = shadow.state[one], shadow.state[two]

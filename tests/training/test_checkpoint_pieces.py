@@ -369,8 +369,16 @@ class _RowsByRows(torch.optim.Optimizer):
 
 
 def test_an_optimizer_whose_state_is_not_shaped_like_its_parameters_or_that_has_gradients_is_left_to_dcp() -> None:
-    """Adafactor keeps factored rows and columns, and another a rows x rows state of a matrix; an optimizer with
-    gradients is one DCP takes to need no state; one not of torch.optim may step otherwise."""
+    """Adafactor keeps factored rows and columns, and another a rows x rows state of a matrix; another cannot step
+    on tensors as small as the twins; an optimizer with gradients is one DCP takes to need no state; one not of
+    torch.optim may step otherwise."""
+
+    class _SmallRefused(_RowsByRows):
+        def step(self, closure: Any = None) -> None:
+            if any(p.numel() < 4 for group in self.param_groups for p in group["params"]):
+                raise ValueError("too small")
+
+    assert not training.checkpoint._unfilled_optimizer_state(_SmallRefused([torch.nn.Parameter(torch.randn(4, 3))]))
     square = torch.nn.Parameter(torch.randn(3, 3))
     assert not training.checkpoint._unfilled_optimizer_state(
         _RowsByRows([square, torch.nn.Parameter(torch.randn(4, 3))])
