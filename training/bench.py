@@ -264,6 +264,12 @@ def _bracketed(before: float, after: float) -> float:
     return 2 / (1 / before + 1 / after)
 
 
+def _evict_newest(trainer: Trainer) -> None:
+    """Drop the cached pages of the files of `trainer`'s checkpoint of its current step: a cold load reads the disk."""
+    for path in (trainer.paths.checkpoints / step_dir(trainer.state.step)).iterdir():
+        evict(path)
+
+
 def _resumed(root: str, hyperparameters: dict[str, str], port: int, step: int) -> float:
     """Run in a new interpreter: build the Trainer on `root`, which resumes from its newest checkpoint, that of
     `step`, as a restarted job does; the seconds its load took. `port`: its process group's, free."""
@@ -295,8 +301,7 @@ def _timed_resumes(
     seconds, probes = [], []
     for _ in range(count):
         _settle(trainer.checkpoints)
-        for path in (trainer.paths.checkpoints / step_dir(trainer.state.step)).iterdir():
-            evict(path)  # a cold load reads the disk
+        _evict_newest(trainer)
         before = probe.read()
         seconds.append(_resume_in_new_process(trainer.paths.root, hyperparameters, trainer.state.step))
         _settle(trainer.checkpoints)
@@ -363,8 +368,7 @@ def bench_checkpoint(
                 staging.append(_timed(lambda: trainer.checkpoints.save(trainer.state, blocking=False))[0])
                 trainer.checkpoints.wait()
                 _settle(trainer.checkpoints)  # a load would otherwise wait for the deletions
-                for path in (paths.checkpoints / step_dir(trainer.state.step)).iterdir():
-                    evict(path)  # a cold load reads the disk
+                _evict_newest(trainer)
                 before = probe.read()
                 seconds, cpu = _timed(lambda: trainer.checkpoints.load_latest(trainer.state))
                 loading.append(seconds)

@@ -26,6 +26,7 @@ from training_helpers import (
     make_opt_ml,
     run_in_process,
     save_rows_in_pieces,
+    state_layouts,
     step_losses,
 )
 
@@ -333,19 +334,10 @@ def test_an_optimizer_s_unfilled_state_is_laid_out_as_dcp_s_step_lays_it_out(nam
     _init_optim_state(stepped)
     assert training.checkpoint._unfilled_optimizer_state(unfilled) == bool(stepped.state)  # plain SGD keeps none
     assert not training.checkpoint._unfilled_optimizer_state(unfilled)
-
-    def layout(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return type(value), value.shape, value.stride(), value.dtype, value.device
-        return type(value)
-
     expected, made = stepped.state_dict(), unfilled.state_dict()
     assert made["param_groups"] == expected["param_groups"]
     assert made["state"].keys() == expected["state"].keys() == ({0, 1, 2, 3, 4} if stepped.state else set())
-    for index, entries in expected["state"].items():
-        assert {key: layout(value) for key, value in made["state"][index].items()} == {
-            key: layout(value) for key, value in entries.items()
-        }
+    assert state_layouts(made["state"]) == state_layouts(expected["state"])
     assert all(p.equal(q) and p.grad is None for p, q in zip(unfilled_params, _params(), strict=True))
 
 

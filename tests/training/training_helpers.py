@@ -279,6 +279,20 @@ def save_rows_in_pieces(rank: int, world: int, port: int, directory: str, item_b
         dist.destroy_process_group()
 
 
+def state_layouts(state: Mapping[Any, Mapping[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """An optimizer state's layout, not its values: per parameter, each entry's type, and for a tensor its shape,
+    placements and local shard's shape and strides (a DTensor's), dtype and device."""
+
+    def layout(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            local = getattr(value, "to_local", lambda: value)()
+            placements = getattr(value, "placements", None)
+            return type(value), value.shape, placements, local.shape, local.stride(), value.dtype, value.device
+        return type(value)
+
+    return {name: {key: layout(value) for key, value in entries.items()} for name, entries in state.items()}
+
+
 def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -> None:
     """One of `world` processes (torch.multiprocessing.spawn's): raise AssertionError unless the optimizer state
     `training.checkpoint._unfilled_optimizer_state` makes for an FSDP2 model is laid out as the state DCP's step
@@ -298,12 +312,6 @@ def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -
             fully_shard(model)
             return model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 
-        def layout(value: object) -> object:
-            if isinstance(value, torch.Tensor):
-                local = getattr(value, "to_local", lambda: value)()
-                return type(value), value.shape, getattr(value, "placements", None), local.shape, value.dtype
-            return type(value)
-
         stepped_model, stepped = built()
         unfilled_model, unfilled = built()
         _init_optim_state(stepped)
@@ -311,10 +319,7 @@ def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -
         expected = get_state_dict(stepped_model, stepped)[1]["state"]
         made = get_state_dict(unfilled_model, unfilled)[1]["state"]
         assert made.keys() == expected.keys() and len(made) == 4
-        for name, entries in expected.items():
-            assert {key: layout(value) for key, value in made[name].items()} == {
-                key: layout(value) for key, value in entries.items()
-            }, name
+        assert state_layouts(made) == state_layouts(expected)
     finally:
         dist.destroy_process_group()
 
