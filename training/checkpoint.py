@@ -39,6 +39,7 @@ import pickle
 import shutil
 import threading
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -542,6 +543,8 @@ class _PieceSavePlanner(DefaultSavePlanner):
         return pieces
 
     def _dedup_save_plans(self, all_plans: list[SavePlan]) -> list[SavePlan]:
+        if len(all_plans) == 1:
+            return all_plans  # one process's items, which no other shares
         whole = {item.index: item for plan in all_plans for item in plan.items}
         deduped = super()._dedup_save_plans([_sized_by_chunk(plan) for plan in all_plans])
         return [dataclasses.replace(plan, items=[whole[item.index] for item in plan.items]) for plan in deduped]
@@ -949,6 +952,22 @@ class TrainingState:
             torch.manual_seed(self.seed + 1_000_003 * self.step + self.rank)
 
 
+_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+"""How the warning DCP gives of every save and load run with ``no_dist`` begins."""
+
+
+@contextmanager
+def _alone(env: DistEnv) -> Iterator[bool]:
+    """Whether DCP is to save or load without its collectives (``no_dist``): in a world of one process, where they
+    would pickle its plans and results and send them to itself (a GPT-2 save spent 0.03-0.05 s of 0.7 s so,
+    docs/BENCHMARKS.md). DCP's warning of it is silenced meanwhile."""
+    with warnings.catch_warnings():
+        alone = env.world_size == 1
+        if alone:
+            warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
+        yield alone
+
+
 def _local_world_size() -> int:
     """The processes on this host (torchrun's LOCAL_WORLD_SIZE; 1 outside torchrun)."""
     return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
@@ -1011,7 +1030,10 @@ class CheckpointManager:
                 time.monotonic() - started,
             )
             return
-        metadata = dcp_save(state_dict, storage_writer=writer, planner=planner, process_group=self.env.ctrl)
+        with _alone(self.env) as alone:
+            metadata = dcp_save(
+                state_dict, storage_writer=writer, planner=planner, process_group=self.env.ctrl, no_dist=alone
+            )
         self._commit(
             step, metadata, world_size=self.env.world_size, tokens=state.tokens_consumed, hashed=hashed, started=started
         )
@@ -1152,7 +1174,14 @@ class CheckpointManager:
                     return {}, problem or f"{directory.name}: another rank refused its {DCP_METADATA}"
             template = state.to_load_into(with_rng=same_world)  # while those reads run
             try:
-                dcp_load(template, storage_reader=reader, planner=_WeightsOnlyPlanner(), process_group=self.env.ctrl)
+                with _alone(self.env) as alone:
+                    dcp_load(
+                        template,
+                        storage_reader=reader,
+                        planner=_WeightsOnlyPlanner(),
+                        process_group=self.env.ctrl,
+                        no_dist=alone,
+                    )
             # DCP raises on every rank when any rank fails to read; its exception is a BaseException.
             except (Exception, CheckpointException) as exc:
                 # DCP wraps the cause; its last line says what was wrong with the files, except for a refused

@@ -8,12 +8,14 @@ import json
 import shutil
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint.state_dict as dcp_state_dict
+import torch.distributed.checkpoint.utils as dcp_utils
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
@@ -473,6 +475,29 @@ def test_a_world_of_one_trains_without_collectives(
     completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "3", "eval.interval_steps": "2"})
     assert completed and sorted(step_losses(log)) == [1, 2, 3] and sorted(val_losses(log)) == [2, 3]
     assert calls == []
+
+
+def test_a_world_of_one_saves_and_loads_checkpoints_without_dcp_s_collectives(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCP's collectives pickle every plan and result; a process that is the whole world would send them to itself.
+    It saves and resumes bit for bit without them, and without DCP's warning of it."""
+    used: list[bool] = []
+    wrapper = dcp_utils._DistWrapper.__init__
+    monkeypatch.setattr(
+        dcp_utils._DistWrapper,
+        "__init__",
+        lambda self, group, use_dist, *a: (used.append(use_dist), wrapper(self, group, use_dist, *a))[1],
+    )
+    paths = _resume_copy(reference, tmp_path)
+    shutil.rmtree(paths.checkpoints / "step-12")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+    assert len(used) >= 2 and not any(used)  # the load, and the save at step 12
+    assert not [w for w in caught if training.checkpoint._NO_DIST_WARNING in str(w.message)]
 
 
 def test_what_the_trainer_built_is_out_of_the_garbage_collectors_sight_until_it_closes(
