@@ -40,6 +40,16 @@ def _resume_copy(reference: tuple[Path, str], tmp_path: Path) -> Paths:
     return Paths(root)
 
 
+def _resumed_at_step_8(reference: tuple[Path, str], tmp_path: Path) -> None:
+    """Run the reference job again from a copy of its checkpoints without the last: it resumes from step 8 and
+    logs the reference's losses after it, bit for bit."""
+    paths = _resume_copy(reference, tmp_path)
+    shutil.rmtree(paths.checkpoints / "step-12")
+    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
+    assert completed and "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
 def _shard(directory: Path) -> Path:
     return next(directory.glob("__0_*.distcp"))
 
@@ -150,12 +160,8 @@ def test_a_resume_makes_the_optimizer_state_it_loads_without_dcp_s_step(
     monkeypatch.setattr(
         dcp_state_dict, "_init_optim_state", lambda optim: (had_state.append(bool(optim.state)), init(optim))[1]
     )
-    paths = _resume_copy(reference, tmp_path)
-    shutil.rmtree(paths.checkpoints / "step-12")
-    completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
-    assert completed and "resumed from checkpoint step-8" in log
+    _resumed_at_step_8(reference, tmp_path)
     assert had_state and all(had_state)
-    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
 def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(
@@ -489,13 +495,9 @@ def test_a_world_of_one_saves_and_loads_checkpoints_without_dcp_s_collectives(
         "__init__",
         lambda self, group, use_dist, *a: (used.append(use_dist), wrapper(self, group, use_dist, *a))[1],
     )
-    paths = _resume_copy(reference, tmp_path)
-    shutil.rmtree(paths.checkpoints / "step-12")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        completed, log = run_in_process(paths.root, CHECKPOINTED_JOB)
-    assert completed and "resumed from checkpoint step-8" in log
-    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+        _resumed_at_step_8(reference, tmp_path)
     assert len(used) >= 2 and not any(used)  # the load, and the save at step 12
     assert not [w for w in caught if training.checkpoint._NO_DIST_WARNING in str(w.message)]
 
