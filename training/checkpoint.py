@@ -960,12 +960,13 @@ _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 def _alone(env: DistEnv) -> Iterator[bool]:
     """Whether DCP is to save or load without its collectives (``no_dist``): in a world of one process, where they
     would pickle its plans and results and send them to itself (a GPT-2 save spent 0.03-0.05 s of 0.7 s so,
-    docs/BENCHMARKS.md). DCP's warning of it is silenced meanwhile."""
+    docs/BENCHMARKS.md). DCP's warning of it is silenced meanwhile; a larger world's warnings are left alone."""
+    if env.world_size != 1:
+        yield False
+        return
     with warnings.catch_warnings():
-        alone = env.world_size == 1
-        if alone:
-            warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
-        yield alone
+        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING, category=UserWarning)
+        yield True
 
 
 def _local_world_size() -> int:
