@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from training.config import from_hyperparameters
 from training.data import TokenSamples
 from training.layout import OPT_ML_ROOT_ENV
 from training.metrics import TOKENS_PER_SEC, VALIDATION_LOSS, parse_line
@@ -282,7 +283,8 @@ def bench_peer(
     return {
         "bench": "peer",
         "steps": steps,
-        "lr": lr,
+        "nanogpt_lr": lr,
+        "ours_lr": from_hyperparameters(hyperparameters).optim.lr,  # `overrides` may set it apart
         "repeats": repeats,
         "threads": threads,
         "ours_tokens_per_sec": round(ours_tps),
