@@ -131,6 +131,21 @@ def _rebuild(  # noqa: PLR0917 - the unpickler calls it as torch's own, position
     return cast(torch.Tensor, rebuild(storage, storage_offset, size, stride, requires_grad, backward_hooks))
 
 
+class _Rebuild:
+    """`_rebuild`, as `_TensorUnpickler` hands it to a pickle: an object without attributes to set. The C
+    unpickler's BUILD sets the attributes of whatever a pickle put before it. Had the pickle been handed the
+    function itself, a BUILD would change it for the whole process (``__defaults__ = (True,)``: every later
+    tensor would go to torch's reader)."""
+
+    __slots__ = ()
+
+    def __call__(self, *arguments: Any) -> torch.Tensor:
+        return _rebuild(*arguments)
+
+
+_REBUILD = _Rebuild()
+
+
 class _TensorUnpickler(pickle.Unpickler):
     """The C unpickler, resolving only what ``torch.save`` writes for a plain tensor: its rebuild, an empty
     ``OrderedDict`` of hooks and storage types; each storage a view of its record's bytes in `storage`, whose
@@ -145,7 +160,7 @@ class _TensorUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild
+            return _REBUILD
         if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
         if module == "torch" and name.endswith("Storage"):

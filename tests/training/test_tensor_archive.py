@@ -233,6 +233,36 @@ def test_a_build_after_the_rebuild_is_not_read_here(state: Any) -> None:
     assert isinstance(refused, type) and issubclass(refused, Exception)
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("__defaults__", b"\x88\x85"), ("planted", b"\x88")], ids=["defaults", "attribute"]
+)
+def test_a_build_on_the_rebuild_it_names_changes_nothing_for_later_archives(name: str, value: bytes) -> None:
+    """A pickle that sets attributes of the rebuild it names (pickle's BUILD on a global) changes nothing but what
+    it was handed: the function torch's tensors are rebuilt with here keeps its own, and archives read later are
+    read here as before. (With ``__defaults__ = (True,)``, every later tensor would have gone to torch's reader.)"""
+    rebuild = training.tensor_archive._rebuild
+    before = (rebuild.__defaults__, dict(vars(rebuild)))
+    gadget = (
+        b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}X"
+        + len(name).to_bytes(4, "little")
+        + name.encode()
+        + value
+        + b"sb0"
+    )
+    planted = gadget + _tensor_pickle(6, (6,))[2:]  # then the tensor's own pickle, after its protocol
+    archive = _rewritten(_archive(torch.arange(6.0)), {"data.pkl": planted})
+    try:
+        _outcome(saved, archive)
+        after = (rebuild.__defaults__, dict(vars(rebuild)))
+    finally:
+        rebuild.__defaults__ = before[0]
+        for added in set(vars(rebuild)) - set(before[1]):
+            delattr(rebuild, added)
+    assert after == before
+    plain = _archive(torch.arange(6.0))
+    _same(_read_itself(_placed(plain), _PAD, len(plain)), torch.arange(6.0))
+
+
 def test_with_an_extension_registered_in_copyreg_it_reads_nothing_itself() -> None:
     """The C unpickler resolves an EXT opcode from copyreg's registry without asking find_class."""
     archive = _archive(torch.arange(6.0))
