@@ -76,6 +76,60 @@ def test_planted_metadata_with_a_valid_manifest_runs_no_code_and_is_not_loaded(
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
 
 
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _unicode(text: str) -> bytes:
+    return b"X" + len(text).to_bytes(4, "little") + text.encode()
+
+
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+# Pickles that only name globals .metadata may name, and set attributes (BUILD) of what one names: a class, a
+# function, an enum member. Each leaves None as the result.
+_BUILT_GLOBALS = {
+    "metadata_class": (  # Metadata.__setstate__ = torch.Size: every later metadata's unpickling raises TypeError
+        _global(_METADATA_MODULE, "Metadata") + b"N}" + _unicode("__setstate__") + _global("torch", "Size") + b"s\x86b",
+        lambda: torch.distributed.checkpoint.metadata.Metadata,
+    ),
+    "function": (
+        _global("torch.serialization", "_get_layout") + b"}" + _unicode("planted") + b"\x88sb",
+        lambda: torch.serialization._get_layout,
+    ),
+    "enum_member": (
+        _global(_METADATA_MODULE, "_MEM_FORMAT_ENCODING") + b"K\x00\x85R}" + _unicode("planted") + b"\x88sb",
+        lambda: torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT,
+    ),
+}
+
+
+@pytest.mark.parametrize("gadget", sorted(_BUILT_GLOBALS))
+def test_planted_metadata_changes_no_class_function_or_enum_member_and_older_checkpoints_still_load(
+    gadget: str, reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A planted .metadata that sets attributes of what a global it may name names is refused before it sets
+    them. Had it changed them, that would last for the whole process: every older checkpoint's metadata would
+    then fail to load too."""
+    body, named = _BUILT_GLOBALS[gadget]
+    target = named()
+    before = dict(vars(target))
+    root = _copy(reference, tmp_path)
+    planted = root / "checkpoints" / "step-12"
+    (planted / ".metadata").write_bytes(b"\x80\x02" + body + b"0N.")
+    _recommit(planted)
+    try:
+        completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    finally:
+        changed = dict(vars(target)) != before
+        for name in set(vars(target)) - set(before):  # were it changed, later tests would run with it
+            delattr(target, name)
+    assert not changed
+    assert completed
+    assert "skipping checkpoint step-12" in log and "which DCP metadata never does" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
 def test_a_shard_changed_after_its_commit_is_refused_for_the_previous_checkpoint(
     reference: tuple[Path, str], tmp_path: Path
 ) -> None:
