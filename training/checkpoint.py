@@ -29,6 +29,7 @@ one is committed, manifest first, so that a half-deleted checkpoint is never tak
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import importlib
 import io
@@ -163,6 +164,43 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EIO, errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ENOMEM, errno.ETIMEDOUT, errno.ESTALE, errno.ECONNRESET}
+)
+"""OS errors a read of a checkpoint may get and not get again: a network file system's (FSx for Lustre's) server
+failing over or timing out, memory or threads short for a moment. A load that gets only these tries the same
+checkpoint again (`LOAD_RETRY_SECONDS`), where it would have gone on to an older one, or refused to start."""
+
+LOAD_RETRY_SECONDS = (2.0, 10.0)
+"""The waits before a checkpoint whose load failed with `TRANSIENT_ERRNOS` alone is loaded again: three tries."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether `exc` is an OS error of `TRANSIENT_ERRNOS`, or wraps one (DCP's failures, an exception's cause or
+    context) and no `CheckpointError`: a file that does not match its manifest does not come to match it."""
+    found, pending, seen = False, [exc], set()
+    while pending:
+        error = pending.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, CheckpointError):
+            return False
+        found = found or (isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS)
+        if isinstance(error, CheckpointException):
+            pending.extend(failure for failure, _ in error.failures.values())
+        pending.extend(cause for cause in (error.__cause__, error.__context__) if cause is not None)
+    return found
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Why a checkpoint cannot be loaded, and whether the error may pass (`transient`)."""
+
+    text: str
+    transient: bool = False
+
+
 def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | str:
     """The checkpoint's manifest if the checkpoint is complete, else why it cannot be loaded.
 
@@ -171,21 +209,32 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
     as training/stored_checkpoints.py defines it: every listed file present with its size. The files'
     contents are checked against their segments' digests as they are read for the load (`_verified_windows`).
     """
+    manifest = _manifest(directory, trusted)
+    return manifest.text if isinstance(manifest, _Problem) else manifest
+
+
+def _manifest(directory: Path, trusted: set[str] | None) -> Manifest | _Problem:
     try:
         data = (directory / MANIFEST).read_bytes()
     except OSError as exc:
-        return f"{directory.name}: unreadable manifest ({describe(exc)})"
+        return _Problem(f"{directory.name}: unreadable manifest ({describe(exc)})", transient(exc))
     if trusted is not None and manifest_sha256(data) not in trusted:
-        return f"{directory.name}: its manifest is not one the run's ledger records (it changed after it was listed)"
+        return _Problem(
+            f"{directory.name}: its manifest is not one the run's ledger records (it changed after it was listed)"
+        )
     try:
         manifest = Manifest.parse(data)
     except ManifestError as exc:
-        return f"{directory.name}: {exc}"
+        return _Problem(f"{directory.name}: {exc}")
     for name in manifest.files:
         path = directory / name
-        problem = manifest.size_problem(name, path.stat().st_size if path.is_file() else None)
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError as exc:
+            return _Problem(f"{directory.name}: {name}: {describe(exc)}", transient(exc))
+        problem = manifest.size_problem(name, size)
         if problem is not None:
-            return f"{directory.name}: {problem}"
+            return _Problem(f"{directory.name}: {problem}")
     return manifest
 
 
@@ -1176,10 +1225,14 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- loading
 
-    def _agree(self, local: str | None) -> list[str]:
-        gathered: list[str | None] = [None] * self.env.world_size
+    def _agree(self, local: _Problem | None) -> list[_Problem]:
+        gathered: list[_Problem | None] = [None] * self.env.world_size
         dist.all_gather_object(gathered, local, group=self.env.ctrl)
-        return [f"rank {rank}: {msg}" for rank, msg in enumerate(gathered) if msg is not None]
+        return [
+            _Problem(f"rank {rank}: {problem.text}", problem.transient)
+            for rank, problem in enumerate(gathered)
+            if problem is not None
+        ]
 
     def _recorded(self, steps: list[int]) -> list[int]:
         """Those of `steps` whose manifest the run's ledger holds (all of them without a ledger)."""
@@ -1195,7 +1248,7 @@ class CheckpointManager:
 
     def _load(
         self, directory: Path, manifest: Manifest, state: TrainingState, *, same_world: bool
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[dict[str, Any], _Problem | None]:
         """Load the checkpoint in `directory` into a state dict of `state`'s own tensors (with its RNG streams when
         `same_world`); that state dict, and why it could not be loaded, or None."""
         reader = _SafeReader(directory, manifest)
@@ -1206,10 +1259,13 @@ class CheckpointManager:
                 try:
                     reader.read_ahead(own[: io_threads()])
                 except Exception as exc:
-                    problem = f"{directory.name}: {describe(exc)}"
+                    problem = _Problem(f"{directory.name}: {describe(exc)}", transient(exc))
                 # Every rank learns of a refusal before any enters DCP's collectives, which the others would wait in.
-                if self._agree(problem):
-                    return {}, problem or f"{directory.name}: another rank refused its {DCP_METADATA}"
+                if others := self._agree(problem):
+                    passing = all(other.transient for other in others)  # as every rank's: all try again, or none
+                    return {}, problem or _Problem(
+                        f"{directory.name}: another rank refused its {DCP_METADATA}", passing
+                    )
             template = state.to_load_into(with_rng=same_world)  # while those reads run
             try:
                 with _alone(self.env) as alone:
@@ -1226,10 +1282,39 @@ class CheckpointManager:
                 # weights_only load, whose reason is the line naming the global.
                 lines = [line.strip().removeprefix(_OWN_ERROR) for line in str(exc).strip().splitlines()]
                 refused = [line for line in lines if "Unsupported global" in line]
-                return template, f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+                text = f"{directory.name}: {(refused or lines)[-1] if lines else describe(exc)}"
+                return template, _Problem(text, transient(exc))
         finally:
             reader.close()
         return template, None
+
+    def _load_tried(self, step: int, state: TrainingState) -> tuple[dict[str, Any], Manifest | None, list[_Problem]]:
+        """Load checkpoint `step` into `state`'s tensors (`_load`), and again after each of `LOAD_RETRY_SECONDS`
+        while every rank's errors may pass; the state dict, the manifest, and every rank's errors in the last try
+        (none: it loaded)."""
+        directory = self.root / step_dir(step)
+        for attempt, wait in enumerate((*LOAD_RETRY_SECONDS, None), start=1):
+            template: dict[str, Any] = {}
+            manifest = _manifest(directory, self.trusted)
+            errors = self._agree(manifest if isinstance(manifest, _Problem) else None)
+            if not errors:
+                assert isinstance(manifest, Manifest)
+                same_world = manifest.world_size == self.env.world_size
+                template, error = self._load(directory, manifest, state, same_world=same_world)
+                errors = self._agree(error)
+            if not errors or wait is None or not all(error.transient for error in errors):
+                break
+            if self.env.is_main:
+                log.warning(
+                    "checkpoint %s: %s; loading it again in %.0f s (try %d of %d failed with errors that may pass)",
+                    step_dir(step),
+                    "; ".join(error.text for error in errors),
+                    wait,
+                    attempt,
+                    len(LOAD_RETRY_SECONDS) + 1,
+                )
+            time.sleep(wait)
+        return template, None if isinstance(manifest, _Problem) else manifest, errors
 
     def load_latest(self, state: TrainingState) -> int | None:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
@@ -1241,26 +1326,21 @@ class CheckpointManager:
         candidates = listing[0]
         problems: list[str] = []
         for step in candidates:
-            directory = self.root / step_dir(step)
-            manifest = manifest_of(directory, self.trusted)
-            errors = self._agree(manifest if isinstance(manifest, str) else None)
-            if not errors:
-                assert isinstance(manifest, Manifest)
-                same_world = manifest.world_size == self.env.world_size
-                template, error = self._load(directory, manifest, state, same_world=same_world)
-                errors = self._agree(error)
+            template, manifest, errors = self._load_tried(step, state)
             if errors:
-                problems.extend(errors)
+                problems.extend(error.text for error in errors)
                 if self.env.is_main:
-                    log.warning("skipping checkpoint %s: %s", step_dir(step), "; ".join(errors))
+                    log.warning("skipping checkpoint %s: %s", step_dir(step), "; ".join(e.text for e in errors))
                 continue
+            assert manifest is not None
+            same_world = manifest.world_size == self.env.world_size
             state.load_state_dict(template)
             if not same_world:
                 log.warning(
                     "checkpoint %s was written by %d processes, resuming on %d: model and optimizer "
                     "resharded, data position kept, RNG streams reseeded",
                     step_dir(step),
-                    cast(Manifest, manifest).world_size,
+                    manifest.world_size,
                     self.env.world_size,
                 )
             self.committed = sorted(s for s in candidates if s <= step)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import itertools
 import json
+import os
 import pickle
 import shutil
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +20,7 @@ from typing import Any, cast
 import pytest
 import torch
 from blake3 import blake3
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.utils.serialization import config as serialization_config
 from training_helpers import (
@@ -154,6 +157,108 @@ def test_a_change_to_any_one_of_a_ranks_data_files_is_refused(reference: tuple[P
     assert f"skipping checkpoint step-12: rank 0: step-12: {shards[-1].name} does not match the blake3 digest" in log
     assert "resumed from checkpoint step-8" in log
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def _failing_reads(monkeypatch: pytest.MonkeyPatch, fails: Callable[[Path, int], bool], code: int) -> None:
+    """A load's reads of a span raise OSError(`code`) where `fails(file, n)`: n counts the spans every file a
+    load opened has read, from 1 (the first checkpoint's .metadata's first); the manifest's read where
+    `fails(manifest, 0)`."""
+    opened, read_bytes, count = training.checkpoint._opened, Path.read_bytes, itertools.count(1)
+
+    def failing_opened(path: Path, listed: Any) -> Any:
+        reader = opened(path, listed)
+        next_span = reader.next_span
+
+        def failing() -> Any:
+            if fails(path, next(count)):
+                raise OSError(code, os.strerror(code))
+            return next_span()
+
+        reader.next_span = failing
+        return reader
+
+    def failing_read_bytes(path: Path) -> bytes:
+        if path.name == MANIFEST and fails(path, 0):
+            raise OSError(code, os.strerror(code), str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(training.checkpoint, "_opened", failing_opened)
+    monkeypatch.setattr(Path, "read_bytes", failing_read_bytes)
+    monkeypatch.setattr(training.checkpoint, "LOAD_RETRY_SECONDS", (0.0, 0.0))
+
+
+def _once(first: Callable[[Path, int], bool]) -> Callable[[Path, int], bool]:
+    failed: list[Path] = []
+
+    def fails(path: Path, n: int) -> bool:
+        if failed or not first(path, n):
+            return False
+        failed.append(path)
+        return True
+
+    return fails
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["manifest", "metadata", "data"],
+)
+def test_a_read_error_that_may_pass_is_tried_again_not_taken_for_a_bad_checkpoint(
+    where: str, reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One EIO reading the newest checkpoint (its manifest, its .metadata, a span of a data file in a reading
+    thread) is not a reason to resume from an older one: the same checkpoint is loaded again, in full."""
+    root = _copy(reference, tmp_path)
+    first = {
+        "manifest": lambda path, n: n == 0 and path.parent.name == "step-12",
+        "metadata": lambda path, n: path.name == DCP_METADATA,
+        "data": lambda path, n: path.suffix == ".distcp" and n >= 3,
+    }[where]
+    _failing_reads(monkeypatch, _once(first), errno.EIO)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "checkpoint step-12: rank 0: step-12:" in log and "loading it again in 0 s (try 1 of 3 failed" in log
+    assert "Input/output error" in log and "skipping checkpoint" not in log
+    assert "resumed from checkpoint step-12" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 12}
+
+
+def test_a_read_error_that_does_not_pass_is_tried_three_times_then_the_older_checkpoint_loads(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(reference, tmp_path)
+    _failing_reads(monkeypatch, lambda path, n: path.parent.name == "step-12" and n > 0, errno.EIO)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "try 1 of 3 failed" in log and "try 2 of 3 failed" in log and "try 3 of 3" not in log
+    assert "skipping checkpoint step-12: rank 0: step-12: OSError: [Errno 5] Input/output error" in log
+    assert "resumed from checkpoint step-8" in log
+    assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 8}
+
+
+def test_a_read_error_that_will_not_pass_is_not_tried_again(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(reference, tmp_path)
+    _failing_reads(monkeypatch, _once(lambda path, n: path.name == DCP_METADATA), errno.EACCES)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "loading it again" not in log and "skipping checkpoint step-12" in log and "Permission denied" in log
+    assert "resumed from checkpoint step-8" in log
+
+
+def test_errors_that_may_pass_are_os_errors_of_a_kind_that_passes_and_never_a_file_that_does_not_match() -> None:
+    def wrapped(*errors: BaseException) -> CheckpointException:
+        return CheckpointException("load failed", {rank: (error, None) for rank, error in enumerate(errors)})  # type: ignore[misc]
+
+    eio, enoent = OSError(errno.EIO, "Input/output error"), FileNotFoundError(errno.ENOENT, "No such file")
+    mismatch = training.checkpoint.CheckpointError("does not match the blake3 digest its manifest lists")
+    caused = RuntimeError("read failed")
+    caused.__cause__ = eio
+    transient = training.checkpoint.transient
+    assert transient(eio) and transient(wrapped(eio)) and transient(caused) and transient(wrapped(caused))
+    assert not transient(enoent) and not transient(wrapped(enoent)) and not transient(RuntimeError("thread"))
+    assert not transient(wrapped(eio, mismatch)) and not transient(mismatch)
 
 
 def _flip(path: Path, start: int, count: int = 8) -> None:
