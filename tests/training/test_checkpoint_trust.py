@@ -223,6 +223,19 @@ def test_a_read_error_that_may_pass_is_tried_again_not_taken_for_a_bad_checkpoin
     assert step_losses(log) == {s: v for s, v in step_losses(reference[1]).items() if s > 12}
 
 
+def test_a_read_error_listing_the_checkpoints_the_ledger_records_does_not_end_the_run(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a ledger, the newest manifest is read to list the recorded checkpoints, and again to load it: an EIO
+    the first time leaves it to the load, which reads it again and checks it against the ledger."""
+    root = _copy(reference, tmp_path)
+    _ledger(root, [4, 8, 12])
+    _failing_reads(monkeypatch, _once(lambda path, n: n == 0 and path.parent.name == "step-12"), errno.EIO)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "resumed from checkpoint step-12" in log and "skipping" not in log
+
+
 def test_a_read_error_that_does_not_pass_is_tried_three_times_then_the_older_checkpoint_loads(
     reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
