@@ -176,19 +176,26 @@ LOAD_RETRY_SECONDS = (2.0, 10.0)
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether `exc` is an OS error of `TRANSIENT_ERRNOS`, or wraps one (DCP's failures, an exception's cause or
-    context) and no `CheckpointError`: a file that does not match its manifest does not come to match it."""
+    """Whether `exc` may pass: an OS error of `TRANSIENT_ERRNOS`, or an error caused by one (its cause or context,
+    where it has them: an exception DCP sent from another process has neither) and by no `CheckpointError`, since
+    a file that does not match its manifest does not come to match it. DCP's `CheckpointException`, which holds
+    one failure per failing rank, may pass only if each of them may."""
+    if isinstance(exc, CheckpointException):
+        failures = [failure for failure, _ in exc.failures.values()]
+        return bool(failures) and all(map(transient, failures))
     found, pending, seen = False, [exc], set()
     while pending:
         error = pending.pop()
         if id(error) in seen:
             continue
         seen.add(id(error))
-        if isinstance(error, CheckpointError):
+        if isinstance(error, CheckpointError) or (isinstance(error, CheckpointException) and not transient(error)):
             return False
-        found = found or (isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS)
-        if isinstance(error, CheckpointException):
-            pending.extend(failure for failure, _ in error.failures.values())
+        found = (
+            found
+            or isinstance(error, CheckpointException)
+            or (isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS)
+        )
         pending.extend(cause for cause in (error.__cause__, error.__context__) if cause is not None)
     return found
 
@@ -831,9 +838,15 @@ class _SafeReader(FileSystemReader):
             try:
                 for future in as_completed(done):  # the first to fail raises as it ends
                     future.result()
-            except BaseException:
+            except BaseException as first:
                 self.refused.set()  # the checkpoint is refused: no thread loads another window of it
-                pool.shutdown(cancel_futures=True)
+                pool.shutdown(cancel_futures=True)  # and those still loading one end
+                # A file found not to match its manifest is the reason, even where another thread's read error
+                # ended first: that error may pass, and would have the same bytes read again.
+                failed = [f.exception() for f in done if f.done() and not f.cancelled() and f.exception() is not None]
+                lasting = [error for error in failed if isinstance(error, Exception) and not transient(error)]
+                if isinstance(first, Exception) and transient(first) and lasting:
+                    raise lasting[0] from None
                 raise
         finished: TorchFuture[None] = TorchFuture()
         finished.set_result(None)

@@ -272,6 +272,50 @@ def test_errors_that_may_pass_are_os_errors_of_a_kind_that_passes_and_never_a_fi
     assert transient(eio) and transient(wrapped(eio)) and transient(caused) and transient(wrapped(caused))
     assert not transient(enoent) and not transient(wrapped(enoent)) and not transient(RuntimeError("thread"))
     assert not transient(wrapped(eio, mismatch)) and not transient(mismatch)
+    # Each failing rank's error must be one that may pass.
+    assert transient(wrapped(eio, eio))
+    assert not transient(wrapped(eio, enoent)) and not transient(wrapped(eio, pickle.UnpicklingError("planted")))
+    assert not transient(CheckpointException("load failed", {}))
+
+
+def test_a_file_that_does_not_match_is_the_reason_even_when_a_read_error_in_another_thread_ends_first(
+    reference: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two files are read in two threads: one's first read fails with EIO, the other's first segment is changed.
+    The thread that finds the change waits for the EIO to end its thread first; the load still reports the
+    change, and does not load the checkpoint again."""
+    root = _copy(reference, tmp_path)
+    failing, changed = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))[:2]
+    _flip(changed, 0)
+    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
+    monkeypatch.setattr(training.checkpoint, "LOAD_RETRY_SECONDS", (0.0, 0.0))
+    ended = threading.Event()
+    opened = training.checkpoint._opened
+
+    def racing(path: Path, listed: Any) -> Any:
+        reader = opened(path, listed)
+        next_span = reader.next_span
+
+        def fail() -> Any:
+            ended.set()
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        def late() -> Any:
+            assert ended.wait(30)
+            return next_span()
+
+        if path == failing:
+            reader.next_span = fail
+        elif path == changed:
+            reader.next_span = late
+        return reader
+
+    monkeypatch.setattr(training.checkpoint, "_opened", racing)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "loading it again" not in log
+    assert f"skipping checkpoint step-12: rank 0: step-12: {changed.name} does not match the blake3 digest" in log
+    assert "resumed from checkpoint step-8" in log
 
 
 def _flip(path: Path, start: int, count: int = 8) -> None:
