@@ -227,7 +227,8 @@ def _manifest(directory: Path, trusted: set[str] | None) -> Manifest | _Problem:
         return _Problem(f"{directory.name}: unreadable manifest ({describe(exc)})", transient(exc))
     if trusted is not None and manifest_sha256(data) not in trusted:
         return _Problem(
-            f"{directory.name}: its manifest is not one the run's ledger records (it changed after it was listed)"
+            f"{directory.name}: its manifest is not one the run's ledger records "
+            "(it changed after it was listed, or could not be read then)"
         )
     try:
         manifest = Manifest.parse(data)
