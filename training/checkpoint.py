@@ -844,7 +844,7 @@ class _SafeReader(FileSystemReader):
                 pool.shutdown(cancel_futures=True)  # and those still loading one end
                 # A file found not to match its manifest is the reason, even where another thread's read error
                 # ended first: that error may pass, and would have the same bytes read again.
-                failed = [f.exception() for f in done if f.done() and not f.cancelled() and f.exception() is not None]
+                failed = [f.exception() for f in done if f.done() and not f.cancelled()]
                 lasting = [error for error in failed if isinstance(error, Exception) and not transient(error)]
                 if isinstance(first, Exception) and transient(first) and lasting:
                     raise lasting[0] from None
