@@ -12,7 +12,7 @@ from constructs import Construct
 from stacks.constructs.training_image import TrainingImage
 from stacks.settings import PlatformSettings
 
-TRAINING_DIR = Path(__file__).resolve().parents[1] / "training"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class ImageStack(Stack):
@@ -21,7 +21,7 @@ class ImageStack(Stack):
         self.training_image = TrainingImage(
             self,
             "TrainingImage",
-            source_dir=TRAINING_DIR,
+            source_dir=REPO_ROOT,
             base_image=settings.base_image(),
             key=key,
             keep_images=settings.image.keep_images,

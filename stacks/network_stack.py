@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
-from lambdas.shared.catalog import instance_type
+from contract.catalog import instance_type
 from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.placement import EfaClusterPlacement
 from stacks.settings import PlatformSettings

@@ -19,9 +19,9 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.execution_state import CLEANUP, FAILURE
 from lambdas.backends import deployed_backends
 from lambdas.backends.sagemaker import SAGEMAKER
-from lambdas.execution_state import CLEANUP, FAILURE
 from lambdas.shared.metrics import Metric
 from stacks import outputs
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget, TeamBudget
@@ -35,9 +35,9 @@ from stacks.network_stack import NetworkStack
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.context import PipelineContext, obj, string
-from stacks.pipeline.continuation import Continuation
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
+from stacks.pipeline.resume import ResumeStep
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_step import SageMakerTraining
 from stacks.pipeline.training_step import TrainingStep, backend_steps, by_backend
@@ -79,9 +79,9 @@ class PipelineStack(Stack):
         registration = Registration(self, "Registration", context=context)
         promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
 
-        continuation = Continuation(self, "Continuation", context=context)
-        intake.estimated.next(approvals.before_launch(then=continuation.start))
-        continuation.then(training.start)
+        resume = ResumeStep(self, "Resume", context=context)
+        intake.estimated.next(approvals.before_launch(then=resume.start))
+        resume.then(training.start)
         training.failed.next(self._training_failed(context))
         training.succeeded.next(evaluation.start)
         evaluation.then(registration.start)

@@ -28,11 +28,11 @@ from pydantic import (
     model_validator,
 )
 
+from contract.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.approvals.identity import Principal
 from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
-from lambdas.shared.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
@@ -629,7 +629,7 @@ class TeamSettings(_Model):
         return value
 
 
-def team_problems(
+def settings_team_problems(
     teams: Sequence[TeamSettings], capacity: Mapping[str, int], allowed_types: Sequence[str]
 ) -> list[str]:
     """Every problem of the teams together and against the service environment, each with its fix."""
@@ -748,7 +748,7 @@ class PlatformSettings(_Model):
 
     @model_validator(mode="after")
     def _teams_fit(self) -> PlatformSettings:
-        problems = team_problems(self.teams, self.service_environment.capacity, self.pipeline.instance_types())
+        problems = settings_team_problems(self.teams, self.service_environment.capacity, self.pipeline.instance_types())
         if self.service_environment.capacity and not self.teams:
             problems.append("service_environment.capacity is set but no teams are: add teams or remove the capacity")
         if problems:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from localrun.scenario import is_scenario
+from localrun.demo.scenario import is_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 # jsii warns on every start that this machine's Node.js is past end of life; the warning is noise here.
@@ -163,8 +163,8 @@ TEAMS_SCENARIO = REPO / "examples" / "teams.json"
 def teams_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's platform with examples/teams.json's settings (two teams, a queue of two ml.m5.xlarge), as
     `make demo INPUT=examples/teams.json` synthesizes it."""
-    from localrun import scenario
-    from localrun.demo import synthesize
+    from localrun.demo import scenario
+    from localrun.demo.cli import synthesize
 
     settings = scenario.parse(json.loads(TEAMS_SCENARIO.read_text())).settings
     return synthesize(tmp_path_factory.mktemp("teams"), lambda _: None, settings=settings)

@@ -11,8 +11,8 @@ import boto3
 from blake3 import blake3
 from moto import mock_aws
 
-from training.layout import MANIFEST, run_checkpoints
-from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, manifest_sha256
+from contract.layout import MANIFEST, run_checkpoints
+from contract.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, manifest_sha256
 
 FILES = {DCP_METADATA: b"metadata", "__0_0.distcp": b"shard of rank 0"}
 CHECKPOINTS, ARTIFACTS = "checkpoints", "artifacts"

@@ -1,5 +1,5 @@
 """The project's modules import one another one way: no module imports, even inside a function or only
-for type checking, a module that imports it back."""
+for type checking, a module that imports it back; and each package imports only the packages below it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,21 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("stacks", "lambdas", "localrun", "tools", "training")
+PACKAGES = ("contract", "stacks", "lambdas", "localrun", "tools", "training")
+
+LAYERS: dict[str, frozenset[str]] = {
+    # The shared contract, at the bottom: the layout, the execution state, configs, the catalog, records.
+    "contract": frozenset(),
+    # The image's runtime and the handlers, each on the contract alone, never on each other.
+    "training": frozenset({"contract"}),
+    "lambdas": frozenset({"contract"}),
+    # The stacks deploy the handlers; the tools read the stacks' templates and the handlers' rules.
+    "stacks": frozenset({"contract", "lambdas"}),
+    "tools": frozenset({"contract", "lambdas", "stacks"}),
+    # The local platform, on top: it runs everything.
+    "localrun": frozenset({"contract", "lambdas", "stacks", "tools", "training"}),
+}
+"""Package -> the other packages of ours it may import."""
 
 
 def _modules() -> dict[str, Path]:
@@ -106,8 +120,8 @@ def _cycle_in(group: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_sees_imports_inside_functions_and_type_checking_blocks() -> None:
     graph = import_graph()
-    # localrun.engine imports tools.tp inside a method; handler modules import their package's parts.
-    assert "tools.tp" in graph["localrun.engine"]
+    # localrun.aws.engine imports tools.tp inside a method; handler modules import their package's parts.
+    assert "tools.tp" in graph["localrun.aws.engine"]
     assert "lambdas.validate.request" in graph["lambdas.validate.handler"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
@@ -115,3 +129,30 @@ def test_the_graph_sees_imports_inside_functions_and_type_checking_blocks() -> N
 def test_no_import_cycles() -> None:
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> imported module` for every import that reaches a package its own may not import."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        package = module.split(".")[0]
+        for target in sorted(targets):
+            other = target.split(".")[0]
+            if other != package and other not in LAYERS[package]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_package_has_a_layer() -> None:
+    assert set(LAYERS) == set(PACKAGES)
+
+
+def test_each_package_imports_only_the_layers_below_it() -> None:
+    found = layer_violations(import_graph())
+    assert not found, "imports across the layers (tests/test_imports.py: LAYERS):\n" + "\n".join(found)
+
+
+def test_the_layer_check_sees_a_handler_importing_the_runtime() -> None:
+    assert layer_violations({"lambdas.x": {"training.trainer"}, "training.trainer": {"contract.layout"}}) == [
+        "lambdas.x -> training.trainer"
+    ]

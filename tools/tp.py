@@ -28,10 +28,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from contract import goodput, layout
+from contract.config import ConfigError, from_hyperparameters
+from contract.execution_state import CostEstimate, EstimateEvent
+from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 from lambdas.approvals import identity
 from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
-from lambdas.execution_state import CostEstimate, EstimateEvent
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate import start_proof
 from lambdas.validate.request import resolve
@@ -44,9 +47,6 @@ from stacks.settings import (
     settings_from_context,
     stage_prefix,
 )
-from training import goodput, layout
-from training.config import ConfigError, from_hyperparameters
-from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Soft wrap: an ARN, a cursor or a log line printed for a pipe or a narrow terminal stays whole.
@@ -54,7 +54,7 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 _URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
-# The decision URL the local platform serves on this machine's loopback (localrun/decision_url.py).
+# The decision URL the local platform serves on this machine's loopback (localrun/aws/decision_url.py).
 _LOOPBACK = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/?$")
 
 Stage = Annotated[str, typer.Option(envvar="TP_STAGE", help="the platform's stage (settings' `stage`)")]

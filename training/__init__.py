@@ -1,5 +1,5 @@
 """The training package baked into the platform's image: launcher, trainer, data, checkpoints, metrics.
 
-Importing ``training`` (and ``training.config``, ``training.metrics``, ``training.sagemaker_contract``) must not
-import torch: the launcher and the platform's Lambdas use them on machines without it.
+The launcher, the pre-flight check and the container contracts do not import torch, so that a job that cannot
+start fails before torch loads; what the image shares with the handlers and the stacks lives in `contract/`.
 """

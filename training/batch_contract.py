@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from training.layout import (
+from contract.layout import (
     ATTEMPT_ENV,
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
@@ -46,12 +46,13 @@ from training.layout import (
     PREPARED_ENV,
     PROGRESS,
     SYNC_SECONDS_ENV,
+    result_key,
     split_s3_uri,
 )
-from training.ledger import trusted_digests
-from training.metrics import parse_metrics
+from contract.ledger import trusted_digests
+from contract.metrics import parse_metrics
+from contract.stored_checkpoints import complete_checkpoints
 from training.sagemaker_contract import ContractError, Paths, ResourceConfig, write_failure
-from training.stored_checkpoints import complete_checkpoints
 
 log = logging.getLogger("training.batch")
 
@@ -176,7 +177,7 @@ def prepare(paths: Paths, node: BatchNode, env: Mapping[str, str], s3: Any) -> N
 
 
 def restore_progress(s3: Any, uri: str, target: Path) -> int:
-    """Download the run's progress records (training/goodput.py), as SageMaker restores the whole prefix; how many."""
+    """Download the run's progress records (contract/goodput.py), as SageMaker restores the whole prefix; how many."""
     bucket, prefix = split_s3_uri(uri)
     folder = f"{prefix}{PROGRESS}/"
     count = 0
@@ -192,7 +193,7 @@ def restore_progress(s3: Any, uri: str, target: Path) -> int:
 
 
 def restore_checkpoints(s3: Any, uri: str, target: Path, *, trusted: set[str] | None) -> list[str]:
-    """Download the run's complete checkpoints (training/stored_checkpoints.py) that its ledger records
+    """Download the run's complete checkpoints (contract/stored_checkpoints.py) that its ledger records
     (`trusted`; None: no ledger, every complete one), each manifest after its files; their directories."""
     try:
         bucket, prefix = split_s3_uri(uri)
@@ -328,11 +329,6 @@ def _upload_model(s3: Any, paths: Paths, output: str) -> str:
                 tar.add(path, arcname=path.relative_to(paths.model).as_posix())
         s3.upload_file(str(archive), bucket, f"{prefix}model.tar.gz")
     return f"s3://{bucket}/{prefix}model.tar.gz"
-
-
-def result_key(output: str, attempt: int, node: int) -> str:
-    """Where a node writes its result for an attempt (PollBatchJob reads the main node's, and any failure)."""
-    return f"{output}attempt-{attempt}/node-{node}.json"
 
 
 def run(

@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from contract.config import StragglerConfig, from_hyperparameters, parse_overrides
+from contract.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
+from contract.model_args import PRESETS
 from training import bench_peer
-from training.config import StragglerConfig, from_hyperparameters, parse_overrides
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.direct_io import aligned_buffer, evict
-from training.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_ROOT_ENV, step_dir
-from training.models.args import PRESETS
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.stragglers import StepTimer, StragglerDetector, share_and_judge

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from training.config import from_hyperparameters
+from contract.config import from_hyperparameters
+from contract.layout import OPT_ML_ROOT_ENV
+from contract.metrics import TOKENS_PER_SEC, VALIDATION_LOSS, parse_line
 from training.data import TokenSamples
-from training.layout import OPT_ML_ROOT_ENV
-from training.metrics import TOKENS_PER_SEC, VALIDATION_LOSS, parse_line
 from training.prepare import prepare
 from training.sagemaker_contract import Paths
 from training.tokenizer import CharTokenizer

@@ -1,6 +1,6 @@
 """Exact, atomic checkpoints with torch.distributed.checkpoint (DCP).
 
-Layout (its names are training/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_<i>.distcp``
+Layout (its names are contract/layout.py's): ``<root>/step-<N>/`` holds DCP's files (``__<rank>_<i>.distcp``
 shards and ``.metadata``) and, written last by rank 0 via temp file + rename + directory fsync,
 ``manifest.json``. A directory without a manifest is never loaded. The manifest lists every file with
 its size and the BLAKE3 digest of each of its segments (runs of whole items, from 16 MiB), so a checkpoint that was
@@ -87,13 +87,9 @@ from torch.futures import Future as TorchFuture
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.serialization import config as serialization_config
 
-from training import direct_io, tensor_archive
-from training.config import CheckpointConfig
-from training.data import DistributedTokenLoader
-from training.distributed import DistEnv
-from training.layout import MANIFEST, step_dir, step_of
-from training.sagemaker_contract import describe
-from training.stored_checkpoints import (
+from contract.config import CheckpointConfig
+from contract.layout import MANIFEST, step_dir, step_of
+from contract.stored_checkpoints import (
     DCP_METADATA,
     FORMAT_VERSION,
     SEGMENT_HASHES,
@@ -103,6 +99,10 @@ from training.stored_checkpoints import (
     Segment,
     manifest_sha256,
 )
+from training import direct_io, tensor_archive
+from training.data import DistributedTokenLoader
+from training.distributed import DistEnv
+from training.sagemaker_contract import describe
 from training.tensor_archive import saved
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
 
     The manifest is read once: its digest is checked against `trusted` (the run's ledger; None: no ledger)
     and the same bytes are parsed, so a manifest replaced after the listing checked it is refused. Complete
-    as training/stored_checkpoints.py defines it: every listed file present with its size. The files'
+    as contract/stored_checkpoints.py defines it: every listed file present with its size. The files'
     contents are checked against their segments' digests as they are read for the load (`_verified_windows`).
     """
     manifest = _manifest(directory, trusted)
@@ -1088,7 +1088,7 @@ class CheckpointManager:
     """Saves (optionally in the background), commits, prunes and resumes checkpoints under ``root``."""
 
     def __init__(self, root: Path, env: DistEnv, cfg: CheckpointConfig, *, trusted: set[str] | None = None) -> None:
-        """`trusted`: the manifest digests the run's ledger holds (training/ledger.py); only those checkpoints
+        """`trusted`: the manifest digests the run's ledger holds (contract/ledger.py); only those checkpoints
         are loaded. None: no ledger (a run outside the pipeline), any intact checkpoint may be."""
         self.root, self.env, self.cfg, self.trusted = root, env, cfg, trusted
         self.committed: list[int] = []

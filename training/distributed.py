@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training import distributions
-from training.config import ConfigError
+from contract import distributions
+from contract.config import ConfigError
 
 log = logging.getLogger(__name__)
 

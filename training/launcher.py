@@ -31,11 +31,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from training import batch_contract
-from training.config import ConfigError, HangConfig, JobConfig, from_hyperparameters
-from training.distributions import distribution, module_available
-from training.hang import Hang, HangWatch
-from training.layout import (
+from contract.config import ConfigError, HangConfig, JobConfig, from_hyperparameters
+from contract.distributions import distribution, module_available
+from contract.hang import Hang
+from contract.layout import (
     AUXILIARY_START_TIMEOUT_ENV,
     EFA_ENV,
     GRACE_ENV,
@@ -47,6 +46,8 @@ from training.layout import (
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
 )
+from training import batch_contract
+from training.hang import HangWatch
 from training.preflight import Checks, NcclLog, checks_from_env, failure_line
 from training.roles import (
     DEFAULT_START_TIMEOUT_SECONDS,

@@ -42,7 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from training.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_ENV, PREFLIGHT_FAILED
+from contract.layout import EXPECTED_GPUS_ENV, MIN_BUSBW_ENV, PREFLIGHT_ENV, PREFLIGHT_FAILED
 from training.sagemaker_contract import ContractError, describe
 
 log = logging.getLogger("training.preflight")

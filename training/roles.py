@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from training.layout import TRAINING_GROUPS_ENV
+from contract.layout import TRAINING_GROUPS_ENV
 from training.sagemaker_contract import ContractError, ResourceConfig
 
 log = logging.getLogger("training.roles")

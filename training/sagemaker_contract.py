@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.layout import OPT_ML_ROOT_ENV
+from contract.layout import OPT_ML_ROOT_ENV
 
 DEFAULT_OPT_ML_ROOT = "/opt/ml"
 TRAIN_CHANNEL = "train"

@@ -18,9 +18,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training import goodput
-from training.config import JobConfig, from_hyperparameters, parse_overrides
-from training.layout import STRAGGLER_DETECTED
+from contract import goodput
+from contract.config import JobConfig, from_hyperparameters, parse_overrides
+from contract.layout import STRAGGLER_DETECTED
 from training.preflight import Preflight, PreflightError, failure_line
 from training.sagemaker_contract import Paths, describe, read_hyperparameters, write_failure
 from training.signals import StopRequest
@@ -52,7 +52,7 @@ def configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # This start's phases count from the launcher's start on this host (training/goodput.py).
+    # This start's phases count from the launcher's start on this host (contract/goodput.py).
     started = goodput.launched(os.environ, time.monotonic())
     stop = StopRequest.install()  # before the torch import below, which takes seconds
     configure_logging()

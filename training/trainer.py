@@ -22,16 +22,17 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from training import distributed, goodput, host_memory, metrics
+from contract import goodput, metrics
+from contract.config import ConfigError, JobConfig
+from contract.distributions import distribution
+from contract.hang import StepReport
+from contract.layout import LEDGER_CHANNEL, step_dir
+from contract.ledger import trusted_digests
+from training import distributed, host_memory
 from training.checkpoint import CheckpointManager, TrainingState
-from training.config import ConfigError, JobConfig
 from training.data import DistributedTokenLoader, TokenSamples, validation_batches
-from training.distributions import distribution
 from training.export import export_model
 from training.flops import mfu, peak_flops
-from training.hang import StepReport
-from training.layout import LEDGER_CHANNEL, step_dir
-from training.ledger import trusted_digests
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallelize import parallelize
@@ -67,7 +68,7 @@ class Trainer:
         self.cfg, self.paths, self.stop = cfg, paths, stop
         self.preflight = preflight
         self.clock = metrics.PhaseClock(started)
-        # Rank 0 keeps this start's progress record (training/goodput.py) from the pre-flight check on.
+        # Rank 0 keeps this start's progress record (contract/goodput.py) from the pre-flight check on.
         self.progress: goodput.ProgressWriter | None = None
         self.rework_until = 0
         self._resources = contextlib.ExitStack()

@@ -21,9 +21,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from contract.execution_state import Decision
 from lambdas.approvals.deciders import Deciders
 from lambdas.approvals.identity import Principal
-from lambdas.execution_state import Decision
 
 PENDING, APPROVED, REJECTED, EXPIRED = "PENDING", "APPROVED", "REJECTED", "EXPIRED"
 # A gate's request made again (the state machine retried it after a fault) replaces the one before it.

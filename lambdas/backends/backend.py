@@ -74,7 +74,7 @@ class Backend(Generic[L]):
     step_id: str
     """The step's construct ID in the pipeline stack (its resources' logical IDs derive from it)."""
     local: str | None
-    """The function that makes its local player for the demo (a PlayerFactory, localrun/engine.py):
+    """The function that makes its local player for the demo (a PlayerFactory, localrun/aws/engine.py):
     `module.function`; None where moto's own API plays it (SageMaker's, played by LocalPlatform `training`)."""
     tuning: bool = False
     """Whether a request on this backend may ask for hyperparameter tuning."""
@@ -83,7 +83,7 @@ class Backend(Generic[L]):
     training_plans: bool = False
     """Whether its jobs run in the stage's training plan (pipeline.training_plan) when on its instance type."""
     needs_teams: bool = False
-    """Whether it exists only on a platform with teams (their AWS Batch queue, stacks/constructs/team_queue.py)."""
+    """Whether it exists only on a platform with teams (their AWS Batch queue, stacks/constructs/queue.py)."""
     denies: tuple[str, ...] = ()
     """The IAM actions that start its jobs: the budget stop denies them once the monthly budget is spent."""
 

@@ -7,9 +7,9 @@ import json
 import os
 from dataclasses import dataclass
 
+from contract.distributions import DISTRIBUTIONS
 from lambdas.backends.backend import Backend, Deployment
 from lambdas.validate.inputs import ExecutionInput
-from training.distributions import DISTRIBUTIONS
 
 INSTANCE_TYPES_ENV = "BATCH_INSTANCE_TYPES"
 MAX_NODES_ENV = "BATCH_MAX_NODES"
@@ -84,6 +84,6 @@ BATCH = Backend(
     check=batch_problems,
     step="stacks.pipeline.batch_step.BatchTraining",
     step_id="BatchTrainingStep",
-    local="localrun.batch_local.local_player",
+    local="localrun.backends.batch.local_player",
     denies=("batch:SubmitJob",),
 )

@@ -2,7 +2,7 @@
 
 Invoked by the state machine on every way out of a Batch run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the queue's active jobs tagged with the execution,
-then prunes the run's checkpoints to the newest complete one (lambdas/cleanup/handler.py's pruning).
+then prunes the run's checkpoints to the newest complete one (lambdas/sagemaker/cleanup.py's pruning).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
+from contract.layout import run_checkpoints
 from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
-from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_runs
+from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.shared.errors import classified
 from lambdas.validate.api_requests import EXECUTION_TAG
-from training.layout import run_checkpoints
 
 logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lambdas.cleanup.environment import CleanupEnvironment
+from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.shared.env import HandlerEnvironment
 
 

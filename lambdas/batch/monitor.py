@@ -16,13 +16,20 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
+from contract import goodput
+from contract.execution_state import BatchPoll, JobCost, JobProgress
+from contract.layout import (
+    HANG_DETECTED,
+    INSUFFICIENT_CAPACITY,
+    RETRIED_ON_FRESH_NODES,
+    result_key,
+    run_output,
+    split_s3_uri,
+)
 from lambdas.batch.environment import BatchMonitorEnvironment
-from lambdas.execution_state import BatchPoll, JobCost, JobProgress
-from lambdas.monitor.handler import freshness, metrics, observe_checkpoints, record_goodput, record_metrics
+from lambdas.jobs.progress import freshness, observe_checkpoints, record_goodput, record_metrics
+from lambdas.sagemaker.monitor import metrics
 from lambdas.shared.errors import classified
-from training import goodput
-from training.batch_contract import result_key
-from training.layout import HANG_DETECTED, INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES, run_output, split_s3_uri
 
 logger = Logger(service="training-platform")
 
@@ -75,7 +82,7 @@ def attempt_transitions(describe: dict[str, Any]) -> list[goodput.Transition]:
 def job_cost(seconds: int | None, hourly_usd: float) -> JobCost | None:
     """On-Demand only (Batch runs no multi-node job on Spot): the attempts' run time at the estimate's price.
 
-    That price is the catalog's SageMaker list price of the `ml.` type (lambdas/shared/catalog.py). The
+    That price is the catalog's SageMaker list price of the `ml.` type (contract/catalog.py). The
     instances are billed as the EC2 type behind it, whose On-Demand price AWS lists lower and the catalog
     does not hold, so this is an upper bound, as the estimate is.
     """

@@ -6,9 +6,9 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from contract.catalog import PRICES_REVIEWED, instance_type
+from contract.execution_state import CostEstimate, EstimateEvent, InstanceGroup, TrainingRequest
 from lambdas.estimate.environment import EstimateEnvironment
-from lambdas.execution_state import CostEstimate, EstimateEvent, InstanceGroup, TrainingRequest
-from lambdas.shared.catalog import PRICES_REVIEWED, instance_type
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 

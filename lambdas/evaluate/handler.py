@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import EvaluateEvent, Evaluation, Quality
+from contract.execution_state import EvaluateEvent, Evaluation, Quality
 from lambdas.shared.errors import classified
 
 logger = Logger(service="training-platform")

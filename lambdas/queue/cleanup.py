@@ -3,7 +3,7 @@
 Invoked by the state machine on every way out of a queued run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the teams' queue's service jobs that have not ended and
 carry the execution's tag (waiting or running: Batch stops a running one's training job), then prunes
-the run's checkpoints to the newest complete one (lambdas/cleanup/handler.py's pruning).
+the run's checkpoints to the newest complete one (lambdas/sagemaker/cleanup.py's pruning).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.cleanup.handler import CLEANUP_EVENT, ended_execution, prune_runs
+from contract.layout import run_checkpoints
+from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.shared.errors import classified
 from lambdas.validate.api_requests import EXECUTION_TAG
-from training.layout import run_checkpoints
 
 logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING")

@@ -5,7 +5,7 @@ scheduler's reason), then Batch runs its payload as a SageMaker training job; wh
 preempts it, that training job is stopped and the service job waits again, and its next training job
 resumes from the run's checkpoints. While it waits the poll says why ("queued for capacity: ...");
 while a training job runs it is summarised as the SageMaker step summarises its own
-(lambdas/monitor/handler.py: checkpoints, freshness, spot interruptions); when the service job ends,
+(lambdas/sagemaker/monitor.py: checkpoints, freshness, spot interruptions); when the service job ends,
 the cost is every attempt's and each attempt's goodput ledger is written.
 """
 
@@ -17,9 +17,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import JobCost, JobProgress, QueuePoll
-from lambdas.monitor.environment import MonitorEnvironment
-from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, sagemaker_ledger, summarize
+from contract.execution_state import JobCost, JobProgress, QueuePoll
+from lambdas.jobs.environment import MonitorEnvironment
+from lambdas.jobs.progress import observe_checkpoints, record_metrics
+from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
 

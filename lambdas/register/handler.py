@@ -16,13 +16,13 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from lambdas.execution_state import RegisterEvent, Registration
+from contract import goodput
+from contract.execution_state import RegisterEvent, Registration
+from contract.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
+from contract.metrics import MODEL_METRIC_NAMES
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from training import goodput
-from training.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
-from training.metrics import MODEL_METRIC_NAMES
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.REGISTRATION)
@@ -97,8 +97,8 @@ def _lineage(
         "checkpoints": job.checkpoint,
         # The run this one continued (resume_from), the checkpoint it started from, and the runs before it.
         "continued_from": (
-            {**event.continued.model_dump(), "earlier": request.resume_from.earlier}
-            if event.continued and request.resume_from
+            {**event.resumed.model_dump(), "earlier": request.resume_from.earlier}
+            if event.resumed and request.resume_from
             else None
         ),
         "model_artifacts": job.model_artifacts,
@@ -108,7 +108,7 @@ def _lineage(
             "estimate_usd": event.estimate.max_cost_usd,
             "billable_seconds": job.billable_seconds,
             "training_seconds": job.training_seconds,
-            # At list price: billable seconds already net out spot savings (lambdas/monitor/handler.py job_cost).
+            # At list price: billable seconds already net out spot savings (lambdas/sagemaker/monitor.py job_cost).
             "actual_usd": job.cost.actual_usd if job.cost else None,
             "on_demand_usd": job.cost.on_demand_usd if job.cost else None,
             "spot_savings_usd": job.cost.spot_savings_usd if job.cost else None,
@@ -199,7 +199,7 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     ).decode()
     versions = [json.loads(line) for line in manifest.splitlines()]
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
-    # Where the run's billed time went, every job of it (training/goodput.py).
+    # Where the run's billed time went, every job of it (contract/goodput.py).
     lineage["goodput"] = goodput.stored_ledgers(s3, bucket, event.request.job_name_base).to_json()
     lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()
     lineage = json.loads(_write_once(s3, bucket, f"{prefix}{LINEAGE_RECORD}", lineage_body, execution=execution))

@@ -1,10 +1,10 @@
 """Open the run's checkpoint ledger before its first job, carrying over the checkpoint of a run it continues.
 
-Every run: the ledger's first object is written (training/ledger.py), so that the ledger channel every
+Every run: the ledger's first object is written (contract/ledger.py), so that the ledger channel every
 job reads is never empty (SageMaker refuses an input channel with no objects).
 
 A run that continues another (`resume_from`): the continued run's newest checkpoint that is complete
-now (training/stored_checkpoints.py) and whose manifest still has the digest that run's ledger
+now (contract/stored_checkpoints.py) and whose manifest still has the digest that run's ledger
 recorded is copied into the new run's prefix and recorded in the new run's ledger, so that the new
 run's trainer loads it as its own and nothing else of the old run. A retried call copies the same
 bytes and finds its own records.
@@ -17,12 +17,12 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import Carried, CarryOverEvent, Continuation
-from lambdas.resume.environment import CarryOverEnvironment
+from contract import ledger
+from contract.execution_state import ResumedCheckpoint, ResumeEvent, ResumeSource
+from contract.layout import MANIFEST, run_checkpoints
+from contract.stored_checkpoints import complete_checkpoints
+from lambdas.resume.environment import ResumeEnvironment
 from lambdas.shared.errors import classified
-from training import ledger
-from training.layout import MANIFEST, run_checkpoints
-from training.stored_checkpoints import complete_checkpoints
 
 logger = Logger(service="training-platform")
 
@@ -31,9 +31,9 @@ class NothingToContinueError(Exception):
     """The continued run has no checkpoint that is complete and still as the platform recorded it."""
 
 
-def carry_over(
-    continued: Continuation, run: str, *, execution: str, s3: Any, environment: CarryOverEnvironment
-) -> Carried:
+def copy_resumed_checkpoint(
+    continued: ResumeSource, run: str, *, execution: str, s3: Any, environment: ResumeEnvironment
+) -> ResumedCheckpoint:
     """Copy the newest intact recorded checkpoint of the continued run into `run`'s prefix; record it."""
     recorded = {r.checkpoint: r for r in ledger.records(s3, environment.artifacts_bucket, continued.run)}
     source = run_checkpoints(continued.run)
@@ -60,7 +60,7 @@ def carry_over(
             job=f"carried over from {continued.run}",
             execution=execution,
         )
-        carried = Carried(
+        carried = ResumedCheckpoint(
             execution=continued.execution,
             run=continued.run,
             step=checkpoint.step,
@@ -73,12 +73,12 @@ def carry_over(
     )
 
 
-def open_run(event: CarryOverEvent, *, s3: Any, environment: CarryOverEnvironment) -> Carried | None:
+def open_run(event: ResumeEvent, *, s3: Any, environment: ResumeEnvironment) -> ResumedCheckpoint | None:
     """Carry the continued run's checkpoint over (if the request continues one), then open the run's ledger."""
     run = event.request.job_name_base
     continued = event.request.resume_from
     carried = (
-        carry_over(continued, run, execution=event.execution, s3=s3, environment=environment)
+        copy_resumed_checkpoint(continued, run, execution=event.execution, s3=s3, environment=environment)
         if continued is not None
         else None
     )
@@ -97,6 +97,6 @@ def open_run(event: CarryOverEvent, *, s3: Any, environment: CarryOverEnvironmen
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any] | None:
     """Event: {"request": <TrainingRequest>, "execution": $$.Execution.Id}; what was carried over, or null."""
     carried = open_run(
-        CarryOverEvent.model_validate(event), s3=boto3.client("s3"), environment=CarryOverEnvironment.from_environ()
+        ResumeEvent.model_validate(event), s3=boto3.client("s3"), environment=ResumeEnvironment.from_environ()
     )
     return carried.model_dump(mode="json") if carried is not None else None

@@ -63,7 +63,7 @@ def _is_json(annotation: Any) -> bool:
     return origin in (list, tuple, dict)
 
 
-# Lambda never changes a function's environment; tests and the local platform (localrun/environ.py)
+# Lambda never changes a function's environment; tests and the local platform (localrun/aws/environ.py)
 # give one process several, so the parse is cached by the values read.
 @lru_cache(maxsize=64)
 def _parsed(cls: type[HandlerEnvironment], raw: tuple[tuple[str, str | None], ...]) -> HandlerEnvironment:

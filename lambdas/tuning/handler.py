@@ -15,12 +15,13 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from lambdas.execution_state import JobCost, JobProgress, Poll, TunedTrial
-from lambdas.monitor.environment import MonitorEnvironment
-from lambdas.monitor.handler import job_cost, observe_checkpoints, record_metrics, sagemaker_ledger, summarize
+from contract.execution_state import JobCost, JobProgress, Poll, TunedTrial
+from contract.layout import run_goodput
+from lambdas.jobs.environment import MonitorEnvironment
+from lambdas.jobs.progress import observe_checkpoints, record_metrics
+from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
-from training.layout import run_goodput
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.TRAINING)

@@ -25,11 +25,8 @@ from typing import Any
 from botocore.model import Shape
 from botocore.validate import ParamValidator
 
-from lambdas.backends.batch import BATCH
-from lambdas.backends.queue import QUEUE
-from lambdas.execution_state import TrainingRequest
-from lambdas.validate.service_models import model_limit, service_model
-from training.layout import (
+from contract.execution_state import TrainingRequest
+from contract.layout import (
     CHANNELS_ENV,
     CHECKPOINTS_ENV,
     CHECKPOINTS_FORMAT,
@@ -45,7 +42,10 @@ from training.layout import (
     TENSORBOARD_FORMAT,
     TRAINING_GROUPS_ENV,
 )
-from training.metrics import METRIC_DEFINITIONS
+from contract.metrics import METRIC_DEFINITIONS
+from lambdas.backends.batch import BATCH
+from lambdas.backends.queue import QUEUE
+from lambdas.validate.service_models import model_limit, service_model
 
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"

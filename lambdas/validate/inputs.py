@@ -6,9 +6,9 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.execution_state import MAX_FALLBACK, MAX_PRIORITY, TRAIN_ROLE
+from contract.distributions import NAMES as DISTRIBUTION_NAMES
+from contract.execution_state import MAX_FALLBACK, MAX_PRIORITY, TRAIN_ROLE
 from lambdas.validate.tuning import TuningInput
-from training.distributions import NAMES as DISTRIBUTION_NAMES
 
 HyperparameterValue = StrictStr | StrictInt | StrictFloat | StrictBool
 

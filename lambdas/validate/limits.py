@@ -23,7 +23,7 @@ class PlatformLimits:
 
     datasets_bucket: str
     artifacts_bucket: str
-    """Where each run's checkpoint ledger is, which every job reads as its ledger channel (training/ledger.py)."""
+    """Where each run's checkpoint ledger is, which every job reads as its ledger channel (contract/ledger.py)."""
     fsx_file_system_id: str
     fsx_mount_name: str
     training_subnet_ips: int

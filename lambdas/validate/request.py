@@ -12,37 +12,39 @@ import math
 import re
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
-from lambdas.execution_state import (
+from contract.catalog import INSTANCE_TYPES, InstanceType
+from contract.config import ConfigError, from_hyperparameters
+from contract.distributions import DISTRIBUTIONS
+from contract.distributions import NAMES as DISTRIBUTION_NAMES
+from contract.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
-    Continuation,
     Dataset,
     InstanceGroup,
     Quality,
+    ResumeSource,
     Tag,
     TrainingRequest,
+    Tuning,
 )
+from contract.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
+from contract.metrics import MODEL_METRIC_NAMES
+from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.shared import history
-from lambdas.shared.catalog import INSTANCE_TYPES, InstanceType
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.api_requests import EXECUTION_TAG, TEAM_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
-from lambdas.validate.resume import PreviousRun, continuation_check
+from lambdas.validate.resume import PreviousRun, resume_check
 from lambdas.validate.service_models import model_limit
-from lambdas.validate.teams import Team, named_team, recipients, team_problems
+from lambdas.validate.teams import Team, named_team, recipients, request_team_problems
 from lambdas.validate.trials import trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
-from training.config import ConfigError, from_hyperparameters
-from training.distributions import DISTRIBUTIONS
-from training.distributions import NAMES as DISTRIBUTION_NAMES
-from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
-from training.metrics import MODEL_METRIC_NAMES
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
 FSX_SCHEME = "fsx://"
@@ -149,7 +151,7 @@ def _dataset_channel(
 
 
 def ledger_channel(artifacts_bucket: str, run: str) -> dict[str, Any]:
-    """The input channel that brings every host the run's checkpoint ledger (training/ledger.py); a few small
+    """The input channel that brings every host the run's checkpoint ledger (contract/ledger.py); a few small
     files, which hosts that do not train receive too rather than spend a channel list on them."""
     source = {
         "S3DataType": "S3Prefix",
@@ -377,7 +379,7 @@ def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list
     if instance is None:
         if f"ml.{name}" in INSTANCE_TYPES:
             fix = f"did you mean 'ml.{name}'? (SageMaker's names start with ml.)"
-        # Near-misses by edit distance: difflib (stdlib), as training/config.py suggests hyperparameters.
+        # Near-misses by edit distance: difflib (stdlib), as contract/config.py suggests hyperparameters.
         elif close := difflib.get_close_matches(name, list(INSTANCE_TYPES), n=3, cutoff=0.75):
             fix = f"did you mean {' or '.join(repr(c) for c in close)}?"
         else:
@@ -518,6 +520,22 @@ def run_identity(execution: str, started: str) -> str:
     return hashlib.sha256(f"{execution}\n{started}".encode()).hexdigest()[:RUN_ID_HEX]
 
 
+@dataclass
+class _Checked:
+    """What the checks made of a parsed input: the pieces the request is assembled from (None: refused)."""
+
+    groups: list[InstanceGroup] | None
+    stopping: dict[str, int]
+    hyperparameters: dict[str, str]
+    fallback: list[InstanceGroup]
+    quality: Quality | None
+    channels: list[dict[str, Any]]
+    dataset: Dataset | None
+    team: Team | None
+    suffix: str
+    tuning: Tuning | None
+
+
 def resolve(
     event: Any,
     *,
@@ -540,6 +558,48 @@ def resolve(
     """
     request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
+    # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
+    suffix = run_identity(execution or execution_name, started)
+    checked = _check(
+        request,
+        alternatives,
+        limits=limits,
+        suffix=suffix,
+        requested_by=requested_by,
+        requester_tag=requester_tag,
+        check_membership=check_membership,
+        continues=continues,
+        problems=problems,
+    )
+    if problems or schema or checked.groups is None or checked.dataset is None:
+        raise _rejection(event, schema, [p for p in problems if not _depends_on(p, rejected)])
+    resolved = _assemble(
+        request, checked, limits=limits, execution=execution, requested_by=requested_by, continues=continues
+    )
+    # What the state machine will send for it, as the services check it, before anything is estimated or approved;
+    # on each fallback cluster too.
+    refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
+    for index in range(len(checked.fallback)):
+        found = request_problems(resolved.on_fallback(index), attempts=limits.capacity_retries + 1)
+        refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
+    if refused:
+        raise _rejection(event, [], refused)
+    return resolved.model_dump(mode="json")
+
+
+def _check(
+    request: ExecutionInput,
+    alternatives: list[FallbackInput | None],
+    *,
+    limits: PlatformLimits,
+    suffix: str,
+    requested_by: str | None,
+    requester_tag: str | None,
+    check_membership: bool,
+    continues: PreviousRun | None,
+    problems: list[str],
+) -> _Checked:
+    """Every check of the parsed input, each problem appended to `problems` with its fix."""
     if not RUN_NAME.match(request.run_name):
         problems.append(
             f"run_name {request.run_name!r}: use 3-40 lowercase letters, digits and '-', starting and ending"
@@ -564,7 +624,7 @@ def resolve(
     _check_notify(request, limits, team, problems)
     types = {group.instance_type for group in groups or []}
     problems.extend(
-        team_problems(
+        request_team_problems(
             request,
             teams=limits.teams,
             service_capacity=limits.service_capacity,
@@ -574,41 +634,61 @@ def resolve(
             requested_by=requested_by,
             requester_tag=requester_tag,
             check_membership=check_membership,
-            continues_team=continues.request.team if continues is not None else None,
+            resumes_team=continues.request.team if continues is not None else None,
         )
     )
-    # Stable for one execution (Lambda retries resolve the same names), unique across executions for ever.
-    suffix = run_identity(execution or execution_name, started)
-    tunes = tuning_backends()
-    if request.tuning is not None and groups is not None and request.backend not in tunes:
-        problems.append(f"tuning runs on the {' or '.join(tunes)} backend only, not {request.backend!r}")
-    tuning = (
-        resolve_tuning(
-            request.tuning,
-            run_name=request.run_name,
-            suffix=suffix,
-            fixed=hyperparameters,
-            given=dict(request.hyperparameters),
-            top_level=TOP_LEVEL_HYPERPARAMETERS,
-            groups=groups,
-            warm_pool_minutes=request.warm_pool_minutes,
-            problems=problems,
-        )
-        if groups is not None
-        else None
-    )
+    tuning = _check_tuning(request, groups, hyperparameters, suffix=suffix, problems=problems)
     if continues is not None and groups is not None:
         problems.extend(
-            continuation_check(
+            resume_check(
                 continues, hyperparameters, groups, requested_by=requested_by, tuned=request.tuning is not None
             )
         )
-    if problems or schema or groups is None or dataset is None:
-        raise _rejection(event, schema, [p for p in problems if not _depends_on(p, rejected)])
-    continuation = None
+    return _Checked(groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning)
+
+
+def _check_tuning(
+    request: ExecutionInput,
+    groups: list[InstanceGroup] | None,
+    hyperparameters: dict[str, str],
+    *,
+    suffix: str,
+    problems: list[str],
+) -> Tuning | None:
+    """The resolved tuning job of a request that tunes (None: it does not, or its cluster was refused)."""
+    tunes = tuning_backends()
+    if request.tuning is not None and groups is not None and request.backend not in tunes:
+        problems.append(f"tuning runs on the {' or '.join(tunes)} backend only, not {request.backend!r}")
+    if groups is None:
+        return None
+    return resolve_tuning(
+        request.tuning,
+        run_name=request.run_name,
+        suffix=suffix,
+        fixed=hyperparameters,
+        given=dict(request.hyperparameters),
+        top_level=TOP_LEVEL_HYPERPARAMETERS,
+        groups=groups,
+        warm_pool_minutes=request.warm_pool_minutes,
+        problems=problems,
+    )
+
+
+def _assemble(
+    request: ExecutionInput,
+    checked: _Checked,
+    *,
+    limits: PlatformLimits,
+    execution: str | None,
+    requested_by: str | None,
+    continues: PreviousRun | None,
+) -> TrainingRequest:
+    """The complete request from an input every check passed."""
+    assert checked.groups is not None and checked.dataset is not None
+    resume_source = None
     if continues is not None:
         before = continues.request.resume_from
-        continuation = Continuation(
+        resume_source = ResumeSource(
             execution=continues.execution,
             run=continues.request.job_name_base,
             earlier=[before.execution, *before.earlier] if before else [],
@@ -619,40 +699,32 @@ def resolve(
         **({EXECUTION_TAG: execution} if execution else {}),
         **({TEAM_TAG: request.team} if request.team else {}),  # cost allocation: the team's budget filters on it
     }
-    resolved = TrainingRequest(
+    job_name_base = f"{request.run_name}-{checked.suffix}"
+    return TrainingRequest(
         run_name=request.run_name,
-        job_name_base=f"{request.run_name}-{suffix}",
-        instance_groups=groups,
+        job_name_base=job_name_base,
+        instance_groups=checked.groups,
         volume_size_gb=limits.volume_size_gb,
         backend=request.backend,
         distribution=request.distribution,
         spot=request.spot,
-        stopping_condition=stopping,
-        poll_seconds=_poll_seconds(stopping, limits),
+        stopping_condition=checked.stopping,
+        poll_seconds=_poll_seconds(checked.stopping, limits),
         keep_alive_seconds=request.warm_pool_minutes * 60,
-        hyperparameters=hyperparameters,
-        channels=[*channels, ledger_channel(limits.artifacts_bucket, f"{request.run_name}-{suffix}")],
-        dataset=dataset,
-        quality=quality,
+        hyperparameters=checked.hyperparameters,
+        channels=[*checked.channels, ledger_channel(limits.artifacts_bucket, job_name_base)],
+        dataset=checked.dataset,
+        quality=checked.quality,
         notify=request.notify,
-        recipients=recipients(request.notify, team) or ["(none)"],  # SNS rejects an empty String.Array
+        recipients=recipients(request.notify, checked.team) or ["(none)"],  # SNS rejects an empty String.Array
         requested_by=requested_by,
         tags=[Tag(Key=k, Value=v) for k, v in tags.items()],
-        tuning=tuning,
-        resume_from=continuation,
-        fallback=fallback,
+        tuning=checked.tuning,
+        resume_from=resume_source,
+        fallback=checked.fallback,
         team=request.team,
         priority=request.priority,
     )
-    # What the state machine will send for it, as the services check it, before anything is estimated or approved;
-    # on each fallback cluster too.
-    refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
-    for index in range(len(fallback)):
-        found = request_problems(resolved.on_fallback(index), attempts=limits.capacity_retries + 1)
-        refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
-    if refused:
-        raise _rejection(event, [], refused)
-    return resolved.model_dump(mode="json")
 
 
 def _parse(

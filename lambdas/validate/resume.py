@@ -6,8 +6,8 @@ history (the request its Validate resolved) and refuses, with the rest of the in
 
 - an execution of another state machine, one still running, or one that never passed Validate;
 - a run started by someone else (`requested_by` differs), when the platform knows who starts runs;
-- a run whose settings the new one cannot continue (training/continuation.py);
-- a run with no checkpoint the platform recorded (training/ledger.py), hence nothing to continue.
+- a run whose settings the new one cannot continue (contract/resume.py);
+- a run with no checkpoint the platform recorded (contract/ledger.py), hence nothing to continue.
 
 The carry-over step (lambdas/resume) copies the chosen checkpoint into the new run's prefix once
 the run is approved; the new run's lineage records where it came from.
@@ -22,10 +22,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lambdas.execution_state import REQUEST, TRAIN_ROLE, InstanceGroup, TrainingRequest
-from training import ledger
-from training.config import ConfigError, from_hyperparameters
-from training.continuation import continuation_problems
+from contract import ledger
+from contract.config import ConfigError, from_hyperparameters
+from contract.execution_state import REQUEST, TRAIN_ROLE, InstanceGroup, TrainingRequest
+from contract.resume import resume_problems
 
 FIELD = "resume_from"
 _EXECUTION = re.compile(r"^arn:(aws[a-z-]*):states:([a-z0-9-]+):(\d{12}):execution:([^:]+):([^:]+)$")
@@ -104,7 +104,7 @@ def processes(groups: list[InstanceGroup]) -> int:
     return sum(g.instance_count * max(g.gpus, 1) for g in groups if g.role == TRAIN_ROLE)
 
 
-def continuation_check(
+def resume_check(
     previous: PreviousRun,
     hyperparameters: dict[str, str],
     groups: list[InstanceGroup],
@@ -131,5 +131,5 @@ def continuation_check(
     except ConfigError as exc:  # the trainer's rules changed since: the old run's settings no longer parse
         found.append(f"{FIELD}: the settings of {old.job_name_base} no longer parse ({exc}); start afresh")
         return found
-    found.extend(continuation_problems(old_config, processes(old.instance_groups), config, processes(groups)))
+    found.extend(resume_problems(old_config, processes(old.instance_groups), config, processes(groups)))
     return found

@@ -4,7 +4,7 @@ which shape of its quota share; and what a team's run carries (its cost tag, its
 The settings build these models (`PlatformSettings.platform_limits`) and the stack writes them into Validate's
 environment (lambdas/validate/limits.py). Membership by tag is IAM's verdict on the requester's membership proof,
 which the handler obtains (`tag_to_prove`, lambdas/validate/membership.py) before `resolve` judges the rest
-(`team_problems`).
+(`request_team_problems`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from contract.layout import split_s3_uri
 from lambdas.approvals.identity import Principal
 from lambdas.backends.queue import QUEUE
 from lambdas.validate.api_requests import TEAM_TAG
 from lambdas.validate.inputs import ExecutionInput
-from training.layout import split_s3_uri
 
 FSX_DATASETS = "fsx:///datasets/"
 """The file system's data repository association links /datasets to the datasets bucket's root
@@ -119,7 +119,7 @@ def _datasets(request: ExecutionInput) -> dict[str, str]:
     return found
 
 
-def team_problems(
+def request_team_problems(
     request: ExecutionInput,
     *,
     teams: Sequence[Team],
@@ -130,12 +130,12 @@ def team_problems(
     requested_by: str | None,
     requester_tag: str | None,
     check_membership: bool,
-    continues_team: str | None,
+    resumes_team: str | None,
 ) -> list[str]:
     """Why the request's team (or its lack of one) cannot run it, one line each with what to do (empty when it can).
 
     `instance_type` and `instance_count` are the cluster's (None: the cluster check refused it), `requester_tag`
-    the requester's `platform-team` tag as IAM proved it (the team's member_tag, or None), `continues_team` the
+    the requester's `platform-team` tag as IAM proved it (the team's member_tag, or None), `resumes_team` the
     team of the run `resume_from` names (None: none, or a run of no team). Without `check_membership` (offline
     checks, which know no requester) who starts the run is not judged.
     """
@@ -157,10 +157,10 @@ def team_problems(
     problems.extend(_data(request, team, teams, datasets_bucket))
     if team is not None and request.backend == QUEUE and instance_type is not None:
         problems.extend(_quota_shape(team, service_capacity, instance_type, instance_count, request))
-    if continues_team is not None and continues_team != request.team:
+    if resumes_team is not None and resumes_team != request.team:
         problems.append(
-            f"resume_from: the run is team {continues_team!r}'s; only a run of that team can continue it"
-            + (f" (set team {continues_team!r})" if request.team is None else "")
+            f"resume_from: the run is team {resumes_team!r}'s; only a run of that team can continue it"
+            + (f" (set team {resumes_team!r})" if request.team is None else "")
         )
     return problems
 

@@ -1,7 +1,7 @@
 """The trainer's own checks over everything a job may be given: one job's hyperparameters, or every trial a tuning
 job may pick from its ranges.
 
-The rules are the trainer's (training/config.py): `from_hyperparameters` with its field and cross-field checks, and
+The rules are the trainer's (contract/config.py): `from_hyperparameters` with its field and cross-field checks, and
 the batch split over the job's processes (`TrainConfig.grad_accum_steps`), which the trainer checks when it starts.
 Nothing here re-spells them; this module only chooses which combinations of tuned values to put to them:
 
@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lambdas.execution_state import TRAIN_ROLE, InstanceGroup
-from training.config import ALIASES, HYPERPARAMETERS, ConfigError, from_hyperparameters
+from contract.config import ALIASES, HYPERPARAMETERS, ConfigError, from_hyperparameters
+from contract.execution_state import TRAIN_ROLE, InstanceGroup
 
 MAX_INTEGER_VALUES = 1024
 """The most values of an integer range Validate checks one by one; a wider range is refused."""

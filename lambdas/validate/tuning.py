@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from lambdas.execution_state import InstanceGroup, Tuning
+from contract.execution_state import InstanceGroup, Tuning
+from contract.metrics import MODEL_METRIC_NAMES
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import (
     MAX_INTEGER_VALUES,
@@ -24,7 +25,6 @@ from lambdas.validate.trials import (
     trainer_field,
     training_processes,
 )
-from training.metrics import MODEL_METRIC_NAMES
 
 MAX_JOBS = 100
 MAX_PARALLEL_JOBS = 10

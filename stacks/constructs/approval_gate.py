@@ -17,9 +17,9 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from contract.execution_state import REQUEST, Path
 from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.approvals.store import PENDING_INDEX
-from lambdas.execution_state import REQUEST, Path
 from stacks.constructs.execution_key import ADMINISTRATION
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy

@@ -23,7 +23,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lambdas.shared.catalog import InstanceType
+from contract.catalog import InstanceType
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.placement import INSTANCE_METADATA_HOP_LIMIT, EfaClusterPlacement, efa_interfaces

@@ -2,7 +2,7 @@
 
 Its sources are the state machine's own metrics, the handlers' embedded metrics (names and
 dimensions from lambdas/shared/metrics.py, so a graph cannot ask for a metric nobody emits),
-SageMaker's training-job metrics (the MetricDefinitions of training/metrics.py, one line per job
+SageMaker's training-job metrics (the MetricDefinitions of contract/metrics.py, one line per job
 host) and each handler's Lambda errors.
 """
 
@@ -153,7 +153,7 @@ class PlatformDashboard(Construct):
                     right=[m(Metric.BILLED_INSTANCE_SECONDS), m(Metric.PRODUCTIVE_INSTANCE_SECONDS)],
                 ),
                 cloudwatch.LogQueryWidget(
-                    title="Goodput per run: the latest jobs' ledgers (training/goodput.py)",
+                    title="Goodput per run: the latest jobs' ledgers (contract/goodput.py)",
                     log_group_names=[group.log_group_name for group in goodput_logs],
                     query_lines=[
                         f'filter message = "{GOODPUT_LOG_MESSAGE}"',

@@ -22,36 +22,13 @@ from stacks.naming import ec2_arn_prefix
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
-# The handlers import `lambdas.<module>`, so the asset is the repository root reduced to lambdas/ and
-# the training package's torch-free modules that Validate uses: the trainer's own config checks and
-# metric names, so a request is judged by the same code that will run it, and what a continued run's
-# settings must keep; the AWS Batch contract (where a node records its result), which PollBatchJob
-# reads; the run layout every handler shares; what makes a checkpoint complete, and the ledger of them;
-# what a job's billed time went to (its goodput ledger, and how long a hang held it).
-TRAINING_MODULES = (
-    "training/__init__.py",
-    "training/batch_contract.py",
-    "training/sagemaker_contract.py",
-    "training/config.py",
-    "training/continuation.py",
-    "training/goodput.py",
-    "training/hang.py",
-    "training/ledger.py",
-    "training/stored_checkpoints.py",
-    "training/distributions.py",
-    "training/layout.py",
-    "training/metrics.py",
-    "training/models/__init__.py",
-    "training/models/args.py",
-)
+# The handlers import `lambdas.<module>` and `contract.<module>` (what they share with the image and the stacks:
+# tests/test_imports.py keeps them off `training/`), so the asset is the repository root reduced to those two.
+ASSET_PACKAGES = ("lambdas", "contract")
 _ASSET_EXCLUDE = [
     ".*",
     "*",
-    "!lambdas",
-    "!lambdas/**",
-    "!training",
-    "!training/models",
-    *(f"!{module}" for module in TRAINING_MODULES),
+    *(rule for package in ASSET_PACKAGES for rule in (f"!{package}", f"!{package}/**")),
     "**/__pycache__",
     "**/*.pyc",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from lambdas.shared.catalog import InstanceType
+from contract.catalog import InstanceType
 
 # IMDSv2 answers one hop only: the instance itself, never a container behind the Docker bridge,
 # so a job cannot take the instance role (its own role comes from the ECS credentials endpoint).

@@ -1,4 +1,5 @@
-"""The platform's ECR repository and the training image, built from `training/` by CodeBuild on deploy."""
+"""The platform's ECR repository and the training image, built by CodeBuild on deploy from `training/` and
+`contract/`."""
 
 from __future__ import annotations
 
@@ -21,7 +22,19 @@ from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.images import BaseImage
 
-_SOURCE_EXCLUDE = ["**/__pycache__", "**/*.pyc", "**/.pytest_cache", "**/.mypy_cache"]
+IMAGE_PACKAGES = ("training", "contract")
+"""What the image holds of the repository: the runtime and the contract it shares with the handlers."""
+DOCKERFILE = "training/Dockerfile"
+# The source is the repository root reduced to the image's packages.
+_SOURCE_EXCLUDE = [
+    ".*",
+    "*",
+    *(rule for package in IMAGE_PACKAGES for rule in (f"!{package}", f"!{package}/**")),
+    "**/__pycache__",
+    "**/*.pyc",
+    "**/.pytest_cache",
+    "**/.mypy_cache",
+]
 
 # The build logs in to both registries, skips the build when the content-addressed tag already
 # exists (tags are immutable, so a retried deploy must not try to overwrite one), then pushes.
@@ -43,7 +56,8 @@ _BUILDSPEC = {
                 'if aws ecr describe-images --repository-name "$REPOSITORY_NAME"'
                 ' --image-ids imageTag="$IMAGE_TAG" >/dev/null 2>&1; then'
                 ' echo "image $IMAGE_TAG exists; nothing to build"; else'
-                ' docker build --pull --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$REPOSITORY_URI:$IMAGE_TAG" .'
+                f' docker build --pull --build-arg BASE_IMAGE="$BASE_IMAGE" -f {DOCKERFILE}'
+                ' -t "$REPOSITORY_URI:$IMAGE_TAG" .'
                 ' && docker push "$REPOSITORY_URI:$IMAGE_TAG"; fi',
             ]
         },
@@ -56,7 +70,7 @@ class TrainingImage(Construct):
 
     No Docker engine is needed where `cdk deploy` runs: the package travels as an S3 asset and
     CodeBuild builds it next to ECR. The image tag is the asset's content hash, so every deploy
-    of the same `training/` resolves to the same image, and `image_uri` pins its digest.
+    of the same `training/` and `contract/` resolves to the same image, and `image_uri` pins its digest.
     """
 
     def __init__(

@@ -2,9 +2,9 @@
 
 Training code reads datasets, reads and writes checkpoints and writes its outputs; it never writes a run's
 lineage (only the platform's handlers do: Register, the progress handlers' ledgers) and never deletes: pruning
-old checkpoints is the platform's (lambdas/cleanup). The two denials hold whatever else a role is granted.
+old checkpoints is the platform's (lambdas/jobs/prune.py). The two denials hold whatever else a role is granted.
 Training code of one run can still write into another run's checkpoint prefix (one role serves every job),
-which is why a job loads only a checkpoint its run's ledger records (training/ledger.py), which training roles
+which is why a job loads only a checkpoint its run's ledger records (contract/ledger.py), which training roles
 may read and never write, verifies the digest of every segment of every file it loads (BLAKE3; SHA-256 in older
 manifests) and never unpickles anything but DCP's own metadata types (training/checkpoint.py)."""
 
@@ -14,8 +14,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import IConstruct
 
+from contract.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_LINEAGE, ANY_RUN
 from stacks.constructs.nag import acknowledge_wildcard
-from training.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD, ANY_LINEAGE, ANY_RUN
 
 
 def training_storage_statements(

@@ -12,7 +12,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.execution_state import ESTIMATE, LAUNCH_APPROVAL, REQUEST, Path
+from contract.execution_state import ESTIMATE, LAUNCH_APPROVAL, REQUEST, Path
 from stacks.constructs.approval_gate import ApprovalGate
 from stacks.pipeline.context import PipelineContext, obj, string
 

@@ -22,9 +22,22 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.catalog import instance_type
+from contract.execution_state import ERROR, REQUEST, TRAIN
+from contract.layout import (
+    ANY_OUTPUT,
+    CHANNELS_ENV,
+    CHECKPOINTS_ENV,
+    CHECKPOINTS_FORMAT,
+    EFA_ENV,
+    EXPECTED_GPUS_ENV,
+    HYPERPARAMETERS_ENV,
+    JOB_NAME_ENV,
+    MIN_BUSBW_ENV,
+    OUTPUT_ENV,
+    OUTPUT_FORMAT,
+)
 from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
-from lambdas.execution_state import ERROR, REQUEST, TRAIN
-from lambdas.shared.catalog import instance_type
 from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
@@ -41,19 +54,6 @@ from stacks.pipeline.polled_job import (
     grant_goodput_ledger,
     sdk_task,
     watch_ended_executions,
-)
-from training.layout import (
-    ANY_OUTPUT,
-    CHANNELS_ENV,
-    CHECKPOINTS_ENV,
-    CHECKPOINTS_FORMAT,
-    EFA_ENV,
-    EXPECTED_GPUS_ENV,
-    HYPERPARAMETERS_ENV,
-    JOB_NAME_ENV,
-    MIN_BUSBW_ENV,
-    OUTPUT_ENV,
-    OUTPUT_FORMAT,
 )
 
 # A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as

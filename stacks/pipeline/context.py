@@ -18,11 +18,11 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.execution_state import REQUEST, Path
+from contract.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.notifications import PlatformTopics
 from stacks.constructs.tasks import NOTIFY_TRANSIENT, SDK, retry
-from stacks.constructs.team_queue import TeamQueue
+from stacks.constructs.queue import TeamQueue
 from stacks.constructs.training_image import TrainingImage
 from stacks.data_stack import DataStack
 from stacks.naming import bucket_name

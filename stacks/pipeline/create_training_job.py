@@ -18,17 +18,9 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.execution_state import REQUEST, TRAIN
-from lambdas.shared.catalog import INSTANCE_TYPES
-from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
-from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
-from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
-from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
-from stacks.naming import ec2_arn_prefix
-from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
-from stacks.pipeline.context import PipelineContext
-from stacks.pipeline.polled_job import JOB_NAME, sdk_task
-from training.layout import (
+from contract.catalog import INSTANCE_TYPES
+from contract.execution_state import REQUEST, TRAIN
+from contract.layout import (
     CHECKPOINTS_FORMAT,
     EFA_ENV,
     EXPECTED_GPUS_ENV,
@@ -38,7 +30,15 @@ from training.layout import (
     TENSORBOARD_FORMAT,
     TRAINING_GROUPS_ENV,
 )
-from training.metrics import METRIC_DEFINITIONS
+from contract.metrics import METRIC_DEFINITIONS
+from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
+from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
+from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
+from stacks.naming import ec2_arn_prefix
+from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
+from stacks.pipeline.context import PipelineContext
+from stacks.pipeline.polled_job import JOB_NAME, sdk_task
 
 
 class DistributedTrainingJob(Construct):

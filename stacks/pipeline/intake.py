@@ -1,7 +1,7 @@
 """Intake: an execution input becomes a validated request with a cost estimate, or the run ends here.
 
 Nothing is created for an input that cannot run: Validate resolves the input into a
-`TrainingRequest` (lambdas/execution_state.py) or rejects it with every problem listed; Estimate
+`TrainingRequest` (contract/execution_state.py) or rejects it with every problem listed; Estimate
 bounds its cost and says whether it needs approval.
 """
 
@@ -14,15 +14,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
+from contract.layout import ANY_LEDGER_RECORD
 from lambdas.backends import deployed_backends
-from lambdas.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.context import PipelineContext, obj
-from training.layout import ANY_LEDGER_RECORD
 
 
 class Intake(Construct):

@@ -13,14 +13,14 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.execution_state import CONTINUED, ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST
+from contract.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST, RESUMED
+from contract.layout import ANY_LINEAGE
 from lambdas.register.environment import RegisterEnvironment
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, SAGEMAKER_TRANSIENT, SDK, invoke, retry
 from stacks.pipeline.approvals import Approvals, decided
 from stacks.pipeline.context import PipelineContext, obj, string
 from stacks.pipeline.polled_job import list_runs
-from training.layout import ANY_LINEAGE
 
 
 class Evaluation(Construct):
@@ -114,7 +114,7 @@ class Registration(Construct):
                 "estimate": obj(ESTIMATE),
                 "evaluation": obj(EVALUATION),
                 "execution": sfn.JsonPath.execution_id,
-                "continued": obj(CONTINUED),
+                "resumed": obj(RESUMED),
             },
             str(REGISTRATION),
         )

@@ -36,14 +36,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.cleanup.environment import CleanupEnvironment
-from lambdas.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN
-from lambdas.validate.api_requests import EXECUTION_TAG
-from stacks.constructs.function import PlatformFunction
-from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
-from stacks.pipeline.context import PipelineContext, obj, string
-from training.layout import (
+from contract.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN
+from contract.layout import (
     ANY_CHECKPOINT,
     ANY_GOODPUT_RECORD,
     ANY_LEDGER_RECORD,
@@ -52,6 +46,12 @@ from training.layout import (
     ANY_RUN,
     INSUFFICIENT_CAPACITY,
 )
+from lambdas.jobs.environment import CleanupEnvironment
+from lambdas.validate.api_requests import EXECUTION_TAG
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.nag import acknowledge_wildcard
+from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
+from stacks.pipeline.context import PipelineContext, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
 # (`adopt_if_own`: only when the job carries this execution's tag).
@@ -374,7 +374,7 @@ def list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
 
 
 def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction) -> None:
-    """What a progress handler needs to record a run's checkpoints in its ledger (training/ledger.py): list the
+    """What a progress handler needs to record a run's checkpoints in its ledger (contract/ledger.py): list the
     checkpoints and read their manifests, list the ledger, read and write (once) its records."""
     manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
     records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
@@ -395,7 +395,7 @@ def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction
 
 
 def grant_goodput_ledger(context: PipelineContext, function: PlatformFunction) -> None:
-    """What a progress handler needs to write a finished job's goodput ledger (training/goodput.py): read the
+    """What a progress handler needs to write a finished job's goodput ledger (contract/goodput.py): read the
     trainer's progress records in the run's checkpoints, and write (once) the ledger into the run's lineage.
     Listing the records is grant_checkpoint_ledger's ListRunCheckpoints."""
     progress = f"{context.checkpoints.bucket_arn}/{ANY_PROGRESS_RECORD}"
@@ -452,7 +452,7 @@ def cleanup_function(
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
     )
-    # Which checkpoint is complete is read from its manifest (training/stored_checkpoints.py).
+    # Which checkpoint is complete is read from its manifest (contract/stored_checkpoints.py).
     manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])

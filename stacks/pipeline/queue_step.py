@@ -1,5 +1,5 @@
 """The team queue step: one request's SageMaker training job, queued as an AWS Batch service job under its team's
-quota share (stacks/constructs/team_queue.py), from submission to its end, and never beyond it.
+quota share (stacks/constructs/queue.py), from submission to its end, and never beyond it.
 
 `start` builds exactly the CreateTrainingJob request the SageMaker step sends (`DistributedTrainingJob.
 create_parameters`: the platform's role, image, VPC, keys, output and checkpoint locations) and submits it as
@@ -21,9 +21,9 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.execution_state import ERROR, REQUEST, TRAIN
 from lambdas.backends.queue import QUEUE
-from lambdas.execution_state import ERROR, REQUEST, TRAIN
-from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_TAG
 from stacks.constructs.function import PlatformFunction

@@ -13,9 +13,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.cleanup.environment import CleanupEnvironment
-from lambdas.execution_state import ERROR, REQUEST, TRAIN
-from lambdas.monitor.environment import MonitorEnvironment
+from contract.execution_state import ERROR, REQUEST, TRAIN
+from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.context import PipelineContext, string
@@ -55,7 +54,7 @@ class SageMakerTraining(Construct):
             replaces_jobs=True,
             fallback=context.function(
                 "NextCluster",
-                "lambdas.capacity.handler.handler",
+                "lambdas.sagemaker.capacity.handler",
                 "Moves a run's next attempt onto its next fallback cluster after insufficient capacity",
                 {},
             ),
@@ -86,7 +85,7 @@ class SageMakerTraining(Construct):
         context = self._context
         monitor = context.function(
             "Monitor",
-            "lambdas.monitor.handler.handler",
+            "lambdas.sagemaker.monitor.handler",
             "Summarises a running job: status, spot interruptions, checkpoint freshness",
             MonitorEnvironment(
                 checkpoints_bucket=context.checkpoints.bucket_name,
@@ -110,7 +109,7 @@ class SageMakerTraining(Construct):
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
             context,
             "Cleanup",
-            handler="lambdas.cleanup.handler.handler",
+            handler="lambdas.sagemaker.cleanup.handler",
             description="Stops a run's training jobs and prunes its checkpoints when the run ends",
             environment=CleanupEnvironment(checkpoints_bucket=context.checkpoints.bucket_name),
             dead_letters="CleanupDeadLetters",

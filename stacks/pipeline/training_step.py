@@ -22,9 +22,9 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.execution_state import REQUEST
 from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Backend
-from lambdas.execution_state import REQUEST
 from stacks.pipeline.context import PipelineContext
 
 

@@ -16,8 +16,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from lambdas.execution_state import ERROR, REQUEST, TRAIN
-from lambdas.monitor.environment import MonitorEnvironment
+from contract.execution_state import ERROR, REQUEST, TRAIN
+from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.validate.api_requests import training_job_definition
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from localrun import netns, sagemaker_local
-from localrun.cfn import Assembly, Resolver
-from localrun.construct_paths import Functions
-from localrun.demo import BURST, run_demo
+from localrun.aws.cfn import Assembly, Resolver
+from localrun.aws.construct_paths import Functions
+from localrun.backends import netns
+from localrun.backends import sagemaker as sagemaker_local
+from localrun.demo.cli import BURST, run_demo
 from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 
 pytestmark = pytest.mark.slow
@@ -315,7 +316,7 @@ def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> 
 
 
 def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
-    from localrun.demo import local_scale
+    from localrun.demo.cli import local_scale
 
     assert local_scale({"model": "tiny", "max_steps": "240"}, None) == {}
     scaled = local_scale({"model": "llama-1b", "max_steps": "60000", "optim.warmup_steps": "2000"}, None)
@@ -329,7 +330,7 @@ def test_local_scale_keeps_tiny_requests_and_shrinks_the_rest() -> None:
 
 
 def test_local_stand_ins_name_what_was_scaled_old_to_new() -> None:
-    from localrun.demo import local_scale, local_stand_ins
+    from localrun.demo.cli import local_scale, local_stand_ins
 
     execution_input = json.loads((EXAMPLES / "multi-node-fsdp-spot.json").read_text())
     requested = {

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lambdas.backends import BACKENDS
-from localrun import scenario
-from localrun.demo import run_scenario
+from localrun.demo import scenario
+from localrun.demo.cli import run_scenario
 from tests.conftest import TEAMS_SCENARIO, hosts_left_running
 
 pytestmark = [

@@ -11,7 +11,8 @@ from typing import Any
 import botocore.session
 import pytest
 
-from lambdas.execution_state import TrainingRequest
+from contract.config import HYPERPARAMETERS
+from contract.execution_state import TrainingRequest
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import (
     LIMITS,
@@ -24,7 +25,6 @@ from lambdas.validate.api_requests import (
 from lambdas.validate.request import resolve
 from lambdas.validate.trials import trainer_field
 from tests.lambdas.test_handlers import LIMITS as PLATFORM
-from training.config import HYPERPARAMETERS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TUNING = json.loads((EXAMPLES / "tuning.json").read_text())

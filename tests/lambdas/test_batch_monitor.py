@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from contract.execution_state import JobProgress
 from lambdas.batch.monitor import CAPACITY_REASON, STOP_REASON, capacity_wait_exceeded, summarize
-from lambdas.execution_state import JobProgress
 
 NOW = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
 MS = 1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lambdas.shared.catalog import INSTANCE_TYPES, instance_type
+from contract.catalog import INSTANCE_TYPES, instance_type
 
 ALLREDUCE_FLOOR_GBPS = {t.name: t.allreduce_floor_gbps for t in INSTANCE_TYPES.values() if t.allreduce_floor_gbps}
 
@@ -41,7 +41,7 @@ def test_every_cuda_type_with_efa_and_several_gpus_has_a_floor() -> None:
 def test_readme_instance_type_table_is_current() -> None:
     from pathlib import Path
 
-    from lambdas.shared.catalog import instance_type_table
+    from contract.catalog import instance_type_table
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = instance_type_table()

@@ -8,11 +8,11 @@ from pathlib import Path as FilePath
 import pytest
 from pydantic import ValidationError
 
-from lambdas.execution_state import JOB, REQUEST, Path, TrainingRequest
+from contract.distributions import DISTRIBUTIONS
+from contract.distributions import distribution as named
+from contract.execution_state import JOB, REQUEST, Path, TrainingRequest
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
-from training.distributions import DISTRIBUTIONS
-from training.distributions import distribution as named
 
 EXAMPLE = json.loads((FilePath(__file__).resolve().parents[2] / "examples" / "single-node-ddp.json").read_text())
 

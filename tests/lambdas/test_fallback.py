@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from lambdas.capacity import handler as capacity
+from contract.catalog import INSTANCE_TYPES
+from contract.execution_state import MAX_FALLBACK, NextCluster, TrainingRequest
+from contract.layout import INSUFFICIENT_CAPACITY
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import MAX_FALLBACK, NextCluster, TrainingRequest
-from lambdas.shared.catalog import INSTANCE_TYPES
+from lambdas.sagemaker import capacity
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import api_requests
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
-from training.layout import INSUFFICIENT_CAPACITY
 
 P4D_X4 = {"instance_type": "ml.p4d.24xlarge", "instance_count": 4}
 
@@ -258,4 +258,4 @@ def test_the_capacity_retry_cause_is_spelled_only_in_training_layout() -> None:
             for node in ast.walk(ast.parse(path.read_text()))
         )
     ]
-    assert spelled == ["training/layout.py"]
+    assert spelled == ["contract/layout.py"]

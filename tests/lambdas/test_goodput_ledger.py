@@ -12,11 +12,12 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from contract import goodput
+from contract.layout import run_goodput, run_progress
 from lambdas.batch.monitor import attempt_transitions
-from lambdas.monitor.handler import record_goodput, sagemaker_transitions
+from lambdas.jobs.progress import record_goodput
+from lambdas.sagemaker.monitor import sagemaker_transitions
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from training import goodput
-from training.layout import run_goodput, run_progress
 
 T0 = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 

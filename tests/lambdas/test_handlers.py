@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
+from contract.catalog import INSTANCE_TYPES
+from contract.execution_state import Quality, TrainingRequest
 from lambdas.approvals.identity import Principal
 from lambdas.approvals.store import request_id_for
 from lambdas.backends.batch import BatchLimits
 from lambdas.estimate.handler import estimate
 from lambdas.evaluate.handler import evaluate
-from lambdas.execution_state import Quality, TrainingRequest
-from lambdas.monitor.handler import job_cost, summarize
-from lambdas.shared.catalog import INSTANCE_TYPES
+from lambdas.sagemaker.monitor import job_cost, summarize
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import resolve
 from stacks.settings import settings_from_context
@@ -315,7 +315,7 @@ def test_readme_input_table_is_current() -> None:
 
 
 def test_monitor_knows_the_launchers_preflight_failure_type() -> None:
-    from training.layout import PREFLIGHT_FAILED
+    from contract.layout import PREFLIGHT_FAILED
     from training.preflight import failure_line
 
     assert failure_line("GPUs missing").startswith(f"{PREFLIGHT_FAILED}: ")  # the word the monitor looks for

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from lambdas.execution_state import TrainingRequest
-from lambdas.shared.catalog import INSTANCE_TYPES
+from contract.catalog import INSTANCE_TYPES
+from contract.execution_state import TrainingRequest
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS

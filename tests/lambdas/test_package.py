@@ -1,4 +1,4 @@
-"""The Lambda code asset holds what the handlers import, runs without torch, and nothing else."""
+"""The Lambda code asset is the handlers and the shared contract, runs without torch, and holds nothing else."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stacks.constructs.function import TRAINING_MODULES
+from stacks.constructs.function import ASSET_PACKAGES
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HANDLERS = (
     "lambdas.validate.handler",
     "lambdas.estimate.handler",
-    "lambdas.monitor.handler",
+    "lambdas.sagemaker.monitor",
     "lambdas.evaluate.handler",
     "lambdas.register.handler",
     "lambdas.approvals.handler",
@@ -34,10 +36,11 @@ def _asset_dirs(platform: Any) -> set[Path]:
     return dirs
 
 
-def test_one_code_asset_with_only_the_handlers_and_the_torch_free_modules(platform: Any) -> None:
+def test_one_code_asset_with_only_the_handlers_and_the_contract(platform: Any) -> None:
     (asset,) = _asset_dirs(platform)  # every function shares one asset
     files = {str(p.relative_to(asset)) for p in asset.rglob("*") if p.is_file()}
-    assert {f for f in files if not f.startswith("lambdas/")} == set(TRAINING_MODULES)
+    shipped = {str(p.relative_to(ROOT)) for package in ASSET_PACKAGES for p in (ROOT / package).rglob("*.py")}
+    assert files == shipped
     assert "lambdas/validate/handler.py" in files
     assert not any("__pycache__" in f for f in files)
 
@@ -45,7 +48,7 @@ def test_one_code_asset_with_only_the_handlers_and_the_torch_free_modules(platfo
 def _image_only_packages() -> set[str]:
     """What the training image has and the Lambda runtime does not: the DLC's torch and numpy, and the extras
     training/requirements.txt installs."""
-    lines = (Path(__file__).resolve().parents[2] / "training" / "requirements.txt").read_text().splitlines()
+    lines = (ROOT / "training" / "requirements.txt").read_text().splitlines()
     extras = {line.split("==")[0].strip() for line in lines if line.strip() and not line.startswith("#")}
     assert {"safetensors", "blake3"} <= extras
     return {"torch", "numpy", *extras}

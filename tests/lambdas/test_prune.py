@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lambdas.cleanup.handler import prune_checkpoints
+from lambdas.jobs.prune import prune_checkpoints
 from tests.stored import CHECKPOINTS as BUCKET
 from tests.stored import RUN, buckets, put_checkpoint
 

@@ -12,14 +12,14 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lambdas.execution_state import QueuePoll, TrainingRequest
-from lambdas.monitor.environment import MonitorEnvironment
+from contract.execution_state import QueuePoll, TrainingRequest
+from contract.layout import run_checkpoints, run_goodput
+from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue import cleanup
 from lambdas.queue.monitor import QUEUED, SERVICE_JOB_FAILED, poll
 from lambdas.validate.api_requests import EXECUTION_TAG
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
-from training.layout import run_checkpoints, run_goodput
 
 T0 = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 ENVIRONMENT = MonitorEnvironment(checkpoints_bucket="ckpt", artifacts_bucket="art", checkpoint_stale_minutes=30)

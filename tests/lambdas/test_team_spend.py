@@ -10,15 +10,15 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from contract.execution_state import Evaluation, JobCost, JobProgress, RegisterEvent
+from contract.layout import split_s3_uri
 from lambdas.batch import monitor as batch_monitor
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import Evaluation, JobCost, JobProgress, RegisterEvent
-from lambdas.monitor import handler as sagemaker_monitor
-from lambdas.monitor.handler import record_metrics
+from lambdas.jobs.progress import record_metrics
 from lambdas.register.handler import Destination, register
+from lambdas.sagemaker import monitor as sagemaker_monitor
 from lambdas.shared.metrics import NAMESPACE, Metric, Stage, StageMetrics
 from tests.lambdas.test_handlers import _request
-from training.layout import split_s3_uri
 
 
 def _finished(actual_usd: float = 12.5) -> JobProgress:

@@ -15,7 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from lambdas.execution_state import TrainingRequest
+from contract.execution_state import TrainingRequest
 from lambdas.shared.errors import InvalidRequest, TransientError
 from lambdas.validate import handler as validate
 from lambdas.validate import membership, start_proof

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from contract.execution_state import JobProgress, TrainingRequest
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import JobProgress, TrainingRequest
 from lambdas.shared.errors import InvalidRequest
 from lambdas.tuning.handler import poll
 from lambdas.validate.request import RUN_ID_HEX, resolve
@@ -168,7 +168,7 @@ def test_tuning_on_another_backend_is_refused() -> None:
 
 
 def test_tuning_more_than_one_instance_group_is_refused() -> None:
-    from lambdas.execution_state import InstanceGroup
+    from contract.execution_state import InstanceGroup
     from lambdas.validate.tuning import TuningInput, resolve_tuning
 
     group = InstanceGroup(instance_type="ml.m5.xlarge", instance_count=1, efa=False, local_storage=False)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from localrun.cfn import Assembly, Resolver
-from localrun.construct_paths import Functions, state_machine
-from localrun.services import Faults
+from localrun.aws.cfn import Assembly, Resolver
+from localrun.aws.construct_paths import Functions, state_machine
+from localrun.aws.services import Faults
 
 
 def _assembly(directory: Path, stacks: dict[str, dict[str, str]]) -> Assembly:

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from localrun.environ import handler_environment, handler_stdout
+from localrun.aws.environ import handler_environment, handler_stdout
 
 
 def test_a_handlers_variables_are_seen_by_its_thread_only() -> None:

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from localrun.services import EventRules
+from localrun.aws.services import EventRules
 
 
 class _SlowPolicy(EventRules):

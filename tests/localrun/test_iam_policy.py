@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from localrun.iam_policy import Policy, Request, UnmodelledConditionKey, allows, evaluate
+from localrun.aws.iam_policy import Policy, Request, UnmodelledConditionKey, allows, evaluate
 
 TABLE = "arn:aws:dynamodb:us-east-1:123456789012:table/Approvals"
 BUCKET = "arn:aws:s3:::tp-dev-checkpoints"

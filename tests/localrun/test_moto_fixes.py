@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from localrun import moto_fixes
+from localrun.aws import moto_fixes
 
 ROLE = "arn:aws:iam::123456789012:role/StateMachineRole"
 VALID = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}})

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from localrun import netns
+from localrun.backends import netns
 
 pytestmark = pytest.mark.skipif(not netns.available(), reason="this machine cannot create network namespaces")
 

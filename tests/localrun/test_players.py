@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lambdas.backends import BACKENDS
-from localrun.batch_local import LocalBatch
-from localrun.engine import player_factories
+from localrun.aws.engine import player_factories
+from localrun.backends.batch import LocalBatch
 
 
 def test_every_backend_with_a_local_player_has_a_factory_that_makes_one(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from localrun import processes
-from localrun.sagemaker_local import REGION, LocalJob, LocalTraining
-from training.layout import LEDGER_CHANNEL, MANIFEST
+from contract.layout import LEDGER_CHANNEL, MANIFEST
+from localrun.backends import processes
+from localrun.backends.sagemaker import REGION, LocalJob, LocalTraining
 
 # A launcher whose child starts a grandchild in a session of its own, as torchrun starts its workers.
 _LAUNCHER = """
@@ -98,7 +98,7 @@ def _launched(launcher: subprocess.Popen[bytes]) -> list[int]:
 
 
 def test_a_paused_job_is_frozen_whole_and_so_is_a_host_started_while_paused(tmp_path: Path) -> None:
-    # The teams scenario holds training while a run's request reaches the queue (localrun/demo.py, _Driver.start).
+    # The teams scenario holds training while a run's request reaches the queue (localrun/demo/cli.py, _Driver.start).
     training = LocalTraining(root=tmp_path, datasets_bucket="")
     job = LocalJob("job", {}, tmp_path / "job", ["algo-1", "algo-2"])
     training.jobs["job"] = job

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localrun.jobs import Job
-from localrun.report import _render_job, render_goodput
-from training import goodput
-from training.goodput import JobLedger, RunLedger
+from contract import goodput
+from contract.goodput import JobLedger, RunLedger
+from localrun.demo.jobs import Job
+from localrun.demo.report import _render_job, render_goodput
 from training.stragglers import Straggler
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from localrun.scenario import After, ScenarioError, is_scenario, parse
+from localrun.demo.scenario import After, ScenarioError, is_scenario, parse
 from tests.conftest import TEAMS_SCENARIO
 
 SHIPPED = json.loads(TEAMS_SCENARIO.read_text())
@@ -83,8 +83,8 @@ def test_queued_holds_once_the_scheduler_held_the_job_even_if_it_has_started_sin
     status: str, waited: bool, holds: bool
 ) -> None:
     # The driver looks now and then: a job that waited briefly and started between two looks was still queued.
-    from localrun.demo import _Driver
-    from localrun.service_jobs import ServiceJob
+    from localrun.backends.queue import ServiceJob
+    from localrun.demo.cli import _Driver
 
     held_for = "waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge" if waited else ""
     job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, status, held_for=held_for)
@@ -96,9 +96,9 @@ def test_queued_holds_once_the_scheduler_held_the_job_even_if_it_has_started_sin
 def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two_looks(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import localrun.demo
-    from localrun.demo import _Driver
-    from localrun.service_jobs import ServiceJob
+    import localrun.demo.cli
+    from localrun.backends.queue import ServiceJob
+    from localrun.demo.cli import _Driver
 
     reason = "waiting for capacity: share team-a uses 1 of 1 ml.m5.xlarge"
     job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, "RUNNING", held_for=reason)
@@ -113,7 +113,7 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
         def states_entered(_arn: str) -> list[str]:
             return []
 
-    monkeypatch.setattr(localrun.demo, "_answer_gates", lambda *_args, **_kwargs: [])
+    monkeypatch.setattr(localrun.demo.cli, "_answer_gates", lambda *_args, **_kwargs: [])
     driver = object.__new__(_Driver)
     driver.platform = Platform()  # type: ignore[assignment]
     driver.service_job = lambda _run: job  # type: ignore[method-assign]

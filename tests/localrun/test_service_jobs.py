@@ -14,9 +14,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from localrun.cfn import ACCOUNT, REGION
-from localrun.iam import _BATCH_OPERATIONS, LAMBDA, REQUEST_MODEL, Call, LocalIam
-from localrun.service_jobs import COMPLETED, LEND, LEND_AND_BORROW, RESERVE, Job, LocalServiceJobs, Share, schedule
+from localrun.aws.cfn import ACCOUNT, REGION
+from localrun.aws.iam import _BATCH_OPERATIONS, LAMBDA, REQUEST_MODEL, Call, LocalIam
+from localrun.backends.queue import COMPLETED, LEND, LEND_AND_BORROW, RESERVE, Job, LocalServiceJobs, Share, schedule
 from tests.support.iam_reference import actions_matching, resource_matches
 
 P4D = "ml.p4d.24xlarge"

@@ -11,12 +11,12 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localrun.cfn import REGION
-from localrun.demo import team_budget_action
-from localrun.engine import LocalPlatform
-from localrun.iam import STATES
-from localrun.scripted import ScriptedTraining
-from localrun.service_jobs import LEND, LEND_AND_BORROW, Share
+from localrun.aws.cfn import REGION
+from localrun.aws.engine import LocalPlatform
+from localrun.aws.iam import STATES
+from localrun.backends.queue import LEND, LEND_AND_BORROW, Share
+from localrun.backends.scripted import ScriptedTraining
+from localrun.demo.cli import team_budget_action
 
 M5 = "ml.m5.xlarge"
 
@@ -71,7 +71,7 @@ def _submit(batch: Any, local: LocalPlatform, team: str, name: str) -> str:
 def test_a_platform_with_teams_plays_their_queue_as_the_template_defines_it(teams_assembly: Path) -> None:
     training = ScriptedTraining()
     with LocalPlatform(teams_assembly, training=training) as local:
-        jobs = local.service_jobs
+        jobs = local.queue
         assert jobs is not None
         assert jobs.queue_arn == _queue_arn(local)
         assert jobs.capacity == {M5: 2}
@@ -113,4 +113,4 @@ def test_a_teams_budget_stop_denies_the_state_machine_that_teams_submissions_onl
 
 
 def test_a_platform_without_teams_has_no_queue(platform: Any) -> None:
-    assert LocalPlatform(Path(platform.assembly.directory), training=ScriptedTraining()).service_jobs is None
+    assert LocalPlatform(Path(platform.assembly.directory), training=ScriptedTraining()).queue is None

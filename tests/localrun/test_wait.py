@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from localrun.engine import LambdaCall, LocalPlatform
+from localrun.aws.engine import LambdaCall, LocalPlatform
 
 
 def _ended(status: str, calls: list[LambdaCall] | None = None) -> Any:

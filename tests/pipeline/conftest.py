@@ -11,10 +11,10 @@ from typing import Any
 import boto3
 import pytest
 
-from localrun.cfn import REGION
-from localrun.clock import Clock
-from localrun.engine import LocalPlatform
-from localrun.scripted import Poll, ScriptedTraining
+from localrun.aws.cfn import REGION
+from localrun.aws.clock import Clock
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER
 
 COMPLETED = Poll("Completed", "Completed", metrics={"validation:loss": 2.5, "train:loss": 2.4}, billable_seconds=1800)

@@ -13,8 +13,10 @@ from unittest import mock
 import pytest
 from botocore.client import BaseClient
 
-from lambdas.capacity.handler import next_cluster
-from lambdas.execution_state import CostEstimate, TrainingRequest
+from contract.config import HYPERPARAMETERS
+from contract.execution_state import CostEstimate, TrainingRequest
+from contract.layout import CHECKPOINTS_ENV, OUTPUT_ENV, split_s3_uri
+from lambdas.sagemaker.capacity import next_cluster
 from lambdas.validate.api_requests import (
     EXECUTION_TAG,
     PLACEHOLDERS,
@@ -26,13 +28,11 @@ from lambdas.validate.api_requests import (
     submit_job,
 )
 from lambdas.validate.trials import trainer_field
-from localrun.scripted import Poll
+from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_batch import batch_factory  # noqa: F401 - the fixture, used by name
 from tests.pipeline.test_paths import CAPACITY, FALLBACK
 from tests.pipeline.test_tuning import TUNING
-from training.config import HYPERPARAMETERS
-from training.layout import CHECKPOINTS_ENV, OUTPUT_ENV, split_s3_uri
 
 SENT = {"CreateTrainingJob": "sagemaker", "CreateHyperParameterTuningJob": "sagemaker", "SubmitJob": "batch"}
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from lambdas.approvals import identity
-from localrun.engine import LocalPlatform
-from localrun.scripted import Poll, ScriptedTraining
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER, PATH_APPROVER, platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tools.start_run import with_proof

@@ -12,12 +12,12 @@ from typing import Any
 import boto3
 import pytest
 
-from localrun.batch_local import LocalBatch
-from localrun.cfn import REGION
-from localrun.clock import Clock
-from localrun.corpus import build_shards
-from localrun.engine import LocalPlatform
-from localrun.scripted import ScriptedTraining
+from localrun.aws.cfn import REGION
+from localrun.aws.clock import Clock
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.batch import LocalBatch
+from localrun.backends.scripted import ScriptedTraining
+from localrun.demo.corpus import build_shards
 from tests.conftest import hosts_left_running
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop

@@ -6,7 +6,7 @@ from typing import Any
 
 import boto3
 
-from localrun.cfn import REGION
+from localrun.aws.cfn import REGION
 from tests.conftest import platform_context
 from tests.pipeline.conftest import Pipeline
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from localrun.scripted import Poll
+from localrun.backends.scripted import Poll
 from stacks.constructs.tasks import POLLING, SHORT
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline

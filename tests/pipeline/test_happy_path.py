@@ -8,10 +8,10 @@ from typing import Any
 
 import boto3
 
+from contract.metrics import METRIC_DEFINITIONS
 from lambdas.validate.request import RUN_ID_HEX
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import Pipeline
-from training.metrics import METRIC_DEFINITIONS
 
 
 def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None:
@@ -99,7 +99,7 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
                 },
                 "InputMode": "File",
             },
-            {  # the run's checkpoint ledger: which checkpoints its jobs may load (training/ledger.py)
+            {  # the run's checkpoint ledger: which checkpoints its jobs may load (contract/ledger.py)
                 "ChannelName": "ledger",
                 "DataSource": {
                     "S3DataSource": {

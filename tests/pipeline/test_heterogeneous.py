@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lambdas.shared.catalog import INSTANCE_TYPES
+from contract.catalog import INSTANCE_TYPES
 from tests.pipeline.conftest import Pipeline
 
 GPU = {"name": "gpu", "instance_type": "ml.p4d.24xlarge", "instance_count": 2}

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localrun.iam import LAMBDA, SAGEMAKER, acting_as
+from localrun.aws.iam import LAMBDA, SAGEMAKER, acting_as
 from tests.pipeline.conftest import Pipeline
 
 Statement = dict[str, Any]
@@ -206,8 +206,8 @@ def test_create_training_job_conditions_refuse_a_weakened_request(
 
 def test_instance_types_volume_key_and_runtime_are_conditions_too(pipeline: Pipeline) -> None:
     """The state machine role's grant, judged on variations of a request it really sent."""
-    from localrun.iam import REQUEST_MODEL, Call
-    from localrun.iam_policy import evaluate
+    from localrun.aws.iam import REQUEST_MODEL, Call
+    from localrun.aws.iam_policy import evaluate
 
     arn = pipeline.start(pipeline.input())  # ml.g5.2xlarge: instance-store NVMe, so no volume key
     pipeline.run_until(arn, "Wait for training")
@@ -233,8 +233,8 @@ def test_instance_types_volume_key_and_runtime_are_conditions_too(pipeline: Pipe
 
 def test_a_heterogeneous_cluster_takes_the_volume_key_exactly_when_every_group_is_on_ebs(pipeline: Pipeline) -> None:
     """InstanceGroups under the same grant: instance-store anywhere means no key; EBS only means the platform's."""
-    from localrun.iam import REQUEST_MODEL, Call
-    from localrun.iam_policy import evaluate
+    from localrun.aws.iam import REQUEST_MODEL, Call
+    from localrun.aws.iam_policy import evaluate
 
     arn = pipeline.start(pipeline.input())
     pipeline.run_until(arn, "Wait for training")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lambdas.shared.metrics import NAMESPACE, STAGE_OF, Metric
-from localrun.scripted import Poll
+from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import Pipeline
 
 EXPENSIVE = {"instance_type": "ml.p5.48xlarge", "instance_count": 4, "max_runtime_hours": 10}

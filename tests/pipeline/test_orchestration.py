@@ -10,8 +10,8 @@ import boto3
 from moto.sagemaker.exceptions import SagemakerClientError
 
 from lambdas.shared import history
-from localrun.clock import Clock
-from localrun.scripted import Poll
+from localrun.aws.clock import Clock
+from localrun.backends.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.stored import put_checkpoint

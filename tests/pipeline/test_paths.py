@@ -10,14 +10,14 @@ import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
-from lambdas.shared.catalog import INSTANCE_TYPES
+from contract.catalog import INSTANCE_TYPES
+from contract.layout import EXPECTED_GPUS_ENV
 from lambdas.validate.request import RUN_ID_HEX
-from localrun.clock import Clock
-from localrun.scripted import Poll
+from localrun.aws.clock import Clock
+from localrun.backends.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.stored import put_checkpoint
-from training.layout import EXPECTED_GPUS_ENV
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
 # What SageMaker reports when the launcher's pre-flight check fails: the failure file's first line.

@@ -16,7 +16,8 @@ from unittest import mock
 import pytest
 from botocore.client import BaseClient
 
-from lambdas.execution_state import TrainingRequest
+from contract.execution_state import TrainingRequest
+from contract.layout import split_s3_uri
 from lambdas.validate.api_requests import (
     EXECUTION_TAG,
     PLACEHOLDERS,
@@ -26,14 +27,13 @@ from lambdas.validate.api_requests import (
     create_training_job,
     submit_service_job,
 )
-from localrun import scenario
-from localrun.cfn import ACCOUNT
-from localrun.clock import Clock
-from localrun.engine import LocalPlatform
-from localrun.scripted import Poll, ScriptedTraining
+from localrun.aws.cfn import ACCOUNT
+from localrun.aws.clock import Clock
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
+from localrun.demo import scenario
 from tests.conftest import TEAMS_SCENARIO
 from tests.pipeline.conftest import COMPLETED, Pipeline
-from training.layout import split_s3_uri
 
 TEAM_A = f"arn:aws:iam::{ACCOUNT}:role/TeamAScientist"
 TEAM_B = f"arn:aws:iam::{ACCOUNT}:role/TeamBScientist"
@@ -141,7 +141,7 @@ def test_a_teams_run_is_the_sagemaker_request_submitted_to_its_share_and_trained
         == api_problems("sagemaker", "CreateTrainingJob", payload)
     )
     assert params["quotaShareName"] == "team-a" and params["tags"][TEAM_TAG] == "team-a"
-    assert params["tags"][EXECUTION_TAG] == arn and params["jobQueue"] == pipeline.local.service_jobs.queue_arn
+    assert params["tags"][EXECUTION_TAG] == arn and params["jobQueue"] == pipeline.local.queue.queue_arn
     # Batch ran it as a training job of its own name; the run's job is that training job.
     (training_job,) = pipeline.training.created_names
     assert training_job.startswith(f"AWSBatch{params['jobName']}")
@@ -154,7 +154,7 @@ def test_a_borrowing_job_is_preempted_when_the_lender_submits_and_resumes_from_t
 ) -> None:
     # Creation order: b1 (team-b's own), b2 (borrows team-a's idle one), a1 (reclaims it), b2 again.
     pipeline = teams([[RUNNING], [RUNNING], [RUNNING, RUNNING, RUNNING, COMPLETED], [RUNNING, COMPLETED]])
-    local, jobs = pipeline.local, pipeline.local.service_jobs
+    local, jobs = pipeline.local, pipeline.local.queue
     b1 = pipeline.start(team_input(pipeline, "team-b", "b-one"), name="b1", requester=TEAM_B)
     local.wait(b1, 60, until=lambda: len(pipeline.training.created_names) == 1)
     b2 = pipeline.start(team_input(pipeline, "team-b", "b-two"), name="b2", requester=TEAM_B)
@@ -197,7 +197,7 @@ def test_a_teams_second_job_waits_while_its_quota_is_full_and_is_terminated_when
     teams: Any,
 ) -> None:
     pipeline = teams([[RUNNING], [RUNNING]])
-    local, jobs = pipeline.local, pipeline.local.service_jobs
+    local, jobs = pipeline.local, pipeline.local.queue
     first = pipeline.start(team_input(pipeline, "team-a", "a-first"), name="a-first", requester=TEAM_A)
     local.wait(first, 60, until=lambda: len(pipeline.training.created_names) == 1)
     second = pipeline.start(team_input(pipeline, "team-a", "a-second"), name="a-second", requester=TEAM_A)

@@ -11,15 +11,15 @@ from typing import Any
 
 import boto3
 
-from localrun.iam import SAGEMAKER
-from localrun.scripted import Poll
+from contract import ledger
+from contract.layout import run_checkpoints, split_s3_uri
+from contract.stored_checkpoints import complete_checkpoints
+from localrun.aws.iam import SAGEMAKER
+from localrun.backends.scripted import Poll
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_trust_storage import _s3_as
 from tests.stored import put_checkpoint
-from training import ledger
-from training.layout import run_checkpoints, split_s3_uri
-from training.stored_checkpoints import complete_checkpoints
 
 CRASH = Poll("Failed", "Failed", failure_reason="AlgorithmError: loss became NaN")
 

@@ -12,10 +12,10 @@ import boto3
 import pytest
 
 from lambdas.retrain.window import execution_name, parse_time, stamp
-from localrun.cfn import REGION
-from localrun.clock import Clock
-from localrun.engine import LocalPlatform
-from localrun.scripted import Poll, ScriptedTraining
+from localrun.aws.cfn import REGION
+from localrun.aws.clock import Clock
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import RETRAIN_TRIGGER, platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline
 

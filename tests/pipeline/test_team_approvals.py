@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from localrun.cfn import REGION
-from localrun.engine import LocalPlatform
-from localrun.scripted import Poll, ScriptedTraining
+from localrun.aws.cfn import REGION
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER, SERVICE_ENVIRONMENT, TEAMS, platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline
 

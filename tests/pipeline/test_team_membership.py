@@ -16,9 +16,9 @@ import boto3
 import pytest
 
 from lambdas.validate import membership, start_proof
-from localrun.cfn import ACCOUNT, REGION
-from localrun.engine import LocalPlatform
-from localrun.scripted import ScriptedTraining
+from localrun.aws.cfn import ACCOUNT, REGION
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import ScriptedTraining
 from tests.pipeline.test_queue import TEAM_A, TEAM_B, team_input
 
 OTHER = f"arn:aws:iam::{ACCOUNT}:role/TeamCScientist"

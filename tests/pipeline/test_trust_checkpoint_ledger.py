@@ -13,15 +13,15 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localrun.batch_local import ECS_TASKS
-from localrun.iam import SAGEMAKER
-from localrun.scripted import Poll
+from contract import ledger
+from contract.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
+from contract.stored_checkpoints import complete_checkpoints
+from localrun.aws.iam import SAGEMAKER
+from localrun.backends.batch import ECS_TASKS
+from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_trust_storage import _s3_as
 from tests.stored import put_checkpoint
-from training import ledger
-from training.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
-from training.stored_checkpoints import complete_checkpoints
 
 CAPACITY = Poll("Failed", "Failed", failure_reason="CapacityError: Unable to provision requested ML compute capacity.")
 

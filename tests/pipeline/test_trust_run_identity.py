@@ -19,8 +19,8 @@ from moto.sagemaker.responses import SageMakerResponse
 
 from lambdas.validate import request as request_module
 from lambdas.validate.api_requests import EXECUTION_TAG
-from localrun.cfn import REGION
-from localrun.scripted import Poll
+from localrun.aws.cfn import REGION
+from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_batch import batch_factory  # noqa: F401 (the fixture's definition)
 

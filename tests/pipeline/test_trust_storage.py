@@ -13,10 +13,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from localrun.batch_local import ECS_TASKS
-from localrun.iam import SAGEMAKER
+from contract.layout import run_checkpoints, run_lineage, run_output
+from localrun.aws.iam import SAGEMAKER
+from localrun.backends.batch import ECS_TASKS
 from tests.pipeline.conftest import Pipeline
-from training.layout import run_checkpoints, run_lineage, run_output
 
 # The training roles, by the service that assumes them and the start of their logical ID.
 TRAINING_ROLES = {SAGEMAKER: "TrainingExecutionRole", ECS_TASKS: "BatchClusterJobRole"}

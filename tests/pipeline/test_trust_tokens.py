@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 from policy_sentry.querying.actions import get_action_data
 
 from lambdas.shared.metrics import NAMESPACE, Metric
-from localrun.cfn import ACCOUNT, REGION
+from localrun.aws.cfn import ACCOUNT, REGION
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import Pipeline
 

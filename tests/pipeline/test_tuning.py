@@ -12,13 +12,13 @@ import pytest
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
 
+from contract.layout import LEDGER_CHANNEL
 from lambdas.shared.metrics import Metric
 from lambdas.validate.request import RUN_ID_HEX
-from localrun.clock import Clock
-from localrun.scripted import Poll
+from localrun.aws.clock import Clock
+from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
-from training.layout import LEDGER_CHANNEL
 
 TUNING = {
     "ranges": {
@@ -139,7 +139,7 @@ def test_every_trial_carries_the_single_jobs_enforced_fields(pipeline_factory: A
             k: v for k, v in job["ResourceConfig"].items() if k != "KeepAlivePeriodInSeconds"
         }
         assert trial["AlgorithmSpecification"]["TrainingImage"] == job["AlgorithmSpecification"]["TrainingImage"]
-        # Under the run's own prefix in the checkpoints bucket, one folder per trial (localrun/tuning_local.py).
+        # Under the run's own prefix in the checkpoints bucket, one folder per trial (localrun/backends/tuning.py).
         bucket = job["CheckpointConfig"]["S3Uri"].split("/runs/")[0]
         assert re.fullmatch(
             rf"{bucket}/runs/gpt2-small-[0-9a-f]{{{RUN_ID_HEX}}}/checkpoints/{trial['TrainingJobName']}/",

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from localrun.engine import LocalPlatform
-from localrun.scripted import ScriptedTraining
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import ScriptedTraining
 from tests.pipeline.conftest import Pipeline
 
 MALFORMED: list[tuple[str, dict[str, Any], str]] = [

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
-from lambdas.shared.catalog import instance_type
+from contract.catalog import instance_type
 from tests.support.templates import get_att, logical_id, resources, template
 
 

@@ -1,4 +1,4 @@
-"""Every JSONPath the state machine reads or writes names a field of the typed contract (lambdas/execution_state.py).
+"""Every JSONPath the state machine reads or writes names a field of the typed contract (contract/execution_state.py).
 
 The stacks generate their paths from the contract's models, so a renamed field fails at synth;
 this test reads the synthesized definition, so a path typed by hand that the models do not have
@@ -32,7 +32,7 @@ TYPED = {
         contract.ERROR,
         contract.EVALUATION,
         contract.REGISTRATION,
-        contract.CONTINUED,
+        contract.RESUMED,
         contract.NEXT_CLUSTER,
     )
 }

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from localrun.cfn import ACCOUNT, REGION, Assembly, Resolver
+from localrun.aws.cfn import ACCOUNT, REGION, Assembly, Resolver
 from tests.support.iam import AssemblyIam
 from tests.support.iam_reference import Finding, actions_matching, check_statement, unscoped_actions
 

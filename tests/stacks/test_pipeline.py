@@ -10,9 +10,8 @@ from aws_cdk.assertions import Match
 
 from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
-from lambdas.cleanup.environment import CleanupEnvironment
 from lambdas.estimate.environment import EstimateEnvironment
-from lambdas.monitor.environment import MonitorEnvironment
+from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
 from lambdas.shared.env import HandlerEnvironment
@@ -85,8 +84,8 @@ def test_a_cleanup_that_fails_pages_the_platform_team(platform: Any) -> None:
 
 HANDLER_ENVIRONMENTS: dict[str, type[HandlerEnvironment]] = {
     "lambdas.estimate.handler.handler": EstimateEnvironment,
-    "lambdas.monitor.handler.handler": MonitorEnvironment,
-    "lambdas.cleanup.handler.handler": CleanupEnvironment,
+    "lambdas.sagemaker.monitor.handler": MonitorEnvironment,
+    "lambdas.sagemaker.cleanup.handler": CleanupEnvironment,
     "lambdas.batch.monitor.handler": BatchMonitorEnvironment,
     "lambdas.batch.cleanup.handler": BatchCleanupEnvironment,
     "lambdas.register.handler.handler": RegisterEnvironment,

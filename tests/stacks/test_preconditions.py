@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from moto.iam.aws_managed_policies import aws_managed_policies_data
 
-from localrun.cfn import ACCOUNT, REGION
-from localrun.iam_policy import Policy, Request, evaluate
+from localrun.aws.cfn import ACCOUNT, REGION
+from localrun.aws.iam_policy import Policy, Request, evaluate
 from tests.support.iam import AssemblyIam, Role, calls_in_handler, task_states
 
 S3_READ, S3_WRITE = ("s3:GetObject",), ("s3:PutObject",)

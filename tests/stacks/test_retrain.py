@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match
 
-from localrun.cfn import ACCOUNT, REGION
+from localrun.aws.cfn import ACCOUNT, REGION
 from stacks.settings import SettingsError, build_settings
 from tests.conftest import RETRAIN_TRIGGER, cdk_context, platform_context
 from tests.support.iam import AssemblyIam, Role

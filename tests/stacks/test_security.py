@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from localrun.cfn import ACCOUNT, REGION
-from localrun.iam_policy import Policy
+from localrun.aws.cfn import ACCOUNT, REGION
+from localrun.aws.iam_policy import Policy
 from tests.support.iam import AssemblyIam, Role, task_states
 
 RESOURCE_POLICIES = {

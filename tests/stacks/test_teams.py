@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from localrun.cfn import ACCOUNT, REGION
-from localrun.iam_policy import Policy, Request, allows, evaluate
+from localrun.aws.cfn import ACCOUNT, REGION
+from localrun.aws.iam_policy import Policy, Request, allows, evaluate
 from stacks.settings import SettingsError, build_settings
 from tests.conftest import APPROVER, SERVICE_ENVIRONMENT, TEAMS, cdk_context
 from tests.support.iam import AssemblyIam

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from lambdas.capacity.handler import next_cluster
+from contract.execution_state import TrainingRequest
 from lambdas.estimate.handler import estimate
-from lambdas.execution_state import TrainingRequest
+from lambdas.sagemaker.capacity import next_cluster
 from lambdas.validate.api_requests import PLACEHOLDERS, create_training_job
 from lambdas.validate.request import resolve
 from stacks.settings import SettingsError, build_settings

@@ -13,8 +13,8 @@ import pytest
 from botocore.validate import ParamValidator
 
 from lambdas.validate.request import resolve
-from localrun.iam import Call, _create_tuning_job
-from localrun.iam_policy import evaluate
+from localrun.aws.iam import Call, _create_tuning_job
+from localrun.aws.iam_policy import evaluate
 from stacks.pipeline.tuning_step import training_job_definition
 from stacks.settings import settings_from_context
 from tests.conftest import cdk_context

@@ -1,6 +1,6 @@
 """The synthesized assembly's IAM, resolved to concrete ARNs, for rules over the templates.
 
-The rules ask the policy evaluator the local platform enforces with (localrun/iam_policy.py)
+The rules ask the policy evaluator the local platform enforces with (localrun/aws/iam_policy.py)
 whether a role may do something; they cover what no local run can exercise because the AWS
 service, not the platform's code, makes the call (Lambda attaching to the VPC, SageMaker
 pulling the image or encrypting volumes, S3 or DynamoDB using a key).
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.cfn import ACCOUNT, Assembly, Resolver
-from localrun.iam_policy import Policy, Request, allows, evaluate
+from localrun.aws.cfn import ACCOUNT, Assembly, Resolver
+from localrun.aws.iam_policy import Policy, Request, allows, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 

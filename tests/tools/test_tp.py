@@ -17,19 +17,19 @@ from moto import mock_aws
 from rich.console import Console
 from typer.testing import CliRunner
 
-from localrun.cfn import REGION
-from localrun.clock import Clock
-from localrun.decision_url import function_url_event
-from localrun.engine import REQUESTER
-from localrun.iam import SAGEMAKER
-from localrun.scripted import Poll
+from contract.config import from_hyperparameters
+from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS
+from localrun.aws.cfn import REGION
+from localrun.aws.clock import Clock
+from localrun.aws.decision_url import function_url_event
+from localrun.aws.engine import REQUESTER
+from localrun.aws.iam import SAGEMAKER
+from localrun.backends.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.conftest import APPROVER, EXAMPLE_INPUTS, REPO
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_resume_from import Uploads
 from tests.pipeline.test_trust_storage import _s3_as
-from training.config import from_hyperparameters
-from training.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 
 runner = CliRunner()
 

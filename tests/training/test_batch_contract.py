@@ -12,10 +12,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from contract import layout, ledger
+from contract.config import from_hyperparameters
 from tests.stored import put_checkpoint
-from training import batch_contract as contract
-from training import layout, ledger
-from training.config import from_hyperparameters
+from training import batch_contract
 from training.launcher import plan_launch
 from training.sagemaker_contract import ContractError, Paths, read_resource_config
 
@@ -30,8 +30,8 @@ def _env(index: int, nodes: int = 2, **extra: str) -> dict[str, str]:
 
 
 def test_batch_variables_give_the_node_its_rank_and_the_main_nodes_address() -> None:
-    assert contract.batch_node({}) is None  # SageMaker (or a plain container): not on Batch
-    main, child = contract.batch_node(_env(0)), contract.batch_node(_env(1, AWS_BATCH_JOB_ATTEMPT="2"))
+    assert batch_contract.batch_node({}) is None  # SageMaker (or a plain container): not on Batch
+    main, child = batch_contract.batch_node(_env(0)), batch_contract.batch_node(_env(1, AWS_BATCH_JOB_ATTEMPT="2"))
     assert main is not None and child is not None
     assert (main.is_main, main.master_addr, main.attempt) == (True, "127.0.0.1", 1)
     assert (child.is_main, child.master_addr, child.attempt) == (False, "10.20.0.17", 2)
@@ -40,7 +40,7 @@ def test_batch_variables_give_the_node_its_rank_and_the_main_nodes_address() -> 
 
 
 def test_the_main_node_is_rank_0_whatever_its_index() -> None:
-    node = contract.batch_node(
+    node = batch_contract.batch_node(
         {**_env(0, nodes=3), layout.MAIN_NODE_INDEX_ENV: "2", layout.MAIN_NODE_ADDRESS_ENV: "10.0.0.5"}
     )
     assert node is not None and not node.is_main
@@ -58,7 +58,7 @@ def test_the_main_node_is_rank_0_whatever_its_index() -> None:
 )
 def test_inconsistent_batch_variables_are_contract_errors(env: dict[str, str], message: str) -> None:
     with pytest.raises(ContractError, match=message):
-        contract.batch_node(env)
+        batch_contract.batch_node(env)
 
 
 @mock_aws
@@ -82,10 +82,10 @@ def test_prepare_writes_the_launchers_inputs_links_fsx_and_restores_checkpoints(
         TRAINING_FSX_ROOT=str(fsx),
         OPT_ML_ROOT=str(tmp_path / "opt-ml"),
     )
-    node = contract.batch_node(env)
+    node = batch_contract.batch_node(env)
     assert node is not None
     paths = Paths.from_env(env)
-    contract.prepare(paths, node, env, s3)
+    batch_contract.prepare(paths, node, env, s3)
     # The launcher reads what it reads on SageMaker: the same files, the same plan.
     resources = read_resource_config(paths, {})
     plan = plan_launch(
@@ -126,10 +126,10 @@ def test_prepare_restores_only_complete_checkpoints_the_runs_ledger_records(tmp_
         TRAINING_FSX_ROOT=str(tmp_path / "fsx"),
         OPT_ML_ROOT=str(tmp_path / "opt-ml"),
     )
-    node = contract.batch_node(env)
+    node = batch_contract.batch_node(env)
     assert node is not None
     paths = Paths.from_env(env)
-    contract.prepare(paths, node, env, s3)
+    batch_contract.prepare(paths, node, env, s3)
     assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-4"]
     assert ledger.trusted_digests(paths.channel(layout.LEDGER_CHANNEL)) == {recorded, partial}
 
@@ -152,7 +152,7 @@ def test_checkpoint_sync_uploads_new_files_with_the_manifest_last(tmp_path: Path
     (local / "step-2" / ".metadata").write_text("m")
     (local / "step-2" / "__0_0.distcp").write_text("shard")
     (local / "step-2" / "manifest.json.tmp").write_text("partial")
-    sync = contract.CheckpointSync(s3, tmp_path / "empty", f"s3://{BUCKET}/runs/r/checkpoints/", interval=60)
+    sync = batch_contract.CheckpointSync(s3, tmp_path / "empty", f"s3://{BUCKET}/runs/r/checkpoints/", interval=60)
     sync._local = local  # files that appeared after the restore
     assert sync.sync() == 3
     assert uploaded[-1] == "runs/r/checkpoints/step-2/manifest.json"
@@ -171,10 +171,10 @@ def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: 
         timeout=60,
         check=False,
     )
-    assert result.returncode == contract.EXIT_INVALID_INPUT
+    assert result.returncode == batch_contract.EXIT_INVALID_INPUT
     assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set on node 1" in result.stdout + result.stderr
     assert (tmp_path / "output" / "failure").read_text().startswith("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS")
-    assert contract.on_batch(_env(0)) and not contract.on_batch({**_env(0), layout.PREPARED_ENV: "1"})
+    assert batch_contract.on_batch(_env(0)) and not batch_contract.on_batch({**_env(0), layout.PREPARED_ENV: "1"})
 
 
 @mock_aws
@@ -184,6 +184,6 @@ def test_the_runs_progress_records_are_restored_for_the_trainers_rework_count(tm
     prefix = layout.run_checkpoints("run")
     for key in ("run-1-1700000000000.json", "run-2-1700000009000.json", "nested/x.json", "notes.txt"):
         s3.put_object(Bucket="ckpt", Key=f"{prefix}{layout.PROGRESS}/{key}", Body=b"{}")
-    assert contract.restore_progress(s3, f"s3://ckpt/{prefix}", tmp_path) == 2
+    assert batch_contract.restore_progress(s3, f"s3://ckpt/{prefix}", tmp_path) == 2
     restored = sorted(p.name for p in (tmp_path / layout.PROGRESS).iterdir())
     assert restored == ["run-1-1700000000000.json", "run-2-1700000009000.json"]

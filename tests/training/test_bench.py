@@ -12,6 +12,7 @@ import pytest
 import torch.distributed as dist
 from training_helpers import free_port
 
+from contract.config import from_hyperparameters
 from training import bench, bench_peer, checkpoint
 from training.bench import (
     SINGLE_PROCESS_ENV,
@@ -23,7 +24,6 @@ from training.bench import (
     bench_stragglers,
     bench_train,
 )
-from training.config import from_hyperparameters
 from training.data import read_shard
 
 

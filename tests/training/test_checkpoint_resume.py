@@ -21,12 +21,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
 import training.checkpoint
-from training import goodput
+from contract import goodput
+from contract.config import ConfigError
+from contract.layout import MANIFEST
+from contract.metrics import PHASE_WALL, PHASES, metric_series, parse_line, phase_metric
 from training import trainer as trainer_module
 from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
-from training.config import ConfigError
-from training.layout import MANIFEST
-from training.metrics import PHASE_WALL, PHASES, metric_series, parse_line, phase_metric
 from training.parallelize import parallelize
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
@@ -456,7 +456,7 @@ def test_ddp_broadcasts_no_buffers_before_each_forward() -> None:
     from torch.distributed import HashStore  # type: ignore[attr-defined]
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.models.args import PRESETS
+    from contract.model_args import PRESETS
     from training.models.llama import Llama
 
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)

@@ -36,11 +36,11 @@ from training_helpers import (
 
 import training.checkpoint
 import training.tensor_archive
+from contract.layout import LEDGER_CHANNEL, MANIFEST
+from contract.ledger import OPENED, Record
+from contract.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Segment, manifest_sha256
 from training import direct_io
 from training.checkpoint import segment_digest, verify
-from training.layout import LEDGER_CHANNEL, MANIFEST
-from training.ledger import OPENED, Record
-from training.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Segment, manifest_sha256
 
 
 def _copy(reference: tuple[Path, str], tmp_path: Path) -> Path:
@@ -583,7 +583,7 @@ def test_a_planted_item_runs_no_code(reference: tuple[Path, str], tmp_path: Path
 
 
 def _ledger(root: Path, steps: list[int]) -> None:
-    """The job's ledger channel, recording the manifests of `steps` as they are now (training/ledger.py)."""
+    """The job's ledger channel, recording the manifests of `steps` as they are now (contract/ledger.py)."""
     channel = root / "input" / "data" / LEDGER_CHANNEL
     channel.mkdir(parents=True)
     (channel / OPENED).write_text(json.dumps({"run": "r"}))

@@ -11,9 +11,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from training import goodput, hang
-from training.goodput import JobLedger, ProgressRecord, ProgressWriter, RunLedger, Transition, job_ledger
-from training.layout import JOB_NAME_ENV, LAUNCHED_ENV, run_goodput, run_progress
+from contract import goodput, hang
+from contract.goodput import JobLedger, ProgressRecord, ProgressWriter, RunLedger, Transition, job_ledger
+from contract.layout import JOB_NAME_ENV, LAUNCHED_ENV, run_goodput, run_progress
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 

@@ -12,11 +12,12 @@ import pytest
 from test_launcher_contract import _two_hosts
 from training_helpers import REPO, TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run
 
+from contract.config import ConfigError, from_hyperparameters
+from contract.hang import Hang, StepReport, newest_step
+from contract.layout import HANG_DETECTED, HEARTBEAT_ENV, RETRIED_ON_FRESH_NODES
 from training.checkpoint import committed_steps
-from training.config import ConfigError, from_hyperparameters
-from training.hang import Hang, HangWatch, StepReport, newest_step
+from training.hang import HangWatch
 from training.launcher import EXIT_FAILED, EXIT_HANG_DETECTED, Launch, LaunchPlan, Supervisor, _hang_watch, _outcome
-from training.layout import HANG_DETECTED, HEARTBEAT_ENV, RETRIED_ON_FRESH_NODES
 from training.sagemaker_contract import Paths, ResourceConfig
 
 
@@ -134,7 +135,7 @@ def test_the_watch_reads_the_reports_at_most_once_a_second(tmp_path: Path) -> No
 # A worker that finished step 6, waited in a collective, then failed: its peer was killed (or crashed).
 _WAITS_THEN_FAILS = """
 import pathlib, sys, time
-from training.hang import StepReport
+from contract.hang import StepReport
 StepReport(pathlib.Path(sys.argv[1]))(6)
 time.sleep(float(sys.argv[3]))
 pathlib.Path(sys.argv[2]).write_text("RuntimeError: Connection closed by peer\\n")

@@ -9,7 +9,7 @@ import sys
 import pytest
 from training_helpers import REPO
 
-from training.config import (
+from contract.config import (
     ALIASES,
     HYPERPARAMETERS,
     ConfigError,
@@ -158,12 +158,12 @@ def test_readme_documents_every_hyperparameter() -> None:
     readme = (REPO / "training" / "README.md").read_text()
     missing = [name for name in hyperparameter_names() if f"`{name}`" not in readme]
     assert not missing, f"training/README.md does not list {missing}"
-    assert hyperparameters_markdown() in readme, "regenerate the table: python -m training.config"
+    assert hyperparameters_markdown() in readme, "regenerate the table: python -m contract.config"
 
 
 def test_torch_free_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, training, training.config, training.metrics, training.sagemaker_contract, training.launcher, "
+        "import sys, training, contract.config, contract.metrics, training.sagemaker_contract, training.launcher, "
         "training.flops, training.signals, training.prepare, training.preflight\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
         "assert not heavy, heavy"
@@ -179,6 +179,6 @@ def test_markdown_table_has_one_row_per_key() -> None:
 
 
 def test_the_global_batch_is_fixed_when_set_else_grows_with_the_processes() -> None:
-    # The one rule resume_from (training/continuation.py) and fallback clusters (Validate) are held to.
+    # The one rule resume_from (contract/resume.py) and fallback clusters (Validate) are held to.
     assert [TrainConfig(micro_batch_size=4, global_batch_size=16).global_batch(w) for w in (1, 4)] == [16, 16]
     assert [TrainConfig(micro_batch_size=4).global_batch(w) for w in (1, 4)] == [4, 16]

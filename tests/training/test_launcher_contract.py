@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from training_helpers import TINY_JOB, clean_env, free_port, kill_tree, launcher, make_opt_ml, run, run_until
 
-from training import goodput, stragglers
+from contract import goodput
+from contract.config import JobConfig
+from contract.metrics import metric_series
+from training import stragglers
 from training.checkpoint import committed_steps
-from training.config import JobConfig
 from training.launcher import (
     EXIT_INVALID_INPUT,
     EXIT_PREFLIGHT_FAILED,
@@ -29,7 +31,6 @@ from training.launcher import (
     plan_launch,
     torchrun_command,
 )
-from training.metrics import metric_series
 from training.sagemaker_contract import ContractError, Paths, ResourceConfig, read_resource_config
 
 
@@ -345,7 +346,7 @@ def test_a_host_slower_than_its_peers_is_named_and_with_replace_stopped_after_a_
     assert named and int(named.group(1)) >= 15, log[-3000:]
     assert "for 5 consecutive steps, since step 1" in log
     assert "host algo-1" not in log.split("straggler:", 1)[1].split("\n", 1)[0]
-    # What the run report names (localrun/report.py): the one slow host, once.
+    # What the run report names (localrun/demo/report.py): the one slow host, once.
     (reported,) = stragglers.named(log)
     assert reported.startswith("host algo-2 (ranks 1) computed its steps ")
     series = metric_series(log)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training import layout
+from contract import layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,6 +88,6 @@ def test_every_environment_name_is_distinct_and_the_pipelines_spelling() -> None
 
 
 def test_the_module_imports_without_torch() -> None:
-    code = "import training.layout, sys; assert 'torch' not in sys.modules"
+    code = "import contract.layout, sys; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

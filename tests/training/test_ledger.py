@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from contract import ledger
+from contract.layout import run_checkpoints, run_ledger
+from contract.stored_checkpoints import complete_checkpoints
 from tests.stored import ARTIFACTS, CHECKPOINTS, buckets, put_checkpoint
-from training import ledger
-from training.layout import run_checkpoints, run_ledger
-from training.stored_checkpoints import complete_checkpoints
 
 
 @pytest.fixture

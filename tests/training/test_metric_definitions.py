@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from training.metrics import (
+from contract.metrics import (
     METRIC_DEFINITIONS,
     PHASE_WALL,
     PHASES,
@@ -132,7 +132,7 @@ def test_the_phases_line_round_trips_and_sums_to_its_wall_time() -> None:
 
 def test_the_phase_clock_gives_every_moment_to_exactly_one_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     now = iter([10.0, 12.0, 12.5, 15.0, 16.0, 16.25])
-    monkeypatch.setattr("training.metrics.time.monotonic", lambda: next(now))
+    monkeypatch.setattr("contract.metrics.time.monotonic", lambda: next(now))
     clock = PhaseClock(start=9.0)  # startup from 9.0
     clock.enter("train")  # 10.0: startup 1.0
     # 12.0: train 2.0 so far; 12.5: checkpoint 0.5; 15.0: eval 2.5, back to checkpoint

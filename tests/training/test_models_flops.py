@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.config import ConfigError, ModelConfig, OptimConfig
+from contract.config import ConfigError, ModelConfig, OptimConfig
 from training.flops import flops_per_token, mfu, peak_flops
 from training.models.build import build_model, load_factory, matmul_params, model_args
 from training.optim import build_optimizer, build_scheduler, lr_factor

@@ -27,10 +27,10 @@ from training_helpers import (
     val_losses,
 )
 
+from contract.layout import MANIFEST
+from contract.metrics import METRIC_DEFINITIONS, parse_metrics
 from training.checkpoint import committed_steps
 from training.launcher import EXIT_FAILED
-from training.layout import MANIFEST
-from training.metrics import METRIC_DEFINITIONS, parse_metrics
 from training.sagemaker_contract import Paths
 
 pytestmark = pytest.mark.slow

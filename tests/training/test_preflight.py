@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 import training.preflight
-from training.config import JobConfig
+from contract.config import JobConfig
+from contract.layout import PREFLIGHT_ENV
 from training.launcher import (
     EXIT_OK,
     EXIT_PREFLIGHT_FAILED,
@@ -22,7 +23,6 @@ from training.launcher import (
     plan_launch,
     torchrun_command,
 )
-from training.layout import PREFLIGHT_ENV
 from training.preflight import (
     Checks,
     DeviceReport,

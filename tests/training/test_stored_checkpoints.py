@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from contract.layout import MANIFEST
+from contract.stored_checkpoints import DCP_METADATA, Manifest, ManifestError, list_checkpoints
 from tests.stored import CHECKPOINTS as BUCKET
 from tests.stored import FILES, RUN, buckets, manifest_of, put_checkpoint
-from training.layout import MANIFEST
-from training.stored_checkpoints import DCP_METADATA, Manifest, ManifestError, list_checkpoints
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import torch
 from training_helpers import TINY_JOB, run_in_process
 
-from training.metrics import TOKENS_PER_SEC, parse_line
+from contract.metrics import TOKENS_PER_SEC, parse_line
 from training.trainer import Trainer
 
 PAUSE_S = 0.25

@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from contract.config import from_hyperparameters
+from contract.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
 from training import direct_io
-from training.config import from_hyperparameters
 from training.launcher import child_pids
-from training.metrics import TRAIN_LOSS, VALIDATION_LOSS, metric_series
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import Trainer

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from training.config import ConfigError, ModelConfig
+from contract.config import ConfigError, ModelConfig
+from contract.model_args import PRESETS, ModelArgs
 from training.flops import flops_per_token
-from training.models.args import PRESETS, ModelArgs
 from training.models.gpt2 import GPT2
 from training.models.llama import Llama
 

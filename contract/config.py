@@ -1,0 +1,516 @@
+"""Nested, validated job configuration and its mapping from SageMaker hyperparameters.
+
+Torch-free: the launcher validates hyperparameters before starting any worker, and the platform's
+Validate Lambda rejects unknown keys from :func:`hyperparameter_names` before a job is created.
+Hyperparameter keys are dotted field paths (``optim.lr``); a few aliases (:data:`ALIASES`) are
+shorter spellings of the most used ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from contract.distributions import DISTRIBUTIONS, NAMES
+from contract.model_args import PRESETS
+
+# Keys the SageMaker SDK's framework estimators inject, and the objective metric SageMaker adds to a
+# tuning job's trials (`_tuning_objective_metric`); they mean nothing to this image.
+IGNORED_PREFIXES = ("sagemaker_", "_tuning_")
+
+
+class ConfigError(ValueError):
+    """A hyperparameter or config value is invalid; the message says which and how to fix it."""
+
+
+def _f(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    # Every field carries its help text and allowed values: both feed errors and the README table.
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"hyperparameter {key}={value!r} is invalid: {allowed}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("tiny", "Model preset.", tuple(PRESETS))
+    factory: str = _f(
+        "",
+        "Your own model: 'package.module:function' taking ModelArgs and returning an nn.Module "
+        "(see 'Custom models'). Overrides the preset's architecture, keeps its sizes.",
+    )
+    vocab_size: int = _f(0, "Vocabulary size; 0 keeps the preset's. Must exceed every token id.")
+    dim: int = _f(0, "Model width; 0 keeps the preset's.")
+    n_layers: int = _f(0, "Number of transformer blocks; 0 keeps the preset's.")
+    n_heads: int = _f(0, "Attention heads; 0 keeps the preset's.")
+    max_seq_len: int = _f(0, "Longest sequence the model supports; 0 keeps the preset's.")
+    dropout: float = _f(0.0, "Dropout probability (0 for pretraining).")
+    bias: bool = _f(True, "GPT-2 architecture: biases in the linear layers and LayerNorms (false: none, as nanoGPT's).")
+    gelu: str = _f(
+        "tanh", "GPT-2 architecture: the MLP's GELU, tanh-approximated (GPT-2's) or exact.", ("tanh", "exact")
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.name in PRESETS, "model.name", self.name, f"choose one of {', '.join(PRESETS)}")
+        if PRESETS[self.name].arch != "gpt2" and not self.factory:
+            for key, default in (("bias", True), ("gelu", "tanh")):
+                value = getattr(self, key)
+                _require(
+                    value == default,
+                    f"model.{key}",
+                    value,
+                    f"it applies to the gpt2 architecture; preset {self.name!r} is {PRESETS[self.name].arch}: drop it",
+                )
+        _require(
+            not self.factory or (":" in self.factory and all(self.factory.split(":", 1))),
+            "model.factory",
+            self.factory,
+            "write it as 'package.module:function'",
+        )
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            value = getattr(self, key)
+            _require(value >= 0, f"model.{key}", value, "use a positive number, or 0 for the preset's")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "use a value in [0, 1)")
+
+
+@dataclass
+class DataConfig:
+    seq_len: int = _f(0, "Tokens per training sequence; 0 uses the model's max_seq_len.")
+    shuffle: bool = _f(True, "Visit training sequences in a seeded random order, reshuffled every epoch.")
+    shift_windows: bool = _f(
+        False,
+        "Every epoch, start the training sequences a seeded random number of tokens (under seq_len) into each "
+        "shard, so repeated epochs see the text at new alignments.",
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.seq_len >= 0, "data.seq_len", self.seq_len, "use a positive length, or 0")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = _f(1000, "Optimizer steps to train for.")
+    micro_batch_size: int = _f(8, "Sequences per process per forward/backward.")
+    global_batch_size: int = _f(
+        0,
+        "Sequences per optimizer step across all processes; a multiple of micro_batch_size x processes "
+        "(the quotient is the gradient-accumulation count). 0: micro_batch_size x processes. Keep it fixed "
+        "to resume on a different number of processes with the same optimisation.",
+    )
+    seed: int = _f(1337, "Seed for initialisation, data order and dropout.")
+    deterministic: bool = _f(
+        False,
+        "Bit-identical reruns and resumes: deterministic kernels on GPUs, one thread per process on CPU.",
+    )
+    dtype: str = _f("auto", "Compute dtype; auto is bf16 on GPUs and fp32 on CPU.", ("auto", "bf16", "fp32"))
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, "train.max_steps", self.max_steps, "use at least 1")
+        _require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "use >= 1")
+        _require(
+            self.global_batch_size == 0 or self.global_batch_size % self.micro_batch_size == 0,
+            "train.global_batch_size",
+            self.global_batch_size,
+            f"use 0 or a multiple of train.micro_batch_size={self.micro_batch_size}",
+        )
+        _require(self.global_batch_size >= 0, "train.global_batch_size", self.global_batch_size, "use >= 0")
+        _require(self.seed >= 0, "train.seed", self.seed, "use a non-negative integer")
+        _require(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "use >= 0")
+
+    def global_batch(self, world_size: int) -> int:
+        """Sequences per optimizer step on `world_size` processes: global_batch_size, or micro_batch_size x them."""
+        return self.global_batch_size or self.micro_batch_size * world_size
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each process; ConfigError if the batch does not divide."""
+        if self.global_batch_size == 0:
+            return 1
+        per_step = self.micro_batch_size * world_size
+        _require(
+            self.global_batch_size % per_step == 0,
+            "train.global_batch_size",
+            self.global_batch_size,
+            f"with {world_size} processes x micro_batch_size {self.micro_batch_size} use a multiple of {per_step}",
+        )
+        return self.global_batch_size // per_step
+
+
+@dataclass
+class ParallelConfig:
+    compile: bool = _f(False, "torch.compile each transformer block.")
+    activation_checkpointing: bool = _f(False, "Recompute each block's activations in backward.")
+    reshard_after_forward: bool = _f(
+        True, "FSDP: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."
+    )
+    timeout_minutes: float = _f(10.0, "Collective timeout: how long a rank waits for a dead peer.")
+
+    def __post_init__(self) -> None:
+        _require(self.timeout_minutes > 0, "parallel.timeout_minutes", self.timeout_minutes, "use > 0")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(6e-4, "Peak learning rate of AdamW.")
+    min_lr_ratio: float = _f(0.1, "Cosine decay ends at lr x min_lr_ratio.")
+    warmup_steps: int = _f(100, "Linear warmup steps; must not exceed train.max_steps.")
+    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (not on norms, biases).")
+    beta1: float = _f(0.9, "AdamW beta1.")
+    beta2: float = _f(0.95, "AdamW beta2.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    fused: bool = _f(True, "Use the fused AdamW kernel.")
+    decay_steps: int = _f(
+        0,
+        "Step at which the cosine decay reaches lr x min_lr_ratio, counted from step 0 like the warmup; the lr "
+        "stays there afterwards. 0: train.max_steps.",
+    )
+
+    def __post_init__(self) -> None:
+        _require(0 < self.lr < 1, "optim.lr", self.lr, "use a value in (0, 1), e.g. 3e-4")
+        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "use [0, 1]")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "use >= 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "use >= 0")
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            _require(0 <= value < 1, f"optim.{key}", value, "use a value in [0, 1)")
+        _require(self.eps > 0, "optim.eps", self.eps, "use > 0, e.g. 1e-8")
+        _require(
+            self.decay_steps == 0 or self.decay_steps >= self.warmup_steps,
+            "optim.decay_steps",
+            self.decay_steps,
+            f"use 0 or at least optim.warmup_steps={self.warmup_steps}",
+        )
+
+
+@dataclass
+class CheckpointConfig:
+    interval_steps: int = _f(500, "Save every N steps; 0 disables step-based saves.")
+    interval_minutes: float = _f(30.0, "Save when this many minutes passed since the last save; 0 disables.")
+    keep_last: int = _f(3, "Complete checkpoints to keep; older ones are deleted after a newer one commits.")
+    async_save: bool = _f(False, "Write checkpoints in the background while training continues.")
+    resume: bool = _f(True, "Resume from the newest complete checkpoint in /opt/ml/checkpoints.")
+
+    def __post_init__(self) -> None:
+        _require(self.interval_steps >= 0, "checkpoint.interval_steps", self.interval_steps, "use >= 0")
+        _require(self.interval_minutes >= 0, "checkpoint.interval_minutes", self.interval_minutes, "use >= 0")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "keep at least 1")
+
+
+@dataclass
+class EvalConfig:
+    interval_steps: int = _f(0, "Report validation loss every N steps; 0: only at the end.")
+    max_sequences: int = _f(
+        1024, "Validation sequences per eval: the first N of the validation set, whatever the process count."
+    )
+    max_batches: int = _f(
+        0,
+        "Periodic evaluations (every eval.interval_steps) score this many global batches of those sequences, "
+        "drawn once at random with train.seed and reused, so successive evals compare; the final one scores "
+        "all. 0: every eval scores all.",
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.interval_steps >= 0, "eval.interval_steps", self.interval_steps, "use >= 0")
+        _require(self.max_sequences >= 1, "eval.max_sequences", self.max_sequences, "use >= 1")
+        _require(self.max_batches >= 0, "eval.max_batches", self.max_batches, "use >= 0")
+
+
+@dataclass
+class MetricsConfig:
+    log_interval: int = _f(10, "Log a metrics line every N steps (and at the first step and every checkpoint).")
+    peak_tflops: float = _f(
+        0.0, "Peak TFLOP/s per device for MFU; 0 looks the GPU up in the table. MFU is omitted when unknown."
+    )
+    tensorboard: bool = _f(False, "Write TensorBoard scalars under /opt/ml/output/tensorboard.")
+    profile: bool = _f(False, "Record a torch.profiler trace under /opt/ml/output/data/profile.")
+    profile_start_step: int = _f(10, "First profiled step.")
+    profile_steps: int = _f(3, "Number of profiled steps.")
+
+    def __post_init__(self) -> None:
+        _require(self.log_interval >= 1, "metrics.log_interval", self.log_interval, "use >= 1")
+        _require(self.peak_tflops >= 0, "metrics.peak_tflops", self.peak_tflops, "use >= 0")
+        _require(self.profile_start_step >= 1, "metrics.profile_start_step", self.profile_start_step, "use >= 1")
+        _require(self.profile_steps >= 1, "metrics.profile_steps", self.profile_steps, "use >= 1")
+
+
+@dataclass
+class StragglerConfig:
+    action: str = _f(
+        "warn",
+        "A host whose ranks compute their steps slower than the other hosts' for `steps` consecutive steps is "
+        "named in the log and the metrics (warn), or also stops training after a checkpoint with "
+        "'StragglerDetected: ...', which the pipeline retries on fresh instances (replace); off: not checked.",
+        ("warn", "replace", "off"),
+    )
+    threshold: float = _f(
+        0.15, "How much slower than the other hosts' median rank a host's slowest rank must be (0.15: 15%)."
+    )
+    steps: int = _f(50, "Consecutive slow steps that make a host a straggler.")
+    interval_steps: int = _f(50, "Steps between two shares of the ranks' step times (one small all-gather).")
+
+    def __post_init__(self) -> None:
+        _require(0 < self.threshold < 10, "stragglers.threshold", self.threshold, "use a fraction such as 0.15")
+        _require(self.steps >= 1, "stragglers.steps", self.steps, "use >= 1")
+        _require(self.interval_steps >= 1, "stragglers.interval_steps", self.interval_steps, "use >= 1")
+
+
+@dataclass
+class HangConfig:
+    action: str = _f(
+        "replace",
+        "When no training worker of a host finishes a step for the hang limit, the launcher kills its workers and "
+        "the job fails with 'HangDetected: ...', which the pipeline retries on fresh instances from the newest "
+        "complete checkpoint (replace); off: not watched.",
+        ("replace", "off"),
+    )
+    minutes: float = _f(
+        0.0,
+        "The hang limit in minutes; 0 derives it: hang.factor times the longest interval between two finished "
+        "steps so far (checkpoint saves and evaluations included), at least hang.floor_minutes.",
+    )
+    floor_minutes: float = _f(
+        10.0,
+        "The derived hang limit's floor in minutes, and so the first step's limit (nothing is observed before it); "
+        "raise it above your slowest first step (torch.compile), checkpoint save or evaluation.",
+    )
+    factor: float = _f(5.0, "The derived hang limit as a multiple of the longest interval between two finished steps.")
+
+    def __post_init__(self) -> None:
+        _require(self.minutes >= 0, "hang.minutes", self.minutes, "use > 0 for a fixed limit, or 0 to derive it")
+        _require(self.floor_minutes > 0, "hang.floor_minutes", self.floor_minutes, "use > 0, e.g. 10")
+        _require(self.factor >= 1, "hang.factor", self.factor, "use >= 1, e.g. 5")
+
+
+@dataclass
+class JobConfig:
+    """The whole job: one section per component, plus the launcher's ``distribution`` and ``preflight``."""
+
+    distribution: str = _f("ddp", ", ".join(f"{d.name} ({d.summary})" for d in DISTRIBUTIONS.values()) + ".", NAMES)
+    preflight: bool = _f(
+        True,
+        "Before training (and any checkpoint load), check the cluster: every host sees its GPUs; on GPUs, NCCL "
+        "uses EFA where the run does and, across hosts, all-reduce reaches the instance type's bandwidth floor. "
+        "A failure ends the job with 'PreflightFailed: ...', which the pipeline retries on fresh nodes.",
+    )
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.distribution in DISTRIBUTIONS,
+            "distribution",
+            self.distribution,
+            f"choose one of {', '.join(NAMES)}",
+        )
+        _require(
+            self.optim.warmup_steps <= self.train.max_steps,
+            "optim.warmup_steps",
+            self.optim.warmup_steps,
+            f"use at most train.max_steps={self.train.max_steps}",
+        )
+        max_seq_len = self.model.max_seq_len or PRESETS[self.model.name].max_seq_len
+        _require(
+            self.data.seq_len <= max_seq_len,
+            "data.seq_len",
+            self.data.seq_len,
+            f"use at most the model's max_seq_len={max_seq_len} (or raise model.max_seq_len)",
+        )
+
+    @property
+    def seq_len(self) -> int:
+        return self.data.seq_len or self.model.max_seq_len or PRESETS[self.model.name].max_seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Short spellings of the most used keys. Giving both an alias and its target is an error.
+ALIASES: dict[str, str] = {
+    "model": "model.name",
+    "max_steps": "train.max_steps",
+    "lr": "optim.lr",
+    "seed": "train.seed",
+    "seq_len": "data.seq_len",
+    "batch_size": "train.micro_batch_size",
+}
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+    """One accepted key: where it lands, its type, default, allowed values and help text."""
+
+    name: str
+    section: str  # "" for top-level fields
+    field_name: str
+    type: type
+    default: object
+    choices: tuple[str, ...]
+    help: str
+
+
+def _hyperparameters() -> Iterator[Hyperparameter]:
+    hints = typing.get_type_hints(JobConfig)
+    for top in dataclasses.fields(JobConfig):
+        kind = hints[top.name]
+        if dataclasses.is_dataclass(kind):
+            section_hints = typing.get_type_hints(kind)
+            for sub in dataclasses.fields(kind):
+                yield Hyperparameter(
+                    name=f"{top.name}.{sub.name}",
+                    section=top.name,
+                    field_name=sub.name,
+                    type=section_hints[sub.name],
+                    default=sub.default,
+                    choices=sub.metadata["choices"],
+                    help=sub.metadata["help"],
+                )
+        else:
+            yield Hyperparameter(
+                name=top.name,
+                section="",
+                field_name=top.name,
+                type=kind,
+                default=top.default,
+                choices=top.metadata["choices"],
+                help=top.metadata["help"],
+            )
+
+
+HYPERPARAMETERS: dict[str, Hyperparameter] = {hp.name: hp for hp in _hyperparameters()}
+_SECTION_TYPES: dict[str, Any] = typing.get_type_hints(JobConfig)  # resolved once: most of a parse's time otherwise
+
+
+def hyperparameter_names() -> list[str]:
+    """Every key :func:`from_hyperparameters` accepts: dotted names, ``distribution`` and the aliases."""
+    return sorted([*HYPERPARAMETERS, *ALIASES])
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _coerce(key: str, raw: object, spec: Hyperparameter) -> object:
+    value = raw
+    if isinstance(value, str):
+        value = value.strip()
+        # The SageMaker SDK JSON-encodes string hyperparameters ('"fsdp"'): unwrap one level.
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            with contextlib.suppress(json.JSONDecodeError):
+                value = json.loads(value)
+    kind = spec.type
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)) and str(value).lower() in _TRUE | _FALSE:
+            return str(value).lower() in _TRUE
+        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use true or false")
+    if kind is int:
+        number = _number(value)
+        if number is None or isinstance(value, bool) or not float(number).is_integer():
+            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use an integer, e.g. {spec.default}")
+        return int(number)
+    if kind is float:
+        number = _number(value)
+        if number is None or isinstance(value, bool) or not math.isfinite(number):
+            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a number, e.g. {spec.default}")
+        return float(number)
+    if not isinstance(value, str):
+        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a string")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(
+            f"hyperparameter {key}={raw!r} is invalid: choose one of {', '.join(spec.choices)}"
+            + _did_you_mean(value, spec.choices)
+        )
+    return value
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def from_hyperparameters(hyperparameters: Mapping[str, object]) -> JobConfig:
+    """Build the config from SageMaker's hyperparameters.json (values usually strings); ConfigError if bad."""
+    resolved: dict[str, tuple[str, object]] = {}
+    for key, raw in hyperparameters.items():
+        if key.startswith(IGNORED_PREFIXES):
+            continue
+        name = ALIASES.get(key, key)
+        if name not in HYPERPARAMETERS:
+            raise ConfigError(
+                f"unknown hyperparameter {key!r}"
+                + _did_you_mean(key, hyperparameter_names())
+                + "; the accepted names are listed in training/README.md"
+            )
+        if name in resolved:
+            raise ConfigError(f"hyperparameter {name} is given twice (as {resolved[name][0]!r} and {key!r}); keep one")
+        resolved[name] = (key, _coerce(key, raw, HYPERPARAMETERS[name]))
+
+    top: dict[str, object] = {}
+    sections: dict[str, dict[str, object]] = {}
+    for name, (_, value) in resolved.items():
+        spec = HYPERPARAMETERS[name]
+        if spec.section:
+            sections.setdefault(spec.section, {})[spec.field_name] = value
+        else:
+            top[spec.field_name] = value
+    for section, values in sections.items():
+        top[section] = _SECTION_TYPES[section](**values)
+    return JobConfig(**top)  # type: ignore[arg-type]
+
+
+def parse_overrides(pairs: typing.Iterable[str]) -> dict[str, str]:
+    """``["optim.lr=3e-4", ...]`` from the command line into a hyperparameters dict."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--hp {pair!r} is invalid: write KEY=VALUE, e.g. --hp optim.lr=3e-4")
+        out[key.strip()] = value
+    return out
+
+
+def hyperparameters_markdown() -> str:
+    """The README's hyperparameter table, generated from the field declarations."""
+    rows = ["| Hyperparameter | Default | Description |", "|---|---|---|"]
+    for spec in HYPERPARAMETERS.values():
+        default = json.dumps(spec.default) if not isinstance(spec.default, str) else spec.default or '""'
+        text = spec.help + (f" One of: {', '.join(spec.choices)}." if spec.choices else "")
+        rows.append(f"| `{spec.name}` | `{default}` | {text} |")
+    rows.append("")
+    rows.append("| Alias | Same as |")
+    rows.append("|---|---|")
+    rows.extend(f"| `{alias}` | `{target}` |" for alias, target in ALIASES.items())
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(hyperparameters_markdown())

@@ -1,1 +1,0 @@
-"""Capacity fallback: the next attempt's cluster after insufficient capacity."""

@@ -1,0 +1,62 @@
+"""The end of a run, for every backend's cleanup: which execution ended, and the prune of its runs' checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
+from pydantic import BaseModel, Field, TypeAdapter
+
+from contract.execution_state import EndedRun
+from contract.layout import run_checkpoints, run_of
+from contract.stored_checkpoints import list_checkpoints, newest_per_location
+
+
+def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
+    """Delete the checkpoints under `prefix` that the newest complete one supersedes; versioning keeps them a while.
+
+    Per location: the run's own checkpoints, and each tuning trial's under it, are pruned apart, so that
+    every trial keeps its newest complete checkpoint, the best trial's included. Only directories older
+    than that checkpoint go, complete or not; a location without a complete checkpoint, and anything
+    newer than its newest complete one, is left as it is (nothing is known to supersede it).
+    """
+    listing = list_checkpoints(s3, bucket, prefix)
+    kept = newest_per_location(listing.complete)
+    doomed = []
+    for directory, keys in listing.directories.items():
+        location, step = directory.removesuffix("/").rsplit("/", 1)
+        newest = kept.get(f"{location}/")
+        if newest is not None and int(step.removeprefix("step-")) < newest.step:
+            doomed.extend(keys)
+    for start in range(0, len(doomed), 1000):
+        batch = [{"Key": key} for key in doomed[start : start + 1000]]
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+    return {"kept": [c.summary() for c in kept.values()], "deleted_objects": len(doomed)}
+
+
+def prune_runs(s3: Any, bucket: str, prefixes: list[str], stopped: list[str]) -> list[dict[str, Any]]:
+    """Prune the checkpoints under `prefixes` and those of the runs of the `stopped` jobs (named <run>-<attempt>)."""
+    runs = {run_checkpoints(run_of(name)) for name in stopped}
+    return [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
+
+
+class ExecutionStatus(BaseModel):
+    executionArn: str  # noqa: N815 (EventBridge's name)
+
+
+class ExecutionEnded(EventBridgeModel):
+    """EventBridge's Step Functions Execution Status Change, as the ended-execution rule matches it."""
+
+    detail_type: Literal["Step Functions Execution Status Change"] = Field(alias="detail-type")
+    detail: ExecutionStatus
+
+
+CLEANUP_EVENT: TypeAdapter[EndedRun | ExecutionEnded] = TypeAdapter(EndedRun | ExecutionEnded)
+"""The state machine's `EndedRun`, or EventBridge's `ExecutionEnded`."""
+
+
+def ended_execution(event: EndedRun | ExecutionEnded) -> tuple[str, str | None]:
+    """(the execution, its run's job_name_base when the state machine says it) of a cleanup event."""
+    if isinstance(event, ExecutionEnded):
+        return event.detail.executionArn, None
+    return event.execution, event.job_name_base

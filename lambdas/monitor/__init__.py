@@ -1,1 +1,0 @@
-"""Summarise a running training job: status, spot interruptions, checkpoint freshness."""

@@ -1,0 +1,7 @@
+"""`python -m localrun.demo`: see localrun/demo/cli.py."""
+
+import sys
+
+from localrun.demo.cli import main
+
+sys.exit(main())

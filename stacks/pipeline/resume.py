@@ -1,0 +1,74 @@
+"""The run's checkpoint ledger is opened before its first job; a run that names `resume_from` starts from
+the continued run's newest recorded checkpoint.
+
+After the launch approval and before the first job, the handler (lambdas/resume) opens the run's
+ledger (contract/ledger.py) and, for a continuing run, copies that checkpoint into the run's own
+prefix and records it there; `$.continued` says what was carried over, or null. A continued run with
+nothing intact to start from ends here, before any instance starts.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from contract.execution_state import REQUEST, RESUMED
+from contract.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD
+from lambdas.resume.environment import ResumeEnvironment
+from stacks.constructs.nag import acknowledge_wildcard
+from stacks.constructs.tasks import invoke
+from stacks.pipeline.context import PipelineContext, obj
+
+NOTHING_TO_CONTINUE = "NothingToContinueError"
+
+
+class ResumeStep(Construct):
+    """`start`: open the run's ledger, carrying the continued run's checkpoint over when the request names one;
+    then `then()`."""
+
+    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+        super().__init__(scope, id_)
+        self.opener = context.function(
+            "OpenLedger",
+            "lambdas.resume.handler.handler",
+            "Opens a run's checkpoint ledger; carries a continued run's newest recorded checkpoint over",
+            ResumeEnvironment(
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
+            ).variables(),
+            timeout=Duration.minutes(10),
+        )
+        function = self.opener.function
+        checkpoints = f"{context.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
+        records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+        for sid, actions, resources in (
+            ("ListRuns", ["s3:ListBucket"], [context.checkpoints.bucket_arn, context.artifacts.bucket_arn]),
+            ("CopyCheckpoints", ["s3:GetObject", "s3:PutObject"], [checkpoints]),
+            ("LedgerRecords", ["s3:GetObject", "s3:PutObject"], [records]),
+        ):
+            function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
+        context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
+        for resource, reason in {
+            checkpoints: "Reads the continued run's checkpoint and writes it under the continuing run's prefix.",
+            records: "Opens the run's ledger; reads a continued run's and records the carried checkpoint.",
+        }.items():
+            acknowledge_wildcard(self.opener.role, resource, reason)
+        self.start = invoke(
+            self,
+            "Open the checkpoint ledger",
+            self.opener,
+            {"request": obj(REQUEST), "execution": sfn.JsonPath.execution_id},
+            str(RESUMED),
+        )
+        nothing = sfn.Fail(
+            self,
+            "Nothing to continue",
+            error=NOTHING_TO_CONTINUE,
+            cause="The run resume_from names has no checkpoint that is complete and as the platform recorded it",
+        )
+        self.start.add_catch(nothing, errors=[NOTHING_TO_CONTINUE], result_path="$.error")
+
+    def then(self, training: sfn.IChainable) -> None:
+        self.start.next(training)
