@@ -14,26 +14,26 @@ from typing import Any
 
 import pytest
 
-from lambdas import execution_state as contract
+from contract import execution_state
 from tests.support.iam import AssemblyIam
 
 # Where each part of an execution's state is described; the others are kept whole and read whole.
 TYPED = {
     str(p).removeprefix("$."): p
     for p in (
-        contract.REQUEST,
-        contract.VALIDATION,
-        contract.ESTIMATE,
-        contract.LAUNCH_APPROVAL,
-        contract.PROMOTION_APPROVAL,
-        contract.TRAIN,
-        contract.JOB,
-        contract.FAILURE,
-        contract.ERROR,
-        contract.EVALUATION,
-        contract.REGISTRATION,
-        contract.RESUMED,
-        contract.NEXT_CLUSTER,
+        execution_state.REQUEST,
+        execution_state.VALIDATION,
+        execution_state.ESTIMATE,
+        execution_state.LAUNCH_APPROVAL,
+        execution_state.PROMOTION_APPROVAL,
+        execution_state.TRAIN,
+        execution_state.JOB,
+        execution_state.FAILURE,
+        execution_state.ERROR,
+        execution_state.EVALUATION,
+        execution_state.REGISTRATION,
+        execution_state.RESUMED,
+        execution_state.NEXT_CLUSTER,
     )
 }
 WHOLE = {"input", "cleanup", "notify_error", "launch_approval_error", "promotion_approval_error"}
