@@ -104,7 +104,7 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
     job = ServiceJob("j", "a-second", "q", "team-a", "ml.m5.xlarge", 1, 10, "{}", 0, 0, {}, "RUNNING", held_for=reason)
 
     class Platform:
-        class service_jobs:  # noqa: N801
+        class queue:  # noqa: N801
             @staticmethod
             def advance() -> None:
                 return None
