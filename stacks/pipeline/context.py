@@ -21,8 +21,8 @@ from constructs import Construct
 from contract.execution_state import REQUEST, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.notifications import PlatformTopics
-from stacks.constructs.tasks import NOTIFY_TRANSIENT, SDK, retry
 from stacks.constructs.queue import TeamQueue
+from stacks.constructs.tasks import NOTIFY_TRANSIENT, SDK, retry
 from stacks.constructs.training_image import TrainingImage
 from stacks.data_stack import DataStack
 from stacks.naming import bucket_name
