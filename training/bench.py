@@ -49,6 +49,7 @@ from contract.model_args import PRESETS
 from training import bench_peer
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
 from training.direct_io import aligned_buffer, evict
+from training.distributed import new_group
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.stragglers import StepTimer, StragglerDetector, share_and_judge
@@ -515,7 +516,7 @@ def _straggler_rank(rank: int, spec: tuple[int, int, int, int, str]) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    group = dist.new_group(backend="gloo")
+    group = new_group(backend="gloo")
     cfg = StragglerConfig()
     timer = StepTimer(torch, torch.device("cpu"), keep=cfg.interval_steps)
     detector = StragglerDetector([f"algo-{r + 1}" for r in range(world)], cfg.threshold, cfg.steps)

@@ -101,7 +101,7 @@ from contract.stored_checkpoints import (
 )
 from training import direct_io, tensor_archive
 from training.data import DistributedTokenLoader
-from training.distributed import DistEnv
+from training.distributed import DistEnv, new_group
 from training.sagemaker_contract import describe
 from training.tensor_archive import saved
 
@@ -1098,7 +1098,7 @@ class CheckpointManager:
         self._deletions: dict[Path, Future[None]] = {}  # of old checkpoints, by directory
         # Async saves run collectives from a background thread: they get their own group so they
         # never interleave with the main thread's collectives.
-        self._async_group = dist.new_group(backend="gloo") if cfg.async_save else None
+        self._async_group = new_group(backend="gloo") if cfg.async_save else None
         if env.is_local_main:
             root.mkdir(parents=True, exist_ok=True)
 

@@ -8,6 +8,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -94,7 +95,7 @@ def init_distributed(*, distribution: str, deterministic: bool, timeout_minutes:
     timeout = timedelta(minutes=timeout_minutes)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timeout)
-    ctrl = dist.new_group(backend="gloo", timeout=timeout)
+    ctrl = new_group(backend="gloo", timeout=timeout)
     env = DistEnv(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -104,6 +105,15 @@ def init_distributed(*, distribution: str, deterministic: bool, timeout_minutes:
     )
     log.info("rank %d/%d on %s (backend %s)", env.rank, env.world_size, device, backend)
     return env
+
+
+def new_group(**kwargs: Any) -> dist.ProcessGroup:
+    """`dist.new_group` of every rank. torch types its result as maybe the marker of a rank outside the group,
+    which no rank is here."""
+    group = dist.new_group(**kwargs)
+    if not isinstance(group, dist.ProcessGroup):
+        raise RuntimeError(f"dist.new_group({kwargs}) left rank {dist.get_rank()} out of a group of every rank")
+    return group
 
 
 def set_determinism(*, seed: int, deterministic: bool, device: torch.device) -> None:
