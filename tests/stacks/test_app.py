@@ -20,7 +20,7 @@ from tests.conftest import cdk_context, platform_context
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-ACKNOWLEDGEMENTS_DOC = REPO / "docs" / "cdk-nag-acknowledgements.md"
+ACKNOWLEDGEMENTS_DOC = REPO / "docs" / "reviewer" / "cdk-nag-acknowledgements.md"
 
 # Replacing any of these would destroy data or orphan it: refactors must keep the IDs.
 STATEFUL = {
@@ -149,7 +149,7 @@ def test_acknowledgements_document_is_current(platform: Any) -> None:
     text = render_acknowledgements(platform)
     if os.environ.get("UPDATE_SNAPSHOTS"):
         ACKNOWLEDGEMENTS_DOC.write_text(text)
-    assert ACKNOWLEDGEMENTS_DOC.read_text() == text, "docs/cdk-nag-acknowledgements.md is stale"
+    assert ACKNOWLEDGEMENTS_DOC.read_text() == text, "docs/reviewer/cdk-nag-acknowledgements.md is stale"
 
 
 def test_cfn_lint_reports_nothing(platform: Any) -> None:
