@@ -15,7 +15,7 @@ NODE_STAMP := node_modules/.setup-done
 # `platform` object by every synth (synth, deploy, diff, review, demo), read by stacks/settings.py.
 export PLATFORM_CONTEXT := $(CONTEXT)
 
-.PHONY: help setup synth test lint typecheck unit deploy diff outputs cost review demo constraints clean
+.PHONY: help setup synth test lint typecheck unit docs deploy diff outputs cost review demo constraints clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,7 +47,13 @@ typecheck: setup  ## mypy on the app, stacks, lambdas and training package.
 unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch).
 	$(VENV)/bin/pytest -n 2
 
-test: lint typecheck unit  ## Everything CI runs.
+# In `test` after unit: the tests compare the committed reference pages with their models before this rewrites
+# them. NO_MKDOCS_2_WARNING: Material's notice of its end of life (May 2027), printed on every build otherwise.
+docs: setup  ## Write the reference pages from their models, then build the documentation site into site/ (--strict).
+	$(PY) -m tools.docs --write
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test: lint typecheck unit docs  ## Everything CI runs.
 
 # What deployed platforms record as their revision (in every registered model's lineage): this
 # commit, marked -dirty when the tree has uncommitted changes. The app never asks git itself.
@@ -76,4 +82,4 @@ constraints:  ## Re-pin constraints.txt from the current .venv.
 	  $(PY) -m pip freeze --all --exclude-editable | grep -vE '^(pip|setuptools|wheel)=' ; } > constraints.txt
 
 clean:  ## Remove build outputs (keeps .venv and node_modules).
-	rm -rf cdk.out demo-out review.md .pytest_cache .mypy_cache .ruff_cache
+	rm -rf cdk.out demo-out review.md site .pytest_cache .mypy_cache .ruff_cache

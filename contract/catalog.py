@@ -145,7 +145,7 @@ def instance_type(name: str) -> InstanceType:
 
 
 def instance_type_table() -> str:
-    """The README's table of supported instance types, generated from INSTANCE_TYPES."""
+    """The instance types reference page's table (docs/reference/instance-types.md), from INSTANCE_TYPES."""
     rows = [
         f"| Type | vCPUs | Memory (GiB) | Accelerators | EFA cards | USD/hour ({PRICES_REVIEWED}, us-east-1) |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    # Every field carries its help text and allowed values: both feed errors and the README table.
+    # Every field carries its help text and allowed values: both feed errors and the reference table.
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -468,7 +468,7 @@ def from_hyperparameters(hyperparameters: Mapping[str, object]) -> JobConfig:
             raise ConfigError(
                 f"unknown hyperparameter {key!r}"
                 + _did_you_mean(key, hyperparameter_names())
-                + "; the accepted names are listed in training/README.md"
+                + "; the accepted names are listed in docs/reference/hyperparameters.md"
             )
         if name in resolved:
             raise ConfigError(f"hyperparameter {name} is given twice (as {resolved[name][0]!r} and {key!r}); keep one")
@@ -499,7 +499,7 @@ def parse_overrides(pairs: typing.Iterable[str]) -> dict[str, str]:
 
 
 def hyperparameters_markdown() -> str:
-    """The README's hyperparameter table, generated from the field declarations."""
+    """The hyperparameters reference page's table (docs/reference/hyperparameters.md), from the field declarations."""
     rows = ["| Hyperparameter | Default | Description |", "|---|---|---|"]
     for spec in HYPERPARAMETERS.values():
         default = json.dumps(spec.default) if not isinstance(spec.default, str) else spec.default or '""'
@@ -510,7 +510,3 @@ def hyperparameters_markdown() -> str:
     rows.append("|---|---|")
     rows.extend(f"| `{alias}` | `{target}` |" for alias, target in ALIASES.items())
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(hyperparameters_markdown())

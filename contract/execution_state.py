@@ -22,7 +22,7 @@ class _Model(BaseModel):
 TRAIN_ROLE = "train"
 AUXILIARY_ROLE = "auxiliary"
 MAX_FALLBACK = 3
-"""The most fallback clusters a run may list (README: "Capacity fallback")."""
+"""The most fallback clusters a run may list (docs/ml-engineer/capacity-fallback.md)."""
 MAX_PRIORITY = 9999
 """The highest schedulingPriority AWS Batch takes (SubmitServiceJob)."""
 
@@ -67,7 +67,7 @@ class Tag(_Model):
 
 
 class Tuning(_Model):
-    """A hyperparameter tuning job's settings, resolved by Validate (README: "Hyperparameter tuning")."""
+    """A hyperparameter tuning job's settings, resolved by Validate (docs/ml-engineer/tuning.md)."""
 
     job_name: str
     """The tuning job's name (SageMaker allows 32 characters); its trials are <job_name>-<NNN>-<8 hex>."""

@@ -1,7 +1,7 @@
 """Pipeline stack: the state machine, its handlers, approval gates, notifications, budget and its stop, alarms,
 a dashboard.
 
-An ML engineer starts an execution with a small JSON input (README: "Starting a training run");
+An ML engineer starts an execution with a small JSON input (docs/ml-engineer/start.md);
 the state machine validates it, estimates its cost, asks for approval when it is expensive,
 runs the training step to its end, evaluates the model, registers it with its lineage and asks
 for promotion. Each part is a construct in `stacks/pipeline/`; this stack composes them. New data

@@ -356,7 +356,7 @@ class PipelineSettings(_Model):
     training_plan: TrainingPlanSettings | None = Field(
         None,
         description="`{arn, instance_type}` of a SageMaker training plan: this stage's on-demand SageMaker jobs of one "
-        'instance group on its type run in its reserved capacity (README: "Training plans").',
+        "instance group on its type run in its reserved capacity (docs/platform-team/training-plans.md).",
     )
 
     @field_validator("spot_cost_fraction")
@@ -479,7 +479,7 @@ def _load_template(value: str | dict[str, Any]) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"the template file {value!r} is not JSON ({exc})") from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"the template file {value!r} must hold a JSON object (README: Starting a training run)")
+        raise ValueError(f"the template file {value!r} must hold a JSON object (docs/reference/run-input.md)")
     return loaded
 
 
@@ -698,12 +698,12 @@ class PlatformSettings(_Model):
     teams: list[TeamSettings] = Field(
         default_factory=list,
         description="Teams whose SageMaker training jobs queue in AWS Batch under a quota share each "
-        '(README: "Teams"); none: no queue, no shares.',
+        "(docs/platform-team/teams.md); none: no queue, no shares.",
     )
     retrain: list[RetrainTrigger] = Field(
         default_factory=list,
         description="Retrain triggers: `{name, prefix, input, quiet_minutes}` each; new objects under `prefix` "
-        'start one run of `input` per quiet period (README: "Retraining on new data").',
+        "start one run of `input` per quiet period (docs/platform-team/retraining.md).",
     )
 
     @field_validator("stage")
@@ -1041,7 +1041,7 @@ def build_settings(base: Mapping[str, Any], overrides: Mapping[str, Any] | None 
         if key not in SETTING_PATHS and key not in _SECTIONS:
             near = difflib.get_close_matches(key, SETTING_PATHS, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            problems.append(f"  - {key}: unknown setting{hint}; see the settings table in README.md")
+            problems.append(f"  - {key}: unknown setting{hint}; see docs/reference/settings.md")
             continue
         _set_path(tree, key, _coerce(raw))
     if problems:
@@ -1084,7 +1084,8 @@ def _lookup(tree: Mapping[str, Any], loc: tuple[int | str, ...]) -> Any:
 
 
 def settings_table() -> str:
-    """The README's settings table, generated from the model so the two cannot drift."""
+    """The settings reference page's table (docs/reference/settings.md), generated from the model so the two cannot
+    drift."""
     rows = ["| Setting | Default | Description |", "| --- | --- | --- |"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -1103,7 +1104,3 @@ def settings_table() -> str:
 
     walk(PlatformSettings, "")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(settings_table())

@@ -68,7 +68,8 @@ def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
 RUN_EMAIL = "alice@example.org"
 # The variant's training plan (its Region and account).
 TRAINING_PLAN_ARN = "arn:aws:sagemaker:eu-west-1:123456789012:training-plan/p4d-reserved"
-# The README's retrain trigger: new objects under the prefix start examples/retrain-on-new-data.json.
+# The retrain trigger of docs/platform-team/retraining.md: new objects under the prefix start
+# examples/retrain-on-new-data.json.
 RETRAIN_TRIGGER = {
     "name": "web-text",
     "prefix": "incoming/web-text/",
@@ -77,7 +78,7 @@ RETRAIN_TRIGGER = {
 }
 
 
-# The variant's teams: two quota shares of its p4d service environment (README: "Teams").
+# The variant's teams: two quota shares of its p4d service environment (docs/platform-team/teams.md).
 TEAMS = [
     {
         "name": "vision",

@@ -20,7 +20,7 @@ PRICES_REGION = "us-east-1"
 PRICES_DATE = "2026-11-24"
 # (USD, unit, source). On-demand list prices of the pages named, as recorded on PRICES_DATE without
 # reading those pages (no AWS access here); a few were cross-checked against third-party calculators
-# (README: Before you deploy). Check them before quoting a figure. FSx for Lustre PERSISTENT_2 SSD is
+# (docs/platform-team/cost.md: Idle cost). Check them before quoting a figure. FSx for Lustre PERSISTENT_2 SSD is
 # priced per GB-month by throughput tier.
 PRICES: dict[str, tuple[float, str, str]] = {
     "fsx_persistent2_125": (0.145, "GB-month", "https://aws.amazon.com/fsx/lustre/pricing/"),

@@ -349,7 +349,7 @@ def start(
     run, of the starter's team tag."""
     execution_input = _read_input(input_file)
     if not isinstance(execution_input, dict):
-        err.print(f"{input_file} must hold a JSON object (README: Starting a training run)")
+        err.print(f"{input_file} must hold a JSON object (docs/reference/run-input.md)")
         raise typer.Exit(2)
     for_team = isinstance(execution_input.get("team"), str)
     t = target(stage, region, state_machine, "", artifacts_bucket if for_team else "")

@@ -1,5 +1,6 @@
-"""The training backends the platform deploys, in the order the pipeline offers them (README: "Adding a training
-backend"). Validate, its environment, the pipeline's steps, the budget stop and the local platform iterate these."""
+"""The training backends the platform deploys, in the order the pipeline offers them
+(docs/development/adding-a-backend.md). Validate, its environment, the pipeline's steps, the budget stop and the
+local platform iterate these."""
 
 from __future__ import annotations
 

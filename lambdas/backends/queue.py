@@ -1,6 +1,7 @@
 """The team queue backend: a team's SageMaker training job queued as an AWS Batch service job under the team's quota
-share (stacks/pipeline/queue_step.py; settings `teams`, README: "Teams"). Its requests are SageMaker's, less what a
-queued job of one instance type cannot be; which team may run what is Validate's team check (lambdas/validate/teams.py).
+share (stacks/pipeline/queue_step.py; settings `teams`, docs/platform-team/teams.md). Its requests are SageMaker's,
+less what a queued job of one instance type cannot be; which team may run what is Validate's team check
+(lambdas/validate/teams.py).
 """
 
 from __future__ import annotations

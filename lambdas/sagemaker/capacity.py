@@ -1,5 +1,5 @@
 """Capacity fallback handler: after insufficient capacity, the next attempt runs on the request's next fallback
-cluster (README: "Capacity fallback"); once none is left, attempts stay on the last one tried."""
+cluster (docs/ml-engineer/capacity-fallback.md); once none is left, attempts stay on the last one tried."""
 
 from __future__ import annotations
 

@@ -104,6 +104,33 @@ STAGE_OF: dict[Metric, Stage] = {
     Metric.MODELS_REGISTERED: Stage.REGISTRATION,
 }
 
+MEANING: dict[Metric, str] = {
+    Metric.RUNS_ACCEPTED: "A run's input passed Validate.",
+    Metric.RUNS_REJECTED: "A run's input failed Validate (every problem in one answer).",
+    Metric.RUNS_REFUSED_OVER_BUDGET: "A run refused because the budget stop is in force.",
+    Metric.ESTIMATED_MAX_COST: "A run's worst-case cost estimate (USD, list price).",
+    Metric.APPROVALS_REQUESTED: "An approval gate asked its approvers for a decision.",
+    Metric.APPROVALS_DECIDED: "An approver approved or rejected a request.",
+    Metric.APPROVAL_WAIT: "How long a decided request waited for its decision.",
+    Metric.APPROVALS_PENDING: "Requests waiting for a decision (counted every five minutes).",
+    Metric.OLDEST_PENDING_APPROVAL: "The age of the oldest request waiting (counted every five minutes).",
+    Metric.UNRECORDED_DECISIONS: "A gate answered with a decision the decision function did not record (alarmed).",
+    Metric.CHECKPOINT_AGE: "The age of a training job's newest complete checkpoint, at each poll.",
+    Metric.JOBS_COMPLETED: "A training job completed.",
+    Metric.JOBS_FAILED: "A training job ended other than completed (failed or stopped).",
+    Metric.JOB_DURATION: "A finished job's training seconds.",
+    Metric.SPOT_INTERRUPTIONS: "A finished job's spot interruptions (or Batch's lost nodes).",
+    Metric.TRAINING_COST: "A finished job's cost at list price (USD).",
+    Metric.TEAM_TRAINING_COST: "A finished job's cost at list price (USD), for its run's team.",
+    Metric.SPOT_SAVINGS: "What spot saved on a finished job, against on demand (USD).",
+    Metric.CHECKPOINTS_NOT_AS_RECORDED: "A checkpoint changed after the platform recorded it (it is never loaded).",
+    Metric.BILLED_INSTANCE_SECONDS: "A finished job's billed time times its instances (its goodput ledger).",
+    Metric.PRODUCTIVE_INSTANCE_SECONDS: "A finished job's productive training time times its instances.",
+    Metric.GOODPUT: "A finished job's goodput: productive of billed time.",
+    Metric.MODELS_REGISTERED: "A model package registered, pending approval.",
+}
+"""One line per metric: the reference page's Meaning column (tools/docs.py)."""
+
 UNIT_OF: dict[Metric, MetricUnit] = {
     **dict.fromkeys(
         (

@@ -23,7 +23,7 @@ class QualityGate(BaseModel):
 
 
 class GroupInput(BaseModel):
-    """One instance group of a heterogeneous cluster (README: "Heterogeneous clusters")."""
+    """One instance group of a heterogeneous cluster (docs/ml-engineer/heterogeneous-clusters.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str
@@ -34,8 +34,8 @@ class GroupInput(BaseModel):
 
 
 class FallbackInput(BaseModel):
-    """A cluster to try instead when SageMaker has too little capacity for the one before it (README: "Capacity
-    fallback")."""
+    """A cluster to try instead when SageMaker has too little capacity for the one before it
+    (docs/ml-engineer/capacity-fallback.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     instance_type: str
@@ -43,7 +43,7 @@ class FallbackInput(BaseModel):
 
 
 class ExecutionInput(BaseModel):
-    """What an ML engineer passes to StartExecution (see README: "Starting a training run")."""
+    """What an ML engineer passes to StartExecution (docs/ml-engineer/start.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -68,7 +68,8 @@ class ExecutionInput(BaseModel):
         None,
         max_length=MAX_FALLBACK,
         description=f"Up to {MAX_FALLBACK} clusters of `instance_type` and `instance_count`, tried in order when "
-        'SageMaker has too little capacity for the one before; the same global batch (README: "Capacity fallback").',
+        "SageMaker has too little capacity for the one before; the same global batch"
+        " (docs/ml-engineer/capacity-fallback.md).",
     )
     backend: str = Field(
         "sagemaker", description="Where the job runs: one of the training backends the platform deploys."
@@ -76,7 +77,7 @@ class ExecutionInput(BaseModel):
     team: str | None = Field(
         None,
         description="The team the run belongs to (settings `teams`): its members start it, its approvers decide "
-        'its gates, its quota share and budget hold it (README: "Teams"); required with backend "queue".',
+        'its gates, its quota share and budget hold it (docs/platform-team/teams.md); required with backend "queue".',
     )
     priority: int = Field(
         0,
@@ -97,7 +98,8 @@ class ExecutionInput(BaseModel):
         None, gt=0, description="Spot only: limit on waiting plus training (default: twice the runtime)."
     )
     hyperparameters: dict[str, HyperparameterValue] = Field(
-        default_factory=dict, description="Trainer hyperparameters (training/README.md); strings, numbers, booleans."
+        default_factory=dict,
+        description="Trainer hyperparameters (docs/reference/hyperparameters.md); strings, numbers, booleans.",
     )
     warm_pool_minutes: int = Field(0, ge=0, le=60, description="Keep the instances warm this long for the next run.")
     quality: QualityGate | None = Field(
@@ -118,18 +120,18 @@ class ExecutionInput(BaseModel):
     )
     resume_from: str | None = Field(
         None,
-        description="Continue an ended run of yours from its newest checkpoint the platform recorded: its execution"
-        ' ARN or run id (README: "Continuing a run").',
+        description="Resume an ended run of yours from its newest checkpoint the platform recorded: its execution"
+        " ARN or run id (docs/ml-engineer/resume.md).",
     )
     tuning: TuningInput | None = Field(
         None,
         description="Hyperparameter tuning instead of one job: ranges, objective, strategy, max_jobs, "
-        'max_parallel_jobs (README: "Hyperparameter tuning").',
+        "max_parallel_jobs (docs/ml-engineer/tuning.md).",
     )
 
 
 def input_table() -> str:
-    """The README's table of execution-input keys, generated from the model."""
+    """The run input reference page's table (docs/reference/run-input.md), generated from the model."""
     rows = ["| Key | Default | Meaning |", "| --- | --- | --- |"]
     for name, field in ExecutionInput.model_fields.items():
         default = "(required)" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))

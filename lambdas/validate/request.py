@@ -385,7 +385,7 @@ def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list
         else:
             family = name.rsplit(".", 1)[0]
             near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
-            fix = f'e.g. {", ".join(near)} (README: "Supported instance types")'
+            fix = f"e.g. {', '.join(near)} (docs/reference/instance-types.md)"
         problems.append(f"{field} {name!r} is not a known training type; {fix}")
         return None
     if instance.name not in limits.allowed_instance_types:
@@ -744,7 +744,7 @@ def _parse(
                 Problem(
                     "",
                     event,
-                    'the execution input must be a JSON object of the keys in README "Starting a training run"'
+                    "the execution input must be a JSON object of the keys in docs/reference/run-input.md"
                     f' (e.g. {{"run_name": "...", "dataset": "...", ...}}), not {kind}',
                 )
             ]

@@ -1,5 +1,5 @@
-"""Teams as Validate enforces them (settings `teams`, README: "Teams"): who may run for a team, on which data, in
-which shape of its quota share; and what a team's run carries (its cost tag, its e-mails).
+"""Teams as Validate enforces them (settings `teams`, docs/platform-team/teams.md): who may run for a team, on
+which data, in which shape of its quota share; and what a team's run carries (its cost tag, its e-mails).
 
 The settings build these models (`PlatformSettings.platform_limits`) and the stack writes them into Validate's
 environment (lambdas/validate/limits.py). Membership by tag is IAM's verdict on the requester's membership proof,

@@ -1,4 +1,4 @@
-"""A teams scenario for `make demo` (README: "Teams, in the demo"): settings, and runs started by team members.
+"""A teams scenario for `make demo` (docs/demo.md: "Teams, in the demo"): settings, and runs started by team members.
 
 A scenario file is a JSON object, not one execution input:
 

@@ -38,12 +38,12 @@ def test_every_cuda_type_with_efa_and_several_gpus_has_a_floor() -> None:
     assert not missing, f"give {missing} an all-reduce floor in the catalog"
 
 
-def test_readme_instance_type_table_is_current() -> None:
+def test_instance_types_reference_page_is_current() -> None:
     from pathlib import Path
 
     from contract.catalog import instance_type_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "instance-types.md").read_text()
     table = instance_type_table()
     assert all(f"`{name}`" in table for name in INSTANCE_TYPES)
-    assert table in readme, "README.md's instance-type table is stale: regenerate it from instance_type_table()"
+    assert table in page, "docs/reference/instance-types.md is stale: regenerate it with `make docs`"

@@ -307,11 +307,11 @@ def test_request_ids_are_stable_per_token_and_reveal_nothing() -> None:
     assert token not in request_id_for(token) and len(request_id_for(token)) == 32
 
 
-def test_readme_input_table_is_current() -> None:
+def test_run_input_reference_page_is_current() -> None:
     from lambdas.validate.inputs import input_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert input_table() in readme, "README.md's execution-input table is stale: regenerate it from input_table()"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "run-input.md").read_text()
+    assert input_table() in page, "docs/reference/run-input.md is stale: regenerate it with `make docs`"
 
 
 def test_monitor_knows_the_launchers_preflight_failure_type() -> None:

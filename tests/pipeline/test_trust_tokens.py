@@ -129,9 +129,9 @@ def test_a_decision_sent_with_the_token_outside_the_decision_url_fails_the_run_a
     assert emitted[0][Metric.UNRECORDED_DECISIONS.value] == [1.0]
 
 
-def test_the_readme_gives_a_valid_scp_that_reserves_every_task_result_call_to_the_decision_role() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("#### Service control policy: only the decision function resumes a gate", 1)[1]
+def test_the_approvals_page_gives_a_valid_scp_that_reserves_every_task_result_call_to_the_decision_role() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "approver" / "approvals.md").read_text()
+    section = page.split("## Service control policy: only the decision function answers a gate", 1)[1]
     policy = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
     (statement,) = policy["Statement"]
     assert (policy["Version"], statement["Effect"], statement["Resource"]) == ("2012-10-17", "Deny", "*")

@@ -95,7 +95,7 @@ def test_named_readers_can_decrypt_execution_data(variant: Any) -> None:
 
 
 def test_one_run_cannot_destroy_anothers_checkpoints(iam: AssemblyIam) -> None:
-    """What bounds the shared training role (README: "Checkpoints: what one run can do to another's")."""
+    """What bounds the shared training role (docs/architecture/checkpoints.md)."""
     (stack, logical, _), *_ = [
         m for m in iam.resources("AWS::StepFunctions::StateMachine") if m[0].endswith("-pipeline")
     ]

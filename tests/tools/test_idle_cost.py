@@ -58,11 +58,11 @@ def test_an_fsx_tier_without_a_price_is_an_error_not_zero(platform: Any) -> None
         idle_cost.idle_cost(templates)
 
 
-def test_the_readme_quotes_the_shipped_settings_total(tmp_path: Path) -> None:
+def test_the_cost_page_quotes_the_shipped_settings_total(tmp_path: Path) -> None:
     from stacks.app_builder import build_platform
 
     shipped = build_platform(cdk_context(approvers=[]), outdir=str(tmp_path))
     shipped.assembly = shipped.synth()
     total = sum(line.monthly_usd for line in idle_cost.idle_cost(_templates(shipped)))
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert f"| **Total** | | | **{total:.2f}** |" in readme
+    page = (Path(__file__).resolve().parents[2] / "docs" / "platform-team" / "cost.md").read_text()
+    assert f"| **Total** | | | **{total:.2f}** |" in page

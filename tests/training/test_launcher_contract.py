@@ -44,7 +44,7 @@ def test_unknown_hyperparameter_fails_fast_with_the_reason(tmp_path: Path, corpu
     assert result.returncode == EXIT_INVALID_INPUT
     assert _first_line(paths) == (
         "unknown hyperparameter 'optim.lrr' (did you mean 'optim.lr'?); "
-        "the accepted names are listed in training/README.md"
+        "the accepted names are listed in docs/reference/hyperparameters.md"
     )
     assert not paths.checkpoints.exists() and "rank 0/" not in result.stdout  # no worker started
 
