@@ -78,13 +78,13 @@ class Tuning(_Model):
 
 
 class ResumeSource(_Model):
-    """The ended run a request continues (`resume_from`), as Validate found it."""
+    """The ended run a request resumes (`resume_from`), as Validate found it."""
 
     execution: str
     run: str
     """Its job_name_base: its checkpoints' and its ledger's prefix."""
     earlier: list[str] = Field(default_factory=list)
-    """The executions that run continued in turn, newest first: the rest of the chain."""
+    """The executions that run resumed in turn, newest first: the rest of the chain."""
 
 
 class TrainingRequest(_Model):
@@ -117,7 +117,7 @@ class TrainingRequest(_Model):
     tuning: Tuning | None = None
     """Run a hyperparameter tuning job of this request's training jobs instead of one job."""
     resume_from: ResumeSource | None = None
-    """Start from the newest recorded checkpoint of this ended run (the carry-over step copies it in)."""
+    """Start from the newest recorded checkpoint of this ended run (the ledger-opening step copies it in)."""
     fallback: list[InstanceGroup] = Field(default_factory=list, max_length=MAX_FALLBACK)
     """The input's `fallback`: clusters of one group each, tried in order after insufficient capacity."""
     team: str | None = None
@@ -510,7 +510,7 @@ class ResumeEvent(_Model):
 
 
 class ResumedCheckpoint(_Model):
-    """The checkpoint a continuing run started from: what its lineage records of the run it continued."""
+    """The checkpoint a resuming run started from: what its lineage records of the run it resumed."""
 
     execution: str
     run: str
@@ -593,4 +593,4 @@ REGISTRATION = Path(Registration, "$.registration")
 NEXT_CLUSTER = Path(NextCluster, "$.next_cluster")
 """The capacity fallback handler's answer until the state machine has put its request and price in place; then {}."""
 RESUMED = Path(ResumedCheckpoint, "$.resumed")
-"""The checkpoint carried over from the run `resume_from` names (absent for a run started afresh)."""
+"""The checkpoint copied from the run `resume_from` names (absent for a run started afresh)."""

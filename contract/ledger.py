@@ -28,7 +28,7 @@ from contract.layout import run_checkpoints, run_ledger
 from contract.stored_checkpoints import StoredCheckpoint
 
 OPENED = "opened.json"
-"""The ledger's first object: the run, its execution, and the run it continues (if any)."""
+"""The ledger's first object: the run, its execution, and the run it resumes (if any)."""
 _RECORD_SUFFIX = ".json"
 
 
@@ -41,7 +41,7 @@ class Record:
     step: int
     manifest_sha256: str
     job: str
-    """The job whose poll saw it, or where it was carried over from."""
+    """The job whose poll saw it, or the run it was copied from when this run resumed that one."""
     execution: str
     recorded_at: str
 

@@ -1,4 +1,4 @@
-"""Which settings a run may change when it continues another run's checkpoint (`resume_from`).
+"""Which settings a run may change when it resumes another run's checkpoint (`resume_from`).
 
 A checkpoint holds the model's and the optimizer's state, the data position and the RNG streams.
 The trainer loads it onto any number of processes (DCP reshards; training/checkpoint.py), so what
@@ -23,18 +23,18 @@ FREE_MODEL_FIELDS = frozenset({"dropout"})
 
 
 def resume_problems(old: JobConfig, old_processes: int, new: JobConfig, new_processes: int) -> list[str]:
-    """Why a run of config `new` on `new_processes` processes cannot continue a checkpoint of `old` (none: it can)."""
+    """Why a run of config `new` on `new_processes` processes cannot resume a checkpoint of `old` (none: it can)."""
     problems: list[str] = []
     for field in dataclasses.fields(old.model):
         before, after = getattr(old.model, field.name), getattr(new.model, field.name)
         if field.name not in FREE_MODEL_FIELDS and before != after:
             problems.append(
-                f"hyperparameters model.{field.name}: {after!r} differs from the continued run's {before!r}; "
+                f"hyperparameters model.{field.name}: {after!r} differs from the resumed run's {before!r}; "
                 "a checkpoint loads only into the model that wrote it"
             )
     if old.seq_len != new.seq_len:
         problems.append(
-            f"hyperparameters data.seq_len: {new.seq_len} differs from the continued run's {old.seq_len}; "
+            f"hyperparameters data.seq_len: {new.seq_len} differs from the resumed run's {old.seq_len}; "
             "its data position counts sequences of that length"
         )
     old_batch, new_batch = old.train.global_batch(old_processes), new.train.global_batch(new_processes)
@@ -42,6 +42,6 @@ def resume_problems(old: JobConfig, old_processes: int, new: JobConfig, new_proc
         problems.append(
             f"hyperparameters train.global_batch_size: this run's batch is {new_batch} sequences per step, the "
             f"continued run's {old_batch}; set train.global_batch_size={old_batch} (a multiple of "
-            f"train.micro_batch_size x {new_processes} processes) to continue with the same optimisation"
+            f"train.micro_batch_size x {new_processes} processes) to resume with the same optimisation"
         )
     return problems

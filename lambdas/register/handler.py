@@ -95,7 +95,7 @@ def _lineage(
             "interruptions": job.interruptions,
         },
         "checkpoints": job.checkpoint,
-        # The run this one continued (resume_from), the checkpoint it started from, and the runs before it.
+        # The run this one resumed (resume_from), the checkpoint it started from, and the runs before it.
         "continued_from": (
             {**event.resumed.model_dump(), "earlier": request.resume_from.earlier}
             if event.resumed and request.resume_from

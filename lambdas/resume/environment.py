@@ -7,6 +7,6 @@ from lambdas.shared.env import HandlerEnvironment
 
 class ResumeEnvironment(HandlerEnvironment):
     checkpoints_bucket: str
-    """Where both runs' checkpoints are: the continued run's is copied into the new run's prefix."""
+    """Where both runs' checkpoints are: the resumed run's is copied into the new run's prefix."""
     artifacts_bucket: str
     """Where both runs' ledgers are (contract/ledger.py)."""

@@ -1,9 +1,9 @@
-"""Open the run's checkpoint ledger before its first job, carrying over the checkpoint of a run it continues.
+"""Open the run's checkpoint ledger before its first job, copying in the checkpoint of a run it resumes.
 
 Every run: the ledger's first object is written (contract/ledger.py), so that the ledger channel every
 job reads is never empty (SageMaker refuses an input channel with no objects).
 
-A run that continues another (`resume_from`): the continued run's newest checkpoint that is complete
+A run that resumes another (`resume_from`): the resumed run's newest checkpoint that is complete
 now (contract/stored_checkpoints.py) and whose manifest still has the digest that run's ledger
 recorded is copied into the new run's prefix and recorded in the new run's ledger, so that the new
 run's trainer loads it as its own and nothing else of the old run. A retried call copies the same
@@ -28,20 +28,20 @@ logger = Logger(service="training-platform")
 
 
 class NothingToContinueError(Exception):
-    """The continued run has no checkpoint that is complete and still as the platform recorded it."""
+    """The resumed run has no checkpoint that is complete and still as the platform recorded it."""
 
 
 def copy_resumed_checkpoint(
     continued: ResumeSource, run: str, *, execution: str, s3: Any, environment: ResumeEnvironment
 ) -> ResumedCheckpoint:
-    """Copy the newest intact recorded checkpoint of the continued run into `run`'s prefix; record it."""
+    """Copy the newest intact recorded checkpoint of the resumed run into `run`'s prefix; record it."""
     recorded = {r.checkpoint: r for r in ledger.records(s3, environment.artifacts_bucket, continued.run)}
     source = run_checkpoints(continued.run)
     for checkpoint in complete_checkpoints(s3, environment.checkpoints_bucket, source):  # newest first
         relative = checkpoint.prefix.removeprefix(source)
         record = recorded.get(relative)
         if record is None or record.manifest_sha256 != checkpoint.manifest_sha256:
-            logger.warning("not carried over", extra={"checkpoint": checkpoint.uri, "recorded": record is not None})
+            logger.warning("not copied", extra={"checkpoint": checkpoint.uri, "recorded": record is not None})
             continue
         target = f"{run_checkpoints(run)}{relative}"
         for name in sorted(checkpoint.files, key=lambda n: n == MANIFEST):  # the manifest last
@@ -57,7 +57,7 @@ def copy_resumed_checkpoint(
             checkpoint=relative,
             step=checkpoint.step,
             manifest_sha256=checkpoint.manifest_sha256,
-            job=f"carried over from {continued.run}",
+            job=f"copied from {continued.run}",
             execution=execution,
         )
         carried = ResumedCheckpoint(
@@ -66,7 +66,7 @@ def copy_resumed_checkpoint(
             step=checkpoint.step,
             manifest_sha256=checkpoint.manifest_sha256,
         )
-        logger.info("checkpoint carried over", extra=carried.model_dump())
+        logger.info("checkpoint copied from the resumed run", extra=carried.model_dump())
         return carried
     raise NothingToContinueError(
         f"{continued.run} has no checkpoint that is complete and as the platform recorded it; start the run afresh"
@@ -74,7 +74,7 @@ def copy_resumed_checkpoint(
 
 
 def open_run(event: ResumeEvent, *, s3: Any, environment: ResumeEnvironment) -> ResumedCheckpoint | None:
-    """Carry the continued run's checkpoint over (if the request continues one), then open the run's ledger."""
+    """Copy the resumed run's checkpoint in (if the request resumes one), then open the run's ledger."""
     run = event.request.job_name_base
     continued = event.request.resume_from
     carried = (
@@ -95,7 +95,7 @@ def open_run(event: ResumeEvent, *, s3: Any, environment: ResumeEnvironment) -> 
 @classified
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any] | None:
-    """Event: {"request": <TrainingRequest>, "execution": $$.Execution.Id}; what was carried over, or null."""
+    """Event: {"request": <TrainingRequest>, "execution": $$.Execution.Id}; what was copied in, or null."""
     carried = open_run(
         ResumeEvent.model_validate(event), s3=boto3.client("s3"), environment=ResumeEnvironment.from_environ()
     )

@@ -1,4 +1,4 @@
-"""`resume_from`: continue a run that ended, from the newest checkpoint the platform recorded of it.
+"""`resume_from`: resume a run that ended, from the newest checkpoint the platform recorded of it.
 
 The input names the earlier run by its execution ARN, or by its run id (`job_name_base`, which
 names its jobs and prefixes). Validate finds what that run was asked to do in its execution
@@ -6,10 +6,10 @@ history (the request its Validate resolved) and refuses, with the rest of the in
 
 - an execution of another state machine, one still running, or one that never passed Validate;
 - a run started by someone else (`requested_by` differs), when the platform knows who starts runs;
-- a run whose settings the new one cannot continue (contract/resume.py);
-- a run with no checkpoint the platform recorded (contract/ledger.py), hence nothing to continue.
+- a run whose settings the new one cannot resume (contract/resume.py);
+- a run with no checkpoint the platform recorded (contract/ledger.py), hence nothing to resume.
 
-The carry-over step (lambdas/resume) copies the chosen checkpoint into the new run's prefix once
+The ledger-opening step (lambdas/resume) copies the chosen checkpoint into the new run's prefix once
 the run is approved; the new run's lineage records where it came from.
 """
 
@@ -34,7 +34,7 @@ _REQUEST_KEY = str(REQUEST).removeprefix("$.")
 
 
 class ResumeError(Exception):
-    """`resume_from` names nothing this run can continue; the message says why and what to do."""
+    """`resume_from` names nothing this run can resume; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def state_machine_of(execution: str) -> str | None:
 
 
 def find(resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_bucket: str) -> PreviousRun:
-    """The run `resume_from` names, as its Validate resolved it; ResumeError when there is none to continue."""
+    """The run `resume_from` names, as its Validate resolved it; ResumeError when there is none to resume."""
     if state_machine_of(resume_from) is not None:
         execution = resume_from
     else:  # a run id: its recorded checkpoints name the execution that wrote them
@@ -61,7 +61,7 @@ def find(resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_b
         if not records:
             raise ResumeError(
                 f"{resume_from!r}: no run of that id has a checkpoint the platform recorded; give the execution ARN"
-                " of the run to continue (arn:aws:states:<region>:<account>:execution:<state machine>:<name>) or"
+                " of the run to resume (arn:aws:states:<region>:<account>:execution:<state machine>:<name>) or"
                 " its run id (<run name>-<16 hex>, as its jobs are named)"
             )
         execution = records[-1].execution
@@ -74,14 +74,14 @@ def find(resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_b
             raise ResumeError(f"{resume_from!r}: no such execution (Step Functions keeps them 90 days)") from None
         raise
     if status in ("RUNNING", "PENDING_REDRIVE"):
-        raise ResumeError(f"{resume_from!r}: the run is still {status}; stop it first, then continue it")
+        raise ResumeError(f"{resume_from!r}: the run is still {status}; stop it first, then resume it")
     request = _resolved_request(sfn, execution)
     if request is None:
         raise ResumeError(f"{resume_from!r}: that execution never passed Validate, so it has no checkpoint")
     if not ledger.records(s3, artifacts_bucket, request.job_name_base):
         raise ResumeError(
             f"{resume_from!r}: the platform recorded no checkpoint of {request.job_name_base}, so there is nothing"
-            " to continue; start it afresh"
+            " to resume; start it afresh"
         )
     return PreviousRun(execution=execution, request=request)
 
@@ -112,15 +112,15 @@ def resume_check(
     requested_by: str | None,
     tuned: bool,
 ) -> list[str]:
-    """Why a run of these resolved `hyperparameters` on `groups`, started by `requested_by`, cannot continue it."""
+    """Why a run of these resolved `hyperparameters` on `groups`, started by `requested_by`, cannot resume it."""
     found: list[str] = []
     old = previous.request
     if tuned:
-        found.append(f"{FIELD}: a tuning run starts every trial afresh; continue a run with a single job")
+        found.append(f"{FIELD}: a tuning run starts every trial afresh; resume a run with a single job")
     if old.requested_by != requested_by:
         found.append(
             f"{FIELD}: {old.job_name_base} was started by {old.requested_by or 'someone unproven'}; only the same"
-            " requester may continue a run"
+            " requester may resume a run"
         )
     try:
         config = from_hyperparameters(hyperparameters)

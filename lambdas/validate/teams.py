@@ -159,7 +159,7 @@ def request_team_problems(
         problems.extend(_quota_shape(team, service_capacity, instance_type, instance_count, request))
     if resumes_team is not None and resumes_team != request.team:
         problems.append(
-            f"resume_from: the run is team {resumes_team!r}'s; only a run of that team can continue it"
+            f"resume_from: the run is team {resumes_team!r}'s; only a run of that team can resume it"
             + (f" (set team {resumes_team!r})" if request.team is None else "")
         )
     return problems

@@ -1,9 +1,9 @@
 """The run's checkpoint ledger is opened before its first job; a run that names `resume_from` starts from
-the continued run's newest recorded checkpoint.
+the resumed run's newest recorded checkpoint.
 
 After the launch approval and before the first job, the handler (lambdas/resume) opens the run's
-ledger (contract/ledger.py) and, for a continuing run, copies that checkpoint into the run's own
-prefix and records it there; `$.continued` says what was carried over, or null. A continued run with
+ledger (contract/ledger.py) and, for a resuming run, copies that checkpoint into the run's own
+prefix and records it there; `$.resumed` says what was copied in, or null. A resuming run with
 nothing intact to start from ends here, before any instance starts.
 """
 
@@ -25,7 +25,7 @@ NOTHING_TO_CONTINUE = "NothingToContinueError"
 
 
 class ResumeStep(Construct):
-    """`start`: open the run's ledger, carrying the continued run's checkpoint over when the request names one;
+    """`start`: open the run's ledger, copying in the resumed run's checkpoint when the request names one;
     then `then()`."""
 
     def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
@@ -33,7 +33,7 @@ class ResumeStep(Construct):
         self.opener = context.function(
             "OpenLedger",
             "lambdas.resume.handler.handler",
-            "Opens a run's checkpoint ledger; carries a continued run's newest recorded checkpoint over",
+            "Opens a run's checkpoint ledger; copies in a resumed run's newest recorded checkpoint",
             ResumeEnvironment(
                 checkpoints_bucket=context.checkpoints.bucket_name,
                 artifacts_bucket=context.artifacts.bucket_name,
@@ -51,8 +51,8 @@ class ResumeStep(Construct):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
         context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         for resource, reason in {
-            checkpoints: "Reads the continued run's checkpoint and writes it under the continuing run's prefix.",
-            records: "Opens the run's ledger; reads a continued run's and records the carried checkpoint.",
+            checkpoints: "Reads the resumed run's checkpoint and writes it under the resuming run's prefix.",
+            records: "Opens the run's ledger; reads a resumed run's and records the copied checkpoint.",
         }.items():
             acknowledge_wildcard(self.opener.role, resource, reason)
         self.start = invoke(

@@ -14,7 +14,7 @@ def _problems(new: dict[str, str], old_processes: int = 2, new_processes: int = 
     )
 
 
-def test_the_same_settings_continue_and_so_do_what_leaves_the_state_its_shape() -> None:
+def test_the_same_settings_resume_and_so_do_what_leaves_the_state_its_shape() -> None:
     assert _problems({}) == []
     assert _problems({"model.dropout": "0.1", "optim.lr": "0.001", "train.max_steps": "5000"}) == []
     # The global batch is fixed, so another number of processes keeps the optimisation.
@@ -25,12 +25,12 @@ def test_every_model_shape_setting_is_refused_with_the_old_value() -> None:
     for key, value in (("model.dim", "96"), ("model.n_layers", "3"), ("model.vocab_size", "300"), ("model", "gpt2")):
         problems = _problems({key: value})
         assert problems, key
-        assert "continued run's" in problems[0]
+        assert "resumed run's" in problems[0]
 
 
 def test_a_sequence_length_change_is_refused() -> None:
     (problem,) = _problems({"data.seq_len": "32"})
-    assert "data.seq_len: 32 differs from the continued run's 64" in problem
+    assert "data.seq_len: 32 differs from the resumed run's 64" in problem
 
 
 def test_an_unfixed_batch_on_another_process_count_names_the_batch_to_fix() -> None:

@@ -222,7 +222,7 @@ def test_a_run_cannot_continue_another_teams_run() -> None:
         requested_by=LINGUIST,
         continues=previous,
     )
-    assert "resume_from: the run is team 'language''s; only a run of that team can continue it (set team" in message
+    assert "resume_from: the run is team 'language''s; only a run of that team can resume it (set team" in message
 
 
 # -- every problem at once ----------------------------------------------------------------------------------

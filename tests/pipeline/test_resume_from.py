@@ -1,4 +1,4 @@
-"""`resume_from`: a run that ended continues in a new execution from its newest checkpoint the platform recorded.
+"""`resume_from`: a run that ended resumes in a new execution from its newest checkpoint the platform recorded.
 
 Acted out in the local platform with IAM enforced: the first run's job uploads checkpoints as SageMaker
 does and fails for good; the second run names it and starts from its newest complete, recorded
@@ -59,7 +59,7 @@ def _first_run(pipeline_factory: Any, *, later: list[list[Poll]]) -> tuple[Pipel
     return pipeline, uploads, first
 
 
-def test_a_failed_run_continues_from_its_newest_recorded_checkpoint(pipeline_factory: Any) -> None:
+def test_a_failed_run_resumes_from_its_newest_recorded_checkpoint(pipeline_factory: Any) -> None:
     pipeline, uploads, first = _first_run(pipeline_factory, later=[[Poll(), COMPLETED]])
     second = pipeline.start(pipeline.input(resume_from=first), name="second")
     pipeline.run_until(second, "Approval gate (promotion)")
@@ -76,7 +76,7 @@ def test_a_failed_run_continues_from_its_newest_recorded_checkpoint(pipeline_fac
     assert (record.step, record.manifest_sha256, record.job) == (
         20,
         uploads.digests[20],
-        f"carried over from {old_run}",
+        f"copied from {old_run}",
     )
 
     pipeline.decide("promotion", "approve")
@@ -91,7 +91,7 @@ def test_a_failed_run_continues_from_its_newest_recorded_checkpoint(pipeline_fac
     }
 
 
-def test_what_cannot_be_continued_is_refused_at_validate_all_at_once(pipeline_factory: Any) -> None:
+def test_what_cannot_be_resumed_is_refused_at_validate_all_at_once(pipeline_factory: Any) -> None:
     pipeline, _uploads, first = _first_run(pipeline_factory, later=[[Poll()]])
     refused = pipeline.start(
         pipeline.input(resume_from=first, model="small", hyperparameters={"max_steps": 100, "lr": 0.0006}),
@@ -101,7 +101,7 @@ def test_what_cannot_be_continued_is_refused_at_validate_all_at_once(pipeline_fa
     described = pipeline.finish(refused)
     error, cause = pipeline.error(described)
     assert error == "InvalidRequest"
-    assert "only the same requester may continue a run" in cause
+    assert "only the same requester may resume a run" in cause
     assert "model" in cause
     assert len(pipeline.jobs()) == 1  # nothing was created for the refused run
 
@@ -109,7 +109,7 @@ def test_what_cannot_be_continued_is_refused_at_validate_all_at_once(pipeline_fa
     assert "no run of that id has a checkpoint the platform recorded" in pipeline.error(pipeline.finish(unknown))[1]
 
 
-def test_a_running_run_cannot_be_continued(pipeline_factory: Any) -> None:
+def test_a_running_run_cannot_be_resumed(pipeline_factory: Any) -> None:
     pipeline: Pipeline = pipeline_factory(scripts=[[Poll()]])
     running = pipeline.start(pipeline.input(), name="running")
     pipeline.run_until(running, "Check progress")
