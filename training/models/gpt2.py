@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contract.model_args import ModelArgs
+from training.models.documents import document_mask, document_positions
 
 
 class CausalSelfAttention(nn.Module):
@@ -20,12 +21,17 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(args.dim, args.dim, bias=args.bias)
         self.resid_dropout = nn.Dropout(args.dropout)
 
-    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTC: torch.Tensor, mask_B1TT: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x_BTC.shape
         q, k, v = self.c_attn(x_BTC).split(C, dim=2)
         q_BHTD, k_BHTD, v_BHTD = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         y_BHTD = F.scaled_dot_product_attention(
-            q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q_BHTD,
+            k_BHTD,
+            v_BHTD,
+            attn_mask=mask_B1TT,
+            is_causal=mask_B1TT is None,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         y_BTC = y_BHTD.transpose(1, 2).contiguous().view(B, T, C)
         out: torch.Tensor = self.resid_dropout(self.c_proj(y_BTC))
@@ -53,14 +59,16 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(args.dim, eps=args.norm_eps, bias=args.bias)
         self.mlp = MLP(args)
 
-    def forward(self, x_BTC: torch.Tensor) -> torch.Tensor:
-        x_BTC = x_BTC + self.attn(self.ln_1(x_BTC))
+    def forward(self, x_BTC: torch.Tensor, mask_B1TT: torch.Tensor | None = None) -> torch.Tensor:
+        x_BTC = x_BTC + self.attn(self.ln_1(x_BTC), mask_B1TT)
         out: torch.Tensor = x_BTC + self.mlp(self.ln_2(x_BTC))
         return out
 
 
 class GPT2(nn.Module):
-    """``forward(idx_BT) -> logits_BTV``; blocks live in ``layers`` for per-block FSDP and checkpointing."""
+    """``forward(idx_BT, doc_BT=None) -> logits_BTV``; ``doc_BT`` (packed documents' ids, see
+    training/models/documents.py) makes attention block-diagonal. Blocks live in ``layers`` for per-block FSDP
+    and checkpointing."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -86,11 +94,12 @@ class GPT2(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, doc_BT: torch.Tensor | None = None) -> torch.Tensor:
         T = idx_BT.shape[1]
-        pos_T = torch.arange(T, device=idx_BT.device)
-        x_BTC = self.drop(self.wte(idx_BT) + self.wpe(pos_T))
+        pos = torch.arange(T, device=idx_BT.device) if doc_BT is None else document_positions(doc_BT)
+        mask_B1TT = None if doc_BT is None else document_mask(doc_BT)
+        x_BTC = self.drop(self.wte(idx_BT) + self.wpe(pos))
         for layer in self.layers:
-            x_BTC = layer(x_BTC)
+            x_BTC = layer(x_BTC, mask_B1TT)
         logits_BTV: torch.Tensor = self.lm_head(self.ln_f(x_BTC))
         return logits_BTV

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from contract.model_args import ModelArgs
+from training.models.documents import document_mask, document_positions
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,9 +20,9 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Te
 
 
 def apply_rope(x_BHTD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
-    """Rotate each (first half, second half) pair of ``x``'s last dim by its position's angle."""
-    T = x_BHTD.shape[2]
-    cos, sin = cos_TD[:T].to(x_BHTD.dtype), sin_TD[:T].to(x_BHTD.dtype)
+    """Rotate each (first half, second half) pair of ``x``'s last dim by its position's angle; the tables hold
+    the angles of ``x``'s positions, (T, D/2) or per row (B, 1, T, D/2)."""
+    cos, sin = cos_TD.to(x_BHTD.dtype), sin_TD.to(x_BHTD.dtype)
     x1, x2 = x_BHTD.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -36,7 +37,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x_BTC: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_BTC: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor, mask_B1TT: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, T, _ = x_BTC.shape
         q_BHTD = self.wq(x_BTC).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k_BKTD = self.wk(x_BTC).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -47,7 +50,12 @@ class Attention(nn.Module):
         k_BHTD = k_BKTD.repeat_interleave(repeat, dim=1)
         v_BHTD = v_BKTD.repeat_interleave(repeat, dim=1)
         y_BHTD = F.scaled_dot_product_attention(
-            q_BHTD, k_BHTD, v_BHTD, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q_BHTD,
+            k_BHTD,
+            v_BHTD,
+            attn_mask=mask_B1TT,
+            is_causal=mask_B1TT is None,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         out: torch.Tensor = self.wo(y_BHTD.transpose(1, 2).reshape(B, T, -1))
         return out
@@ -74,14 +82,18 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args)
         self.dropout = nn.Dropout(args.dropout)
 
-    def forward(self, x_BTC: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
-        x_BTC = x_BTC + self.dropout(self.attention(self.attention_norm(x_BTC), cos_TD, sin_TD))
+    def forward(
+        self, x_BTC: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor, mask_B1TT: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x_BTC = x_BTC + self.dropout(self.attention(self.attention_norm(x_BTC), cos_TD, sin_TD, mask_B1TT))
         out: torch.Tensor = x_BTC + self.dropout(self.feed_forward(self.ffn_norm(x_BTC)))
         return out
 
 
 class Llama(nn.Module):
-    """``forward(idx_BT) -> logits_BTV``; blocks live in ``layers`` for per-block FSDP and checkpointing."""
+    """``forward(idx_BT, doc_BT=None) -> logits_BTV``; ``doc_BT`` (packed documents' ids, see
+    training/models/documents.py) restarts positions per document and makes attention block-diagonal. Blocks
+    live in ``layers`` for per-block FSDP and checkpointing."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -108,10 +120,18 @@ class Llama(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, doc_BT: torch.Tensor | None = None) -> torch.Tensor:
         x_BTC = self.tok_embeddings(idx_BT)
-        cos_TD, sin_TD = self.rope_cos, self.rope_sin
+        mask_B1TT = None
+        if doc_BT is None:
+            T = idx_BT.shape[1]
+            cos_TD, sin_TD = self.rope_cos[:T], self.rope_sin[:T]  # type: ignore[index]
+        else:
+            pos_BT = document_positions(doc_BT)
+            cos_TD = self.rope_cos[pos_BT].unsqueeze(1)  # type: ignore[index]
+            sin_TD = self.rope_sin[pos_BT].unsqueeze(1)  # type: ignore[index]
+            mask_B1TT = document_mask(doc_BT)
         for layer in self.layers:
-            x_BTC = layer(x_BTC, cos_TD, sin_TD)
+            x_BTC = layer(x_BTC, cos_TD, sin_TD, mask_B1TT)
         logits_BTV: torch.Tensor = self.output(self.norm(x_BTC))
         return logits_BTV
