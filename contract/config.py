@@ -58,9 +58,19 @@ class ModelConfig:
     gelu: str = _f(
         "tanh", "GPT-2 architecture: the MLP's GELU, tanh-approximated (GPT-2's) or exact.", ("tanh", "exact")
     )
+    init_from: str = _f(
+        "",
+        "A model folder to fine-tune (Hugging Face layout: config.json, safetensors, tokenizer): an input channel's "
+        "name (the pipeline names the run's `init_from` channel 'base_model') or an absolute path. Its config.json "
+        "sets the architecture and sizes: no preset or size override applies. Needs data.seq_len.",
+    )
 
     def __post_init__(self) -> None:
         _require(self.name in PRESETS, "model.name", self.name, f"choose one of {', '.join(PRESETS)}")
+        if self.init_from:
+            for key in ("factory", "vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+                value = getattr(self, key)
+                _require(not value, f"model.{key}", value, "the model folder of model.init_from sets it: drop it")
         if PRESETS[self.name].arch != "gpt2" and not self.factory:
             for key, default in (("bias", True), ("gelu", "tanh")):
                 value = getattr(self, key)
@@ -80,6 +90,28 @@ class ModelConfig:
             value = getattr(self, key)
             _require(value >= 0, f"model.{key}", value, "use a positive number, or 0 for the preset's")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "use a value in [0, 1)")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = _f(
+        0,
+        "LoRA adapters' rank: > 0 freezes the model folder's weights and trains low-rank updates of the target "
+        "modules only (saved as a peft adapter beside the merged model); 0 fine-tunes every weight.",
+    )
+    alpha: float = _f(16.0, "LoRA's alpha: the update is scaled by alpha / rank.")
+    dropout: float = _f(0.0, "Dropout on the adapters' input.")
+    target_modules: str = _f(
+        "",
+        "Comma-separated module names as the model folder names them (peft's target_modules), e.g. "
+        "q_proj,k_proj,v_proj,o_proj for Llama or c_attn,c_proj for GPT-2; empty: the attention's query and value "
+        "projections (q_proj,v_proj; c_attn).",
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 0, "lora.rank", self.rank, "use 0 (no adapters) or a positive rank such as 8")
+        _require(self.alpha > 0, "lora.alpha", self.alpha, "use > 0, e.g. 16")
+        _require(0.0 <= self.dropout < 1.0, "lora.dropout", self.dropout, "use a value in [0, 1)")
 
 
 @dataclass
@@ -302,6 +334,7 @@ class JobConfig:
         "A failure ends the job with 'PreflightFailed: ...', which the pipeline retries on fresh nodes.",
     )
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -325,9 +358,20 @@ class JobConfig:
             self.optim.warmup_steps,
             f"use at most train.max_steps={self.train.max_steps}",
         )
+        if self.model.init_from:
+            # The model folder's limit (config.json) is checked by Validate and by the trainer, which read it.
+            _require(
+                self.data.seq_len > 0, "data.seq_len", self.data.seq_len, "set it when fine-tuning model.init_from"
+            )
+        _require(
+            not self.lora.rank or bool(self.model.init_from),
+            "lora.rank",
+            self.lora.rank,
+            "adapters fine-tune a model folder: set model.init_from, or use 0",
+        )
         max_seq_len = self.model.max_seq_len or PRESETS[self.model.name].max_seq_len
         _require(
-            self.data.seq_len <= max_seq_len,
+            self.model.init_from != "" or self.data.seq_len <= max_seq_len,
             "data.seq_len",
             self.data.seq_len,
             f"use at most the model's max_seq_len={max_seq_len} (or raise model.max_seq_len)",

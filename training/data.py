@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,18 @@ def read_shard(path: Path) -> np.memmap[Any, np.dtype[np.unsignedinteger[Any]]]:
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
+class Samples(Protocol):
+    """What the loaders address: `n_samples` rows of `row_shape`, gathered by index (token windows here, packed
+    fine-tuning rows in training/sft.py)."""
+
+    seq_len: int
+    n_samples: int
+    shifted: bool
+    row_shape: tuple[int, ...]
+
+    def gather(self, indices: npt.NDArray[np.int64], shift: int = 0) -> npt.NDArray[np.int64]: ...
+
+
 class TokenSamples:
     """Every ``seq_len + 1``-token window of a list of shards, addressable by one global index.
 
@@ -84,6 +96,7 @@ class TokenSamples:
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n_samples = int(self.starts[-1])
         self.shifted = shifted
+        self.row_shape: tuple[int, ...] = (seq_len + 1,)
 
     def gather(self, indices: npt.NDArray[np.int64], shift: int = 0) -> npt.NDArray[np.int64]:
         """Samples ``indices`` of the grid shifted by ``shift`` tokens as a (len(indices), seq_len + 1) array."""
@@ -102,7 +115,7 @@ class DistributedTokenLoader:
 
     def __init__(
         self,
-        samples: TokenSamples,
+        samples: Samples,
         *,
         micro_batch: int,
         rank: int,
@@ -147,7 +160,7 @@ class DistributedTokenLoader:
         n = self.samples.n_samples
         first = self.consumed + self.rank * self.micro_batch
         positions = np.arange(first, first + self.micro_batch, dtype=np.int64)
-        out = np.empty((self.micro_batch, self.samples.seq_len + 1), dtype=np.int64)
+        out = np.empty((self.micro_batch, *self.samples.row_shape), dtype=np.int64)
         for epoch in np.unique(positions // n).tolist():
             mask = positions // n == epoch
             indices = self._order_for(int(epoch))[positions[mask] % n]
@@ -167,7 +180,7 @@ class DistributedTokenLoader:
 
 
 def validation_batches(
-    samples: TokenSamples,
+    samples: Samples,
     *,
     micro_batch: int,
     rank: int,

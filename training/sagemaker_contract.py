@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.layout import OPT_ML_ROOT_ENV
+from contract.sft import SUFFIXES as SFT_SUFFIXES
 
 DEFAULT_OPT_ML_ROOT = "/opt/ml"
 TRAIN_CHANNEL = "train"
@@ -159,10 +160,16 @@ def _instance_groups(paths: Paths, groups: object) -> tuple[tuple[str, tuple[str
 
 @dataclass(frozen=True)
 class DataFiles:
-    """Token shards for training and validation, in a stable (sorted) order."""
+    """Token shards, or supervised fine-tuning files (contract/sft.py), for training and validation, in a stable
+    (sorted) order."""
 
     train: tuple[Path, ...]
     validation: tuple[Path, ...]
+    sft: bool = False
+
+
+def _sft_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name.endswith(SFT_SUFFIXES))
 
 
 def _shards(directory: Path) -> list[Path]:
@@ -178,6 +185,9 @@ def find_data_files(paths: Paths) -> DataFiles:
             f"data channel '{TRAIN_CHANNEL}' is missing: expected a directory at {train_dir}. "
             "Give the training job an input channel named 'train' holding *.bin token shards."
         )
+    sft = _sft_files(train_dir)
+    if sft:
+        return _sft_data(paths, sft, mixed=bool(_shards(train_dir)))
     all_train = _shards(train_dir)
     val_in_train = [p for p in all_train if p.match(VAL_SHARD_GLOB)]
     train = [p for p in all_train if p not in val_in_train]
@@ -189,6 +199,25 @@ def find_data_files(paths: Paths) -> DataFiles:
     val_dir = paths.channel(VALIDATION_CHANNEL)
     validation = _shards(val_dir) if val_dir.is_dir() else []
     return DataFiles(train=tuple(train), validation=tuple(validation or val_in_train))
+
+
+def _sft_data(paths: Paths, files: list[Path], *, mixed: bool) -> DataFiles:
+    """Supervised fine-tuning files: those whose name contains 'val' validate, the others train."""
+    train_dir = paths.channel(TRAIN_CHANNEL)
+    if mixed:
+        raise ContractError(
+            f"data channel '{TRAIN_CHANNEL}' at {train_dir} holds both token shards (*.bin) and fine-tuning records "
+            f"({', '.join(SFT_SUFFIXES)}); give the job one kind of data"
+        )
+    validation = [p for p in files if "val" in p.name]
+    train = [p for p in files if p not in validation]
+    if not train:
+        raise ContractError(
+            f"data channel '{TRAIN_CHANNEL}' at {train_dir} has only validation files ('val' in the name)"
+        )
+    val_dir = paths.channel(VALIDATION_CHANNEL)
+    validation = (_sft_files(val_dir) if val_dir.is_dir() else []) or validation
+    return DataFiles(train=tuple(train), validation=tuple(validation), sft=True)
 
 
 def write_failure(paths: Paths, reason: str, *, exc: BaseException | None = None, details: str = "") -> None:

@@ -11,6 +11,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,10 +29,12 @@ from contract.distributions import distribution
 from contract.hang import StepReport
 from contract.layout import LEDGER_CHANNEL, step_dir
 from contract.ledger import trusted_digests
-from training import distributed, host_memory
+from contract.sft import RecordError
+from training import distributed, host_memory, sft
 from training.checkpoint import CheckpointManager, TrainingState
-from training.data import DistributedTokenLoader, TokenSamples, validation_batches
+from training.data import DistributedTokenLoader, Samples, TokenSamples, validation_batches
 from training.export import export_model
+from training.finetune import FineTuning, folder_of
 from training.flops import mfu, peak_flops
 from training.models.build import build_model, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
@@ -133,16 +136,25 @@ class Trainer:
     def _build_model(self) -> int:
         """Build and parallelise the model; returns its parameter count."""
         cfg, env = self.cfg, self.env
-        # Every rank builds the same weights from the same seed; DDP/FSDP then broadcast or shard them.
-        model, self.model_args = build_model(cfg.model, env.device, code_dir=self.paths.channel("code"))
+        fsdp = distribution(cfg.distribution).shards_parameters
+        self.finetune: FineTuning | None = None
+        if cfg.model.init_from:
+            # Built on the meta device; its weights are read once it is sharded (training/finetune.py).
+            self.finetune, model = FineTuning.build(cfg, self.paths)
+            self.model_args = self.finetune.base.args
+        else:
+            # Every rank builds the same weights from the same seed; DDP/FSDP then broadcast or shard them.
+            model, self.model_args = build_model(cfg.model, env.device, code_dir=self.paths.channel("code"))
         self.vocab_size = self.model_args.vocab_size
         self.flops_per_token = model_flops_per_token(
             model, self.model_args, self.seq_len, custom=bool(cfg.model.factory)
         )
         n_params = sum(p.numel() for p in model.parameters())
+        if self.finetune is not None and not fsdp:
+            self.finetune.materialize(model, env.device)
         self.model = parallelize(
             model,
-            fsdp=distribution(cfg.distribution).shards_parameters,
+            fsdp=fsdp,
             device=env.device,
             world_size=env.world_size,
             param_dtype=self.param_dtype,
@@ -150,6 +162,8 @@ class Trainer:
             compile=cfg.parallel.compile,
             reshard_after_forward=cfg.parallel.reshard_after_forward,
         )
+        if self.finetune is not None and fsdp:
+            self.finetune.materialize(self.model, env.device)
         return n_params
 
     def _build_optimizer(self) -> None:
@@ -159,8 +173,9 @@ class Trainer:
     def _build_data(self, files: DataFiles) -> DistributedTokenLoader:
         """The training loader and this rank's fixed validation batches."""
         cfg, env = self.cfg, self.env
+        self.packed = files.sft
         loader = DistributedTokenLoader(
-            TokenSamples(files.train, self.seq_len, shifted=cfg.data.shift_windows),
+            self._samples(files.train, shifted=cfg.data.shift_windows),
             micro_batch=cfg.train.micro_batch_size,
             rank=env.rank,
             world_size=env.world_size,
@@ -170,7 +185,7 @@ class Trainer:
         self.val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
         self.periodic_val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
         if files.validation:
-            validation = TokenSamples(files.validation, self.seq_len)
+            validation = self._samples(files.validation, shifted=False)
             shares = {"micro_batch": cfg.train.micro_batch_size, "rank": env.rank, "world_size": env.world_size}
             self.val_batches = validation_batches(validation, **shares, max_sequences=cfg.eval.max_sequences)
             self.periodic_val_batches = self.val_batches
@@ -185,6 +200,21 @@ class Trainer:
         if not self.val_batches and env.is_main:
             log.warning("no validation data (channel 'validation' or *val*.bin in 'train'): val_loss not reported")
         return loader
+
+    def _samples(self, files: tuple[Path, ...], *, shifted: bool) -> Samples:
+        """Token shards' windows, or fine-tuning examples packed into rows (training/sft.py)."""
+        if not self.packed:
+            return TokenSamples(files, self.seq_len, shifted=shifted)
+        if self.cfg.model.factory:
+            raise ConfigError("fine-tuning data needs a built-in architecture: drop model.factory")
+        folder = folder_of(self.cfg.model.init_from, self.paths) if self.cfg.model.init_from else None
+        try:
+            samples = sft.PackedSamples(sft.load_examples(files, folder), self.seq_len)
+        except (sft.ChatTemplateError, RecordError) as exc:
+            raise ConfigError(f"fine-tuning data: {exc}") from exc
+        if samples.cut and self.env.is_main:
+            log.warning("%d examples are longer than seq_len + 1 = %d tokens: cut to it", samples.cut, self.seq_len + 1)
+        return samples
 
     def _build_checkpoint(self, loader: DistributedTokenLoader) -> None:
         """The resumable state, restored from the latest committed checkpoint if there is one."""
@@ -235,7 +265,7 @@ class Trainer:
         log.info(
             "model %s: %.2fM parameters, %.3g FLOPs/token; %d processes x %d sequences x %d accumulation "
             "= %d sequences of %d tokens per step; %d training samples; starting at step %d",
-            cfg.model.factory or cfg.model.name,
+            cfg.model.factory or (f"from {cfg.model.init_from}" if cfg.model.init_from else cfg.model.name),
             n_params / 1e6,
             self.flops_per_token,
             self.env.world_size,
@@ -355,11 +385,11 @@ class Trainer:
         for micro in range(self.grad_accum):
             last = micro == self.grad_accum - 1
             self.step_timer.start()  # this rank's own compute: data and forward hold no collective under DDP
-            x_BT, y_BT = self._to_device(self.state.loader.next_batch())
+            x_BT, y_BT, doc_BT = self._to_device(self.state.loader.next_batch())
             with self._grad_sync(last):
                 with self._autocast():
-                    logits_BTV = self.model(x_BT)
-                loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten())
+                    logits_BTV = self.model(x_BT) if doc_BT is None else self.model(x_BT, doc_BT)
+                loss = self._loss(logits_BTV, y_BT)
                 self.step_timer.stop()
                 torch.autograd.backward(loss / self.grad_accum)
             loss_sum += loss.detach()
@@ -372,17 +402,30 @@ class Trainer:
         self.step_timer.end_step()
         return loss_sum / self.grad_accum, grad_norm
 
-    def _to_device(self, tokens: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor]:
-        top = int(tokens.max())
+    def _loss(self, logits_BTV: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the targets that carry loss: all of them for token shards; for packed rows those
+        not IGNORE (a micro-batch without any counts 0)."""
+        flat = logits_BTV.float().flatten(0, 1)
+        if not self.packed:
+            return F.cross_entropy(flat, y_BT.flatten())
+        total = F.cross_entropy(flat, y_BT.flatten(), ignore_index=sft.IGNORE, reduction="sum")
+        return total / (y_BT != sft.IGNORE).sum().clamp(min=1)
+
+    def _to_device(self, rows: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(inputs, targets, document ids or None) of a batch of token windows or packed rows."""
+        top = int(rows[:, 0].max() if self.packed else rows.max())
         if top >= self.vocab_size:
             raise DataRangeError(
                 f"token id {top} does not fit model.vocab_size={self.vocab_size}: set model.vocab_size to at "
                 "least the tokenizer's vocabulary (50304 for GPT-2 BPE, 257 for bytes)"
             )
-        batch = torch.from_numpy(tokens)
+        batch = torch.from_numpy(rows)
         if self.env.device.type == "cuda":
             batch = batch.pin_memory().to(self.env.device, non_blocking=True)
-        return batch[:, :-1], batch[:, 1:]
+        if self.packed:
+            x_BT, y_BT, doc_BT = sft.targets(batch)
+            return x_BT, y_BT, doc_BT
+        return batch[:, :-1], batch[:, 1:], None
 
     @contextlib.contextmanager
     def _grad_sync(self, enabled: bool) -> Iterator[None]:
@@ -527,14 +570,14 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
         for tokens, valid in batches:
-            x_BT, y_BT = self._to_device(tokens)
+            x_BT, y_BT, doc_BT = self._to_device(tokens)
             with self._autocast():
-                logits_BTV = self.model(x_BT)
-            losses_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none").view_as(
-                y_BT
-            )
+                logits_BTV = self.model(x_BT) if doc_BT is None else self.model(x_BT, doc_BT)
+            losses_BT = F.cross_entropy(
+                logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none", ignore_index=sft.IGNORE
+            ).view_as(y_BT)
             totals[0] += losses_BT[:valid].sum()
-            totals[1] += valid * y_BT.shape[1]
+            totals[1] += (y_BT[:valid] != sft.IGNORE).sum() if self.packed else valid * y_BT.shape[1]
         self._all_reduce(totals)
         self.model.train()
         return float(totals[0].item() / totals[1].item())
@@ -560,6 +603,8 @@ class Trainer:
             }
             path = export_model(self.paths.model, full, config)
             log.info("model written to %s", path)
+            if self.finetune is not None:
+                log.info("model folder written to %s", self.finetune.export(full, self.paths.model))
         dist.barrier(group=self.env.ctrl)
 
     def close(self, *, commit_pending: bool = True) -> None:

@@ -1,0 +1,91 @@
+"""Fine-tuning a model folder: the built-in model made from its config, its weights read after sharding (each
+process only its part), LoRA adapters where asked, and the fine-tuned model written back as a model folder.
+
+The model is built on the meta device (no memory, no random initialisation), adapted, sharded (FSDP2) or not,
+then given real storage on the process's device and filled from the folder's files (training/hf_weights.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from contract import model_folder as mf
+from contract.config import ConfigError, JobConfig
+from training import hf_weights, lora
+from training.models.build import ARCHS
+from training.sagemaker_contract import Paths
+
+log = logging.getLogger(__name__)
+
+
+def folder_of(init_from: str, paths: Paths) -> Path:
+    """model.init_from as a folder: an absolute path, else the input channel of that name."""
+    path = Path(init_from)
+    return path if path.is_absolute() else paths.channel(init_from)
+
+
+@dataclass
+class FineTuning:
+    """What the trainer keeps of the model folder it fine-tunes: the base model, where each weight lives, the
+    adapters."""
+
+    base: hf_weights.BaseModel
+    cfg: JobConfig
+    slots: hf_weights.Slots
+    adapters: dict[str, lora.LoRALinear]
+
+    @classmethod
+    def build(cls, cfg: JobConfig, paths: Paths) -> tuple[FineTuning, nn.Module]:
+        """The base model checked and the built-in model for it on the meta device; ConfigError if it cannot run."""
+        try:
+            base = hf_weights.open_base_model(folder_of(cfg.model.init_from, paths), dropout=cfg.model.dropout)
+        except mf.ModelFolderError as exc:
+            raise ConfigError(f"hyperparameter model.init_from={cfg.model.init_from!r} is invalid: {exc}") from exc
+        if cfg.seq_len > base.args.max_seq_len:
+            raise ConfigError(
+                f"hyperparameter data.seq_len={cfg.seq_len} is invalid: the model folder's limit is "
+                f"{base.args.max_seq_len} tokens (config.json); use at most that"
+            )
+        with torch.device("meta"):
+            model = ARCHS[base.args.arch](base.args)
+        try:
+            adapters = lora.apply(model, cfg.lora, base.args) if cfg.lora.rank else {}
+        except ValueError as exc:
+            raise ConfigError(f"hyperparameter {exc}") from exc
+        return cls(base, cfg, hf_weights.parameter_slots(model), adapters), model
+
+    def materialize(self, model: nn.Module, device: torch.device) -> None:
+        """Real storage for the (sharded) model on `device`, filled from the folder; adapters initialised."""
+        shared: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            shared.setdefault(id(param), []).append(name)
+        model.to_empty(device=device)
+        # nn.Module.to_empty gives each module its own new parameter: tie again what was tied (FSDP2 keeps ties).
+        for names in shared.values():
+            first = model.get_parameter(names[0])
+            for other in names[1:]:
+                owner, _, attr = other.rpartition(".")
+                if model.get_parameter(other) is not first:
+                    setattr(model.get_submodule(owner), attr, first)
+        hf_weights.load_weights(self.slots, self.base)
+        hf_weights.set_rope(model, self.base)
+        lora.initialise(self.adapters, self.cfg.train.seed)
+
+    def export(self, full: Mapping[str, Any], model_dir: Path) -> Path:
+        """The fine-tuned model folder (adapters merged) and, with adapters, the adapter: rank 0, once, at the end."""
+        weights = lora.merged(full, list(self.adapters), self.cfg.lora) if self.adapters else full
+        folder = hf_weights.write_model_folder(model_dir / mf.FINE_TUNED_FOLDER, weights, self.base)
+        if self.adapters:
+            name = str(self.base.config.get("_name_or_path") or self.base.path.name)
+            chosen = lora.target_modules(self.base.args, lora.targets(self.cfg.lora, self.base.args))
+            lora.write_adapter(
+                model_dir / mf.ADAPTER_FOLDER, full, chosen, self.cfg.lora, self.base.args, base_model=name
+            )
+        return folder
