@@ -4,6 +4,7 @@
     python -m training.prepare --input texts/ --output shards/ --chars --val-fraction 0.1
     python -m training.prepare --input texts/ --output shards/ \\
         --encoder-json gpt2/encoder.json --vocab-bpe gpt2/vocab.bpe
+    python -m training.prepare --sft --model-folder Llama-3.2-1B/ --input chats/ --output examples/
 
 Each file is one document, preceded by the end-of-text token. Files are read in sorted order; every
 ``--val-every``-th one (the 'val-every'th, 2·val-every-th, ...) goes to ``val_NNNNNN.bin``, the others
@@ -11,6 +12,10 @@ to ``train_NNNNNN.bin``; or, with ``--val-fraction F``, the last F of every docu
 validation (nanoGPT's split of one text). Tokens are bytes by default, the corpus's own characters
 with ``--chars`` (alphabet in ``chars.json``), or GPT-2 BPE. Put the output folder in the job's
 ``train`` channel.
+
+With ``--sft``, every ``*.jsonl`` file of chat records (contract/sft.py) becomes a ``*.sft.safetensors`` file of
+the same name: its examples tokenized with the model folder's tokenizer and chat template, each token marked
+learned or not (training/sft.py). A file whose name contains 'val' validates.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from contract.sft import JSONL_SUFFIX, PREPARED_SUFFIX
 from training.data import write_shard
 from training.tokenizer import GPT2BPE, ByteTokenizer, CharTokenizer, Tokenizer
 
@@ -99,6 +105,27 @@ def prepare(
     return {split: writer.written for split, writer in writers.items()}
 
 
+def prepare_sft(input_dir: Path, output_dir: Path, model_folder: Path) -> list[Path]:
+    """Every ``*.jsonl`` under ``input_dir`` tokenized as fine-tuning examples into ``output_dir``."""
+    from training.sft import ChatTokenizer, tokenize_files  # noqa: PLC0415  (the tokenizers package)
+
+    files = sorted(p for p in input_dir.rglob(f"*{JSONL_SUFFIX}") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no {JSONL_SUFFIX} files under {input_dir}")
+    tokenizer = ChatTokenizer(model_folder)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in files:
+        examples = tokenize_files([path], tokenizer)
+        target = output_dir / (path.name.removesuffix(JSONL_SUFFIX) + PREPARED_SUFFIX)
+        examples.save(target)
+        log.info(
+            "%s: %d examples, %d tokens, %d learned", target, examples.count, len(examples.tokens), examples.mask.sum()
+        )
+        written.append(target)
+    return written
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.prepare", description=__doc__.split("\n")[0])
     parser.add_argument("--input", type=Path, required=True, help="folder of .txt files (searched recursively)")
@@ -109,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--chars", action="store_true", help="character-level: the ids of the input's sorted alphabet (chars.json)"
     )
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard")
+    parser.add_argument("--sft", action="store_true", help="chat JSONL -> fine-tuning examples (needs --model-folder)")
+    parser.add_argument("--model-folder", type=Path, help="the model folder whose tokenizer and chat template to use")
     splits = parser.add_mutually_exclusive_group()
     splits.add_argument("--val-every", type=int, default=0, help="send every Nth document to validation")
     splits.add_argument(
@@ -116,6 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.sft:
+        if args.model_folder is None:
+            parser.error("--sft tokenizes with a model folder's tokenizer: give --model-folder")
+        try:
+            prepare_sft(args.input, args.output, args.model_folder)
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc))
+        return 0
     if (args.encoder_json is None) != (args.vocab_bpe is None):
         parser.error("--encoder-json and --vocab-bpe go together")
     if args.chars and args.encoder_json:

@@ -178,23 +178,24 @@ def test_prompt_tokens_carry_no_loss(tmp_path: Path) -> None:
     assert loss(changed) != loss(logits)
 
 
+_HYPERPARAMETERS = {
+    "model.init_from": "base_model",
+    "seq_len": "96",
+    "batch_size": "2",
+    "max_steps": "5",
+    "lr": "0.003",
+    "optim.warmup_steps": "1",
+    "metrics.log_interval": "1",
+    "train.deterministic": "true",
+}
+
+
 def _fine_tune(tmp_path: Path, folder: Path, **extra: str) -> tuple[Paths, str]:
     paths = make_opt_ml(tmp_path, {}, corpus=None)
     shutil.copytree(folder, paths.channel("base_model"))
     write_jsonl(paths.channel("train") / "chat.jsonl", chat_records(80))
     write_jsonl(paths.channel("train") / "chat_val.jsonl", chat_records(12, seed=5))
-    hyperparameters = {
-        "model.init_from": "base_model",
-        "seq_len": "96",
-        "batch_size": "2",
-        "max_steps": "5",
-        "lr": "0.003",
-        "optim.warmup_steps": "1",
-        "metrics.log_interval": "1",
-        "train.deterministic": "true",
-        **extra,
-    }
-    completed, log = run_in_process(paths.root, hyperparameters)
+    completed, log = run_in_process(paths.root, {**_HYPERPARAMETERS, **extra})
     assert completed, log[-2000:]
     return paths, log
 
@@ -301,3 +302,35 @@ def test_fsdp_fine_tuning_resumes_exactly_after_a_spot_interruption_and_exports(
         str(paths.model / mf.FINE_TUNED_FOLDER), dtype=torch.float32
     ).eval()
     assert _max_difference(_final(paths, folder), exported, 300) <= 1e-4
+
+
+def test_prepared_examples_train_as_the_jsonl_they_came_from(tmp_path: Path) -> None:
+    """`python -m training.prepare --sft` writes what the trainer would tokenize itself: the same losses."""
+    from training.prepare import main as prepare
+
+    folder = llama_folder(tmp_path / "base")
+    _, from_jsonl = _fine_tune(tmp_path / "jsonl", folder)
+    paths = make_opt_ml(tmp_path / "prepared", {}, corpus=None)
+    write_jsonl(tmp_path / "chats" / "chat.jsonl", chat_records(80))
+    write_jsonl(tmp_path / "chats" / "chat_val.jsonl", chat_records(12, seed=5))
+    assert (
+        prepare(
+            [
+                "--sft",
+                "--model-folder",
+                str(folder),
+                "--input",
+                str(tmp_path / "chats"),
+                "--output",
+                str(paths.channel("train")),
+            ]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in paths.channel("train").iterdir()) == [
+        "chat.sft.safetensors",
+        "chat_val.sft.safetensors",
+    ]
+    shutil.copytree(folder, paths.channel("base_model"))
+    completed, log = run_in_process(paths.root, {**_HYPERPARAMETERS})
+    assert completed and step_losses(log) == step_losses(from_jsonl) and len(step_losses(log)) == 5
