@@ -55,6 +55,19 @@ class Dataset(_Model):
     s3_uri: str
 
 
+class BaseModelSource(_Model):
+    """The model folder a run fine-tunes (`init_from`), and what Validate read of it."""
+
+    uri: str
+    s3_uri: str
+    architecture: str | None = None
+    """config.json's architecture, when Validate read it."""
+    parameters: int | None = None
+    """The model's parameters, from config.json's sizes."""
+    trained_parameters: int | None = None
+    """The parameters the run trains: all of them, or its LoRA adapters'."""
+
+
 class Quality(_Model):
     metric: str
     max: float | None
@@ -108,6 +121,8 @@ class TrainingRequest(_Model):
     channels: list[dict[str, Any]]
     """SageMaker's InputDataConfig channels."""
     dataset: Dataset
+    base_model: BaseModelSource | None = None
+    """The model folder the run fine-tunes (`init_from`), as the `base_model` input channel."""
     quality: Quality | None
     notify: list[str]
     recipients: list[str]
@@ -252,6 +267,9 @@ class CostEstimate(_Model):
     `fallback[0]: 4 x ml.p4d.24xlarge`."""
     fallback_hourly_usd: list[float] = Field(default_factory=list)
     """Each fallback cluster's list price per hour, in the request's order (`hourly_usd` is the run's own)."""
+    gpu_memory: str | None = None
+    """A fine-tuning run's weights, gradients and optimizer states per GPU against the GPU's memory
+    (contract/memory.py), when Validate read the model folder and the type's GPU memory is known."""
 
 
 class JobCost(_Model):

@@ -31,6 +31,8 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, "special_tokens_map.json")
 """The tokenizer's files the fine-tuned model folder carries over from the base model's (those present)."""
 
+BASE_MODEL_CHANNEL = "base_model"
+"""The input channel that brings a run's `init_from` model folder; its hyperparameter model.init_from names it."""
 FINE_TUNED_FOLDER = "hf"
 """Where the trainer writes the fine-tuned model folder, inside its model output (/opt/ml/model, model.tar.gz)."""
 ADAPTER_FOLDER = "adapter"
@@ -237,6 +239,37 @@ def _gpt2_names(args: ModelArgs) -> list[WeightName]:
     names += [WeightName(f"ln_f.{p}", f"transformer.ln_f.{p}", (dim,)) for p in ("weight", "bias")]
     names.append(WeightName("lm_head.weight", "lm_head.weight", (args.vocab_size, dim)))
     return names
+
+
+LORA_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
+"""The attention's query and value projections: peft's default LoRA targets for these architectures."""
+_EMBEDDINGS_AND_NORMS = {"tok_embeddings", "wte", "wpe", "norm", "attention_norm", "ffn_norm", "ln_1", "ln_2", "ln_f"}
+
+
+def lora_targets(args: ModelArgs, target_modules: str) -> dict[str, str]:
+    """Our module -> the folder's, for each linear layer LoRA's comma-separated `target_modules` names (as peft
+    matches them: the module's name or its last part); the architecture's default when it names none.
+    ValueError naming the choices when a name matches no linear layer."""
+    names = tuple(n.strip() for n in target_modules.split(",") if n.strip()) or LORA_DEFAULT_TARGETS[args.arch]
+    modules = {w.ours.removesuffix(".weight"): w.hf.removesuffix(".weight") for w in weight_names(args)}
+    linear = {ours: hf for ours, hf in modules.items() if ours.rsplit(".", 1)[-1] not in _EMBEDDINGS_AND_NORMS}
+
+    def matches(hf: str, name: str) -> bool:
+        return hf == name or hf.endswith(f".{name}")
+
+    unknown = [n for n in names if not any(matches(hf, n) for hf in linear.values())]
+    if unknown:
+        choices = sorted({hf.rsplit(".", 1)[-1] for hf in linear.values()})
+        raise ValueError(
+            f"lora.target_modules {', '.join(unknown)} match no linear layer; choose from {', '.join(choices)}"
+        )
+    return {ours: hf for ours, hf in linear.items() if any(matches(hf, n) for n in names)}
+
+
+def lora_parameters(args: ModelArgs, target_modules: str, rank: int) -> int:
+    """The parameters LoRA adapters of `rank` on those targets train: rank x (in + out) for each layer."""
+    shapes = {w.ours.removesuffix(".weight"): w.shape for w in weight_names(args)}
+    return sum(rank * sum(shapes[ours]) for ours in lora_targets(args, target_modules))
 
 
 def checkpoint_name(hf: str, present: set[str]) -> str | None:

@@ -84,7 +84,7 @@ class FineTuning:
         folder = hf_weights.write_model_folder(model_dir / mf.FINE_TUNED_FOLDER, weights, self.base)
         if self.adapters:
             name = str(self.base.config.get("_name_or_path") or self.base.path.name)
-            chosen = lora.target_modules(self.base.args, lora.targets(self.cfg.lora, self.base.args))
+            chosen = mf.lora_targets(self.base.args, self.cfg.lora.target_modules)
             lora.write_adapter(
                 model_dir / mf.ADAPTER_FOLDER, full, chosen, self.cfg.lora, self.base.args, base_model=name
             )

@@ -29,8 +29,6 @@ from contract.model_args import ModelArgs
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
-"""The attention's query and value projections: peft's default targets for these architectures."""
 
 
 class LoRALinear(nn.Linear):
@@ -53,34 +51,9 @@ class LoRALinear(nn.Linear):
         return F.linear(x, self.weight, self.bias) + self.scale * update
 
 
-def targets(cfg: LoraConfig, args: ModelArgs) -> tuple[str, ...]:
-    """The module names the config targets (the architecture's default when it names none)."""
-    named = tuple(name.strip() for name in cfg.target_modules.split(",") if name.strip())
-    return named or DEFAULT_TARGETS[args.arch]
-
-
-def target_modules(args: ModelArgs, names: tuple[str, ...]) -> dict[str, str]:
-    """Our module name -> the model folder's, for each linear layer a target name matches; ValueError naming the
-    choices when a target matches nothing."""
-    modules = {w.ours.removesuffix(".weight"): w.hf.removesuffix(".weight") for w in mf.weight_names(args)}
-    linear = {ours: hf for ours, hf in modules.items() if ours.rsplit(".", 1)[-1] not in _NOT_LINEAR}
-    chosen = {ours: hf for ours, hf in linear.items() if any(hf == n or hf.endswith(f".{n}") for n in names)}
-    unknown = [n for n in names if not any(hf == n or hf.endswith(f".{n}") for hf in linear.values())]
-    if unknown:
-        choices = sorted({hf.rsplit(".", 1)[-1] for hf in linear.values()})
-        raise ValueError(
-            f"lora.target_modules {', '.join(unknown)} match no linear layer; choose from {', '.join(choices)}"
-        )
-    return chosen
-
-
-_NOT_LINEAR = {"tok_embeddings", "wte", "wpe", "output", "lm_head", "norm", "attention_norm", "ffn_norm"}
-_NOT_LINEAR |= {"ln_1", "ln_2", "ln_f"}
-
-
 def apply(model: nn.Module, cfg: LoraConfig, args: ModelArgs) -> dict[str, LoRALinear]:
     """Put adapters on the targeted layers and freeze every other weight; returns the adapted layers by name."""
-    chosen = target_modules(args, targets(cfg, args))
+    chosen = mf.lora_targets(args, cfg.target_modules)
     for param in model.parameters():
         param.requires_grad_(False)
     layers = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from lambdas.shared.errors import InvalidRequest, Problem, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 from lambdas.validate import budget, membership, resume, start_proof, teams
 from lambdas.validate.limits import PlatformLimits
+from lambdas.validate.model_folder import S3Folder
 from lambdas.validate.request import resolve
 
 logger = Logger(service="training-platform")
@@ -110,6 +112,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             execution=event["execution"],
             started=event["started"],
             continues=continues,
+            folder_at=functools.partial(S3Folder, boto3.client("s3")),
         )
     except InvalidRequest as exc:
         problems.extend(exc.problems)

@@ -53,6 +53,11 @@ class ExecutionInput(BaseModel):
         description="Training shards: `fsx:///datasets/<path>/` or `s3://<datasets bucket>/<prefix>/`."
     )
     validation_dataset: str | None = Field(None, description="Validation shards, same forms (default: in `dataset`).")
+    init_from: str | None = Field(
+        None,
+        description="A model folder to fine-tune (Hugging Face layout: config.json, safetensors, tokenizer), same "
+        "forms as `dataset`; its config.json sets the architecture and sizes, so no `model` is given.",
+    )
     instance_type: str | None = Field(
         None, description="SageMaker training instance type, e.g. `ml.p5.48xlarge` (or `instance_groups`)."
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from contract import model_folder as mf
 from contract.catalog import INSTANCE_TYPES, InstanceType
 from contract.config import ConfigError, from_hyperparameters
 from contract.distributions import DISTRIBUTIONS
@@ -24,6 +25,7 @@ from contract.distributions import NAMES as DISTRIBUTION_NAMES
 from contract.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
+    BaseModelSource,
     Dataset,
     InstanceGroup,
     Quality,
@@ -33,6 +35,7 @@ from contract.execution_state import (
     Tuning,
 )
 from contract.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
+from contract.memory import fine_tuning_memory
 from contract.metrics import MODEL_METRIC_NAMES
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.shared import history
@@ -40,6 +43,7 @@ from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate.api_requests import EXECUTION_TAG, TEAM_TAG, request_problems
 from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
+from lambdas.validate.model_folder import FolderAt, check_records, inspect_model_folder, jsonl_files
 from lambdas.validate.resume import PreviousRun, resume_check
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.teams import Team, named_team, recipients, request_team_problems
@@ -56,12 +60,17 @@ HYPERPARAMETER_VALUE_LIMIT = model_limit("sagemaker", "HyperParameterValue")
 # ends); with its start time it is unique for the account for ever.
 RUN_ID_HEX = 16
 # Set at the top level of the input, never inside `hyperparameters`.
-TOP_LEVEL_HYPERPARAMETERS = {"model": "model", "model.name": "model", "distribution": "distribution"}
+TOP_LEVEL_HYPERPARAMETERS = {
+    "model": "model",
+    "model.name": "model",
+    "distribution": "distribution",
+    "model.init_from": "init_from",
+}
 
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_INSTANCE_GROUPS = model_limit("sagemaker", "InstanceGroups")  # per training job
-CHANNEL_NAMES = ("train", "validation")
-_DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset"}
+CHANNEL_NAMES = ("train", "validation", mf.BASE_MODEL_CHANNEL)
+_DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset", mf.BASE_MODEL_CHANNEL: "init_from"}
 
 
 def _problems_from(exc: ValidationError) -> list[Problem]:
@@ -485,6 +494,10 @@ def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str
         values.setdefault("checkpoint.interval_minutes", "0")
     if request.model is not None:
         values["model"] = request.model
+    if request.init_from is not None:
+        values["model.init_from"] = mf.BASE_MODEL_CHANNEL
+        if request.model is not None:
+            problems.append("model: init_from's config.json sets the architecture and sizes; drop model")
     values["distribution"] = request.distribution
     refusal = trainer_refusal(values, processes)  # the trainer's own checks, before any instance starts
     if refusal is not None:
@@ -534,6 +547,7 @@ class _Checked:
     team: Team | None
     suffix: str
     tuning: Tuning | None
+    base_model: BaseModelSource | None = None
 
 
 def resolve(
@@ -547,6 +561,7 @@ def resolve(
     execution: str | None = None,
     started: str = "",
     continues: PreviousRun | None = None,
+    folder_at: FolderAt | None = None,
 ) -> dict[str, Any]:
     """Validate the execution input and return the complete request (JSON), or raise InvalidRequest.
 
@@ -554,7 +569,9 @@ def resolve(
     and every other problem in one InvalidRequest. `continues` is the run `resume_from` names, as
     resume.find found it. `requester_tag` is the requester's `platform-team` tag as IAM proved it
     (teams.tag_to_prove); `check_membership` False leaves who starts a team's run unjudged, for offline checks that
-    know no requester.
+    know no requester. `folder_at` reads the folder at an s3:// prefix: with it, a fine-tuning run's model folder and
+    the dataset's first records are read and judged too (Validate's S3; offline callers may pass none, or a local
+    copy).
     """
     request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
@@ -569,6 +586,7 @@ def resolve(
         requester_tag=requester_tag,
         check_membership=check_membership,
         continues=continues,
+        folder_at=folder_at,
         problems=problems,
     )
     if problems or schema or checked.groups is None or checked.dataset is None:
@@ -597,6 +615,7 @@ def _check(
     requester_tag: str | None,
     check_membership: bool,
     continues: PreviousRun | None,
+    folder_at: FolderAt | None,
     problems: list[str],
 ) -> _Checked:
     """Every check of the parsed input, each problem appended to `problems` with its fix."""
@@ -613,7 +632,17 @@ def _check(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )
     quality = _check_quality(request, problems)
-    channels, dataset = _channels(request, limits, problems)
+    channels, dataset, base_model = _channels(request, limits, problems)
+    if folder_at is not None and dataset is not None:
+        base_model = _check_fine_tuning(
+            request,
+            base_model,
+            dataset,
+            groups=groups,
+            hyperparameters=hyperparameters,
+            folder_at=folder_at,
+            problems=problems,
+        )
     if groups is not None and len(groups) > 1:
         channels = _channels_for_groups(channels, groups, problems)
     if request.backend not in limits.backends:
@@ -644,7 +673,9 @@ def _check(
                 continues, hyperparameters, groups, requested_by=requested_by, tuned=request.tuning is not None
             )
         )
-    return _Checked(groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning)
+    return _Checked(
+        groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning, base_model
+    )
 
 
 def _check_tuning(
@@ -714,6 +745,7 @@ def _assemble(
         hyperparameters=checked.hyperparameters,
         channels=[*checked.channels, ledger_channel(limits.artifacts_bucket, job_name_base)],
         dataset=checked.dataset,
+        base_model=checked.base_model,
         quality=checked.quality,
         notify=request.notify,
         recipients=recipients(request.notify, checked.team) or ["(none)"],  # SNS rejects an empty String.Array
@@ -812,15 +844,74 @@ def _structured(text: str, event: dict[str, Any]) -> Problem:
 
 def _channels(
     request: ExecutionInput, limits: PlatformLimits, problems: list[str]
-) -> tuple[list[dict[str, Any]], Dataset | None]:
-    """The InputDataConfig channels, and the training dataset as lineage records it."""
+) -> tuple[list[dict[str, Any]], Dataset | None, BaseModelSource | None]:
+    """The InputDataConfig channels, and the training dataset and base model as lineage records them."""
     train = _dataset_channel("train", request.dataset, limits, problems)
     channels = [train[0]] if train else []
     if request.validation_dataset is not None:
         validation = _dataset_channel("validation", request.validation_dataset, limits, problems)
         if validation:
             channels.append(validation[0])
-    return channels, (Dataset(uri=request.dataset, s3_uri=train[1]) if train else None)
+    base_model = None
+    if request.init_from is not None and (
+        found := _dataset_channel(mf.BASE_MODEL_CHANNEL, request.init_from, limits, problems)
+    ):
+        channels.append(found[0])
+        base_model = BaseModelSource(uri=request.init_from, s3_uri=found[1])
+    return channels, (Dataset(uri=request.dataset, s3_uri=train[1]) if train else None), base_model
+
+
+def _check_fine_tuning(
+    request: ExecutionInput,
+    base_model: BaseModelSource | None,
+    dataset: Dataset,
+    *,
+    groups: list[InstanceGroup] | None,
+    hyperparameters: dict[str, str],
+    folder_at: FolderAt,
+    problems: list[str],
+) -> BaseModelSource | None:
+    """The model folder and the dataset's records read and judged as the trainer judges them, and the run's
+    weights, gradients and optimizer states against its GPUs' memory; the base model with what was read of it."""
+    records = jsonl_files(folder_at(dataset.s3_uri))
+    problems.extend(f"dataset: {problem}" for problem in check_records(folder_at(dataset.s3_uri), records))
+    if records and base_model is None:
+        problems.append(
+            f"dataset: {records[0]} holds fine-tuning records, which are tokenized with a model folder's tokenizer;"
+            " give init_from"
+        )
+    if base_model is None:
+        return None
+    facts = inspect_model_folder(folder_at(base_model.s3_uri))
+    problems.extend(f"init_from {base_model.uri!r}: {problem}" for problem in facts.problems)
+    if facts.args is None or facts.problems:
+        return base_model
+    try:
+        config = from_hyperparameters(hyperparameters)
+    except ConfigError:
+        return base_model  # the trainer's refusal is reported already
+    if config.seq_len > facts.args.max_seq_len:
+        problems.append(
+            f"hyperparameters.seq_len: {config.seq_len} tokens is over the model's limit of {facts.args.max_seq_len}"
+            " (init_from's config.json); use at most that"
+        )
+    parameters = mf.parameter_count(facts.args)
+    trained = parameters
+    if config.lora.rank:
+        try:
+            trained = mf.lora_parameters(facts.args, config.lora.target_modules, config.lora.rank)
+        except ValueError as exc:
+            problems.append(f"hyperparameters.{exc}")
+    source = base_model.model_copy(
+        update={"architecture": facts.architecture, "parameters": parameters, "trained_parameters": trained}
+    )
+    memory = fine_tuning_memory(source, groups or [], request.distribution, training_processes(groups or []))
+    if memory is not None and not memory.fits:
+        problems.append(
+            f"instance_type: fine-tuning {parameters / 1e9:.2f}B parameters needs {memory.describe()}; use more or "
+            "larger GPUs, distribution fsdp, or LoRA adapters (lora.rank)"
+        )
+    return source
 
 
 def _channels_for_groups(
