@@ -105,6 +105,20 @@ class Intake(Construct):
             iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])
         )
         acknowledge_wildcard(function.role, records, "Reads the ledger of the run an input's resume_from names.")
+        # A fine-tuning run's model folder (init_from) and its dataset's first records are read before any job starts:
+        # headers and heads of files, by ranged GETs, in the datasets bucket only.
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="ListDatasets", actions=["s3:ListBucket"], resources=[context.datasets.bucket_arn])
+        )
+        datasets = context.datasets.arn_for_objects("*")
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="ReadDatasets", actions=["s3:GetObject"], resources=[datasets])
+        )
+        acknowledge_wildcard(
+            function.role,
+            datasets,
+            "Reads init_from's model folder and a dataset's first records, which any key names.",
+        )
         # Recording a used proof is a conditional PutItem; nothing else on the table.
         context.data.start_proofs.grant(function.function, "dynamodb:PutItem")
         context.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
