@@ -37,6 +37,7 @@ from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate import start_proof
+from lambdas.validate.model_folder import LocalFolder
 from lambdas.validate.request import resolve
 from stacks import outputs as stack_outputs
 from stacks.settings import (
@@ -82,16 +83,32 @@ def load_settings(cdk_json: Path) -> PlatformSettings:
 
 
 def offline_check(
-    execution_input: Any, settings: PlatformSettings, *, datasets_bucket: str = OFFLINE_DATASETS_BUCKET
+    execution_input: Any,
+    settings: PlatformSettings,
+    *,
+    datasets_bucket: str = OFFLINE_DATASETS_BUCKET,
+    model_folder: Path | None = None,
 ) -> tuple[dict[str, Any], CostEstimate]:
-    """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem."""
+    """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem. With
+    `model_folder`, a local copy of the input's init_from, that folder is judged as Validate judges the stored one
+    (and the run's memory per GPU estimated)."""
     limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # the backends the settings deploy
+    folder_at = None
+    if model_folder is not None:
+        # Where the stored folder is, as Validate resolves init_from; the dataset has no local copy and is not read.
+        unread = resolve(execution_input, execution_name="tp-validate", limits=limits, check_membership=False)
+        stored = (unread.get("base_model") or {}).get("s3_uri")
+
+        def folder_at(uri: str) -> LocalFolder:
+            return LocalFolder(model_folder if uri == stored else None)
+
     # Offline there is no requester: a team's run is checked in full except who starts it (judged by `tp start`).
     request = resolve(
         execution_input,
         execution_name=f"tp-validate-{uuid.uuid4().hex[:16]}",
         limits=limits,
         check_membership=False,
+        folder_at=folder_at,
     )
     pipeline = settings.pipeline
     cost = estimate_cost(
@@ -112,7 +129,7 @@ def _read_input(path: Path) -> Any:
 
 
 def _check(
-    path: Path, cdk_json: Path, datasets_bucket: str, as_json: bool
+    path: Path, cdk_json: Path, datasets_bucket: str, as_json: bool, model_folder: Path | None = None
 ) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
     try:
         settings = load_settings(cdk_json)
@@ -120,7 +137,9 @@ def _check(
         err.print(f"cannot read the platform settings from {cdk_json} (--cdk-json or TP_CDK_JSON): {exc}")
         raise typer.Exit(2) from None
     try:
-        request, cost = offline_check(_read_input(path), settings, datasets_bucket=datasets_bucket)
+        request, cost = offline_check(
+            _read_input(path), settings, datasets_bucket=datasets_bucket, model_folder=model_folder
+        )
     except InvalidRequest as exc:
         if as_json:
             problems = [{"field": p.field, "value": p.value, "message": p.message} for p in exc.problems]
@@ -151,11 +170,17 @@ def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
     table.add_row("needs launch approval", "yes" if cost.approval_required else "no")
     table.add_row("share of monthly budget", f"{cost.max_cost_usd / budget:.1%} of ${budget:,.2f}")
     table.add_row("prices", cost.price_source)
+    if cost.gpu_memory:
+        table.add_row("GPU memory (model, gradients, optimizer)", cost.gpu_memory)
     out.print(table)
 
 
 CdkJson = Annotated[
     Path, typer.Option(envvar="TP_CDK_JSON", help="the platform's cdk.json, whose settings Validate applies")
+]
+ModelFolder = Annotated[
+    Path | None,
+    typer.Option(help="a local copy of the input's init_from: judged as Validate judges it, and the memory estimated"),
 ]
 DatasetsBucket = Annotated[
     str,
@@ -170,9 +195,10 @@ def validate(
     datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
     cdk_json: CdkJson = Path("cdk.json"),
     as_json: AsJson = False,
+    model_folder: ModelFolder = None,
 ) -> None:
     """Check an execution input as Validate would, offline; print every problem, then the estimate."""
-    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json)
+    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, model_folder)
     if as_json:
         out.print_json(data={"valid": True, "request": request, "estimate": cost.model_dump(mode="json")})
         return
@@ -189,9 +215,11 @@ def estimate(
     datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
     cdk_json: CdkJson = Path("cdk.json"),
     as_json: AsJson = False,
+    model_folder: ModelFolder = None,
 ) -> None:
-    """The run's cost bound as Estimate computes it: spot range, approval threshold, share of the budget."""
-    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json)
+    """The run's cost bound as Estimate computes it: spot range, approval threshold, share of the budget; with
+    --model-folder, a fine-tuning run's memory per GPU."""
+    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, model_folder)
     if as_json:
         budget = settings.pipeline.monthly_budget_usd
         out.print_json(data={**cost.model_dump(mode="json"), "monthly_budget_usd": budget})

@@ -20,6 +20,7 @@ from contract import goodput
 from contract.execution_state import RegisterEvent, Registration
 from contract.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
 from contract.metrics import MODEL_METRIC_NAMES
+from contract.model_folder import FINE_TUNED_FOLDER
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
@@ -102,6 +103,8 @@ def _lineage(
             else None
         ),
         "model_artifacts": job.model_artifacts,
+        # A fine-tuning run's model folder, inside model_artifacts, and the base model it started from.
+        "fine_tuned_model": f"{job.model_artifacts} ({FINE_TUNED_FOLDER}/)" if request.base_model else None,
         "metrics": job.final_metrics,
         "evaluation": event.evaluation.reason,
         "cost": {
@@ -156,10 +159,35 @@ def _create_package(
             "cost_actual_usd": str(lineage["cost"]["actual_usd"]),
             "spot_savings_usd": str(lineage["cost"]["spot_savings_usd"]),
             **({"tuning_job": job.tuning.tuning_job} if job.tuning else {}),
+            **(
+                {
+                    "base_model": _clip(request.base_model.uri),
+                    "base_model_versions_sha256": lineage["base_model"]["versions_sha256"],
+                    "fine_tuned_model": _clip(lineage["fine_tuned_model"]),
+                }
+                if request.base_model
+                else {}
+            ),
         },
         Tags=[tag.model_dump() for tag in request.tags],
     )
     return str(package["ModelPackageArn"])
+
+
+def _base_model(s3: Any, event: RegisterEvent, prefix: str, bucket: str) -> dict[str, Any]:
+    """The model folder a fine-tuning run started from: where, what, and the digest of its files' versions."""
+    base = event.request.base_model
+    assert base is not None
+    listed = "".join(json.dumps(v, sort_keys=True) + "\n" for v in dataset_versions(s3, base.s3_uri))
+    listed = _write_once(
+        s3, bucket, f"{prefix}base-model-versions.jsonl", listed.encode(), execution=event.execution
+    ).decode()
+    return {
+        **base.model_dump(mode="json"),
+        "objects": len(listed.splitlines()),
+        "versions_sha256": hashlib.sha256(listed.encode()).hexdigest(),
+        "versions_uri": f"s3://{bucket}/{prefix}base-model-versions.jsonl",
+    }
 
 
 class LineageExistsError(Exception):
@@ -199,6 +227,8 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     ).decode()
     versions = [json.loads(line) for line in manifest.splitlines()]
     lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
+    if event.request.base_model is not None:
+        lineage["base_model"] = _base_model(s3, event, prefix, bucket)
     # Where the run's billed time went, every job of it (contract/goodput.py).
     lineage["goodput"] = goodput.stored_ledgers(s3, bucket, event.request.job_name_base).to_json()
     lineage_body = json.dumps(lineage, indent=2, sort_keys=True).encode()

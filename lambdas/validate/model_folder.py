@@ -9,6 +9,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from contract import model_folder as mf
@@ -66,6 +67,28 @@ class S3Folder:
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
             found += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
         return sorted(found)
+
+
+class LocalFolder:
+    """A local directory (a copy of the folder, for offline checks); None: a folder with nothing in it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def size(self, name: str) -> int | None:
+        file = self.path / name if self.path is not None else None
+        return file.stat().st_size if file is not None and file.is_file() else None
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        assert self.path is not None
+        with (self.path / name).open("rb") as handle:
+            handle.seek(offset)
+            return handle.read(length)
+
+    def names(self) -> list[str]:
+        if self.path is None:
+            return []
+        return sorted(str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file())
 
 
 @dataclass

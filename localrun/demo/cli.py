@@ -48,6 +48,7 @@ from localrun.backends.queue import ServiceJob
 from localrun.backends.sagemaker import LocalTraining
 from localrun.demo import report, scenario
 from localrun.demo.corpus import build_shards
+from localrun.demo.fine_tuning import build_fine_tuning
 from localrun.demo.jobs import loss_curve
 from localrun.demo.scenario import After, Run, Scenario, ScenarioError
 from stacks.pipeline.polled_job import CHECK_PROGRESS
@@ -410,26 +411,39 @@ def _local_hosts(count: int) -> str:
     return f"{count} CPU process{'es' if count != 1 else ''} on this machine (gloo over loopback)"
 
 
+def _prefix(uri: object, bucket: str) -> str | None:
+    """The datasets bucket's prefix a dataset location names (None: Validate will reject it)."""
+    if not isinstance(uri, str):
+        return None
+    if uri.startswith("fsx:///datasets/"):
+        return uri.removeprefix("fsx:///datasets/").strip("/") + "/"
+    if uri.startswith(f"s3://{bucket}/"):
+        return split_s3_uri(uri)[1].strip("/") + "/"
+    return None
+
+
 def _seed_datasets(platform: Any, execution_input: dict[str, Any], workdir: Path, say: Callable[[str], None]) -> str:
-    """Put the generated corpus where the input's datasets point (as if engineers had uploaded it); say what it is."""
-    shards = build_shards(workdir)
-    tokens = sum((s.stat().st_size - 1024) // 2 for s in shards)
+    """Put the generated corpus where the input's datasets point (as if engineers had uploaded it); say what it is.
+    A fine-tuning input (init_from) gets a generated model folder there and chat records as its dataset."""
     bucket = platform.environment("Validate")["DATASETS_BUCKET"]
     s3 = boto3.client("s3", region_name=REGION)
+    if (model_prefix := _prefix(execution_input.get("init_from"), bucket)) is not None:
+        folder, files = build_fine_tuning(workdir)
+        for path in sorted(folder.iterdir()):
+            s3.upload_file(str(path), bucket, model_prefix + path.name)
+        say(f"seeded s3://{bucket}/{model_prefix} with a random small Llama model folder (transformers' layout)")
+        described = f"generated chat records ({sum(len(f.read_text().splitlines()) for f in files)} conversations)"
+    else:
+        files = build_shards(workdir)
+        tokens = sum((s.stat().st_size - 1024) // 2 for s in files)
+        described = f"the generated demo corpus ({len(files)} shards, {tokens:,} tokens)"
     for key in ("dataset", "validation_dataset"):
-        uri = execution_input.get(key)
-        if not isinstance(uri, str):
+        if (prefix := _prefix(execution_input.get(key), bucket)) is None:
             continue
-        if uri.startswith("fsx:///datasets/"):
-            prefix = uri.removeprefix("fsx:///datasets/").strip("/") + "/"
-        elif uri.startswith(f"s3://{bucket}/"):
-            prefix = split_s3_uri(uri)[1].strip("/") + "/"
-        else:
-            continue  # Validate will reject it
-        for shard in shards:
-            s3.upload_file(str(shard), bucket, prefix + shard.name)
-        say(f"seeded s3://{bucket}/{prefix} with the demo corpus ({len(shards)} shards, {tokens:,} tokens)")
-    return f"the generated demo corpus ({len(shards)} shards, {tokens:,} tokens)"
+        for path in files:
+            s3.upload_file(str(path), bucket, prefix + path.name)
+        say(f"seeded s3://{bucket}/{prefix} with {described}")
+    return described
 
 
 def _answer_gates(

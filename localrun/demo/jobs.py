@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -31,6 +32,8 @@ class Job:
     metrics: dict[str, float]
     checkpoints_uri: str
     checkpoint_steps: list[int]
+    model_folder: Path | None = None
+    """A fine-tuning job's model folder (Hugging Face layout), as its first host wrote it."""
 
 
 def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

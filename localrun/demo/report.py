@@ -20,6 +20,7 @@ import boto3
 from contract import goodput
 from contract.goodput import RunLedger
 from contract.layout import split_s3_uri
+from contract.model_folder import FINE_TUNED_FOLDER
 from localrun.aws.cfn import REGION
 from localrun.aws.engine import LocalPlatform
 from localrun.aws.iam import Judgement
@@ -171,6 +172,7 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
         metrics={m["MetricName"]: m["Value"] for m in described.get("FinalMetricDataList", [])},
         checkpoints_uri=checkpoints_uri,
         checkpoint_steps=checkpoint_steps(checkpoints_uri),
+        model_folder=next(iter(sorted(training.root.glob(f"{name}/gen-*/*/model/{FINE_TUNED_FOLDER}"))[-1:]), None),
     )
 
 
@@ -363,6 +365,12 @@ def _render_job(job: Job, run_dir: Path) -> list[str]:
         lines += ["Final metrics (MetricDefinitions on the log):", ""]
         lines += [f"- `{k}` = {v}" for k, v in sorted(job.metrics.items())]
     lines.append(f"Checkpoints in {job.checkpoints_uri}: steps {job.checkpoint_steps}")
+    if job.model_folder is not None:
+        files = ", ".join(sorted(p.name for p in job.model_folder.iterdir()))
+        lines.append(
+            f"Fine-tuned model folder: `{job.model_folder}` ({files}); "
+            "`transformers.AutoModelForCausalLM.from_pretrained` loads it"
+        )
     return lines
 
 

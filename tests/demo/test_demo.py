@@ -191,6 +191,29 @@ def test_a_heterogeneous_cluster_trains_on_its_training_group_only(platform: Any
     assert [g["name"] for g in lineage["cluster"]["groups"]] == ["cpu", "train"]
 
 
+def test_the_fine_tuning_example_trains_a_model_folder_and_registers_the_folder_it_exports(
+    platform: Any, tmp_path: Path
+) -> None:
+    """examples/finetune-llama.json: the demo seeds a generated model folder and chat records; Validate reads them,
+    two hosts fine-tune with FSDP, the job exports a model folder that transformers loads, and the lineage names the
+    base model's digest and the exported folder. A spot interruption on the way resumes from the checkpoint."""
+    transformers = pytest.importorskip("transformers")
+    execution_input = json.loads((EXAMPLES / "finetune-llama.json").read_text()) | {"notify": [RUN_EMAIL]}
+    outcome = _demo(platform, tmp_path, execution_input, spot_interrupt=True)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    lineage = json.loads((outcome.run_dir / "lineage.json").read_text())
+    assert lineage["base_model"]["uri"] == execution_input["init_from"]
+    assert lineage["base_model"]["architecture"] == "LlamaForCausalLM" and lineage["base_model"]["objects"] >= 5
+    assert len(lineage["base_model"]["versions_sha256"]) == 64
+    assert lineage["fine_tuned_model"].endswith("model.tar.gz (hf/)")
+    assert lineage["hyperparameters"]["model.init_from"] == "base_model"
+    report = outcome.report.read_text()
+    (folder,) = re.findall(r"Fine-tuned model folder: `([^`]+)`", report)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert model.config.architectures == ["LlamaForCausalLM"]
+    assert "Interrupted after step" in report
+
+
 def test_a_burst_of_faults_at_the_progress_handler_is_ridden_through(
     platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
