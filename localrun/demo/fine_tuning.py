@@ -102,7 +102,7 @@ def llama_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overr
     }
     settings.update(overrides)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**settings)).to(torch.float32)
+    model = LlamaForCausalLM(LlamaConfig(**settings))  # fp32, torch's default dtype
     _randomise_norms(model, seed)
     model.save_pretrained(str(folder), safe_serialization=True)
     return folder
@@ -125,7 +125,7 @@ def gpt2_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overri
     }
     settings.update(overrides)
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**settings)).to(torch.float32)
+    model = GPT2LMHeadModel(GPT2Config(**settings))  # fp32, torch's default dtype
     _randomise_norms(model, seed)
     model.save_pretrained(str(folder), safe_serialization=True)
     return folder
