@@ -6,6 +6,7 @@
     python -m training.bench startup --hosts 2 --nproc 1
     python -m training.bench stragglers --processes 2 --steps 2000
     python -m training.bench peer --steps 2000 --repeats 2
+    python -m training.bench weights --repeats 5
 
 `train` builds the real Trainer (model, parallelisation, optimizer, loader) on synthetic token
 shards and runs its real loop; only the step boundaries are timed (with a device sync at the
@@ -18,6 +19,9 @@ just before and just after it.
 training step, with the pre-flight check and without, alternately. `stragglers` times the straggler
 check's own calls per step in a gloo world on this machine.
 `peer` runs nanoGPT and this package's trainer on tiny Shakespeare side by side (training/bench_peer.py).
+`weights` writes a GPT-2-124M-sized model folder (Hugging Face layout, fp32) and times the trainer's cold load of
+it (the folder checked, the model built on meta, its storage made and every weight read: training/finetune.py)
+against the disk's direct read of as many bytes, probed just before and just after each load.
 Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
 
@@ -417,6 +421,55 @@ def bench_checkpoint(
     }
 
 
+def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
+    """A cold load of a GPT-2-124M-sized model folder by the trainer's own code, against the disk's direct read."""
+    import torch  # noqa: PLC0415
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    from training import hf_weights  # noqa: PLC0415
+    from training.finetune import FineTuning  # noqa: PLC0415
+    from training.models.gpt2 import GPT2  # noqa: PLC0415
+
+    args = PRESETS["gpt2"].replace(vocab_size=50257)
+    config = {"architectures": ["GPT2LMHeadModel"], "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12}
+    with tempfile.TemporaryDirectory(dir=parent) as work:
+        folder = Path(work) / "gpt2"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "n_positions": 1024}))
+        save_file(hf_weights.hf_state(GPT2(args).state_dict(), args, "F32"), str(folder / "model.safetensors"))
+        weights = folder / "model.safetensors"
+        size = weights.stat().st_size
+        probe = _DiskProbe(Path(work), size)
+        cfg = from_hyperparameters({"model.init_from": str(folder), "seq_len": "1024"})
+        loads, probes = [], []
+        try:
+            probe.write()
+            for _ in range(repeats):
+                evict(weights)
+                before = probe.read()
+
+                def load() -> None:
+                    finetune, model = FineTuning.build(cfg, Paths(folder))
+                    finetune.materialize(model, torch.device("cpu"))
+
+                seconds, _ = _timed(load)
+                loads.append(seconds)
+                probes.append((before, probe.read()))
+        finally:
+            probe.close()
+        gib = size / 2**30
+        return {
+            "benchmark": "weights",
+            "model_gib": round(gib, 3),
+            "load_s": [round(s, 3) for s in loads],
+            "load_gibps": [round(gib / s, 2) for s in loads],
+            "direct_read_gibps": [[round(rate, 2) for rate in pair] for pair in probes],
+            **_ratios("load_over_direct_read", gib, loads, probes),
+            "direct_io": probe.method,
+            "torch": torch.__version__,
+        }
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -601,6 +654,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stragglers.add_argument("--processes", type=int, default=2)
     stragglers.add_argument("--steps", type=int, default=2000)
     stragglers.add_argument("--work", type=int, default=256, help="each step multiplies two N x N matrices")
+    weights = commands.add_parser("weights", help="a model folder's cold weight load against the disk's direct read")
+    weights.add_argument("--repeats", type=int, default=5)
+    weights.add_argument("--dir", type=Path, default=None, help="work in a temporary directory here")
     peer = commands.add_parser("peer", help="ours against nanoGPT on tiny Shakespeare, alternating")
     peer.add_argument("--steps", type=int, default=2000)
     peer.add_argument("--lr", type=float, default=bench_peer.LR, help="both trainers' peak learning rate")
@@ -626,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             text=args.text,
             port=_free_port(),
         )
+    elif args.command == "weights":
+        row = bench_weights(repeats=args.repeats, parent=args.dir)
     elif args.command == "stragglers":
         row = bench_stragglers(world=args.processes, steps=args.steps, work=args.work)
     elif args.command == "train":

@@ -2,23 +2,31 @@
 
 Reading is streamed and sharded: after the model is sharded (FSDP2 places each rank's rows of every weight;
 DDP none), each process reads from the safetensors files only the part of each weight it holds, straight
-into its parameter where the file's dtype is the parameter's (one positioned read of contiguous bytes), else
-through a buffer of that part alone; a part that is not whole rows of the file's tensor (a transposed
-GPT-2 Conv1D weight under FSDP) is read through a memory map, whose reads touch only the pages it holds.
-No process ever holds a whole file or another rank's part. The folder's layout and checks are
+into its parameter where the file's dtype is the parameter's, else into a buffer of that part alone (then
+converted or transposed into it). The parts are read in 8 MiB chunks, several at once, with O_DIRECT where the
+file system allows: a cold load then runs at the disk's speed (the page cache's small read-ahead halved it on
+the benchmark VM, docs/BENCHMARKS.md); safetensors' own loader maps the whole file, whose page faults read
+it at that pace too, which is why the reads are done here. A part that is not whole rows of the file's tensor
+(a transposed GPT-2 Conv1D weight under FSDP) is read through a memory map, whose reads touch only its pages.
+No process holds a whole file or another rank's part. The folder's layout and checks are
 contract/model_folder.py's.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
 import json
 import math
 import os
 import shutil
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +37,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from contract import model_folder as mf
 from contract.model_args import ModelArgs
+from training import direct_io
 
 _TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 _NUMPY_VIEWS = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
@@ -127,16 +136,6 @@ def parameter_slots(model: nn.Module) -> Slots:
     }
 
 
-def _readinto(handle: BinaryIO, target: memoryview, offset: int) -> None:
-    handle.seek(offset)
-    done = 0
-    while done < len(target):
-        got = handle.readinto(target[done:])  # type: ignore[attr-defined]
-        if not got:
-            raise OSError(f"{handle.name}: ended {len(target) - done} bytes early at offset {offset + done}")
-        done += got
-
-
 def _bytes(tensor: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's memory as writable bytes."""
     return memoryview(tensor.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
@@ -150,51 +149,148 @@ def local_part(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tupl
     return param.data, tuple(param.shape), (0,) * param.dim()
 
 
-def _read_part(
-    handle: BinaryIO, start: int, entry: Mapping[str, Any], shape: tuple[int, ...], offset: tuple[int, ...]
+_thread_buffers = threading.local()
+
+
+def _read_chunk(fd: int, start: int, target: memoryview, direct: bool) -> None:
+    """`len(target)` bytes of the file from `start` into `target`: with O_DIRECT, whole aligned blocks into this
+    thread's aligned buffer, then copied; else one positioned read straight into it."""
+    if not direct:
+        done = 0
+        while done < len(target):
+            got = os.preadv(fd, [target[done:]], start + done)
+            if not got:
+                raise OSError(f"a weight file ended {len(target) - done} bytes early at offset {start + done}")
+            done += got
+        return
+    try:
+        _read_aligned(fd, start, target)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        # The device refused the transfer (blocks larger than direct_io.ALIGNMENT): through the page cache.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+        _read_chunk(fd, start, target, False)
+
+
+def _read_aligned(fd: int, start: int, target: memoryview) -> None:
+    buffer = getattr(_thread_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _thread_buffers.buffer = direct_io.aligned_buffer(_CHUNK + 2 * direct_io.ALIGNMENT)
+    first = start - start % direct_io.ALIGNMENT
+    end = -(-(start + len(target)) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT
+    view = memoryview(buffer)[: end - first]
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], first + done)
+        if not got:
+            break
+        done += got
+    if first + done < start + len(target):
+        raise OSError(f"a weight file ended at offset {first + done}, before {start + len(target)}")
+    target[:] = view[start - first : start - first + len(target)]
+
+
+_CHUNK = 8 << 20
+_READERS = 8
+"""Reads in flight at once: O_DIRECT has no kernel read-ahead, so the loader keeps the disk busy itself."""
+
+
+def _open_to_read(path: Path) -> tuple[int, bool]:
+    """A file descriptor to read `path` with O_DIRECT where its file system allows (and whether it does)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    try:
+        return os.open(path, os.O_RDONLY | flag), bool(flag)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return os.open(path, os.O_RDONLY), False
+
+
+@dataclass
+class _Part:
+    """One weight's part to read: where in which file, into what, and what to do with it once read."""
+
+    file: str
+    start: int
+    target: torch.Tensor
+    finish: Callable[[], None] | None
+
+
+def _read_parts(folder: Path, parts: list[_Part]) -> None:
+    """Every part's bytes, in chunks read `_READERS` at a time, with O_DIRECT where the file system allows (a
+    cold read at the disk's speed, without the page cache's copy and its small read-ahead); each part's finish
+    (a conversion or transposition into its parameter) runs as soon as its chunks are in, while others are read."""
+    descriptors = {file: _open_to_read(folder / file) for file in sorted({part.file for part in parts})}
+    try:
+        with ThreadPoolExecutor(_READERS, thread_name_prefix="weights") as readers, ThreadPoolExecutor(1) as finisher:
+            finishing = []
+            for part in parts:
+                fd, direct = descriptors[part.file]
+                target = _bytes(part.target)
+                chunks = [
+                    readers.submit(_read_chunk, fd, part.start + at, target[at : at + _CHUNK], direct)
+                    for at in range(0, len(target), _CHUNK)
+                ]
+                if part.finish is not None:
+                    finishing.append(finisher.submit(_after, chunks, part.finish))
+                else:
+                    finishing += chunks
+            for done in finishing:
+                done.result()
+    finally:
+        for fd, _ in descriptors.values():
+            os.close(fd)
+
+
+def _after(chunks: list[Future[None]], finish: Callable[[], None]) -> None:
+    for chunk in chunks:
+        chunk.result()
+    finish()
+
+
+def _strided_part(
+    path: Path, start: int, entry: Mapping[str, Any], shape: tuple[int, ...], offset: tuple[int, ...]
 ) -> torch.Tensor:
-    """The part [offset, offset + shape) of a tensor stored at `start` in the file, in the file's dtype."""
-    dtype, full = entry["dtype"], tuple(entry["shape"])
-    itemsize = mf.DTYPE_BYTES[dtype]
-    if shape[1:] == full[1:]:  # whole rows: one run of bytes
-        part = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
-        row = math.prod(full[1:]) * itemsize
-        _readinto(handle, _bytes(part), start + offset[0] * row)
-        return part
-    mapped = np.memmap(handle.name, dtype=_NUMPY_VIEWS[dtype], mode="r", offset=start, shape=full)
+    """A part that is not whole rows of the file's tensor, through a memory map: only its pages are read."""
+    mapped = np.memmap(path, dtype=_NUMPY_VIEWS[entry["dtype"]], mode="r", offset=start, shape=tuple(entry["shape"]))
     window = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
     part = torch.from_numpy(np.ascontiguousarray(mapped[window]))
-    return part.view(torch.bfloat16) if dtype == "BF16" else part
+    return part.view(torch.bfloat16) if entry["dtype"] == "BF16" else part
 
 
 @torch.no_grad()
 def load_weights(slots: Slots, base: BaseModel) -> None:
-    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files."""
-    handles: dict[str, BinaryIO] = {}
-    try:
-        for weight in mf.weight_names(base.args):
-            module, attr = slots[weight.ours]
-            local, shape, offset = local_part(getattr(module, attr))
-            if local.numel() == 0:
-                continue
-            file, name = base.locate(weight)
-            header = base.headers[file]
-            entry = header.tensors[name]
-            if file not in handles:
-                handles[file] = (base.path / file).open("rb", buffering=0)
-            start = header.data_start + entry["data_offsets"][0]
-            if weight.transposed:
-                part = _read_part(handles[file], start, entry, shape[::-1], offset[::-1]).t()
-            elif _TORCH_DTYPES[entry["dtype"]] == local.dtype and local.is_contiguous() and local.device.type == "cpu":
-                row = math.prod(entry["shape"][1:]) * mf.DTYPE_BYTES[entry["dtype"]]
-                _readinto(handles[file], _bytes(local), start + offset[0] * row)
-                continue
-            else:
-                part = _read_part(handles[file], start, entry, shape, offset)
-            local.copy_(part)
-    finally:
-        for handle in handles.values():
-            handle.close()
+    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
+    it holds of each weight, read as one range (into the parameter itself where dtypes match)."""
+    parts: list[_Part] = []
+    for weight in mf.weight_names(base.args):
+        module, attr = slots[weight.ours]
+        local, shape, offset = local_part(getattr(module, attr))
+        if local.numel() == 0:
+            continue
+        file, name = base.locate(weight)
+        header = base.headers[file]
+        entry = header.tensors[name]
+        start = header.data_start + entry["data_offsets"][0]
+        if weight.transposed:
+            shape, offset = shape[::-1], offset[::-1]
+        full = tuple(entry["shape"])
+        if shape[1:] != full[1:]:  # not whole rows of the file's tensor
+            part = _strided_part(base.path / file, start, entry, shape, offset)
+            local.copy_(part.t() if weight.transposed else part)
+            continue
+        dtype = _TORCH_DTYPES[entry["dtype"]]
+        direct = not weight.transposed and dtype == local.dtype and local.is_contiguous() and local.device.type == "cpu"
+        target = local if direct else torch.empty(shape, dtype=dtype)
+        row = math.prod(full[1:]) * mf.DTYPE_BYTES[entry["dtype"]]
+        finish = None if direct else functools.partial(_copy, local, target, transposed=weight.transposed)
+        parts.append(_Part(file, start + offset[0] * row, target, finish))
+    _read_parts(base.path, parts)
+
+
+def _copy(local: torch.Tensor, part: torch.Tensor, *, transposed: bool) -> None:
+    local.copy_(part.t() if transposed else part)
 
 
 def rope_frequencies(base: BaseModel) -> torch.Tensor:
