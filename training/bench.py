@@ -623,7 +623,7 @@ def bench_stragglers(*, world: int, steps: int, work: int) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m training.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="training throughput, MFU, memory")
@@ -668,7 +668,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     peer.add_argument("--nanogpt-source", default=bench_peer.NANOGPT_SOURCE, help="where to clone nanoGPT from")
     peer.add_argument("--text", type=Path, default=bench_peer.TEXT, help="tiny Shakespeare, read in place")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     if args.command == "peer":
         row = bench_peer.bench_peer(
