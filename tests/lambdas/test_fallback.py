@@ -246,12 +246,12 @@ def test_the_request_holds_an_alternative_in_range_and_at_most_max_fallback_clus
             TrainingRequest.parse(data | bad)
 
 
-def test_the_capacity_retry_cause_is_spelled_only_in_training_layout() -> None:
+def test_the_capacity_retry_cause_is_spelled_only_in_the_contract_layout() -> None:
     # The monitors return it and the state machine's Choice compares with it: one constant, INSUFFICIENT_CAPACITY.
     root = Path(__file__).parents[2]
     spelled = [
         str(path.relative_to(root))
-        for folder in ("lambdas", "stacks", "training")
+        for folder in ("contract", "lambdas", "stacks", "training", "localrun", "tools")
         for path in sorted((root / folder).rglob("*.py"))
         if any(
             isinstance(node, ast.Constant) and node.value == INSUFFICIENT_CAPACITY
