@@ -16,7 +16,11 @@ arguments after `code.args`, and the SM_HPS / SM_HP_<KEY> environment variables.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 CODE_CHANNEL = "code"
 """The input channel that holds a run's packed code (/opt/ml/input/data/code/<sha256>.tar.gz)."""
@@ -50,3 +54,153 @@ RETRY_ON_EXIT_CODES = "code.retry_on_exit_codes"
 
 USER_CODE_FAILED = "UserCodeFailed"
 """The failure file's first word when the script itself exited non-zero: the run ends at once, never retried."""
+RETRYABLE_EXIT = "RetryableExit"
+"""The failure file's first word when the script exited with a status that RETRY_ON_EXIT_CODES lists: the pipeline
+retries the job on fresh instances from the run's checkpoints, like a failed pre-flight check."""
+COMMUNICATION_FAILED = "CommunicationFailed"
+"""The failure file's first word when the script died of torch.distributed's own error (a lost peer, NCCL or EFA,
+the rendezvous store): a platform fault, retried on fresh instances."""
+
+LAUNCHER_KEYS = ("distribution", "preflight")
+"""Hyperparameters the launcher reads for any job, never the script's."""
+LAUNCHER_SECTIONS = ("hang.", "stragglers.")
+"""Prefixes of the hyperparameters the launcher (`hang.*`) and the SDK (`stragglers.*`) read, never the script's."""
+NOT_THE_SCRIPTS = ("sagemaker_", "_tuning_")
+"""Prefixes of what SageMaker's SDK and tuning add to any job's hyperparameters: not passed to the script."""
+
+
+class UserCodeError(ValueError):
+    """The run's `code.*` hyperparameters are invalid; the message says every problem and how to fix it."""
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What the job runs: a script in the packed code, or a module (`-m package.module`)."""
+
+    script: str | None = None
+    module: str | None = None
+
+    def argv(self) -> list[str]:
+        """The interpreter's arguments that run it (`train.py`, or `-m package.module`)."""
+        return ["-m", str(self.module)] if self.module is not None else [str(self.script)]
+
+    def __str__(self) -> str:
+        return " ".join(self.argv())
+
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def parse_entry_point(value: str) -> EntryPoint:
+    """`train.py`, `src/train.py` or `-m package.module`; UserCodeError says how to write it otherwise."""
+    text = value.strip()
+    if text.startswith("-m ") or text.startswith("-m\t"):
+        module = text[2:].strip()
+        if not _MODULE.match(module):
+            raise UserCodeError(f"{ENTRY_POINT}={value!r}: {module!r} is not a module name such as package.train")
+        return EntryPoint(module=module)
+    if not text.endswith(".py") or "\\" in text or any(part in ("", ".", "..") for part in text.split("/")):
+        raise UserCodeError(
+            f"{ENTRY_POINT}={value!r}: name a Python script by its path in the packed folder (train.py, "
+            "src/train.py), or a module as '-m package.module'"
+        )
+    return EntryPoint(script=text)
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """The run's code as the launcher receives it, from the `code.*` hyperparameters."""
+
+    entry_point: EntryPoint
+    sha256: str
+    args: tuple[str, ...] = ()
+    requirements: str = ""
+    retry_on_exit_codes: frozenset[int] = frozenset()
+
+    @property
+    def archive_name(self) -> str:
+        return f"{self.sha256}{ARCHIVE_SUFFIX}"
+
+    @classmethod
+    def from_hyperparameters(cls, hyperparameters: Mapping[str, object]) -> UserCode | None:
+        """The code the hyperparameters describe; None when they name no entry point (the built-in trainer)."""
+        given = {key: value for key, value in hyperparameters.items() if key.startswith(CODE_PREFIX)}
+        if ENTRY_POINT not in given:
+            if given:
+                raise UserCodeError(f"{', '.join(sorted(given))} given without {ENTRY_POINT}: name the script to run")
+            return None
+        problems = [f"unknown hyperparameter {key!r}" for key in sorted(set(given) - set(_KEYS))]
+        values = {}
+        for key, parse in _KEYS.items():
+            try:
+                values[key] = parse(str(given.get(key, "")))
+            except UserCodeError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise UserCodeError("; ".join(problems))
+        return cls(
+            entry_point=values[ENTRY_POINT],
+            sha256=values[SHA256],
+            args=values[ARGS],
+            requirements=values[REQUIREMENTS],
+            retry_on_exit_codes=values[RETRY_ON_EXIT_CODES],
+        )
+
+
+def _sha256(raw: str) -> str:
+    if not DIGEST.match(raw.strip()):
+        raise UserCodeError(f"{SHA256}={raw!r} is not the packed code's SHA-256 (64 lowercase hexadecimal characters)")
+    return raw.strip()
+
+
+def _json_list(key: str, raw: str, kind: type, what: str) -> list[Any]:
+    if not raw.strip():
+        return []
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise UserCodeError(f"{key}={raw!r} is not a JSON list of {what}")
+    return value
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    return tuple(_json_list(ARGS, raw, str, 'strings, e.g. ["--epochs", "3"]'))
+
+
+def _exit_codes(raw: str) -> frozenset[int]:
+    codes = _json_list(RETRY_ON_EXIT_CODES, raw, int, "exit statuses, e.g. [75]")
+    if any(not 1 <= code <= 255 for code in codes):
+        raise UserCodeError(f"{RETRY_ON_EXIT_CODES}={raw!r}: an exit status is between 1 and 255")
+    return frozenset(codes)
+
+
+def _requirements(raw: str) -> str:
+    text = raw.strip()
+    if text and ("\\" in text or any(part in ("", ".", "..") for part in text.split("/"))):
+        raise UserCodeError(f"{REQUIREMENTS}={raw!r}: name the requirements file by its path in the packed folder")
+    return text
+
+
+_KEYS: dict[str, Callable[[str], Any]] = {
+    ENTRY_POINT: parse_entry_point,
+    SHA256: _sha256,
+    ARGS: _args,
+    REQUIREMENTS: _requirements,
+    RETRY_ON_EXIT_CODES: _exit_codes,
+}
+
+
+def is_launcher_key(key: str) -> bool:
+    """Whether a hyperparameter is the platform's (the code's description, the launcher's or the SDK's settings)."""
+    return key.startswith((CODE_PREFIX, *LAUNCHER_SECTIONS, *NOT_THE_SCRIPTS)) or key in LAUNCHER_KEYS
+
+
+def script_hyperparameters(hyperparameters: Mapping[str, object]) -> dict[str, str]:
+    """The script's own hyperparameters (SageMaker's SM_HPS): all but the platform's, values as given."""
+    return {key: _text(value) for key, value in hyperparameters.items() if not is_launcher_key(key)}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
