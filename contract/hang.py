@@ -35,7 +35,7 @@ from pathlib import Path
 from contract.layout import HANG_DETECTED, HEARTBEAT_ENV
 
 _SUFFIX = ".step"
-_HUNG = re.compile(rf"\b{HANG_DETECTED}: no training step for (\d+) s\b")
+_HUNG = re.compile(rf"\b{HANG_DETECTED}: no training step (?:and no output )?for (\d+) s\b")
 
 
 def hung_seconds(reason: str) -> float:
@@ -83,15 +83,22 @@ def newest_step(directory: Path) -> int | None:
 
 @dataclass(frozen=True)
 class Hang:
-    """No step finished on `host` for `seconds` after `step`."""
+    """No step finished on `host` for `seconds` after `step` (`silent`: no output either, from a script that
+    reports no steps: its `step` counts its output lines)."""
 
     seconds: float
     step: int
     host: str
     limit: float
+    silent: bool = False
 
     def line(self) -> str:
         """The failure file's first line."""
+        if self.silent:
+            return (
+                f"{HANG_DETECTED}: no training step and no output for {self.seconds:.0f} s after output line "
+                f"{self.step} on {self.host}"
+            )
         return f"{HANG_DETECTED}: no training step for {self.seconds:.0f} s after step {self.step} on {self.host}"
 
     def describe(self) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from contract.user_code import COMMUNICATION_FAILED, RETRYABLE_EXIT
+
 # -- checkpoints -------------------------------------------------------------------------------------
 
 MANIFEST = "manifest.json"
@@ -172,6 +174,11 @@ PREFLIGHT_ENV = "TRAINING_PREFLIGHT"
 """Set by the launcher on the training workers: the pre-flight checks they run before training (JSON)."""
 HEARTBEAT_ENV = "TRAINING_HEARTBEAT_DIR"
 """Set by the launcher on the training workers: where each reports its last finished step (contract/hang.py)."""
+EXITS_ENV = "TRAINING_EXITS_DIR"
+"""Set by the launcher on the workers of a run's own code: where each records how its script ended."""
+CHECKPOINT_DIR_ENV = "TRAINING_CHECKPOINT_DIR"
+"""Set by the launcher on the workers of a run's own code: the checkpoint folder the platform syncs
+(/opt/ml/checkpoints, SageMaker's CheckpointConfig.LocalPath; SageMaker itself names it in no variable)."""
 
 LEDGER_CHANNEL = "ledger"
 """The input channel that brings every job its run's checkpoint ledger (/opt/ml/input/data/ledger)."""
@@ -185,7 +192,7 @@ STRAGGLER_DETECTED = "StragglerDetected"
 HANG_DETECTED = "HangDetected"
 """The first word of the failure file's first line when the launcher killed workers that finished no training
 step for the hang limit (contract/hang.py); retried on fresh nodes like a failed pre-flight."""
-RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED, HANG_DETECTED)
+RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED, HANG_DETECTED, RETRYABLE_EXIT, COMMUNICATION_FAILED)
 """The failure words after which the pipeline starts a new job on fresh instances, from the checkpoints."""
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 """The error of a job that found too few instances (the monitors' `retry_cause`): the pipeline's next attempt

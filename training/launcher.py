@@ -26,17 +26,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from contract.code_archive import CodeArchiveError
 from contract.config import ConfigError, HangConfig, JobConfig, from_hyperparameters
 from contract.distributions import distribution, module_available
 from contract.hang import Hang
 from contract.layout import (
     AUXILIARY_START_TIMEOUT_ENV,
     EFA_ENV,
+    EXITS_ENV,
     GRACE_ENV,
     HEARTBEAT_ENV,
     LAUNCHED_ENV,
@@ -46,8 +48,9 @@ from contract.layout import (
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
 )
-from training import batch_contract
-from training.hang import HangWatch
+from contract.user_code import USER_CODE_FAILED, UserCode, UserCodeError, is_launcher_key
+from training import batch_contract, user_code
+from training.hang import HangWatch, ScriptWatch
 from training.preflight import Checks, NcclLog, checks_from_env, failure_line
 from training.roles import (
     DEFAULT_START_TIMEOUT_SECONDS,
@@ -199,7 +202,11 @@ def network_env(
     return {key: value for key, value in wanted.items() if key not in env}
 
 
-def torchrun_command(plan: LaunchPlan) -> list[str]:
+TRAINER = ("-m", "training.train")
+"""What each worker runs: the built-in trainer, or training/user_worker.py and a run's own entry point."""
+
+
+def torchrun_command(plan: LaunchPlan, worker: Sequence[str] = TRAINER) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -210,12 +217,13 @@ def torchrun_command(plan: LaunchPlan) -> list[str]:
         f"--master_addr={plan.master_addr}",
         f"--master_port={plan.master_port}",
         "--max_restarts=0",
-        "-m",
-        "training.train",
+        *worker,
     ]
 
 
-def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None) -> list[str]:
+def mpirun_command(
+    plan: LaunchPlan, forward: Sequence[str], ifname: str | None, worker: Sequence[str] = TRAINER
+) -> list[str]:
     """mpirun from the first host over every host's GPUs; workers map OMPI_* ranks to torch's."""
     hosts = ",".join(f"{host}:{plan.nproc_per_node}" for host in plan.hosts)
     command = [
@@ -244,7 +252,7 @@ def mpirun_command(plan: LaunchPlan, forward: Sequence[str], ifname: str | None)
     command += ["-x", f"MASTER_ADDR={plan.master_addr}", "-x", f"MASTER_PORT={plan.master_port}"]
     for name in forward:
         command += ["-x", name]
-    return [*command, sys.executable, "-m", "training.train"]
+    return [*command, sys.executable, *worker]
 
 
 def proc_stat(pid: int | str) -> list[str]:
@@ -289,7 +297,8 @@ def _kill(pid: int) -> None:
 
 class Supervisor:
     """Runs the worker launcher, mirrors its output, forwards SIGTERM, enforces the grace period and, with a
-    `watch`, kills workers that hang."""
+    `watch`, kills workers that hang. With `separate_stderr` (a run's own script) the workers' stderr is mirrored
+    to the launcher's and its last lines kept apart (`stderr_tail`), for the failure file."""
 
     def __init__(
         self,
@@ -298,11 +307,16 @@ class Supervisor:
         *,
         grace_seconds: float,
         mpi: bool,
-        watch: HangWatch | None = None,
+        watch: HangWatch | ScriptWatch | None = None,
+        cwd: Path | None = None,
+        separate_stderr: bool = False,
     ) -> None:
         self.command, self.env, self.grace, self.mpi = list(command), dict(env), grace_seconds, mpi
-        self.watch = watch
+        self.watch, self.cwd, self.separate_stderr = watch, cwd, separate_stderr
         self.tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=4 * _OUTPUT_TAIL_LINES)
+        self.output_lines = 0
+        """Lines the workers printed so far: the progress of a script that reports no steps."""
         self.signal_name: str | None = None
         self.hang: Hang | None = None
         self.hang_ended_by_peer = False
@@ -310,11 +324,14 @@ class Supervisor:
         self._deadline: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def _pump(self, stream: IO[bytes]) -> None:
+    def _pump(self, stream: IO[bytes], out: IO[bytes], tails: Sequence[collections.deque[str]]) -> None:
         for raw in iter(stream.readline, b""):
-            sys.stdout.buffer.write(raw)
-            sys.stdout.buffer.flush()
-            self.tail.append(raw.decode("utf-8", errors="replace").rstrip())
+            out.write(raw)
+            out.flush()
+            self.output_lines += 1
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            for tail in tails:
+                tail.append(line)
 
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal_name is not None or self._proc is None:
@@ -334,13 +351,18 @@ class Supervisor:
         self._proc = proc = subprocess.Popen(
             self.command,
             env=self.env,
+            cwd=self.cwd,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if self.separate_stderr else subprocess.STDOUT,
             start_new_session=True,
         )
         assert proc.stdout is not None
-        pump = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
-        pump.start()
+        pumps = [threading.Thread(target=self._pump, args=(proc.stdout, sys.stdout.buffer, [self.tail]), daemon=True)]
+        if proc.stderr is not None:
+            tails = [self.tail, self.stderr_tail]
+            pumps.append(threading.Thread(target=self._pump, args=(proc.stderr, sys.stderr.buffer, tails), daemon=True))
+        for pump in pumps:
+            pump.start()
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
         expired = False
         try:
@@ -350,7 +372,7 @@ class Supervisor:
                     _kill(proc.pid)
                 # A stop that was asked for is the grace period's to bound, not the hang check's.
                 if self.watch is not None and self.signal_name is None and self.hang is None:
-                    self.hang = self.watch.check(time.monotonic())
+                    self.hang = self.watch.check(time.monotonic(), self.output_lines)
                     if self.hang is not None:
                         log.error("%s: killing the workers", self.hang.describe())
                         _kill(proc.pid)
@@ -359,9 +381,10 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if self.watch is not None and self.hang is None and self.signal_name is None and proc.returncode != 0:
-            self.hang = self.watch.stalled(time.monotonic())
+            self.hang = self.watch.stalled(time.monotonic(), self.output_lines)
             self.hang_ended_by_peer = self.hang is not None
-        pump.join(timeout=10)
+        for pump in pumps:
+            pump.join(timeout=10)
         return proc.returncode, expired
 
 
@@ -407,12 +430,17 @@ def _start_sshd() -> None:
         subprocess.Popen(["/usr/sbin/sshd", "-D"], start_new_session=True)
 
 
-def _validate(paths: Paths, env: Mapping[str, str]) -> tuple[JobConfig, ResourceConfig, LaunchPlan]:
-    cfg = from_hyperparameters(read_hyperparameters(paths))
+def _validate(
+    paths: Paths, env: Mapping[str, str], hyperparameters: Mapping[str, object], code: UserCode | None
+) -> tuple[JobConfig, ResourceConfig, LaunchPlan]:
+    """The launcher's settings (of a run's own code: the launcher's keys alone, the rest are the script's)."""
+    own = {k: v for k, v in hyperparameters.items() if is_launcher_key(k) and not k.startswith("code.")}
+    cfg = from_hyperparameters(hyperparameters if code is None else own)
     resources = training_cluster(read_resource_config(paths, env), env)
     if resources is None:
         raise ContractError("this host does not train (see _auxiliary)")
-    find_data_files(paths)
+    if code is None:  # a run's own code reads its channels itself: any files
+        find_data_files(paths)
     strategy = distribution(cfg.distribution)
     if strategy.required_module and not module_available(strategy.required_module):
         raise ConfigError(
@@ -483,37 +511,63 @@ class Launch:
     """None: the `preflight` hyperparameter turned the check off."""
     hang: HangConfig
     max_steps: int
+    hyperparameters: Mapping[str, object] = field(default_factory=dict)
+    code: UserCode | None = None
+    """A run's own code (None: the built-in trainer)."""
+    code_dir: Path | None = None
+    """Where `code` was unpacked (`user_code.prepare`)."""
 
 
 def _validate_launch(paths: Paths, env: Mapping[str, str]) -> Launch:
-    cfg, resources, plan = _validate(paths, env)
+    hyperparameters = read_hyperparameters(paths)
+    code = UserCode.from_hyperparameters(hyperparameters)
+    cfg, resources, plan = _validate(paths, env, hyperparameters, code)
     efa = efa_for_host(env, efa_devices())
     checks = checks_from_env(env, efa=bool(efa), timeout_minutes=cfg.parallel.timeout_minutes)
-    return Launch(
-        resources, plan, _grace_seconds(env), efa, checks if cfg.preflight else None, cfg.hang, cfg.train.max_steps
-    )
+    max_steps = sys.maxsize if code is not None else cfg.train.max_steps  # a script's own last step is its own
+    preflight = checks if cfg.preflight else None
+    return Launch(resources, plan, _grace_seconds(env), efa, preflight, cfg.hang, max_steps, hyperparameters, code)
 
 
-def _hang_watch(launch: Launch, env: dict[str, str]) -> HangWatch | None:
+def _hang_watch(launch: Launch, env: dict[str, str]) -> HangWatch | ScriptWatch | None:
     """The hang check of this host's workers, whose reports' directory it adds to `env`; None when off."""
     if launch.hang.action == "off":
         log.info("hang check off (hyperparameter hang.action=off)")
         return None
     directory = Path(tempfile.mkdtemp(prefix="heartbeat-"))
     env[HEARTBEAT_ENV] = str(directory)
-    watch = HangWatch(
-        directory,
-        host=launch.resources.current_host,
-        last_step=launch.max_steps,
-        fixed_seconds=launch.hang.minutes * 60,
-        floor_seconds=launch.hang.floor_minutes * 60,
-        factor=launch.hang.factor,
-    )
+    watches = [
+        HangWatch(
+            folder,
+            host=launch.resources.current_host,
+            last_step=launch.max_steps,
+            fixed_seconds=launch.hang.minutes * 60,
+            floor_seconds=launch.hang.floor_minutes * 60,
+            factor=launch.hang.factor,
+        )
+        for folder in (directory, None)
+    ]
     limit = f"{launch.hang.factor:g} x the longest step interval, at least {launch.hang.floor_minutes:g} min"
     if launch.hang.minutes:
         limit = f"{launch.hang.minutes:g} min"
-    log.info("hang check: a host with no training step for %s fails with HangDetected", limit)
-    return watch
+    what = "no training step" if launch.code is None else "no training step (nor output, before the first step)"
+    log.info("hang check: a host with %s for %s fails with HangDetected", what, limit)
+    return watches[0] if launch.code is None else ScriptWatch(*watches)
+
+
+def _worker(paths: Paths, launch: Launch, env: dict[str, str]) -> tuple[Sequence[str], Path | None]:
+    """What each worker runs (`TRAINER`, or a run's own code with SageMaker's environment added to `env`), and the
+    folder where a run's own code's workers record how they ended."""
+    code, code_dir = launch.code, launch.code_dir
+    if code is None or code_dir is None:
+        return TRAINER, None
+    gpus = gpu_count(env)
+    env.update(user_code.script_env(paths, code, code_dir, launch.resources, launch.hyperparameters, gpus=gpus))
+    exits = Path(tempfile.mkdtemp(prefix="exits-"))
+    env[EXITS_ENV] = str(exits)
+    args = user_code.script_arguments(code, launch.hyperparameters)
+    log.info("running %s %s in %s", code.entry_point, " ".join(args), code_dir)
+    return ("-m", "training.user_worker", *code.entry_point.argv(), *args), exits
 
 
 def _launch(paths: Paths, launch: Launch) -> int:
@@ -540,6 +594,8 @@ def _launch(paths: Paths, launch: Launch) -> int:
         env[PREFLIGHT_ENV] = checks.to_env()
         log.info("pre-flight check in the training workers: %s", checks.to_env())
     watch = _hang_watch(launch, env)
+    before = set(env)
+    worker, exits = _worker(paths, launch, env)
     mpi = distribution(plan.distribution).launcher == "mpirun"
     if mpi:
         _start_sshd()
@@ -547,16 +603,20 @@ def _launch(paths: Paths, launch: Launch) -> int:
             return _follow_mpi_master()
         _wait_for_ssh(plan.hosts[1:])
         # Ranks on other hosts start over SSH, which does not carry the image's ENV lines.
-        forward = sorted({*extra, PREFLIGHT_ENV, HEARTBEAT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"} & set(env))
-        command = mpirun_command(plan, forward, resources.network_interface_name)
+        own = {*extra, *(set(env) - before), PREFLIGHT_ENV, HEARTBEAT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"}
+        command = mpirun_command(plan, sorted(own & set(env)), resources.network_interface_name, worker)
     else:
-        command = torchrun_command(plan)
-    supervisor = Supervisor(command, env, grace_seconds=grace, mpi=mpi, watch=watch)
+        command = torchrun_command(plan, worker)
+    supervisor = Supervisor(
+        command, env, grace_seconds=grace, mpi=mpi, watch=watch, cwd=launch.code_dir, separate_stderr=bool(exits)
+    )
     try:
         returncode, expired = supervisor.run()
+        records = user_code.exit_records(exits) if exits is not None else []
     finally:
-        if watch is not None:
-            shutil.rmtree(watch.directory, ignore_errors=True)
+        for folder in (watch.directory if watch is not None else None, exits):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     if passed is not None:
         passed_check = passed.exists()
         # What NCCL logged that a worker it aborted (or that was killed) had not yet copied to the log.
@@ -570,6 +630,9 @@ def _launch(paths: Paths, launch: Launch) -> int:
         )
         if status is not None:
             return status
+    if launch.code is not None and returncode != 0 and not (expired or supervisor.hang or supervisor.signal_name):
+        user_code.verdict(paths, launch.code, records, supervisor.stderr_tail, returncode)
+        return EXIT_FAILED
     return _outcome(paths, supervisor, returncode, expired, grace)
 
 
@@ -650,9 +713,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (aux := _auxiliary(paths, os.environ)) is not None:
             return _follow(paths, aux, os.environ)
         launch = _validate_launch(paths, os.environ)
-    except (ConfigError, ContractError) as exc:
+        if launch.code is not None:
+            launch = replace(launch, code_dir=user_code.prepare(paths, launch.code))
+    except (ConfigError, ContractError, UserCodeError, CodeArchiveError) as exc:
         log.error("invalid input: %s", exc)
         write_failure(paths, str(exc))
+        return EXIT_INVALID_INPUT
+    except user_code.InstallError as exc:
+        log.error("%s", exc)
+        write_failure(paths, f"{USER_CODE_FAILED}: {exc}")
         return EXIT_INVALID_INPUT
     try:
         return _launch(paths, launch)
