@@ -990,14 +990,15 @@ def _unfilled_entry(p: torch.Tensor, value: Any, other: Any, one: torch.Tensor, 
 
 
 @dataclass
-class TrainingState:
-    """Everything a resume needs, as a DCP state dict (and back). The model's part holds a tied weight once
+class ModelState:
+    """What every checkpoint of a model holds, as a DCP state dict (and back): the model, its optimizer, the LR
+    schedule, the step and every rank's RNG streams; `_progress` and `_restore` add what a kind of training keeps
+    besides (the trainer's data position, a script's own values). The model's part holds a tied weight once
     (`_untied`); `load_state_dict` gives it the model under each of its names."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: LRScheduler
-    loader: DistributedTokenLoader
+    scheduler: LRScheduler | None
     rank: int
     seed: int
     step: int = 0
@@ -1005,24 +1006,36 @@ class TrainingState:
 
     @property
     def tokens_consumed(self) -> int:
-        return self.loader.consumed * self.loader.samples.seq_len
+        return 0
+
+    def _progress(self) -> dict[str, Any]:
+        return {}
+
+    def _restore(self, progress: dict[str, Any]) -> None:
+        pass
+
+    def _rng(self) -> dict[str, Any]:
+        """This rank's random streams."""
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return rng
+
+    def _set_rng(self, rng: dict[str, Any]) -> None:
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
 
     def state_dict(self, *, with_rng: bool = True) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         model_sd, self._tied = _untied(model_sd)
-        progress = {
-            "step": self.step,
-            "tokens_consumed": self.tokens_consumed,
-            "loader": self.loader.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-        }
+        progress = {"step": self.step, "tokens_consumed": self.tokens_consumed, **self._progress()}
+        if self.scheduler is not None:
+            progress["scheduler"] = self.scheduler.state_dict()
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "progress": json.dumps(progress)}
         if with_rng:
             # One key per rank: DCP deduplicates identical keys across ranks, these must all be kept.
-            rng = {"cpu": torch.get_rng_state()}
-            if torch.cuda.is_available():
-                rng["cuda"] = torch.cuda.get_rng_state()
-            state["rng"] = {f"rank{self.rank}": rng}
+            state["rng"] = {f"rank{self.rank}": self._rng()}
         return state
 
     def to_load_into(self, *, with_rng: bool = True) -> dict[str, Any]:
@@ -1040,16 +1053,34 @@ class TrainingState:
         set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
         progress = json.loads(state["progress"])
         self.step = int(progress["step"])
-        self.loader.load_state_dict(progress["loader"])
-        self.scheduler.load_state_dict(progress["scheduler"])
+        self._restore(progress)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(progress["scheduler"])
         if "rng" in state:
-            rng = state["rng"][f"rank{self.rank}"]
-            torch.set_rng_state(rng["cpu"])
-            if "cuda" in rng:
-                torch.cuda.set_rng_state(rng["cuda"])
+            self._set_rng(state["rng"][f"rank{self.rank}"])
         else:
             # Another world size: rank r's old stream has no successor, so derive a fresh one.
             torch.manual_seed(self.seed + 1_000_003 * self.step + self.rank)
+
+
+@dataclass
+class TrainingState(ModelState):
+    """The trainer's state: a model's, and the data loader's position."""
+
+    loader: DistributedTokenLoader | None = None
+
+    @property
+    def tokens_consumed(self) -> int:
+        assert self.loader is not None
+        return self.loader.consumed * self.loader.samples.seq_len
+
+    def _progress(self) -> dict[str, Any]:
+        assert self.loader is not None
+        return {"loader": self.loader.state_dict()}
+
+    def _restore(self, progress: dict[str, Any]) -> None:
+        assert self.loader is not None
+        self.loader.load_state_dict(progress["loader"])
 
 
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
@@ -1104,7 +1135,7 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- saving
 
-    def save(self, state: TrainingState, *, blocking: bool = False) -> None:
+    def save(self, state: ModelState, *, blocking: bool = False) -> None:
         """Checkpoint ``state.step``; in async mode return once the state is staged (unless blocking)."""
         self.wait()
         step = state.step
@@ -1266,7 +1297,7 @@ class CheckpointManager:
         return kept
 
     def _load(
-        self, directory: Path, manifest: Manifest, state: TrainingState, *, same_world: bool
+        self, directory: Path, manifest: Manifest, state: ModelState, *, same_world: bool
     ) -> tuple[dict[str, Any], _Problem | None]:
         """Load the checkpoint in `directory` into a state dict of `state`'s own tensors (with its RNG streams when
         `same_world`); that state dict, and why it could not be loaded, or None."""
@@ -1307,7 +1338,7 @@ class CheckpointManager:
             reader.close()
         return template, None
 
-    def _load_tried(self, step: int, state: TrainingState) -> tuple[dict[str, Any], Manifest | None, list[_Problem]]:
+    def _load_tried(self, step: int, state: ModelState) -> tuple[dict[str, Any], Manifest | None, list[_Problem]]:
         """Load checkpoint `step` into `state`'s tensors (`_load`), and again after each of `LOAD_RETRY_SECONDS`
         while every rank's errors may pass; the state dict, the manifest, and every rank's errors in the last try
         (none: it loaded)."""
@@ -1335,7 +1366,7 @@ class CheckpointManager:
             time.sleep(wait)
         return template, None if isinstance(manifest, _Problem) else manifest, errors
 
-    def load_latest(self, state: TrainingState) -> int | None:
+    def load_latest(self, state: ModelState) -> int | None:
         """Restore the newest checkpoint that every rank can load; None when there is none to resume."""
         if not self.cfg.resume:
             return None

@@ -221,6 +221,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         # Dropout streams differ per rank; a same-size resume restores them from the checkpoint.
         torch.manual_seed(cfg.train.seed + 1 + env.rank)
+        self.loader = loader
         self.state = TrainingState(
             model=self.model,
             optimizer=self.optimizer,
@@ -385,7 +386,7 @@ class Trainer:
         for micro in range(self.grad_accum):
             last = micro == self.grad_accum - 1
             self.step_timer.start()  # this rank's own compute: data and forward hold no collective under DDP
-            x_BT, y_BT, doc_BT = self._to_device(self.state.loader.next_batch())
+            x_BT, y_BT, doc_BT = self._to_device(self.loader.next_batch())
             with self._grad_sync(last):
                 with self._autocast():
                     logits_BTV = self.model(x_BT) if doc_BT is None else self.model(x_BT, doc_BT)
