@@ -194,6 +194,9 @@ HANG_DETECTED = "HangDetected"
 step for the hang limit (contract/hang.py); retried on fresh nodes like a failed pre-flight."""
 RETRIED_ON_FRESH_NODES = (PREFLIGHT_FAILED, STRAGGLER_DETECTED, HANG_DETECTED, RETRYABLE_EXIT, COMMUNICATION_FAILED)
 """The failure words after which the pipeline starts a new job on fresh instances, from the checkpoints."""
+PEER_SYMPTOMS = (HANG_DETECTED, COMMUNICATION_FAILED)
+"""Failure words a host writes when another host's failure ended its collectives: where a host failed otherwise,
+that failure is the job's cause (a script's own error on one host must not be retried as its peers' lost link)."""
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 """The error of a job that found too few instances (the monitors' `retry_cause`): the pipeline's next attempt
 runs on the request's next fallback cluster, if it has one."""

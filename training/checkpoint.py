@@ -77,7 +77,12 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -997,7 +1002,8 @@ class ModelState:
     (`_untied`); `load_state_dict` gives it the model under each of its names."""
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
+    """None: the model alone is saved or loaded (a load takes it from a checkpoint that holds an optimizer too)."""
     scheduler: LRScheduler | None
     rank: int
     seed: int
@@ -1027,12 +1033,17 @@ class ModelState:
             torch.cuda.set_rng_state(rng["cuda"])
 
     def state_dict(self, *, with_rng: bool = True) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if self.optimizer is None:
+            model_sd, optim_sd = get_model_state_dict(self.model), None
+        else:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         model_sd, self._tied = _untied(model_sd)
         progress = {"step": self.step, "tokens_consumed": self.tokens_consumed, **self._progress()}
         if self.scheduler is not None:
             progress["scheduler"] = self.scheduler.state_dict()
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "progress": json.dumps(progress)}
+        state: dict[str, Any] = {"model": model_sd, "progress": json.dumps(progress)}
+        if optim_sd is not None:
+            state["optim"] = optim_sd
         if with_rng:
             # One key per rank: DCP deduplicates identical keys across ranks, these must all be kept.
             state["rng"] = {f"rank{self.rank}": self._rng()}
@@ -1041,7 +1052,8 @@ class ModelState:
     def to_load_into(self, *, with_rng: bool = True) -> dict[str, Any]:
         """`state_dict`, for a load to fill: an optimizer without state gets it uninitialised
         (`_unfilled_optimizer_state`)."""
-        _unfilled_optimizer_state(self.optimizer)
+        if self.optimizer is not None:
+            _unfilled_optimizer_state(self.optimizer)
         return self.state_dict(with_rng=with_rng)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -1050,7 +1062,10 @@ class ModelState:
         model_sd = dict(state["model"])
         for key, same in (self._tied or {}).items():
             model_sd.setdefault(key, model_sd[same])
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
+        if self.optimizer is None:
+            set_model_state_dict(self.model, model_sd)
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
         progress = json.loads(state["progress"])
         self.step = int(progress["step"])
         self._restore(progress)

@@ -19,8 +19,8 @@ from botocore.exceptions import ClientError
 from contract import goodput
 from contract.execution_state import BatchPoll, JobCost, JobProgress
 from contract.layout import (
-    HANG_DETECTED,
     INSUFFICIENT_CAPACITY,
+    PEER_SYMPTOMS,
     RETRIED_ON_FRESH_NODES,
     result_key,
     run_output,
@@ -110,8 +110,10 @@ def summarize(
         status, secondary = "Failed", "Failed"
     main = next((r for r in results if r.get("node") == describe.get("nodeProperties", {}).get("mainNode", 0)), None)
     failures = [r for r in sorted(results, key=lambda r: r["node"]) if r.get("failure")]
-    # A node whose training failed leaves its peers waiting until their hang check ends them: its failure is the cause.
-    failed_node = next((r for r in failures if not r["failure"].startswith(f"{HANG_DETECTED}: ")), None)
+    # A node whose training failed leaves its peers waiting until their hang check ends them, or losing their link
+    # to it: its failure is the cause.
+    symptoms = tuple(f"{word}: " for word in PEER_SYMPTOMS)
+    failed_node = next((r for r in failures if not r["failure"].startswith(symptoms)), None)
     failed_node = failed_node or next(iter(failures), None)
     reason = capacity_error or (failed_node or {}).get("failure") or ""
     error: str | None = None

@@ -99,3 +99,16 @@ def test_terminated_by_the_platform_is_stopped_and_waiting_too_long_is_insuffici
         "InsufficientCapacity",
         True,
     )
+
+
+def test_a_scripts_own_failure_is_not_retried_and_its_peers_lost_link_does_not_make_it_so() -> None:
+    own = {"node": 1, "exit_code": 1, "failure": "UserCodeFailed: the script exited with status 3 on node-1 (rank 1)"}
+    lost = {"node": 0, "exit_code": 1, "failure": "CommunicationFailed: the script's collective communication failed"}
+    summary = _summary(_job("FAILED"), [lost, own])
+    assert (summary.error, summary.retry_on_new_nodes) == ("TrainingJobFailed", False)
+    assert summary.failure_reason == own["failure"]
+    summary = _summary(_job("FAILED"), [lost])  # a node lost on its own: a platform fault
+    assert (summary.error, summary.retry_on_new_nodes) == ("CommunicationFailed", True)
+    listed = {"node": 0, "exit_code": 1, "failure": "RetryableExit: the script exited with status 75 on node-0"}
+    summary = _summary(_job("FAILED"), [listed])
+    assert (summary.error, summary.retry_on_new_nodes) == ("RetryableExit", True)

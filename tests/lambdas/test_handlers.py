@@ -246,6 +246,10 @@ def test_monitor_flags_stale_checkpoints_once_and_rearms() -> None:
             "HangDetected",
         ),
         ("Failed", "Failed", "AlgorithmError: exit code 1", "TrainingJobFailed"),
+        # A run's own script: its own failure ends the run; a listed exit status and a lost link are retried.
+        ("Failed", "Failed", "AlgorithmError: UserCodeFailed: the script exited with status 3", "TrainingJobFailed"),
+        ("Failed", "Failed", "AlgorithmError: RetryableExit: the script exited with status 75", "RetryableExit"),
+        ("Failed", "Failed", "AlgorithmError: CommunicationFailed: DistNetworkError", "CommunicationFailed"),
         # Only the failure file's own first word counts, not the words of some other error.
         ("Failed", "Failed", "AlgorithmError: ValueError: no 'PreflightFailed: ' here", "TrainingJobFailed"),
         ("Stopped", "MaxWaitTimeExceeded", "", "MaxWaitTimeExceeded"),
@@ -259,7 +263,14 @@ def test_monitor_names_how_a_job_ended(status: str, secondary: str, reason: str,
     summary = summarize(describe, checkpoint=None, now=NOW, stale_minutes=90, hourly_usd=10.0)
     assert summary.finished is True
     assert summary.error == error
-    retried = ("InsufficientCapacity", "PreflightFailed", "StragglerDetected", "HangDetected")
+    retried = (
+        "InsufficientCapacity",
+        "PreflightFailed",
+        "StragglerDetected",
+        "HangDetected",
+        "RetryableExit",
+        "CommunicationFailed",
+    )
     assert summary.retry_on_new_nodes is (error in retried)
     if error and not reason:
         assert secondary in summary.failure_reason

@@ -80,15 +80,16 @@ class Checkpointer:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         scheduler: LRScheduler | None = None,
         *,
         extra: dict[str, Any] | None = None,
         keep_last: int = 3,
         directory: Path | None = None,
     ) -> None:
-        """`extra`: the script's own values to save (JSON: epoch, data position, ...), restored in place by
-        `resume`; `keep_last`: complete checkpoints kept; `directory`: the checkpoint folder the platform syncs."""
+        """`optimizer`: None saves and loads the model alone; `extra`: the script's own values to save (JSON: epoch,
+        data position, ...), restored in place by `resume`; `keep_last`: complete checkpoints kept; `directory`: the
+        checkpoint folder the platform syncs."""
         _process_group()
         parameter = next(iter(model.parameters()), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
