@@ -11,6 +11,7 @@ import pytest
 from own_code import code_tree, first_line, launch
 
 from contract.code_archive import pack
+from contract.hang import hung_seconds
 from contract.user_code import UserCode
 from lambdas.sagemaker.monitor import retry_cause
 from training.sagemaker_contract import Paths, ResourceConfig
@@ -137,6 +138,7 @@ def test_a_script_that_falls_silent_is_found_hung_without_the_sdk(tmp_path: Path
     assert result.returncode == 5, result.stdout[-3000:]
     assert first_line(paths).startswith("HangDetected: no training step and no output for 3 s")
     assert retry_cause("Failed", _reason(paths)) == "HangDetected"
+    assert hung_seconds(first_line(paths)) == 3  # the goodput ledger counts the silence as a stall
 
 
 def test_a_tampered_archive_is_refused_and_nothing_of_it_runs(tmp_path: Path) -> None:

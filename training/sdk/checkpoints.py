@@ -19,7 +19,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from contract.config import CheckpointConfig
-from contract.layout import LEDGER_CHANNEL
+from contract.layout import LEDGER_CHANNEL, step_dir
 from contract.ledger import trusted_digests
 from training import sdk
 from training.checkpoint import CheckpointManager, ModelState
@@ -107,6 +107,8 @@ class Checkpointer:
         with run.clock.phase("checkpoint_load"):
             step = self.manager.load_latest(self.state) or 0
         run.resumed(step)
+        if run.rank == 0:  # the script's logging is its own: say it where its output goes
+            print(f"resumed from checkpoint {step_dir(step)}" if step else "no checkpoint to resume from", flush=True)
         return step
 
     def save(self, step: int) -> None:

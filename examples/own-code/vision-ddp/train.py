@@ -65,7 +65,10 @@ def main() -> None:
         sampler.set_epoch(epoch)
         # The epoch's order is the sampler's (seeded by epoch); a resumed run starts after the batches it trained.
         order = list(sampler)[done * args.batch_size :]
-        for images, labels in DataLoader(dataset, batch_size=args.batch_size, sampler=order, drop_last=True):
+        # A generator of its own: starting an epoch's loader then draws nothing from the random stream the
+        # augmentations use, so a resumed run draws what an uninterrupted one draws.
+        batches = DataLoader(dataset, args.batch_size, sampler=order, drop_last=True, generator=torch.Generator())
+        for images, labels in batches:
             loss = F.cross_entropy(model(images.to(device)), labels.to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
