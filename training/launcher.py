@@ -48,7 +48,7 @@ from contract.layout import (
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
 )
-from contract.user_code import USER_CODE_FAILED, UserCode, UserCodeError, is_launcher_key
+from contract.user_code import CODE_PREFIX, USER_CODE_FAILED, UserCode, UserCodeError, is_launcher_key
 from training import batch_contract, user_code
 from training.hang import HangWatch, ScriptWatch
 from training.preflight import Checks, NcclLog, checks_from_env, failure_line
@@ -434,7 +434,7 @@ def _validate(
     paths: Paths, env: Mapping[str, str], hyperparameters: Mapping[str, object], code: UserCode | None
 ) -> tuple[JobConfig, ResourceConfig, LaunchPlan]:
     """The launcher's settings (of a run's own code: the launcher's keys alone, the rest are the script's)."""
-    own = {k: v for k, v in hyperparameters.items() if is_launcher_key(k) and not k.startswith("code.")}
+    own = {k: v for k, v in hyperparameters.items() if is_launcher_key(k) and not k.startswith(CODE_PREFIX)}
     cfg = from_hyperparameters(hyperparameters if code is None else own)
     resources = training_cluster(read_resource_config(paths, env), env)
     if resources is None:

@@ -87,21 +87,20 @@ def test_the_vision_example_runs_without_the_sdk(tmp_path: Path, images: Path) -
     assert not paths.checkpoints.exists()
 
 
-def test_the_vision_example_resumes_exactly_after_a_stop(tmp_path: Path, images: Path) -> None:
-    code_tree(tmp_path / "reference", EXAMPLES / "vision-ddp", VISION, channels={"train": images})
+def _resumes_exactly(tmp_path: Path, example: str, hyperparameters: dict[str, str], data: Path) -> Paths:
+    """The example uninterrupted, then stopped and resumed (`_interrupted_and_resumed`); its tree."""
+    code_tree(tmp_path / "reference", EXAMPLES / example, hyperparameters, channels={"train": data})
     reference = launch(tmp_path / "reference")
     assert reference.returncode == 0, reference.stdout[-3000:]
-    paths = code_tree(tmp_path / "run", EXAMPLES / "vision-ddp", VISION, channels={"train": images})
+    paths = code_tree(tmp_path / "run", EXAMPLES / example, hyperparameters, channels={"train": data})
     first, second = _interrupted_and_resumed(tmp_path / "run", paths)
     _assert_resumed_exactly(reference.stdout, first, second)
-    assert (paths.model / "model.pt").is_file()
+    return paths
+
+
+def test_the_vision_example_resumes_exactly_after_a_stop(tmp_path: Path, images: Path) -> None:
+    assert (_resumes_exactly(tmp_path, "vision-ddp", VISION, images).model / "model.pt").is_file()
 
 
 def test_the_language_example_resumes_exactly_after_a_stop(tmp_path: Path, stories: Path) -> None:
-    code_tree(tmp_path / "reference", EXAMPLES / "hf-causal-lm", LANGUAGE, channels={"train": stories})
-    reference = launch(tmp_path / "reference")
-    assert reference.returncode == 0, reference.stdout[-3000:]
-    paths = code_tree(tmp_path / "run", EXAMPLES / "hf-causal-lm", LANGUAGE, channels={"train": stories})
-    first, second = _interrupted_and_resumed(tmp_path / "run", paths)
-    _assert_resumed_exactly(reference.stdout, first, second)
-    assert (paths.model / "model.safetensors").is_file()
+    assert (_resumes_exactly(tmp_path, "hf-causal-lm", LANGUAGE, stories).model / "model.safetensors").is_file()

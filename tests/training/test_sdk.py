@@ -33,6 +33,8 @@ import torch
 from training import sdk
 
 torch.manual_seed(0)
+random.seed(0)
+np.random.seed(0)
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
@@ -40,7 +42,8 @@ progress = {"epoch": 0}
 checkpoints = sdk.Checkpointer(model, optimizer, scheduler, extra=progress)
 start = checkpoints.resume()
 for step in range(start + 1, int(sys.argv[1]) + 1):
-    model(torch.randn(3, 4)).square().mean().backward()
+    noise = random.random() + float(np.random.rand())  # each step draws from Python's and NumPy's streams too
+    (model(torch.randn(3, 4)) * noise).square().mean().backward()
     optimizer.step(); optimizer.zero_grad(); scheduler.step()
     progress["epoch"] = step // 2
     if step % 2 == 0:
