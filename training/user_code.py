@@ -128,12 +128,16 @@ class InstallError(RuntimeError):
 
 
 def install(code_dir: Path, lock: str) -> None:
-    """pip install every wheel of the wheelhouse, pinned and hash-checked, with no index, into SITE_PACKAGES."""
+    """pip install every wheel of the wheelhouse, pinned and hash-checked, with no index, into SITE_PACKAGES.
+
+    The wheelhouse is the requirements' resolved set, less what the image has (torch): its wheels are installed as
+    they are (`--no-deps`), since `--target` would otherwise resolve every dependency again from the wheelhouse
+    alone, the image's own packages unseen."""
     lock_file = code_dir / PACKED / "requirements.lock"
     lock_file.write_text(lock)
     command = [
         sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(code_dir / WHEELHOUSE),
-        "--require-hashes", "--target", str(code_dir / SITE_PACKAGES), "--disable-pip-version-check",
+        "--require-hashes", "--no-deps", "--target", str(code_dir / SITE_PACKAGES), "--disable-pip-version-check",
         "--no-cache-dir", "--quiet", "-r", str(lock_file),
     ]  # fmt: skip
     started = time.monotonic()

@@ -23,94 +23,23 @@ every byte checked on load, only ledger-recorded checkpoints loaded). Importing 
 
 from __future__ import annotations
 
-import atexit
-import logging
-import os
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from contract import goodput, metrics
-from contract.hang import StepReport
-from contract.layout import CHECKPOINT_DIR_ENV
+from contract import metrics
+from training.sdk.run import checkpoint_dir, current, rank
 from training.signals import StopRequest
 
-if TYPE_CHECKING:
-    from training.sdk.checkpoints import Checkpointer
-
 __all__ = ["Checkpointer", "checkpoint_dir", "phase", "rank", "report_step", "report_validation", "should_stop"]
-
-log = logging.getLogger("training.sdk")
-DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
-
-
-def rank() -> int:
-    """This process's global rank (torchrun's RANK, mpirun's OMPI_COMM_WORLD_RANK; 0 alone)."""
-    return int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-
-
-def checkpoint_dir() -> Path:
-    """The checkpoint folder the platform syncs to the run's checkpoints (/opt/ml/checkpoints)."""
-    return Path(os.environ.get(CHECKPOINT_DIR_ENV) or DEFAULT_CHECKPOINT_DIR)
-
-
-class _Run:
-    """This process's side of the SDK, made at its first call: the step report, the phases, the progress record."""
-
-    def __init__(self) -> None:
-        self.rank = rank()
-        self.report = StepReport.from_env(os.environ, self.rank)
-        self.clock = metrics.PhaseClock(goodput.launched(os.environ, time.monotonic()))
-        self.progress: goodput.ProgressWriter | None = None
-        self.step = 0
-        self.rework_until = 0
-        self.stop: StopRequest | None = None
-        self.stop_group: Any = None
-        if self.rank == 0:
-            self.progress = goodput.ProgressWriter(
-                checkpoint_dir(), job=goodput.job_name(os.environ), started=self.clock.started, first_step=0
-            )
-            atexit.register(self.write_progress)
-
-    def resumed(self, step: int) -> None:
-        """The script resumed at `step`: steps up to the furthest an earlier start reached are rework."""
-        self.step = step
-        if self.progress is not None:
-            self.progress.record.first_step = self.progress.record.step = step
-            records = goodput.local_records(checkpoint_dir())
-            self.rework_until = goodput.furthest_step(records, besides=self.progress.path)
-
-    def write_progress(self, *, due_only: bool = False) -> None:
-        if self.progress is None:
-            return
-        try:
-            self.progress.write(self.step, self.clock.totals(), due_only=due_only)
-        except OSError as exc:  # accounting only: never fails the script
-            log.warning("progress record %s not written: %s", self.progress.path, exc)
-
-    def phases_line(self) -> None:
-        if self.rank == 0:
-            print(metrics.format_phases_line(step=self.step, seconds=self.clock.totals()), flush=True)
-        self.write_progress()
-
-
-_RUN: list[_Run] = []  # this process's one _Run, once made
-
-
-def _current() -> _Run:
-    if not _RUN:
-        _RUN.append(_Run())
-    return _RUN[0]
 
 
 def report_step(step: int, *, loss: float | None = None, **values: float) -> None:
     """Step `step` is done: the launcher's hang check sees it; rank 0 prints `step=<step> loss=<loss> <name>=<value>
     ...` (SageMaker's metrics `train:loss`, `train:lr`, `train:grad_norm`, `train:tokens_per_sec`, `train:mfu` are
     read from it when `loss` is given) and keeps the goodput record. Call it on every rank."""
-    run = _current()
+    run = current()
     run.report(step)
     if run.step == 0 or step == run.rework_until + 1:
         run.clock.enter("rework" if step <= run.rework_until else "train")
@@ -127,14 +56,14 @@ def report_step(step: int, *, loss: float | None = None, **values: float) -> Non
 
 def report_validation(step: int, val_loss: float) -> None:
     """The validation loss at `step` (SageMaker's metric `validation:loss`); rank 0 prints it."""
-    if _current().rank == 0:
+    if current().rank == 0:
         print(metrics.format_validation_line(step=step, val_loss=val_loss), flush=True)
 
 
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """Count the block's time towards a goodput phase (`eval`, `export`, `checkpoint`; contract/metrics.PHASES)."""
-    with _current().clock.phase(name):
+    with current().clock.phase(name):
         yield
 
 
@@ -142,7 +71,7 @@ def should_stop() -> bool:
     """Whether the job was asked to stop (SIGTERM: a spot interruption, a stop), agreed by every rank: call it on
     every rank at the same step (one all-reduce of an int over gloo when there are several); save, then end. The
     first call makes SIGTERM a request, which the script then honours, within the launcher's grace period."""
-    run = _current()
+    run = current()
     if run.stop is None:
         run.stop = StopRequest.install()
     import torch  # noqa: PLC0415

@@ -21,10 +21,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from contract.config import CheckpointConfig
 from contract.layout import LEDGER_CHANNEL, step_dir
 from contract.ledger import trusted_digests
-from training import sdk
 from training.checkpoint import CheckpointManager, ModelState
 from training.distributed import DistEnv
 from training.sagemaker_contract import Paths
+from training.sdk.run import checkpoint_dir, current
 
 log = logging.getLogger("training.sdk")
 
@@ -99,11 +99,11 @@ class Checkpointer:
         self.state = ScriptState(model, optimizer, scheduler, rank, seed=0, extra={} if extra is None else extra)
         ledger = trusted_digests(Paths.from_env().channel(LEDGER_CHANNEL))
         settings = CheckpointConfig(interval_steps=0, interval_minutes=0, keep_last=keep_last)
-        self.manager = CheckpointManager(directory or sdk.checkpoint_dir(), env, settings, trusted=ledger)
+        self.manager = CheckpointManager(directory or checkpoint_dir(), env, settings, trusted=ledger)
 
     def resume(self) -> int:
         """Load the newest checkpoint the run's ledger recorded (every rank); the step it holds, 0 when none."""
-        run = sdk._current()
+        run = current()
         with run.clock.phase("checkpoint_load"):
             step = self.manager.load_latest(self.state) or 0
         run.resumed(step)
@@ -113,7 +113,7 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         """Commit a checkpoint of `step` (every rank; blocking: done when it returns) and prune old ones."""
-        run = sdk._current()
+        run = current()
         self.state.step = step
         with run.clock.phase("checkpoint"):
             self.manager.save(self.state, blocking=True)
