@@ -206,7 +206,9 @@ TRAINER = ("-m", "training.train")
 """What each worker runs: the built-in trainer, or training/user_worker.py and a run's own entry point."""
 
 
-def torchrun_command(plan: LaunchPlan, worker: Sequence[str] = TRAINER) -> list[str]:
+def torchrun_command(plan: LaunchPlan, worker: Sequence[str] = TRAINER, logs: Path | None = None) -> list[str]:
+    """`logs`: where torchrun keeps a file of each worker's stderr besides printing it (a run's own code)."""
+    keep = [f"--log-dir={logs}", "--tee=2"] if logs is not None else []
     return [
         sys.executable,
         "-m",
@@ -217,6 +219,7 @@ def torchrun_command(plan: LaunchPlan, worker: Sequence[str] = TRAINER) -> list[
         f"--master_addr={plan.master_addr}",
         f"--master_port={plan.master_port}",
         "--max_restarts=0",
+        *keep,
         *worker,
     ]
 
@@ -606,13 +609,21 @@ def _launch(paths: Paths, launch: Launch) -> int:
         own = {*extra, *(set(env) - before), PREFLIGHT_ENV, HEARTBEAT_ENV, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"}
         command = mpirun_command(plan, sorted(own & set(env)), resources.network_interface_name, worker)
     else:
-        command = torchrun_command(plan, worker)
+        command = torchrun_command(plan, worker, exits / "logs" if exits is not None else None)
     supervisor = Supervisor(
         command, env, grace_seconds=grace, mpi=mpi, watch=watch, cwd=launch.code_dir, separate_stderr=bool(exits)
     )
     try:
         returncode, expired = supervisor.run()
-        records = user_code.exit_records(exits) if exits is not None else []
+        verdict = _script_verdict(
+            paths,
+            launch,
+            supervisor,
+            exits,
+            returncode=returncode,
+            expired=expired,
+            passed_check=passed is None or passed.exists(),
+        )
     finally:
         for folder in (watch.directory if watch is not None else None, exits):
             if folder is not None:
@@ -630,10 +641,29 @@ def _launch(paths: Paths, launch: Launch) -> int:
         )
         if status is not None:
             return status
-    if launch.code is not None and returncode != 0 and not (expired or supervisor.hang or supervisor.signal_name):
-        user_code.verdict(paths, launch.code, records, supervisor.stderr_tail, returncode)
+    if verdict:
         return EXIT_FAILED
     return _outcome(paths, supervisor, returncode, expired, grace)
+
+
+def _script_verdict(
+    paths: Paths,
+    launch: Launch,
+    supervisor: Supervisor,
+    exits: Path | None,
+    *,
+    returncode: int,
+    expired: bool,
+    passed_check: bool,
+) -> str | None:
+    """The failure of a run's own script that ended on its own once it started (workers that never passed the
+    pre-flight check are the check's to judge), written to the failure file; None for any other end."""
+    if launch.code is None or exits is None or not passed_check or returncode == 0:
+        return None
+    if expired or supervisor.hang or supervisor.signal_name:
+        return None
+    records = user_code.exit_records(exits)
+    return user_code.verdict(paths, launch.code, records, supervisor.stderr_tail, returncode, logs=exits / "logs")
 
 
 def _outcome(paths: Paths, supervisor: Supervisor, returncode: int, expired: bool, grace: float) -> int:

@@ -72,6 +72,8 @@ class ExitRecord:
     """The exception was torch.distributed's own (DistError): the platform's fault, not the script's."""
     at: float = 0.0
     """time.time() when it ended: the first to fail is the root cause, the others' failures its symptoms."""
+    local_rank: int = 0
+    """Its rank on its host: torchrun's file of its stderr is named by it."""
 
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -227,10 +229,32 @@ def script_tail(lines: Sequence[str]) -> list[str]:
     return kept[-STDERR_TAIL_LINES:]
 
 
-def verdict(paths: Paths, code: UserCode, records: Sequence[ExitRecord], stderr: Sequence[str], status: int) -> str:
-    """Write the failure file of workers that exited `status` (not 0) on their own; its first line."""
+def worker_stderr(logs: Path | None, local_rank: int) -> list[str] | None:
+    """The last lines a worker wrote to its stderr, from the file torchrun keeps of it (`--log-dir`, `--tee`); None
+    when there is none (mpirun)."""
+    found = sorted(logs.glob(f"*/attempt_*/{local_rank}/stderr.log")) if logs is not None else []
+    if not found:
+        return None
+    lines = found[-1].read_text(errors="replace").splitlines()
+    return [line for line in lines if line.strip()][-STDERR_TAIL_LINES:]
+
+
+def verdict(
+    paths: Paths,
+    code: UserCode,
+    records: Sequence[ExitRecord],
+    stderr: Sequence[str],
+    status: int,
+    *,
+    logs: Path | None = None,
+) -> str:
+    """Write the failure file of workers that exited `status` (not 0) on their own; its first line. `stderr`: the
+    workers' stderr as the launcher read it, all ranks together; `logs`: torchrun's file of each worker's, where a
+    peer's symptom (its lost connection) cannot follow the failing worker's own last words."""
     failed = [r for r in records if r.status != 0]
     tail = script_tail(stderr)
+    if failed and (own := worker_stderr(logs, failed[0].local_rank)) is not None:
+        tail = own
     last = tail[-1].strip() if tail else ""
     if failed:
         first = failed[0]

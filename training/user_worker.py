@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rank=int(os.environ.get("RANK", "0")),
             host=host,
             status=status,
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             error=described.rstrip(": ") if error is not None else "",
             communication=error is not None and _communication(error),
             at=time.time(),

@@ -183,3 +183,19 @@ def test_requirements_install_from_the_wheelhouse_alone_with_their_hashes(tmp_pa
     assert result.returncode == 0, result.stdout[-3000:]
     assert "tinydep says 42" in result.stdout
     assert (paths.root / "code" / ".tp" / "site-packages" / "tinydep" / "__init__.py").is_file()
+
+
+def test_the_failing_workers_own_stderr_names_the_failure_not_a_peers_lost_link(tmp_path: Path) -> None:
+    assert CODE is not None
+    logs = tmp_path / "logs"
+    own = logs / "run_x" / "attempt_0" / "1" / "stderr.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("reading labels\nthe labels file has 3 columns, expected 2\n")
+    merged = [
+        "[default1]:the labels file has 3 columns, expected 2",
+        "[default0]:RuntimeError: Connection closed by peer",
+    ]
+    paths = Paths(tmp_path / "ml")
+    verdict(paths, CODE, [ExitRecord(1, "algo-1", 3, at=1.0, local_rank=1)], merged, 1, logs=logs)
+    assert first_line(paths).endswith("(rank 1): the labels file has 3 columns, expected 2")
+    assert "Connection closed" not in paths.failure.read_text()
