@@ -101,11 +101,24 @@ def run_script(argv: Sequence[str]) -> tuple[int, BaseException | None]:
         else:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
-        return _status(exc), None
+        status = _status(exc)
     except BaseException as exc:
         traceback.print_exc()
         return 1, exc
-    return 0, None
+    else:
+        status = 0
+    if status == 0:
+        _end_process_group()
+    return status, None
+
+
+def _end_process_group() -> None:
+    """Destroy the process group a script that succeeded left up (HF's Trainer does): torch's threads are then joined
+    here, not torn down in the interpreter's exit, where a gloo group's can abort the process (SIGABRT) after a good
+    run. A failed script's group is left as it is: after a lost peer, ending an NCCL communicator can block."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from own_code import code_tree, first_line, launch
 
 from contract.code_archive import pack
@@ -16,6 +17,7 @@ from contract.user_code import UserCode
 from lambdas.sagemaker.monitor import retry_cause
 from training.sagemaker_contract import Paths, ResourceConfig
 from training.user_code import ExitRecord, script_arguments, script_env, script_tail, verdict
+from training.user_worker import run_script
 
 SHA = "ab" * 32
 CODE = UserCode.from_hyperparameters(
@@ -199,3 +201,20 @@ def test_the_failing_workers_own_stderr_names_the_failure_not_a_peers_lost_link(
     verdict(paths, CODE, [ExitRecord(1, "algo-1", 3, at=1.0, local_rank=1)], merged, 1, logs=logs)
     assert first_line(paths).endswith("(rank 1): the labels file has 3 columns, expected 2")
     assert "Connection closed" not in paths.failure.read_text()
+
+
+@pytest.mark.parametrize("ending", ["", "raise SystemExit(0)", "dist.destroy_process_group()"])
+def test_the_process_group_a_script_that_succeeded_leaves_up_is_destroyed_before_the_interpreter_exits(
+    tmp_path: Path, ending: str
+) -> None:
+    """torch's threads of a group left up are torn down in the interpreter's exit, where gloo's can abort (SIGABRT)
+    a run that succeeded: the worker ends the group itself."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        f"{ending}\n"
+    )
+    status, error = run_script([str(script)])
+    assert not dist.is_initialized()
+    assert (status, error) == (0, None)
