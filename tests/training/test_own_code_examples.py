@@ -1,4 +1,4 @@
-"""The two examples of a run's own code (examples/own-code/), each run through the launcher with 2 processes on CPU:
+"""The examples of a run's own code (examples/own-code/), each run through the launcher with 2 processes on CPU:
 to completion, and with the SDK stopped by SIGTERM after a checkpoint and resumed exactly (the same loss at the
 same step as an uninterrupted run), from the checkpoint the run's ledger recorded."""
 
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 VISION = {"max-steps": "8", "batch-size": "4", "checkpoint-every": "3"}
 """32 images, 2 ranks x 4 a batch: 4 steps an epoch, so a resume at step 3 or later crosses an epoch's end."""
 LANGUAGE = {"max-steps": "8", "batch-size": "4", "checkpoint-every": "3"}
+TABLE = {"max-steps": "8", "batch-size": "4", "checkpoint-every": "3"}
+"""32 rows, 2 ranks x 4 a batch: 4 steps an epoch, so the resume at step 3 is within an epoch and crosses its end."""
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,14 @@ def stories(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("stories") / "train"
     make = EXAMPLES / "hf-causal-lm" / "make_data.py"
     subprocess.run([sys.executable, str(make), "--out", str(folder / "stories.jsonl"), "--lines", "200"], check=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("points") / "train"
+    make = EXAMPLES / "lightning-tabular" / "make_data.py"
+    subprocess.run([sys.executable, str(make), "--out", str(folder / "points.csv"), "--rows", "32"], check=True)
     return folder
 
 
@@ -104,3 +114,7 @@ def test_the_vision_example_resumes_exactly_after_a_stop(tmp_path: Path, images:
 
 def test_the_language_example_resumes_exactly_after_a_stop(tmp_path: Path, stories: Path) -> None:
     assert (_resumes_exactly(tmp_path, "hf-causal-lm", LANGUAGE, stories).model / "model.safetensors").is_file()
+
+
+def test_the_lightning_example_resumes_exactly_after_a_stop(tmp_path: Path, points: Path) -> None:
+    assert (_resumes_exactly(tmp_path, "lightning-tabular", TABLE, points).model / "model.pt").is_file()

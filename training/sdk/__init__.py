@@ -18,7 +18,8 @@ metrics line SageMaker's MetricDefinitions and `tp watch` read (rank 0), and kee
 `phase` names where time goes (`eval`, `export`); `Checkpointer` saves and loads through the trainer's own
 checkpoints (training/checkpoint.py: DCP, atomic commit, the manifest the platform records in the run's ledger,
 every byte checked on load, only ledger-recorded checkpoints loaded). Importing this module imports no torch:
-`Checkpointer` and `should_stop` do, when called. `training.sdk.hf` holds the callback for Hugging Face's Trainer.
+`Checkpointer` and `should_stop` do, when called. `training.sdk.hf` and `training.sdk.lightning` hold the callbacks
+for Hugging Face's and Lightning's Trainers.
 """
 
 from __future__ import annotations
