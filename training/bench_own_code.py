@@ -3,6 +3,7 @@ cost per step:
 
     python -m training.bench_own_code startup --nproc 2 --repeats 5
     python -m training.bench_own_code sdk-step
+    python -m training.bench_own_code lightning-step
 
 
 The start-up script imports torch, joins a gloo process group, takes one step of a small model and prints its loss:
@@ -26,6 +27,7 @@ import tempfile
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from contract.code_archive import pack
@@ -135,6 +137,40 @@ def bench_sdk_step(*, calls: int) -> dict[str, Any]:
     }
 
 
+def bench_lightning_step(*, calls: int) -> dict[str, Any]:
+    """Microseconds of the Lightning callback's work per optimizer step on rank 0 of one process (its stop check has
+    no peer to agree with): the step report and the stop check, with the metrics line every 50th step and every step.
+    The Trainer is a stand-in holding what the callback reads, so that only the callback is timed."""
+    with tempfile.TemporaryDirectory(prefix="bench-sdk-") as tmp:
+        os.environ.update({HEARTBEAT_ENV: tmp, "RANK": "0", "TRAINING_CHECKPOINT_DIR": tmp})
+        import torch  # noqa: PLC0415
+
+        from training.sdk.lightning import PlatformCallback  # noqa: PLC0415
+
+        callback = PlatformCallback()
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-4)
+        trainer = SimpleNamespace(global_step=0, optimizers=[optimizer], max_steps=-1)
+        outputs = {"loss": torch.tensor(2.3456789)}
+        cost, step = {}, 0
+        for every in (50, 1):
+            callback.log_every = every
+            sink = io.StringIO()
+            with redirect_stdout(sink):
+                started = time.perf_counter()
+                for _ in range(calls):
+                    step += 1
+                    trainer.global_step = step
+                    callback.on_train_batch_start(trainer, None, None, step)  # type: ignore[arg-type]
+                    callback.on_train_batch_end(trainer, None, outputs, None, step)  # type: ignore[arg-type]
+                cost[f"log_every_{every}"] = (time.perf_counter() - started) / calls * 1e6
+    return {
+        "check": "lightning-step",
+        "calls": calls,
+        **{f"{kind}_us": round(us, 2) for kind, us in cost.items()},
+        "pct_of_10ms_step": round(max(cost.values()) / 10_000 * 100, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.bench_own_code", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -143,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     startup.add_argument("--repeats", type=int, default=5, help="runs of each, in turn")
     step = commands.add_parser("sdk-step", help="the cost of sdk.report_step")
     step.add_argument("--calls", type=int, default=20000)
+    lightning = commands.add_parser("lightning-step", help="the cost of the Lightning callback per step")
+    lightning.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args(argv)
     if args.command == "startup":
         row = bench_own_code_startup(nproc=args.nproc, repeats=args.repeats)
-    else:
+    elif args.command == "sdk-step":
         row = bench_sdk_step(calls=args.calls)
+    else:
+        row = bench_lightning_step(calls=args.calls)
     print(json.dumps(row))
     return 0
 
