@@ -28,28 +28,27 @@ TABLE = {"max-steps": "8", "batch-size": "4", "checkpoint-every": "3"}
 """32 rows, 2 ranks x 4 a batch: 4 steps an epoch, so the resume at step 3 is within an epoch and crosses its end."""
 
 
+def _made(factory: pytest.TempPathFactory, example: str, out: str, *args: str) -> Path:
+    """A `train` channel written by the example's make_data.py (`out`: where in the folder; "" the folder itself)."""
+    folder = factory.mktemp(example) / "train"
+    make = EXAMPLES / example / "make_data.py"
+    subprocess.run([sys.executable, str(make), "--out", str(folder / out), *args], check=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("images") / "train"
-    make = EXAMPLES / "vision-ddp" / "make_data.py"
-    subprocess.run([sys.executable, str(make), "--out", str(folder), "--per-class", "8"], check=True)
-    return folder
+    return _made(tmp_path_factory, "vision-ddp", "", "--per-class", "8")
 
 
 @pytest.fixture(scope="module")
 def stories(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("stories") / "train"
-    make = EXAMPLES / "hf-causal-lm" / "make_data.py"
-    subprocess.run([sys.executable, str(make), "--out", str(folder / "stories.jsonl"), "--lines", "200"], check=True)
-    return folder
+    return _made(tmp_path_factory, "hf-causal-lm", "stories.jsonl", "--lines", "200")
 
 
 @pytest.fixture(scope="module")
 def points(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("points") / "train"
-    make = EXAMPLES / "lightning-tabular" / "make_data.py"
-    subprocess.run([sys.executable, str(make), "--out", str(folder / "points.csv"), "--rows", "32"], check=True)
-    return folder
+    return _made(tmp_path_factory, "lightning-tabular", "points.csv", "--rows", "32")
 
 
 def _record_only(paths: Paths, step: int) -> None:
