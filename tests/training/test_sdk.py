@@ -112,3 +112,27 @@ def test_a_script_resumes_its_model_optimizer_schedule_values_and_random_streams
     assert result(again) == {**straight, "start": 2}
     assert "the run's ledger does not record it" in again.stderr
     assert os.path.isdir(tmp_path / "checkpoints" / "step-6")
+
+
+def test_a_resumed_scripts_steps_up_to_an_earlier_starts_furthest_are_rework_then_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contract.goodput import ProgressWriter, local_records
+    from training import sdk
+    from training.sdk import run as sdk_run
+
+    monkeypatch.setenv("TRAINING_CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    ProgressWriter(tmp_path, job="earlier-start", started=0.0, first_step=0).write(8, {})  # it reached step 8
+    run = sdk_run.Run()
+    monkeypatch.setattr(sdk_run, "_RUN", [run])
+    run.resumed(5)  # from the checkpoint of step 5: steps 6, 7 and 8 are done again
+    phases = []
+    for step in range(6, 11):
+        sdk.report_step(step)
+        phases.append(run.clock._phase)
+    assert phases == ["rework", "rework", "rework", "train", "train"]
+    assert run.progress is not None
+    run.write_progress()
+    (record,) = [r for r in local_records(tmp_path) if r.name == run.progress.path.name]
+    assert (record.first_step, record.step) == (5, 10)

@@ -42,8 +42,9 @@ def report_step(step: int, *, loss: float | None = None, **values: float) -> Non
     read from it when `loss` is given) and keeps the goodput record. Call it on every rank."""
     run = current()
     run.report(step)
-    if run.step == 0 or step == run.rework_until + 1:
+    if not run.stepping or step == run.rework_until + 1:
         run.clock.enter("rework" if step <= run.rework_until else "train")
+        run.stepping = True
     run.step = step
     if run.rank != 0:
         return

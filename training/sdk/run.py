@@ -37,6 +37,8 @@ class Run:
         self.clock = metrics.PhaseClock(goodput.launched(os.environ, time.monotonic()))
         self.progress: goodput.ProgressWriter | None = None
         self.step = 0
+        self.stepping = False
+        """Whether a step was reported: the clock left start-up (and a resume's checkpoint load) for steps."""
         self.rework_until = 0
         self.stop: StopRequest | None = None
         self.stop_group: Any = None
