@@ -11,9 +11,9 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from contract.service_requests import TEAM_TAG
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.validate import membership
-from lambdas.validate.api_requests import TEAM_TAG
 from stacks.constructs.buckets import TrainingBuckets
 from stacks.constructs.keys import account_key
 from stacks.constructs.logs import allow_cloudwatch_logs

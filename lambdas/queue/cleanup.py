@@ -14,10 +14,10 @@ import boto3
 from aws_lambda_powertools import Logger
 
 from contract.layout import run_checkpoints
+from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.shared.errors import classified
-from lambdas.validate.api_requests import EXECUTION_TAG
 
 logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING")

@@ -18,10 +18,10 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from contract.layout import run_checkpoints
+from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.shared.errors import classified
-from lambdas.validate.api_requests import EXECUTION_TAG
 
 logger = Logger(service="training-platform")
 

@@ -37,10 +37,11 @@ from contract.execution_state import (
 from contract.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
 from contract.memory import fine_tuning_memory
 from contract.metrics import MODEL_METRIC_NAMES
+from contract.service_requests import EXECUTION_TAG, TEAM_TAG
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.shared import history
 from lambdas.shared.errors import InvalidRequest, Problem
-from lambdas.validate.api_requests import EXECUTION_TAG, TEAM_TAG, request_problems
+from lambdas.validate.api_requests import request_problems
 from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.model_folder import FolderAt, check_records, inspect_model_folder, jsonl_files

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from contract.layout import split_s3_uri
+from contract.service_requests import TEAM_TAG
 from lambdas.approvals.identity import Principal
 from lambdas.backends.queue import QUEUE
-from lambdas.validate.api_requests import TEAM_TAG
 from lambdas.validate.inputs import ExecutionInput
 
 FSX_DATASETS = "fsx:///datasets/"

@@ -38,8 +38,8 @@ import boto3
 from contract.distributions import distribution
 from contract.layout import split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
+from contract.service_requests import EXECUTION_TAG
 from lambdas.backends import BACKENDS
-from lambdas.validate.api_requests import EXECUTION_TAG
 from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.clock import Clock
 from localrun.aws.decision_url import DecisionUrl

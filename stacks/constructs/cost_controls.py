@@ -13,8 +13,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from contract.service_requests import TEAM_TAG
 from lambdas.backends import BACKENDS
-from lambdas.validate.api_requests import TEAM_TAG
 from stacks.constructs.nag import acknowledge_inline_policy
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).

@@ -14,7 +14,7 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from lambdas.validate.api_requests import TEAM_TAG
+from contract.service_requests import TEAM_TAG
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.settings import TeamSettings
 

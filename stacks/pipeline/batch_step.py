@@ -14,8 +14,6 @@ ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
@@ -23,22 +21,10 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.catalog import instance_type
-from contract.execution_state import ERROR, REQUEST, TRAIN
-from contract.layout import (
-    ANY_OUTPUT,
-    CHANNELS_ENV,
-    CHECKPOINTS_ENV,
-    CHECKPOINTS_FORMAT,
-    EFA_ENV,
-    EXPECTED_GPUS_ENV,
-    HYPERPARAMETERS_ENV,
-    JOB_NAME_ENV,
-    MIN_BUSBW_ENV,
-    OUTPUT_ENV,
-    OUTPUT_FORMAT,
-)
+from contract.execution_state import ERROR, TRAIN
+from contract.layout import ANY_OUTPUT
+from contract.service_requests import BatchJobConstants, submit_job
 from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
-from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
@@ -83,6 +69,14 @@ class BatchTraining(Construct):
             datasets=context.datasets,
             checkpoints=context.checkpoints,
             artifacts=context.artifacts,
+        )
+        self.request = submit_job(
+            BatchJobConstants(
+                job_queue=self.cluster.queue.job_queue_arn,
+                job_definition=self.cluster.job_definition.job_definition_arn,
+                checkpoints_bucket=context.checkpoints.bucket_name,
+                artifacts_bucket=context.artifacts.bucket_name,
+            )
         )
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
@@ -187,49 +181,15 @@ class BatchTraining(Construct):
             acknowledge_wildcard(cleanup.role, resource, reason)
         return cleanup
 
-    def _environment(self) -> list[dict[str, str]]:
-        """The run's variables on every node: what SageMaker's CreateTrainingJob carries in its own fields."""
-        context = self._context
-        values = {
-            JOB_NAME_ENV: JOB_NAME,
-            HYPERPARAMETERS_ENV: f"States.JsonToString({REQUEST.hyperparameters})",
-            CHANNELS_ENV: f"States.JsonToString({REQUEST.channels})",
-            CHECKPOINTS_ENV: (
-                f"States.Format('s3://{context.checkpoints.bucket_name}/{CHECKPOINTS_FORMAT}', {REQUEST.job_name_base})"
-            ),
-            OUTPUT_ENV: f"States.Format('s3://{context.artifacts.bucket_name}/{OUTPUT_FORMAT}', {JOB_NAME})",
-            EFA_ENV: f"States.Format('{{}}', {REQUEST.efa})",
-            EXPECTED_GPUS_ENV: f"States.Format('{{}}', {REQUEST.gpus})",
-            MIN_BUSBW_ENV: f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
-        }
-        return [{"Name": name, "Value.$": value} for name, value in values.items()]
-
     def _submit_state(self, id_: str) -> sfn.CustomState:
-        cluster = self.cluster
-        parameters: dict[str, Any] = {
-            # One name per attempt; Batch does not refuse a second job of the same name, the adoption path finds it.
-            "JobName.$": JOB_NAME,
-            "JobQueue": cluster.queue.job_queue_arn,
-            "JobDefinition": cluster.job_definition.job_definition_arn,
-            "NodeOverrides": {
-                "NumNodes.$": str(REQUEST.instance_count),
-                "NodePropertyOverrides": [
-                    {"TargetNodes": "0:", "ContainerOverrides": {"Environment": self._environment()}}
-                ],
-            },
-            "Timeout": {"AttemptDurationSeconds.$": str(REQUEST.max_runtime_seconds)},
-            # The execution's tag is how StopBatchJobs finds the jobs of an execution that ended.
-            "Tags": {f"{EXECUTION_TAG}.$": "$$.Execution.Id", "run.$": str(REQUEST.run_name)},
-            "PropagateTags": True,
-        }
         return sdk_task(
             self,
             id_,
-            "batch",
-            "submitJob",
+            self.request.service,
+            self.request.action,
             {
                 "Comment": "Submits the multi-node parallel job (no .sync: the pipeline polls it)",
-                "Parameters": parameters,
+                "Parameters": self.request.states_parameters(),
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName"},
                 "ResultPath": str(TRAIN.job),
             },

@@ -1,16 +1,14 @@
 """SageMaker distributed training as Step Functions states: create, then poll until it ends.
 
-CreateTrainingJob is written out here because CDK's SageMakerCreateTrainingJob task lacks most
-of the fields the platform needs, and `.sync` cannot record spot interruptions or check
-checkpoint freshness while a job runs. Every security-relevant field (role, image, VPC, KMS
-keys, encryption flag, output and checkpoint locations) is a constant of the definition, built
-from the stacks' resources; the execution input reaches only the fields Validate resolved.
+CreateTrainingJob is an SDK task because CDK's SageMakerCreateTrainingJob task lacks most of the
+fields the platform needs, and `.sync` cannot record spot interruptions or check checkpoint
+freshness while a job runs. Its parameters are defined in contract/service_requests.py; this
+construct gives them the stacks' resources (role, image, VPC, KMS keys, buckets) as constants.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
@@ -19,26 +17,20 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.catalog import INSTANCE_TYPES
-from contract.execution_state import REQUEST, TRAIN
-from contract.layout import (
-    CHECKPOINTS_FORMAT,
-    EFA_ENV,
-    EXPECTED_GPUS_ENV,
-    MIN_BUSBW_ENV,
-    PROFILER,
-    RUNS,
-    TENSORBOARD_FORMAT,
-    TRAINING_GROUPS_ENV,
-)
-from contract.metrics import METRIC_DEFINITIONS
-from lambdas.validate.api_requests import CHECKPOINT_LOCAL_PATH, MAX_RETRY_ATTEMPTS, TENSORBOARD_LOCAL_PATH
+from contract.execution_state import TRAIN
+from contract.service_requests import TrainingJobConstants, Variant, create_training_job
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.context import PipelineContext
-from stacks.pipeline.polled_job import JOB_NAME, sdk_task
+from stacks.pipeline.polled_job import sdk_task
+
+
+def volumes(variant: Variant) -> str:
+    """How a create state's comment names the variant's volumes."""
+    return " (instance-store NVMe)" if variant.local_storage else " (EBS volumes encrypted with the platform key)"
 
 
 class DistributedTrainingJob(Construct):
@@ -66,6 +58,20 @@ class DistributedTrainingJob(Construct):
             description="SageMaker training jobs of the distributed training platform",
         )
         context.image.repository.grant_pull(self.role)
+        self.constants = TrainingJobConstants(
+            role_arn=self.role.role_arn,
+            training_image=self.image_uri,
+            key_arn=self.key.key_arn,
+            subnet=self.subnet.subnet_id,
+            security_group=self.security_group.security_group_id,
+            checkpoints_bucket=self.checkpoints.bucket_name,
+            artifacts_bucket=self.artifacts.bucket_name,
+            inter_container_encryption=self.inter_container_encryption,
+            network_isolation=self.network_isolation,
+            training_plan_arn=self.training_plan_arn or "",
+        )
+        self.request = create_training_job(self.constants)
+        """CreateTrainingJob, as every step that creates SageMaker training jobs sends it."""
         statements = self._execution_statements(context.datasets)
         for sid, statement in statements.items():
             statement.sid = sid
@@ -151,94 +157,19 @@ class DistributedTrainingJob(Construct):
         }.items():
             acknowledge_wildcard(self.role, resource, reason)
 
-    def create_parameters(self, *, kms_volume: bool, groups: bool = False, plan: bool = False) -> dict[str, Any]:
-        """CreateTrainingJob's parameters; `groups`: a heterogeneous cluster (ResourceConfig.InstanceGroups); `plan`:
-        in the stage's training plan."""
-        cluster = (
-            {"InstanceGroups.$": str(REQUEST.sagemaker_instance_groups)}
-            if groups
-            else {"InstanceType.$": str(REQUEST.instance_type), "InstanceCount.$": str(REQUEST.instance_count)}
-        )
-        resource: dict[str, Any] = {
-            **cluster,
-            "VolumeSizeInGB.$": str(REQUEST.volume_size_gb),
-            "KeepAlivePeriodInSeconds.$": str(REQUEST.keep_alive_seconds),
-        }
-        if kms_volume:
-            resource["VolumeKmsKeyId"] = self.key.key_arn
-        if plan:
-            assert self.training_plan_arn is not None, "no pipeline.training_plan"
-            resource["TrainingPlanArn"] = self.training_plan_arn
-        return {
-            # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it
-            # once its execution tag shows it is this execution's (polled_job.adopt_if_own).
-            "TrainingJobName.$": JOB_NAME,
-            "RoleArn": self.role.role_arn,
-            "AlgorithmSpecification": {
-                "TrainingImage": self.image_uri,
-                "TrainingInputMode": "File",
-                "MetricDefinitions": METRIC_DEFINITIONS,
-                "EnableSageMakerMetricsTimeSeries": True,
-            },
-            "HyperParameters.$": str(REQUEST.hyperparameters),
-            "Environment": {
-                "PYTHONUNBUFFERED": "1",
-                "NCCL_DEBUG": "WARN",
-                # The request's `efa`: the launcher requires EFA devices, or keeps NCCL on TCP sockets.
-                f"{EFA_ENV}.$": f"States.Format('{{}}', {REQUEST.efa})",
-                # What the launcher's pre-flight check holds every host to (from the instance catalog).
-                f"{EXPECTED_GPUS_ENV}.$": f"States.Format('{{}}', {REQUEST.gpus})",
-                f"{MIN_BUSBW_ENV}.$": f"States.Format('{{}}', {REQUEST.allreduce_floor_gbps})",
-                # Which instance groups' hosts train; the others are auxiliary (one group: all train).
-                f"{TRAINING_GROUPS_ENV}.$": str(REQUEST.training_groups),
-            },
-            "InputDataConfig.$": str(REQUEST.channels),
-            "OutputDataConfig": {
-                "S3OutputPath": f"s3://{self.artifacts.bucket_name}/{RUNS}",
-                "KmsKeyId": self.key.key_arn,
-            },
-            "ResourceConfig": resource,
-            "StoppingCondition.$": str(REQUEST.stopping_condition),
-            "EnableManagedSpotTraining.$": str(REQUEST.spot),
-            "CheckpointConfig": {
-                "S3Uri.$": (
-                    f"States.Format('s3://{self.checkpoints.bucket_name}/{CHECKPOINTS_FORMAT}', "
-                    f"{REQUEST.job_name_base})"
-                ),
-                "LocalPath": CHECKPOINT_LOCAL_PATH,
-            },
-            "VpcConfig": {
-                "Subnets": [self.subnet.subnet_id],
-                "SecurityGroupIds": [self.security_group.security_group_id],
-            },
-            "EnableInterContainerTrafficEncryption": self.inter_container_encryption,
-            "EnableNetworkIsolation": self.network_isolation,
-            "RetryStrategy": {"MaximumRetryAttempts": MAX_RETRY_ATTEMPTS},
-            "ProfilerConfig": {"S3OutputPath": f"s3://{self.artifacts.bucket_name}/{PROFILER}"},
-            "TensorBoardOutputConfig": {
-                "LocalPath": TENSORBOARD_LOCAL_PATH,
-                "S3OutputPath.$": (
-                    f"States.Format('s3://{self.artifacts.bucket_name}/{TENSORBOARD_FORMAT}', {REQUEST.job_name_base})"
-                ),
-            },
-            "Tags.$": str(REQUEST.tags),
-        }
-
-    def create_state(
-        self, scope: Construct, id_: str, *, kms_volume: bool, groups: bool = False, plan: bool = False
-    ) -> sfn.CustomState:
+    def create_state(self, scope: Construct, id_: str, variant: Variant) -> sfn.CustomState:
         """CreateTrainingJob; its result is the job's name and ARN under `$.train.job`."""
         return sdk_task(
             scope,
             id_,
-            "sagemaker",
-            "createTrainingJob",
+            self.request.service,
+            self.request.action,
             {
                 "Comment": "Starts the training job"
-                + (" on a heterogeneous cluster" if groups else "")
-                + (" in the stage's training plan" if plan else "")
-                + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Parameters": self.create_parameters(kms_volume=kms_volume, groups=groups, plan=plan),
+                + (" on a heterogeneous cluster" if variant.heterogeneous else "")
+                + (" in the stage's training plan" if variant.training_plan else "")
+                + volumes(variant),
+                "Parameters": self.request.states_parameters(variant),
                 "ResultSelector": {
                     "arn.$": "$.TrainingJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.TrainingJobArn, '/'), 1)",

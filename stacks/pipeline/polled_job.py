@@ -46,8 +46,8 @@ from contract.layout import (
     ANY_RUN,
     INSUFFICIENT_CAPACITY,
 )
+from contract.service_requests import ATTEMPT_JOB_NAME, EXECUTION_TAG
 from lambdas.jobs.environment import CleanupEnvironment
-from lambdas.validate.api_requests import EXECUTION_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
@@ -55,7 +55,7 @@ from stacks.pipeline.context import PipelineContext, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
 # (`adopt_if_own`: only when the job carries this execution's tag).
-JOB_NAME = f"States.Format('{{}}-{{}}', {REQUEST.job_name_base}, {TRAIN.attempt})"
+JOB_NAME = ATTEMPT_JOB_NAME.states()
 SDK_TIMEOUT_SECONDS = 60
 # The state that calls a backend's progress handler, once per poll (another backend's: "Check progress (<label>)").
 CHECK_PROGRESS = "Check progress"

@@ -1,8 +1,8 @@
 """The team queue step: one request's SageMaker training job, queued as an AWS Batch service job under its team's
 quota share (stacks/constructs/queue.py), from submission to its end, and never beyond it.
 
-`start` builds exactly the CreateTrainingJob request the SageMaker step sends (`DistributedTrainingJob.
-create_parameters`: the platform's role, image, VPC, keys, output and checkpoint locations) and submits it as
+`start` builds exactly the CreateTrainingJob request the SageMaker step sends (contract/service_requests.py:
+the platform's role, image, VPC, keys, output and checkpoint locations) and submits it as
 the service job's `serviceRequestPayload`, to the team's quota share at the request's priority, tagged with
 the team (its cost-allocation tag and what the per-team budget stop matches), the execution and the run. The
 submit's client token is the attempt's name, so a retried submit whose answer was lost finds its own job
@@ -22,17 +22,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ERROR, REQUEST, TRAIN
+from contract.service_requests import ServiceJobConstants, Variant, submit_service_job
 from lambdas.backends.queue import QUEUE
 from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue.environment import QueueCleanupEnvironment
-from lambdas.validate.api_requests import EXECUTION_TAG, SERVICE_JOB_TYPE, TEAM_TAG
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.tasks import BATCH_TRANSIENT
 from stacks.pipeline.context import PipelineContext, obj
-from stacks.pipeline.create_training_job import training_job
+from stacks.pipeline.create_training_job import training_job, volumes
 from stacks.pipeline.polled_job import (
-    JOB_NAME,
     PolledJobStep,
     StepNames,
     cleanup_function,
@@ -54,6 +53,13 @@ class QueueTraining(Construct):
             raise ValueError("the queue step runs teams' jobs: settings name no teams")
         self._context, self.teams = context, context.teams
         self.job = training_job(context)
+        self.request = submit_service_job(
+            ServiceJobConstants(
+                team_queue=self.teams.queue_arn,
+                preemption_retries=context.settings.service_environment.preemption_retries,
+            ),
+            self.job.constants,
+        )
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(
@@ -144,7 +150,7 @@ class QueueTraining(Construct):
         )
         return cleanup
 
-    def _payload_state(self, id_: str, *, kms_volume: bool, groups: bool) -> sfn.CustomState:
+    def _payload_state(self, id_: str, variant: Variant) -> sfn.CustomState:
         """The CreateTrainingJob request the service job queues, and the service job's tags."""
         return sfn.CustomState(
             self,
@@ -152,44 +158,22 @@ class QueueTraining(Construct):
             state_json={
                 "Type": "Pass",
                 "Comment": "Exactly the SageMaker step's CreateTrainingJob request"
-                + (" on a heterogeneous cluster" if groups else "")
-                + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Parameters": {
-                    "payload": self.job.create_parameters(kms_volume=kms_volume, groups=groups),
-                    # The team's tag is what its budget stop denies; the execution's is how cleanup finds the job.
-                    "tags": {
-                        f"{TEAM_TAG}.$": str(REQUEST.team),
-                        f"{EXECUTION_TAG}.$": "$$.Execution.Id",
-                        "run.$": str(REQUEST.run_name),
-                    },
-                },
+                + (" on a heterogeneous cluster" if variant.heterogeneous else "")
+                + volumes(variant),
+                "Parameters": self.request.staged_parameters(TRAIN.submission, variant),
                 "ResultPath": str(TRAIN.submission),
             },
         )
 
     def _submit_state(self) -> sfn.CustomState:
-        retries = self._context.settings.service_environment.preemption_retries
         return sdk_task(
             self,
             "Submit service job",
-            "batch",
-            "submitServiceJob",
+            self.request.service,
+            self.request.action,
             {
                 "Comment": "Queues the training job under the team's quota share (no .sync: the pipeline polls it)",
-                "Parameters": {
-                    "JobName.$": JOB_NAME,
-                    # The attempt's name: a retried submit whose answer was lost returns the job it queued.
-                    "ClientToken.$": JOB_NAME,
-                    "JobQueue": self.teams.queue_arn,
-                    "ServiceJobType": SERVICE_JOB_TYPE,
-                    "QuotaShareName.$": str(REQUEST.team),
-                    "SchedulingPriority.$": str(REQUEST.priority),
-                    "PreemptionConfiguration": {"PreemptionRetriesBeforeTermination": retries},
-                    # A failed training job comes back to the pipeline, which replaces it when fresh nodes may help.
-                    "RetryStrategy": {"Attempts": 1},
-                    "ServiceRequestPayload.$": f"States.JsonToString({TRAIN.submission.payload})",
-                    "Tags.$": str(TRAIN.submission.tags),
-                },
+                "Parameters": self.request.states_parameters(),
                 "ResultSelector": {"arn.$": "$.JobArn", "job_name.$": "$.JobName", "job_id.$": "$.JobId"},
                 "ResultPath": str(TRAIN.job),
             },
@@ -200,26 +184,24 @@ class QueueTraining(Construct):
         submit = self._submit_state()
         submit.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
         submit.next(wait)
+        both = Variant(local_storage=True, heterogeneous=True)
         labels = {
-            (True, False): "Build the queued request",
-            (False, False): "Build the queued request (instance storage)",
-            (True, True): "Build the queued request (instance groups)",
-            (False, True): "Build the queued request (instance groups, instance storage)",
+            Variant(): "Build the queued request",
+            Variant(local_storage=True): "Build the queued request (instance storage)",
+            Variant(heterogeneous=True): "Build the queued request (instance groups)",
+            both: "Build the queued request (instance groups, instance storage)",
         }
-        payloads = {
-            (kms_volume, groups): self._payload_state(label, kms_volume=kms_volume, groups=groups)
-            for (kms_volume, groups), label in labels.items()
-        }
+        payloads = {variant: self._payload_state(label, variant) for variant, label in labels.items()}
         for state in payloads.values():
             state.next(submit)
         local = sfn.Condition.boolean_equals(str(REQUEST.local_storage), True)
         heterogeneous = sfn.Condition.boolean_equals(str(REQUEST.heterogeneous), True)
         return (
             sfn.Choice(self, "Volume encryption? (queue)", comment="Instance-store types take no volume KMS key")
-            .when(sfn.Condition.and_(heterogeneous, local), payloads[False, True])
-            .when(heterogeneous, payloads[True, True])
-            .when(local, payloads[False, False])
-            .otherwise(payloads[True, False])
+            .when(sfn.Condition.and_(heterogeneous, local), payloads[both])
+            .when(heterogeneous, payloads[Variant(heterogeneous=True)])
+            .when(local, payloads[Variant(local_storage=True)])
+            .otherwise(payloads[Variant()])
         )
 
 

@@ -14,6 +14,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ERROR, REQUEST, TRAIN
+from contract.service_requests import Variant
 from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
@@ -125,11 +126,14 @@ class SageMakerTraining(Construct):
         return cleanup
 
     def _create(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.Choice:
-        create_kms = self.job.create_state(self, "Create training job", kms_volume=True)
-        create_local = self.job.create_state(self, "Create training job (instance storage)", kms_volume=False)
-        groups_kms = self.job.create_state(self, "Create training job (instance groups)", kms_volume=True, groups=True)
-        groups_local = self.job.create_state(
-            self, "Create training job (instance groups, instance storage)", kms_volume=False, groups=True
+        job = self.job
+        create_kms = job.create_state(self, "Create training job", Variant())
+        create_local = job.create_state(self, "Create training job (instance storage)", Variant(local_storage=True))
+        groups_kms = job.create_state(self, "Create training job (instance groups)", Variant(heterogeneous=True))
+        groups_local = job.create_state(
+            self,
+            "Create training job (instance groups, instance storage)",
+            Variant(local_storage=True, heterogeneous=True),
         )
         adopt = sfn.Pass(
             self,
@@ -147,9 +151,11 @@ class SageMakerTraining(Construct):
         )
         plans = []
         if self.job.training_plan_arn is not None:
-            plan_kms = self.job.create_state(self, "Create training job (training plan)", kms_volume=True, plan=True)
-            plan_local = self.job.create_state(
-                self, "Create training job (training plan, instance storage)", kms_volume=False, plan=True
+            plan_kms = job.create_state(self, "Create training job (training plan)", Variant(training_plan=True))
+            plan_local = job.create_state(
+                self,
+                "Create training job (training plan, instance storage)",
+                Variant(local_storage=True, training_plan=True),
             )
             plans = [plan_kms, plan_local]
         for state in (create_kms, create_local, groups_kms, groups_local, *plans):

@@ -1,9 +1,9 @@
 """Hyperparameter tuning as Step Functions states: create a SageMaker tuning job, then poll it until it ends.
 
 A request with `tuning` takes this step instead of the single job. The tuning job's training-job
-definition is the single job's CreateTrainingJob parameters (`DistributedTrainingJob.create_parameters`),
-renamed to HyperParameterTrainingJobDefinition's keys, so every trial carries the same role, image,
-VPC, KMS keys, encryption and isolation flags, spot and checkpoint settings and channels; IAM
+definition is the single job's CreateTrainingJob parameters, renamed to HyperParameterTrainingJobDefinition's
+keys (contract/service_requests.py), so every trial carries the same role, image, VPC, KMS keys,
+encryption and isolation flags, spot and checkpoint settings and channels; IAM
 conditions on CreateHyperParameterTuningJob repeat the ones on CreateTrainingJob. The step leaves
 `$.job` as the best trial's JobProgress, so evaluation and registration read it unchanged.
 """
@@ -17,13 +17,13 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ERROR, REQUEST, TRAIN
+from contract.service_requests import Variant, create_tuning_job
 from lambdas.jobs.environment import MonitorEnvironment
-from lambdas.validate.api_requests import training_job_definition
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
 from stacks.pipeline.context import PipelineContext, string
-from stacks.pipeline.create_training_job import DistributedTrainingJob
+from stacks.pipeline.create_training_job import DistributedTrainingJob, volumes
 from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
@@ -49,6 +49,7 @@ class SageMakerTuning(Construct):
         self._context = context
         self._training = training
         self.job: DistributedTrainingJob = training.job
+        self.request = create_tuning_job(self.job.constants)
         self.monitor = self._monitor_function()
         self._grant_stop(training.cleanup.role)
         # A tuning job is not replaced: SageMaker retries its trials, and it stops them on its own limits.
@@ -82,25 +83,17 @@ class SageMakerTuning(Construct):
             "subnet, security group, keys, instance types, runtime and flags, as CreateTrainingJob is.",
         )
 
-    def create_state(self, id_: str, *, kms_volume: bool) -> sfn.CustomState:
+    def create_state(self, id_: str, variant: Variant) -> sfn.CustomState:
         """CreateHyperParameterTuningJob; its result is the tuning job's name and ARN under `$.train.job`."""
-        tuning = REQUEST.tuning
         return sdk_task(
             self,
             id_,
-            "sagemaker",
-            "createHyperParameterTuningJob",
+            self.request.service,
+            self.request.action,
             {
                 "Comment": "Starts the tuning job; its trials are the single job's definition with tuned values"
-                + (" (EBS volumes encrypted with the platform key)" if kms_volume else " (instance-store NVMe)"),
-                "Parameters": {
-                    "HyperParameterTuningJobName.$": str(tuning.job_name),
-                    "HyperParameterTuningJobConfig.$": str(tuning.config),
-                    # The single job's enforced fields, from the one place they are written.
-                    "TrainingJobDefinition": training_job_definition(self.job.create_parameters(kms_volume=kms_volume)),
-                    # SageMaker adds a tuning job's tags to every training job it launches (the cleanup finds them).
-                    "Tags.$": str(REQUEST.tags),
-                },
+                + volumes(variant),
+                "Parameters": self.request.states_parameters(variant),
                 "ResultSelector": {
                     "arn.$": "$.HyperParameterTuningJobArn",
                     "job_name.$": "States.ArrayGetItem(States.StringSplit($.HyperParameterTuningJobArn, '/'), 1)",
@@ -185,8 +178,8 @@ class SageMakerTuning(Construct):
 
     def _create(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.Choice:
         """CreateHyperParameterTuningJob with or without a volume key; a retried create adopts its own tuning job."""
-        create_kms = self.create_state("Create tuning job", kms_volume=True)
-        create_local = self.create_state("Create tuning job (instance storage)", kms_volume=False)
+        create_kms = self.create_state("Create tuning job", Variant())
+        create_local = self.create_state("Create tuning job (instance storage)", Variant(local_storage=True))
         adopt = sfn.Pass(
             self,
             "Adopt the created tuning job",

@@ -14,14 +14,7 @@ import pytest
 from contract.config import HYPERPARAMETERS
 from contract.execution_state import TrainingRequest
 from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.api_requests import (
-    LIMITS,
-    PLACEHOLDERS,
-    TUNING_RANGES,
-    api_problems,
-    python_pattern,
-    submit_job,
-)
+from lambdas.validate.api_requests import LIMITS, TUNING_RANGES, api_problems, python_pattern, sent
 from lambdas.validate.request import resolve
 from lambdas.validate.trials import trainer_field
 from tests.lambdas.test_handlers import LIMITS as PLATFORM
@@ -112,14 +105,15 @@ def test_botocores_own_validation_and_the_models_maximums_name_the_field() -> No
     request = TrainingRequest.parse(
         resolve(json.loads((EXAMPLES / "batch-multi-node.json").read_text()), execution_name="x", limits=PLATFORM)
     )
-    params = submit_job(request, 1, PLACEHOLDERS)
+    ((service, operation, params),) = sent(request, 1)
+    assert (service, operation) == ("batch", "SubmitJob")
     assert api_problems("batch", "SubmitJob", params) == []
     params["nodeOverrides"]["numNodes"] = "two"
     params["tags"] = {f"k{i}": "v" for i in range(51)}
     problems = api_problems("batch", "SubmitJob", params)
     assert any("nodeOverrides.numNodes" in p and "type" in p for p in problems), problems
     assert "SubmitJob.tags: " in " ".join(problems) and "has 51 entries; at most 50" in " ".join(problems)
-    params = submit_job(request, 1, PLACEHOLDERS) | {"jobName": "x" * 129}
+    params = sent(request, 1)[0].params | {"jobName": "x" * 129}
     assert any("up to 128 letters" in p for p in api_problems("batch", "SubmitJob", params))
 
 

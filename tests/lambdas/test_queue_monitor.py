@@ -14,10 +14,10 @@ from moto import mock_aws
 
 from contract.execution_state import QueuePoll, TrainingRequest
 from contract.layout import run_checkpoints, run_goodput
+from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue import cleanup
 from lambdas.queue.monitor import QUEUED, SERVICE_JOB_FAILED, poll
-from lambdas.validate.api_requests import EXECUTION_TAG
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
 

@@ -11,11 +11,29 @@ from typing import Any
 import boto3
 import pytest
 
+from contract.layout import split_s3_uri
+from contract.service_requests import TrainingJobConstants
 from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER
+
+
+def sagemaker_constants(params: dict[str, Any]) -> TrainingJobConstants:
+    """The deployment's constants as a CreateTrainingJob the state machine sent holds them (not the request's)."""
+    return TrainingJobConstants(
+        role_arn=params["RoleArn"],
+        training_image=params["AlgorithmSpecification"]["TrainingImage"],
+        key_arn=params["OutputDataConfig"]["KmsKeyId"],
+        subnet=params["VpcConfig"]["Subnets"][0],
+        security_group=params["VpcConfig"]["SecurityGroupIds"][0],
+        checkpoints_bucket=split_s3_uri(params["CheckpointConfig"]["S3Uri"])[0],
+        artifacts_bucket=split_s3_uri(params["OutputDataConfig"]["S3OutputPath"])[0],
+        inter_container_encryption=params["EnableInterContainerTrafficEncryption"],
+        network_isolation=params["EnableNetworkIsolation"],
+    )
+
 
 COMPLETED = Poll("Completed", "Completed", metrics={"validation:loss": 2.5, "train:loss": 2.4}, billable_seconds=1800)
 

@@ -16,20 +16,19 @@ from botocore.client import BaseClient
 from contract.config import HYPERPARAMETERS
 from contract.execution_state import CostEstimate, TrainingRequest
 from contract.layout import CHECKPOINTS_ENV, OUTPUT_ENV, split_s3_uri
-from lambdas.sagemaker.capacity import next_cluster
-from lambdas.validate.api_requests import (
+from contract.service_requests import (
     EXECUTION_TAG,
-    PLACEHOLDERS,
-    TUNING_RANGES,
-    Deployment,
-    api_problems,
+    BatchJobConstants,
+    RunState,
     create_training_job,
     create_tuning_job,
     submit_job,
 )
+from lambdas.sagemaker.capacity import next_cluster
+from lambdas.validate.api_requests import TUNING_RANGES, api_problems
 from lambdas.validate.trials import trainer_field
 from localrun.backends.scripted import Poll
-from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.pipeline.conftest import COMPLETED, Pipeline, sagemaker_constants
 from tests.pipeline.test_batch import batch_factory  # noqa: F401 - the fixture, used by name
 from tests.pipeline.test_paths import CAPACITY, FALLBACK
 from tests.pipeline.test_tuning import TUNING
@@ -57,24 +56,6 @@ def _validated(pipeline: Pipeline) -> TrainingRequest:
     return TrainingRequest.parse(result["validation"]["request"])
 
 
-def _sagemaker_constants(params: dict[str, Any]) -> Deployment:
-    """The deployment's constants as the state machine's definition holds them (not the request's fields)."""
-    return Deployment(
-        role_arn=params["RoleArn"],
-        training_image=params["AlgorithmSpecification"]["TrainingImage"],
-        key_arn=params["OutputDataConfig"]["KmsKeyId"],
-        subnet=params["VpcConfig"]["Subnets"][0],
-        security_group=params["VpcConfig"]["SecurityGroupIds"][0],
-        checkpoints_bucket=split_s3_uri(params["CheckpointConfig"]["S3Uri"])[0],
-        artifacts_bucket=split_s3_uri(params["OutputDataConfig"]["S3OutputPath"])[0],
-        inter_container_encryption=params["EnableInterContainerTrafficEncryption"],
-        network_isolation=params["EnableNetworkIsolation"],
-        job_queue=PLACEHOLDERS.job_queue,
-        job_definition=PLACEHOLDERS.job_definition,
-        execution=PLACEHOLDERS.execution,
-    )
-
-
 def _wait_for(pipeline: Pipeline, arn: str, sent: list[Any], operation: str) -> dict[str, Any]:
     pipeline.local.wait(arn, 60, until=lambda: any(o == operation for o, _ in sent))
     (params,) = [p for o, p in sent if o == operation]
@@ -87,17 +68,17 @@ def test_validate_builds_the_single_job_and_the_tuning_job_the_state_machine_sen
         arn = pipeline.start(pipeline.input(), name="single")
         created = _wait_for(pipeline, arn, sent, "CreateTrainingJob")
         request = _validated(pipeline)
-        assert created == create_training_job(request, 1, _sagemaker_constants(created))
+        assert created == create_training_job(sagemaker_constants(created)).values(RunState(request, 1, arn))
         assert api_problems("sagemaker", "CreateTrainingJob", created) == []
 
         pipeline.local.lambda_calls.clear()
         arn = pipeline.start(pipeline.input(hyperparameters={"max_steps": 100}, tuning=TUNING), name="tuned")
         tuning = _wait_for(pipeline, arn, sent, "CreateHyperParameterTuningJob")
         request = _validated(pipeline)
-        constants = _sagemaker_constants(
+        constants = sagemaker_constants(
             {**tuning["TrainingJobDefinition"], "CheckpointConfig": created["CheckpointConfig"]}
         )
-        assert tuning == create_tuning_job(request, constants)
+        assert tuning == create_tuning_job(constants).values(RunState(request, 1, arn))
         assert api_problems("sagemaker", "CreateHyperParameterTuningJob", tuning) == []
 
 
@@ -114,8 +95,8 @@ def test_validate_builds_the_fallback_job_the_state_machine_sends_after_insuffic
     # The request NextCluster moves onto the fallback cluster, of which Validate checked this CreateTrainingJob.
     moved = next_cluster(request, CostEstimate.model_validate(priced)).request
     assert moved.cluster == "1 x ml.g5.12xlarge"
-    assert second == create_training_job(moved, 2, _sagemaker_constants(second))
-    assert first == create_training_job(request, 1, _sagemaker_constants(first))
+    assert second == create_training_job(sagemaker_constants(second)).values(RunState(moved, 2, arn))
+    assert first == create_training_job(sagemaker_constants(first)).values(RunState(request, 1, arn))
 
 
 def test_validate_builds_the_batch_job_the_state_machine_submits(batch_factory: Any) -> None:  # noqa: F811
@@ -128,18 +109,14 @@ def test_validate_builds_the_batch_job_the_state_machine_submits(batch_factory: 
         e["name"]: e["value"]
         for e in submitted["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["environment"]
     }
-    constants = Deployment(
-        **{
-            **PLACEHOLDERS.__dict__,
-            "checkpoints_bucket": split_s3_uri(environment[CHECKPOINTS_ENV])[0],
-            "artifacts_bucket": split_s3_uri(environment[OUTPUT_ENV])[0],
-            "job_queue": submitted["jobQueue"],
-            "job_definition": submitted["jobDefinition"],
-            "execution": arn,
-        }
+    constants = BatchJobConstants(
+        job_queue=submitted["jobQueue"],
+        job_definition=submitted["jobDefinition"],
+        checkpoints_bucket=split_s3_uri(environment[CHECKPOINTS_ENV])[0],
+        artifacts_bucket=split_s3_uri(environment[OUTPUT_ENV])[0],
     )
     assert submitted["tags"][EXECUTION_TAG] == arn
-    assert submitted == submit_job(_validated(pipeline), 1, constants)
+    assert submitted == submit_job(constants).values(RunState(_validated(pipeline), 1, arn))
     assert api_problems("batch", "SubmitJob", submitted) == []
 
 

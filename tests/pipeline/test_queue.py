@@ -6,6 +6,7 @@ team-a lends its one, team-b borrows)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,23 +18,21 @@ import pytest
 from botocore.client import BaseClient
 
 from contract.execution_state import TrainingRequest
-from contract.layout import split_s3_uri
-from lambdas.validate.api_requests import (
+from contract.service_requests import (
     EXECUTION_TAG,
-    PLACEHOLDERS,
     TEAM_TAG,
-    Deployment,
-    api_problems,
+    RunState,
     create_training_job,
     submit_service_job,
 )
+from lambdas.validate.api_requests import PLACEHOLDERS, api_problems
 from localrun.aws.cfn import ACCOUNT
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
 from localrun.demo import scenario
 from tests.conftest import TEAMS_SCENARIO
-from tests.pipeline.conftest import COMPLETED, Pipeline
+from tests.pipeline.conftest import COMPLETED, Pipeline, sagemaker_constants
 
 TEAM_A = f"arn:aws:iam::{ACCOUNT}:role/TeamAScientist"
 TEAM_B = f"arn:aws:iam::{ACCOUNT}:role/TeamBScientist"
@@ -113,26 +112,13 @@ def test_a_teams_run_is_the_sagemaker_request_submitted_to_its_share_and_trained
     (validate,) = [c.result for c in pipeline.local.lambda_calls if c.handler.startswith("lambdas.validate.")]
     request = TrainingRequest.parse(validate["validation"]["request"])
     payload = json.loads(params["serviceRequestPayload"])
-    constants = Deployment(
-        **{
-            **PLACEHOLDERS.__dict__,
-            "role_arn": payload["RoleArn"],
-            "training_image": payload["AlgorithmSpecification"]["TrainingImage"],
-            "key_arn": payload["OutputDataConfig"]["KmsKeyId"],
-            "subnet": payload["VpcConfig"]["Subnets"][0],
-            "security_group": payload["VpcConfig"]["SecurityGroupIds"][0],
-            "checkpoints_bucket": split_s3_uri(payload["CheckpointConfig"]["S3Uri"])[0],
-            "artifacts_bucket": split_s3_uri(payload["OutputDataConfig"]["S3OutputPath"])[0],
-            "inter_container_encryption": payload["EnableInterContainerTrafficEncryption"],
-            "network_isolation": payload["EnableNetworkIsolation"],
-            "team_queue": params["jobQueue"],
-            "execution": arn,
-        }
-    )
+    constants = sagemaker_constants(payload)
+    queue = dataclasses.replace(PLACEHOLDERS.queue, team_queue=params["jobQueue"])
+    state = RunState(request, 1, arn)
     # Exactly what Validate built and checked against both services' models, SageMaker's request inside Batch's.
-    assert payload == create_training_job(request, 1, constants)
+    assert payload == create_training_job(constants).values(state)
     assert {**params, "serviceRequestPayload": payload} == {
-        **submit_service_job(request, 1, constants),
+        **submit_service_job(queue, constants).values(state),
         "serviceRequestPayload": payload,
     }
     assert (

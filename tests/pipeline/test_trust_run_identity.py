@@ -17,8 +17,8 @@ import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 from moto.sagemaker.responses import SageMakerResponse
 
+from contract.service_requests import EXECUTION_TAG
 from lambdas.validate import request as request_module
-from lambdas.validate.api_requests import EXECUTION_TAG
 from localrun.aws.cfn import REGION
 from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import COMPLETED, Pipeline

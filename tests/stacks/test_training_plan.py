@@ -13,7 +13,7 @@ import pytest
 from contract.execution_state import TrainingRequest
 from lambdas.estimate.handler import estimate
 from lambdas.sagemaker.capacity import next_cluster
-from lambdas.validate.api_requests import PLACEHOLDERS, create_training_job
+from lambdas.validate.api_requests import PLACEHOLDERS, sent
 from lambdas.validate.request import resolve
 from stacks.settings import SettingsError, build_settings
 from tests.conftest import TRAINING_PLAN_ARN, cdk_context
@@ -80,12 +80,13 @@ def _request(**overrides: Any) -> TrainingRequest:
 def test_an_on_demand_job_on_the_plan_type_runs_in_the_plan_and_says_so_in_its_request() -> None:
     request = _request()
     assert request.training_plan
-    resource = create_training_job(request, 1, PLACEHOLDERS)["ResourceConfig"]
-    assert resource["TrainingPlanArn"] == PLACEHOLDERS.training_plan_arn
+    ((_, _, created),) = sent(request, 1)
+    assert created["ResourceConfig"]["TrainingPlanArn"] == PLACEHOLDERS.training.training_plan_arn
     # Other types, spot and the AWS Batch backend do not.
     assert not _request(instance_type="ml.p4d.24xlarge").training_plan
     assert not _request(spot=True).training_plan
-    assert "TrainingPlanArn" not in create_training_job(_request(spot=True), 1, PLACEHOLDERS)["ResourceConfig"]
+    ((_, _, spot),) = sent(_request(spot=True), 1)
+    assert "TrainingPlanArn" not in spot["ResourceConfig"]
     assert not TrainingRequest.parse(
         resolve(
             {

@@ -12,10 +12,10 @@ import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
+from contract.service_requests import training_job_definition
 from lambdas.validate.request import resolve
 from localrun.aws.iam import Call, _create_tuning_job
 from localrun.aws.iam_policy import evaluate
-from stacks.pipeline.tuning_step import training_job_definition
 from stacks.settings import settings_from_context
 from tests.conftest import cdk_context
 from tests.support.iam import AssemblyIam, task_states
