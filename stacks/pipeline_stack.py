@@ -14,8 +14,8 @@ from typing import Any, cast
 
 from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -27,20 +27,24 @@ from stacks import outputs
 from stacks.constructs.cost_controls import BudgetStop, PipelineAlarms, PlatformBudget, TeamBudget
 from stacks.constructs.dashboard import PlatformDashboard, platform_metric
 from stacks.constructs.execution_key import ExecutionDataKey
+from stacks.constructs.function import PlatformFunction
 from stacks.constructs.logs import encrypted_log_group
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.notifications import PlatformTopics
+from stacks.constructs.queue import TeamQueue
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.approvals import Approvals
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
+from stacks.pipeline.parts import Buckets, Handlers, Notifier, StepParts, obj, stack_arn, string
 from stacks.pipeline.resume import ResumeStep
 from stacks.pipeline.retrain import RetrainTriggers
 from stacks.pipeline.sagemaker_step import SageMakerTraining
-from stacks.pipeline.training_step import TrainingStep, backend_steps, by_backend
+from stacks.pipeline.training_step import TrainingResources, TrainingStep, backend_steps, by_backend
 from stacks.pipeline.tuning_step import SageMakerTuning, with_tuning
 from stacks.settings import PlatformSettings
 
@@ -60,53 +64,132 @@ class PipelineStack(Stack):
     ) -> None:
         super().__init__(scope, id_, **kwargs)
         self.revision = revision
-        context = PipelineContext.create(
-            self, settings=settings, network=network, data=data, image=image.training_image, revision=revision
-        )
-        self.context = context
-
-        intake = Intake(self, "Intake", context=context)
-        approvals = Approvals(self, "Approvals", context=context)
-        steps = backend_steps(self, context=context)
-        # Tuning jobs are SageMaker's: the tuning step reuses the SageMaker step's job and cleanup.
-        sagemaker = cast(SageMakerTraining, steps[SAGEMAKER.name])
-        training = with_tuning(
+        key = data.key
+        self.buckets = buckets = Buckets.imported(self, stage=settings.stage, key=key)
+        self.topics = PlatformTopics(
             self,
-            by_backend(self, *steps.values()),
-            SageMakerTuning(self, "TuningStep", context=context, training=sagemaker),
+            "Topics",
+            key=key,
+            settings=settings.notifications,
+            team_emails={team.name: team.notification_emails for team in settings.teams},
         )
-        evaluation = Evaluation(self, "Evaluation", context=context)
-        registration = Registration(self, "Registration", context=context)
-        promotion = Promotion(self, "Promotion", context=context, approvals=approvals, packages=registration.packages)
+        self.teams = self._team_queue(settings)
+        backends = deployed_backends(teams=self.teams is not None)
+        handlers = Handlers(self, key, network.network)
+        self.notifier = notifier = Notifier(self.topics.runs)
 
-        resume = ResumeStep(self, "Resume", context=context)
+        intake = Intake(
+            self,
+            "Intake",
+            handlers=handlers,
+            settings=settings,
+            buckets=buckets,
+            lustre=data.lustre,
+            start_proofs=data.start_proofs,
+            backends=backends,
+        )
+        approvals = Approvals(
+            self,
+            "Approvals",
+            settings=settings,
+            table=data.approvals,
+            notifier=notifier,
+            key=key,
+            network=network.network,
+        )
+        parts = StepParts(handlers, notifier, buckets, settings.pipeline)
+        training = self._training_step(settings, parts, backends, network=network, data=data, image=image)
+        evaluation = Evaluation(self, "Evaluation", handlers=handlers, notifier=notifier)
+        registration = Registration(
+            self,
+            "Registration",
+            handlers=handlers,
+            buckets=buckets,
+            registry=data.model_registry,
+            image_uri=image.training_image.image_uri,
+            revision=revision,
+        )
+        promotion = Promotion(self, "Promotion", notifier=notifier, approvals=approvals, packages=registration.packages)
+        resume = ResumeStep(self, "Resume", handlers=handlers, buckets=buckets)
         intake.estimated.next(approvals.before_launch(then=resume.start))
         resume.then(training.start)
-        training.failed.next(self._training_failed(context))
+        training.failed.next(self._training_failed())
         training.succeeded.next(evaluation.start)
         evaluation.then(registration.start)
         registration.start.next(promotion.start)
 
         self.approval = approvals.gate
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
-        self.state_machine = self._state_machine(context, intake.start)
-        self._grant_state_machine(context, training, registration.packages)
+        self.state_machine = self._state_machine(settings, key, intake.start)
+        # What the state machine invokes, besides the approval gate's handlers.
+        invoked = [*intake.functions, *training.functions, *evaluation.functions, *registration.functions]
+        invoked += resume.functions
+        self._grant_state_machine(key, training, registration.packages, invoked)
         intake.read_ended_runs(self.state_machine, self.execution_key)
-        dead_letters = dict(training.dead_letters)
-        if data.retrain_windows is not None:
-            retrain = RetrainTriggers(
-                self,
-                "Retrain",
-                context=context,
-                table=data.retrain_windows,
-                state_machine=self.state_machine,
-                execution_key=self.execution_key.key,
-                backends=training.backends,
-            )
-            dead_letters.update(retrain.dead_letters)
-        self._cost_controls(settings, context, validator=intake.validate.role)
-        dashboard = self._monitoring(settings, context, dead_letters)
-        self._outputs(dashboard)
+        retrain = self._retrain(settings, handlers, data, backends=training.backends)
+        self._cost_controls(settings, backends, validator=intake.validate.role)
+        self._outputs(self._monitoring(settings, invoked, training, retrain))
+
+    def _team_queue(self, settings: PlatformSettings) -> TeamQueue | None:
+        """The teams' Batch queue and quota shares; None when settings name no teams."""
+        if not settings.teams:
+            return None
+        return TeamQueue(self, "Teams", capacity=settings.service_environment.capacity, teams=settings.teams)
+
+    def _training_step(
+        self,
+        settings: PlatformSettings,
+        parts: StepParts,
+        backends: list[str],
+        *,
+        network: NetworkStack,
+        data: DataStack,
+        image: ImageStack,
+    ) -> TrainingStep:
+        """One step per deployed backend, behind a Choice on the request's backend, and the tuning step beside them."""
+        # SageMaker's role and CreateTrainingJob: its step, the queue's and the tuning step's.
+        job = DistributedTrainingJob(
+            self,
+            "Training",
+            pipeline=settings.pipeline,
+            network=network.network,
+            image=image.training_image,
+            buckets=parts.buckets,
+        )
+        resources = TrainingResources(
+            settings=settings,
+            job=job,
+            network=network,
+            image=image.training_image,
+            file_system=data.lustre.file_system,
+            teams=self.teams,
+        )
+        steps = backend_steps(self, backends, parts, resources)
+        # Tuning jobs are SageMaker's: the tuning step reuses the SageMaker step's job and cleanup.
+        sagemaker = cast(SageMakerTraining, steps[SAGEMAKER.name])
+        return with_tuning(
+            self,
+            by_backend(self, *steps.values()),
+            SageMakerTuning(self, "TuningStep", parts=parts, training=sagemaker),
+        )
+
+    def _retrain(
+        self, settings: PlatformSettings, handlers: Handlers, data: DataStack, *, backends: list[str]
+    ) -> RetrainTriggers | None:
+        """Settings `retrain`'s triggers, when the data stack has their windows table."""
+        if data.retrain_windows is None:
+            return None
+        return RetrainTriggers(
+            self,
+            "Retrain",
+            handlers=handlers,
+            settings=settings,
+            datasets=self.buckets.datasets,
+            table=data.retrain_windows,
+            state_machine=self.state_machine,
+            execution_key=self.execution_key.key,
+            backends=backends,
+        )
 
     def _outputs(self, dashboard: PlatformDashboard) -> None:
         """What a person or a tool finds a deployed stage by; the keys are stacks/outputs.py's."""
@@ -114,8 +197,8 @@ class PipelineStack(Stack):
         values = {
             outputs.STATE_MACHINE_ARN: self.state_machine.state_machine_arn,
             outputs.DECISION_URL: self.approval.url.url,
-            outputs.DATASETS_BUCKET: self.context.datasets.bucket_name,
-            outputs.ARTIFACTS_BUCKET: self.context.artifacts.bucket_name,
+            outputs.DATASETS_BUCKET: self.buckets.datasets.bucket_name,
+            outputs.ARTIFACTS_BUCKET: self.buckets.artifacts.bucket_name,
             outputs.DASHBOARD_URL: f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}"
             f"#dashboards:name={dashboard.dashboard.dashboard_name}",
             outputs.TRAINING_LOG_GROUP: SAGEMAKER_TRAINING_LOG_GROUP,
@@ -124,22 +207,25 @@ class PipelineStack(Stack):
             # The template's output key is the pinned name; the construct ID only has to be unique.
             CfnOutput(self, f"Output{key}", value=values[key], description=description).override_logical_id(key)
 
-    def _grant_state_machine(self, context: PipelineContext, training: TrainingStep, packages: str) -> None:
+    def _grant_state_machine(
+        self, key: kms.IKey, training: TrainingStep, packages: str, invoked: list[PlatformFunction]
+    ) -> None:
         self.execution_key.allow(self.state_machine.role, self.approval.decide.role)
         self.execution_key.bind_log_delivery()
         training.bind(self.state_machine)
         # Publishing to the runs topic, which the platform key encrypts.
-        context.key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
+        key.grant(self.state_machine, "kms:GenerateDataKey", "kms:Decrypt")
         self.approval.grant_decisions(self.state_machine)
-        self._acknowledge_state_machine_grants(context, packages)
+        self._acknowledge_state_machine_grants(packages, invoked)
 
-    def _cost_controls(self, settings: PlatformSettings, context: PipelineContext, *, validator: iam.IRole) -> None:
+    def _cost_controls(self, settings: PlatformSettings, backends: list[str], *, validator: iam.IRole) -> None:
         """The monthly budget, and its stop on the roles that start training jobs; each team's budget and its stop."""
+        alarms = self.topics.alarms
         budget = PlatformBudget(
             self,
             "Budget",
             limit_usd=settings.pipeline.monthly_budget_usd,
-            topic=context.topics.alarms,
+            topic=alarms,
             emails=settings.notifications.budget_emails,
         )
         BudgetStop(
@@ -148,11 +234,11 @@ class PipelineStack(Stack):
             budget=budget.budget,
             creators=[self.state_machine.role],
             validator=validator,
-            topic=context.topics.alarms,
+            topic=alarms,
             emails=settings.notifications.budget_emails,
-            backends=deployed_backends(teams=context.teams is not None),
+            backends=backends,
         )
-        if context.teams is None:
+        if self.teams is None:
             return
         for team in settings.teams:
             TeamBudget(
@@ -160,18 +246,24 @@ class PipelineStack(Stack):
                 f"TeamBudget-{team.name}",
                 team=team.name,
                 limit_usd=team.monthly_budget_usd,
-                share_arn=context.teams.share_arn(team.name),
+                share_arn=self.teams.share_arn(team.name),
                 submitters=[self.state_machine.role],
-                topic=context.topics.alarms,
+                topic=alarms,
                 emails=team.notification_emails,
             )
 
     def _monitoring(
-        self, settings: PlatformSettings, context: PipelineContext, dead_letters: dict[str, sqs.IQueue]
+        self,
+        settings: PlatformSettings,
+        invoked: list[PlatformFunction],
+        training: TrainingStep,
+        retrain: RetrainTriggers | None,
     ) -> PlatformDashboard:
         """Alarms and a dashboard over the state machine and every handler."""
-        functions: dict[str, lambda_.IFunction] = {
-            **{name: fn.function for name, fn in context.functions.items()},
+        functions = [*invoked, *(retrain.functions if retrain else [])]
+        dead_letters = {**training.dead_letters, **(retrain.dead_letters if retrain else {})}
+        watched: dict[str, lambda_.IFunction] = {
+            **{fn.node.id: fn.function for fn in functions},
             "ApprovalRequest": self.approval.request.function,
             "ApprovalDecide": self.approval.decide.function,
             "ApprovalPending": self.approval.pending.function,
@@ -181,9 +273,9 @@ class PipelineStack(Stack):
             self,
             "Alarms",
             state_machine=self.state_machine,
-            functions=functions,
+            functions=watched,
             dead_letters=dead_letters,
-            topic=context.topics.alarms,
+            topic=self.topics.alarms,
             metrics={
                 "UnrecordedDecisions": (
                     platform_metric(Metric.UNRECORDED_DECISIONS),
@@ -202,14 +294,14 @@ class PipelineStack(Stack):
             "Dashboard",
             name=settings.name_prefix,
             state_machine=self.state_machine,
-            functions=functions,
-            goodput_logs=[writer.log_group for writer in context.goodput_writers],
+            functions=watched,
+            goodput_logs=[writer.log_group for writer in training.goodput_writers],
             team_budgets={team.name: team.monthly_budget_usd for team in settings.teams},
         )
 
-    def _training_failed(self, context: PipelineContext) -> sfn.IChainable:
+    def _training_failed(self) -> sfn.IChainable:
         """The run's recipients hear why training failed; the execution fails with that error."""
-        notify = context.notify(
+        notify = self.notifier.notify(
             self,
             "Notify training failed",
             subject="Training run failed",
@@ -219,9 +311,9 @@ class PipelineStack(Stack):
         notify.add_catch(failed, errors=["States.ALL"], result_path="$.notify_error")
         return notify.next(failed)
 
-    def _state_machine(self, context: PipelineContext, definition: sfn.IChainable) -> sfn.StateMachine:
-        pipeline = context.pipeline
-        log_group = encrypted_log_group(self, "StateMachineLogs", key=context.key, retention_days=365)
+    def _state_machine(self, settings: PlatformSettings, key: kms.IKey, definition: sfn.IChainable) -> sfn.StateMachine:
+        pipeline = settings.pipeline
+        log_group = encrypted_log_group(self, "StateMachineLogs", key=key, retention_days=365)
         # Two approval waits, then every training attempt at twice the runtime limit (spot's max wait).
         hours = (
             2 * pipeline.approval_timeout_hours + (pipeline.capacity_retries + 1) * 2 * pipeline.max_runtime_hours + 1
@@ -230,7 +322,7 @@ class PipelineStack(Stack):
             self,
             "TrainingPipeline",
             # Named: the console user who starts a run finds it by this name.
-            state_machine_name=context.settings.name_prefix,
+            state_machine_name=settings.name_prefix,
             definition_body=sfn.DefinitionBody.from_chainable(definition),
             comment="Validate -> estimate -> approve -> train (create + poll) -> evaluate -> register -> promote",
             timeout=Duration.hours(min(hours, 365 * 24)),
@@ -242,7 +334,7 @@ class PipelineStack(Stack):
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
         )
 
-    def _acknowledge_state_machine_grants(self, context: PipelineContext, packages: str) -> None:
+    def _acknowledge_state_machine_grants(self, packages: str, invoked: list[PlatformFunction]) -> None:
         role = self.state_machine.role
         acknowledge_inline_policy(role)
         acknowledge(
@@ -252,16 +344,15 @@ class PipelineStack(Stack):
             "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
             "job by name, and reading its execution tag before adopting it)" + ".",
         )
-        invoked = [*context.functions.values(), self.approval.request, self.approval.verify]
         for resource, reason in {
-            context.arn("sagemaker", "training-job/*"): (
+            stack_arn(self, "sagemaker", "training-job/*"): (
                 "Job names are per run and attempt; CreateTrainingJob is further limited by condition to the "
                 "platform's subnet, security group and output key."
             ),
             packages: "Approving or rejecting versions in the platform's one model package group.",
             **{
                 f"{fn.function.function_arn}:*": "Step Functions invokes any version of the platform's own handler."
-                for fn in invoked
+                for fn in [*invoked, self.approval.request, self.approval.verify]
             },
         }.items():
             acknowledge_wildcard(role, resource, reason)

@@ -8,28 +8,43 @@ decision within `pipeline.approval_timeout_hours` counts as a rejection.
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ESTIMATE, LAUNCH_APPROVAL, REQUEST, Path
 from stacks.constructs.approval_gate import ApprovalGate
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.constructs.network import TrainingNetwork
+from stacks.pipeline.parts import Notifier, obj, string
+from stacks.settings import PlatformSettings
 
 
 class Approvals(Construct):
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        settings: PlatformSettings,
+        table: dynamodb.ITable,
+        notifier: Notifier,
+        key: kms.IKey,
+        network: TrainingNetwork,
+    ) -> None:
+        """`table`: the approvals table; the gate is made at the stack's scope."""
         super().__init__(scope, id_)
-        self._context = context
-        pipeline, network = context.pipeline, context.network.network
+        self._notifier = notifier
+        pipeline = settings.pipeline
         self.gate = ApprovalGate(
-            context.stack,
+            Stack.of(self),
             "Approval",
-            table=context.data.approvals,
-            topic=context.topics.runs,
-            key=context.key,
-            approvers=context.settings.approvers,
-            team_approvers={team.name: team.approvers for team in context.settings.teams},
+            table=table,
+            topic=notifier.topic,
+            key=key,
+            approvers=settings.approvers,
+            team_approvers={team.name: team.approvers for team in settings.teams},
             forbid_self_approval=pipeline.forbid_self_approval,
             timeout=Duration.hours(pipeline.approval_timeout_hours),
             vpc=network.vpc,
@@ -37,7 +52,7 @@ class Approvals(Construct):
             security_group=network.services_sg,
         )
         no_decision = f"No approver decided within {pipeline.approval_timeout_hours} h; treated as a rejection."
-        self.timed_out = context.notify(
+        self.timed_out = notifier.notify(
             self,
             "Notify approval timed out",
             subject="Training run rejected: no approver decided in time",
@@ -84,7 +99,7 @@ class Approvals(Construct):
 
     def rejected(self, scope: Construct, decision: Path, *, subject: str, state: str, error: str) -> sfn.Chain:
         """Tell the run's recipients, then fail with who rejected the gate and why."""
-        notify = self._context.notify(
+        notify = self._notifier.notify(
             scope, f"Notify {state[0].lower()}{state[1:]}", subject=subject, fields={"decision": obj(decision)}
         )
         return notify.next(sfn.Fail(scope, state, error=error, cause_path=decided("Rejected", decision)))

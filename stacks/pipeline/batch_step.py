@@ -14,7 +14,7 @@ ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
@@ -29,7 +29,7 @@ from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.tasks import BATCH_TRANSIENT
-from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.parts import StepParts, obj, stack_arn
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
@@ -41,6 +41,7 @@ from stacks.pipeline.polled_job import (
     sdk_task,
     watch_ended_executions,
 )
+from stacks.pipeline.training_step import TrainingResources
 
 # A multi-node job waits in RUNNABLE until Batch has every node; this long without them counts as
 # insufficient capacity, and a new attempt is submitted (Batch itself would wait for ever).
@@ -52,45 +53,53 @@ NAMES = StepNames(label="Batch")
 class BatchTraining(Construct):
     """Submit + poll an AWS Batch multi-node parallel job; terminate it and prune checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(self, scope: Construct, id_: str, *, parts: StepParts, cluster: BatchTrainingCluster) -> None:
         super().__init__(scope, id_)
-        self._context = context
-        largest = context.settings.network.largest_cluster
-        self.cluster = BatchTrainingCluster(
-            context.stack,
-            "BatchCluster",
-            instance=instance_type(largest.instance_type),
-            max_nodes=largest.count,
-            network=context.network.network,
-            placement=context.network.placement,
-            image=context.image,
-            key=context.key,
-            file_system=context.data.lustre.file_system,
-            datasets=context.datasets,
-            checkpoints=context.checkpoints,
-            artifacts=context.artifacts,
-        )
+        self._parts = parts
+        self.cluster = cluster
+        buckets = parts.buckets
         self.request = submit_job(
             BatchJobConstants(
-                job_queue=self.cluster.queue.job_queue_arn,
-                job_definition=self.cluster.job_definition.job_definition_arn,
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
+                job_queue=cluster.queue.job_queue_arn,
+                job_definition=cluster.job_definition.job_definition_arn,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
             )
         )
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(
             self,
-            context=context,
+            notifier=parts.notifier,
             names=NAMES,
             create=self._submit,
             progress=self.monitor,
             job={"job": obj(TRAIN.job)},
             cleanup=self.cleanup,
             replaces_jobs=True,
+            capacity_retries=parts.pipeline.capacity_retries,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+
+    @classmethod
+    def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> BatchTraining:
+        """The step and its cluster (at the stack's scope), sized for the settings' largest cluster."""
+        largest, buckets = resources.settings.network.largest_cluster, parts.buckets
+        cluster = BatchTrainingCluster(
+            Stack.of(scope),
+            "BatchCluster",
+            instance=instance_type(largest.instance_type),
+            max_nodes=largest.count,
+            network=resources.network.network,
+            placement=resources.network.placement,
+            image=resources.image,
+            key=buckets.key,
+            file_system=resources.file_system,
+            datasets=buckets.datasets,
+            checkpoints=buckets.checkpoints,
+            artifacts=buckets.artifacts,
+        )
+        return cls(scope, id_, parts=parts, cluster=cluster)
 
     @property
     def backends(self) -> list[str]:
@@ -100,6 +109,14 @@ class BatchTraining(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"StopBatchJobs": self.cleanup_dead_letters}
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.monitor, self.cleanup]
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        return [self.monitor]
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
         self.cluster.grant_submit(state_machine.role)
@@ -107,11 +124,11 @@ class BatchTraining(Construct):
         self.cluster.grant_follow(state_machine.role)
         acknowledge_wildcard(
             state_machine.role,
-            self._context.arn("batch", "job/*"),
+            stack_arn(self, "batch", "job/*"),
             "Job IDs are Batch's; SubmitJob is limited to the platform's queue and job definition.",
         )
         watch_ended_executions(
-            self._context,
+            self,
             "BatchExecutionEnded",
             description="Terminates the AWS Batch jobs of a pipeline execution that was aborted, timed out or failed",
             state_machine=state_machine,
@@ -120,21 +137,21 @@ class BatchTraining(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        context = self._context
-        monitor = context.function(
+        buckets = self._parts.buckets
+        monitor = self._parts.handlers.function(
             "PollBatchJob",
             "lambdas.batch.monitor.handler",
             "Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
             BatchMonitorEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
-                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
                 capacity_wait_minutes=CAPACITY_WAIT_MINUTES,
             ).variables(),
         )
-        grant_checkpoint_ledger(context, monitor)
-        grant_goodput_ledger(context, monitor)
-        outputs = f"{context.artifacts.bucket_arn}/{ANY_OUTPUT}"
+        grant_checkpoint_ledger(monitor, buckets)
+        grant_goodput_ledger(monitor, buckets)
+        outputs = f"{buckets.artifacts.bucket_arn}/{ANY_OUTPUT}"
         # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(sid="ReadJobResults", actions=["s3:GetObject"], resources=[outputs])
@@ -145,7 +162,7 @@ class BatchTraining(Construct):
         acknowledge_wildcard(monitor.role, outputs, "Reads the result files the launcher wrote for the polled job.")
         acknowledge_wildcard(
             monitor.role,
-            context.arn("batch", "job/*"),
+            stack_arn(self, "batch", "job/*"),
             "Terminates the polled job when it waited too long for capacity.",
         )
         acknowledge(
@@ -156,14 +173,15 @@ class BatchTraining(Construct):
         return monitor
 
     def _cleanup_function(self) -> PlatformFunction:
-        context = self._context
+        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            context,
+            self._parts.handlers,
+            buckets,
             "StopBatchJobs",
             handler="lambdas.batch.cleanup.handler",
             description="Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
             environment=BatchCleanupEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name, job_queue=self.cluster.queue.job_queue_arn
+                checkpoints_bucket=buckets.checkpoints.bucket_name, job_queue=self.cluster.queue.job_queue_arn
             ),
             dead_letters="StopBatchJobsDeadLetters",
         )
@@ -176,7 +194,7 @@ class BatchTraining(Construct):
         )
         for resource, reason in {
             superseded: "Superseded checkpoints of the run that ended (the bucket keeps their versions a while).",
-            context.arn("batch", "job/*"): "Terminates the jobs tagged with the execution that ended.",
+            stack_arn(self, "batch", "job/*"): "Terminates the jobs tagged with the execution that ended.",
         }.items():
             acknowledge_wildcard(cleanup.role, resource, reason)
         return cleanup

@@ -20,12 +20,15 @@ from contract.catalog import INSTANCE_TYPES
 from contract.execution_state import TRAIN
 from contract.service_requests import TrainingJobConstants, Variant, create_training_job
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
+from stacks.constructs.training_image import TrainingImage
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
 from stacks.naming import ec2_arn_prefix
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
-from stacks.pipeline.context import PipelineContext
+from stacks.pipeline.parts import Buckets
 from stacks.pipeline.polled_job import sdk_task
+from stacks.settings import PipelineSettings
 
 
 def volumes(variant: Variant) -> str:
@@ -34,16 +37,25 @@ def volumes(variant: Variant) -> str:
 
 
 class DistributedTrainingJob(Construct):
-    """The SageMaker execution role and the states that run one training request to its end."""
+    """The SageMaker execution role and the CreateTrainingJob states of every step that runs SageMaker training jobs
+    (the pipeline makes one)."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        pipeline: PipelineSettings,
+        network: TrainingNetwork,
+        image: TrainingImage,
+        buckets: Buckets,
+    ) -> None:
         super().__init__(scope, id_)
-        pipeline, network = context.pipeline, context.network.network
         self.vpc = network.vpc
-        self.image_uri = context.image.image_uri
-        self.key = context.key
-        self.checkpoints = context.checkpoints
-        self.artifacts = context.artifacts
+        self.image_uri = image.image_uri
+        self.key = buckets.key
+        self.checkpoints = buckets.checkpoints
+        self.artifacts = buckets.artifacts
         self.subnet = network.training_subnet
         self.security_group = network.training_sg
         self.inter_container_encryption = pipeline.inter_container_encryption
@@ -57,7 +69,7 @@ class DistributedTrainingJob(Construct):
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker training jobs of the distributed training platform",
         )
-        context.image.repository.grant_pull(self.role)
+        image.repository.grant_pull(self.role)
         self.constants = TrainingJobConstants(
             role_arn=self.role.role_arn,
             training_image=self.image_uri,
@@ -72,11 +84,11 @@ class DistributedTrainingJob(Construct):
         )
         self.request = create_training_job(self.constants)
         """CreateTrainingJob, as every step that creates SageMaker training jobs sends it."""
-        statements = self._execution_statements(context.datasets)
+        statements = self._execution_statements(buckets.datasets)
         for sid, statement in statements.items():
             statement.sid = sid
             self.role.add_to_policy(statement)
-        self._acknowledge_execution_role(context.datasets, statements)
+        self._acknowledge_execution_role(buckets.datasets, statements)
 
     def _execution_statements(self, datasets: s3.IBucket) -> dict[str, iam.PolicyStatement]:
         """What the training containers may do: read datasets, read and write checkpoints, write outputs."""
@@ -274,13 +286,3 @@ class DistributedTrainingJob(Construct):
                 conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
             )
         )
-
-
-def training_job(context: PipelineContext) -> DistributedTrainingJob:
-    """The SageMaker execution role and CreateTrainingJob request, one for every step that runs SageMaker training
-    jobs (made by the first that asks)."""
-    job = context.shared.get("Training")
-    if job is None:
-        job = context.shared["Training"] = DistributedTrainingJob(context.stack, "Training", context=context)
-    assert isinstance(job, DistributedTrainingJob)
-    return job

@@ -10,35 +10,52 @@ from __future__ import annotations
 import json
 
 from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from contract.layout import ANY_LEDGER_RECORD
-from lambdas.backends import deployed_backends
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
+from stacks.constructs.lustre import LustreDataRepository
 from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.tasks import invoke
-from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.parts import Buckets, Handlers, obj
+from stacks.settings import PlatformSettings
 
 
 class Intake(Construct):
     """`start`: the execution's first state; `estimated`: the request with `$.estimate`, ready to go on."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        handlers: Handlers,
+        settings: PlatformSettings,
+        buckets: Buckets,
+        lustre: LustreDataRepository,
+        start_proofs: dynamodb.ITable,
+        backends: list[str],
+    ) -> None:
+        """`backends`: the ones the pipeline's training step runs (stacks/pipeline_stack.py)."""
         super().__init__(scope, id_)
-        self.validate = self._validate_function(context)
-        self.estimate = context.function(
+        self.validate = self._validate_function(
+            handlers, settings, buckets=buckets, lustre=lustre, start_proofs=start_proofs, backends=backends
+        )
+        pipeline = settings.pipeline
+        self.estimate = handlers.function(
             "Estimate",
             "lambdas.estimate.handler.handler",
             "Estimates a run's cost bound and whether it needs approval",
             {
-                "APPROVAL_THRESHOLD_USD": str(context.pipeline.approval_threshold_usd),
-                "SPOT_COST_FRACTION": json.dumps(list(context.pipeline.spot_cost_fraction)),
-                "PRICE_OVERRIDES": json.dumps(context.pipeline.price_overrides, sort_keys=True),
+                "APPROVAL_THRESHOLD_USD": str(pipeline.approval_threshold_usd),
+                "SPOT_COST_FRACTION": json.dumps(list(pipeline.spot_cost_fraction)),
+                "PRICE_OVERRIDES": json.dumps(pipeline.price_overrides, sort_keys=True),
             },
         )
         self.start = sfn.Pass(self, "Receive input", parameters={"input": sfn.JsonPath.object_at("$")})
@@ -65,13 +82,25 @@ class Intake(Construct):
         )
         accept.next(self.estimated)
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.validate, self.estimate]
+
     @staticmethod
-    def _validate_function(context: PipelineContext) -> PlatformFunction:
-        pipeline, settings, lustre = context.pipeline, context.settings, context.data.lustre
+    def _validate_function(
+        handlers: Handlers,
+        settings: PlatformSettings,
+        *,
+        buckets: Buckets,
+        lustre: LustreDataRepository,
+        start_proofs: dynamodb.ITable,
+        backends: list[str],
+    ) -> PlatformFunction:
+        pipeline = settings.pipeline
         cost_tag_key, cost_tag_value = COST_TAG.split("$")
         limits = settings.platform_limits(
-            datasets_bucket=context.datasets.bucket_name,
-            artifacts_bucket=context.artifacts.bucket_name,
+            datasets_bucket=buckets.datasets.bucket_name,
+            artifacts_bucket=buckets.artifacts.bucket_name,
             fsx_file_system_id=lustre.file_system_id,
             fsx_mount_name=lustre.mount_name,
             tags={
@@ -80,10 +109,9 @@ class Intake(Construct):
                 "team": settings.tags.team,
                 "cost-centre": settings.tags.cost_centre,
             },
-            # The pipeline's training step runs every backend the settings deploy (stacks/pipeline_stack.py).
-            backends=deployed_backends(teams=context.teams is not None),
+            backends=backends,
         )
-        function = context.function(
+        function = handlers.function(
             "Validate",
             "lambdas.validate.handler.handler",
             "Validates an execution input into a complete training request",
@@ -93,14 +121,14 @@ class Intake(Construct):
                 "BUDGET_PROBE_JOB": BUDGET_PROBE_JOB,
                 "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
                 "BUDGET_CONTACT": settings.budget_contact,
-                "START_PROOFS_TABLE": context.data.start_proofs.table_name,
+                "START_PROOFS_TABLE": start_proofs.table_name,
             },
         )
         # `resume_from` given as a run id is looked up in that run's ledger.
         function.function.add_to_role_policy(
-            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[context.artifacts.bucket_arn])
+            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[buckets.artifacts.bucket_arn])
         )
-        records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+        records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
         function.function.add_to_role_policy(
             iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])
         )
@@ -108,9 +136,9 @@ class Intake(Construct):
         # A fine-tuning run's model folder (init_from) and its dataset's first records are read before any job starts:
         # headers and heads of files, by ranged GETs, in the datasets bucket only.
         function.function.add_to_role_policy(
-            iam.PolicyStatement(sid="ListDatasets", actions=["s3:ListBucket"], resources=[context.datasets.bucket_arn])
+            iam.PolicyStatement(sid="ListDatasets", actions=["s3:ListBucket"], resources=[buckets.datasets.bucket_arn])
         )
-        datasets = context.datasets.arn_for_objects("*")
+        datasets = buckets.datasets.arn_for_objects("*")
         function.function.add_to_role_policy(
             iam.PolicyStatement(sid="ReadDatasets", actions=["s3:GetObject"], resources=[datasets])
         )
@@ -120,8 +148,8 @@ class Intake(Construct):
             "Reads init_from's model folder and a dataset's first records, which any key names.",
         )
         # Recording a used proof is a conditional PutItem; nothing else on the table.
-        context.data.start_proofs.grant(function.function, "dynamodb:PutItem")
-        context.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
+        start_proofs.grant(function.function, "dynamodb:PutItem")
+        buckets.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
         return function
 
     def read_ended_runs(self, state_machine: sfn.StateMachine, execution_key: ExecutionDataKey) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -16,19 +17,20 @@ from constructs import Construct
 from contract.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST, RESUMED
 from contract.layout import ANY_LINEAGE
 from lambdas.register.environment import RegisterEnvironment
+from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, SAGEMAKER_TRANSIENT, SDK, invoke, retry
 from stacks.pipeline.approvals import Approvals, decided
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.parts import Buckets, Handlers, Notifier, obj, stack_arn, string
 from stacks.pipeline.polled_job import list_runs
 
 
 class Evaluation(Construct):
     """`start` compares the finished job's final metrics with the request's quality gate."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(self, scope: Construct, id_: str, *, handlers: Handlers, notifier: Notifier) -> None:
         super().__init__(scope, id_)
-        self.evaluate = context.function(
+        self.evaluate = handlers.function(
             "Evaluate",
             "lambdas.evaluate.handler.handler",
             "Compares a finished job's final metrics with the run's quality gate",
@@ -41,7 +43,7 @@ class Evaluation(Construct):
             {"quality": obj(REQUEST.quality), "final_metrics": obj(JOB.final_metrics)},
             str(EVALUATION),
         )
-        self._below = context.notify(
+        self._below = notifier.notify(
             self,
             "Notify below quality",
             subject="Training run finished below its quality gate: not registered",
@@ -49,6 +51,10 @@ class Evaluation(Construct):
         ).next(
             sfn.Fail(self, "Below quality threshold", error="QualityBelowThreshold", cause_path=str(EVALUATION.reason))
         )
+
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.evaluate]
 
     def then(self, passed: sfn.IChainable) -> None:
         """Where a model that meets its gate goes."""
@@ -62,36 +68,46 @@ class Evaluation(Construct):
 class Registration(Construct):
     """`start` registers the model version in the platform's model package group, with its lineage."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        handlers: Handlers,
+        buckets: Buckets,
+        registry: sagemaker.CfnModelPackageGroup,
+        image_uri: str,
+        revision: str,
+    ) -> None:
+        """`revision`: the platform's, recorded in every registered model's lineage."""
         super().__init__(scope, id_)
-        registry = context.data.model_registry
         group = registry.model_package_group_name
-        self.packages = context.arn("sagemaker", f"model-package/{group}/*")
+        self.packages = stack_arn(self, "sagemaker", f"model-package/{group}/*")
         """The versions of the platform's model package group."""
-        self.register = context.function(
+        self.register = handlers.function(
             "Register",
             "lambdas.register.handler.handler",
             "Registers the trained model with its lineage",
             RegisterEnvironment(
-                artifacts_bucket=context.artifacts.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
                 model_package_group=group,
-                image_uri=context.image.image_uri,
-                platform_revision=context.revision,
+                image_uri=image_uri,
+                platform_revision=revision,
             ).variables(),
             timeout=Duration.minutes(5),
         )
-        lineage = f"{context.artifacts.bucket_arn}/{ANY_LINEAGE}"
+        lineage = f"{buckets.artifacts.bucket_arn}/{ANY_LINEAGE}"
         function = self.register.function
         # Lineage lists the dataset's object versions (it reads no dataset object) and writes its records
         # once; a retried Register reads back a record to see whether its execution wrote it.
         for sid, actions, resources in (
-            ("DatasetVersions", ["s3:ListBucketVersions"], [context.datasets.bucket_arn]),
+            ("DatasetVersions", ["s3:ListBucketVersions"], [buckets.datasets.bucket_arn]),
             ("WriteLineage", ["s3:PutObject", "s3:GetObject"], [lineage]),
         ):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
         # The run's goodput ledgers, one per job, are listed under its lineage and read (WriteLineage).
-        function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunLedgers"))
-        context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
+        function.add_to_role_policy(list_runs(buckets.artifacts.bucket_arn, "ListRunLedgers"))
+        buckets.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         function.add_to_role_policy(
             iam.PolicyStatement(
                 sid="RegisterModels",
@@ -119,13 +135,15 @@ class Registration(Construct):
             str(REGISTRATION),
         )
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.register]
+
 
 class Promotion(Construct):
     """`start` asks an approver to promote the registered version; the decision is written to it."""
 
-    def __init__(
-        self, scope: Construct, id_: str, *, context: PipelineContext, approvals: Approvals, packages: str
-    ) -> None:
+    def __init__(self, scope: Construct, id_: str, *, notifier: Notifier, approvals: Approvals, packages: str) -> None:
         super().__init__(scope, id_)
         self._packages = packages
         no_decision = self._set_approval("Reject model (no decision)", "Rejected", "No decision in time")
@@ -142,7 +160,7 @@ class Promotion(Construct):
             on_timeout=no_decision.next(approvals.timed_out),
         )
         approve = self._set_approval("Approve model", "Approved", decided("Approved", PROMOTION_APPROVAL))
-        succeeded = context.notify(
+        succeeded = notifier.notify(
             self,
             "Notify success",
             subject="Training run finished: model registered and approved",

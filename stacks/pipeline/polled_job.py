@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aws_cdk import Aws, Duration
+from aws_cdk import Aws, Duration, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -51,7 +51,7 @@ from lambdas.jobs.environment import CleanupEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
-from stacks.pipeline.context import PipelineContext, obj, string
+from stacks.pipeline.parts import Buckets, Handlers, Notifier, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
 # (`adopt_if_own`: only when the job carries this execution's tag).
@@ -181,16 +181,18 @@ class PolledJobStep:
         self,
         scope: Construct,
         *,
-        context: PipelineContext,
+        notifier: Notifier,
         names: StepNames,
         create: Create,
         progress: PlatformFunction,
         job: dict[str, Any],
         cleanup: PlatformFunction,
         replaces_jobs: bool = False,
+        capacity_retries: int = 0,
         fallback: PlatformFunction | None = None,
     ) -> None:
-        self._scope, self._context, self._names = scope, context, names
+        """`capacity_retries`: with `replaces_jobs`, how many new attempts may replace a job."""
+        self._scope, self._notifier, self._names = scope, notifier, names
         self._cleanup, self._fallback = cleanup, fallback
         self.start = sfn.Pass(
             scope, names("First attempt"), result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
@@ -230,11 +232,10 @@ class PolledJobStep:
             self._clean_up(names("Prune checkpoints"), self.succeeded),
         )
         if replaces_jobs:
-            retries = context.pipeline.capacity_retries
             finished.when(
                 sfn.Condition.and_(
                     sfn.Condition.boolean_equals(str(JOB.retry_on_new_nodes), True),
-                    sfn.Condition.number_less_than(str(TRAIN.attempt), retries + 1),
+                    sfn.Condition.number_less_than(str(TRAIN.attempt), capacity_retries + 1),
                 ),
                 self._next_attempt(stop, reset),
             )
@@ -269,7 +270,7 @@ class PolledJobStep:
         return record.next(self._clean_up(self._names("Stop the run's jobs"), self.failed))
 
     def _stale_warning(self, stop: sfn.IChainable) -> sfn.TaskStateBase:
-        stale = self._context.notify(
+        stale = self._notifier.notify(
             self._scope,
             self._names("Warn stale checkpoints"),
             subject="Training run has not checkpointed recently",
@@ -295,7 +296,7 @@ class PolledJobStep:
             },
             result_path=str(TRAIN),
         )
-        retrying = self._context.notify(
+        retrying = self._notifier.notify(
             self._scope,
             self._names("Tell the run why it retries"),
             subject="Training job replaced: retrying on fresh instances",
@@ -373,20 +374,20 @@ def list_runs(bucket_arn: str, sid: str) -> iam.PolicyStatement:
     )
 
 
-def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction) -> None:
+def grant_checkpoint_ledger(function: PlatformFunction, buckets: Buckets) -> None:
     """What a progress handler needs to record a run's checkpoints in its ledger (contract/ledger.py): list the
     checkpoints and read their manifests, list the ledger, read and write (once) its records."""
-    manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
-    records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
-    function.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
-    function.function.add_to_role_policy(list_runs(context.artifacts.bucket_arn, "ListRunArtifacts"))
+    manifests = f"{buckets.checkpoints.bucket_arn}/{ANY_MANIFEST}"
+    records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+    function.function.add_to_role_policy(list_runs(buckets.checkpoints.bucket_arn, "ListRunCheckpoints"))
+    function.function.add_to_role_policy(list_runs(buckets.artifacts.bucket_arn, "ListRunArtifacts"))
     function.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
     )
     function.function.add_to_role_policy(
         iam.PolicyStatement(sid="RecordCheckpoints", actions=["s3:GetObject", "s3:PutObject"], resources=[records])
     )
-    context.key.grant(function.function, "kms:GenerateDataKey", "kms:Decrypt")
+    buckets.key.grant(function.function, "kms:GenerateDataKey", "kms:Decrypt")
     for resource, reason in {
         manifests: "Reads the manifests of the polled run's checkpoints; run ids are per execution.",
         records: "Records the polled run's complete checkpoints in its ledger, once each (If-None-Match).",
@@ -394,12 +395,12 @@ def grant_checkpoint_ledger(context: PipelineContext, function: PlatformFunction
         acknowledge_wildcard(function.role, resource, reason)
 
 
-def grant_goodput_ledger(context: PipelineContext, function: PlatformFunction) -> None:
+def grant_goodput_ledger(function: PlatformFunction, buckets: Buckets) -> None:
     """What a progress handler needs to write a finished job's goodput ledger (contract/goodput.py): read the
     trainer's progress records in the run's checkpoints, and write (once) the ledger into the run's lineage.
     Listing the records is grant_checkpoint_ledger's ListRunCheckpoints."""
-    progress = f"{context.checkpoints.bucket_arn}/{ANY_PROGRESS_RECORD}"
-    ledgers = f"{context.artifacts.bucket_arn}/{ANY_GOODPUT_RECORD}"
+    progress = f"{buckets.checkpoints.bucket_arn}/{ANY_PROGRESS_RECORD}"
+    ledgers = f"{buckets.artifacts.bucket_arn}/{ANY_GOODPUT_RECORD}"
     function.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadProgressRecords", actions=["s3:GetObject"], resources=[progress])
     )
@@ -411,11 +412,11 @@ def grant_goodput_ledger(context: PipelineContext, function: PlatformFunction) -
         ledgers: "Writes a finished job's goodput ledger into its run's lineage, once (If-None-Match).",
     }.items():
         acknowledge_wildcard(function.role, resource, reason)
-    context.goodput_writers.append(function)
 
 
 def cleanup_function(
-    context: PipelineContext,
+    handlers: Handlers,
+    buckets: Buckets,
     name: str,
     *,
     handler: str,
@@ -430,14 +431,14 @@ def cleanup_function(
     """
     # EventBridge invokes the cleanup asynchronously: what fails there for good is kept here.
     queue = sqs.Queue(
-        context.stack,
+        handlers.stack,
         dead_letters,
         encryption=sqs.QueueEncryption.KMS,
-        encryption_master_key=context.key,
+        encryption_master_key=buckets.key,
         enforce_ssl=True,
         retention_period=Duration.days(14),
     )
-    cleanup = context.function(
+    cleanup = handlers.function(
         name,
         handler,
         description,
@@ -446,14 +447,15 @@ def cleanup_function(
         dead_letter_queue=queue,
     )
     # Lambda sends failed events to the dead-letter queue with the function's role.
-    context.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
-    cleanup.function.add_to_role_policy(list_runs(context.checkpoints.bucket_arn, "ListRunCheckpoints"))
-    superseded = f"{context.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
+    buckets.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")
+    checkpoints = buckets.checkpoints.bucket_arn
+    cleanup.function.add_to_role_policy(list_runs(checkpoints, "ListRunCheckpoints"))
+    superseded = f"{checkpoints}/{ANY_CHECKPOINT}"
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
     )
     # Which checkpoint is complete is read from its manifest (contract/stored_checkpoints.py).
-    manifests = f"{context.checkpoints.bucket_arn}/{ANY_MANIFEST}"
+    manifests = f"{checkpoints}/{ANY_MANIFEST}"
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
     )
@@ -462,7 +464,7 @@ def cleanup_function(
 
 
 def watch_ended_executions(
-    context: PipelineContext,
+    scope: Construct,
     id_: str,
     *,
     description: str,
@@ -470,9 +472,10 @@ def watch_ended_executions(
     cleanup: PlatformFunction,
     dead_letters: sqs.IQueue,
 ) -> events.Rule:
-    """Cleans up after an execution that was aborted, timed out or failed, which no state of the loop can do."""
+    """Cleans up after an execution that was aborted, timed out or failed, which no state of the loop can do
+    (a rule at the scope's stack)."""
     return events.Rule(
-        context.stack,
+        Stack.of(scope),
         id_,
         description=description,
         event_pattern=events.EventPattern(

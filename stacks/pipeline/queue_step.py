@@ -28,9 +28,10 @@ from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue.environment import QueueCleanupEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
+from stacks.constructs.queue import TeamQueue
 from stacks.constructs.tasks import BATCH_TRANSIENT
-from stacks.pipeline.context import PipelineContext, obj
-from stacks.pipeline.create_training_job import training_job, volumes
+from stacks.pipeline.create_training_job import DistributedTrainingJob, volumes
+from stacks.pipeline.parts import StepParts, obj, stack_arn
 from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
@@ -40,6 +41,7 @@ from stacks.pipeline.polled_job import (
     sdk_task,
     watch_ended_executions,
 )
+from stacks.pipeline.training_step import TrainingResources
 
 NAMES = StepNames(label="queue", not_created_error="ServiceJobNotSubmitted")
 
@@ -47,32 +49,42 @@ NAMES = StepNames(label="queue", not_created_error="ServiceJobNotSubmitted")
 class QueueTraining(Construct):
     """Submit + poll a team's service job; terminate it and prune checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        parts: StepParts,
+        job: DistributedTrainingJob,
+        teams: TeamQueue,
+        preemption_retries: int,
+    ) -> None:
         super().__init__(scope, id_)
-        if context.teams is None:
-            raise ValueError("the queue step runs teams' jobs: settings name no teams")
-        self._context, self.teams = context, context.teams
-        self.job = training_job(context)
+        self._parts, self.job, self.teams = parts, job, teams
         self.request = submit_service_job(
-            ServiceJobConstants(
-                team_queue=self.teams.queue_arn,
-                preemption_retries=context.settings.service_environment.preemption_retries,
-            ),
-            self.job.constants,
+            ServiceJobConstants(team_queue=teams.queue_arn, preemption_retries=preemption_retries), job.constants
         )
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(
             self,
-            context=context,
+            notifier=parts.notifier,
             names=NAMES,
             create=self._submit,
             progress=self.monitor,
             job={"job": obj(TRAIN.job)},
             cleanup=self.cleanup,
             replaces_jobs=True,
+            capacity_retries=parts.pipeline.capacity_retries,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+
+    @classmethod
+    def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> QueueTraining:
+        if resources.teams is None:
+            raise ValueError("the queue step runs teams' jobs: settings name no teams")
+        retries = resources.settings.service_environment.preemption_retries
+        return cls(scope, id_, parts=parts, job=resources.job, teams=resources.teams, preemption_retries=retries)
 
     @property
     def backends(self) -> list[str]:
@@ -82,12 +94,20 @@ class QueueTraining(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"StopServiceJobs": self.cleanup_dead_letters}
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.monitor, self.cleanup]
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        return [self.monitor]
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits the teams' service jobs (passing the SageMaker role); ended executions are cleaned
         up."""
         self.teams.grant_service_jobs(state_machine.role, execution_role=self.job.role)
         watch_ended_executions(
-            self._context,
+            self,
             "QueueExecutionEnded",
             description="Terminates the teams' service jobs of a pipeline execution that was aborted, timed out or "
             "failed",
@@ -97,19 +117,19 @@ class QueueTraining(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        context = self._context
-        monitor = context.function(
+        buckets = self._parts.buckets
+        monitor = self._parts.handlers.function(
             "PollServiceJob",
             "lambdas.queue.monitor.handler",
             "Summarises a team's queued training job: its place in the queue, preemptions, then its training job",
             MonitorEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
-                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
             ).variables(),
         )
-        grant_checkpoint_ledger(context, monitor)
-        grant_goodput_ledger(context, monitor)
+        grant_checkpoint_ledger(monitor, buckets)
+        grant_goodput_ledger(monitor, buckets)
         self.job.grant_follow(monitor.role)
         follow_service_jobs(monitor.role)
         # Batch names a service job's training jobs: they are found by name among the listed ones.
@@ -118,21 +138,22 @@ class QueueTraining(Construct):
         )
         acknowledge_wildcard(
             monitor.role,
-            context.arn("sagemaker", "training-job/*"),
+            stack_arn(self, "sagemaker", "training-job/*"),
             "Describes the training jobs of the run's service job; Batch names them.",
         )
         acknowledge(monitor.role, "AwsSolutions-IAM5[Resource::*]", "batch:DescribeServiceJob takes no resource scope.")
         return monitor
 
     def _cleanup_function(self) -> PlatformFunction:
-        context = self._context
+        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            context,
+            self._parts.handlers,
+            buckets,
             "StopServiceJobs",
             handler="lambdas.queue.cleanup.handler",
             description="Terminates a run's queued service jobs and prunes its checkpoints when the run ends",
             environment=QueueCleanupEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name, job_queue=self.teams.queue_arn
+                checkpoints_bucket=buckets.checkpoints.bucket_name, job_queue=self.teams.queue_arn
             ),
             dead_letters="StopServiceJobsDeadLetters",
         )

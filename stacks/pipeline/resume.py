@@ -17,9 +17,10 @@ from constructs import Construct
 from contract.execution_state import REQUEST, RESUMED
 from contract.layout import ANY_CHECKPOINT, ANY_LEDGER_RECORD
 from lambdas.resume.environment import ResumeEnvironment
+from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
-from stacks.pipeline.context import PipelineContext, obj
+from stacks.pipeline.parts import Buckets, Handlers, obj
 
 NOTHING_TO_CONTINUE = "NothingToContinueError"
 
@@ -28,28 +29,28 @@ class ResumeStep(Construct):
     """`start`: open the run's ledger, copying in the resumed run's checkpoint when the request names one;
     then `then()`."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(self, scope: Construct, id_: str, *, handlers: Handlers, buckets: Buckets) -> None:
         super().__init__(scope, id_)
-        self.opener = context.function(
+        self.opener = handlers.function(
             "OpenLedger",
             "lambdas.resume.handler.handler",
             "Opens a run's checkpoint ledger; copies in a resumed run's newest recorded checkpoint",
             ResumeEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
             ).variables(),
             timeout=Duration.minutes(10),
         )
         function = self.opener.function
-        checkpoints = f"{context.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
-        records = f"{context.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+        checkpoints = f"{buckets.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
+        records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
         for sid, actions, resources in (
-            ("ListRuns", ["s3:ListBucket"], [context.checkpoints.bucket_arn, context.artifacts.bucket_arn]),
+            ("ListRuns", ["s3:ListBucket"], [buckets.checkpoints.bucket_arn, buckets.artifacts.bucket_arn]),
             ("CopyCheckpoints", ["s3:GetObject", "s3:PutObject"], [checkpoints]),
             ("LedgerRecords", ["s3:GetObject", "s3:PutObject"], [records]),
         ):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
-        context.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
+        buckets.key.grant(function, "kms:GenerateDataKey", "kms:Decrypt")
         for resource, reason in {
             checkpoints: "Reads the resumed run's checkpoint and writes it under the resuming run's prefix.",
             records: "Opens the run's ledger; reads a resumed run's and records the copied checkpoint.",
@@ -69,6 +70,10 @@ class ResumeStep(Construct):
             cause="The run resume_from names has no checkpoint that is complete and as the platform recorded it",
         )
         self.start.add_catch(nothing, errors=[NOTHING_TO_CONTINUE], result_path="$.error")
+
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.opener]
 
     def then(self, training: sfn.IChainable) -> None:
         self.start.next(training)

@@ -13,19 +13,20 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from lambdas.retrain.environment import RecordEnvironment, SweepEnvironment
 from stacks.constructs.function import PlatformFunction
-from stacks.pipeline.context import PipelineContext
+from stacks.pipeline.parts import Handlers
 from stacks.settings import PlatformSettings, SettingsError
 
 SWEEP_MINUTES = 5
@@ -39,63 +40,65 @@ class RetrainTriggers(Construct):
         scope: Construct,
         id_: str,
         *,
-        context: PipelineContext,
+        handlers: Handlers,
+        settings: PlatformSettings,
+        datasets: s3.IBucket,
         table: dynamodb.ITable,
         state_machine: sfn.IStateMachine,
         execution_key: kms.IKey,
         backends: list[str],
     ) -> None:
         super().__init__(scope, id_)
-        _check_triggers(context.settings, backends)
-        triggers = [asdict(t.as_trigger()) for t in context.settings.retrain]
-        self.record = self._record(context, table, triggers)
-        self.sweep = self._sweep(context, table, state_machine, triggers)
-        context.functions["RetrainSweep"] = self.sweep  # alarmed and on the dashboard like the others
-        self._grant(context, table, state_machine, execution_key)
-        self._rules(context, triggers)
+        _check_triggers(settings, backends)
+        triggers = [asdict(t.as_trigger()) for t in settings.retrain]
+        self._handlers, self._datasets = handlers, datasets
+        self.record = self._record(table, triggers)
+        self.sweep = self._sweep(table, state_machine, triggers)
+        self._grant(table, state_machine, execution_key)
+        self._rules(triggers)
 
-    def _record(
-        self, context: PipelineContext, table: dynamodb.ITable, triggers: list[dict[str, Any]]
-    ) -> PlatformFunction:
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        """Alarmed on and on the dashboard like the pipeline's other handlers."""
+        return [self.record, self.sweep]
+
+    def _record(self, table: dynamodb.ITable, triggers: list[dict[str, Any]]) -> PlatformFunction:
         """RetrainRecord and the dead-letter queue of the events it failed to record."""
         # EventBridge invokes RetrainRecord asynchronously: events that fail every retry are kept here.
         self.dead_letter_queue = sqs.Queue(
-            context.stack,
+            Stack.of(self),
             "RetrainDeadLetters",
             encryption=sqs.QueueEncryption.KMS,
-            encryption_master_key=context.key,
+            encryption_master_key=self._handlers.key,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
-        return context.function(
+        return self._handlers.function(
             "RetrainRecord",
             "lambdas.retrain.handler.record_handler",
             "Notes new objects under the datasets bucket's registered retrain prefixes",
             RecordEnvironment(
                 table_name=table.table_name,
-                datasets_bucket=context.datasets.bucket_name,
+                datasets_bucket=self._datasets.bucket_name,
                 retrain_triggers=[{"name": t["name"], "prefix": t["prefix"]} for t in triggers],
             ).variables(),
             dead_letter_queue=self.dead_letter_queue,
         )
 
-    @staticmethod
     def _sweep(
-        context: PipelineContext,
-        table: dynamodb.ITable,
-        state_machine: sfn.IStateMachine,
-        triggers: list[dict[str, Any]],
+        self, table: dynamodb.ITable, state_machine: sfn.IStateMachine, triggers: list[dict[str, Any]]
     ) -> PlatformFunction:
-        network = context.network.network
+        handlers = self._handlers
+        network = handlers.network
         return PlatformFunction(
-            context.stack,
+            handlers.stack,
             "RetrainSweep",
             handler="lambdas.retrain.handler.sweep_handler",
             description="Starts one pipeline run per retrain trigger whose new data has been quiet long enough",
-            log_key=context.key,
+            log_key=handlers.key,
             environment=SweepEnvironment(
                 table_name=table.table_name,
-                datasets_bucket=context.datasets.bucket_name,
+                datasets_bucket=self._datasets.bucket_name,
                 state_machine_arn=state_machine.state_machine_arn,
                 retrain_triggers=triggers,
             ).variables(),
@@ -109,18 +112,19 @@ class RetrainTriggers(Construct):
             security_groups=[network.services_sg],
         )
 
-    def _rules(self, context: PipelineContext, triggers: list[dict[str, Any]]) -> None:
+    def _rules(self, triggers: list[dict[str, Any]]) -> None:
         """New objects under a registered prefix invoke RetrainRecord; a schedule invokes RetrainSweep."""
         prefixes = sorted({t["prefix"] for t in triggers})
+        stack = Stack.of(self)
         events.Rule(
-            context.stack,
+            stack,
             "RetrainNewData",
             description="New objects under the datasets bucket's registered retrain prefixes",
             event_pattern=events.EventPattern(
                 source=["aws.s3"],
                 detail_type=["Object Created"],
                 detail={
-                    "bucket": {"name": [context.datasets.bucket_name]},
+                    "bucket": {"name": [self._datasets.bucket_name]},
                     "object": {"key": [{"prefix": p} for p in prefixes]},
                 },
             ),
@@ -134,7 +138,7 @@ class RetrainTriggers(Construct):
             ],
         )
         events.Rule(
-            context.stack,
+            stack,
             "RetrainSweepSchedule",
             description="Starts the runs of retrain windows that have been quiet long enough",
             schedule=events.Schedule.rate(Duration.minutes(SWEEP_MINUTES)),
@@ -145,16 +149,10 @@ class RetrainTriggers(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"RetrainRecord": self.dead_letter_queue}
 
-    def _grant(
-        self,
-        context: PipelineContext,
-        table: dynamodb.ITable,
-        state_machine: sfn.IStateMachine,
-        execution_key: kms.IKey,
-    ) -> None:
+    def _grant(self, table: dynamodb.ITable, state_machine: sfn.IStateMachine, execution_key: kms.IKey) -> None:
         # The windows table and the dead-letter queue are encrypted with the platform key.
-        context.key.grant(self.record.function, "kms:Decrypt", "kms:GenerateDataKey")
-        context.key.grant(self.sweep.function, "kms:Decrypt", "kms:GenerateDataKey")
+        self._handlers.key.grant(self.record.function, "kms:Decrypt", "kms:GenerateDataKey")
+        self._handlers.key.grant(self.sweep.function, "kms:Decrypt", "kms:GenerateDataKey")
         self.record.function.add_to_role_policy(
             iam.PolicyStatement(sid="RecordNewData", actions=["dynamodb:UpdateItem"], resources=[table.table_arn])
         )
@@ -178,7 +176,7 @@ class RetrainTriggers(Construct):
                 resources=[execution_key.key_arn],
                 conditions={
                     "ArnEquals": {"kms:EncryptionContext:aws:states:stateMachineArn": state_machine.state_machine_arn},
-                    "StringEquals": {"kms:ViaService": f"states.{context.stack.region}.amazonaws.com"},
+                    "StringEquals": {"kms:ViaService": f"states.{Stack.of(self).region}.amazonaws.com"},
                 },
             )
         )

@@ -18,8 +18,8 @@ from contract.service_requests import Variant
 from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.pipeline.context import PipelineContext, string
-from stacks.pipeline.create_training_job import training_job
+from stacks.pipeline.create_training_job import DistributedTrainingJob
+from stacks.pipeline.parts import StepParts, stack_arn, string
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
@@ -31,6 +31,7 @@ from stacks.pipeline.polled_job import (
     read_sagemaker_owners,
     watch_ended_executions,
 )
+from stacks.pipeline.training_step import TrainingResources
 
 NAMES = StepNames()
 
@@ -38,29 +39,35 @@ NAMES = StepNames()
 class SageMakerTraining(Construct):
     """Create + poll a SageMaker training job; stop it and prune its checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext) -> None:
+    def __init__(self, scope: Construct, id_: str, *, parts: StepParts, job: DistributedTrainingJob) -> None:
         super().__init__(scope, id_)
-        self._context = context
-        self.job = training_job(context)
+        self._parts = parts
+        self.job = job
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
+        self.next_cluster = parts.handlers.function(
+            "NextCluster",
+            "lambdas.sagemaker.capacity.handler",
+            "Moves a run's next attempt onto its next fallback cluster after insufficient capacity",
+            {},
+        )
         step = PolledJobStep(
             self,
-            context=context,
+            notifier=parts.notifier,
             names=NAMES,
             create=self._create,
             progress=self.monitor,
             job={"job_name": string(TRAIN.job.job_name)},
             cleanup=self.cleanup,
             replaces_jobs=True,
-            fallback=context.function(
-                "NextCluster",
-                "lambdas.sagemaker.capacity.handler",
-                "Moves a run's next attempt onto its next fallback cluster after insufficient capacity",
-                {},
-            ),
+            capacity_retries=parts.pipeline.capacity_retries,
+            fallback=self.next_cluster,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+
+    @classmethod
+    def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> SageMakerTraining:
+        return cls(scope, id_, parts=parts, job=resources.job)
 
     @property
     def backends(self) -> list[str]:
@@ -70,11 +77,19 @@ class SageMakerTraining(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"Cleanup": self.cleanup_dead_letters}
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.monitor, self.cleanup, self.next_cluster]
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        return [self.monitor]
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine creates (as the platform configures them only) and tags jobs; ended executions are cleaned up."""
         self.job.grant_run(state_machine.role)
         watch_ended_executions(
-            self._context,
+            self,
             "ExecutionEnded",
             description="Stops the training jobs of a pipeline execution that was aborted, timed out or failed",
             state_machine=state_machine,
@@ -83,42 +98,43 @@ class SageMakerTraining(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        context = self._context
-        monitor = context.function(
+        buckets = self._parts.buckets
+        monitor = self._parts.handlers.function(
             "Monitor",
             "lambdas.sagemaker.monitor.handler",
             "Summarises a running job: status, spot interruptions, checkpoint freshness",
             MonitorEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
-                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
             ).variables(),
         )
-        grant_checkpoint_ledger(context, monitor)
-        grant_goodput_ledger(context, monitor)
+        grant_checkpoint_ledger(monitor, buckets)
+        grant_goodput_ledger(monitor, buckets)
         self.job.grant_follow(monitor.role)
         acknowledge_wildcard(
             monitor.role,
-            context.arn("sagemaker", "training-job/*"),
+            stack_arn(self, "sagemaker", "training-job/*"),
             "Describes the run's job; job names are per run and attempt.",
         )
         return monitor
 
     def _cleanup_function(self) -> PlatformFunction:
         """The handler that stops a run's jobs and prunes its checkpoints (state machine and EventBridge)."""
-        context = self._context
+        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            context,
+            self._parts.handlers,
+            buckets,
             "Cleanup",
             handler="lambdas.sagemaker.cleanup.handler",
             description="Stops a run's training jobs and prunes its checkpoints when the run ends",
-            environment=CleanupEnvironment(checkpoints_bucket=context.checkpoints.bucket_name),
+            environment=CleanupEnvironment(checkpoints_bucket=buckets.checkpoints.bucket_name),
             dead_letters="CleanupDeadLetters",
         )
         self.job.grant_stop(cleanup.role)
         for resource, reason in {
             superseded: "Superseded checkpoints of the run that ended (the bucket keeps their versions a while).",
-            context.arn("sagemaker", "training-job/*"): (
+            stack_arn(self, "sagemaker", "training-job/*"): (
                 "Lists the tags of in-progress jobs and stops those of the execution that ended."
             ),
         }.items():

@@ -6,26 +6,34 @@ enters at `start` with `$.request` (a `TrainingRequest`) and `$.estimate`; the s
 and registration read), or by `failed` with `$.failure` (a `Failure`). Every way out has stopped
 the run's jobs and pruned its checkpoints. `bind` is called once the state machine exists: the
 machine's role gets what the step's states call, and anything that watches the machine's
-executions is set up. The pipeline alarms on the handlers the step makes (through the context)
-and on messages in its `dead_letters`.
+executions is set up. The pipeline alarms on the handlers the step makes (`functions`) and on
+messages in its `dead_letters`, and graphs what its `goodput_writers` log.
 
 `SageMakerTraining` (stacks/pipeline/sagemaker_step.py) is the first backend. The pipeline builds one step per
-backend of the registry (lambdas/backends/), each from the class its declaration names (`backend_steps`).
+backend of the registry (lambdas/backends/), each by the `build` of the class its declaration names (`backend_steps`).
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import REQUEST
-from lambdas.backends import BACKENDS, deployed_backends
+from lambdas.backends import BACKENDS
 from lambdas.backends.backend import Backend
-from stacks.pipeline.context import PipelineContext
+from stacks.constructs.function import PlatformFunction
+from stacks.constructs.queue import TeamQueue
+from stacks.constructs.training_image import TrainingImage
+from stacks.network_stack import NetworkStack
+from stacks.pipeline.create_training_job import DistributedTrainingJob
+from stacks.pipeline.parts import StepParts
+from stacks.settings import PlatformSettings
 
 
 class TrainingStep(Protocol):
@@ -52,13 +60,37 @@ class TrainingStep(Protocol):
         """Queues where the step's asynchronous work that failed for good is kept, by name (alarmed on)."""
         ...
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        """The handlers the step made (alarmed on, on the dashboard)."""
+        ...
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        """Its progress handlers, which write and log jobs' goodput ledgers (the dashboard reads their logs)."""
+        ...
+
     def bind(self, state_machine: sfn.StateMachine) -> None: ...
 
 
-class StepClass(Protocol):
-    """How the pipeline makes a backend's step."""
+@dataclass(frozen=True)
+class TrainingResources:
+    """What the pipeline has made that a backend's step may use (`StepClass.build` takes its own)."""
 
-    def __call__(self, scope: Construct, id_: str, *, context: PipelineContext) -> TrainingStep: ...
+    settings: PlatformSettings
+    job: DistributedTrainingJob
+    """SageMaker's execution role and CreateTrainingJob request."""
+    network: NetworkStack
+    image: TrainingImage
+    file_system: fsx.LustreFileSystem
+    teams: TeamQueue | None
+    """The teams' Batch queue and quota shares; None when settings name no teams."""
+
+
+class StepClass(Protocol):
+    """How the pipeline makes a backend's step: the class takes what it uses of the parts and resources."""
+
+    def build(self, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> TrainingStep: ...
 
 
 def step_class(backend: Backend[Any]) -> StepClass:
@@ -67,12 +99,14 @@ def step_class(backend: Backend[Any]) -> StepClass:
     return cast(StepClass, getattr(importlib.import_module(module), name))
 
 
-def backend_steps(scope: Construct, *, context: PipelineContext) -> dict[str, TrainingStep]:
-    """One step per registered backend the settings deploy, by name; each must run its own backend and no other."""
+def backend_steps(
+    scope: Construct, backends: list[str], parts: StepParts, resources: TrainingResources
+) -> dict[str, TrainingStep]:
+    """One step per backend the settings deploy, by name; each must run its own backend and no other."""
     steps = {}
-    for name in deployed_backends(teams=context.teams is not None):
+    for name in backends:
         backend = BACKENDS[name]
-        step = steps[name] = step_class(backend)(scope, backend.step_id, context=context)
+        step = steps[name] = step_class(backend).build(scope, backend.step_id, parts, resources)
         if step.backends != [name]:
             raise ValueError(f"{backend.step} runs {step.backends}, not the {name!r} backend that names it")
     return steps
@@ -116,6 +150,14 @@ class StepChoice(Construct):
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {name: queue for step in self._steps for name, queue in step.dead_letters.items()}
+
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [function for step in self._steps for function in step.functions]
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        return [function for step in self._steps for function in step.goodput_writers]
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         for step in self._steps:

@@ -22,8 +22,8 @@ from lambdas.jobs.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
-from stacks.pipeline.context import PipelineContext, string
 from stacks.pipeline.create_training_job import DistributedTrainingJob, volumes
+from stacks.pipeline.parts import StepParts, stack_arn, string
 from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
@@ -44,10 +44,9 @@ NAMES = StepNames(
 class SageMakerTuning(Construct):
     """Create + poll a SageMaker hyperparameter tuning job; stop it and prune checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, context: PipelineContext, training: SageMakerTraining) -> None:
+    def __init__(self, scope: Construct, id_: str, *, parts: StepParts, training: SageMakerTraining) -> None:
         super().__init__(scope, id_)
-        self._context = context
-        self._training = training
+        self._parts = parts
         self.job: DistributedTrainingJob = training.job
         self.request = create_tuning_job(self.job.constants)
         self.monitor = self._monitor_function()
@@ -55,7 +54,7 @@ class SageMakerTuning(Construct):
         # A tuning job is not replaced: SageMaker retries its trials, and it stops them on its own limits.
         step = PolledJobStep(
             self,
-            context=context,
+            notifier=parts.notifier,
             names=NAMES,
             create=self._create,
             progress=self.monitor,
@@ -73,12 +72,20 @@ class SageMakerTuning(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {}
 
+    @property
+    def functions(self) -> list[PlatformFunction]:
+        return [self.monitor]
+
+    @property
+    def goodput_writers(self) -> list[PlatformFunction]:
+        return [self.monitor]
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine creates tuning jobs (as the platform configures training jobs only) and tags them."""
         self.grant_run(state_machine.role)
         acknowledge_wildcard(
             state_machine.role,
-            self._context.arn("sagemaker", "hyper-parameter-tuning-job/*"),
+            stack_arn(self, "sagemaker", "hyper-parameter-tuning-job/*"),
             "Tuning job names are per run; CreateHyperParameterTuningJob is limited by condition to the platform's "
             "subnet, security group, keys, instance types, runtime and flags, as CreateTrainingJob is.",
         )
@@ -106,7 +113,7 @@ class SageMakerTuning(Construct):
     def grant_run(self, state_machine_role: iam.IRole) -> None:
         """CreateHyperParameterTuningJob under CreateTrainingJob's conditions (the keys SageMaker supports for it)."""
         job = self.job
-        tuning_jobs = self._context.arn("sagemaker", "hyper-parameter-tuning-job/*")
+        tuning_jobs = stack_arn(self, "sagemaker", "hyper-parameter-tuning-job/*")
         statements = job.create_statements(
             "sagemaker:CreateHyperParameterTuningJob", tuning_jobs, sid_prefix="CreateTuning"
         )
@@ -122,7 +129,7 @@ class SageMakerTuning(Construct):
 
     def _grant_stop(self, role: iam.IRole) -> None:
         """Find an execution's tuning jobs by their tags, and stop them (the cleanup's grant)."""
-        tuning_jobs = self._context.arn("sagemaker", "hyper-parameter-tuning-job/*")
+        tuning_jobs = stack_arn(self, "sagemaker", "hyper-parameter-tuning-job/*")
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="ListTuningJobs", actions=["sagemaker:ListHyperParameterTuningJobs"], resources=["*"]
@@ -140,22 +147,22 @@ class SageMakerTuning(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        context = self._context
-        monitor = context.function(
+        buckets = self._parts.buckets
+        monitor = self._parts.handlers.function(
             "TuningProgress",
             "lambdas.tuning.handler.handler",
             "Summarises a tuning job: its trials while it runs, then its best training job and what every trial cost",
             MonitorEnvironment(
-                checkpoints_bucket=context.checkpoints.bucket_name,
-                artifacts_bucket=context.artifacts.bucket_name,
-                checkpoint_stale_minutes=context.pipeline.checkpoint_stale_minutes,
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
             ).variables(),
             # An ended tuning job's trials are described one by one (up to 100) to sum what they cost.
             timeout=Duration.minutes(2),
         )
-        grant_checkpoint_ledger(context, monitor)
-        grant_goodput_ledger(context, monitor)
-        tuning_jobs = context.arn("sagemaker", "hyper-parameter-tuning-job/*")
+        grant_checkpoint_ledger(monitor, buckets)
+        grant_goodput_ledger(monitor, buckets)
+        tuning_jobs = stack_arn(self, "sagemaker", "hyper-parameter-tuning-job/*")
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(
                 sid="FollowTuningJobs", actions=["sagemaker:DescribeHyperParameterTuningJob"], resources=[tuning_jobs]
@@ -171,7 +178,7 @@ class SageMakerTuning(Construct):
         self.job.grant_follow(monitor.role)
         for resource, reason in {
             tuning_jobs: "Describes the run's tuning job and lists its trials; tuning job names are per run.",
-            context.arn("sagemaker", "training-job/*"): "Describes the tuning job's trials, named by SageMaker.",
+            stack_arn(self, "sagemaker", "training-job/*"): "Describes the tuning job's trials, named by SageMaker.",
         }.items():
             acknowledge_wildcard(monitor.role, resource, reason)
         return monitor

@@ -44,6 +44,14 @@ class FakeStep(Construct):
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {self.name: self.queue}
 
+    @property
+    def functions(self) -> list[Any]:
+        return [f"{self.name} monitor", f"{self.name} cleanup"]
+
+    @property
+    def goodput_writers(self) -> list[Any]:
+        return [f"{self.name} monitor"]
+
     def bind(self, state_machine: sfn.StateMachine) -> None:
         self.bound.append(state_machine)
 
@@ -74,6 +82,9 @@ def test_two_backends_are_chosen_by_the_request() -> None:
     assert isinstance(step, BackendChoice)
     assert step.backends == ["sagemaker", "batch"]
     assert set(step.dead_letters) == {"sagemaker", "batch"}
+    # What the pipeline alarms on and graphs, in the order the steps were made.
+    assert step.functions == ["sagemaker monitor", "sagemaker cleanup", "batch monitor", "batch cleanup"]
+    assert step.goodput_writers == ["sagemaker monitor", "batch monitor"]
     step.succeeded.next(sfn.Succeed(stack, "Evaluate"))
     step.failed.next(sfn.Fail(stack, "Training failed", error="TrainingFailed"))
     machine = sfn.StateMachine(stack, "Machine", definition_body=sfn.DefinitionBody.from_chainable(step.start))
