@@ -56,24 +56,7 @@ class ApprovalGate(Construct):
         super().__init__(scope, id_)
         self.timeout = timeout
         placement: dict[str, Any] = {"vpc": vpc, "vpc_subnets": subnets, "security_groups": [security_group]}
-        self.token_key = kms.Key(
-            self,
-            "TokenKey",
-            description="Seals approval gates' task tokens: the request function encrypts, only the decision "
-            "function decrypts",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.RETAIN,
-            policy=iam.PolicyDocument(
-                statements=[
-                    iam.PolicyStatement(
-                        sid="AdministerWithoutUse",
-                        principals=[iam.AccountRootPrincipal()],
-                        actions=ADMINISTRATION,
-                        resources=["*"],
-                    )
-                ]
-            ),
-        )
+        self.token_key = self._token_key()
         self.decide = PlatformFunction(
             self,
             "Decide",
@@ -89,9 +72,7 @@ class ApprovalGate(Construct):
             ).variables(),
             **placement,
         )
-        self.url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
-        for principal in sorted({*approvers, *(arn for arns in team_approvers.values() for arn in arns)}):
-            self.decide.function.grant_invoke_url(iam.ArnPrincipal(principal))
+        self.url = self._decision_url(approvers=approvers, team_approvers=team_approvers)
         self.verify = PlatformFunction(
             self,
             "Verify",
@@ -117,11 +98,42 @@ class ApprovalGate(Construct):
             **placement,
         )
         self.pending = self._pending_gauge(table_name=table.table_name, key=key, placement=placement)
-        # Exactly the calls of lambdas/approvals: the request stores (conditional put), supersedes the
-        # gate's earlier requests of its execution (lists, updates) and publishes;
-        # the decision lists (the requests' teams read from the table: the index does not hold them), reads
-        # and updates; the gauge lists. The platform key encrypts the table
-        # and the topic.
+        self._grant_functions(table=table, topic=topic, key=key)
+        self._seal_tokens(request=self.request.role, decide=self.decide.role)
+
+    def _token_key(self) -> kms.Key:
+        """The key that seals task tokens; its key policy lets the account administer it, not use it."""
+        return kms.Key(
+            self,
+            "TokenKey",
+            description="Seals approval gates' task tokens: the request function encrypts, only the decision "
+            "function decrypts",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+            policy=iam.PolicyDocument(
+                statements=[
+                    iam.PolicyStatement(
+                        sid="AdministerWithoutUse",
+                        principals=[iam.AccountRootPrincipal()],
+                        actions=ADMINISTRATION,
+                        resources=["*"],
+                    )
+                ]
+            ),
+        )
+
+    def _decision_url(self, *, approvers: list[str], team_approvers: dict[str, list[str]]) -> lambda_.FunctionUrl:
+        """The decision function's URL, with AWS_IAM auth: only the platform's and the teams' approvers invoke it."""
+        url = self.decide.function.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
+        for principal in sorted({*approvers, *(arn for arns in team_approvers.values() for arn in arns)}):
+            self.decide.function.grant_invoke_url(iam.ArnPrincipal(principal))
+        return url
+
+    def _grant_functions(self, *, table: dynamodb.ITable, topic: sns.ITopic, key: kms.IKey) -> None:
+        """Exactly the calls of lambdas/approvals: the request stores (conditional put), supersedes the gate's
+        earlier requests of its execution (lists, updates) and publishes; the decision lists (the requests' teams
+        read from the table: the index does not hold them), reads and updates; the gauge lists. The platform key
+        encrypts the table and the topic."""
         pending_index = f"{table.table_arn}/index/{PENDING_INDEX}"
         grants = {
             self.request: {
@@ -150,7 +162,6 @@ class ApprovalGate(Construct):
             key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")
         for function in (self.pending, self.verify):
             key.grant(function.function, "kms:Decrypt")
-        self._seal_tokens(request=self.request.role, decide=self.decide.role)
 
     def _seal_tokens(self, *, request: iam.IRole, decide: iam.IRole) -> None:
         """The token key's use, in its key policy alone: no IAM policy in the account can grant it to anyone else.

@@ -86,6 +86,133 @@ def goodput_percent() -> cloudwatch.MathExpression:
     )
 
 
+# A graph of half the dashboard's width.
+graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
+
+
+def run_rows(state_machine: sfn.IStateMachine) -> list[list[cloudwatch.IWidget]]:
+    """Runs started and ended, requests at intake; approvals waiting and decided."""
+    return [
+        [
+            graph(
+                title="Runs, and models registered",
+                left=[
+                    state_machine.metric_started(period=PERIOD, label="started"),
+                    state_machine.metric_succeeded(period=PERIOD, label="succeeded"),
+                    state_machine.metric_failed(period=PERIOD, label="failed"),
+                    state_machine.metric_aborted(period=PERIOD, label="aborted"),
+                    state_machine.metric_timed_out(period=PERIOD, label="timed out"),
+                ],
+                right=[platform_metric(Metric.MODELS_REGISTERED)],
+            ),
+            graph(
+                title="Requests at intake",
+                left=[
+                    platform_metric(Metric.RUNS_ACCEPTED),
+                    platform_metric(Metric.RUNS_REJECTED),
+                    platform_metric(Metric.RUNS_REFUSED_OVER_BUDGET),
+                ],
+                right=[platform_metric(Metric.ESTIMATED_MAX_COST, "Maximum")],
+            ),
+        ],
+        [
+            graph(
+                title="Approvals waiting, and the oldest one's age (s)",
+                left=[platform_metric(Metric.APPROVALS_PENDING, "Maximum")],
+                right=[platform_metric(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
+            ),
+            graph(
+                title="Approval decisions (and any not recorded), and time to decide (s)",
+                left=[
+                    platform_metric(Metric.APPROVALS_REQUESTED),
+                    platform_metric(Metric.APPROVALS_DECIDED),
+                    platform_metric(Metric.UNRECORDED_DECISIONS),
+                ],
+                right=[
+                    platform_metric(Metric.APPROVAL_WAIT, "Average"),
+                    platform_metric(Metric.APPROVAL_WAIT, "Maximum"),
+                ],
+            ),
+        ],
+    ]
+
+
+def training_rows(goodput_logs: list[logs.ILogGroup]) -> list[list[cloudwatch.IWidget]]:
+    """Training jobs ended and what they cost; goodput, with each run's ledger; the model's figures per job."""
+    return [
+        [
+            graph(
+                title="Training jobs ended, and their durations (s)",
+                left=[platform_metric(Metric.JOBS_COMPLETED), platform_metric(Metric.JOBS_FAILED)],
+                right=[
+                    platform_metric(Metric.JOB_DURATION, "Average"),
+                    platform_metric(Metric.JOB_DURATION, "Maximum"),
+                ],
+            ),
+            graph(
+                title="Spend (USD, list price), spot savings and interruptions",
+                left=[platform_metric(Metric.TRAINING_COST), platform_metric(Metric.SPOT_SAVINGS)],
+                right=[platform_metric(Metric.SPOT_INTERRUPTIONS)],
+            ),
+        ],
+        [
+            graph(
+                title="Goodput (%): of the stage's billed instance-seconds, and the jobs' average",
+                left=[goodput_percent(), platform_metric(Metric.GOODPUT, "Average")],
+                right=[
+                    platform_metric(Metric.BILLED_INSTANCE_SECONDS),
+                    platform_metric(Metric.PRODUCTIVE_INSTANCE_SECONDS),
+                ],
+            ),
+            cloudwatch.LogQueryWidget(
+                title="Goodput per run: the latest jobs' ledgers (contract/goodput.py)",
+                log_group_names=[group.log_group_name for group in goodput_logs],
+                query_lines=[
+                    f'filter message = "{GOODPUT_LOG_MESSAGE}"',
+                    "fields @timestamp, run, job, goodput, billed_seconds, parts.productive, parts.rework, "
+                    "parts.stalls, parts.provisioning, parts.startup, parts.checkpoint",
+                    "sort @timestamp desc",
+                    "limit 50",
+                ],
+                width=12,
+                height=6,
+            ),
+        ],
+        [graph(title=title, left=[per_job(name)], width=8) for name, title in TRAINING_FIGURES],
+    ]
+
+
+def fault_row(functions: dict[str, lambda_.IFunction]) -> list[cloudwatch.IWidget]:
+    """Checkpoints gone stale or changed after recording, and every handler's errors."""
+    return [
+        graph(
+            title="Newest checkpoint's age in running jobs (s), and checkpoints changed after recording",
+            left=[platform_metric(Metric.CHECKPOINT_AGE, "Maximum")],
+            right=[platform_metric(Metric.CHECKPOINTS_NOT_AS_RECORDED)],
+        ),
+        graph(
+            title="Handler errors",
+            left=[function.metric_errors(period=PERIOD, label=label) for label, function in functions.items()],
+        ),
+    ]
+
+
+def team_row(team_budgets: dict[str, float]) -> list[cloudwatch.IWidget]:
+    """Each team's spend over the last 30 days, against its monthly budget."""
+    return [
+        graph(
+            title="Each team's training spend over the last 30 days (USD, list price), and its monthly budget",
+            left=[team_spend(team, i) for i, team in enumerate(team_budgets)],
+            left_annotations=[
+                cloudwatch.HorizontalAnnotation(value=budget, label=f"{team} budget")
+                for team, budget in team_budgets.items()
+            ],
+            start=TEAM_SPEND_RANGE,
+            width=24,
+        )
+    ]
+
+
 class PlatformDashboard(Construct):
     def __init__(
         self,
@@ -101,98 +228,7 @@ class PlatformDashboard(Construct):
         """`goodput_logs`: the log groups of the handlers that log each finished job's goodput ledger;
         `team_budgets`: each team's monthly budget (USD) by name, graphed with its spend (none: no graph)."""
         super().__init__(scope, id_)
-        m = platform_metric
-        graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
-        rows: list[list[cloudwatch.IWidget]] = [
-            [
-                graph(
-                    title="Runs, and models registered",
-                    left=[
-                        state_machine.metric_started(period=PERIOD, label="started"),
-                        state_machine.metric_succeeded(period=PERIOD, label="succeeded"),
-                        state_machine.metric_failed(period=PERIOD, label="failed"),
-                        state_machine.metric_aborted(period=PERIOD, label="aborted"),
-                        state_machine.metric_timed_out(period=PERIOD, label="timed out"),
-                    ],
-                    right=[m(Metric.MODELS_REGISTERED)],
-                ),
-                graph(
-                    title="Requests at intake",
-                    left=[m(Metric.RUNS_ACCEPTED), m(Metric.RUNS_REJECTED), m(Metric.RUNS_REFUSED_OVER_BUDGET)],
-                    right=[m(Metric.ESTIMATED_MAX_COST, "Maximum")],
-                ),
-            ],
-            [
-                graph(
-                    title="Approvals waiting, and the oldest one's age (s)",
-                    left=[m(Metric.APPROVALS_PENDING, "Maximum")],
-                    right=[m(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
-                ),
-                graph(
-                    title="Approval decisions (and any not recorded), and time to decide (s)",
-                    left=[m(Metric.APPROVALS_REQUESTED), m(Metric.APPROVALS_DECIDED), m(Metric.UNRECORDED_DECISIONS)],
-                    right=[m(Metric.APPROVAL_WAIT, "Average"), m(Metric.APPROVAL_WAIT, "Maximum")],
-                ),
-            ],
-            [
-                graph(
-                    title="Training jobs ended, and their durations (s)",
-                    left=[m(Metric.JOBS_COMPLETED), m(Metric.JOBS_FAILED)],
-                    right=[m(Metric.JOB_DURATION, "Average"), m(Metric.JOB_DURATION, "Maximum")],
-                ),
-                graph(
-                    title="Spend (USD, list price), spot savings and interruptions",
-                    left=[m(Metric.TRAINING_COST), m(Metric.SPOT_SAVINGS)],
-                    right=[m(Metric.SPOT_INTERRUPTIONS)],
-                ),
-            ],
-            [
-                graph(
-                    title="Goodput (%): of the stage's billed instance-seconds, and the jobs' average",
-                    left=[goodput_percent(), m(Metric.GOODPUT, "Average")],
-                    right=[m(Metric.BILLED_INSTANCE_SECONDS), m(Metric.PRODUCTIVE_INSTANCE_SECONDS)],
-                ),
-                cloudwatch.LogQueryWidget(
-                    title="Goodput per run: the latest jobs' ledgers (contract/goodput.py)",
-                    log_group_names=[group.log_group_name for group in goodput_logs],
-                    query_lines=[
-                        f'filter message = "{GOODPUT_LOG_MESSAGE}"',
-                        "fields @timestamp, run, job, goodput, billed_seconds, parts.productive, parts.rework, "
-                        "parts.stalls, parts.provisioning, parts.startup, parts.checkpoint",
-                        "sort @timestamp desc",
-                        "limit 50",
-                    ],
-                    width=12,
-                    height=6,
-                ),
-            ],
-            [graph(title=title, left=[per_job(name)], width=8) for name, title in TRAINING_FIGURES],
-            [
-                graph(
-                    title="Newest checkpoint's age in running jobs (s), and checkpoints changed after recording",
-                    left=[m(Metric.CHECKPOINT_AGE, "Maximum")],
-                    right=[m(Metric.CHECKPOINTS_NOT_AS_RECORDED)],
-                ),
-                graph(
-                    title="Handler errors",
-                    left=[function.metric_errors(period=PERIOD, label=label) for label, function in functions.items()],
-                ),
-            ],
-        ]
+        rows = [*run_rows(state_machine), *training_rows(goodput_logs), fault_row(functions)]
         if team_budgets:
-            rows.append(
-                [
-                    graph(
-                        title="Each team's training spend over the last 30 days (USD, list price), "
-                        "and its monthly budget",
-                        left=[team_spend(team, i) for i, team in enumerate(team_budgets)],
-                        left_annotations=[
-                            cloudwatch.HorizontalAnnotation(value=budget, label=f"{team} budget")
-                            for team, budget in team_budgets.items()
-                        ],
-                        start=TEAM_SPEND_RANGE,
-                        width=24,
-                    )
-                ]
-            )
+            rows.append(team_row(team_budgets))
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=name, widgets=rows)
