@@ -92,6 +92,7 @@ graph = functools.partial(cloudwatch.GraphWidget, width=12, height=6)
 
 def run_rows(state_machine: sfn.IStateMachine) -> list[list[cloudwatch.IWidget]]:
     """Runs started and ended, requests at intake; approvals waiting and decided."""
+    m = platform_metric
     return [
         [
             graph(
@@ -103,35 +104,24 @@ def run_rows(state_machine: sfn.IStateMachine) -> list[list[cloudwatch.IWidget]]
                     state_machine.metric_aborted(period=PERIOD, label="aborted"),
                     state_machine.metric_timed_out(period=PERIOD, label="timed out"),
                 ],
-                right=[platform_metric(Metric.MODELS_REGISTERED)],
+                right=[m(Metric.MODELS_REGISTERED)],
             ),
             graph(
                 title="Requests at intake",
-                left=[
-                    platform_metric(Metric.RUNS_ACCEPTED),
-                    platform_metric(Metric.RUNS_REJECTED),
-                    platform_metric(Metric.RUNS_REFUSED_OVER_BUDGET),
-                ],
-                right=[platform_metric(Metric.ESTIMATED_MAX_COST, "Maximum")],
+                left=[m(Metric.RUNS_ACCEPTED), m(Metric.RUNS_REJECTED), m(Metric.RUNS_REFUSED_OVER_BUDGET)],
+                right=[m(Metric.ESTIMATED_MAX_COST, "Maximum")],
             ),
         ],
         [
             graph(
                 title="Approvals waiting, and the oldest one's age (s)",
-                left=[platform_metric(Metric.APPROVALS_PENDING, "Maximum")],
-                right=[platform_metric(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
+                left=[m(Metric.APPROVALS_PENDING, "Maximum")],
+                right=[m(Metric.OLDEST_PENDING_APPROVAL, "Maximum")],
             ),
             graph(
                 title="Approval decisions (and any not recorded), and time to decide (s)",
-                left=[
-                    platform_metric(Metric.APPROVALS_REQUESTED),
-                    platform_metric(Metric.APPROVALS_DECIDED),
-                    platform_metric(Metric.UNRECORDED_DECISIONS),
-                ],
-                right=[
-                    platform_metric(Metric.APPROVAL_WAIT, "Average"),
-                    platform_metric(Metric.APPROVAL_WAIT, "Maximum"),
-                ],
+                left=[m(Metric.APPROVALS_REQUESTED), m(Metric.APPROVALS_DECIDED), m(Metric.UNRECORDED_DECISIONS)],
+                right=[m(Metric.APPROVAL_WAIT, "Average"), m(Metric.APPROVAL_WAIT, "Maximum")],
             ),
         ],
     ]
@@ -139,30 +129,25 @@ def run_rows(state_machine: sfn.IStateMachine) -> list[list[cloudwatch.IWidget]]
 
 def training_rows(goodput_logs: list[logs.ILogGroup]) -> list[list[cloudwatch.IWidget]]:
     """Training jobs ended and what they cost; goodput, with each run's ledger; the model's figures per job."""
+    m = platform_metric
     return [
         [
             graph(
                 title="Training jobs ended, and their durations (s)",
-                left=[platform_metric(Metric.JOBS_COMPLETED), platform_metric(Metric.JOBS_FAILED)],
-                right=[
-                    platform_metric(Metric.JOB_DURATION, "Average"),
-                    platform_metric(Metric.JOB_DURATION, "Maximum"),
-                ],
+                left=[m(Metric.JOBS_COMPLETED), m(Metric.JOBS_FAILED)],
+                right=[m(Metric.JOB_DURATION, "Average"), m(Metric.JOB_DURATION, "Maximum")],
             ),
             graph(
                 title="Spend (USD, list price), spot savings and interruptions",
-                left=[platform_metric(Metric.TRAINING_COST), platform_metric(Metric.SPOT_SAVINGS)],
-                right=[platform_metric(Metric.SPOT_INTERRUPTIONS)],
+                left=[m(Metric.TRAINING_COST), m(Metric.SPOT_SAVINGS)],
+                right=[m(Metric.SPOT_INTERRUPTIONS)],
             ),
         ],
         [
             graph(
                 title="Goodput (%): of the stage's billed instance-seconds, and the jobs' average",
-                left=[goodput_percent(), platform_metric(Metric.GOODPUT, "Average")],
-                right=[
-                    platform_metric(Metric.BILLED_INSTANCE_SECONDS),
-                    platform_metric(Metric.PRODUCTIVE_INSTANCE_SECONDS),
-                ],
+                left=[goodput_percent(), m(Metric.GOODPUT, "Average")],
+                right=[m(Metric.BILLED_INSTANCE_SECONDS), m(Metric.PRODUCTIVE_INSTANCE_SECONDS)],
             ),
             cloudwatch.LogQueryWidget(
                 title="Goodput per run: the latest jobs' ledgers (contract/goodput.py)",
@@ -184,11 +169,12 @@ def training_rows(goodput_logs: list[logs.ILogGroup]) -> list[list[cloudwatch.IW
 
 def fault_row(functions: dict[str, lambda_.IFunction]) -> list[cloudwatch.IWidget]:
     """Checkpoints gone stale or changed after recording, and every handler's errors."""
+    m = platform_metric
     return [
         graph(
             title="Newest checkpoint's age in running jobs (s), and checkpoints changed after recording",
-            left=[platform_metric(Metric.CHECKPOINT_AGE, "Maximum")],
-            right=[platform_metric(Metric.CHECKPOINTS_NOT_AS_RECORDED)],
+            left=[m(Metric.CHECKPOINT_AGE, "Maximum")],
+            right=[m(Metric.CHECKPOINTS_NOT_AS_RECORDED)],
         ),
         graph(
             title="Handler errors",

@@ -80,6 +80,8 @@ class BatchTraining(Construct):
             capacity_retries=parts.pipeline.capacity_retries,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+        self.functions: list[PlatformFunction] = [self.monitor, self.cleanup]
+        self.goodput_writers: list[PlatformFunction] = [self.monitor]
 
     @classmethod
     def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> BatchTraining:
@@ -108,14 +110,6 @@ class BatchTraining(Construct):
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"StopBatchJobs": self.cleanup_dead_letters}
-
-    @property
-    def functions(self) -> list[PlatformFunction]:
-        return [self.monitor, self.cleanup]
-
-    @property
-    def goodput_writers(self) -> list[PlatformFunction]:
-        return [self.monitor]
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""

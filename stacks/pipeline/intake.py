@@ -17,6 +17,7 @@ from constructs import Construct
 
 from contract.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
 from contract.layout import ANY_LEDGER_RECORD
+from lambdas.validate.limits import PlatformLimits
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
@@ -44,9 +45,8 @@ class Intake(Construct):
     ) -> None:
         """`backends`: the ones the pipeline's training step runs (stacks/pipeline_stack.py)."""
         super().__init__(scope, id_)
-        self.validate = self._validate_function(
-            handlers, settings, buckets=buckets, lustre=lustre, start_proofs=start_proofs, backends=backends
-        )
+        limits = self._limits(settings, buckets=buckets, lustre=lustre, backends=backends)
+        self.validate = self._validate_function(handlers, settings, limits, buckets=buckets, start_proofs=start_proofs)
         pipeline = settings.pipeline
         self.estimate = handlers.function(
             "Estimate",
@@ -87,18 +87,12 @@ class Intake(Construct):
         return [self.validate, self.estimate]
 
     @staticmethod
-    def _validate_function(
-        handlers: Handlers,
-        settings: PlatformSettings,
-        *,
-        buckets: Buckets,
-        lustre: LustreDataRepository,
-        start_proofs: dynamodb.ITable,
-        backends: list[str],
-    ) -> PlatformFunction:
-        pipeline = settings.pipeline
+    def _limits(
+        settings: PlatformSettings, *, buckets: Buckets, lustre: LustreDataRepository, backends: list[str]
+    ) -> PlatformLimits:
+        """What Validate holds requests to: the settings' limits and the deployment's names and tags."""
         cost_tag_key, cost_tag_value = COST_TAG.split("$")
-        limits = settings.platform_limits(
+        return settings.platform_limits(
             datasets_bucket=buckets.datasets.bucket_name,
             artifacts_bucket=buckets.artifacts.bucket_name,
             fsx_file_system_id=lustre.file_system_id,
@@ -111,6 +105,17 @@ class Intake(Construct):
             },
             backends=backends,
         )
+
+    @staticmethod
+    def _validate_function(
+        handlers: Handlers,
+        settings: PlatformSettings,
+        limits: PlatformLimits,
+        *,
+        buckets: Buckets,
+        start_proofs: dynamodb.ITable,
+    ) -> PlatformFunction:
+        pipeline = settings.pipeline
         function = handlers.function(
             "Validate",
             "lambdas.validate.handler.handler",

@@ -78,6 +78,8 @@ class QueueTraining(Construct):
             capacity_retries=parts.pipeline.capacity_retries,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+        self.functions: list[PlatformFunction] = [self.monitor, self.cleanup]
+        self.goodput_writers: list[PlatformFunction] = [self.monitor]
 
     @classmethod
     def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> QueueTraining:
@@ -93,14 +95,6 @@ class QueueTraining(Construct):
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"StopServiceJobs": self.cleanup_dead_letters}
-
-    @property
-    def functions(self) -> list[PlatformFunction]:
-        return [self.monitor, self.cleanup]
-
-    @property
-    def goodput_writers(self) -> list[PlatformFunction]:
-        return [self.monitor]
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits the teams' service jobs (passing the SageMaker role); ended executions are cleaned

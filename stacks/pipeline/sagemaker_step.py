@@ -64,6 +64,8 @@ class SageMakerTraining(Construct):
             fallback=self.next_cluster,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+        self.functions: list[PlatformFunction] = [self.monitor, self.cleanup, self.next_cluster]
+        self.goodput_writers: list[PlatformFunction] = [self.monitor]
 
     @classmethod
     def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> SageMakerTraining:
@@ -76,14 +78,6 @@ class SageMakerTraining(Construct):
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {"Cleanup": self.cleanup_dead_letters}
-
-    @property
-    def functions(self) -> list[PlatformFunction]:
-        return [self.monitor, self.cleanup, self.next_cluster]
-
-    @property
-    def goodput_writers(self) -> list[PlatformFunction]:
-        return [self.monitor]
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine creates (as the platform configures them only) and tags jobs; ended executions are cleaned up."""

@@ -63,6 +63,8 @@ class SageMakerTuning(Construct):
             cleanup=training.cleanup,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
+        self.functions: list[PlatformFunction] = [self.monitor]
+        self.goodput_writers: list[PlatformFunction] = [self.monitor]
 
     @property
     def backends(self) -> list[str]:
@@ -71,14 +73,6 @@ class SageMakerTuning(Construct):
     @property
     def dead_letters(self) -> dict[str, sqs.IQueue]:
         return {}
-
-    @property
-    def functions(self) -> list[PlatformFunction]:
-        return [self.monitor]
-
-    @property
-    def goodput_writers(self) -> list[PlatformFunction]:
-        return [self.monitor]
 
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine creates tuning jobs (as the platform configures training jobs only) and tags them."""
