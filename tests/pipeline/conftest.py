@@ -78,6 +78,7 @@ class Pipeline:
         """The open request of a gate, as an approver lists it through the decision URL."""
         deadline = time.monotonic() + timeout
         while True:
+            checked = time.monotonic()
             response = self.decide_raw(caller, method="GET")
             assert response["statusCode"] == 200, response
             found = [r for r in json.loads(response["body"])["pending"] if r["gate"] == gate]
@@ -85,7 +86,7 @@ class Pipeline:
                 (request,) = found
                 return request  # type: ignore[no-any-return]
             assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s: {self.local.explain()}"
-            time.sleep(0.02)
+            time.sleep(max(0.02, 2 * (time.monotonic() - checked)))  # as LocalPlatform.wait rests, for the same reason
 
     def decide_raw(
         self,
