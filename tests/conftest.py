@@ -28,6 +28,17 @@ for _var, _value in {
 os.environ["PLATFORM_REVISION"] = "0123456789ab"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a test marked slow run first, each module's tests still together and in order.
+
+    xdist's workers take the collection's tests in chunks from the front: a minute-long test collected last
+    would run alone on one worker while the other has nothing left. Whole modules move, so a module-scoped
+    fixture is still built once per worker that runs its module.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 APPROVER = "arn:aws:iam::123456789012:role/MLLead"
 READER = "arn:aws:iam::123456789012:role/PlatformAuditor"
 PATH_APPROVER = "arn:aws:iam::123456789012:role/ml-team/TeamLead"
