@@ -52,6 +52,21 @@ _CHUNK = 1 << 20
 _WHEEL = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 
 
+IMAGE = "image"
+"""What meets a requirement the image already holds (torch, numpy, ...): no wheel of it is packed."""
+
+
+def project_name(name: str) -> str:
+    """A project's name as PEP 503 compares them: `Foo_Bar.baz` is `foo-bar-baz`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_project(file_name: str) -> str:
+    """The project a wheel's file name is of (PEP 503 normalized); "" for a name that is not a wheel's."""
+    match = _WHEEL.match(file_name)
+    return project_name(match["name"]) if match else ""
+
+
 class CodeArchiveError(ValueError):
     """A folder that cannot be packed, or an archive that must not be trusted; says what to fix."""
 
@@ -70,6 +85,8 @@ class PackRecord:
     """The Python the wheels were chosen for (e.g. "3.11"); "" when there are none."""
     platform: str = ""
     """The platform tag the wheels were chosen for (e.g. "manylinux2014_x86_64"); "" when there are none."""
+    requires: dict[str, str] = field(default_factory=dict)
+    """Each requirement of the requirements file -> the wheel (in `wheels`) that meets it, or IMAGE."""
 
     def to_json(self) -> bytes:
         body = {"version": RECORD_VERSION, **self.__dict__}
@@ -290,6 +307,7 @@ def pack(
     wheels: Sequence[Path] = (),
     python: str = "",
     platform: str = "",
+    requires: dict[str, str] | None = None,
 ) -> Packed:
     """Pack `folder` (and the `wheels` of its `requirements` file) into `into/<sha256>.tar.gz`."""
     files = source_files(folder)
@@ -299,6 +317,11 @@ def pack(
     names = [wheel.name for wheel in wheels]
     problems += [f"{name} is not a wheel's file name" for name in names if not _WHEEL.match(name)]
     problems += [f"the wheel {name} is given twice" for name in sorted({n for n in names if names.count(n) > 1})]
+    problems += [
+        f"the requirement {line!r} is met by {wheel}, which is not among the wheels"
+        for line, wheel in (requires or {}).items()
+        if wheel != IMAGE and wheel not in names
+    ]
     if problems:
         raise CodeArchiveError("; ".join(problems))
     sources = {name: folder / name for name in files}
@@ -308,6 +331,7 @@ def pack(
         wheels={wheel.name: sha256_of(wheel) for wheel in wheels},
         python=python,
         platform=platform,
+        requires=dict(requires or {}),
     )
     sources.update({f"{WHEELHOUSE}{wheel.name}": wheel for wheel in wheels})
     into.mkdir(parents=True, exist_ok=True)
@@ -380,6 +404,13 @@ def _record(tar: tarfile.TarFile) -> tuple[tarfile.TarInfo, PackRecord]:
         if not _WHEEL.match(name) or "/" in name:
             raise CodeArchiveError(f"the pack record lists {name!r}, not a wheel's file name")
     return first, record
+
+
+def record_of(stream: IO[bytes]) -> PackRecord:
+    """The record at an archive's start, read from a stream without reading any further (Validate's look at a
+    stored archive, whose digest S3 vouches for); CodeArchiveError if it has none."""
+    with tarfile.open(fileobj=stream, mode="r|gz") as tar:
+        return _record(tar)[1]
 
 
 def _copy(stream: IO[bytes], target: Path | None) -> str:
