@@ -10,6 +10,8 @@ stacks and the local platform all take these names from here, so that none spell
     <artifacts bucket>/runs/<job_name_base>/lineage/checkpoints/      the run's checkpoint ledger (contract/ledger.py)
     <artifacts bucket>/runs/<job_name_base>/lineage/goodput/          each job's goodput ledger (contract/goodput.py)
     <checkpoints bucket>/runs/<job_name_base>/checkpoints/progress/   the trainer's progress records (goodput.py)
+    <artifacts bucket>/code/teams/<team>/<run_name>/<sha256>.tar.gz   a team's run's own code (contract/user_code.py)
+    <artifacts bucket>/code/runs/<run_name>/<sha256>.tar.gz           the own code of a run of no team
 
 A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py);
 when it is complete is contract/stored_checkpoints.py's rule.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from contract.user_code import COMMUNICATION_FAILED, RETRYABLE_EXIT
+from contract.user_code import ARCHIVE_SUFFIX, COMMUNICATION_FAILED, RETRYABLE_EXIT
 
 # -- checkpoints -------------------------------------------------------------------------------------
 
@@ -121,6 +123,39 @@ ANY_PROGRESS_RECORD = f"{run_checkpoints('*')}*{PROGRESS}/*"
 ANY_GOODPUT_RECORD = f"{run_lineage('*')}goodput/*"
 ANY_MANIFEST = f"{run_checkpoints('*')}*/{MANIFEST}"
 """Every run's checkpoint manifests (IAM's `*` spans `/`: a tuning trial's too)."""
+
+
+# -- a run's own code ---------------------------------------------------------------------------------
+# Packed by `tp` before the run starts, so its prefix is the run's name (its job_name_base is known only once its
+# execution starts), under its team's. Written once (S3's If-None-Match), by the team's members for a team's run
+# (the artifacts bucket's policy, stacks/data_stack.py); read by Validate and the training roles, written by neither.
+
+CODE = "code/"
+"""Every run's packed code, in the artifacts bucket."""
+ANY_CODE = f"{CODE}*"
+"""Every run's packed code, as IAM resources and `s3:prefix` conditions match it."""
+
+
+def team_code(team: str) -> str:
+    """A team's code prefix, which holds a folder per run name of the team."""
+    return f"{CODE}teams/{team}/"
+
+
+def run_code(run_name: str, team: str | None) -> str:
+    """The prefix a run's packed code must be under: its run name's folder in its team's code prefix, or in the
+    prefix of the runs of no team."""
+    return f"{team_code(team) if team else f'{CODE}runs/'}{run_name}/"
+
+
+def code_key(run_name: str, team: str | None, sha256: str) -> str:
+    """A run's packed code, named by its SHA-256 (contract/user_code.py)."""
+    return f"{run_code(run_name, team)}{sha256}{ARCHIVE_SUFFIX}"
+
+
+def channel_file(prefix: str, key: str) -> str:
+    """Where an object of an S3Prefix channel lands in the channel's folder: its key after the prefix, or its file
+    name when the prefix is the whole key (a channel of one object, as the code channel is), as SageMaker does."""
+    return key[len(prefix) :].lstrip("/") or key.rsplit("/", 1)[-1]
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -46,6 +46,7 @@ from contract.layout import (
     PREPARED_ENV,
     PROGRESS,
     SYNC_SECONDS_ENV,
+    channel_file,
     result_key,
     split_s3_uri,
 )
@@ -134,7 +135,7 @@ def _download(s3: Any, uri: str, target: Path) -> int:
     target.mkdir(parents=True, exist_ok=True)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            destination = target / obj["Key"][len(prefix) :].lstrip("/")
+            destination = target / channel_file(prefix, obj["Key"])
             destination.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, obj["Key"], str(destination))
             count += 1

@@ -54,6 +54,7 @@ from contract.layout import (
     NPROC_ENV,
     OPT_ML_ROOT_ENV,
     TRAINING_GROUPS_ENV,
+    channel_file,
     split_s3_uri,
 )
 from contract.metrics import parse_metrics
@@ -68,11 +69,12 @@ STOP_GRACE_SECONDS = 120
 
 
 def _download_prefix(s3: Any, bucket: str, prefix: str, target: Path) -> None:
-    """Every object under an S3 prefix into `target`, keeping the relative paths."""
+    """Every object under an S3 prefix into `target`, keeping the relative paths (a prefix that is a whole key:
+    the object by its name, as the code channel's archive)."""
     target.mkdir(parents=True, exist_ok=True)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            destination = target / obj["Key"][len(prefix) :]
+            destination = target / channel_file(prefix, obj["Key"])
             destination.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, obj["Key"], str(destination))
 

@@ -187,3 +187,29 @@ def test_the_runs_progress_records_are_restored_for_the_trainers_rework_count(tm
     assert batch_contract.restore_progress(s3, f"s3://ckpt/{prefix}", tmp_path) == 2
     restored = sorted(p.name for p in (tmp_path / layout.PROGRESS).iterdir())
     assert restored == ["run-1-1700000000000.json", "run-2-1700000009000.json"]
+
+
+@mock_aws
+def test_prepare_lays_out_a_channel_of_one_object_as_sagemaker_does(tmp_path: Path) -> None:
+    # The code channel names its archive by its whole key: the node receives the archive by its name.
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    archive = layout.code_key("vision-run", "vision", "a" * 64)
+    s3.put_object(Bucket=BUCKET, Key=archive, Body=b"packed code")
+    s3.put_object(Bucket=BUCKET, Key="data/train/part-0.jsonl", Body=b"{}")
+    channels = [
+        {"ChannelName": name, "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri}}}
+        for name, uri in (("code", f"s3://{BUCKET}/{archive}"), ("train", f"s3://{BUCKET}/data/train/"))
+    ]
+    env = _env(
+        0,
+        TRAINING_CHANNELS=json.dumps(channels),
+        TRAINING_CHECKPOINTS_S3=f"s3://{BUCKET}/runs/r-1/checkpoints/",
+        OPT_ML_ROOT=str(tmp_path / "opt-ml"),
+    )
+    node = batch_contract.batch_node(env)
+    assert node is not None
+    paths = Paths.from_env(env)
+    batch_contract.prepare(paths, node, env, s3)
+    assert (paths.channel("code") / f"{'a' * 64}.tar.gz").read_bytes() == b"packed code"
+    assert (paths.channel("train") / "part-0.jsonl").read_bytes() == b"{}"
