@@ -8,6 +8,7 @@ state machine is built, in a unit test, not when a run reaches the state.
 
 from __future__ import annotations
 
+import shlex
 import types
 import typing
 from typing import Annotated, Any
@@ -100,6 +101,21 @@ class ResumeSource(_Model):
     """The executions that run resumed in turn, newest first: the rest of the chain."""
 
 
+class Code(_Model):
+    """A run's own training code (contract/user_code.py), as Validate found it: the job's `code` channel."""
+
+    uri: str
+    """The packed code in the run's own code prefix (contract/layout.py `code_key`)."""
+    sha256: str
+    entry_point: str
+    args: list[str]
+    requirements: str
+    """The requirements file installed from the packed wheelhouse ("" for none)."""
+    retry_on_exit_codes: list[int]
+    size_bytes: int | None
+    """The archive's size as Validate found it (None: not inspected, as offline checks of a template are not)."""
+
+
 class TrainingRequest(_Model):
     """A validated, complete request: the only thing later states read from the execution input."""
 
@@ -141,6 +157,8 @@ class TrainingRequest(_Model):
     """Its service job's schedulingPriority in the team's quota share (backend "queue")."""
     alternative: int = Field(default=0, ge=0, le=MAX_FALLBACK)
     """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/sagemaker/capacity.py)."""
+    code: Code | None = None
+    """The run's own code, which the launcher runs instead of the built-in trainer (None: the trainer)."""
 
     def on_fallback(self, index: int) -> TrainingRequest:
         """This request moved onto its `fallback[index]` cluster, as an attempt after insufficient capacity runs it."""
@@ -225,6 +243,15 @@ class TrainingRequest(_Model):
     def fallback_left(self) -> bool:
         """A fallback cluster not yet tried: insufficient capacity moves the next attempt onto it."""
         return self.alternative < len(self.fallback)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def code_summary(self) -> str:
+        """What the job runs, for people (the approver's request, the notifications)."""
+        if self.code is None:
+            return "the platform's trainer"
+        command = shlex.join([*shlex.split(self.code.entry_point), *self.code.args])
+        return f"{command} from {self.code.uri} (sha256 {self.code.sha256})"
 
     @computed_field  # type: ignore[prop-decorator]
     @property

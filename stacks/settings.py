@@ -399,6 +399,8 @@ RETRAIN_ENVIRONMENT_BYTES = 3072
 # What the synth-time check resolves a template against in place of the deployed names.
 OFFLINE_DATASETS_BUCKET = "datasets-bucket"
 """The datasets bucket's stand-in where inputs are checked without a deployment."""
+OFFLINE_ARTIFACTS_BUCKET = "artifacts-bucket"
+"""The artifacts bucket's stand-in, likewise (a run's own code is named in it)."""
 
 
 class RetrainTrigger(_Model):
@@ -815,7 +817,7 @@ class PlatformSettings(_Model):
         system): for checking inputs without AWS (synth's retrain templates, `tp validate`)."""
         return self.platform_limits(
             datasets_bucket=datasets_bucket or OFFLINE_DATASETS_BUCKET,
-            artifacts_bucket="artifacts-bucket",
+            artifacts_bucket=OFFLINE_ARTIFACTS_BUCKET,
             fsx_file_system_id="fs-0123456789abcdef0",  # of the form SageMaker takes: the request is checked
             fsx_mount_name="offline",
             tags={},
@@ -868,6 +870,8 @@ class PlatformSettings(_Model):
                 for team in self.teams
             ),
             service_capacity=dict(self.service_environment.capacity),
+            code_python=(target := self.base_image().wheel_target).python,
+            code_platform=target.platform,
         )
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """Register handler: a model package (pending approval) with the run's full lineage.
 
 Lineage: the dataset location and the S3 version ID of every object read, the image digest,
-the platform's git revision, hyperparameters, checkpoint location, metrics and cost. The full
+the platform's git revision, the run's own code (its archive and SHA-256) where it brought one, hyperparameters,
+checkpoint location, metrics and cost. The full
 record is written to the artifacts bucket; the model package points at it and carries a summary.
 """
 
@@ -84,6 +85,8 @@ def _lineage(
         },
         "image": where.image_uri,
         "platform_revision": where.revision,
+        # What ran in the image: the run's own code, by the digest Validate checked (None: the platform's trainer).
+        "code": request.code.model_dump(mode="json") if request.code else None,
         "hyperparameters": request.hyperparameters,
         "cluster": {
             "instance_type": request.instance_type,
@@ -152,6 +155,7 @@ def _create_package(
             "dataset_versions_sha256": lineage["dataset"]["versions_sha256"],
             "image": _clip(where.image_uri),
             "platform_revision": where.revision,
+            **({"code_sha256": request.code.sha256} if request.code else {}),
             "checkpoints": _clip((job.checkpoint or {}).get("uri", "none")),
             "hyperparameters": _clip(lineage["hyperparameters"]),
             "metrics": _clip(model_metrics(job.final_metrics)),

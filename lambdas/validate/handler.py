@@ -12,7 +12,7 @@ from aws_lambda_powertools import Logger
 from lambdas.shared.env import env_bool, env_float, env_str
 from lambdas.shared.errors import InvalidRequest, Problem, classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate import budget, membership, resume, start_proof, teams
+from lambdas.validate import budget, code, membership, resume, start_proof, teams
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.model_folder import S3Folder
 from lambdas.validate.request import resolve
@@ -102,6 +102,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             )
         except resume.ResumeError as exc:
             problems.append(Problem(resume.FIELD, event["input"][resume.FIELD], str(exc)))
+    packed_code = _packed_code(event["input"], limits, problems)
     try:
         request = resolve(
             event["input"],
@@ -113,6 +114,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             started=event["started"],
             continues=continues,
             folder_at=functools.partial(S3Folder, boto3.client("s3")),
+            packed_code=packed_code,
         )
     except InvalidRequest as exc:
         problems.extend(exc.problems)
@@ -124,6 +126,17 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     logger.info("request resolved", extra={"run_name": request["run_name"], "job": request["job_name_base"]})
     metrics.record(Metric.RUNS_ACCEPTED)
     return _answer(event, {"valid": True, "message": "", "request": request})
+
+
+def _packed_code(execution_input: Any, limits: PlatformLimits, problems: list[Problem]) -> code.PackedCode | None:
+    """What is stored of the run's own code the input names (None: it names none, or not its own)."""
+    if not isinstance(execution_input, dict):
+        return None
+    try:
+        return code.find(execution_input, artifacts_bucket=limits.artifacts_bucket, s3=boto3.client("s3"))
+    except code.CodeNotFoundError as exc:
+        problems.append(Problem("code.source", execution_input[code.FIELD]["source"], str(exc)))
+        return None
 
 
 def _answer(event: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:

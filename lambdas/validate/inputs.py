@@ -42,6 +42,27 @@ class FallbackInput(BaseModel):
     instance_count: int = Field(1, ge=1)
 
 
+class CodeInput(BaseModel):
+    """The run's own training code, run by the image's launcher instead of the built-in trainer
+    (docs/ml-engineer/your-own-code.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    source: str = Field(
+        description="The packed code: `s3://<artifacts bucket>/code/.../<sha256>.tar.gz` in the run's own code "
+        "prefix; `tp` and `make demo` also take a local folder, which they pack and upload there."
+    )
+    sha256: str | None = Field(None, description="The packed code's SHA-256 (`tp` records it); required with s3://.")
+    entry_point: str = Field(description="A script in the packed folder (`train.py`), or `-m package.module`.")
+    args: list[StrictStr] = Field(default_factory=list, description="The script's arguments.")
+    requirements: str | None = Field(
+        None, description="A requirements file in the folder, installed from the packed wheelhouse."
+    )
+    retry_on_exit_codes: list[StrictInt] = Field(
+        default_factory=list,
+        description="The script's exit statuses that mean a fault of the instances: retried on fresh ones.",
+    )
+
+
 class ExecutionInput(BaseModel):
     """What an ML engineer passes to StartExecution (docs/ml-engineer/start.md)."""
 
@@ -104,7 +125,8 @@ class ExecutionInput(BaseModel):
     )
     hyperparameters: dict[str, HyperparameterValue] = Field(
         default_factory=dict,
-        description="Trainer hyperparameters (docs/reference/hyperparameters.md); strings, numbers, booleans.",
+        description="Trainer hyperparameters (docs/reference/hyperparameters.md), or with `code` your script's; "
+        "strings, numbers, booleans.",
     )
     warm_pool_minutes: int = Field(0, ge=0, le=60, description="Keep the instances warm this long for the next run.")
     quality: QualityGate | None = Field(
@@ -132,6 +154,12 @@ class ExecutionInput(BaseModel):
         None,
         description="Hyperparameter tuning instead of one job: ranges, objective, strategy, max_jobs, "
         "max_parallel_jobs (docs/ml-engineer/tuning.md).",
+    )
+    code: CodeInput | None = Field(
+        None,
+        description="Your own training code instead of the built-in trainer: `source`, `entry_point`, `args`, "
+        "`requirements`, `retry_on_exit_codes`; `hyperparameters` are then your script's "
+        "(docs/ml-engineer/your-own-code.md).",
     )
 
 

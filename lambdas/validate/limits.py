@@ -44,6 +44,10 @@ class PlatformLimits:
     """The teams of the settings, as far as Validate judges a run's team (lambdas/validate/teams.py)."""
     service_capacity: Mapping[str, int] = field(default_factory=dict)
     """The service environment's instances of each type, which every team's quota share draws on."""
+    code_python: str = ""
+    """The image's Python (e.g. "3.12"), for which a run's own code's wheels must be packed ("": not judged)."""
+    code_platform: str = ""
+    """The image's platform tag (e.g. "manylinux_2_35_x86_64"), likewise."""
 
     @classmethod
     def from_environment(cls) -> PlatformLimits:
@@ -65,6 +69,8 @@ class PlatformLimits:
             training_plan_instance_type=env_str("TRAINING_PLAN_INSTANCE_TYPE"),
             teams=teams_from_json(env_json("TEAMS")),
             service_capacity=dict(env_json("SERVICE_CAPACITY")),
+            code_python=env_str("CODE_PYTHON"),
+            code_platform=env_str("CODE_PLATFORM"),
         )
 
     def environment(self) -> dict[str, str]:
@@ -86,6 +92,8 @@ class PlatformLimits:
             "TRAINING_PLAN_INSTANCE_TYPE": self.training_plan_instance_type,
             "TEAMS": json.dumps(teams_json(self.teams)),
             "SERVICE_CAPACITY": json.dumps(dict(self.service_capacity), sort_keys=True),
+            "CODE_PYTHON": self.code_python,
+            "CODE_PLATFORM": self.code_platform,
         }
         for limits in self.backend_limits.values():
             variables |= limits.environment()

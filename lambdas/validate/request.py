@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from contract import model_folder as mf
+from contract import user_code
 from contract.catalog import INSTANCE_TYPES, InstanceType
 from contract.config import ConfigError, from_hyperparameters
 from contract.distributions import DISTRIBUTIONS
@@ -26,6 +27,7 @@ from contract.execution_state import (
     AUXILIARY_ROLE,
     TRAIN_ROLE,
     BaseModelSource,
+    Code,
     Dataset,
     InstanceGroup,
     Quality,
@@ -41,6 +43,7 @@ from contract.service_requests import EXECUTION_TAG, TEAM_TAG
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.shared import history
 from lambdas.shared.errors import InvalidRequest, Problem
+from lambdas.validate import code as own_code
 from lambdas.validate.api_requests import request_problems
 from lambdas.validate.inputs import ExecutionInput, FallbackInput, GroupInput
 from lambdas.validate.limits import PlatformLimits
@@ -48,7 +51,7 @@ from lambdas.validate.model_folder import FolderAt, check_records, inspect_model
 from lambdas.validate.resume import PreviousRun, resume_check
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.teams import Team, named_team, recipients, request_team_problems
-from lambdas.validate.trials import trainer_refusal, training_processes
+from lambdas.validate.trials import launcher_settings, trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
@@ -67,6 +70,8 @@ TOP_LEVEL_HYPERPARAMETERS = {
     "distribution": "distribution",
     "model.init_from": "init_from",
 }
+# Of a run's own script, only `distribution` (which the launcher reads) is set at the top level.
+SCRIPT_TOP_LEVEL = {"distribution": "distribution"}
 
 GROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_INSTANCE_GROUPS = model_limit("sagemaker", "InstanceGroups")  # per training job
@@ -322,8 +327,10 @@ def _check_fallback(
         if cluster is None:
             continue
         resolved.extend(cluster)
-        if found:
-            continue  # its batch judged on a cluster that cannot run would only repeat the problem
+        if found or request.code is not None:
+            # Its batch judged on a cluster that cannot run would only repeat the problem; a run's own script splits
+            # its batch itself.
+            continue
         processes = training_processes(cluster)
         refusal = trainer_refusal(hyperparameters, processes)
         if refusal is not None:
@@ -477,10 +484,19 @@ def _check_straggler_replacement(
 
 
 def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str]) -> dict[str, str]:
+    """The job's hyperparameters: the trainer's, judged by its rules; or a run's own script's, beside the code's
+    description and the launcher's settings (contract/user_code.py), which alone the platform's rules judge."""
+    script = request.code
+    top_level = TOP_LEVEL_HYPERPARAMETERS if script is None else SCRIPT_TOP_LEVEL
     values: dict[str, str] = {}
     for key, value in request.hyperparameters.items():
-        if key in TOP_LEVEL_HYPERPARAMETERS:
-            problems.append(f"hyperparameters.{key}: set `{TOP_LEVEL_HYPERPARAMETERS[key]}` at the top level instead")
+        if key in top_level:
+            problems.append(f"hyperparameters.{key}: set `{top_level[key]}` at the top level instead")
+            continue
+        if script is not None and key.startswith(user_code.CODE_PREFIX):
+            problems.append(
+                f"hyperparameters.{key}: `{user_code.CODE_PREFIX}` keys describe your code; set it in `code`"
+            )
             continue
         text = (str(value).lower() if isinstance(value, bool) else str(value)).strip()
         if len(key) > HYPERPARAMETER_KEY_LIMIT or len(text) > HYPERPARAMETER_VALUE_LIMIT:
@@ -490,6 +506,12 @@ def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str
             )
             continue
         values[key] = text
+    if script is not None:
+        values |= {"distribution": request.distribution, **own_code.hyperparameters(script)}
+        refusal = trainer_refusal(launcher_settings(values, own_code=True), 0)
+        if refusal is not None:
+            problems.append(f"hyperparameters: {refusal}")
+        return values
     if not request.checkpoints:
         values.setdefault("checkpoint.interval_steps", "0")
         values.setdefault("checkpoint.interval_minutes", "0")
@@ -548,6 +570,7 @@ class _Checked:
     team: Team | None
     suffix: str
     tuning: Tuning | None
+    code: Code | None
     base_model: BaseModelSource | None = None
 
 
@@ -563,6 +586,7 @@ def resolve(
     started: str = "",
     continues: PreviousRun | None = None,
     folder_at: FolderAt | None = None,
+    packed_code: own_code.PackedCode | None = None,
 ) -> dict[str, Any]:
     """Validate the execution input and return the complete request (JSON), or raise InvalidRequest.
 
@@ -572,7 +596,7 @@ def resolve(
     (teams.tag_to_prove); `check_membership` False leaves who starts a team's run unjudged, for offline checks that
     know no requester. `folder_at` reads the folder at an s3:// prefix: with it, a fine-tuning run's model folder and
     the dataset's first records are read and judged too (Validate's S3; offline callers may pass none, or a local
-    copy).
+    copy). `packed_code` is what was found of the archive `code.source` names (None: not looked at).
     """
     request, schema, rejected, alternatives = _parse(event, limits)
     problems: list[str] = []
@@ -588,6 +612,7 @@ def resolve(
         check_membership=check_membership,
         continues=continues,
         folder_at=folder_at,
+        packed_code=packed_code,
         problems=problems,
     )
     if problems or schema or checked.groups is None or checked.dataset is None:
@@ -617,6 +642,7 @@ def _check(
     check_membership: bool,
     continues: PreviousRun | None,
     folder_at: FolderAt | None,
+    packed_code: own_code.PackedCode | None,
     problems: list[str],
 ) -> _Checked:
     """Every check of the parsed input, each problem appended to `problems` with its fix."""
@@ -627,14 +653,16 @@ def _check(
         )
     groups = _check_cluster(request, limits, problems)
     stopping = _check_schedule(request, limits, problems)
+    code = _check_code(request, packed_code, limits, problems)
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
-    _check_straggler_replacement(hyperparameters, groups or [], problems)
+    launcher = launcher_settings(hyperparameters, own_code=request.code is not None)
+    _check_straggler_replacement(launcher, groups or [], problems)
     fallback = _check_fallback(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )
     quality = _check_quality(request, problems)
     channels, dataset, base_model = _channels(request, limits, problems)
-    if folder_at is not None and dataset is not None:
+    if folder_at is not None and dataset is not None and request.code is None:  # a script reads its data its way
         base_model = _check_fine_tuning(
             request,
             base_model,
@@ -671,11 +699,39 @@ def _check(
     if continues is not None and groups is not None:
         problems.extend(
             resume_check(
-                continues, hyperparameters, groups, requested_by=requested_by, tuned=request.tuning is not None
+                continues,
+                hyperparameters,
+                groups,
+                requested_by=requested_by,
+                tuned=request.tuning is not None,
+                own_code=request.code is not None,
             )
         )
     return _Checked(
-        groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning, base_model
+        groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning, code, base_model
+    )
+
+
+def _check_code(
+    request: ExecutionInput, packed: own_code.PackedCode | None, limits: PlatformLimits, problems: list[str]
+) -> Code | None:
+    """The run's own code checked, archive and all (None: the built-in trainer runs, or the code was refused)."""
+    if request.code is None:
+        return None
+    if request.model is not None:
+        problems.append(
+            "model: a preset of the platform's trainer, which a run of your own code does not run; drop it (your "
+            "script builds its model: give it in `hyperparameters` or code.args)"
+        )
+    return own_code.check(
+        request.code,
+        packed,
+        run_name=request.run_name,
+        team=request.team,
+        artifacts_bucket=limits.artifacts_bucket,
+        python=limits.code_python,
+        platform=limits.code_platform,
+        problems=problems,
     )
 
 
@@ -699,10 +755,11 @@ def _check_tuning(
         suffix=suffix,
         fixed=hyperparameters,
         given=dict(request.hyperparameters),
-        top_level=TOP_LEVEL_HYPERPARAMETERS,
+        top_level=TOP_LEVEL_HYPERPARAMETERS if request.code is None else SCRIPT_TOP_LEVEL,
         groups=groups,
         warm_pool_minutes=request.warm_pool_minutes,
         problems=problems,
+        own_code=request.code is not None,
     )
 
 
@@ -732,6 +789,7 @@ def _assemble(
         **({TEAM_TAG: request.team} if request.team else {}),  # cost allocation: the team's budget filters on it
     }
     job_name_base = f"{request.run_name}-{checked.suffix}"
+    code_channel = [own_code.channel(checked.code.uri)] if checked.code is not None else []
     return TrainingRequest(
         run_name=request.run_name,
         job_name_base=job_name_base,
@@ -744,7 +802,7 @@ def _assemble(
         poll_seconds=_poll_seconds(checked.stopping, limits),
         keep_alive_seconds=request.warm_pool_minutes * 60,
         hyperparameters=checked.hyperparameters,
-        channels=[*checked.channels, ledger_channel(limits.artifacts_bucket, job_name_base)],
+        channels=[*checked.channels, ledger_channel(limits.artifacts_bucket, job_name_base), *code_channel],
         dataset=checked.dataset,
         base_model=checked.base_model,
         quality=checked.quality,
@@ -757,6 +815,7 @@ def _assemble(
         fallback=checked.fallback,
         team=request.team,
         priority=request.priority,
+        code=checked.code,
     )
 
 

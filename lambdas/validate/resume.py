@@ -111,10 +111,16 @@ def resume_check(
     *,
     requested_by: str | None,
     tuned: bool,
+    own_code: bool = False,
 ) -> list[str]:
-    """Why a run of these resolved `hyperparameters` on `groups`, started by `requested_by`, cannot resume it."""
+    """Why a run of these resolved `hyperparameters` on `groups`, started by `requested_by`, cannot resume it.
+    `own_code`: the run runs its own script, which alone knows what its checkpoints hold."""
     found: list[str] = []
     old = previous.request
+    if own_code != (old.code is not None):
+        ran = "its own code" if old.code is not None else "the platform's trainer"
+        found.append(f"{FIELD}: {old.job_name_base} ran {ran}; only code of the same kind resumes it")
+        return found
     if tuned:
         found.append(f"{FIELD}: a tuning run starts every trial afresh; resume a run with a single job")
     if old.requested_by != requested_by:
@@ -122,6 +128,8 @@ def resume_check(
             f"{FIELD}: {old.job_name_base} was started by {old.requested_by or 'someone unproven'}; only the same"
             " requester may resume a run"
         )
+    if own_code:
+        return found
     try:
         config = from_hyperparameters(hyperparameters)
     except ConfigError:  # reported with the input's hyperparameters

@@ -1,7 +1,8 @@
 """The start proof: who starts a run, attested by STS, for one execution of one state machine, once.
 
 The starter signs an STS GetCallerIdentity request (lambdas/approvals/identity.py) bound to the
-state machine's ARN (hence account, Region and stage), the execution name and the input. Validate
+state machine's ARN (hence account, Region and stage), the execution name and the input, whose `code.sha256`
+names the run's own code (which Validate holds the stored archive to). Validate
 accepts it only within `WINDOW` of its signing and only for one execution: a digest of its
 signature is recorded with a conditional write against the execution's ARN and start time (an ARN
 alone comes back when a deployment replaces the state machine), so the same proof cannot start a
@@ -48,14 +49,17 @@ def without_proof(execution_input: dict[str, Any]) -> dict[str, Any]:
 
 
 def binding(execution_input: dict[str, Any], *, state_machine: str, execution_name: str) -> str:
-    """What a start proof is bound to: the state machine, the execution name and the input (less the proof)."""
+    """What a start proof is bound to: the state machine, the execution name, the input (less the proof) and the
+    digest of the run's own code, which Validate holds the stored archive to."""
     canonical = json.dumps(without_proof(execution_input), sort_keys=True, separators=(",", ":"))
+    code = execution_input.get("code")
     return identity.binding(
         "start",
         {
             "state_machine": state_machine,
             "execution_name": execution_name,
             "input_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+            **({"code_sha256": code.get("sha256")} if isinstance(code, dict) else {}),
         },
     )
 

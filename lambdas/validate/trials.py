@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from contract.config import ALIASES, HYPERPARAMETERS, ConfigError, from_hyperparameters
 from contract.execution_state import TRAIN_ROLE, InstanceGroup
+from contract.user_code import CODE_PREFIX, NOT_THE_SCRIPTS, is_launcher_key
 
 MAX_INTEGER_VALUES = 1024
 """The most values of an integer range Validate checks one by one; a wider range is refused."""
@@ -41,6 +42,15 @@ def trainer_field(key: str) -> str:
 def training_processes(groups: Iterable[InstanceGroup]) -> int:
     """The job's torchrun processes: one per GPU, or one per host without GPUs, on the hosts that train."""
     return sum(group.instance_count * max(group.gpus, 1) for group in groups if group.role == TRAIN_ROLE)
+
+
+def launcher_settings(values: Mapping[str, str], *, own_code: bool) -> dict[str, str]:
+    """What of a job's hyperparameters the platform's rules judge: all of them for the built-in trainer; for a run's
+    own script, only the launcher's and the SDK's settings (`hang.*`, `preflight`, ...), never the script's own."""
+    if not own_code:
+        return dict(values)
+    ours = {k: v for k, v in values.items() if is_launcher_key(k)}
+    return {k: v for k, v in ours.items() if not k.startswith((CODE_PREFIX, *NOT_THE_SCRIPTS))}
 
 
 def trainer_refusal(values: Mapping[str, str], processes: int) -> str | None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from contract.execution_state import InstanceGroup, Tuning
 from contract.metrics import MODEL_METRIC_NAMES
+from contract.user_code import is_launcher_key
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import (
     MAX_INTEGER_VALUES,
@@ -112,12 +113,13 @@ def _bounds(where: str, spec: RangeInput) -> str | None:  # noqa: PLR0911 - one 
 
 
 def _check_range(
-    name: str, spec: RangeInput, fixed: dict[str, str], processes: int, problems: list[str]
+    name: str, spec: RangeInput, fixed: dict[str, str], processes: int, problems: list[str], *, trainer: bool = True
 ) -> tuple[dict[str, object], TunedRange] | None:
-    """The range as SageMaker takes it and as Validate checks it, or None (with the problems) if it is not valid."""
+    """The range as SageMaker takes it and as Validate checks it, or None (with the problems) if it is not valid.
+    `trainer`: its values are judged by the built-in trainer's rules (a run's own script judges its own)."""
     where = f"tuning.ranges.{name}"
     sagemaker: dict[str, object]
-    problem = field_type_problem(where, name, spec.type)
+    problem = field_type_problem(where, name, spec.type) if trainer else None
     if problem is not None:
         problems.append(problem)
         return None
@@ -142,7 +144,8 @@ def _check_range(
             )
             return None
         tuned = TunedRange(name, every, integer=spec.type == "integer")
-    problem = refused_alone(where, tuned, fixed, processes)  # the trainer's own checks, as each trial will run them
+    # The trainer's own checks, as each trial will run them.
+    problem = refused_alone(where, tuned, fixed, processes) if trainer else None
     if problem is not None:
         problems.append(problem)
         return None
@@ -186,6 +189,29 @@ def _check_cluster(groups: list[InstanceGroup], warm_pool_minutes: int, problems
         problems.append("warm_pool_minutes does not apply to tuning jobs; drop it or drop `tuning`")
 
 
+def _taken(
+    name: str,
+    field: str,
+    *,
+    own_code: bool,
+    top_level: dict[str, str],
+    fields: dict[str, str],
+    given: dict[str, object],
+) -> str | None:
+    """Why a range's key is not tuned: it is the launcher's, or set elsewhere in the input (None: it may be)."""
+    if own_code and is_launcher_key(name):
+        return "a setting of the platform's launcher, not your script's; not tuned"
+    if name in top_level:
+        return f"`{top_level[name]}` is set at the top level and is not tuned"
+    if field in fields and fields[field] in given:
+        also = fields[field]
+        same = "" if also == name else f" (as {also!r}, the same trainer field {field})"
+        return f"also fixed in `hyperparameters`{same}; tune it or fix it, not both"
+    if field in fields:
+        return f"the same trainer field {field} as tuning.ranges.{fields[field]}; keep one"
+    return None
+
+
 def resolve_tuning(
     tuning: TuningInput | None,
     *,
@@ -197,9 +223,11 @@ def resolve_tuning(
     groups: list[InstanceGroup],
     warm_pool_minutes: int,
     problems: list[str],
+    own_code: bool = False,
 ) -> Tuning | None:
     """The tuning job's settings, or None for a single job; problems are appended, not raised (whether the
-    request's backend tunes at all is Validate's check, lambdas/validate/request.py)."""
+    request's backend tunes at all is Validate's check, lambdas/validate/request.py). `own_code`: the run's own
+    script takes the hyperparameters, which it judges itself (the platform's keys are not tuned)."""
     if tuning is None:
         return None
     _check_cluster(groups, warm_pool_minutes, problems)
@@ -209,38 +237,29 @@ def resolve_tuning(
         "CategoricalParameterRanges": [],
     }
     processes = training_processes(groups)
-    fields = {trainer_field(key): key for key in given} | {trainer_field(key): key for key in top_level}
-    platform = {trainer_field(key): key for key in fixed}
+    field_of = (lambda key: key) if own_code else trainer_field  # a script's keys have no aliases
+    fields = {field_of(key): key for key in given} | {field_of(key): key for key in top_level}
+    platform = {field_of(key): key for key in fixed}
     tuned: list[TunedRange] = []
     for name, spec in tuning.ranges.items():
-        field = trainer_field(name)
-        if name in top_level:
-            problems.append(f"tuning.ranges.{name}: `{top_level[name]}` is set at the top level and is not tuned")
-            continue
-        if field in fields and fields[field] in given:
-            also = fields[field]
-            same = "" if also == name else f" (as {also!r}, the same trainer field {field})"
-            problems.append(f"tuning.ranges.{name}: also fixed in `hyperparameters`{same}; tune it or fix it, not both")
-            continue
-        if field in fields:
-            problems.append(
-                f"tuning.ranges.{name}: the same trainer field {field} as tuning.ranges.{fields[field]}; keep one"
-            )
-            continue
-        if field in platform:  # e.g. checkpoint intervals when `checkpoints` is false
-            problems.append(
-                f"tuning.ranges.{name}: set to {fixed[platform[field]]} for this request by the platform; not tunable"
-            )
+        field = field_of(name)
+        taken = _taken(name, field, own_code=own_code, top_level=top_level, fields=fields, given=given)
+        if taken is None and field in platform:  # e.g. checkpoint intervals when `checkpoints` is false
+            taken = f"set to {fixed[platform[field]]} for this request by the platform; not tunable"
+        if taken is not None:
+            problems.append(f"tuning.ranges.{name}: {taken}")
             continue
         fields[field] = name
-        resolved = _check_range(name, spec, fixed, processes, problems)
+        resolved = _check_range(name, spec, fixed, processes, problems, trainer=not own_code)
         if resolved is not None:
             ranges[f"{spec.type.title()}ParameterRanges"].append(resolved[0])
             tuned.append(resolved[1])
-    problems.extend(refused_together(tuned, fixed, processes))
+    if not own_code:
+        problems.extend(refused_together(tuned, fixed, processes))
     if tuning.objective.metric not in MODEL_METRIC_NAMES:
+        reporter = "the SDK's metric report" if own_code else "the trainer"
         problems.append(
-            f"tuning.objective.metric {tuning.objective.metric!r} is not reported by the trainer; use one of "
+            f"tuning.objective.metric {tuning.objective.metric!r} is not reported by {reporter}; use one of "
             f"{', '.join(MODEL_METRIC_NAMES)}"
         )
     if tuning.max_parallel_jobs > tuning.max_jobs:

@@ -77,6 +77,8 @@ class Approvals(Construct):
                 "worst_case": string(ESTIMATE.worst_case),
                 "threshold_usd": string(ESTIMATE.threshold_usd),
                 "dataset": string(REQUEST.dataset.uri),
+                # What will run: the platform's trainer, or the run's own code by its digest.
+                "code": string(REQUEST.code_summary),
             },
             result=LAUNCH_APPROVAL,
             on_timeout=self.timed_out,

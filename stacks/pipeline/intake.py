@@ -16,7 +16,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
-from contract.layout import ANY_LEDGER_RECORD
+from contract.layout import ANY_CODE, ANY_LEDGER_RECORD
 from lambdas.validate.limits import PlatformLimits
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
@@ -152,6 +152,12 @@ class Intake(Construct):
             datasets,
             "Reads init_from's model folder and a dataset's first records, which any key names.",
         )
+        # An input's `code` is checked in the run's code prefix: the archive's size, digest and pack record.
+        code = f"{buckets.artifacts.bucket_arn}/{ANY_CODE}"
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="PackedCode", actions=["s3:GetObject"], resources=[code])
+        )
+        acknowledge_wildcard(function.role, code, "Reads the packed code an input names, in the run's own code prefix.")
         # Recording a used proof is a conditional PutItem; nothing else on the table.
         start_proofs.grant(function.function, "dynamodb:PutItem")
         buckets.key.grant(function.function, "kms:Decrypt", "kms:GenerateDataKey")

@@ -155,6 +155,7 @@ class Promotion(Construct):
                 "model_package": string(REGISTRATION.model_package_arn),
                 "evaluation": string(EVALUATION.reason),
                 "lineage": string(REGISTRATION.lineage_uri),
+                "code": string(REQUEST.code_summary),
             },
             result=PROMOTION_APPROVAL,
             on_timeout=no_decision.next(approvals.timed_out),
