@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -17,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import boto3
 import typer
@@ -29,18 +30,21 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from contract import goodput, layout
+from contract.code_archive import Packed
 from contract.config import ConfigError, from_hyperparameters
 from contract.execution_state import CostEstimate, EstimateEvent
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 from lambdas.approvals import identity
 from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
-from lambdas.shared.errors import InvalidRequest
+from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import start_proof
 from lambdas.validate.model_folder import LocalFolder
+from lambdas.validate.code import PackedCode
 from lambdas.validate.request import resolve
 from stacks import outputs as stack_outputs
 from stacks.settings import (
+    OFFLINE_ARTIFACTS_BUCKET,
     OFFLINE_DATASETS_BUCKET,
     OVERRIDES_VARIABLE,
     PlatformSettings,
@@ -48,6 +52,7 @@ from stacks.settings import (
     settings_from_context,
     stage_prefix,
 )
+from tools import code_pack
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Soft wrap: an ARN, a cursor or a log line printed for a pipe or a narrow terminal stays whole.
@@ -88,10 +93,12 @@ def offline_check(
     *,
     datasets_bucket: str = OFFLINE_DATASETS_BUCKET,
     model_folder: Path | None = None,
+    packed_code: PackedCode | None = None,
 ) -> tuple[dict[str, Any], CostEstimate]:
     """Validate's request and Estimate's answer for the input, or InvalidRequest with every problem. With
     `model_folder`, a local copy of the input's init_from, that folder is judged as Validate judges the stored one
-    (and the run's memory per GPU estimated)."""
+    (and the run's memory per GPU estimated). `packed_code`: the archive of the input's code, as `tp` packed it
+    (None: the code is not checked)."""
     limits = settings.offline_limits(datasets_bucket=datasets_bucket)  # the backends the settings deploy
     folder_at = None
     if model_folder is not None:
@@ -109,6 +116,7 @@ def offline_check(
         limits=limits,
         check_membership=False,
         folder_at=folder_at,
+        packed_code=packed_code,
     )
     pipeline = settings.pipeline
     cost = estimate_cost(
@@ -128,33 +136,86 @@ def _read_input(path: Path) -> Any:
         raise typer.Exit(2) from None
 
 
-def _check(
-    path: Path, cdk_json: Path, datasets_bucket: str, as_json: bool, model_folder: Path | None = None
-) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
+def pack_for(
+    execution_input: Any, folder: Path | None, settings: PlatformSettings, into: Path, *, artifacts_bucket: str
+) -> tuple[Any, Packed | None]:
+    """The input with the code of `folder` packed into `into` for the settings' image (code_pack.py), and the archive
+    (None: no folder to pack); PackError says what cannot be packed."""
+    if folder is None:
+        return execution_input, None
+    image = settings.base_image()
+    return code_pack.packed_input(
+        execution_input,
+        folder,
+        into,
+        artifacts_bucket=artifacts_bucket,
+        target=image.wheel_target,
+        provided=image.provides,
+    )
+
+
+def _load(cdk_json: Path) -> PlatformSettings:
     try:
-        settings = load_settings(cdk_json)
+        return load_settings(cdk_json)
     except (OSError, KeyError, json.JSONDecodeError, SettingsError) as exc:
         err.print(f"cannot read the platform settings from {cdk_json} (--cdk-json or TP_CDK_JSON): {exc}")
         raise typer.Exit(2) from None
-    try:
-        request, cost = offline_check(
-            _read_input(path), settings, datasets_bucket=datasets_bucket, model_folder=model_folder
-        )
-    except InvalidRequest as exc:
-        if as_json:
-            problems = [{"field": p.field, "value": p.value, "message": p.message} for p in exc.problems]
-            out.print_json(data={"valid": False, "problems": problems})
-        else:
-            err.print(f"{path}: the pipeline would reject this input ({len(exc.problems)} problems):")
-            for problem in exc.problems:
-                err.print(f"  - {problem}", markup=False, highlight=False)
-            if datasets_bucket == OFFLINE_DATASETS_BUCKET and any(p.field == "dataset" for p in exc.problems):
-                err.print(
-                    f"  ({OFFLINE_DATASETS_BUCKET!r} stands in for the stage's datasets bucket: name it with "
-                    "--datasets-bucket or TP_DATASETS_BUCKET)"
-                )
-        raise typer.Exit(1) from None
+
+
+def _check(
+    path: Path,
+    cdk_json: Path,
+    datasets_bucket: str,
+    as_json: bool,
+    source_dir: Path | None = None,
+    model_folder: Path | None = None,
+) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
+    settings = _load(cdk_json)
+    execution_input = _read_input(path)
+    not_packed: list[Problem] = []
+    packed_code = None
+    with tempfile.TemporaryDirectory(prefix="tp-code-") as scratch:
+        try:
+            folder = code_pack.code_folder(execution_input, path, source_dir)
+            execution_input, packed = pack_for(
+                execution_input, folder, settings, Path(scratch), artifacts_bucket=OFFLINE_ARTIFACTS_BUCKET
+            )
+            packed_code = code_pack.found(packed) if packed is not None else None
+        except code_pack.PackError as exc:
+            not_packed.append(Problem(exc.field, None, exc.message))
+            # The input's other problems too: judged with its code stood in by an archive of no known content.
+            if isinstance(execution_input.get("code"), dict):
+                execution_input = code_pack.at(execution_input, OFFLINE_ARTIFACTS_BUCKET, "0" * 64)
+        try:
+            request, cost = offline_check(
+                execution_input,
+                settings,
+                datasets_bucket=datasets_bucket,
+                model_folder=model_folder,
+                packed_code=packed_code,
+            )
+        except InvalidRequest as exc:
+            _rejected(path, [*not_packed, *exc.problems], datasets_bucket, as_json)
+    if not_packed:
+        _rejected(path, not_packed, datasets_bucket, as_json)
     return request, cost, settings
+
+
+def _rejected(path: Path, problems: list[Problem], datasets_bucket: str, as_json: bool) -> NoReturn:
+    """Print why the pipeline would reject the input, every problem, and exit 1."""
+    if as_json:
+        listed = [{"field": p.field, "value": p.value, "message": p.message} for p in problems]
+        out.print_json(data={"valid": False, "problems": listed})
+    else:
+        err.print(f"{path}: the pipeline would reject this input ({len(problems)} problems):")
+        for problem in problems:
+            err.print(f"  - {problem}", markup=False, highlight=False)
+        if datasets_bucket == OFFLINE_DATASETS_BUCKET and any(p.field == "dataset" for p in problems):
+            err.print(
+                f"  ({OFFLINE_DATASETS_BUCKET!r} stands in for the stage's datasets bucket: name it with "
+                "--datasets-bucket or TP_DATASETS_BUCKET)"
+            )
+    raise typer.Exit(1)
 
 
 def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
@@ -182,6 +243,13 @@ ModelFolder = Annotated[
     Path | None,
     typer.Option(help="a local copy of the input's init_from: judged as Validate judges it, and the memory estimated"),
 ]
+SourceDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="your code's folder: packed, with its requirements' wheels for the image, as the input's `code`"
+        " (else `code.source` may name a folder, relative to the input file)"
+    ),
+]
 DatasetsBucket = Annotated[
     str,
     typer.Option(envvar="TP_DATASETS_BUCKET", help="the stage's datasets bucket, which s3:// datasets must be in"),
@@ -192,13 +260,15 @@ DatasetsBucket = Annotated[
 def validate(
     input_file: Path,
     *,
+    source_dir: SourceDir = None,
     datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
     cdk_json: CdkJson = Path("cdk.json"),
     as_json: AsJson = False,
     model_folder: ModelFolder = None,
 ) -> None:
-    """Check an execution input as Validate would, offline; print every problem, then the estimate."""
-    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, model_folder)
+    """Check an execution input as Validate would, offline (packing its code); print every problem, then the
+    estimate."""
+    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, source_dir, model_folder)
     if as_json:
         out.print_json(data={"valid": True, "request": request, "estimate": cost.model_dump(mode="json")})
         return
@@ -212,6 +282,7 @@ def validate(
 def estimate(
     input_file: Path,
     *,
+    source_dir: SourceDir = None,
     datasets_bucket: DatasetsBucket = OFFLINE_DATASETS_BUCKET,
     cdk_json: CdkJson = Path("cdk.json"),
     as_json: AsJson = False,
@@ -219,7 +290,7 @@ def estimate(
 ) -> None:
     """The run's cost bound as Estimate computes it: spot range, approval threshold, share of the budget; with
     --model-folder, a fine-tuning run's memory per GPU."""
-    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, model_folder)
+    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, source_dir, model_folder)
     if as_json:
         budget = settings.pipeline.monthly_budget_usd
         out.print_json(data={**cost.model_dump(mode="json"), "monthly_budget_usd": budget})
@@ -367,6 +438,8 @@ def start(
     input_file: Path,
     *,
     name: Annotated[str | None, typer.Option(help="the execution name (default: generated)")] = None,
+    source_dir: SourceDir = None,
+    cdk_json: CdkJson = Path("cdk.json"),
     stage: Stage = "dev",
     region: Region = None,
     state_machine: StateMachine = None,
@@ -374,14 +447,17 @@ def start(
     as_json: AsJson = False,
 ) -> None:
     """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it) and, for a team's
-    run, of the starter's team tag."""
+    run, of the starter's team tag; its code folder packed and uploaded to the run's code prefix first."""
     execution_input = _read_input(input_file)
     if not isinstance(execution_input, dict):
         err.print(f"{input_file} must hold a JSON object (docs/reference/run-input.md)")
         raise typer.Exit(2)
+    folder = _code_folder(execution_input, input_file, source_dir)
     for_team = isinstance(execution_input.get("team"), str)
-    t = target(stage, region, state_machine, "", artifacts_bucket if for_team else "")
+    t = target(stage, region, state_machine, "", artifacts_bucket if for_team or folder else "")
     machine = t.need_state_machine()
+    with tempfile.TemporaryDirectory(prefix="tp-code-") as scratch:
+        execution_input = upload_code(execution_input, folder, _load(cdk_json), Path(scratch), t)
     name = name or f"{execution_input.get('run_name', 'run')}-{uuid.uuid4().hex[:8]}"
     proven = with_proof(execution_input, machine, name, t.session, t.need_artifacts_bucket() if for_team else None)
     started = t.session.client("stepfunctions").start_execution(
@@ -391,6 +467,36 @@ def start(
         out.print_json(data={"name": name, "execution_arn": started["executionArn"]})
     else:
         out.print(started["executionArn"], markup=False, highlight=False)
+
+
+def _code_folder(execution_input: dict[str, Any], input_file: Path, source_dir: Path | None) -> Path | None:
+    try:
+        return code_pack.code_folder(execution_input, input_file, source_dir)
+    except code_pack.PackError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def upload_code(
+    execution_input: dict[str, Any], folder: Path | None, settings: PlatformSettings, scratch: Path, t: Target
+) -> dict[str, Any]:
+    """The input naming its code in the run's code prefix, the folder packed and uploaded there (once: an archive
+    of the same digest there already is the same code); the input as it is without a folder to pack."""
+    if folder is None:
+        return execution_input
+    try:
+        ready, packed = pack_for(execution_input, folder, settings, scratch, artifacts_bucket=t.need_artifacts_bucket())
+        assert packed is not None  # a folder was packed
+        written = code_pack.upload(t.session.client("s3"), packed, ready["code"]["source"])
+    except code_pack.PackError as exc:
+        err.print(f"the run was not started: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    err.print(
+        f"{'uploaded' if written else 'already uploaded:'} {ready['code']['source']} ({packed.size:,} bytes)",
+        markup=False,
+        highlight=False,
+    )
+    return dict(ready)
 
 
 @app.command("list")
@@ -463,13 +569,14 @@ def pending(
     if as_json:
         out.print_json(data=answer)
         return
-    table = Table("request id", "gate", "run", "team", "requested by", "estimate")
+    table = Table("request id", "gate", "run", "team", "requested by", "estimate", "code")
     table.columns[0].overflow = "fold"  # an id to paste into tp approve: never cut
+    table.columns[-1].overflow = "fold"  # the code's digest: never cut
     for request in answer.get("pending", []):
         summary = json.loads(request.get("summary") or "{}")
         cost = f"${summary['max_cost_usd']:,.2f}" if isinstance(summary.get("max_cost_usd"), int | float) else ""
         shown = ("request_id", "gate", "run_name", "team", "requested_by")
-        table.add_row(*(str(request.get(k) or "") for k in shown), cost)
+        table.add_row(*(str(request.get(k) or "") for k in shown), cost, str(summary.get("code") or ""))
     out.print(table)
     if answer.get("next"):
         out.print(f"more: --cursor {answer['next']}", markup=False, highlight=False)
