@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aws_cdk import RemovalPolicy, Stack
@@ -12,6 +13,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from contract.service_requests import TEAM_TAG
+from contract.layout import ANY_CODE, team_code
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.validate import membership
 from stacks.constructs.buckets import TrainingBuckets
@@ -20,7 +22,7 @@ from stacks.constructs.logs import allow_cloudwatch_logs
 from stacks.constructs.lustre import LustreDataRepository
 from stacks.constructs.nag import acknowledge
 from stacks.constructs.network import TrainingNetwork
-from stacks.settings import PlatformSettings
+from stacks.settings import PlatformSettings, TeamSettings
 
 
 class DataStack(Stack):
@@ -39,6 +41,7 @@ class DataStack(Stack):
         for team in settings.teams:
             if team.member_tag is not None:
                 self._membership_by_tag(team.name, team.member_tag, network.s3_endpoint.vpc_endpoint_id)
+        self._code_written_once(settings.teams)
         self.lustre = LustreDataRepository(
             self,
             "Lustre",
@@ -74,7 +77,7 @@ class DataStack(Stack):
         bucket = self.buckets.artifacts
         on_prefix = {"s3:prefix": membership.prefix(team)}
         tag = f"aws:PrincipalTag/{TEAM_TAG}"
-        name = "".join(part.capitalize() for part in team.split("-"))
+        name = _sid(team)
         bucket.add_to_resource_policy(
             iam.PolicyStatement(
                 sid=f"{name}MembershipOnlyByTag",
@@ -101,6 +104,42 @@ class DataStack(Stack):
                 },
             )
         )
+
+    def _code_written_once(self, teams: Sequence[TeamSettings]) -> None:
+        """Runs' packed code (contract/layout.py `run_code`) is written once, and a team's by its members alone.
+
+        Every put must carry If-None-Match, so no archive is replaced (S3 refuses the put where one exists, and
+        refuses the parts of a multipart upload, which cannot carry it). A team's prefix is written only by the
+        principals its `members` name or its `member_tag` tags, as Validate judges membership
+        (lambdas/validate/teams.py), so no one else can plant an archive under a name a member will upload.
+        """
+        bucket = self.buckets.artifacts
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CodeIsWrittenOnce",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[bucket.arn_for_objects(ANY_CODE)],
+                conditions={"Null": {"s3:if-none-match": "true"}},
+            )
+        )
+        for team in teams:
+            conditions: dict[str, Any] = {}
+            if team.members:
+                conditions["ArnNotEquals"] = {"aws:PrincipalArn": list(team.members)}
+            if team.member_tag is not None:
+                conditions["StringNotEquals"] = {f"aws:PrincipalTag/{TEAM_TAG}": team.member_tag}
+            bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=f"{_sid(team.name)}CodeByMembersOnly",
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=["s3:PutObject"],
+                    resources=[bucket.arn_for_objects(f"{team_code(team.name)}*")],
+                    conditions=conditions,
+                )
+            )
 
     def _platform_key(self) -> kms.Key:
         """The one customer-managed key of the platform's data; AWS services may use it for this account only."""
@@ -188,3 +227,8 @@ class DataStack(Stack):
                 "platform team's account-wide choice.",
             )
         return table
+
+
+def _sid(team: str) -> str:
+    """A team's name as a statement ID's start (letters and digits only)."""
+    return "".join(part.capitalize() for part in team.split("-"))

@@ -390,6 +390,7 @@ _S3_KEYS = frozenset(
         "s3:TlsVersion",
         "s3:authType",
         "s3:signatureversion",
+        "s3:if-none-match",
     }
 )
 
@@ -407,6 +408,8 @@ def _s3_request(response: Any, action: str, resource: str) -> Request:
         "s3:delimiter": (query.get("delimiter") or [None])[0],
         "s3:x-amz-server-side-encryption": headers.get("x-amz-server-side-encryption"),
         "s3:x-amz-server-side-encryption-aws-kms-key-id": headers.get("x-amz-server-side-encryption-aws-kms-key-id"),
+        # A conditional write's header (PutObject, CompleteMultipartUpload); S3's condition key names it in lower case.
+        "s3:if-none-match": headers.get("If-None-Match"),
     }
     return Request(f"s3:{action}", resource, context, _S3_KEYS)
 
@@ -562,9 +565,10 @@ class LocalIam:
             iam_request.check_signature()
         session = iam_request._access_key
         role_name = session._owner_role_name
-        principal = {"aws:PrincipalAccount": ACCOUNT} | {
-            f"aws:PrincipalTag/{tag['Key']}": tag["Value"]
-            for tag in iam_backends[ACCOUNT]["aws"].get_role(role_name).tags
+        role = iam_backends[ACCOUNT]["aws"].get_role(role_name)
+        # aws:PrincipalArn of a role's session is the role's ARN, its path included.
+        principal = {"aws:PrincipalAccount": ACCOUNT, "aws:PrincipalArn": role.arn} | {
+            f"aws:PrincipalTag/{tag['Key']}": tag["Value"] for tag in role.tags
         }
         network = getattr(_acting, "network", None)  # the VPC's S3 endpoint, for a VPC function's S3 calls
         if response.boto3_service_name == "s3" and network:

@@ -460,3 +460,49 @@ def test_no_bucket_policy_is_public_so_block_public_access_accepts_it(variant: A
                     if statement["Effect"] == "Allow" and everyone and not fixed & NON_PUBLIC_KEYS:
                         public.append((logical, statement.get("Sid")))
     assert public == []
+
+
+def test_a_teams_code_prefix_is_written_once_by_its_listed_or_tagged_members_only() -> None:
+    from aws_cdk import App, Environment
+
+    from stacks.data_stack import DataStack
+    from stacks.network_stack import NetworkStack
+
+    context = cdk_context()
+    teams = copy.deepcopy(TEAMS)
+    teams[0]["member_tag"] = "vision"  # listed members, and a tag: either makes a member
+    settings = build_settings({**context["platform"], "teams": teams, "service_environment": SERVICE_ENVIRONMENT})
+    # The data stack alone, in an app of cdk.json's feature flags.
+    app, env = (
+        App(context={k: v for k, v in context.items() if k != "platform"}),
+        Environment(account=ACCOUNT, region=REGION),
+    )
+    network = NetworkStack(app, "network", settings=settings, env=env)
+    data = DataStack(app, "data", settings=settings, network=network.network, env=env)
+    (policy,) = [
+        p
+        for p in Template.from_stack(data).find_resources("AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"]["Ref"].startswith("BucketsArtifacts")
+    ]
+    document = json.loads(
+        json.dumps(policy["Properties"]["PolicyDocument"]).replace('{"Ref": "AWS::AccountId"}', f'"{ACCOUNT}"')
+    )
+    bucket = Policy("artifacts bucket policy", _resolved_bucket_arns(document), resource_policy=True)
+    writer = Policy("the caller's own", {"Statement": [{"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"}]})
+
+    def may_put(key: str, principal: str, tags: dict[str, str], *, once: bool = True) -> bool:
+        context: dict[str, Any] = {"aws:PrincipalArn": principal, "aws:SecureTransport": True}
+        context |= {"s3:if-none-match": "*"} if once else {}
+        context |= {f"aws:PrincipalTag/{k}": v for k, v in tags.items()}
+        request = Request("s3:PutObject", f"{ARTIFACTS_ARN}/{key}", context, known_keys=None, principal=principal)
+        return evaluate([writer, bucket], request).allowed
+
+    listed, other = f"arn:aws:iam::{ACCOUNT}:role/VisionScientist", f"arn:aws:iam::{ACCOUNT}:role/Linguist"
+    vision = f"code/teams/vision/run/{'a' * 64}.tar.gz"
+    assert may_put(vision, listed, {})
+    assert may_put(vision, other, {"platform-team": "vision"})
+    assert not may_put(vision, other, {"platform-team": "language"})
+    assert not may_put(vision, listed, {}, once=False)  # never without If-None-Match: no archive is replaced
+    assert may_put(f"code/teams/language/run/{'a' * 64}.tar.gz", other, {"platform-team": "language"})
+    assert not may_put(f"code/teams/language/run/{'a' * 64}.tar.gz", listed, {})
+    assert may_put("runs/run-1/output/model.tar.gz", other, {}, once=False)  # nothing else is judged
