@@ -119,12 +119,14 @@ def fill_wheelhouse(
     """Download into `into` the wheels `requirements` needs on the image beyond what it holds (`provided`: project
     name -> its version there, None where any is taken as it is)."""
     lines = requirement_lines(requirements, target)
-    if not lines:
-        return Wheelhouse([], {})
+    if all(project_name(r.name) in provided for r in lines.values()):
+        return Wheelhouse([], _held(lines, provided))  # nothing to resolve: no index is asked
     where = f"for Python {target.python} on {target.platform}"
     with tempfile.TemporaryDirectory(prefix="tp-wheels-") as scratch:
         constraints = Path(scratch, "image.txt")
-        constraints.write_text("".join(f"{name}=={version}\n" for name, version in provided.items() if version))
+        # A local version (`2.14.1+cpu`) is on no index: what needs it meets it in the image, unconstrained.
+        pins = {name: version for name, version in provided.items() if version and "+" not in version}
+        constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
         report = Path(scratch, "report.json")
         _pip(
             [
@@ -164,6 +166,18 @@ def fill_wheelhouse(
         for line, r in lines.items()
     }
     return Wheelhouse(sorted(wheels.values()), requires)
+
+
+def _held(lines: Mapping[str, Requirement], provided: Mapping[str, str | None]) -> dict[str, str]:
+    """Requirements the image alone meets, each as IMAGE; PackError where it holds another version than one asks."""
+    wrong = [
+        f"{line!r} (the image holds {version})"
+        for line, r in lines.items()
+        if (version := provided[project_name(r.name)]) and not r.specifier.contains(version, prereleases=True)
+    ]
+    if wrong:
+        raise PackError("code.requirements", f"{', '.join(wrong)}: require what the image holds, or drop the line")
+    return dict.fromkeys(lines, IMAGE)
 
 
 def _needed(

@@ -91,6 +91,16 @@ def test_a_requirement_with_no_wheel_for_the_image_is_refused(index: Path, tmp_p
         assert said in refused.value.message, refused.value.message
 
 
+def test_requirements_the_image_meets_need_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    only_these_wheels(monkeypatch, tmp_path / "no-index")  # an empty folder: pip would find nothing
+    folder = _project(tmp_path, "torch>=2.0\nnumpy\n")
+    packed = pack_code(folder, tmp_path / "out", requirements="requirements.txt", target=TARGET, provided=IMAGE_HOLDS)
+    assert packed.record.requires == {"torch>=2.0": IMAGE, "numpy": IMAGE} and packed.record.wheels == {}
+    (folder / "requirements.txt").write_text("torch<2\n")
+    with pytest.raises(PackError, match=r"'torch<2' \(the image holds 2.10.0\): require what the image holds"):
+        pack_code(folder, tmp_path / "out", requirements="requirements.txt", target=TARGET, provided=IMAGE_HOLDS)
+
+
 def test_only_projects_can_be_required(tmp_path: Path) -> None:
     path = (
         _project(tmp_path, "-r other.txt\n./local_pkg\ngit+https://example.org/x.git\nbeta>=2\n") / "requirements.txt"
