@@ -25,6 +25,7 @@ from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_approvals import EXPENSIVE
 from tests.pipeline.test_queue import TEAM_A, TEAM_B
 from tests.pipeline.test_trust_storage import _s3_as
+from tests.pipeline.test_tuning import _trial
 from tests.tools.test_code_pack import UPLOADER_POLICY
 from tools.code_pack import pack_code, upload
 
@@ -133,6 +134,33 @@ def test_the_start_proof_binds_the_codes_digest(pipeline: Pipeline, tmp_path: Pa
     swapped = {**signed, "code": other["code"]}  # the proof of one code, sent with another
     described = pipeline.finish(pipeline.start(swapped, name="swapped"))
     assert "requester_proof" in described["cause"] and pipeline.jobs() == []
+
+
+def test_a_tuning_run_of_its_own_code_gives_every_trial_the_code(pipeline_factory: Any, tmp_path: Path) -> None:
+    pipeline = pipeline_factory(scripts=[_trial(2.5), _trial(2.2)])
+    packed = _packed(tmp_path)
+    execution_input = _with_code(
+        pipeline,
+        packed,
+        tuning={
+            "ranges": {"learning-rate": {"type": "continuous", "min": 0.001, "max": 0.1}},
+            "objective": {"metric": "validation:loss"},
+            "max_jobs": 2,
+        },
+    )
+    upload(_admin_s3(), packed, execution_input["code"]["source"])
+    arn = pipeline.start(execution_input)
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    trials = pipeline.jobs()
+    assert len(trials) == 2
+    for trial in trials:
+        request = pipeline.local.training_requests[trial]
+        assert (
+            request["InputDataConfig"][-1]["DataSource"]["S3DataSource"]["S3Uri"] == execution_input["code"]["source"]
+        )
+        assert request["HyperParameters"][user_code.SHA256] == packed.sha256
+        assert "learning-rate" in request["HyperParameters"]  # the tuned value, beside the code's description
+    assert pipeline.lineage()["code"]["sha256"] == packed.sha256
 
 
 @pytest.mark.parametrize("service", [SAGEMAKER, ECS_TASKS])
