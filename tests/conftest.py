@@ -182,7 +182,14 @@ def teams_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize(tmp_path_factory.mktemp("teams"), lambda _: None, settings=settings)
 
 
-EXAMPLE_INPUTS = sorted(
-    path for path in (REPO / "examples").glob("*.json") if not is_scenario(json.loads(path.read_text()))
-)
-"""The examples that are execution inputs (examples/teams.json is a scenario of several, run by the demo)."""
+def _packs_code(document: Any) -> bool:
+    """Whether an input's `code.source` names a local folder, which `tp` and the demo pack before it is sent."""
+    source = document.get("code", {}).get("source") if isinstance(document, dict) else None
+    return isinstance(source, str) and not source.startswith("s3://")
+
+
+_INPUTS = [path for path in (REPO / "examples").glob("*.json") if not is_scenario(json.loads(path.read_text()))]
+EXAMPLE_INPUTS = sorted(path for path in _INPUTS if not _packs_code(json.loads(path.read_text())))
+"""The examples that are execution inputs as sent (examples/teams.json is a scenario of several, run by the demo)."""
+OWN_CODE_EXAMPLES = sorted(path for path in _INPUTS if _packs_code(json.loads(path.read_text())))
+"""The examples of a run's own code, whose `code.source` is a folder of examples/own-code/ that they pack."""

@@ -16,6 +16,11 @@ from lambdas.shared.env import env_int, env_json, env_str
 from lambdas.validate.inputs import ExecutionInput
 from lambdas.validate.teams import Team, teams_from_json, teams_json
 
+CODE_PYTHON_ENV = "CODE_PYTHON"
+CODE_PLATFORM_ENV = "CODE_PLATFORM"
+"""The image's Python and platform, which a run's own code's wheels must be packed for (the local platform, whose
+hosts run this machine's interpreter, sets its own)."""
+
 
 @dataclass(frozen=True)
 class PlatformLimits:
@@ -69,8 +74,8 @@ class PlatformLimits:
             training_plan_instance_type=env_str("TRAINING_PLAN_INSTANCE_TYPE"),
             teams=teams_from_json(env_json("TEAMS")),
             service_capacity=dict(env_json("SERVICE_CAPACITY")),
-            code_python=env_str("CODE_PYTHON"),
-            code_platform=env_str("CODE_PLATFORM"),
+            code_python=env_str(CODE_PYTHON_ENV),
+            code_platform=env_str(CODE_PLATFORM_ENV),
         )
 
     def environment(self) -> dict[str, str]:
@@ -92,8 +97,8 @@ class PlatformLimits:
             "TRAINING_PLAN_INSTANCE_TYPE": self.training_plan_instance_type,
             "TEAMS": json.dumps(teams_json(self.teams)),
             "SERVICE_CAPACITY": json.dumps(dict(self.service_capacity), sort_keys=True),
-            "CODE_PYTHON": self.code_python,
-            "CODE_PLATFORM": self.code_platform,
+            CODE_PYTHON_ENV: self.code_python,
+            CODE_PLATFORM_ENV: self.code_platform,
         }
         for limits in self.backend_limits.values():
             variables |= limits.environment()

@@ -88,14 +88,19 @@ def _free_port() -> int:
 _NO_FAULT = "training ended before a checkpoint was recorded: no fault played"
 
 
+# What the launcher's workers run: the built-in trainer, or a run's own code under training/user_worker.py.
+_WORKERS = (b"training.train", b"training.user_worker")
+
+
 def _training_worker(launcher: int) -> int | None:
-    """A training worker under a host's launcher: a process that runs training.train itself, not torchrun."""
+    """A training worker under a host's launcher: a process that runs the trainer or a run's own code itself, not
+    torchrun."""
     for pid in reversed(processes.tree(launcher)):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"training.train" in argv and b"torch.distributed.run" not in argv:
+        if any(worker in argv for worker in _WORKERS) and b"torch.distributed.run" not in argv:
             return pid
     return None
 

@@ -46,7 +46,7 @@ from localrun.aws.decision_url import DecisionUrl
 from localrun.aws.engine import LocalPlatform, player_factories
 from localrun.backends.queue import ServiceJob
 from localrun.backends.sagemaker import LocalTraining
-from localrun.demo import report, scenario
+from localrun.demo import own_code, report, scenario
 from localrun.demo.corpus import build_shards
 from localrun.demo.fine_tuning import build_fine_tuning
 from localrun.demo.jobs import loss_curve
@@ -187,10 +187,12 @@ def run_demo(
     fault: str | None = None,
     verbose: bool = False,
     decide_with_tp: bool = False,
+    input_dir: Path = REPO / "examples",
 ) -> Outcome:
     """Synthesize (unless given an assembly), run the input to its end locally, and write the run report.
 
-    `reject` names the gate to reject (one of GATES), or "any" for every gate; None approves them.
+    `input_dir` is the input file's folder, which a local `code.source` folder is relative to. `reject` names the
+    gate to reject (one of GATES), or "any" for every gate; None approves them.
     `decide_with_tp`: leave each gate to `tp approve|reject` from another terminal, through the decision
     URL served on loopback (localrun/aws/decision_url.py), and print how. `hang`: stop a training worker of the
     first job after the run's first checkpoint (localrun/backends/sagemaker.py).
@@ -227,14 +229,11 @@ def run_demo(
         _engine_quiet(not verbose),
         LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
     ):
-        training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
-        corpus = _seed_datasets(platform, execution_input, out / "corpus", detail)
-        training.local_hyperparameters = _local_hyperparameters(execution_input, steps, detail)
-        if hang:
-            # The 10-minute floor fits a GPU cluster's first step; this machine's steps take milliseconds.
-            training.local_hyperparameters = {**training.local_hyperparameters, "hang.floor_minutes": "0.1"}
-            detail("hang: the hang check's floor is 6 s here (hang.floor_minutes=0.1)")
+        execution_input, corpus, image = _made_ready(
+            platform, training, execution_input, input_dir, run_dir, steps=steps, hang=hang, say=detail
+        )
         stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
+        stand_ins += image
         for player in players.values():
             player.datasets_bucket = training.datasets_bucket
             player.local_hyperparameters = training.local_hyperparameters
@@ -266,6 +265,39 @@ def run_demo(
         if fault is not None:
             _say(f"\n{fault}: {_ridden(platform, arn)}")
     return _write_report(facts, arn, described, run_dir, verbose=verbose, reject=reject)
+
+
+def _made_ready(
+    platform: LocalPlatform,
+    training: LocalTraining,
+    execution_input: dict[str, Any],
+    input_dir: Path,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    hang: bool,
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], str, list[report.StandIn]]:
+    """The run's data seeded and its local scale set: the input as it starts (its own code uploaded, named by its
+    digest), what its data is, and the image's stand-in (this machine's interpreter) for a run's own code."""
+    training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+    folder = own_code.local_folder(execution_input, input_dir)
+    image: list[report.StandIn] = []
+    if folder is None:
+        corpus = _seed_datasets(platform, execution_input, run_dir.parent / "corpus", say)
+        training.local_hyperparameters = _local_hyperparameters(execution_input, steps, say)
+    else:  # its own code: its arguments size it for this machine, its own data maker makes its data
+        image.append(own_code.run_here(platform))
+        artifacts = platform.environment("Validate")["ARTIFACTS_BUCKET"]
+        execution_input = own_code.upload(
+            execution_input, folder, run_dir / "code", artifacts_bucket=artifacts, say=_say
+        )
+        corpus = own_code.seed(execution_input, folder, run_dir, datasets_bucket=training.datasets_bucket, say=_say)
+    if hang:
+        # The 10-minute floor fits a GPU cluster's first step; this machine's steps take milliseconds.
+        training.local_hyperparameters = {**training.local_hyperparameters, "hang.floor_minutes": "0.1"}
+        say("hang: the hang check's floor is 6 s here (hang.floor_minutes=0.1)")
+    return execution_input, corpus, image
 
 
 def progress_handlers(platform: LocalPlatform) -> list[str]:
@@ -675,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         fault=args.fault,
         verbose=args.verbose,
         decide_with_tp=args.decide_with_tp,
+        input_dir=args.input.resolve().parent,
     )
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"
