@@ -21,13 +21,15 @@ from localrun.aws.iam import SAGEMAKER
 from localrun.backends.batch import ECS_TASKS
 from localrun.backends.scripted import ScriptedTraining
 from stacks.images import WheelTarget
-from tests.pipeline.conftest import Pipeline
+from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.pipeline.test_approvals import EXPENSIVE
-from tests.pipeline.test_queue import TEAM_A, TEAM_B
+from tests.pipeline.test_queue import RUNNING, TEAM_A, TEAM_B, submitted, team_input, teams
 from tests.pipeline.test_trust_storage import _s3_as
 from tests.pipeline.test_tuning import _trial
 from tests.tools.test_code_pack import UPLOADER_POLICY
 from tools.code_pack import pack_code, upload
+
+__all__ = ["teams"]  # the fixture, from tests/pipeline/test_queue.py
 
 ENGINEER = f"arn:aws:iam::{ACCOUNT}:role/MLEngineer"
 
@@ -163,6 +165,22 @@ def test_a_tuning_run_of_its_own_code_gives_every_trial_the_code(pipeline_factor
     assert pipeline.lineage()["code"]["sha256"] == packed.sha256
 
 
+def test_a_teams_queued_run_of_its_own_code_submits_the_code_in_its_request(teams: Any, tmp_path: Path) -> None:
+    pipeline = teams([[RUNNING, COMPLETED]])
+    packed = _packed(tmp_path)
+    execution_input = team_input(pipeline, "team-a", "queued-code", model=None, hyperparameters={"epochs": 2})
+    uri = f"s3://{_artifacts(pipeline.local)}/{code_key('queued-code', 'team-a', packed.sha256)}"
+    execution_input["code"] = {"source": uri, "sha256": packed.sha256, "entry_point": "src/train.py"}
+    upload(_admin_s3(), packed, uri)
+    with submitted() as sent:
+        arn = pipeline.start(execution_input, requester=TEAM_A)
+        pipeline.run_until(arn, "Approval gate (promotion)", timeout=120)
+    (params,) = sent
+    payload = json.loads(params["serviceRequestPayload"])
+    assert payload["InputDataConfig"][-1]["DataSource"]["S3DataSource"]["S3Uri"] == uri
+    assert payload["HyperParameters"][user_code.SHA256] == packed.sha256 and payload["HyperParameters"]["epochs"] == "2"
+
+
 @pytest.mark.parametrize("service", [SAGEMAKER, ECS_TASKS])
 def test_training_roles_read_the_code_prefix_and_never_write_it(
     pipeline: Pipeline, tmp_path: Path, service: str
@@ -183,7 +201,7 @@ def test_training_roles_read_the_code_prefix_and_never_write_it(
 
 
 @pytest.fixture(scope="module")
-def teams(teams_assembly: Path) -> Any:
+def uploaders(teams_assembly: Path) -> Any:
     with LocalPlatform(teams_assembly, training=ScriptedTraining(scripts=[])) as local:
         iam = boto3.client("iam", region_name=REGION)
         for principal, tags in ((TEAM_A, None), (TEAM_B, {"platform-team": "team-b"}), (ENGINEER, None)):
@@ -199,16 +217,16 @@ def _put(local: LocalPlatform, principal: str, key: str, **conditional: str) -> 
     return s3.put_object(Bucket=_artifacts(local), Key=key, Body=b"archive", **conditional)
 
 
-def test_the_code_prefix_is_written_once_and_a_teams_by_its_members_only(teams: LocalPlatform) -> None:
+def test_the_code_prefix_is_written_once_and_a_teams_by_its_members_only(uploaders: LocalPlatform) -> None:
     mine = f"{team_code('team-a')}a-run/{'d' * 64}.tar.gz"
-    _put(teams, TEAM_A, mine, IfNoneMatch="*")  # team-a lists TeamAScientist
+    _put(uploaders, TEAM_A, mine, IfNoneMatch="*")  # team-a lists TeamAScientist
     with pytest.raises(ClientError, match="PreconditionFailed"):  # never replaced
-        _put(teams, TEAM_A, mine, IfNoneMatch="*")
+        _put(uploaders, TEAM_A, mine, IfNoneMatch="*")
     with pytest.raises(ClientError, match="explicit deny"):  # nor written without the condition
-        _put(teams, TEAM_A, f"{team_code('team-a')}a-run/{'e' * 64}.tar.gz")
+        _put(uploaders, TEAM_A, f"{team_code('team-a')}a-run/{'e' * 64}.tar.gz")
     # team-b admits its tag; neither team writes the other's prefix, nor does anyone of no team.
-    _put(teams, TEAM_B, f"{team_code('team-b')}b-run/{'d' * 64}.tar.gz", IfNoneMatch="*")
+    _put(uploaders, TEAM_B, f"{team_code('team-b')}b-run/{'d' * 64}.tar.gz", IfNoneMatch="*")
     for principal, team in ((TEAM_A, "team-b"), (TEAM_B, "team-a"), (ENGINEER, "team-a"), (ENGINEER, "team-b")):
         with pytest.raises(ClientError, match="explicit deny"):
-            _put(teams, principal, f"{team_code(team)}x-run/{'f' * 64}.tar.gz", IfNoneMatch="*")
-    _put(teams, ENGINEER, code_key("solo-run", None, "d" * 64), IfNoneMatch="*")  # a run of no team: any uploader
+            _put(uploaders, principal, f"{team_code(team)}x-run/{'f' * 64}.tar.gz", IfNoneMatch="*")
+    _put(uploaders, ENGINEER, code_key("solo-run", None, "d" * 64), IfNoneMatch="*")  # a run of no team: any uploader
