@@ -16,7 +16,7 @@ from contract.service_requests import TEAM_TAG
 from contract.layout import ANY_CODE, team_code
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.validate import membership
-from stacks.constructs.buckets import TrainingBuckets
+from stacks.constructs.buckets import TrainingBuckets, deny_puts
 from stacks.constructs.keys import account_key
 from stacks.constructs.logs import allow_cloudwatch_logs
 from stacks.constructs.lustre import LustreDataRepository
@@ -114,32 +114,14 @@ class DataStack(Stack):
         (lambdas/validate/teams.py), so no one else can plant an archive under a name a member will upload.
         """
         bucket = self.buckets.artifacts
-        bucket.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CodeIsWrittenOnce",
-                effect=iam.Effect.DENY,
-                principals=[iam.AnyPrincipal()],
-                actions=["s3:PutObject"],
-                resources=[bucket.arn_for_objects(ANY_CODE)],
-                conditions={"Null": {"s3:if-none-match": "true"}},
-            )
-        )
+        deny_puts(bucket, "CodeIsWrittenOnce", ANY_CODE, {"Null": {"s3:if-none-match": "true"}})
         for team in teams:
             conditions: dict[str, Any] = {}
             if team.members:
                 conditions["ArnNotEquals"] = {"aws:PrincipalArn": list(team.members)}
             if team.member_tag is not None:
                 conditions["StringNotEquals"] = {f"aws:PrincipalTag/{TEAM_TAG}": team.member_tag}
-            bucket.add_to_resource_policy(
-                iam.PolicyStatement(
-                    sid=f"{_sid(team.name)}CodeByMembersOnly",
-                    effect=iam.Effect.DENY,
-                    principals=[iam.AnyPrincipal()],
-                    actions=["s3:PutObject"],
-                    resources=[bucket.arn_for_objects(f"{team_code(team.name)}*")],
-                    conditions=conditions,
-                )
-            )
+            deny_puts(bucket, f"{_sid(team.name)}CodeByMembersOnly", f"{team_code(team.name)}*", conditions)
 
     def _platform_key(self) -> kms.Key:
         """The one customer-managed key of the platform's data; AWS services may use it for this account only."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -110,14 +113,19 @@ class TrainingBuckets(Construct):
             ("DenyOtherEncryption", "s3:x-amz-server-side-encryption", "aws:kms"),
             ("DenyOtherKeys", "s3:x-amz-server-side-encryption-aws-kms-key-id", self._key.key_arn),
         ):
-            bucket.add_to_resource_policy(
-                iam.PolicyStatement(
-                    sid=sid,
-                    effect=iam.Effect.DENY,
-                    principals=[iam.AnyPrincipal()],
-                    actions=["s3:PutObject"],
-                    resources=[bucket.arn_for_objects("*")],
-                    conditions={"Null": {header: "false"}, "StringNotEquals": {header: allowed}},
-                )
-            )
+            deny_puts(bucket, sid, "*", {"Null": {header: "false"}, "StringNotEquals": {header: allowed}})
         return bucket
+
+
+def deny_puts(bucket: s3.IBucket, sid: str, keys: str, conditions: Mapping[str, Any]) -> None:
+    """Refuse every principal's PutObject of `keys` (a key pattern) under `conditions`, whatever else it may do."""
+    bucket.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid=sid,
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=["s3:PutObject"],
+            resources=[bucket.arn_for_objects(keys)],
+            conditions=dict(conditions),
+        )
+    )
