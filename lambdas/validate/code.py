@@ -209,10 +209,10 @@ def record_problems(code: CodeInput, record: PackRecord, *, python: str, platfor
     problems: list[str] = []
     entry = user_code.parse_entry_point(code.entry_point)
     if not record.entry_point_found(entry):
-        near = sorted(name for name in record.files if name.endswith(".py"))[:8]
+        # The archive's other names are not listed: the input's team, whose prefix this is, is not proven yet.
         problems.append(
-            f"code.entry_point: {code.entry_point!r} is not in the packed code (its scripts include "
-            f"{', '.join(near) or 'none'}); name a script by its path in the folder, or a module as '-m pkg.mod'"
+            f"code.entry_point: {code.entry_point!r} is not in the packed code; name a script by its path in the "
+            "folder (`src/train.py`), or a module as '-m package.module'"
         )
     requirements = code.requirements or ""
     if requirements != record.requirements:

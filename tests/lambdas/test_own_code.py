@@ -137,7 +137,8 @@ def test_a_tampered_archive_is_refused(tmp_path: Path) -> None:
 def test_an_entry_point_not_in_the_archive_is_refused(tmp_path: Path) -> None:
     packed = _packed(tmp_path)
     message = _problems(_input(packed, entry_point="src/train.py"), packed)
-    assert "code.entry_point: 'src/train.py' is not in the packed code (its scripts include pkg/__init__.py" in message
+    assert "code.entry_point: 'src/train.py' is not in the packed code; name a script by its path" in message
+    assert "pkg/cli.py" not in message  # nothing of the archive is told before the run's team is proven
     assert "code.entry_point: '-m pkg.missing' is not in the packed code" in _problems(
         _input(packed, entry_point="-m pkg.missing"), packed
     )
