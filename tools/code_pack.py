@@ -280,9 +280,9 @@ def upload(s3: Any, packed: Packed, uri: str) -> bool:
 # -- an execution input's code -------------------------------------------------------------------------
 
 
-def code_folder(execution_input: Any, input_file: Path, source_dir: Path | None) -> Path | None:
+def code_folder(execution_input: Any, input_dir: Path, source_dir: Path | None) -> Path | None:
     """The folder to pack for the input: `source_dir` (`--source-dir`), or `code.source` when it names a local folder
-    (relative to the input file); None when the input names code uploaded already, or none."""
+    (relative to `input_dir`, the input file's); None when the input names code uploaded already, or none."""
     code = execution_input.get(FIELD) if isinstance(execution_input, dict) else None
     if source_dir is not None:
         if not isinstance(code, dict):
@@ -290,7 +290,7 @@ def code_folder(execution_input: Any, input_file: Path, source_dir: Path | None)
         return source_dir
     source = code.get("source") if isinstance(code, dict) else None
     if isinstance(source, str) and not source.startswith("s3://"):
-        return input_file.parent / source
+        return input_dir / source
     return None
 
 

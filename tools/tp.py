@@ -176,7 +176,7 @@ def _check(
     packed_code = None
     with tempfile.TemporaryDirectory(prefix="tp-code-") as scratch:
         try:
-            folder = code_pack.code_folder(execution_input, path, source_dir)
+            folder = code_pack.code_folder(execution_input, path.parent, source_dir)
             execution_input, packed = pack_for(
                 execution_input, folder, settings, Path(scratch), artifacts_bucket=OFFLINE_ARTIFACTS_BUCKET
             )
@@ -471,7 +471,7 @@ def start(
 
 def _code_folder(execution_input: dict[str, Any], input_file: Path, source_dir: Path | None) -> Path | None:
     try:
-        return code_pack.code_folder(execution_input, input_file, source_dir)
+        return code_pack.code_folder(execution_input, input_file.parent, source_dir)
     except code_pack.PackError as exc:
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(2) from None

@@ -36,9 +36,9 @@ MAKE_DATA = "make_data.py"
 FSX_DATASETS = "fsx:///datasets/"
 
 
-def local_folder(execution_input: dict[str, Any], relative_to: Path) -> Path | None:
-    """The local folder the input's `code.source` names (relative to the input file), or None."""
-    return code_pack.code_folder(execution_input, relative_to / "input.json", None)
+def local_folder(execution_input: dict[str, Any], input_dir: Path) -> Path | None:
+    """The local folder the input's `code.source` names (relative to `input_dir`, the input file's), or None."""
+    return code_pack.code_folder(execution_input, input_dir, None)
 
 
 def local_target() -> WheelTarget:

@@ -74,12 +74,12 @@ def test_a_run_of_its_own_code_reaches_the_job_the_approver_and_the_lineage(pipe
         f"src/train.py --epochs 1 from {execution_input['code']['source']} (sha256 {packed.sha256})"
     )
     pipeline.decide("launch", "approve")
-    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=120)
     assert packed.sha256 in json.loads(pipeline.pending("promotion")["summary"])["code"]
     (model,) = pipeline.model_packages()
     assert model["CustomerMetadataProperties"]["code_sha256"] == packed.sha256
     pipeline.decide("promotion", "approve")
-    assert pipeline.finish(arn)["status"] == "SUCCEEDED"
+    assert pipeline.finish(arn, timeout=120)["status"] == "SUCCEEDED"
 
     (job,) = pipeline.jobs()
     request = pipeline.local.training_requests[job]
@@ -101,7 +101,7 @@ def test_a_replaced_archive_is_refused_before_anything_starts(pipeline: Pipeline
     bucket, key = _artifacts(pipeline.local), code_key("gpt2-small", None, packed.sha256)
     _admin_s3().put_object(Bucket=bucket, Key=key, Body=b"import os; os.system('...')", ChecksumAlgorithm="SHA256")
     arn = pipeline.start(execution_input)
-    described = pipeline.finish(arn)
+    described = pipeline.finish(arn, timeout=120)
     assert (described["status"], pipeline.local.states_entered(arn)[-1]) == ("FAILED", "Request rejected")
     assert f"not {packed.sha256}: it is not the code that was packed" in described["cause"]
     assert pipeline.jobs() == []
@@ -113,12 +113,12 @@ def test_a_run_names_neither_another_runs_code_nor_code_that_is_not_there(pipeli
     upload(_admin_s3(), packed, theirs["code"]["source"])
     mine = _with_code(pipeline, packed)
     mine["code"]["source"] = theirs["code"]["source"]
-    described = pipeline.finish(pipeline.start(mine, name="other-runs-code"))
+    described = pipeline.finish(pipeline.start(mine, name="other-runs-code"), timeout=120)
     assert (
         f"a run reads only its own packed code, s3://{_artifacts(pipeline.local)}/{run_code('gpt2-small', None)}"
         in (described["cause"])
     )
-    missing = pipeline.finish(pipeline.start(_with_code(pipeline, packed), name="never-uploaded"))
+    missing = pipeline.finish(pipeline.start(_with_code(pipeline, packed), name="never-uploaded"), timeout=120)
     assert "there is no packed code at" in missing["cause"]
     assert pipeline.jobs() == []
 
@@ -134,7 +134,7 @@ def test_the_start_proof_binds_the_codes_digest(pipeline: Pipeline, tmp_path: Pa
     other = _with_code(pipeline, second)
     upload(_admin_s3(), second, other["code"]["source"])
     swapped = {**signed, "code": other["code"]}  # the proof of one code, sent with another
-    described = pipeline.finish(pipeline.start(swapped, name="swapped"))
+    described = pipeline.finish(pipeline.start(swapped, name="swapped"), timeout=120)
     assert "requester_proof" in described["cause"] and pipeline.jobs() == []
 
 
@@ -152,7 +152,7 @@ def test_a_tuning_run_of_its_own_code_gives_every_trial_the_code(pipeline_factor
     )
     upload(_admin_s3(), packed, execution_input["code"]["source"])
     arn = pipeline.start(execution_input)
-    pipeline.run_until(arn, "Approval gate (promotion)")
+    pipeline.run_until(arn, "Approval gate (promotion)", timeout=120)
     trials = pipeline.jobs()
     assert len(trials) == 2
     for trial in trials:

@@ -190,7 +190,7 @@ def test_tp_start_uploads_the_code_and_starts_the_run_that_names_it(
     result = tp("start", str(tmp_path / "run.json"), "--name", "own-code-1", "--json", env=engineer)
     assert result.exit_code == 0, result.output
     arn = _answer(result.stdout)["execution_arn"]
-    local.run_until(arn, "Approval gate (promotion)")
+    local.run_until(arn, "Approval gate (promotion)", timeout=120)
     (job,) = local.jobs()
     sha256 = local.local.training_requests[job]["HyperParameters"]["code.sha256"]
     artifacts = local.local.environment("Register")["ARTIFACTS_BUCKET"]
@@ -200,4 +200,4 @@ def test_tp_start_uploads_the_code_and_starts_the_run_that_names_it(
     again = tp("start", str(tmp_path / "run.json"), "--name", "own-code-2", "--json", env=engineer)
     assert again.exit_code == 0, again.output
     assert "already uploaded:" in again.output
-    local.run_until(_answer(again.stdout)["execution_arn"], "Accept request")
+    local.run_until(_answer(again.stdout)["execution_arn"], "Accept request", timeout=120)
