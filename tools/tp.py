@@ -39,8 +39,8 @@ from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import start_proof
-from lambdas.validate.model_folder import LocalFolder
 from lambdas.validate.code import PackedCode
+from lambdas.validate.model_folder import LocalFolder
 from lambdas.validate.request import resolve
 from stacks import outputs as stack_outputs
 from stacks.settings import (
@@ -167,6 +167,7 @@ def _check(
     cdk_json: Path,
     datasets_bucket: str,
     as_json: bool,
+    *,
     source_dir: Path | None = None,
     model_folder: Path | None = None,
 ) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
@@ -268,7 +269,9 @@ def validate(
 ) -> None:
     """Check an execution input as Validate would, offline (packing its code); print every problem, then the
     estimate."""
-    request, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, source_dir, model_folder)
+    request, cost, settings = _check(
+        input_file, cdk_json, datasets_bucket, as_json, source_dir=source_dir, model_folder=model_folder
+    )
     if as_json:
         out.print_json(data={"valid": True, "request": request, "estimate": cost.model_dump(mode="json")})
         return
@@ -290,7 +293,9 @@ def estimate(
 ) -> None:
     """The run's cost bound as Estimate computes it: spot range, approval threshold, share of the budget; with
     --model-folder, a fine-tuning run's memory per GPU."""
-    _, cost, settings = _check(input_file, cdk_json, datasets_bucket, as_json, source_dir, model_folder)
+    _, cost, settings = _check(
+        input_file, cdk_json, datasets_bucket, as_json, source_dir=source_dir, model_folder=model_folder
+    )
     if as_json:
         budget = settings.pipeline.monthly_budget_usd
         out.print_json(data={**cost.model_dump(mode="json"), "monthly_budget_usd": budget})
