@@ -118,6 +118,9 @@ def test_job_role_reads_datasets_and_writes_run_outputs_only(platform: Any) -> N
         "ListRunLedgers",
         "WriteOutputs",
         "NoLineageWrites",
+        "ReadRunCode",
+        "ListRunCode",
+        "NoCodeWrites",
         "NoDeletes",
         "UsePlatformKey",
     }
@@ -127,6 +130,9 @@ def test_job_role_reads_datasets_and_writes_run_outputs_only(platform: Any) -> N
     assert statements["ReadRunLedgers"]["Action"] == "s3:GetObject"  # the ledger: read, never written
     assert statements["ListRunLedgers"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/*/lineage/checkpoints/*"]}}
     assert statements["NoLineageWrites"]["Effect"] == statements["NoDeletes"]["Effect"] == "Deny"
+    assert statements["ReadRunCode"]["Action"] == "s3:GetObject"  # the packed code: read, never written
+    assert statements["ListRunCode"]["Condition"] == {"StringLike": {"s3:prefix": ["code/*"]}}
+    assert statements["NoCodeWrites"]["Effect"] == "Deny"
 
 
 def test_state_machine_submits_only_to_the_platform_queue_and_definition(platform: Any) -> None:
