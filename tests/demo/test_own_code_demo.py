@@ -106,7 +106,7 @@ def _demo(platform: Any, tmp_path: Path, example: str, **options: Any) -> Any:
 
     path = next(p for p in OWN_CODE_EXAMPLES if p.stem == example)
     outcome = run_demo(
-        execution_input=json.loads(path.read_text()),
+        execution_input={"notify": [RUN_EMAIL], **json.loads(path.read_text())},  # the fixture's settings subscribe it
         out=tmp_path,
         assembly=Path(platform.assembly.directory),
         auto_approve=True,

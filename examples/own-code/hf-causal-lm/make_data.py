@@ -1,6 +1,6 @@
 """Write a small JSONL text set, one {"text": ...} per line, for the causal-LM example.
 
-python make_data.py --out data/train/stories.jsonl --lines 400
+python make_data.py --out data/train/stories.jsonl --lines 400   (or --out data/train: its stories.jsonl)
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ PLACES = ("in the garden", "by the river", "at the station", "under the bridge",
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="a .jsonl file, or a folder to write stories.jsonl in")
     parser.add_argument("--lines", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)  # noqa: S311 - made-up sentences, not secrets
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as out:
+    path = args.out if args.out.suffix == ".jsonl" else args.out / "stories.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
         for _ in range(args.lines):
             text = " ".join(rng.choice(words) for words in (SUBJECTS, VERBS, OBJECTS, PLACES)).capitalize() + "."
             out.write(json.dumps({"text": text}) + "\n")
