@@ -25,6 +25,7 @@ from lambdas.validate.code import PackedCode
 from lambdas.validate.request import resolve
 from lambdas.validate.resume import PreviousRun
 from tests.lambdas.test_teams import LIMITS, VISION_SCIENTIST
+from tests.lambdas.test_validate_fine_tuning import Folder
 
 ARTIFACTS = LIMITS.artifacts_bucket
 DATASETS = LIMITS.datasets_bucket
@@ -332,3 +333,11 @@ def test_validate_never_reads_code_outside_the_runs_own_prefix(tmp_path: Path) -
     assert own_code.find(elsewhere, artifacts_bucket=ARTIFACTS, s3=Refuses()) is None
     assert own_code.find({"run_name": "x"}, artifacts_bucket=ARTIFACTS, s3=Refuses()) is None
     assert own_code.find(json.loads('{"code": {"source": 1}}'), artifacts_bucket=ARTIFACTS, s3=Refuses()) is None
+
+
+def test_a_run_of_its_own_code_reads_its_dataset_its_own_way(tmp_path: Path) -> None:
+    """JSONL records in its dataset are the script's to read, not fine-tuning records asking for init_from."""
+    packed = _packed(tmp_path)
+    records = Folder({"stories.jsonl": b'{"text": "The cat found a red kite."}\n'})
+    request = _resolve(_input(packed), packed, folder_at=lambda _uri: records)
+    assert request["base_model"] is None and request["code"]["entry_point"] == "train.py"
