@@ -12,8 +12,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from contract.service_requests import TEAM_TAG
 from contract.layout import ANY_CODE, team_code
+from contract.service_requests import TEAM_TAG
 from lambdas.approvals.store import PENDING_INDEX
 from lambdas.validate import membership
 from stacks.constructs.buckets import TrainingBuckets, deny_puts
