@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,6 +315,22 @@ def _timed_resumes(
     return seconds, probes
 
 
+@dataclass
+class _CheckpointTimings:
+    """`bench_checkpoint`'s timed saves and loads (seconds, CPU seconds in user space and in the kernel), and the
+    disk's direct rates probed just before and just after each."""
+
+    blocking: list[float] = field(default_factory=list)
+    save_cpu: list[tuple[float, float]] = field(default_factory=list)
+    staging: list[float] = field(default_factory=list)
+    loading: list[float] = field(default_factory=list)
+    load_cpu: list[tuple[float, float]] = field(default_factory=list)
+    writes: list[tuple[float, float]] = field(default_factory=list)
+    reads: list[tuple[float, float]] = field(default_factory=list)
+    resuming: list[float] = field(default_factory=list)
+    resume_reads: list[tuple[float, float]] = field(default_factory=list)
+
+
 def bench_checkpoint(
     hyperparameters: dict[str, str], *, repeats: int, resumes: int | None = None, parent: Path | None = None
 ) -> dict[str, Any]:
@@ -359,28 +376,10 @@ def bench_checkpoint(
             trainer.checkpoints.save(trainer.state, blocking=True)  # untimed: it sizes the probes
             size = sum(f.stat().st_size for f in (paths.checkpoints / step_dir(1)).iterdir())
             probe = _DiskProbe(paths.checkpoints, size)
-            blocking, save_cpu, staging, loading, load_cpu, writes, reads = [], [], [], [], [], [], []
-            for i in range(repeats):
-                _settle(trainer.checkpoints)
-                before = probe.write()
-                trainer.state.step = 10 + 2 * i
-                seconds, cpu = _timed(lambda: trainer.checkpoints.save(trainer.state, blocking=True))
-                blocking.append(seconds)
-                save_cpu.append(cpu)
-                _settle(trainer.checkpoints)
-                writes.append((before, probe.write()))
-                trainer.state.step = 11 + 2 * i
-                staging.append(_timed(lambda: trainer.checkpoints.save(trainer.state, blocking=False))[0])
-                trainer.checkpoints.wait()
-                _settle(trainer.checkpoints)  # a load would otherwise wait for the deletions
-                _evict_newest(trainer)
-                before = probe.read()
-                seconds, cpu = _timed(lambda: trainer.checkpoints.load_latest(trainer.state))
-                loading.append(seconds)
-                load_cpu.append(cpu)
-                _settle(trainer.checkpoints)
-                reads.append((before, probe.read()))
-            resuming, resume_reads = _timed_resumes(trainer, probe, settings, repeats if resumes is None else resumes)
+            timings = _timed_saves_and_loads(trainer, probe, repeats)
+            timings.resuming, timings.resume_reads = _timed_resumes(
+                trainer, probe, settings, repeats if resumes is None else resumes
+            )
         finally:
             try:
                 if probe is not None:
@@ -388,36 +387,70 @@ def bench_checkpoint(
                     probe.close()
             finally:
                 trainer.close()
-    gib = size / 2**30
     return {
         "model": cfg.model.name,
-        "checkpoint_gib": round(gib, 3),
-        "blocking_save_s": round(min(blocking), 3),
-        "save_cpu_user_s": round(statistics.median(user for user, _ in save_cpu), 2),
-        "save_cpu_sys_s": round(statistics.median(kernel for _, kernel in save_cpu), 2),
-        **({"async_staging_s": round(min(staging), 3)} if cfg.checkpoint.async_save else {}),
-        "cold_load_s": round(min(loading), 3),
-        "load_cpu_user_s": round(statistics.median(user for user, _ in load_cpu), 2),
-        "load_cpu_sys_s": round(statistics.median(kernel for _, kernel in load_cpu), 2),
-        "save_gibps": round(gib / min(blocking), 2),
-        "load_gibps": round(gib / min(loading), 2),
-        "direct_write_gibps": [[round(rate, 2) for rate in probes] for probes in writes],
-        "direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in reads],
-        **_ratios("save_over_direct_write", gib, blocking, writes),
-        **_ratios("load_over_direct_read", gib, loading, reads),
-        **(
-            {
-                "resume_load_s": round(min(resuming), 3),
-                "resume_direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in resume_reads],
-                **_ratios("resume_load_over_direct_read", gib, resuming, resume_reads),
-            }
-            if resuming
-            else {}
-        ),
+        **_checkpoint_row(size / 2**30, timings, async_save=cfg.checkpoint.async_save),
         "direct_io": method,
         "dir": str(parent or tempfile.gettempdir()),
         "torch": torch.__version__,
         "device": _device_name(torch),
+    }
+
+
+def _timed_saves_and_loads(trainer: Trainer, probe: _DiskProbe, repeats: int) -> _CheckpointTimings:
+    """`repeats` pairs of saves (a blocking one, then one as the run's settings make it) and a cold load of the
+    second, each settled first (`_settle`) and bracketed by the disk's direct write or read."""
+    timings = _CheckpointTimings()
+    for i in range(repeats):
+        _settle(trainer.checkpoints)
+        before = probe.write()
+        trainer.state.step = 10 + 2 * i
+        seconds, cpu = _timed(lambda: trainer.checkpoints.save(trainer.state, blocking=True))
+        timings.blocking.append(seconds)
+        timings.save_cpu.append(cpu)
+        _settle(trainer.checkpoints)
+        timings.writes.append((before, probe.write()))
+        trainer.state.step = 11 + 2 * i
+        timings.staging.append(_timed(lambda: trainer.checkpoints.save(trainer.state, blocking=False))[0])
+        trainer.checkpoints.wait()
+        _settle(trainer.checkpoints)  # a load would otherwise wait for the deletions
+        _evict_newest(trainer)
+        before = probe.read()
+        seconds, cpu = _timed(lambda: trainer.checkpoints.load_latest(trainer.state))
+        timings.loading.append(seconds)
+        timings.load_cpu.append(cpu)
+        _settle(trainer.checkpoints)
+        timings.reads.append((before, probe.read()))
+    return timings
+
+
+def _checkpoint_row(gib: float, timings: _CheckpointTimings, *, async_save: bool) -> dict[str, Any]:
+    """`bench_checkpoint`'s figures from its timings of a checkpoint of `gib` GiB."""
+    t = timings
+    return {
+        "checkpoint_gib": round(gib, 3),
+        "blocking_save_s": round(min(t.blocking), 3),
+        "save_cpu_user_s": round(statistics.median(user for user, _ in t.save_cpu), 2),
+        "save_cpu_sys_s": round(statistics.median(kernel for _, kernel in t.save_cpu), 2),
+        **({"async_staging_s": round(min(t.staging), 3)} if async_save else {}),
+        "cold_load_s": round(min(t.loading), 3),
+        "load_cpu_user_s": round(statistics.median(user for user, _ in t.load_cpu), 2),
+        "load_cpu_sys_s": round(statistics.median(kernel for _, kernel in t.load_cpu), 2),
+        "save_gibps": round(gib / min(t.blocking), 2),
+        "load_gibps": round(gib / min(t.loading), 2),
+        "direct_write_gibps": [[round(rate, 2) for rate in probes] for probes in t.writes],
+        "direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in t.reads],
+        **_ratios("save_over_direct_write", gib, t.blocking, t.writes),
+        **_ratios("load_over_direct_read", gib, t.loading, t.reads),
+        **(
+            {
+                "resume_load_s": round(min(t.resuming), 3),
+                "resume_direct_read_gibps": [[round(rate, 2) for rate in probes] for probes in t.resume_reads],
+                **_ratios("resume_load_over_direct_read", gib, t.resuming, t.resume_reads),
+            }
+            if t.resuming
+            else {}
+        ),
     }
 
 
