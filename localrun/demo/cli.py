@@ -43,7 +43,7 @@ from lambdas.backends import BACKENDS
 from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.clock import Clock
 from localrun.aws.decision_url import DecisionUrl
-from localrun.aws.engine import LocalPlatform, player_factories
+from localrun.aws.engine import LocalPlatform, LocalPlayer, player_factories
 from localrun.backends.queue import ServiceJob
 from localrun.backends.sagemaker import LocalTraining
 from localrun.demo import own_code, report, scenario
@@ -204,25 +204,12 @@ def run_demo(
     assembly = assembly or synthesize(out, detail)
     # Each execution its own folder: runs of one input do not overwrite each other's reports.
     name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out / name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir := out / name).mkdir(parents=True, exist_ok=True)
     printer = _Printer(verbose=verbose)
-    training = LocalTraining(
-        root=run_dir / "jobs",
-        datasets_bucket="",
-        max_hosts=max_hosts,
-        procs_per_host=procs_per_host,
-        spot_interrupt_after_checkpoint=spot_interrupt,
-        hang_after_checkpoint=hang,
-        on_line=printer.training_line,
+    training, players = _players(
+        run_dir, printer, max_hosts=max_hosts, procs_per_host=procs_per_host, spot_interrupt=spot_interrupt, hang=hang
     )
-    # The other backends' jobs, e.g. `"backend": "batch"`: AWS Batch multi-node jobs, their nodes on this machine.
-    players = {
-        name: make(run_dir / name, max_hosts=max_hosts, spot_interrupt=spot_interrupt, on_line=printer.training_line)
-        for name, make in player_factories().items()
-    }
-    # Polls every `pipeline.poll_interval_seconds` in the definition; here they last `wait_seconds`.
-    clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)
+    clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)  # the definition's polls last `wait_seconds`
     handler_log = (run_dir / "handlers.log").open("w")
     with (
         handler_log,
@@ -230,13 +217,10 @@ def run_demo(
         LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
     ):
         execution_input, corpus, image = _made_ready(
-            platform, training, execution_input, input_dir, run_dir, steps=steps, hang=hang, say=detail
+            platform, training, players, execution_input, input_dir, run_dir=run_dir, steps=steps, hang=hang, say=detail
         )
         stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
         stand_ins += image
-        for player in players.values():
-            player.datasets_bucket = training.datasets_bucket
-            player.local_hyperparameters = training.local_hyperparameters
         if fault is not None:
             inject(platform, fault)
         # The demo's settings subscribe DEMO_RECIPIENT (_context); the examples name no one, as the
@@ -267,13 +251,35 @@ def run_demo(
     return _write_report(facts, arn, described, run_dir, verbose=verbose, reject=reject)
 
 
+def _players(
+    run_dir: Path, printer: _Printer, *, max_hosts: int, procs_per_host: int, spot_interrupt: bool, hang: bool
+) -> tuple[LocalTraining, dict[str, LocalPlayer]]:
+    """SageMaker's training jobs played on this machine, and the other backends' jobs (e.g. `"backend": "batch"`:
+    AWS Batch multi-node jobs), their nodes on this machine too."""
+    training = LocalTraining(
+        root=run_dir / "jobs",
+        datasets_bucket="",
+        max_hosts=max_hosts,
+        procs_per_host=procs_per_host,
+        spot_interrupt_after_checkpoint=spot_interrupt,
+        hang_after_checkpoint=hang,
+        on_line=printer.training_line,
+    )
+    players = {
+        name: make(run_dir / name, max_hosts=max_hosts, spot_interrupt=spot_interrupt, on_line=printer.training_line)
+        for name, make in player_factories().items()
+    }
+    return training, players
+
+
 def _made_ready(
     platform: LocalPlatform,
     training: LocalTraining,
+    players: dict[str, LocalPlayer],
     execution_input: dict[str, Any],
     input_dir: Path,
-    run_dir: Path,
     *,
+    run_dir: Path,
     steps: int | None,
     hang: bool,
     say: Callable[[str], None],
@@ -297,6 +303,9 @@ def _made_ready(
         # The 10-minute floor fits a GPU cluster's first step; this machine's steps take milliseconds.
         training.local_hyperparameters = {**training.local_hyperparameters, "hang.floor_minutes": "0.1"}
         say("hang: the hang check's floor is 6 s here (hang.floor_minutes=0.1)")
+    for player in players.values():
+        player.datasets_bucket = training.datasets_bucket
+        player.local_hyperparameters = training.local_hyperparameters
     return execution_input, corpus, image
 
 
