@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 import urllib.error
@@ -128,12 +129,46 @@ def offline_check(
     return request, cost
 
 
+MAX_INPUT_DEPTH = 64
+"""Far deeper than any execution input (its deepest value is a few levels down), far shallower than Python's
+recursion limit, which what reads the input (the schema's error messages, the start proof's JSON) recurses into."""
+
+
+def _depth(value: Any) -> int:
+    """How many levels of arrays and objects `value` nests, counted without recursion."""
+    deepest, level = 0, [(value, 0)]
+    while level:
+        item, depth = level.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            level.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            level.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 def _read_input(path: Path) -> Any:
+    """The input file's JSON; a file that cannot be read as JSON ends the command with one line saying why."""
     try:
-        return json.loads(path.read_text())
+        loaded = json.loads(path.read_bytes().decode("utf-8"))
+        depth = _depth(loaded)
+        if depth <= MAX_INPUT_DEPTH:
+            return loaded
+        problem = (
+            f'nested {depth} levels deep; an execution input is an object of the keys in README "Starting a training '
+            f'run", at most {MAX_INPUT_DEPTH} levels deep'
+        )
     except (OSError, json.JSONDecodeError) as exc:
-        err.print(f"[red]{path}: {exc}[/red]")
-        raise typer.Exit(2) from None
+        problem = str(exc)
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8 JSON"
+    except RecursionError:
+        problem = (
+            f"nested deeper than the {sys.getrecursionlimit()} levels Python reads; an execution input is an object "
+            'of the keys in README "Starting a training run", a few levels deep'
+        )
+    err.print(f"{path}: {problem}", style="red", markup=False, highlight=False)
+    raise typer.Exit(2)
 
 
 def pack_for(
@@ -547,14 +582,57 @@ def stop(
     state_machine: StateMachine = None,
     as_json: AsJson = False,
 ) -> None:
-    """Stop a run (its name or execution ARN); the pipeline stops its training job."""
+    """Stop a run (its name or execution ARN); the pipeline stops its training job. A run that had already ended
+    is left as it ended, and said so (exit 1)."""
     t = target(stage, region, state_machine, "")
     arn = _execution_arn(t.need_state_machine(), run)
-    t.session.client("stepfunctions").stop_execution(executionArn=arn, error="StoppedByUser", cause=reason)
+    sfn = t.session.client("stepfunctions")
+    described = sfn.describe_execution(executionArn=arn)
+    if described["status"] in STOPPABLE:
+        sfn.stop_execution(executionArn=arn, error=STOPPED_BY_USER, cause=reason)
+        described = _after_stop(sfn, arn)
+        # Or it ended on its own between the two calls: StopExecution leaves an ended execution as it was.
+        if described["status"] in (*STOPPABLE, "ABORTED") and described.get("error") in (None, STOPPED_BY_USER):
+            if as_json:
+                out.print_json(data={"execution_arn": arn, "stopped": True, "reason": reason})
+            else:
+                out.print(f"stopped {arn}", markup=False, highlight=False)
+            return
+    ended = _ended(described)
     if as_json:
-        out.print_json(data={"execution_arn": arn, "stopped": True, "reason": reason})
+        out.print_json(data={"execution_arn": arn, "stopped": False, "status": described["status"], "ended": ended})
     else:
-        out.print(f"stopped {arn}", markup=False, highlight=False)
+        err.print(f"not stopped: {arn} {ended}", markup=False, highlight=False)
+    raise typer.Exit(1)
+
+
+STOPPABLE = ("RUNNING", "PENDING_REDRIVE")
+"""The statuses of an execution that StopExecution ends; any other has ended already."""
+STOPPED_BY_USER = "StoppedByUser"
+
+
+def _after_stop(sfn: Any, arn: str, *, seconds: float = 10.0) -> dict[str, Any]:
+    """The execution once StopExecution has ended it (or after `seconds`, as it is then)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        described: dict[str, Any] = sfn.describe_execution(executionArn=arn)
+        if described["status"] not in STOPPABLE or time.monotonic() > deadline:
+            return described
+        time.sleep(0.2)
+
+
+def _ended(described: dict[str, Any]) -> str:
+    """How an ended execution ended, in words: its status, when, and its error and cause."""
+    stopped = described.get("stopDate")
+    when = f" at {stopped.isoformat()}" if isinstance(stopped, datetime) else ""
+    how = {
+        "SUCCEEDED": "succeeded",
+        "FAILED": "failed",
+        "TIMED_OUT": "timed out",
+        "ABORTED": "was stopped",
+    }.get(described["status"], described["status"])
+    said = ": ".join(str(described[k]) for k in ("error", "cause") if described.get(k))
+    return f"had already ended: it {how}{when}" + (f" ({said})" if said else "")
 
 
 @app.command()

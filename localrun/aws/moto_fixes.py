@@ -34,6 +34,7 @@ from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_funct
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+from moto.stepfunctions.responses import StepFunctionResponse
 
 from localrun.aws.clock import Clock
 
@@ -226,6 +227,21 @@ def approval_timeouts_on(clock: Clock) -> Any:
             state.timeout = timeout
 
     return mock.patch.object(execute_state.ExecutionState, "_evaluate_with_timeout", evaluate_with_timeout)
+
+
+# -- Step Functions: executions --------------------------------------------------------------------
+def stopped_executions_keep_error_and_cause() -> Any:
+    """moto's StopExecution drops its `error` and `cause`; Step Functions records them: DescribeExecution and the
+    execution's status change event say why it was stopped."""
+    original = StepFunctionResponse.stop_execution
+
+    def stop_execution(response: Any) -> Any:
+        result = original(response)
+        execution = response.stepfunction_backend.describe_execution(response._get_param("executionArn"))
+        execution.error, execution.cause = response._get_param("error"), response._get_param("cause")
+        return result
+
+    return mock.patch.object(StepFunctionResponse, "stop_execution", stop_execution)
 
 
 # -- Step Functions: definitions -------------------------------------------------------------------

@@ -110,6 +110,35 @@ def test_estimate_json_has_the_spot_range_threshold_and_budget() -> None:
     assert estimate["monthly_budget_usd"] == settings.monthly_budget_usd
 
 
+def _unreadable_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Input files that are not JSON objects Python can read, and what tp must say of each."""
+    example = (REPO / "examples" / "demo.json").read_text()
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(example.replace('"demo', '"d\u00e9mo', 1).encode("latin-1"))
+    beyond_python = tmp_path / "beyond-python.json"
+    beyond_python.write_text("[" * 100_000 + "]" * 100_000)
+    deep = json.loads(example)
+    deep["hyperparameters"] = {"nested": json.loads("[" * 900 + "]" * 900)}
+    deep_in_a_key = tmp_path / "deep.json"
+    deep_in_a_key.write_text(json.dumps(deep))
+    return {
+        "not UTF-8": (latin1, "not UTF-8 text"),
+        "deeper than Python reads": (beyond_python, "nested deeper than"),
+        "deeper than an input is": (deep_in_a_key, "nested 901 levels deep"),
+    }
+
+
+@pytest.mark.parametrize("command", ["validate", "start"])
+@pytest.mark.parametrize("kind", ["not UTF-8", "deeper than Python reads", "deeper than an input is"])
+def test_an_input_python_cannot_read_is_one_line_not_a_traceback(tmp_path: Path, command: str, kind: str) -> None:
+    path, said = _unreadable_inputs(tmp_path)[kind]
+    result = tp(command, str(path), env={"TP_STATE_MACHINE": "arn:aws:states:us-east-1:123456789012:stateMachine:x"})
+    assert result.exit_code == 2
+    assert said in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
 # -- against the local platform ------------------------------------------------------------------------
 
 
@@ -307,6 +336,24 @@ def test_stop_stops_a_run_and_its_job(training_forever: Pipeline, tmp_path: Path
     assert local.training.stopped_names == local.jobs()
 
 
+def test_stop_of_a_run_that_had_ended_says_how_it_ended_and_fails(training_forever: Pipeline, tmp_path: Path) -> None:
+    local = training_forever
+    arn = _start(local, tmp_path, "tp-run-5")
+    local.run_until(arn, "Check progress")
+    assert tp("stop", "tp-run-5", "--reason", "wrong dataset").exit_code == 0
+    local.finish(arn)
+
+    again = tp("stop", "tp-run-5", "--reason", "twice", env={"COLUMNS": "300"})
+    assert again.exit_code == 1
+    assert again.output.startswith(f"not stopped: {arn} had already ended")
+    assert "had already ended: it was stopped at" in again.output
+    assert "StoppedByUser: wrong dataset" in again.output
+    as_json = _answer(tp("stop", "tp-run-5", "--json").stdout)
+    assert (as_json["stopped"], as_json["status"]) == (False, "ABORTED")
+    described = local.local.sfn.describe_execution(executionArn=arn)
+    assert (described["status"], described["cause"]) == ("ABORTED", "wrong dataset")  # left as it ended
+
+
 def test_watch_once_shows_the_run_and_its_job(training_forever: Pipeline, tmp_path: Path) -> None:
     local = training_forever
     arn = _start(local, tmp_path, "tp-run-6")
@@ -403,4 +450,5 @@ def test_what_aws_refuses_is_one_line_not_a_traceback(
     with pytest.raises(SystemExit) as ended:
         tools.tp.main()
     assert ended.value.code == 1
-    assert "StopExecution: ExecutionDoesNotExist" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "ExecutionDoesNotExist" in said and len(said.strip().splitlines()) == 1
