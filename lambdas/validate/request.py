@@ -320,7 +320,7 @@ def _check_fallback(
         # The checks name the top-level keys they judge: here they judge this alternative's. The others judge the
         # run's settings (e.g. `distribution`): one already said of the run's own cluster is not said again.
         problems.extend(
-            f"{where}.{p}" if p.startswith(("instance_type", "instance_count")) else f"{where}: {p}"
+            _on_fallback(index, p)
             for p in found
             if p.startswith(("instance_type", "instance_count")) or p not in problems
         )
@@ -625,10 +625,17 @@ def resolve(
     refused = request_problems(resolved, attempts=limits.capacity_retries + 1)
     for index in range(len(checked.fallback)):
         found = request_problems(resolved.on_fallback(index), attempts=limits.capacity_retries + 1)
-        refused += [f"fallback[{index}]: {p}" for p in found if p not in refused]
+        refused += [_on_fallback(index, p) for p in found if p not in refused]
     if refused:
         raise _rejection(event, [], refused)
     return resolved.model_dump(mode="json")
+
+
+def _on_fallback(index: int, problem: str) -> str:
+    """A problem of the request on fallback cluster `index`: of the alternative's own field where it names one."""
+    if problem.startswith(("instance_type", "instance_count")):
+        return f"fallback[{index}].{problem}"
+    return f"fallback[{index}]: {problem}"
 
 
 def _check(
@@ -887,19 +894,22 @@ def _structured(text: str, event: dict[str, Any]) -> Problem:
     match = _LEADING_FIELD.match(text)
     if match is None or re.split(r"[.\[]", match[1])[0] not in ExecutionInput.model_fields:
         return Problem("", None, text)
-    field = match[1]
-    value: Any = event
-    for part in re.split(r"\.|\[|\]\.?", field):
-        if not part:
-            continue
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            value = None
-            break
-    return Problem(field, value, text)
+    return Problem(match[1], _value_at(event, [part for part in re.split(r"\.|\[|\]\.?", match[1]) if part]), text)
+
+
+def _value_at(value: Any, parts: list[str]) -> Any:
+    """The input's value at a field's parts; a key may hold dots itself (`hyperparameters.train.seed`,
+    `tuning.ranges.model.factory`): the longest key that matches is taken. None where the input has none."""
+    if not parts:
+        return value
+    if isinstance(value, list) and parts[0].isdigit() and int(parts[0]) < len(value):
+        return _value_at(value[int(parts[0])], parts[1:])
+    if isinstance(value, dict):
+        for end in range(len(parts), 0, -1):
+            key = ".".join(parts[:end])
+            if key in value:
+                return _value_at(value[key], parts[end:])
+    return None
 
 
 def _channels(

@@ -13,8 +13,18 @@ import pytest
 
 from contract.config import HYPERPARAMETERS
 from contract.execution_state import TrainingRequest
-from lambdas.shared.errors import InvalidRequest
-from lambdas.validate.api_requests import LIMITS, TUNING_RANGES, api_problems, python_pattern, sent
+from lambdas.shared.errors import InvalidRequest, Problem
+from lambdas.validate.api_requests import (
+    _FROM_INPUT,
+    LIMITS,
+    TUNING_RANGES,
+    api_problems,
+    input_field,
+    python_pattern,
+    refusals,
+    sent,
+)
+from lambdas.validate.inputs import ExecutionInput
 from lambdas.validate.request import resolve
 from lambdas.validate.trials import trainer_field
 from tests.lambdas.test_handlers import LIMITS as PLATFORM
@@ -28,10 +38,10 @@ OPERATIONS = [
 ]
 
 
-def _refusal(execution_input: dict[str, Any], limits: Any = PLATFORM) -> str:
+def _problems(execution_input: dict[str, Any], limits: Any = PLATFORM) -> list[Problem]:
     with pytest.raises(InvalidRequest) as raised:
         resolve(execution_input, execution_name="exec-1", limits=limits)
-    return str(raised.value)
+    return raised.value.problems
 
 
 def _tuning(ranges: dict[str, Any]) -> dict[str, Any]:
@@ -65,40 +75,105 @@ def test_every_pattern_of_the_three_operations_is_checked_in_python(service: str
     assert tag.fullmatch("Ünïcode tag 1_.:/=+-@") and not tag.fullmatch("a;b") and not tag.fullmatch("tab\there")
 
 
-def test_more_ranges_than_sagemaker_tunes_are_refused_at_validate() -> None:
-    """SageMaker's model allows 30 per kind of range; the documented limit is 30 in all."""
+def _too_many_ranges() -> dict[str, Any]:
     fixed = {trainer_field(key) for key in TUNING["hyperparameters"]} | {"model.name", "distribution"}
     fields = [spec for name, spec in HYPERPARAMETERS.items() if name not in fixed and spec.default != ""]
     ranges = {spec.name: {"type": "categorical", "values": [spec.default]} for spec in fields[: TUNING_RANGES + 1]}
     assert len(ranges) == TUNING_RANGES + 1
-    message = _refusal(_tuning(ranges))
-    assert f"CreateHyperParameterTuningJob: {TUNING_RANGES + 1} ranges (" in message
-    assert f"SageMaker tunes at most {TUNING_RANGES} at once" in message
-    assert "API_ParameterRanges.html" in message
-    del ranges[fields[0].name]
-    resolve(_tuning(ranges), execution_name="exec-1", limits=PLATFORM)
+    return _tuning(ranges)
 
 
-def test_a_categorical_value_longer_than_sagemaker_takes_is_refused() -> None:
+def test_more_ranges_than_sagemaker_tunes_are_refused_at_validate_naming_the_field() -> None:
+    """SageMaker's model allows 30 per kind of range; the documented limit is 30 in all."""
+    execution_input = _too_many_ranges()
+    # The model's limit on one kind of range, and the documented limit on all kinds together.
+    per_kind, problem = _problems(execution_input)
+    assert "CategoricalParameterRanges; tune fewer" in per_kind.message
+    assert (per_kind.field, per_kind.value) == ("tuning.ranges", execution_input["tuning"]["ranges"])
+    assert (problem.field, problem.value) == ("tuning.ranges", execution_input["tuning"]["ranges"])
+    assert problem.message.startswith(f"tuning.ranges: {TUNING_RANGES + 1} ranges (")
+    assert f"SageMaker tunes at most {TUNING_RANGES} at once" in problem.message
+    assert "API_ParameterRanges.html" in problem.message
+    assert "CreateHyperParameterTuningJob.HyperParameterTuningJobConfig.ParameterRanges" in problem.message
+    assert problem.message.endswith("tune fewer hyperparameters in one run (split the search over several runs)")
+    del execution_input["tuning"]["ranges"][next(iter(execution_input["tuning"]["ranges"]))]
+    resolve(execution_input, execution_name="exec-1", limits=PLATFORM)
+
+
+def _long_categorical() -> dict[str, Any]:
     factory = "models." + "m" * 289 + ":build_model"
     assert len(factory) == 308
-    message = _refusal(_tuning({"model.factory": {"type": "categorical", "values": ["models.small:build", factory]}}))
-    assert "CategoricalParameterRanges[model.factory].Values[1]" in message
-    assert "has 308 characters; at most 256" in message
+    return _tuning({"model.factory": {"type": "categorical", "values": ["models.small:build", factory]}})
 
 
-def test_a_tag_value_outside_sagemakers_pattern_is_refused() -> None:
+def test_a_categorical_value_longer_than_sagemaker_takes_is_refused_naming_its_range() -> None:
+    execution_input = _long_categorical()
+    (problem,) = _problems(execution_input)
+    assert problem.field == "tuning.ranges.model.factory"
+    assert problem.value == execution_input["tuning"]["ranges"]["model.factory"]
+    assert "CategoricalParameterRanges[model.factory].Values[1]" in problem.message
+    assert "has 308 characters; at most 256" in problem.message
+    assert problem.message.endswith("shorten or drop what SageMaker refuses of this range")
+
+
+def test_a_tag_value_outside_sagemakers_pattern_is_refused_as_the_settings() -> None:
     limits = dataclasses.replace(PLATFORM, tags={"team": "ml;ops"})
-    message = _refusal(json.loads((EXAMPLES / "single-node-ddp.json").read_text()), limits)
-    assert "CreateTrainingJob.Tags[team].Value: 'ml;ops' does not match" in message
+    (problem,) = _problems(json.loads((EXAMPLES / "single-node-ddp.json").read_text()), limits)
+    assert problem.field == ""  # no input field sets it
+    assert "CreateTrainingJob.Tags[team].Value: 'ml;ops' does not match" in problem.message
+    assert "the platform's settings" in problem.message
 
 
-def test_a_batch_job_whose_request_exceeds_batchs_payload_is_refused() -> None:
+def _batch_payload() -> dict[str, Any]:
     execution_input = json.loads((EXAMPLES / "batch-multi-node.json").read_text())
     # Keys the SageMaker SDK injects: the trainer ignores them, the job's environment carries them.
     execution_input["hyperparameters"] |= {f"sagemaker_note_{i}": "n" * 2500 for i in range(13)}
-    message = _refusal(execution_input)
-    assert "SubmitJob: the job's request is" in message and "AWS Batch takes at most 30720" in message
+    return execution_input
+
+
+def test_a_batch_job_whose_request_exceeds_batchs_payload_is_refused_as_its_hyperparameters() -> None:
+    (problem,) = _problems(_batch_payload())
+    assert problem.field == "hyperparameters"
+    assert problem.message.startswith("hyperparameters: the job's request is")
+    assert "AWS Batch takes at most 30720" in problem.message and "in SubmitJob.nodeOverrides;" in problem.message
+
+
+def _many_hyperparameters() -> dict[str, Any]:
+    execution_input = json.loads((EXAMPLES / "single-node-ddp.json").read_text())
+    execution_input["hyperparameters"] |= {f"sagemaker_note_{i}": "n" for i in range(101)}
+    return execution_input
+
+
+OVER_LIMITS = {
+    "too many ranges": _too_many_ranges,
+    "a long categorical value": _long_categorical,
+    "a batch payload": _batch_payload,
+    "too many hyperparameters": _many_hyperparameters,
+}
+
+
+@pytest.mark.parametrize("over", OVER_LIMITS, ids=list(OVER_LIMITS))
+def test_every_service_limit_a_run_can_exceed_names_its_input_field_and_value(over: str) -> None:
+    execution_input = OVER_LIMITS[over]()
+    problems = _problems(execution_input)
+    assert problems
+    for problem in problems:
+        assert problem.field.split(".")[0].split("[")[0] in ExecutionInput.model_fields, problem
+        assert problem.value is not None, problem
+        assert problem.message.startswith(f"{problem.field}: "), problem
+
+
+def test_every_field_the_requests_map_back_to_is_an_input_field() -> None:
+    for _pattern, field, fix in _FROM_INPUT:
+        assert field.split(".")[0] in ExecutionInput.model_fields, field
+        assert fix, field
+
+
+def test_botocore_names_a_list_item_as_the_models_checks_do() -> None:
+    params = {"Tags": [{"Key": "run", "Value": 1}]}
+    (refused,) = [r for r in refusals("sagemaker", "AddTags", params) if "type" in r.problem]
+    assert refused.member == "Tags[run].Value"
+    assert input_field(refused) == ("run_name", "use a shorter run_name")
 
 
 def test_botocores_own_validation_and_the_models_maximums_name_the_field() -> None:

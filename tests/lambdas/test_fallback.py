@@ -214,11 +214,13 @@ def test_a_fallback_cluster_whose_create_request_the_service_would_refuse_is_ref
         "no p4d (this test's)",
         "tests/lambdas/test_fallback.py",
         lambda params: "no p4d" if params["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge" else None,
+        "ResourceConfig.InstanceType",
     )
     monkeypatch.setattr(api_requests, "LIMITS", (*api_requests.LIMITS, refuse_p4d))
     problems = _problems(_input())
-    assert set(problems) == {"fallback[0]"}, problems
-    assert "CreateTrainingJob: no p4d (tests/lambdas/test_fallback.py)" in problems["fallback[0]"].message
+    assert set(problems) == {"fallback[0].instance_type"}, problems
+    message = problems["fallback[0].instance_type"].message
+    assert "no p4d (tests/lambdas/test_fallback.py), in CreateTrainingJob.ResourceConfig.InstanceType" in message
 
 
 def test_a_problem_of_the_run_settings_is_not_repeated_for_each_alternative() -> None:
