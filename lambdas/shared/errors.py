@@ -1,4 +1,5 @@
-"""Errors the state machine catches by name (Lambda reports the exception class as `errorType`).
+"""Errors the state machine catches by name (Lambda reports the exception class as `errorType`), and how each
+service's errors are named and classified where the state machine calls it directly (`SERVICE_ERRORS`).
 
 Every handler entry point is wrapped in `classified`: an error that passes (throttling, a 5xx answer,
 a timeout, a lost connection) leaves the handler as `TransientError`, which the state machine retries
@@ -102,3 +103,81 @@ def classified(handler: Callable[P, R]) -> Callable[P, R]:
 
     classify.__dict__["classified"] = True
     return classify
+
+
+@dataclass(frozen=True)
+class ServiceErrors:
+    """One service's errors as Step Functions names them in a task that calls it (`<prefix>.<error>`): which pass
+    (throttling, faults in the service) and are retried, and which last (a bad request, a missing resource, a
+    limit) and end the call at once.
+
+    Step Functions names an error the service's API model declares by its code, with "Exception" appended where the
+    code lacks it (`SageMaker.ResourceLimitExceededException`); an error the model does not declare, which is how
+    most services report throttling and internal faults, by the service's generic exception (`generic`,
+    `Batch.AWSBatchException` for Batch's 429 TooManyRequestsException).
+    """
+
+    prefix: str
+    """The service's name in Step Functions' error names."""
+    generic: str
+    """The name of an error the model does not declare."""
+    passing: tuple[str, ...]
+    """The names retried, without the prefix."""
+    lasting: tuple[str, ...]
+    """The declared errors that never pass, without the prefix: not retried."""
+    source: str
+    """Where the service documents its errors."""
+
+    def name(self, error: str) -> str:
+        return f"{self.prefix}.{error}"
+
+    def retried(self) -> list[str]:
+        return [self.name(error) for error in self.passing]
+
+    def not_retried(self) -> list[str]:
+        return [self.name(error) for error in self.lasting]
+
+    def named(self, code: str, *, declared: bool) -> str:
+        """What Step Functions calls an error of this `code` (`declared`: in the service's model)."""
+        if not declared:
+            return self.name(self.generic)
+        return self.name(code if code.endswith("Exception") else f"{code}Exception")
+
+
+SERVICE_ERRORS: dict[str, ServiceErrors] = {
+    # SageMaker declares few errors; throttling (ThrottlingException), faults and ValidationException are
+    # undeclared, hence all AmazonSageMakerException: a validation error is retried within the SDK budget too
+    # (Validate checks every request against SageMaker's model before anything is created).
+    "sagemaker": ServiceErrors(
+        prefix="SageMaker",
+        generic="AmazonSageMakerException",
+        passing=("AmazonSageMakerException", "ThrottlingException"),
+        lasting=("ResourceLimitExceededException", "ResourceNotFoundException", "ResourceInUseException"),
+        source="https://docs.aws.amazon.com/sagemaker/latest/APIReference/CommonErrors.html",
+    ),
+    # Batch declares ClientException (HTTP 400: a bad request, a missing queue, share or job, access denied) and
+    # ServerException (HTTP 500); throttling (HTTP 429, TooManyRequestsException) is undeclared.
+    "batch": ServiceErrors(
+        prefix="Batch",
+        generic="AWSBatchException",
+        passing=("AWSBatchException", "TooManyRequestsException", "ServerException"),
+        lasting=("ClientException",),
+        source="https://docs.aws.amazon.com/batch/latest/APIReference/CommonErrors.html",
+    ),
+    "lambda": ServiceErrors(
+        prefix="Lambda",
+        generic="AWSLambdaException",
+        passing=(
+            "TooManyRequestsException",
+            "ServiceException",
+            "AWSLambdaException",
+            "SdkClientException",
+            "ClientExecutionTimeoutException",
+        ),
+        lasting=("ResourceNotFoundException", "InvalidParameterValueException", "InvalidRequestContentException"),
+        source="https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html#API_Invoke_Errors",
+    ),
+}
+"""The services the state machine calls by task: its SDK tasks' (SageMaker; Batch, the teams' queue's too) and its
+handlers' (Lambda). A notification retries every error of its publish (stacks/constructs/tasks.py); what the
+handlers call is classified by botocore's rule (`is_transient`)."""

@@ -211,7 +211,7 @@ class LocalPlatform:
         self.tuning = LocalTuning(created=self._training_job_created, stopped=self.training.stopped)
         for patch in (
             failing_publish(self.faults),
-            injected_api_errors(),
+            injected_api_errors(self.faults),
             stop_training_job(self.training.stopped),
             execution_status_changes(self.events),
             object_created_events(self.events),

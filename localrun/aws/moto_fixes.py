@@ -36,6 +36,7 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.stepfunctions.responses import StepFunctionResponse
 
+from lambdas.shared.errors import SERVICE_ERRORS
 from localrun.aws.clock import Clock
 
 
@@ -332,22 +333,30 @@ def _to_pascal_case(value: Any, shape: Any) -> Any:
 
 
 def sdk_service_error_names() -> Any:
-    """moto prefixes a SageMaker SDK task's errors with the integration's name, "sagemaker"; Step Functions
-    spells it "SageMaker" (`SageMaker.ResourceLimitExceededException`), as the definition's Retry and Catch do.
+    """moto prefixes an SDK task's errors with the integration's name ("sagemaker", "batch"); Step Functions
+    spells the service as its error names do (`SageMaker.ResourceLimitExceededException`, `Batch.ClientException`),
+    as the definition's Retry and Catch do: every service of lambdas/shared/errors.py SERVICE_ERRORS.
     """
-    return mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {"sagemaker": "SageMaker"})
+    return mock.patch.dict(sdk._SERVICE_ERROR_NAMES, {name: errors.prefix for name, errors in SERVICE_ERRORS.items()})
 
 
 def sdk_generic_error_names() -> Any:
-    """moto names an SDK error without a modelled type `<Service>.<Service>Exception`; Step Functions
-    names it `<Service>.Amazon<Service>Exception`. Modelled errors keep `<Service>.<Code>Exception`.
+    """moto names an SDK error that the service's model does not declare `<Service>.<Service>Exception`; Step
+    Functions names it by the service's generic exception (`SageMaker.AmazonSageMakerException`,
+    `Batch.AWSBatchException`: throttling, most faults). Declared errors keep `<Service>.<Code>Exception`.
     """
+    prefixes = {errors.prefix: errors for errors in SERVICE_ERRORS.values()}
 
     def error_name(service: str, exc: Exception) -> str:
         name = type(exc).__name__
-        if name == "ClientError":
-            return f"{service}.Amazon{service}Exception"
-        return f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
+        declared = name != "ClientError"
+        if service in prefixes:
+            return prefixes[service].named(name, declared=declared)
+        return (
+            f"{service}.{name}" + ("" if name.endswith("Exception") else "Exception")
+            if declared
+            else (f"{service}.Amazon{service}Exception")
+        )
 
     return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_normalise_exception_name", staticmethod(error_name))
 

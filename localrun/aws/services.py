@@ -71,7 +71,9 @@ class Faults:
     - `api_errors["Monitor"] = ["ThrottlingException"] * 3`: in each of the next three invocations, the
       handler's first AWS call fails with that error code (`API_ERRORS` says how AWS answers each);
     - `timeouts["Monitor"] = 2`: the next two invocations time out, as Lambda reports it;
-    - `sns_failures = 2`: the next two SNS publishes fail.
+    - `sns_failures = 2`: the next two SNS publishes fail;
+    - `sdk_errors["SubmitServiceJob"] = ["TooManyRequestsException"] * 2`: the state machine's next two calls of
+      that operation (its SDK tasks' operations, which no handler calls) fail with that error code.
 
     `function_named` maps such a name to the function's physical name (or raises, naming the candidates).
     """
@@ -81,6 +83,7 @@ class Faults:
     api_errors: PerFunction = field(init=False)
     timeouts: PerFunction = field(init=False)
     sns_failures: int = 0
+    sdk_errors: dict[str, list[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,19 @@ class Faults:
         if code is not None and code not in API_ERRORS:
             raise ValueError(f"api_errors: {code!r} is not an injectable error code; use one of {sorted(API_ERRORS)}")
         return code  # type: ignore[no-any-return]
+
+    def sdk_error(self, operation: str) -> str | None:
+        """The error code the next call of `operation` fails with, used up; None when none is queued."""
+        with self._lock:
+            queued = self.sdk_errors.get(operation) or []
+            if not queued:
+                return None
+            self.sdk_errors[operation] = queued[1:]
+        if queued[0] not in API_ERRORS:
+            raise ValueError(
+                f"sdk_errors: {queued[0]!r} is not an injectable error code; use one of {sorted(API_ERRORS)}"
+            )
+        return queued[0]
 
     def publish_fails(self) -> bool:
         with self._lock:
@@ -130,6 +146,10 @@ API_ERRORS: dict[str, tuple[int, str]] = {
     "InternalFailure": (500, "The request processing has failed because of an unknown error."),
     "ServiceUnavailable": (503, "Service is unavailable."),
     "AccessDeniedException": (400, "User is not authorized to perform this action (injected)"),
+    # AWS Batch: throttling is undeclared in its model (Step Functions: Batch.AWSBatchException); its declared errors.
+    "TooManyRequestsException": (429, "Too Many Requests"),
+    "ClientException": (400, "The quota share does not exist (injected)"),
+    "ServerException": (500, "Internal server error (injected)"),
 }
 _PENDING_API_ERROR = threading.local()
 
@@ -144,16 +164,21 @@ def first_call_fails(code: str | None) -> Iterator[None]:
         _PENDING_API_ERROR.code = None
 
 
-def injected_api_errors() -> Any:
-    """botocore's API call, failing once with the error `first_call_fails` set on the calling thread."""
+def injected_api_errors(faults: Faults | None = None) -> Any:
+    """botocore's API call, failing once with the error `first_call_fails` set on the calling thread, or with the
+    next of `faults.sdk_errors` queued for its operation."""
     original = BaseClient._make_api_call
 
     def make_api_call(client: Any, operation_name: str, api_params: Any) -> Any:
         code = getattr(_PENDING_API_ERROR, "code", None)
         if code is not None:
             _PENDING_API_ERROR.code = None
+        elif faults is not None:
+            code = faults.sdk_error(operation_name)
+        if code is not None:
             status, message = API_ERRORS[code]
-            response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+            metadata = {"HTTPStatusCode": status, "RequestId": str(uuid.uuid4())}
+            response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": metadata}
             raise client.exceptions.from_code(code)(response, operation_name)
         return original(client, operation_name, api_params)
 

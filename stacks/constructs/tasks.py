@@ -16,7 +16,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.shared.errors import TransientError
+from lambdas.shared.errors import SERVICE_ERRORS, TransientError
 from stacks.constructs.function import PlatformFunction
 
 LAMBDA_TASK_TIMEOUT = Duration.seconds(60)
@@ -29,11 +29,7 @@ TRANSIENT = [
     "Lambda.Unknown",
     "Sandbox.Timedout",
     "States.Timeout",
-    "Lambda.TooManyRequestsException",
-    "Lambda.ServiceException",
-    "Lambda.AWSLambdaException",
-    "Lambda.SdkClientException",
-    "Lambda.ClientExecutionTimeoutException",
+    *SERVICE_ERRORS["lambda"].retried(),
 ]
 
 
@@ -68,12 +64,12 @@ class RetryBudget:
 # A `.waitForTaskToken` handler (an approval gate's request) passes the same errors, except the task's own
 # timeout: there it is the approvers' time to decide running out, which the gate's Catch treats as a rejection.
 GATE_TRANSIENT = [error for error in TRANSIENT if error != "States.Timeout"]
-# What passes in an AWS SDK integration: the service's throttling and internal errors, and the task's own
-# timeout (the call may have been made: a create retried finds its job by name and adopts it, see
-# stacks/pipeline/polled_job.py). Step Functions names an SDK error "<Service>.<ErrorCode>"; Batch answers
-# throttling with a ClientException (HTTP 429).
-SAGEMAKER_TRANSIENT = ["SageMaker.AmazonSageMakerException", "SageMaker.ThrottlingException", "States.Timeout"]
-BATCH_TRANSIENT = ["Batch.ClientException", "Batch.ServerException", "States.Timeout"]
+# What passes in an AWS SDK integration: the service's throttling and internal errors (lambdas/shared/errors.py
+# SERVICE_ERRORS, as Step Functions names them), and the task's own timeout (the call may have been made: a create
+# retried finds its job by name and adopts it, see stacks/pipeline/polled_job.py). A bad request or a missing
+# resource (Batch's ClientException) is not retried: the run fails at once, naming it.
+SAGEMAKER_TRANSIENT = [*SERVICE_ERRORS["sagemaker"].retried(), "States.Timeout"]
+BATCH_TRANSIENT = [*SERVICE_ERRORS["batch"].retried(), "States.Timeout"]
 # A notification: States.TaskFailed matches every error of the publish (throttling, the topic key's KMS
 # throttling, and a lasting error too, which reaches the state's Catch after the retries), and a publish that
 # timed out is sent again (an e-mail may come twice).

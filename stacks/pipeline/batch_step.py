@@ -25,6 +25,7 @@ from contract.execution_state import ERROR, TRAIN
 from contract.layout import ANY_OUTPUT
 from contract.service_requests import BatchJobConstants, submit_job
 from lambdas.batch.environment import BatchCleanupEnvironment, BatchMonitorEnvironment
+from lambdas.shared.errors import SERVICE_ERRORS
 from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
@@ -270,8 +271,10 @@ class BatchTraining(Construct):
         )
         found = f"{TRAIN.found.arns}[0]"
         pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))
-        first.add_catch(find_first, errors=["States.ALL"], result_path=str(ERROR))
-        second.add_catch(find_second, errors=["States.ALL"], result_path=str(ERROR))
+        # A refused request (a bad one, a missing queue or definition) made no job: nothing to look for or send again.
+        for submit, find in ((first, find_first), (second, find_second)):
+            submit.add_catch(stop_not_created, errors=SERVICE_ERRORS["batch"].not_retried(), result_path=str(ERROR))
+            submit.add_catch(find, errors=["States.ALL"], result_path=str(ERROR))
         find_first.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
         find_second.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
         find_first.next(

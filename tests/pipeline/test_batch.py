@@ -6,11 +6,14 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
+from botocore.client import BaseClient
 
 from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
@@ -63,6 +66,21 @@ class BatchPipeline(Pipeline):
         bucket = self.local.environment("PollBatchJob")[bucket_env]
         listed = boto3.client("s3", region_name=REGION).list_objects_v2(Bucket=bucket, Prefix=prefix)
         return [o["Key"] for o in listed.get("Contents", [])]
+
+
+@contextmanager
+def called(*operations: str) -> Iterator[list[str]]:
+    """The names of the calls of `operations` made meanwhile (by the state machine's SDK tasks), in order."""
+    made: list[str] = []
+    original = BaseClient._make_api_call
+
+    def record(client: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        if operation in operations:
+            made.append(operation)
+        return original(client, operation, params)
+
+    with mock.patch.object(BaseClient, "_make_api_call", record):
+        yield made
 
 
 @pytest.fixture
@@ -183,6 +201,29 @@ def test_a_submit_whose_answer_was_lost_is_adopted_not_repeated(batch_factory: A
     assert "Find submitted Batch job" in states and "Adopt the submitted Batch job" in states
     assert "Submit Batch job again" not in states
     assert len(pipeline.batch.jobs) == 1  # one cluster, not two
+
+
+def test_a_refused_submit_is_neither_looked_for_nor_repeated_and_a_throttled_look_is_retried(
+    batch_factory: Any,
+) -> None:
+    """A fault of the service (ServerException) may have made the job: the run looks for it, and its look, throttled
+    (HTTP 429, Batch.AWSBatchException), is retried; a refused request (ClientException) made nothing: the run
+    fails at once with Batch's cause."""
+    pipeline = batch_factory()
+    faults = pipeline.local.faults
+    faults.sdk_errors.update(SubmitJob=["ServerException", "ClientException"], ListJobs=["TooManyRequestsException"])
+    with called("SubmitJob") as calls:
+        arn = pipeline.start(pipeline.batch_input())
+        described = pipeline.finish(arn, 60)
+    assert described["status"] == "FAILED"
+    assert pipeline.error(described)[0] == "TrainingJobNotCreated"
+    assert "The quota share does not exist (injected)" in pipeline.error(described)[1]
+    states = pipeline.local.states_entered(arn)
+    assert states.count("Find submitted Batch job") == 1 and "Submit Batch job again" in states
+    assert "Find resubmitted Batch job" not in states
+    assert calls.count("SubmitJob") == 2  # (ListJobs is the cleanup's too, looking for the execution's jobs)
+    assert len(pipeline.local.clock.retries) == 1  # the throttled look, once
+    assert pipeline.batch.jobs == {}
 
 
 def test_an_aborted_execution_terminates_its_batch_jobs(batch_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -197,3 +197,30 @@ def test_a_teams_second_job_waits_while_its_quota_is_full_and_is_terminated_when
     assert waiting.status == "FAILED" and waiting.status_reason.startswith("Stopped by the training platform")
     assert len(pipeline.training.created_names) == 1
     local.sfn.stop_execution(executionArn=first)
+
+
+def test_a_throttled_submit_is_retried_and_queues_one_service_job(teams: Any) -> None:
+    """Batch throttles with HTTP 429 TooManyRequestsException, which its model does not declare: Step Functions
+    reports it as Batch.AWSBatchException, which the submit retries."""
+    pipeline = teams([[RUNNING, COMPLETED]])
+    pipeline.local.faults.sdk_errors["SubmitServiceJob"] = ["TooManyRequestsException"] * 2
+    with submitted() as sent:
+        arn = pipeline.start(team_input(pipeline, "team-a", "throttled-a"), requester=TEAM_A)
+        pipeline.run_until(arn, "Check progress (queue)", timeout=60)
+    assert len(sent) == 3  # two throttled, one accepted
+    assert len(pipeline.local.queue.jobs) == 1
+    pipeline.local.sfn.stop_execution(executionArn=arn)
+
+
+def test_a_submit_batch_refuses_fails_the_run_at_once_without_a_retry(teams: Any) -> None:
+    """A ClientException (a missing quota share, a bad request) does not pass: the run fails with Batch's cause."""
+    pipeline = teams([[RUNNING, COMPLETED]])
+    pipeline.local.faults.sdk_errors["SubmitServiceJob"] = ["ClientException"] * 6
+    with submitted() as sent:
+        arn = pipeline.start(team_input(pipeline, "team-a", "refused-a"), requester=TEAM_A)
+        described = pipeline.finish(arn, 60)
+    assert described["status"] == "FAILED"
+    assert pipeline.error(described)[0] == "ServiceJobNotSubmitted"
+    assert "The quota share does not exist (injected)" in pipeline.error(described)[1]
+    assert len(sent) == 1
+    assert pipeline.local.queue.jobs == {}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from lambdas.shared.errors import SERVICE_ERRORS
 from stacks.constructs.tasks import (
     BATCH_TRANSIENT,
     GATE_TRANSIENT,
@@ -125,8 +126,11 @@ def test_every_task_state_retries_what_passes_in_what_it_calls(built: str, reque
             assert errors is not None, f"{name}: what passes in {integration}? (add it to PASSES)"
             checked[integration] = checked.get(integration, 0) + 1
             if integration == "aws-sdk:batch:submitJob":
-                # Batch takes no client token: a failed submit is followed by a look for the job it may have made.
-                (caught,) = state["Catch"]
+                # Batch takes no client token: a failed submit is followed by a look for the job it may have made,
+                # unless Batch refused it (it made nothing).
+                refused, caught = state["Catch"]
+                assert refused["ErrorEquals"] == SERVICE_ERRORS["batch"].not_retried(), name
+                assert states[refused["Next"]]["Type"] == "Pass", name  # recorded as not created
                 assert caught["ErrorEquals"] == ["States.ALL"], name
                 assert states[caught["Next"]]["Resource"].endswith(":::aws-sdk:batch:listJobs"), name
                 continue
@@ -139,3 +143,32 @@ def test_every_task_state_retries_what_passes_in_what_it_calls(built: str, reque
     assert checked.get("lambda:invoke.waitForTaskToken") == 2 and checked.get("sns:publish", 0) >= 8, checked
     if built == "variant":  # the teams' queue: its submit takes a client token, and is retried
         assert checked.get("aws-sdk:batch:submitServiceJob") == 1, checked
+
+
+@pytest.mark.parametrize("built", ["platform", "variant"])
+def test_no_task_retries_an_error_that_lasts(built: str, request: pytest.FixtureRequest) -> None:
+    """A bad request or a missing resource (Batch's ClientException: a missing quota share) fails the run at once
+    with the service's cause, instead of being sent again for minutes."""
+    iam = AssemblyIam(Path(request.getfixturevalue(built).assembly.directory))
+    lasting = {name for errors in SERVICE_ERRORS.values() for name in errors.not_retried()}
+    retried = {
+        (name, error)
+        for stack, logical, _ in iam.resources("AWS::StepFunctions::StateMachine")
+        for name, state in named_states(iam.definition(stack, logical)).items()
+        for retry in state.get("Retry", [])
+        for error in retry["ErrorEquals"]
+    }
+    assert {(name, error) for name, error in retried if error in lasting} == set()
+    assert {error for _, error in retried} >= set(SERVICE_ERRORS["batch"].retried())
+
+
+def test_the_table_names_errors_as_step_functions_does() -> None:
+    batch = SERVICE_ERRORS["batch"]
+    assert batch.named("TooManyRequestsException", declared=False) == "Batch.AWSBatchException"
+    assert batch.named("ClientException", declared=True) == "Batch.ClientException"
+    sagemaker = SERVICE_ERRORS["sagemaker"]
+    assert sagemaker.named("ResourceLimitExceeded", declared=True) == "SageMaker.ResourceLimitExceededException"
+    assert sagemaker.named("ThrottlingException", declared=False) == "SageMaker.AmazonSageMakerException"
+    for errors in SERVICE_ERRORS.values():
+        assert not set(errors.passing) & set(errors.lasting), errors
+        assert errors.source.startswith("https://docs.aws.amazon.com/"), errors
