@@ -9,9 +9,13 @@ run's checkpoint prefix; the ledger decides instead. It lives in the artifacts b
 
 The platform's progress handlers record each complete checkpoint (contract/stored_checkpoints.py)
 of the run as they see it, with S3's `If-None-Match: *`, so a record is never replaced. Every job of
-the run gets the ledger as its `ledger` input channel, and the trainer loads only a checkpoint whose
-manifest digest the ledger holds (`trusted_digests`): a checkpoint planted in the prefix after the
-platform recorded the run's own is never loaded, and a recorded one that was changed fails its digest.
+the run gets the ledger as its `ledger` input channel.
+
+A checkpoint this run may resume from is complete and has the manifest its record holds (`Recorded.admits`,
+`resumable`): a checkpoint planted in the prefix after the platform recorded the run's own is never resumed from,
+and a recorded one that was changed fails its record. That one rule decides what the trainer loads, what the
+Batch contract restores, which checkpoint `resume_from` carries over, which one a poll reports and which ones the
+end-of-run prune keeps.
 
 Stdlib only, like the modules it serves (Lambda assets, the Batch contract, the trainer).
 """
@@ -19,6 +23,7 @@ Stdlib only, like the modules it serves (Lambda assets, the Batch contract, the 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -126,6 +131,20 @@ def record(
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """What a run's ledger records of its checkpoints: each recorded directory's manifest digest."""
+
+    digests: Mapping[str, str]
+    """Checkpoint directory (`step-<N>/`, or `<trial>/step-<N>/`, relative to the run's checkpoints, or to a job's own
+    copy of them) -> the manifest SHA-256 recorded of it."""
+
+    def admits(self, checkpoint: str, manifest_sha256: str) -> bool:
+        """Whether the complete checkpoint in directory `checkpoint`, whose manifest has this digest, is one the run may
+        resume from: the one its record holds."""
+        return self.digests.get(checkpoint) == manifest_sha256
+
+
+@dataclass(frozen=True)
 class Seen:
     """One look at the run's checkpoints against its ledger."""
 
@@ -133,6 +152,8 @@ class Seen:
     """Newly recorded by this look."""
     not_as_recorded: list[str]
     """Checkpoints whose manifest is not the one recorded of them: changed after the platform saw them."""
+    ledger: Recorded
+    """The run's ledger after this look."""
 
 
 def record_seen(s3: Any, bucket: str, run: str, stored: list[StoredCheckpoint], *, job: str, execution: str) -> Seen:
@@ -159,19 +180,39 @@ def record_seen(s3: Any, bucket: str, run: str, stored: list[StoredCheckpoint], 
                 recorded.append(entry)
         if entry.manifest_sha256 != checkpoint.manifest_sha256:
             changed.append(checkpoint.uri)
-    return Seen(recorded=recorded, not_as_recorded=changed)
+        standing[relative] = entry
+    return Seen(
+        recorded=recorded,
+        not_as_recorded=changed,
+        ledger=Recorded({r.checkpoint: r.manifest_sha256 for r in standing.values()}),
+    )
 
 
-def trusted_digests(directory: Path) -> set[str] | None:
-    """The manifest digests the ledger delivered in `directory` (the job's ledger channel) holds; None when the
-    job has no ledger channel (a run outside the pipeline), so any intact checkpoint may be loaded."""
+def recorded(s3: Any, bucket: str, run: str) -> Recorded:
+    """The run's ledger, as `Recorded`."""
+    return Recorded({r.checkpoint: r.manifest_sha256 for r in records(s3, bucket, run)})
+
+
+def resumable(stored: list[StoredCheckpoint], recorded: Recorded, run: str) -> list[StoredCheckpoint]:
+    """Those of the run's complete checkpoints `stored` it may resume from, in their order (newest first)."""
+    base = run_checkpoints(run)
+    return [c for c in stored if recorded.admits(c.prefix.removeprefix(base), c.manifest_sha256)]
+
+
+def delivered(directory: Path, *, job: str) -> Recorded | None:
+    """The ledger the job's ledger channel delivered in `directory`, as the job's own checkpoints are laid out: the
+    run's (a single job's) and `job`'s own folder's (a tuning trial's, where SageMaker puts its checkpoints). None when
+    the job has no ledger channel (a run outside the pipeline): any intact checkpoint may be loaded."""
     if not directory.is_dir():
         return None
-    digests = set()
+    digests = {}
     for path in directory.rglob(f"*{_RECORD_SUFFIX}"):
         if path.name == OPENED:
             continue
         parsed = _parse(path.read_bytes())
-        if parsed is not None:
-            digests.add(parsed.manifest_sha256)
-    return digests
+        if parsed is None:
+            continue
+        location, _, name = parsed.checkpoint.rstrip("/").rpartition("/")
+        if location in ("", job):
+            digests[f"{name}/"] = parsed.manifest_sha256
+    return Recorded(digests)

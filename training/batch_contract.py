@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from contract.goodput import job_name
 from contract.layout import (
     ATTEMPT_ENV,
     CHANNELS_ENV,
@@ -50,7 +51,7 @@ from contract.layout import (
     result_key,
     split_s3_uri,
 )
-from contract.ledger import trusted_digests
+from contract.ledger import Recorded, delivered
 from contract.metrics import parse_metrics
 from contract.stored_checkpoints import complete_checkpoints
 from training.sagemaker_contract import ContractError, Paths, ResourceConfig, write_failure
@@ -169,9 +170,8 @@ def prepare(paths: Paths, node: BatchNode, env: Mapping[str, str], s3: Any) -> N
             target.symlink_to(fsx_root / relative, target_is_directory=True)
         else:
             _download(s3, source["S3DataSource"]["S3Uri"], target)
-    restored = restore_checkpoints(
-        s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints, trusted=trusted_digests(paths.channel(LEDGER_CHANNEL))
-    )
+    trusted = delivered(paths.channel(LEDGER_CHANNEL), job=job_name(env))
+    restored = restore_checkpoints(s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints, trusted=trusted)
     log.info("node %d of %d: checkpoints %s restored from S3", node.index, node.num_nodes, restored or "none")
     if node.is_main:
         restore_progress(s3, _required(env, CHECKPOINTS_ENV), paths.checkpoints)
@@ -193,17 +193,20 @@ def restore_progress(s3: Any, uri: str, target: Path) -> int:
     return count
 
 
-def restore_checkpoints(s3: Any, uri: str, target: Path, *, trusted: set[str] | None) -> list[str]:
-    """Download the run's complete checkpoints (contract/stored_checkpoints.py) that its ledger records
-    (`trusted`; None: no ledger, every complete one), each manifest after its files; their directories."""
+def restore_checkpoints(s3: Any, uri: str, target: Path, *, trusted: Recorded | None) -> list[str]:
+    """Download the run's checkpoints it may resume from (contract/ledger.py `Recorded.admits`: complete, and as its
+    ledger `trusted` records them; None: no ledger, every complete one), each manifest after its files; their
+    directories."""
     try:
         bucket, prefix = split_s3_uri(uri)
     except ValueError as exc:
         raise ContractError(str(exc)) from None
     restored = []
     for checkpoint in complete_checkpoints(s3, bucket, prefix):
-        if trusted is not None and checkpoint.manifest_sha256 not in trusted:
-            log.warning("not restoring %s: the run's ledger does not record it", checkpoint.uri)
+        if trusted is not None and not trusted.admits(
+            checkpoint.prefix.removeprefix(prefix), checkpoint.manifest_sha256
+        ):
+            log.warning("not restoring %s: not as the run's ledger records it", checkpoint.uri)
             continue
         directory = target / checkpoint.prefix.removeprefix(prefix)
         directory.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,7 @@ from torch.utils.serialization import config as serialization_config
 
 from contract.config import CheckpointConfig
 from contract.layout import MANIFEST, step_dir, step_of
+from contract.ledger import Recorded
 from contract.stored_checkpoints import (
     DCP_METADATA,
     FORMAT_VERSION,
@@ -213,10 +214,11 @@ class _Problem:
     transient: bool = False
 
 
-def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | str:
+def manifest_of(directory: Path, trusted: Recorded | None = None) -> Manifest | str:
     """The checkpoint's manifest if the checkpoint is complete, else why it cannot be loaded.
 
-    The manifest is read once: its digest is checked against `trusted` (the run's ledger; None: no ledger)
+    The manifest is read once: its digest is checked against `trusted` (the run's ledger, contract/ledger.py
+    `Recorded.admits`; None: no ledger)
     and the same bytes are parsed, so a manifest replaced after the listing checked it is refused. Complete
     as contract/stored_checkpoints.py defines it: every listed file present with its size. The files'
     contents are checked against their segments' digests as they are read for the load (`_verified_windows`).
@@ -225,12 +227,12 @@ def manifest_of(directory: Path, trusted: set[str] | None = None) -> Manifest | 
     return manifest.text if isinstance(manifest, _Problem) else manifest
 
 
-def _manifest(directory: Path, trusted: set[str] | None) -> Manifest | _Problem:
+def _manifest(directory: Path, trusted: Recorded | None) -> Manifest | _Problem:
     try:
         data = (directory / MANIFEST).read_bytes()
     except OSError as exc:
         return _Problem(f"{directory.name}: unreadable manifest ({describe(exc)})", transient(exc))
-    if trusted is not None and manifest_sha256(data) not in trusted:
+    if trusted is not None and not trusted.admits(f"{directory.name}/", manifest_sha256(data)):
         return _Problem(
             f"{directory.name}: its manifest is not one the run's ledger records "
             "(it changed after it was listed, or could not be read then)"
@@ -1133,9 +1135,9 @@ class _Pending:
 class CheckpointManager:
     """Saves (optionally in the background), commits, prunes and resumes checkpoints under ``root``."""
 
-    def __init__(self, root: Path, env: DistEnv, cfg: CheckpointConfig, *, trusted: set[str] | None = None) -> None:
-        """`trusted`: the manifest digests the run's ledger holds (contract/ledger.py); only those checkpoints
-        are loaded. None: no ledger (a run outside the pipeline), any intact checkpoint may be."""
+    def __init__(self, root: Path, env: DistEnv, cfg: CheckpointConfig, *, trusted: Recorded | None = None) -> None:
+        """`trusted`: the run's ledger (contract/ledger.py); only the checkpoints it admits are loaded. None: no
+        ledger (a run outside the pipeline), any intact checkpoint may be."""
         self.root, self.env, self.cfg, self.trusted = root, env, cfg, trusted
         self.committed: list[int] = []
         self.pending: _Pending | None = None
@@ -1305,7 +1307,7 @@ class CheckpointManager:
             except OSError:  # its load reads the manifest again, checks it against the ledger, and says why not
                 kept.append(step)
                 continue
-            if manifest_sha256(data) in self.trusted:
+            if self.trusted.admits(f"{step_dir(step)}/", manifest_sha256(data)):
                 kept.append(step)
             else:
                 log.warning("skipping checkpoint %s: the run's ledger does not record it", step_dir(step))

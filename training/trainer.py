@@ -28,7 +28,7 @@ from contract.config import ConfigError, JobConfig
 from contract.distributions import distribution
 from contract.hang import StepReport
 from contract.layout import LEDGER_CHANNEL, step_dir
-from contract.ledger import trusted_digests
+from contract.ledger import delivered
 from contract.sft import RecordError
 from training import distributed, host_memory, sft
 from training.checkpoint import CheckpointManager, TrainingState
@@ -231,7 +231,10 @@ class Trainer:
             seed=cfg.train.seed,
         )
         self.checkpoints = CheckpointManager(
-            self.paths.checkpoints, env, cfg.checkpoint, trusted=trusted_digests(self.paths.channel(LEDGER_CHANNEL))
+            self.paths.checkpoints,
+            env,
+            cfg.checkpoint,
+            trusted=delivered(self.paths.channel(LEDGER_CHANNEL), job=goodput.job_name(os.environ)),
         )
         with self.clock.phase("checkpoint_load"):
             self.checkpoints.load_latest(self.state)

@@ -2,7 +2,7 @@
 
 Invoked by the state machine on every way out of a Batch run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the queue's active jobs tagged with the execution,
-then prunes the run's checkpoints to the newest complete one (lambdas/sagemaker/cleanup.py's pruning).
+then prunes the run's checkpoints to the newest one it may resume from (lambdas/sagemaker/cleanup.py's pruning).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from contract.layout import run_checkpoints
 from contract.service_requests import EXECUTION_TAG
 from lambdas.batch.environment import BatchCleanupEnvironment
 from lambdas.batch.monitor import STOP_REASON
+from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.shared.errors import classified
 
@@ -40,14 +40,16 @@ def active_jobs(batch: Any, queue: str, execution: str) -> list[dict[str, str]]:
     return found
 
 
-def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, batch: Any, s3: Any) -> dict[str, Any]:
+def clean_up(
+    execution: str, *, queue: str, runs: list[str], stores: CleanupEnvironment, batch: Any, s3: Any
+) -> dict[str, Any]:
     """Terminate the execution's jobs, then prune the checkpoints of the given runs and of the jobs terminated."""
     terminated = []
     for job in active_jobs(batch, queue, execution):
         batch.terminate_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
         terminated.append(job["job_name"])
         logger.info("batch job terminated", extra={"job": job["job_name"], "execution": execution})
-    return {"stopped": terminated, "pruned": prune_runs(s3, bucket, prefixes, terminated)}
+    return {"stopped": terminated, "pruned": prune_runs(s3, stores, runs, terminated)}
 
 
 @classified
@@ -56,12 +58,11 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     environment = BatchCleanupEnvironment.from_environ()
     execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
-    prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
         execution,
         queue=environment.job_queue,
-        prefixes=prefixes,
-        bucket=environment.checkpoints_bucket,
+        runs=[run] if run is not None else [],
+        stores=environment,
         batch=boto3.client("batch"),
         s3=boto3.client("s3"),
     )

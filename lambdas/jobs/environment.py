@@ -17,7 +17,9 @@ class MonitorEnvironment(HandlerEnvironment):
 
 
 class CleanupEnvironment(HandlerEnvironment):
-    """A job cleanup's: where the run's checkpoints are pruned."""
+    """A job cleanup's: where the run's checkpoints are pruned, and its ledger that says which to keep."""
 
     checkpoints_bucket: str
     """Where the run's checkpoints are pruned."""
+    artifacts_bucket: str
+    """Where the run's checkpoint ledger (contract/ledger.py) is."""

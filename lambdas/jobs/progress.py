@@ -21,7 +21,8 @@ logger = Logger(service="training-platform")
 def observe_checkpoints(
     s3: Any, *, checkpoints_bucket: str, artifacts_bucket: str, poll: Poll, job: str, into: StageMetrics
 ) -> dict[str, Any] | None:
-    """Record the run's complete checkpoints in its ledger (contract/ledger.py); the newest one as recorded.
+    """Record the run's complete checkpoints in its ledger (contract/ledger.py); the newest one the run may resume
+    from (`ledger.resumable`).
 
     A checkpoint whose manifest is not the one recorded of it was changed after the platform saw it:
     it is logged and counted (`into`, the calling handler's metrics), and never reported or loaded.
@@ -34,8 +35,8 @@ def observe_checkpoints(
         into.record(Metric.CHECKPOINTS_NOT_AS_RECORDED)
     for recorded in seen.recorded:
         logger.info("checkpoint recorded", extra={"checkpoint": recorded.checkpoint, "job": job})
-    intact = [c for c in stored if c.uri not in seen.not_as_recorded]
-    return intact[0].summary() if intact else None
+    newest = ledger.resumable(stored, seen.ledger, run)
+    return newest[0].summary() if newest else None
 
 
 def record_goodput(

@@ -7,21 +7,26 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, Field, TypeAdapter
 
+from contract import ledger
 from contract.execution_state import EndedRun
 from contract.layout import run_checkpoints, run_of
 from contract.stored_checkpoints import list_checkpoints, newest_per_location
+from lambdas.jobs.environment import CleanupEnvironment
 
 
-def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
-    """Delete the checkpoints under `prefix` that the newest complete one supersedes; versioning keeps them a while.
+def prune_checkpoints(s3: Any, stores: CleanupEnvironment, run: str) -> dict[str, Any]:
+    """Delete the run's checkpoints that the newest one it may resume from supersedes; versioning keeps them a while.
 
-    Per location: the run's own checkpoints, and each tuning trial's under it, are pruned apart, so that
-    every trial keeps its newest complete checkpoint, the best trial's included. Only directories older
-    than that checkpoint go, complete or not; a location without a complete checkpoint, and anything
-    newer than its newest complete one, is left as it is (nothing is known to supersede it).
+    What the run may resume from is one rule (contract/ledger.py `resumable`: complete, and as its ledger records
+    it), so a recorded checkpoint whose bytes changed since is never kept in place of an intact one. Per location:
+    the run's own checkpoints, and each tuning trial's under it, are pruned apart, so that every trial keeps its
+    newest such checkpoint, the best trial's included. Only directories older than it go, complete or not; a
+    location without one, and anything newer than it, is left as it is (nothing is known to supersede it).
     """
-    listing = list_checkpoints(s3, bucket, prefix)
-    kept = newest_per_location(listing.complete)
+    prefix = run_checkpoints(run)
+    listing = list_checkpoints(s3, stores.checkpoints_bucket, prefix)
+    recorded = ledger.recorded(s3, stores.artifacts_bucket, run)
+    kept = newest_per_location(ledger.resumable(listing.complete, recorded, run))
     doomed = []
     for directory, keys in listing.directories.items():
         location, step = directory.removesuffix("/").rsplit("/", 1)
@@ -30,14 +35,16 @@ def prune_checkpoints(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
             doomed.extend(keys)
     for start in range(0, len(doomed), 1000):
         batch = [{"Key": key} for key in doomed[start : start + 1000]]
-        s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        s3.delete_objects(Bucket=stores.checkpoints_bucket, Delete={"Objects": batch, "Quiet": True})
     return {"kept": [c.summary() for c in kept.values()], "deleted_objects": len(doomed)}
 
 
-def prune_runs(s3: Any, bucket: str, prefixes: list[str], stopped: list[str]) -> list[dict[str, Any]]:
-    """Prune the checkpoints under `prefixes` and those of the runs of the `stopped` jobs (named <run>-<attempt>)."""
-    runs = {run_checkpoints(run_of(name)) for name in stopped}
-    return [{"prefix": f"s3://{bucket}/{p}", **prune_checkpoints(s3, bucket, p)} for p in sorted({*prefixes, *runs})]
+def prune_runs(s3: Any, stores: CleanupEnvironment, runs: list[str], stopped: list[str]) -> list[dict[str, Any]]:
+    """Prune the checkpoints of `runs` and of the runs of the `stopped` jobs (named <run>-<attempt>)."""
+    return [
+        {"prefix": f"s3://{stores.checkpoints_bucket}/{run_checkpoints(run)}", **prune_checkpoints(s3, stores, run)}
+        for run in sorted({*runs, *(run_of(name) for name in stopped)})
+    ]
 
 
 class ExecutionStatus(BaseModel):

@@ -3,7 +3,7 @@
 Invoked by the state machine on every way out of a queued run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the teams' queue's service jobs that have not ended and
 carry the execution's tag (waiting or running: Batch stops a running one's training job), then prunes
-the run's checkpoints to the newest complete one (lambdas/sagemaker/cleanup.py's pruning).
+the run's checkpoints to the newest one it may resume from (lambdas/sagemaker/cleanup.py's pruning).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from contract.layout import run_checkpoints
 from contract.service_requests import EXECUTION_TAG
+from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.shared.errors import classified
@@ -36,14 +36,16 @@ def active_jobs(batch: Any, queue: str, execution: str) -> list[dict[str, str]]:
     return found
 
 
-def clean_up(execution: str, *, queue: str, prefixes: list[str], bucket: str, batch: Any, s3: Any) -> dict[str, Any]:
+def clean_up(
+    execution: str, *, queue: str, runs: list[str], stores: CleanupEnvironment, batch: Any, s3: Any
+) -> dict[str, Any]:
     """Terminate the execution's service jobs, then prune the checkpoints of the given runs and of those jobs."""
     terminated = []
     for job in active_jobs(batch, queue, execution):
         batch.terminate_service_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
         terminated.append(job["job_name"])
         logger.info("service job terminated", extra={"job": job["job_name"], "execution": execution})
-    return {"stopped": terminated, "pruned": prune_runs(s3, bucket, prefixes, terminated)}
+    return {"stopped": terminated, "pruned": prune_runs(s3, stores, runs, terminated)}
 
 
 @classified
@@ -55,8 +57,8 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     result = clean_up(
         execution,
         queue=environment.job_queue,
-        prefixes=[run_checkpoints(run)] if run is not None else [],
-        bucket=environment.checkpoints_bucket,
+        runs=[run] if run is not None else [],
+        stores=environment,
         batch=boto3.client("batch"),
         s3=boto3.client("s3"),
     )

@@ -34,15 +34,15 @@ class NothingToContinueError(Exception):
 def copy_resumed_checkpoint(
     continued: ResumeSource, run: str, *, execution: str, s3: Any, environment: ResumeEnvironment
 ) -> ResumedCheckpoint:
-    """Copy the newest intact recorded checkpoint of the resumed run into `run`'s prefix; record it."""
-    recorded = {r.checkpoint: r for r in ledger.records(s3, environment.artifacts_bucket, continued.run)}
+    """Copy the newest checkpoint of the resumed run that it may resume from (`ledger.resumable`) into `run`'s
+    prefix; record it."""
     source = run_checkpoints(continued.run)
-    for checkpoint in complete_checkpoints(s3, environment.checkpoints_bucket, source):  # newest first
+    stored = complete_checkpoints(s3, environment.checkpoints_bucket, source)
+    newest = ledger.resumable(stored, ledger.recorded(s3, environment.artifacts_bucket, continued.run), continued.run)
+    for skipped in stored[: stored.index(newest[0])] if newest else stored:
+        logger.warning("not copied: not as the run's ledger records it", extra={"checkpoint": skipped.uri})
+    for checkpoint in newest[:1]:
         relative = checkpoint.prefix.removeprefix(source)
-        record = recorded.get(relative)
-        if record is None or record.manifest_sha256 != checkpoint.manifest_sha256:
-            logger.warning("not copied", extra={"checkpoint": checkpoint.uri, "recorded": record is not None})
-            continue
         target = f"{run_checkpoints(run)}{relative}"
         for name in sorted(checkpoint.files, key=lambda n: n == MANIFEST):  # the manifest last
             s3.copy_object(

@@ -3,8 +3,8 @@
 Invoked two ways:
 - by the state machine on every way out of a run (`stop` after an orchestration failure, `prune`
   after the job ended): stops the jobs tagged with this execution, then prunes the run's
-  checkpoints in S3 to the newest complete one (contract/stored_checkpoints.py) of the run, and of
-  each of its tuning trials;
+  checkpoints in S3 to the newest one it may resume from (contract/ledger.py `resumable`) of the run, and
+  of each of its tuning trials;
 - by EventBridge when an execution ends ABORTED, TIMED_OUT or FAILED (a person's StopExecution, the
   execution's own timeout): the same, for the jobs tagged with that execution.
 """
@@ -17,7 +17,6 @@ import boto3
 from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
-from contract.layout import run_checkpoints
 from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
@@ -72,14 +71,14 @@ def stop_tuning_jobs(sagemaker: Any, execution: str) -> list[str]:
     return stopped
 
 
-def clean_up(execution: str, *, prefixes: list[str], bucket: str, sagemaker: Any, s3: Any) -> dict[str, Any]:
+def clean_up(execution: str, *, runs: list[str], stores: CleanupEnvironment, sagemaker: Any, s3: Any) -> dict[str, Any]:
     """Stop the execution's tuning jobs and jobs, then prune the given runs' checkpoints and the stopped jobs'."""
     tuning_stopped = stop_tuning_jobs(sagemaker, execution)
     # A trial of a stopped tuning job is stopped here too when it still runs: it carries the execution's tag.
     stopped = stop_jobs(sagemaker, execution)
     return {
         "stopped": stopped,
-        "pruned": prune_runs(s3, bucket, prefixes, stopped),
+        "pruned": prune_runs(s3, stores, runs, stopped),
         "stopped_tuning_jobs": tuning_stopped,
     }
 
@@ -88,11 +87,13 @@ def clean_up(execution: str, *, prefixes: list[str], bucket: str, sagemaker: Any
 @logger.inject_lambda_context(log_event=False)
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
-    bucket = CleanupEnvironment.from_environ().checkpoints_bucket
     execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
-    prefixes = [run_checkpoints(run)] if run is not None else []
     result = clean_up(
-        execution, prefixes=prefixes, bucket=bucket, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3")
+        execution,
+        runs=[run] if run is not None else [],
+        stores=CleanupEnvironment.from_environ(),
+        sagemaker=boto3.client("sagemaker"),
+        s3=boto3.client("s3"),
     )
     logger.info("run cleaned up", extra={"execution": execution, **result})
     return result

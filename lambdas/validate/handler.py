@@ -99,6 +99,7 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
                 sfn=boto3.client("stepfunctions"),
                 s3=boto3.client("s3"),
                 artifacts_bucket=limits.artifacts_bucket,
+                checkpoints_bucket=env_str("CHECKPOINTS_BUCKET"),
             )
         except resume.ResumeError as exc:
             problems.append(Problem(resume.FIELD, event["input"][resume.FIELD], str(exc)))

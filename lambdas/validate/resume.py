@@ -7,7 +7,8 @@ history (the request its Validate resolved) and refuses, with the rest of the in
 - an execution of another state machine, one still running, or one that never passed Validate;
 - a run started by someone else (`requested_by` differs), when the platform knows who starts runs;
 - a run whose settings the new one cannot resume (contract/resume.py);
-- a run with no checkpoint the platform recorded (contract/ledger.py), hence nothing to resume.
+- a run with no checkpoint it may resume from (contract/ledger.py `resumable`: complete, and as the platform
+  recorded it), hence nothing to resume.
 
 The ledger-opening step (lambdas/resume) copies the chosen checkpoint into the new run's prefix once
 the run is approved; the new run's lineage records where it came from.
@@ -25,7 +26,9 @@ from botocore.exceptions import ClientError
 from contract import ledger
 from contract.config import ConfigError, from_hyperparameters
 from contract.execution_state import REQUEST, TRAIN_ROLE, InstanceGroup, TrainingRequest
+from contract.layout import run_checkpoints
 from contract.resume import resume_problems
+from contract.stored_checkpoints import complete_checkpoints
 
 FIELD = "resume_from"
 _EXECUTION = re.compile(r"^arn:(aws[a-z-]*):states:([a-z0-9-]+):(\d{12}):execution:([^:]+):([^:]+)$")
@@ -52,7 +55,9 @@ def state_machine_of(execution: str) -> str | None:
     return f"arn:{partition}:states:{region}:{account}:stateMachine:{machine}"
 
 
-def find(resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_bucket: str) -> PreviousRun:
+def find(
+    resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_bucket: str, checkpoints_bucket: str
+) -> PreviousRun:
     """The run `resume_from` names, as its Validate resolved it; ResumeError when there is none to resume."""
     if state_machine_of(resume_from) is not None:
         execution = resume_from
@@ -78,10 +83,12 @@ def find(resume_from: str, *, own_execution: str, sfn: Any, s3: Any, artifacts_b
     request = _resolved_request(sfn, execution)
     if request is None:
         raise ResumeError(f"{resume_from!r}: that execution never passed Validate, so it has no checkpoint")
-    if not ledger.records(s3, artifacts_bucket, request.job_name_base):
+    run = request.job_name_base
+    stored = complete_checkpoints(s3, checkpoints_bucket, run_checkpoints(run))
+    if not ledger.resumable(stored, ledger.recorded(s3, artifacts_bucket, run), run):
         raise ResumeError(
-            f"{resume_from!r}: the platform recorded no checkpoint of {request.job_name_base}, so there is nothing"
-            " to resume; start it afresh"
+            f"{resume_from!r}: {run} has no checkpoint that is complete and as the platform recorded it, so there is"
+            " nothing to resume; start it afresh"
         )
     return PreviousRun(execution=execution, request=request)
 

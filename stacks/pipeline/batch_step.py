@@ -176,7 +176,9 @@ class BatchTraining(Construct):
             handler="lambdas.batch.cleanup.handler",
             description="Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
             environment=BatchCleanupEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name, job_queue=self.cluster.queue.job_queue_arn
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                job_queue=self.cluster.queue.job_queue_arn,
             ),
             dead_letters="StopBatchJobsDeadLetters",
         )

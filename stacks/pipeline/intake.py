@@ -16,7 +16,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from contract.execution_state import ESTIMATE, INPUT, REQUEST, VALIDATION
-from contract.layout import ANY_CODE, ANY_LEDGER_RECORD
+from contract.layout import ANY_CODE, ANY_LEDGER_RECORD, ANY_MANIFEST
 from lambdas.validate.limits import PlatformLimits
 from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
@@ -25,6 +25,7 @@ from stacks.constructs.lustre import LustreDataRepository
 from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.parts import Buckets, Handlers, obj
+from stacks.pipeline.polled_job import list_runs
 from stacks.settings import PlatformSettings
 
 
@@ -127,6 +128,7 @@ class Intake(Construct):
                 "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
                 "BUDGET_CONTACT": settings.budget_contact,
                 "START_PROOFS_TABLE": start_proofs.table_name,
+                "CHECKPOINTS_BUCKET": buckets.checkpoints.bucket_name,
             },
         )
         # `resume_from` given as a run id is looked up in that run's ledger.
@@ -138,6 +140,13 @@ class Intake(Construct):
             iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])
         )
         acknowledge_wildcard(function.role, records, "Reads the ledger of the run an input's resume_from names.")
+        # ...and its checkpoints judged: whether one is complete and as the ledger records it (contract/ledger.py).
+        function.function.add_to_role_policy(list_runs(buckets.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        manifests = f"{buckets.checkpoints.bucket_arn}/{ANY_MANIFEST}"
+        function.function.add_to_role_policy(
+            iam.PolicyStatement(sid="CheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
+        )
+        acknowledge_wildcard(function.role, manifests, "Reads the manifests of the run an input's resume_from names.")
         # A fine-tuning run's model folder (init_from) and its dataset's first records are read before any job starts:
         # headers and heads of files, by ranged GETs, in the datasets bucket only.
         function.function.add_to_role_policy(

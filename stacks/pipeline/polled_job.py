@@ -426,8 +426,8 @@ def cleanup_function(
 ) -> tuple[PlatformFunction, sqs.Queue, str]:
     """A backend's cleanup handler, its dead-letter queue and the pattern of the checkpoints it may prune.
 
-    `environment` names the checkpoints bucket it prunes. The backend grants it what stopping its jobs
-    takes, and acknowledges the wildcards.
+    `environment` names the checkpoints bucket it prunes and the artifacts bucket of the runs' ledgers. The backend
+    grants it what stopping its jobs takes, and acknowledges the wildcards.
     """
     # EventBridge invokes the cleanup asynchronously: what fails there for good is kept here.
     queue = sqs.Queue(
@@ -454,12 +454,18 @@ def cleanup_function(
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="PruneRunCheckpoints", actions=["s3:DeleteObject"], resources=[superseded])
     )
-    # Which checkpoint is complete is read from its manifest (contract/stored_checkpoints.py).
+    # Which checkpoint the run may resume from is read from its manifest and its ledger record (contract/ledger.py).
     manifests = f"{checkpoints}/{ANY_MANIFEST}"
+    records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+    cleanup.function.add_to_role_policy(list_runs(buckets.artifacts.bucket_arn, "ListRunLedgers"))
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadCheckpointManifests", actions=["s3:GetObject"], resources=[manifests])
     )
+    cleanup.function.add_to_role_policy(
+        iam.PolicyStatement(sid="ReadLedgerRecords", actions=["s3:GetObject"], resources=[records])
+    )
     acknowledge_wildcard(cleanup.role, manifests, "Reads the manifests of the ended run's checkpoints to judge them.")
+    acknowledge_wildcard(cleanup.role, records, "Reads the ended run's ledger records to judge its checkpoints.")
     return cleanup, queue, superseded
 
 

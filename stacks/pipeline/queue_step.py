@@ -147,7 +147,9 @@ class QueueTraining(Construct):
             handler="lambdas.queue.cleanup.handler",
             description="Terminates a run's queued service jobs and prunes its checkpoints when the run ends",
             environment=QueueCleanupEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name, job_queue=self.teams.queue_arn
+                checkpoints_bucket=buckets.checkpoints.bucket_name,
+                artifacts_bucket=buckets.artifacts.bucket_name,
+                job_queue=self.teams.queue_arn,
             ),
             dead_letters="StopServiceJobsDeadLetters",
         )

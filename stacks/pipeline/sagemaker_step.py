@@ -122,7 +122,9 @@ class SageMakerTraining(Construct):
             "Cleanup",
             handler="lambdas.sagemaker.cleanup.handler",
             description="Stops a run's training jobs and prunes its checkpoints when the run ends",
-            environment=CleanupEnvironment(checkpoints_bucket=buckets.checkpoints.bucket_name),
+            environment=CleanupEnvironment(
+                checkpoints_bucket=buckets.checkpoints.bucket_name, artifacts_bucket=buckets.artifacts.bucket_name
+            ),
             dead_letters="CleanupDeadLetters",
         )
         self.job.grant_stop(cleanup.role)

@@ -17,6 +17,7 @@ from contract.layout import run_checkpoints, run_goodput
 from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue import cleanup
+from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.queue.monitor import QUEUED, SERVICE_JOB_FAILED, poll
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
@@ -257,7 +258,8 @@ def test_cleanup_terminates_the_executions_waiting_and_running_service_jobs_only
         },
     ]
     queue = _Queue(jobs)
-    result = cleanup.clean_up(mine, queue="teams", prefixes=[], bucket="ckpt", batch=queue, s3=s3)
+    stores = QueueCleanupEnvironment(checkpoints_bucket="ckpt", artifacts_bucket="ckpt", job_queue="teams")
+    result = cleanup.clean_up(mine, queue="teams", runs=[], stores=stores, batch=queue, s3=s3)
     assert [job for job, _ in queue.terminated] == ["a", "b"]
     assert all(mine in reason for _, reason in queue.terminated)
     assert result["stopped"] == ["run-aaaa-1", "run-aaaa-2"]

@@ -85,6 +85,36 @@ def test_a_recorded_checkpoint_changed_by_another_runs_code_stays_unloadable(pip
     assert sorted(keys) == [f"{run_ledger(base)}opened.json", f"{run_ledger(base)}step-10.json"]
 
 
+def test_the_end_of_run_prune_keeps_the_intact_checkpoint_a_changed_one_would_have_cost(pipeline_factory: Any) -> None:
+    """Another run's code rewrites recorded step-10: the run can resume only from step-5, which the prune keeps (it
+    used to keep the newest complete checkpoint, step-10 as changed, and delete step-5)."""
+    run = Run()
+    attacker: dict[str, Any] = {}
+
+    def tamper(_name: str, request: dict[str, Any]) -> None:
+        bucket, prefix = split_s3_uri(request["CheckpointConfig"]["S3Uri"])
+        put_checkpoint(attacker["s3"], bucket, prefix, 10, files={".metadata": b"m", "__0_0.distcp": b"p"})
+
+    failed = Poll("Failed", "Failed", failure_reason="AlgorithmError: the trainer exited 1")
+    pipeline: Pipeline = pipeline_factory(
+        scripts=[[Poll(effect=run.upload(5)), Poll(effect=run.upload(10)), Poll(effect=tamper), failed]]
+    )
+    attacker["s3"] = _s3_as(pipeline, ECS_TASKS)
+    run.uploader = _s3_as(pipeline, SAGEMAKER)
+    arn = pipeline.start(pipeline.input())
+    assert pipeline.finish(arn)["status"] == "FAILED"
+    (job,) = pipeline.jobs()
+    base = job.rsplit("-", 1)[0]
+    checkpoints = pipeline.local.environment("Cleanup")["CHECKPOINTS_BUCKET"]
+    prefix = f"runs/{base}/checkpoints/"
+    keys = [o["Key"] for o in run.s3.list_objects_v2(Bucket=checkpoints, Prefix=prefix)["Contents"]]
+    assert sorted({key.removeprefix(prefix).split("/")[0] for key in keys}) == ["step-10", "step-5"]
+    artifacts = pipeline.local.environment("Register")["ARTIFACTS_BUCKET"]
+    stored = complete_checkpoints(run.s3, checkpoints, prefix)
+    resumable = ledger.resumable(stored, ledger.recorded(run.s3, artifacts, base), base)
+    assert [(c.step, c.manifest_sha256) for c in resumable] == [(5, run.digests[5])]
+
+
 @pytest.mark.parametrize("service", [SAGEMAKER, ECS_TASKS])
 def test_training_roles_read_the_ledger_and_cannot_write_it(pipeline: Pipeline, service: str) -> None:
     artifacts = pipeline.local.environment("Register")["ARTIFACTS_BUCKET"]

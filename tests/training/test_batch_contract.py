@@ -131,7 +131,24 @@ def test_prepare_restores_only_complete_checkpoints_the_runs_ledger_records(tmp_
     paths = Paths.from_env(env)
     batch_contract.prepare(paths, node, env, s3)
     assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-4"]
-    assert ledger.trusted_digests(paths.channel(layout.LEDGER_CHANNEL)) == {recorded, partial}
+    delivered = ledger.delivered(paths.channel(layout.LEDGER_CHANNEL), job="r-1-1")
+    assert delivered == ledger.Recorded({"step-4/": recorded, "step-6/": partial})
+
+
+@mock_aws
+def test_prepare_restores_no_copy_of_a_recorded_checkpoint_under_another_step(tmp_path: Path) -> None:
+    """The one rule (contract/ledger.py `resumable`): a checkpoint's manifest must be the one recorded of its own
+    directory; the bytes of recorded step-4 copied to step-8 are not step 8."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket=BUCKET)
+    run = layout.run_checkpoints("r-1")
+    recorded = put_checkpoint(s3, BUCKET, run, 4)
+    ledger.record(s3, BUCKET, "r-1", checkpoint="step-4/", step=4, manifest_sha256=recorded, job="r-1-1", execution="e")
+    for key in [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run}step-4/")["Contents"]]:
+        s3.copy_object(Bucket=BUCKET, Key=key.replace("step-4/", "step-8/"), CopySource={"Bucket": BUCKET, "Key": key})
+    trusted = ledger.Recorded({"step-4/": recorded})
+    restored = batch_contract.restore_checkpoints(s3, f"s3://{BUCKET}/{run}", tmp_path / "checkpoints", trusted=trusted)
+    assert restored == ["step-4/"]
 
 
 @mock_aws

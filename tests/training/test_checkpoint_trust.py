@@ -620,6 +620,22 @@ def test_a_recorded_checkpoint_replaced_by_a_consistent_one_is_not_loaded(
     assert "resumed from checkpoint step-8" in log
 
 
+def test_a_recorded_checkpoint_copied_over_a_newer_one_is_not_loaded(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A checkpoint's manifest must be the one recorded of its own directory (contract/ledger.py `Recorded.admits`):
+    recorded step-8's bytes copied over step-12 are not step 12, though the ledger records their digest."""
+    root = _copy(reference, tmp_path)
+    _ledger(root, [4, 8, 12])
+    planted = root / "checkpoints" / "step-12"
+    shutil.rmtree(planted)
+    shutil.copytree(root / "checkpoints" / "step-8", planted)
+    completed, log = run_in_process(root, CHECKPOINTED_JOB)
+    assert completed
+    assert "skipping checkpoint step-12: the run's ledger does not record it" in log
+    assert "resumed from checkpoint step-8" in log
+
+
 def test_a_write_error_in_a_writer_thread_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save missing items must fail, naming the file and its error, not commit a checkpoint whose metadata names
     only what was written (torch's own threaded writer drops a helper thread's error)."""

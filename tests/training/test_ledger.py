@@ -56,9 +56,10 @@ def test_tuning_trials_are_recorded_under_their_own_directory(s3: Any) -> None:
     assert keys == [f"{run_ledger('r-1')}tune-001-aa/step-5.json"]
 
 
-def test_the_ledger_channel_gives_the_digests_a_job_may_load(s3: Any, tmp_path: Path) -> None:
-    assert ledger.trusted_digests(tmp_path / "absent") is None
+def test_the_ledger_channel_gives_a_job_the_records_of_its_own_checkpoints(s3: Any, tmp_path: Path) -> None:
+    assert ledger.delivered(tmp_path / "absent", job="r-1-1") is None
     digest = put_checkpoint(s3, CHECKPOINTS, run_checkpoints("r-1"), 10)
+    trial = put_checkpoint(s3, CHECKPOINTS, f"{run_checkpoints('r-1')}tune-001-aa/", 5)
     ledger.open_ledger(s3, ARTIFACTS, "r-1", execution="e", continues=None)
     _seen(s3)
     channel = tmp_path / "ledger"
@@ -66,4 +67,22 @@ def test_the_ledger_channel_gives_the_digests_a_job_may_load(s3: Any, tmp_path: 
         target = channel / obj["Key"].removeprefix(run_ledger("r-1"))
         target.parent.mkdir(parents=True, exist_ok=True)
         s3.download_file(ARTIFACTS, obj["Key"], str(target))
-    assert ledger.trusted_digests(channel) == {digest}
+    # A job's checkpoints are the run's (a single job) or its own folder's (a tuning trial, which SageMaker names).
+    assert ledger.delivered(channel, job="r-1-1") == ledger.Recorded({"step-10/": digest})
+    assert ledger.delivered(channel, job="tune-001-aa") == ledger.Recorded({"step-10/": digest, "step-5/": trial})
+    assert ledger.delivered(channel, job="tune-002-bb") == ledger.Recorded({"step-10/": digest})
+
+
+def test_a_checkpoint_may_be_resumed_from_only_as_its_own_record_holds_it(s3: Any) -> None:
+    """Complete and with the manifest recorded of its own directory: not changed since, not recorded elsewhere."""
+    run = run_checkpoints("r-1")
+    intact = put_checkpoint(s3, CHECKPOINTS, run, 5)
+    changed = put_checkpoint(s3, CHECKPOINTS, run, 10)
+    _seen(s3)
+    put_checkpoint(s3, CHECKPOINTS, run, 10, files={".metadata": b"other", "__0_0.distcp": b"x"})
+    put_checkpoint(s3, CHECKPOINTS, run, 15, omit=("__0_0.distcp",))  # recorded never: not complete
+    stored = complete_checkpoints(s3, CHECKPOINTS, run)
+    recorded = ledger.recorded(s3, ARTIFACTS, "r-1")
+    assert recorded == ledger.Recorded({"step-5/": intact, "step-10/": changed})
+    assert [c.step for c in ledger.resumable(stored, recorded, "r-1")] == [5]
+    assert not recorded.admits("step-15/", intact)

@@ -18,9 +18,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from contract import goodput
 from contract.config import CheckpointConfig
 from contract.layout import LEDGER_CHANNEL, step_dir
-from contract.ledger import trusted_digests
+from contract.ledger import delivered
 from training.checkpoint import CheckpointManager, ModelState
 from training.distributed import DistEnv
 from training.sagemaker_contract import Paths
@@ -97,7 +98,7 @@ class Checkpointer:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         env = DistEnv(rank, world, local_rank, device, dist.new_group(backend="gloo"))  # type: ignore[arg-type]
         self.state = ScriptState(model, optimizer, scheduler, rank, seed=0, extra={} if extra is None else extra)
-        ledger = trusted_digests(Paths.from_env().channel(LEDGER_CHANNEL))
+        ledger = delivered(Paths.from_env().channel(LEDGER_CHANNEL), job=goodput.job_name(os.environ))
         settings = CheckpointConfig(interval_steps=0, interval_minutes=0, keep_last=keep_last)
         self.manager = CheckpointManager(directory or checkpoint_dir(), env, settings, trusted=ledger)
 
