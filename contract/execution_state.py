@@ -155,6 +155,8 @@ class TrainingRequest(_Model):
     """The team the run belongs to (settings `teams`; Validate proved the requester a member)."""
     priority: int = Field(default=0, ge=0, le=MAX_PRIORITY)
     """Its service job's schedulingPriority in the team's quota share (backend "queue")."""
+    max_queue_wait_seconds: int | None = None
+    """Backend "queue": the longest its service job may wait for capacity at a time (lambdas/queue/waits.py)."""
     alternative: int = Field(default=0, ge=0, le=MAX_FALLBACK)
     """The cluster `instance_groups` holds: 0 the input's own, i its fallback[i - 1] (lambdas/sagemaker/capacity.py)."""
     code: Code | None = None
@@ -354,6 +356,8 @@ class JobProgress(_Model):
     """A finished job's goodput ledger (contract/goodput.py's JobLedger as JSON), also in the run's lineage."""
     queued: str | None = None
     """A team's service job waiting in its queue: "queued for capacity: <the scheduler's reason>"."""
+    queued_seconds: float | None = None
+    """How long that service job has waited this time (since its submission, or its last preemption)."""
     preemptions: int = 0
     """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
 

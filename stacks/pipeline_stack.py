@@ -134,7 +134,13 @@ class PipelineStack(Stack):
         """The teams' Batch queue and quota shares; None when settings name no teams."""
         if not settings.teams:
             return None
-        return TeamQueue(self, "Teams", capacity=settings.service_environment.capacity, teams=settings.teams)
+        return TeamQueue(
+            self,
+            "Teams",
+            capacity=settings.service_environment.capacity,
+            teams=settings.teams,
+            max_wait_minutes=settings.service_environment.max_queue_wait_minutes,
+        )
 
     def _training_step(
         self,

@@ -32,6 +32,7 @@ from contract.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_
 from lambdas.approvals.identity import Principal
 from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
+from lambdas.queue.waits import MAX_WAIT_MINUTES, MIN_WAIT_MINUTES
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import python_pattern
@@ -523,6 +524,15 @@ class ServiceEnvironmentSettings(_Model):
         description="How often a team's job may be preempted (each time it resumes from its checkpoints) before "
         "the run fails; 0: the first preemption fails it.",
     )
+    max_queue_wait_minutes: int = Field(
+        MAX_WAIT_MINUTES,
+        ge=MIN_WAIT_MINUTES,
+        le=MAX_WAIT_MINUTES,
+        description="The longest a team's job may wait for capacity at a time (after it is submitted, and again after "
+        "each preemption): the queue terminates a job blocked at its head this long (AWS Batch allows 10 minutes to "
+        "24 hours), the run's progress handler one that waited this long for any reason, and the run fails with "
+        "QueueWaitExceeded. A run may ask for less (its input's `max_queue_wait_minutes`).",
+    )
 
     @field_validator("capacity")
     @classmethod
@@ -872,6 +882,7 @@ class PlatformSettings(_Model):
             service_capacity=dict(self.service_environment.capacity),
             code_python=(target := self.base_image().wheel_target).python,
             code_platform=target.platform,
+            max_queue_wait_minutes=self.service_environment.max_queue_wait_minutes,
         )
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from aws_lambda_powertools import Logger
 from contract.execution_state import JobCost, JobProgress, QueuePoll
 from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.jobs.progress import observe_checkpoints, record_metrics
+from lambdas.queue.waits import QUEUE_WAIT_EXCEEDED, in_words, queue_terminated
 from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
@@ -61,17 +62,42 @@ def preemptions(described: dict[str, Any]) -> int:
     return int((described.get("preemptionSummary") or {}).get("preemptedAttemptCount", 0))
 
 
-def waiting(described: dict[str, Any], event: QueuePoll, checkpoint: dict[str, Any] | None) -> JobProgress:
-    """A service job that waits for its share's capacity (first, or again after a preemption)."""
+def wait_started(described: dict[str, Any]) -> datetime:
+    """When the service job began its present (or last) wait: its submission, or its last preemption."""
+    stopped = [attempt["stoppedAt"] for attempt in described.get("attempts", []) if attempt.get("stoppedAt")]
+    return datetime.fromtimestamp((stopped[-1] if stopped else described["createdAt"]) / 1000, UTC)
+
+
+def waiting(
+    described: dict[str, Any], event: QueuePoll, checkpoint: dict[str, Any] | None, *, now: datetime
+) -> JobProgress:
+    """A service job that waits for its share's capacity (first, or again after a preemption); past the run's
+    maximum wait, the run's end (the cleanup terminates the job)."""
     reason = described.get("statusReason") or "waiting for capacity"
-    return JobProgress.untrained(
+    waited = max(0.0, (now - wait_started(described)).total_seconds())
+    progress = JobProgress.untrained(
         described["jobName"],
         QUEUED,
         described["status"],
         checkpoint=checkpoint,
         stale_warned=event.previous.stale_warned,
         queued=f"queued for capacity: {reason}",
+        queued_seconds=round(waited),
         preemptions=preemptions(described),
+    )
+    limit = event.request.max_queue_wait_seconds
+    if limit is None or waited <= limit:
+        return progress
+    return progress.model_copy(
+        update={
+            "status": "Failed",
+            "finished": True,
+            "error": QUEUE_WAIT_EXCEEDED,
+            "failure_reason": (
+                f"service job {described['jobName']} waited {in_words(waited)} for capacity, longer than the run "
+                f"allows ({in_words(limit)}, max_queue_wait_minutes); the scheduler's last reason: {reason}"
+            ),
+        }
     )
 
 
@@ -95,28 +121,33 @@ def ended(
     event: QueuePoll,
     s3: Any,
     environment: MonitorEnvironment,
+    now: datetime,
 ) -> JobProgress:
     """The service job's end: its last training job's verdict, every attempt's cost and goodput ledger.
 
     A service job that failed while its training job did not (terminated, or preempted more often than its
-    preemption configuration allows) fails with the service's reason.
+    preemption configuration allows) fails with the service's reason; one the queue terminated for waiting too
+    long, with QUEUE_WAIT_EXCEEDED and the wait in words.
     """
     status, reason = described["status"], described.get("statusReason", "")
     ledgers = [sagemaker_ledger(s3, job, environment=environment, poll=event, into=metrics) for job in attempts]
     cost = total_cost([job_cost(job, event.hourly_usd) for job in attempts])
     if summary is None or (status == "FAILED" and summary.status != "Failed"):
         name = summary.job_name if summary else described["jobName"]
-        base = summary or waiting(described, event, None)
+        base = summary or waiting(described, event, None, now=now)
+        stopped = datetime.fromtimestamp(described.get("stoppedAt", described["createdAt"]) / 1000, UTC)
+        too_long = queue_terminated(reason, waited_seconds=(stopped - wait_started(described)).total_seconds())
         return base.model_copy(
             update={
                 "job_name": name,
                 "status": "Failed",
                 "finished": True,
-                "error": SERVICE_JOB_FAILED,
-                "failure_reason": f"service job {described['jobName']} {status}: {reason}",
+                "error": QUEUE_WAIT_EXCEEDED if too_long else SERVICE_JOB_FAILED,
+                "failure_reason": f"service job {described['jobName']} {status}: {too_long or reason}",
                 "retry_on_new_nodes": False,
                 "cost": cost,
                 "queued": None,
+                "queued_seconds": None,
                 "goodput": ledgers[-1] if ledgers else None,
                 "preemptions": preemptions(described),
             }
@@ -142,7 +173,7 @@ def poll(
     )
     status = described["status"]
     if status in WAITING:
-        return waiting(described, event, checkpoint)
+        return waiting(described, event, checkpoint, now=now)
     names = training_jobs(sagemaker, described)
     latest = sagemaker.describe_training_job(TrainingJobName=names[-1]) if names else None
     summary = (
@@ -160,7 +191,8 @@ def poll(
     if status not in ("SUCCEEDED", "FAILED"):
         # SCHEDULED, STARTING or RUNNING: its training job's progress, not yet its end (Batch's is the verdict).
         if summary is None:  # the capacity is the job's; Batch has not yet created its training job
-            return waiting(described, event, checkpoint).model_copy(update={"status": status, "queued": None})
+            held = waiting(described, event, checkpoint, now=now)
+            return held.model_copy(update={"status": status, "queued": None, "queued_seconds": None})
         return summary.model_copy(update={"finished": False, "cost": None}) if summary.finished else summary
     attempts = [sagemaker.describe_training_job(TrainingJobName=name) for name in names[:-1]]
     return ended(
@@ -170,6 +202,7 @@ def poll(
         event=event,
         s3=s3,
         environment=environment,
+        now=now,
     )
 
 

@@ -111,6 +111,13 @@ class ExecutionInput(BaseModel):
         le=MAX_PRIORITY,
         description=f'0-{MAX_PRIORITY}: within the team\'s quota share, higher runs first (backend "queue").',
     )
+    max_queue_wait_minutes: int | None = Field(
+        None,
+        ge=1,
+        description='Backend "queue": the longest the run\'s job may wait for capacity at a time (after submission '
+        "and after each preemption) before the run fails with QueueWaitExceeded; at most, and by default, the "
+        "platform's service_environment.max_queue_wait_minutes.",
+    )
     distribution: str = Field("ddp", description="Data-parallel strategy: " + ", ".join(DISTRIBUTION_NAMES) + ".")
     efa: bool | None = Field(
         None,

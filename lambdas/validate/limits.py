@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from lambdas.backends import BACKENDS, backend
 from lambdas.backends.backend import BackendLimits
+from lambdas.queue.waits import MAX_WAIT_MINUTES
 from lambdas.shared.env import env_int, env_json, env_str
 from lambdas.validate.inputs import ExecutionInput
 from lambdas.validate.teams import Team, teams_from_json, teams_json
@@ -53,6 +54,8 @@ class PlatformLimits:
     """The image's Python (e.g. "3.12"), for which a run's own code's wheels must be packed ("": not judged)."""
     code_platform: str = ""
     """The image's platform tag (e.g. "manylinux_2_35_x86_64"), likewise."""
+    max_queue_wait_minutes: int = MAX_WAIT_MINUTES
+    """The longest a team's job may wait for capacity at a time (service_environment.max_queue_wait_minutes)."""
 
     @classmethod
     def from_environment(cls) -> PlatformLimits:
@@ -76,6 +79,7 @@ class PlatformLimits:
             service_capacity=dict(env_json("SERVICE_CAPACITY")),
             code_python=env_str(CODE_PYTHON_ENV),
             code_platform=env_str(CODE_PLATFORM_ENV),
+            max_queue_wait_minutes=env_int("MAX_QUEUE_WAIT_MINUTES"),
         )
 
     def environment(self) -> dict[str, str]:
@@ -99,6 +103,7 @@ class PlatformLimits:
             "SERVICE_CAPACITY": json.dumps(dict(self.service_capacity), sort_keys=True),
             CODE_PYTHON_ENV: self.code_python,
             CODE_PLATFORM_ENV: self.code_platform,
+            "MAX_QUEUE_WAIT_MINUTES": str(self.max_queue_wait_minutes),
         }
         for limits in self.backend_limits.values():
             variables |= limits.environment()

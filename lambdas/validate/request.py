@@ -41,6 +41,7 @@ from contract.memory import fine_tuning_memory
 from contract.metrics import MODEL_METRIC_NAMES
 from contract.service_requests import EXECUTION_TAG, TEAM_TAG
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
+from lambdas.backends.queue import QUEUE
 from lambdas.shared import history
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import code as own_code
@@ -551,6 +552,20 @@ def _check_notify(request: ExecutionInput, limits: PlatformLimits, team: Team | 
         )
 
 
+def _check_queue_wait(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> None:
+    """`max_queue_wait_minutes`: a queued run's, within the platform's."""
+    wait = request.max_queue_wait_minutes
+    if wait is None:
+        return
+    if request.backend != QUEUE:
+        problems.append(f'max_queue_wait_minutes applies to backend "{QUEUE}" only; drop it')
+    elif wait > limits.max_queue_wait_minutes:
+        problems.append(
+            f"max_queue_wait_minutes {wait} exceeds the platform's {limits.max_queue_wait_minutes} "
+            "(service_environment.max_queue_wait_minutes); ask for at most that"
+        )
+
+
 def run_identity(execution: str, started: str) -> str:
     """The run's identity (RUN_ID_HEX hex digits) from its execution ARN and start time ($$.Execution.StartTime)."""
     return hashlib.sha256(f"{execution}\n{started}".encode()).hexdigest()[:RUN_ID_HEX]
@@ -687,6 +702,7 @@ def _check(
         problems.extend(limits.problems(request.backend, request))
     team = named_team(request.team, limits.teams)
     _check_notify(request, limits, team, problems)
+    _check_queue_wait(request, limits, problems)
     types = {group.instance_type for group in groups or []}
     problems.extend(
         request_team_problems(
@@ -823,6 +839,9 @@ def _assemble(
         team=request.team,
         priority=request.priority,
         code=checked.code,
+        max_queue_wait_seconds=60 * (request.max_queue_wait_minutes or limits.max_queue_wait_minutes)
+        if request.backend == QUEUE
+        else None,
     )
 
 

@@ -15,15 +15,23 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from contract.service_requests import TEAM_TAG
+from lambdas.queue.waits import BLOCKED
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.settings import TeamSettings
 
 
 class TeamQueue(Construct):
-    """The scheduling policy, service environment (of `capacity`), job queue and one quota share per team."""
+    """The scheduling policy, service environment (of `capacity`), job queue and one quota share per team; a job
+    blocked at the queue's head is terminated after `max_wait_minutes`."""
 
     def __init__(
-        self, scope: Construct, id_: str, *, capacity: Mapping[str, int], teams: Sequence[TeamSettings]
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        capacity: Mapping[str, int],
+        teams: Sequence[TeamSettings],
+        max_wait_minutes: int,
     ) -> None:
         super().__init__(scope, id_)
         self.policy = batch.CfnSchedulingPolicy(
@@ -53,6 +61,14 @@ class TeamQueue(Construct):
                 batch.CfnJobQueue.ServiceEnvironmentOrderProperty(
                     order=1, service_environment=self.environment.attr_service_environment_arn
                 )
+            ],
+            # A job blocked at the head of the queue (too few instances, more than the environment or its share
+            # holds) is terminated after `max_wait_minutes`, and the next job moves up (lambdas/queue/waits.py).
+            job_state_time_limit_actions=[
+                batch.CfnJobQueue.JobStateTimeLimitActionProperty(
+                    action="TERMINATE", max_time_seconds=60 * max_wait_minutes, reason=reason, state="RUNNABLE"
+                )
+                for reason in BLOCKED
             ],
         )
         self.shares: dict[str, batch.CfnQuotaShare] = {team.name: self._share(team) for team in teams}

@@ -19,6 +19,7 @@ from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue import cleanup
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.queue.monitor import QUEUED, SERVICE_JOB_FAILED, poll
+from lambdas.queue.waits import QUEUE_WAIT_EXCEEDED
 from lambdas.validate.request import resolve
 from tests.lambdas.test_handlers import LIMITS
 
@@ -219,6 +220,60 @@ def test_a_training_job_that_failed_its_pre_flight_check_is_replaced_on_fresh_no
         _training(first, "Failed", "Failed", billed=30, reason=reason),
     )
     assert (progress.finished, progress.error, progress.retry_on_new_nodes) == (True, "PreflightFailed", True)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _waited(s3: Any, described: dict[str, Any], *, limit_minutes: int) -> Any:
+    event = _event()
+    event = event.model_copy(
+        update={"request": event.request.model_copy(update={"max_queue_wait_seconds": 60 * limit_minutes})}
+    )
+    return poll(event, batch=_Batch(described), sagemaker=_SageMaker(), s3=s3, environment=ENVIRONMENT, now=T0)
+
+
+def test_a_job_that_waits_longer_than_the_run_allows_ends_the_run_saying_how_long(s3: Any) -> None:
+    reason = "waiting for capacity: share vision uses 2 of 2 ml.p5.48xlarge; 3 jobs ahead"
+    described = _service_job("RUNNABLE", reason=reason) | {"createdAt": _ms(T0 - timedelta(hours=5, minutes=2))}
+    within = _waited(s3, described, limit_minutes=6 * 60)
+    assert (within.status, within.finished, within.queued_seconds) == (QUEUED, False, 5 * 3600 + 120)
+    over = _waited(s3, described, limit_minutes=5 * 60)
+    assert (over.status, over.finished, over.error, over.retry_on_new_nodes) == (
+        "Failed",
+        True,
+        QUEUE_WAIT_EXCEEDED,
+        False,
+    )
+    assert over.failure_reason == (
+        f"service job {NAME} waited 5 h 2 min for capacity, longer than the run allows (5 h, max_queue_wait_minutes); "
+        f"the scheduler's last reason: {reason}"
+    )
+
+
+def test_a_wait_after_a_preemption_counts_from_the_preemption(s3: Any) -> None:
+    first = f"AWSBatch{NAME}0123"
+    preempted = _attempt(first, "Preempted") | {"stoppedAt": _ms(T0 - timedelta(minutes=30))}
+    described = _service_job("RUNNABLE", preempted, reason="Preempted", preempted=1)
+    described["createdAt"] = _ms(T0 - timedelta(days=3))
+    progress = _waited(s3, described, limit_minutes=60)
+    assert (progress.status, progress.finished, progress.queued_seconds) == (QUEUED, False, 1800)
+
+
+def test_a_job_the_queue_terminated_for_its_wait_ends_the_run_saying_why(s3: Any) -> None:
+    reason = "Terminated by JobStateTimeLimit action due to reason: MISCONFIGURATION:QUOTA_MANAGEMENT_LIMIT_EXCEEDED"
+    described = _service_job("FAILED", reason=reason) | {
+        "createdAt": _ms(T0 - timedelta(hours=25)),
+        "stoppedAt": _ms(T0 - timedelta(hours=1)),
+    }
+    progress = _poll(s3, described)
+    assert (progress.finished, progress.error) == (True, QUEUE_WAIT_EXCEEDED)
+    assert progress.failure_reason == (
+        f"service job {NAME} FAILED: the teams' queue terminated the job after it had waited 1 d for capacity, blocked "
+        "at the head of the queue because the job needs more instances than its team's quota share can hold "
+        "(teams[].quota_share.capacity) (the queue's limit: service_environment.max_queue_wait_minutes)"
+    )
 
 
 class _Queue:

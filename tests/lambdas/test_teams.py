@@ -111,6 +111,28 @@ def test_a_members_run_carries_its_team_priority_cost_tag_and_e_mails() -> None:
     assert quiet["recipients"] == ["vision@example.org"] and quiet["priority"] == 0
 
 
+def test_a_queued_run_may_wait_for_capacity_as_long_as_the_platform_allows_or_less() -> None:
+    def resolved(**changes: Any) -> dict[str, Any]:
+        return resolve(
+            _input(backend="queue", **changes), execution_name="e", limits=LIMITS, requested_by=VISION_SCIENTIST
+        )
+
+    assert resolved()["max_queue_wait_seconds"] == LIMITS.max_queue_wait_minutes * 60
+    assert resolved(max_queue_wait_minutes=90)["max_queue_wait_seconds"] == 90 * 60
+    longer = _problems(
+        _input(backend="queue", max_queue_wait_minutes=LIMITS.max_queue_wait_minutes + 1),
+        requested_by=VISION_SCIENTIST,
+    )
+    assert (
+        f"max_queue_wait_minutes {LIMITS.max_queue_wait_minutes + 1} exceeds the platform's "
+        f"{LIMITS.max_queue_wait_minutes} (service_environment.max_queue_wait_minutes)"
+    ) in longer
+    not_queued = _problems(_input(max_queue_wait_minutes=30), requested_by=VISION_SCIENTIST)
+    assert 'max_queue_wait_minutes applies to backend "queue" only' in not_queued
+    unqueued = resolve(_input(), execution_name="e", limits=LIMITS, requested_by=VISION_SCIENTIST)
+    assert unqueued["max_queue_wait_seconds"] is None
+
+
 def test_a_run_without_a_team_has_no_team_tag() -> None:
     request = resolve(_input(team=None, dataset=f"s3://{BUCKET}/corpus/"), execution_name="e", limits=LIMITS)
     assert request["team"] is None

@@ -224,3 +224,25 @@ def test_a_submit_batch_refuses_fails_the_run_at_once_without_a_retry(teams: Any
     assert "The quota share does not exist (injected)" in pipeline.error(described)[1]
     assert len(sent) == 1
     assert pipeline.local.queue.jobs == {}
+
+
+def test_a_job_that_waits_longer_than_its_run_allows_ends_the_run_and_says_why(teams: Any) -> None:
+    pipeline = teams([[RUNNING], [RUNNING]])
+    local, jobs = pipeline.local, pipeline.local.queue
+    first = pipeline.start(team_input(pipeline, "team-a", "a-first"), name="a-first", requester=TEAM_A)
+    local.wait(first, 60, until=lambda: len(pipeline.training.created_names) == 1)
+    second_input = team_input(pipeline, "team-a", "a-second", max_queue_wait_minutes=30)
+    second = pipeline.start(second_input, name="a-second", requester=TEAM_A)
+    local.wait(second, 60, until=lambda: any(p["status"] == "Queued" for p in progress_polls(pipeline, second)))
+    (waiting,) = [j for j in jobs.jobs.values() if j.name.startswith("a-second-")]
+    waiting.created_at -= 31 * 60 * 1000  # submitted 31 minutes ago, as far as the next poll can tell
+    described = pipeline.finish(second, 60)
+    assert described["status"] == "FAILED"
+    error, cause = pipeline.error(described)
+    assert error == "QueueWaitExceeded"
+    assert f"service job {waiting.name} waited 31 min for capacity, longer than the run allows (30 min" in cause
+    assert "share team-a uses 1 of 1 ml.m5.xlarge" in cause
+    (told,) = [m for m in local.messages("TopicsRuns") if m.get("Subject") == "Training run failed"]
+    assert json.loads(told["Message"])["error"] == "QueueWaitExceeded"
+    local.wait(second, 60, until=lambda: waiting.terminated)  # the cleanup ended the waiting job
+    local.sfn.stop_execution(executionArn=first)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
+from lambdas.queue.waits import BLOCKED
 from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.iam_policy import Policy, Request, allows, evaluate
 from stacks.settings import SettingsError, build_settings
@@ -98,6 +99,24 @@ def test_the_service_environment_needs_teams_capacity_and_allowed_types() -> Non
         build_settings(teams_settings(service_environment={"capacity": {P4D: 8, "ml.g5.xlarge": 2}}))
 
 
+def test_the_longest_queue_wait_is_within_what_the_queue_enforces() -> None:
+    """AWS Batch's jobStateTimeLimitActions take 600 to 86,400 seconds."""
+    for minutes in (9, 24 * 60 + 1):
+        environment = {**SERVICE_ENVIRONMENT, "max_queue_wait_minutes": minutes}
+        with pytest.raises(SettingsError, match=r"service_environment.max_queue_wait_minutes"):
+            build_settings(teams_settings(service_environment=environment))
+    default = build_settings(teams_settings()).service_environment
+    assert default.max_queue_wait_minutes == 24 * 60
+    assert (
+        build_settings(teams_settings())
+        .platform_limits(
+            datasets_bucket="d", artifacts_bucket="a", fsx_file_system_id="f", fsx_mount_name="m", tags={}, backends=()
+        )
+        .max_queue_wait_minutes
+        == 24 * 60
+    )
+
+
 # -- templates ----------------------------------------------------------------------------------------------
 def test_without_teams_nothing_of_them_is_synthesized(platform: Any) -> None:
     for type_ in TEAM_TYPES:
@@ -125,6 +144,11 @@ def test_the_teams_queue_is_quota_managed_sagemaker_training(variant: Any) -> No
             "SchedulingPolicyArn": get_att(policy, "Arn"),
             "ServiceEnvironmentOrder": [
                 {"Order": 1, "ServiceEnvironment": get_att(environment, "ServiceEnvironmentArn")}
+            ],
+            # A job blocked at the head of the queue is terminated after the settings' longest wait.
+            "JobStateTimeLimitActions": [
+                {"Action": "TERMINATE", "MaxTimeSeconds": 24 * 3600, "Reason": reason, "State": "RUNNABLE"}
+                for reason in BLOCKED
             ],
         },
     )
