@@ -38,6 +38,7 @@ from stacks.network_stack import NetworkStack
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.create_training_job import DistributedTrainingJob
+from stacks.pipeline.ended import EndedRuns
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.parts import Buckets, Handlers, Notifier, StepParts, obj, stack_arn, string
@@ -126,9 +127,11 @@ class PipelineStack(Stack):
         invoked += resume.functions
         self._grant_state_machine(key, training, registration.packages, invoked)
         intake.read_ended_runs(self.state_machine, self.execution_key)
+        ended = EndedRuns(self, "EndedRuns", handlers=handlers, topic=self.topics.runs, key=key)
+        ended.bind(self.state_machine, self.execution_key)
         retrain = self._retrain(settings, handlers, data, backends=training.backends)
         self._cost_controls(settings, backends, validator=intake.validate.role)
-        self._outputs(self._monitoring(settings, invoked, training, retrain))
+        self._outputs(self._monitoring(settings, invoked, training, ended, retrain))
 
     def _team_queue(self, settings: PlatformSettings) -> TeamQueue | None:
         """The teams' Batch queue and quota shares; None when settings name no teams."""
@@ -263,11 +266,16 @@ class PipelineStack(Stack):
         settings: PlatformSettings,
         invoked: list[PlatformFunction],
         training: TrainingStep,
+        ended: EndedRuns,
         retrain: RetrainTriggers | None,
     ) -> PlatformDashboard:
         """Alarms and a dashboard over the state machine and every handler."""
-        functions = [*invoked, *(retrain.functions if retrain else [])]
-        dead_letters = {**training.dead_letters, **(retrain.dead_letters if retrain else {})}
+        functions = [*invoked, ended.function, *(retrain.functions if retrain else [])]
+        dead_letters = {
+            **training.dead_letters,
+            "TellEndedRun": ended.dead_letters,
+            **(retrain.dead_letters if retrain else {}),
+        }
         watched: dict[str, lambda_.IFunction] = {
             **{fn.node.id: fn.function for fn in functions},
             "ApprovalRequest": self.approval.request.function,

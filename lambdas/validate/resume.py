@@ -80,7 +80,7 @@ def find(
         raise
     if status in ("RUNNING", "PENDING_REDRIVE"):
         raise ResumeError(f"{resume_from!r}: the run is still {status}; stop it first, then resume it")
-    request = _resolved_request(sfn, execution)
+    request = resolved_request(sfn, execution)
     if request is None:
         raise ResumeError(f"{resume_from!r}: that execution never passed Validate, so it has no checkpoint")
     run = request.job_name_base
@@ -93,7 +93,7 @@ def find(
     return PreviousRun(execution=execution, request=request)
 
 
-def _resolved_request(sfn: Any, execution: str) -> TrainingRequest | None:
+def resolved_request(sfn: Any, execution: str) -> TrainingRequest | None:
     """The request that execution's Validate resolved: the first state output that holds one."""
     for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution):
         for event in page["events"]:

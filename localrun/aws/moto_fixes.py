@@ -237,10 +237,10 @@ def stopped_executions_keep_error_and_cause() -> Any:
     original = StepFunctionResponse.stop_execution
 
     def stop_execution(response: Any) -> Any:
-        result = original(response)
         execution = response.stepfunction_backend.describe_execution(response._get_param("executionArn"))
-        execution.error, execution.cause = response._get_param("error"), response._get_param("cause")
-        return result
+        if execution.status == "RUNNING":  # before it stops: its status change event carries them
+            execution.error, execution.cause = response._get_param("error"), response._get_param("cause")
+        return original(response)
 
     return mock.patch.object(StepFunctionResponse, "stop_execution", stop_execution)
 

@@ -72,7 +72,9 @@ def test_only_the_platform_roles_can_decrypt_execution_data(iam: AssemblyIam) ->
     decide = next(r.logical for r in iam.roles.values() if r.logical.startswith("ApprovalDecideRole"))
     # Validate reads an ended run's history for `resume_from`, with Decrypt alone: it encrypts nothing.
     validate = next(r.logical for r in iam.roles.values() if r.logical.startswith("ValidateRole"))
-    assert readers == {iam.roles[props["RoleArn"]].logical, decide, validate}
+    # TellEndedRun reads an ended run's history for its recipients, with Decrypt alone too.
+    tell = next(r.logical for r in iam.roles.values() if r.logical.startswith("TellEndedRunRole"))
+    assert readers == {iam.roles[props["RoleArn"]].logical, decide, validate, tell}
     writers = {r.logical for r in iam.roles.values() if iam.may_use_key(r, "kms:GenerateDataKey", key, **context)}
     assert writers == {iam.roles[props["RoleArn"]].logical, decide}
     administrator = _administrator()
