@@ -16,8 +16,10 @@ from pathlib import Path
 from contract.catalog import instance_type_table
 from contract.config import hyperparameters_markdown
 from contract.metrics import METRIC_DEFINITIONS, MODEL_METRIC_NAMES
+from lambdas.shared.errors import service_errors_table
 from lambdas.shared.metrics import BY_TEAM, MEANING, NAMESPACE, STAGE_OF, TEAM_DIMENSION, UNIT_OF, Metric
 from lambdas.validate.inputs import input_table
+from stacks.constructs import tasks
 from stacks.settings import settings_table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -63,6 +65,43 @@ def metrics_tables() -> str:
             "(`lambdas/shared/metrics.py`); the dashboard graphs them.",
             "",
             platform_metrics_table(),
+        ]
+    )
+
+
+def errors_tables() -> str:
+    """What the state machine retries, by service and by task, and for how long."""
+    budgets = [
+        "| Task | Errors retried | Retries | Longest wait between tries | At most, in all |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for task, errors, budget in (
+        ("A progress handler (`Check progress`, every backend)", "`TransientError`, Lambda's", tasks.POLLING),
+        ("Every other handler", "`TransientError`, Lambda's", tasks.SHORT),
+        ("An SDK task (create, submit, describe, tag)", "the service's, as above; `States.Timeout`", tasks.SDK),
+        ("A notification", "`States.TaskFailed`, `States.Timeout`", tasks.SDK),
+    ):
+        longest = budget.longest_seconds()
+        budgets.append(
+            f"| {task} | {errors} | {budget.attempts} | {budget.max_delay_seconds} s | {longest / 60:.0f} min |"
+        )
+    return "\n".join(
+        [
+            "## By service",
+            "",
+            "Step Functions names a task's error `<service>.<error>`: an error the service's API model declares by its",
+            "code, one it does not (how most services report throttling and their own faults) by the service's",
+            "generic exception. What passes is retried within the task's budget; a bad request or a missing resource",
+            "ends the run at once with the service's cause (`lambdas/shared/errors.py` `SERVICE_ERRORS`).",
+            "",
+            service_errors_table(),
+            "",
+            "## By task",
+            "",
+            "Each wait is FULL-jittered: a random time up to its cap, which doubles from try to try "
+            "(`stacks/constructs/tasks.py`).",
+            "",
+            "\n".join(budgets),
         ]
     )
 
@@ -115,6 +154,14 @@ PAGES = (
         "allows; Validate suggests the closest name for one it does not know (`p4d.24xlarge` -> `ml.p4d.24xlarge`).",
         "`contract/catalog.py`",
         instance_type_table,
+    ),
+    ReferencePage(
+        "reference/errors.md",
+        "Errors: what is retried",
+        "What the pipeline retries when a call fails, and what ends a run at once (how each way a run ends is told:\n"
+        "[Queue waits and how a run ends](../platform-team/queue-waits.md)).",
+        "`lambdas/shared/errors.py` and `stacks/constructs/tasks.py`",
+        errors_tables,
     ),
     ReferencePage(
         "reference/metrics.md",

@@ -181,3 +181,16 @@ SERVICE_ERRORS: dict[str, ServiceErrors] = {
 """The services the state machine calls by task: its SDK tasks' (SageMaker; Batch, the teams' queue's too) and its
 handlers' (Lambda). A notification retries every error of its publish (stacks/constructs/tasks.py); what the
 handlers call is classified by botocore's rule (`is_transient`)."""
+
+
+def service_errors_table() -> str:
+    """SERVICE_ERRORS as a Markdown table: what the state machine retries of each service, and what it does not."""
+    rows = [
+        "| Service | Retried: throttling, faults in the service | Not retried: the request or the resource | Errors |",
+        "| --- | --- | --- | --- |",
+    ]
+    for errors in SERVICE_ERRORS.values():
+        retried = ", ".join(f"`{name}`" for name in errors.retried())
+        lasting = ", ".join(f"`{name}`" for name in errors.not_retried())
+        rows.append(f"| {errors.prefix} | {retried} | {lasting} | [{errors.prefix}]({errors.source}) |")
+    return "\n".join(rows)
