@@ -358,6 +358,9 @@ class JobProgress(_Model):
     """A team's service job waiting in its queue: "queued for capacity: <the scheduler's reason>"."""
     queued_seconds: float | None = None
     """How long that service job has waited this time (since its submission, or its last preemption)."""
+    poll_seconds: int | None = None
+    """How long the state machine waits before the next poll: the request's interval, longer the longer a queued job
+    has waited (lambdas/jobs/pacing.py)."""
     preemptions: int = 0
     """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
 

@@ -27,6 +27,7 @@ from contract.layout import (
     split_s3_uri,
 )
 from lambdas.batch.environment import BatchMonitorEnvironment
+from lambdas.jobs.pacing import paced
 from lambdas.jobs.progress import freshness, observe_checkpoints, record_goodput, record_metrics
 from lambdas.sagemaker.monitor import metrics
 from lambdas.shared.errors import classified
@@ -243,4 +244,4 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         "batch job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions"}),
     )
-    return summary.model_dump(mode="json")
+    return paced(summary, parsed).model_dump(mode="json")

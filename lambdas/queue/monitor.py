@@ -19,6 +19,7 @@ from aws_lambda_powertools import Logger
 
 from contract.execution_state import JobCost, JobProgress, QueuePoll
 from lambdas.jobs.environment import MonitorEnvironment
+from lambdas.jobs.pacing import paced
 from lambdas.jobs.progress import observe_checkpoints, record_metrics
 from lambdas.queue.waits import QUEUE_WAIT_EXCEEDED, in_words, queue_terminated
 from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
@@ -225,4 +226,4 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         "service job polled",
         extra=summary.model_dump(include={"job_name", "status", "secondary_status", "queued", "preemptions"}),
     )
-    return summary.model_dump(mode="json")
+    return paced(summary, parsed).model_dump(mode="json")

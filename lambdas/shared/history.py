@@ -4,7 +4,9 @@ Step Functions ends an execution at 25,000 history events. A run polls its job u
 each poll adds EVENTS_PER_POLL events, everything else in a run (validation, both approval gates,
 every retry's notification and creation, evaluation, registration) at most RUN_EVENTS. Both figures are
 measured by executing the state machine (tests/pipeline/test_orchestration.py), and Validate
-stretches a run's poll interval so that its longest possible loop fits with a margin.
+stretches a run's poll interval so that its longest possible loop fits with a margin. A job that waits in a
+queue for capacity is polled less often the longer it waits (`waiting_poll_seconds`): a day's wait costs dozens
+of polls, not hundreds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ RUN_EVENTS = 800
 MARGIN = 0.8
 # SageMaker's provisioning and start-up before training counts toward no stopping condition.
 STARTUP_ALLOWANCE_SECONDS = 3600
+# A job waiting for capacity is looked at again after this share of the time it has waited so far...
+WAITING_POLL_FRACTION = 0.25
+# ...but at least once an hour.
+WAITING_POLL_CAP_SECONDS = 3600
 
 
 def poll_budget() -> int:
@@ -32,3 +38,12 @@ def poll_seconds(*, floor_seconds: int, attempt_seconds: int, attempts: int) -> 
     """The poll interval: the platform's, or longer when `attempts` jobs of up to `attempt_seconds` need it."""
     longest = attempts * (attempt_seconds + STARTUP_ALLOWANCE_SECONDS)
     return max(floor_seconds, math.ceil(longest / poll_budget()))
+
+
+def waiting_poll_seconds(*, floor_seconds: int, waited_seconds: float, left_seconds: float | None) -> int:
+    """The poll interval while a job waits for capacity: a share of what it has waited, between the training
+    interval and an hour, and no later than just after its allowed wait (`left_seconds`) runs out."""
+    interval = min(WAITING_POLL_CAP_SECONDS, max(floor_seconds, waited_seconds * WAITING_POLL_FRACTION))
+    if left_seconds is not None:
+        interval = min(interval, max(1.0, left_seconds + 1))
+    return math.ceil(interval)

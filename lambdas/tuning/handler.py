@@ -18,6 +18,7 @@ from aws_lambda_powertools import Logger
 from contract.execution_state import JobCost, JobProgress, Poll, TunedTrial
 from contract.layout import run_goodput
 from lambdas.jobs.environment import MonitorEnvironment
+from lambdas.jobs.pacing import paced
 from lambdas.jobs.progress import observe_checkpoints, record_metrics
 from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
@@ -156,4 +157,4 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     if summary.finished:
         record_trial_ledgers(boto3.client("sagemaker"), boto3.client("s3"), name, poll=parsed, environment=environment)
     logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))
-    return summary.model_dump(mode="json")
+    return paced(summary, parsed).model_dump(mode="json")

@@ -2,7 +2,8 @@
 
 Step Functions' `.sync` integrations cannot record spot interruptions, warn of stale checkpoints
 or replace a job that waits for capacity, so each backend's job is created by an SDK task and
-followed by one progress-handler call per round at the request's `poll_seconds`:
+followed by one progress-handler call per round at the request's `poll_seconds`, or later the longer a job has
+waited for capacity (lambdas/jobs/pacing.py):
 
     first attempt -> reset -> create -> wait -> check -> finished?
       running (checkpoints stale)         -> warn, wait
@@ -199,15 +200,19 @@ class PolledJobStep:
         )
         self.failed = sfn.Pass(scope, names("Training step failed"), comment="$.failure says why")
         self.succeeded = sfn.Pass(scope, names("Training step succeeded"), comment=names.succeeded_comment)
+        # A new attempt's progress: nothing warned of yet, the first poll after the request's interval.
         reset = sfn.Pass(
-            scope, names("Reset progress"), result=sfn.Result.from_object({"stale_warned": False}), result_path=str(JOB)
+            scope,
+            names("Reset progress"),
+            parameters={"stale_warned": False, "poll_seconds": sfn.JsonPath.number_at(str(REQUEST.poll_seconds))},
+            result_path=str(JOB),
         )
         stop = self._stop_and_fail()
         wait = sfn.Wait(
             scope,
             names("Wait for training"),
-            time=sfn.WaitTime.seconds_path(str(REQUEST.poll_seconds)),
-            comment="Between polls",
+            time=sfn.WaitTime.seconds_path(str(JOB.poll_seconds)),
+            comment="Between polls: the progress handler says how long (lambdas/jobs/pacing.py)",
         )
         self.start.next(reset).next(create(wait, self._not_created()))
         # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price.

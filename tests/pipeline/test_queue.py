@@ -25,6 +25,7 @@ from contract.service_requests import (
     create_training_job,
     submit_service_job,
 )
+from lambdas.shared import history
 from lambdas.validate.api_requests import PLACEHOLDERS, api_problems
 from localrun.aws.cfn import ACCOUNT
 from localrun.aws.clock import Clock
@@ -224,6 +225,30 @@ def test_a_submit_batch_refuses_fails_the_run_at_once_without_a_retry(teams: Any
     assert "The quota share does not exist (injected)" in pipeline.error(described)[1]
     assert len(sent) == 1
     assert pipeline.local.queue.jobs == {}
+
+
+def test_a_job_that_has_waited_long_is_polled_less_often(teams: Any) -> None:
+    """A team's job waiting for its share is polled at the run's interval at first, and at most hourly once it has
+    waited hours: the state machine waits what the progress handler says (lambdas/jobs/pacing.py)."""
+    pipeline = teams([[RUNNING], [RUNNING]])
+    local, jobs = pipeline.local, pipeline.local.queue
+    first = pipeline.start(team_input(pipeline, "team-a", "a-first"), name="a-first", requester=TEAM_A)
+    local.wait(first, 60, until=lambda: len(pipeline.training.created_names) == 1)
+    second = pipeline.start(team_input(pipeline, "team-a", "a-second"), name="a-second", requester=TEAM_A)
+    local.wait(second, 60, until=lambda: any(p["status"] == "Queued" for p in progress_polls(pipeline, second)))
+    (early, *_) = [p for p in progress_polls(pipeline, second) if p["status"] == "Queued"]
+    (waiting,) = [j for j in jobs.jobs.values() if j.name.startswith("a-second-")]
+    waiting.created_at -= 5 * 3600 * 1000  # submitted five hours ago, as far as the next poll can tell
+
+    def long_waits() -> list[dict[str, Any]]:
+        return [p for p in progress_polls(pipeline, second) if (p.get("queued_seconds") or 0) >= 5 * 3600]
+
+    local.wait(second, 60, until=lambda: len(long_waits()) >= 2)
+    interval = early["poll_seconds"]
+    assert interval < history.WAITING_POLL_CAP_SECONDS == long_waits()[0]["poll_seconds"]
+    assert history.WAITING_POLL_CAP_SECONDS in local.clock.waits  # the Wait state waited what it was told
+    local.sfn.stop_execution(executionArn=second)
+    local.sfn.stop_execution(executionArn=first)
 
 
 def test_a_job_that_waits_longer_than_its_run_allows_ends_the_run_and_says_why(teams: Any) -> None:
