@@ -20,7 +20,10 @@ When a job ends its progress handler assembles its ledger (`job_ledger`): the bi
 
 goodput = productive / billed. The parts are measured, not derived, except `other`; `unaccounted` is
 what the service's transitions leave of the billed interval (zero when they tile it), kept so that a
-ledger whose parts do not sum to its billed time says so.
+ledger whose parts do not sum to its billed time says so. A progress record is the trainer's word, which
+the job's own role writes: the phases of a job's records never count for more than the container time
+the service billed, and when they claim more they are scaled down to it and the ledger says by how much
+(`bounded_seconds`).
 
 Stdlib only: the trainer, the Lambda handlers, the run report and `tp` import it.
 """
@@ -251,6 +254,9 @@ class JobLedger:
     parts: dict[str, float]
     unaccounted_seconds: float
     starts: int  # how many times its training processes started (restarts after interruptions included)
+    bounded_seconds: float = 0.0
+    """Phase seconds the job's progress records claimed beyond the container time the service billed, left out
+    (0: the records fit in it)."""
 
     @property
     def goodput(self) -> float:
@@ -268,6 +274,7 @@ class JobLedger:
             parts={part: float(body["parts"].get(part, 0.0)) for part in PARTS},
             unaccounted_seconds=float(body.get("unaccounted_seconds", 0.0)),
             starts=int(body.get("starts", 0)),
+            bounded_seconds=float(body.get("bounded_seconds", 0.0)),
         )
 
 
@@ -306,10 +313,14 @@ def job_ledger(
     for record in records:
         for phase, seconds in record.phases.items():
             parts[PHASE_PARTS[phase]] += seconds
-    in_phases = sum(parts[p] for p in PHASE_PARTS.values())
-    # Phases that outlast the container leave `other` at zero, and the parts then sum to more than the
-    # billed time: `unaccounted` goes below zero and says so.
-    parts["other"] = max(0.0, container - in_phases)
+    claimed = sum(parts[p] for p in PHASE_PARTS.values())
+    # The records are the job's own word: what they claim beyond the container time the service billed is
+    # left out (every phase scaled down alike), and the ledger says how much.
+    bounded = max(0.0, claimed - container)
+    if bounded > 0:
+        for part in set(PHASE_PARTS.values()):
+            parts[part] *= container / claimed
+    parts["other"] = max(0.0, container - (claimed - bounded))
     hung = min(hung_seconds, parts["other"])
     parts["other"] -= hung
     parts["stalls"] += hung
@@ -321,6 +332,7 @@ def job_ledger(
         parts={p: round(s, 3) for p, s in parts.items()},
         unaccounted_seconds=round(billed - total, 3),
         starts=len(records),
+        bounded_seconds=round(bounded, 3),
     )
 
 

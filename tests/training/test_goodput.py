@@ -87,7 +87,7 @@ def test_a_gap_the_transitions_leave_is_unaccounted_not_hidden() -> None:
     assert ledger.unaccounted_seconds == 20.0
 
 
-def test_phases_longer_than_the_container_leave_other_at_zero() -> None:
+def test_phases_longer_than_the_container_are_bounded_by_it_and_say_so() -> None:
     transitions = [Transition("Training", _at(0), _at(10))]
     ledger = job_ledger(
         "j-1",
@@ -97,7 +97,7 @@ def test_phases_longer_than_the_container_leave_other_at_zero() -> None:
         transitions=transitions,
         records=[_record("j-1", 0, step=5, train=10.2)],
     )
-    assert ledger.parts["other"] == 0.0 and ledger.parts["productive"] == 10.2
+    assert ledger.parts["other"] == 0.0 and ledger.parts["productive"] == 10.0 and ledger.bounded_seconds == 0.2
 
 
 def test_a_hang_is_a_stall_taken_from_the_container_time_no_phase_holds() -> None:
@@ -186,10 +186,11 @@ def test_a_reclaims_notice_while_the_processes_still_checkpoint_is_their_time_no
     kwargs = {"instances": 1, "billed_start": _at(0), "billed_end": _at(100), "transitions": transitions}
     ledger = job_ledger("j-1", **kwargs, records=records)  # type: ignore[arg-type]
     assert ledger.parts["stalls"] == 10.0 and ledger.parts["other"] == 1.0 and ledger.unaccounted_seconds == 0
-    # Phases the container cannot hold make the parts outgrow the billed time, and the ledger says so.
+    # Phases the container cannot hold are scaled down to it, and the ledger says by how much.
     longer = [_record("j-1", 0, step=30, train=60), _record("j-1", 55, step=60, train=44)]
     over = job_ledger("j-1", **kwargs, records=longer)  # type: ignore[arg-type]
-    assert over.unaccounted_seconds == -4.0  # 104 s of phases in 100 s of container
+    assert over.bounded_seconds == 4.0 and over.unaccounted_seconds == 0  # 104 s of phases in 100 s of container
+    assert over.parts["productive"] == 100.0 and sum(over.parts.values()) == 100.0
 
 
 def test_records_that_are_not_records_are_ignored() -> None:
