@@ -249,7 +249,7 @@ class ApprovalStore:
             requested_at=item["requested_at"],
             decided_at=decided_at.isoformat(),
         )
-        self._deliver(request_id, self._unseal(item), output.model_dump())
+        self._deliver(request_id, status, self._unseal(item), output.model_dump())
         return output.model_dump()
 
     def verify(self, *, execution: str, gate: str, decision: dict[str, Any]) -> None:
@@ -371,13 +371,13 @@ class ApprovalStore:
             return {**record, "reason": current["reason"]}, datetime.fromisoformat(current["decided_at"])
         return record, now
 
-    def _deliver(self, request_id: str, token: str, output: dict[str, Any]) -> None:
+    def _deliver(self, request_id: str, status: str, token: str, output: dict[str, Any]) -> None:
         """Resume the waiting execution with the decision, then mark it delivered."""
         try:
             self.sfn.send_task_success(taskToken=token, output=json.dumps(output))
         except ClientError as exc:
             if exc.response["Error"]["Code"] in ("TaskTimedOut", "TaskDoesNotExist", "InvalidToken"):
-                self._expire(request_id)
+                self._refuse(request_id, status, output)
                 raise DecisionError(
                     410, f"request {request_id} timed out before the decision: the run was rejected"
                 ) from None
@@ -387,6 +387,31 @@ class ApprovalStore:
             UpdateExpression="SET delivered = :t",
             ExpressionAttributeValues={":t": True},
         )
+
+    def _refuse(self, request_id: str, status: str, output: dict[str, Any]) -> None:
+        """A decision recorded but refused by the execution (its gate had timed out): the record no longer says
+        the request was decided; it says it expired, and keeps the refused decision apart."""
+        refused = {k: output[k] for k in ("decision", "by", "caller", "reason", "decided_at")}
+        try:
+            self.table.update_item(
+                Key={"request_id": request_id},
+                UpdateExpression=(
+                    "SET #s = :e, refused_decision = :refused, refused_because = :why "
+                    "REMOVE decided_by, decided_at, reason, caller"
+                ),
+                ConditionExpression="#s = :decided AND decided_by = :by AND attribute_not_exists(delivered)",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={
+                    ":e": EXPIRED,
+                    ":refused": refused,
+                    ":why": "the gate had timed out: the run was rejected, and this decision was not delivered",
+                    ":decided": status,
+                    ":by": refused["by"],
+                },
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
 
     def _expire(self, request_id: str) -> None:
         """Mark a request expired (its task timed out), unless a decision got there first."""

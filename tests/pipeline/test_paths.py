@@ -73,6 +73,15 @@ def test_approval_timeout_is_a_rejection(pipeline_factory: Any) -> None:
     assert late["statusCode"] == 410
     assert "rejected" in json.loads(late["body"])["error"]
     assert pipeline.jobs() == []
+    # The audit record says what happened: the request expired; the late decision is kept apart, refused.
+    item = (
+        boto3.resource("dynamodb", region_name="us-east-1")
+        .Table(pipeline.local.environment("ApprovalDecide")["TABLE_NAME"])
+        .get_item(Key={"request_id": request_id})["Item"]
+    )
+    assert item["status"] == "EXPIRED" and "decided_by" not in item and "reason" not in item, item
+    assert (item["refused_decision"]["decision"], item["refused_decision"]["by"]) == ("approved", APPROVER)
+    assert item["refused_because"].startswith("the gate had timed out")
 
 
 def test_decisions_are_authenticated_checked_and_final(pipeline: Pipeline) -> None:
