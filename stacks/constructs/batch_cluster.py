@@ -258,11 +258,7 @@ class BatchTrainingCluster(Construct):
                     "Groups": interface.groups,
                     "SubnetId": interface.subnet_id,
                     "DeleteOnTermination": True,
-                    **(
-                        {"AssociatePublicIpAddress": interface.associate_public_ip_address}
-                        if interface.associate_public_ip_address is not None
-                        else {}
-                    ),
+                    "AssociatePublicIpAddress": interface.associate_public_ip_address,
                     "Description": interface.description,
                 }
                 for interface in interfaces

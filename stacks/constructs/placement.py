@@ -52,7 +52,8 @@ def efa_interfaces(
     instance: InstanceType, *, subnet: ec2.ISubnet, security_group: ec2.ISecurityGroup
 ) -> list[ec2.CfnLaunchTemplate.NetworkInterfaceProperty]:
     """One interface per network card, EFA where the type has it, in the training subnet and security group,
-    without a public IP (only the primary interface could have one)."""
+    each saying it takes no public IP (Control Tower's CT.EC2.PR.9 asks it of every interface, not only the
+    primary one, which alone could take one)."""
     # Card 0 carries the primary interface (device 0); the other cards' EFA interfaces are device 1.
     return [
         ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
@@ -62,7 +63,7 @@ def efa_interfaces(
             groups=[security_group.security_group_id],
             subnet_id=subnet.subnet_id,
             delete_on_termination=True,
-            associate_public_ip_address=False if card == 0 else None,
+            associate_public_ip_address=False,
             description=f"training network card {card}",
         )
         for card in range(max(1, instance.efa_interfaces))
