@@ -20,8 +20,8 @@ from constructs import Construct
 from contract.execution_state import REQUEST, Path
 from lambdas.approvals.environment import ApprovalsEnvironment, DecideEnvironment, RequestEnvironment
 from lambdas.approvals.store import PENDING_INDEX
-from stacks.constructs.execution_key import ADMINISTRATION
 from stacks.constructs.function import PlatformFunction
+from stacks.constructs.keys import ADMINISTRATION, grants_for_aws_services_only
 from stacks.constructs.nag import acknowledge, acknowledge_inline_policy
 from stacks.constructs.tasks import GATE_TRANSIENT, SHORT, invoke, retry
 
@@ -117,7 +117,8 @@ class ApprovalGate(Construct):
                         principals=[iam.AccountRootPrincipal()],
                         actions=ADMINISTRATION,
                         resources=["*"],
-                    )
+                    ),
+                    grants_for_aws_services_only(),
                 ]
             ),
         )

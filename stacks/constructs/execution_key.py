@@ -14,31 +14,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-# Managing the key, never using it (no Decrypt, Encrypt, GenerateDataKey, ReEncrypt or CreateGrant).
-ADMINISTRATION = [
-    "kms:DescribeKey",
-    "kms:GetKeyPolicy",
-    "kms:GetKeyRotationStatus",
-    "kms:ListGrants",
-    "kms:ListKeyPolicies",
-    "kms:ListResourceTags",
-    "kms:PutKeyPolicy",
-    "kms:EnableKey",
-    "kms:DisableKey",
-    "kms:EnableKeyRotation",
-    "kms:DisableKeyRotation",
-    "kms:RotateKeyOnDemand",
-    "kms:UpdateKeyDescription",
-    "kms:TagResource",
-    "kms:UntagResource",
-    "kms:CreateAlias",
-    "kms:UpdateAlias",
-    "kms:DeleteAlias",
-    "kms:RevokeGrant",
-    "kms:RetireGrant",
-    "kms:ScheduleKeyDeletion",
-    "kms:CancelKeyDeletion",
-]
+from stacks.constructs.keys import ADMINISTRATION, grants_for_aws_services_only
+
 USE = ["kms:Decrypt", "kms:GenerateDataKey"]
 
 
@@ -72,6 +49,7 @@ class ExecutionDataKey(Construct):
                 },
             ),
             self._users,
+            grants_for_aws_services_only(),
         ]
         if readers:
             statements.append(

@@ -7,10 +7,46 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from stacks.constructs.execution_key import ADMINISTRATION
-
+# Managing the key, never using it (no Decrypt, Encrypt, GenerateDataKey, ReEncrypt or CreateGrant).
+ADMINISTRATION = [
+    "kms:DescribeKey",
+    "kms:GetKeyPolicy",
+    "kms:GetKeyRotationStatus",
+    "kms:ListGrants",
+    "kms:ListKeyPolicies",
+    "kms:ListResourceTags",
+    "kms:PutKeyPolicy",
+    "kms:EnableKey",
+    "kms:DisableKey",
+    "kms:EnableKeyRotation",
+    "kms:DisableKeyRotation",
+    "kms:RotateKeyOnDemand",
+    "kms:UpdateKeyDescription",
+    "kms:TagResource",
+    "kms:UntagResource",
+    "kms:CreateAlias",
+    "kms:UpdateAlias",
+    "kms:DeleteAlias",
+    "kms:RevokeGrant",
+    "kms:RetireGrant",
+    "kms:ScheduleKeyDeletion",
+    "kms:CancelKeyDeletion",
+]
 # The cryptographic operations of a symmetric key that IAM policies may grant to the platform's roles.
 CRYPTOGRAPHY = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"]
+
+
+def grants_for_aws_services_only() -> iam.PolicyStatement:
+    """A key-policy deny of every grant that no AWS service creates for a resource of its own, whatever any other
+    statement or IAM policy allows (Control Tower's CT.KMS.PR.3 form: BoolIfExists on both keys)."""
+    return iam.PolicyStatement(
+        sid="NoGrantsButForAwsServices",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["kms:CreateGrant"],
+        resources=["*"],
+        conditions={"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}},
+    )
 
 
 def account_key(scope: Construct, id_: str, *, description: str) -> kms.Key:
@@ -30,6 +66,7 @@ def account_key(scope: Construct, id_: str, *, description: str) -> kms.Key:
                 resources=["*"],
                 conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
             ),
+            grants_for_aws_services_only(),
         ]
     )
     return kms.Key(

@@ -133,3 +133,30 @@ def test_one_run_cannot_destroy_anothers_checkpoints(iam: AssemblyIam) -> None:
         if lid.startswith("BucketsCheckpoints")
     ]
     assert versioning == {"Status": "Enabled"}
+
+
+@pytest.mark.parametrize("built", ["platform", "variant"])
+def test_every_key_denies_grants_that_no_aws_service_makes(built: str, request: Any) -> None:
+    """Control Tower's CT.KMS.PR.3, as its guard rule reads a key policy; and what the statement does."""
+    iam = AssemblyIam(Path(request.getfixturevalue(built).assembly.directory))
+    keys = iam.resources("AWS::KMS::Key")
+    assert len(keys) >= 4, "the data key, the flow-logs key, the execution data key and the approval token key"
+    administrator = _administrator()
+    for stack, logical, props in keys:
+        statements = props["KeyPolicy"]["Statement"]
+        denies = [
+            s
+            for s in statements
+            if s["Effect"] == "Deny"
+            and s["Action"] in ("kms:CreateGrant", ["kms:CreateGrant"])
+            and s["Principal"] in ("*", {"AWS": "*"})
+            and s["Resource"] in ("*", ["*"])
+            and s["Condition"]
+            == {"BoolIfExists": {"kms:GrantIsForAWSResource": "false", "aws:PrincipalIsAWSService": "false"}}
+        ]
+        assert len(denies) == 1, f"{stack}/{logical}: no CT.KMS.PR.3 statement"
+        key = iam.arn(stack, logical)
+        # An administrator whose IAM policy allows kms:* still cannot grant the key to a principal of its choice.
+        assert not iam.may_use_key(administrator, "kms:CreateGrant", key, **{"kms:GrantIsForAWSResource": False}), (
+            f"{stack}/{logical}"
+        )
