@@ -132,9 +132,7 @@ class Intake(Construct):
             },
         )
         # `resume_from` given as a run id is looked up in that run's ledger.
-        function.function.add_to_role_policy(
-            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[buckets.artifacts.bucket_arn])
-        )
+        function.function.add_to_role_policy(list_runs(buckets.artifacts.bucket_arn, "ListRuns"))
         records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
         function.function.add_to_role_policy(
             iam.PolicyStatement(sid="LedgerRecords", actions=["s3:GetObject"], resources=[records])

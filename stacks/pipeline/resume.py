@@ -21,6 +21,7 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.parts import Buckets, Handlers, obj
+from stacks.pipeline.polled_job import list_runs
 
 NOTHING_TO_CONTINUE = "NothingToContinueError"
 
@@ -44,8 +45,10 @@ class ResumeStep(Construct):
         function = self.opener.function
         checkpoints = f"{buckets.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"
         records = f"{buckets.artifacts.bucket_arn}/{ANY_LEDGER_RECORD}"
+        # Listing, of the runs' prefixes only, as every other handler that lists the buckets.
+        function.add_to_role_policy(list_runs(buckets.checkpoints.bucket_arn, "ListRunCheckpoints"))
+        function.add_to_role_policy(list_runs(buckets.artifacts.bucket_arn, "ListRunArtifacts"))
         for sid, actions, resources in (
-            ("ListRuns", ["s3:ListBucket"], [buckets.checkpoints.bucket_arn, buckets.artifacts.bucket_arn]),
             ("CopyCheckpoints", ["s3:GetObject", "s3:PutObject"], [checkpoints]),
             ("LedgerRecords", ["s3:GetObject", "s3:PutObject"], [records]),
         ):

@@ -160,3 +160,23 @@ def test_every_key_denies_grants_that_no_aws_service_makes(built: str, request: 
         assert not iam.may_use_key(administrator, "kms:CreateGrant", key, **{"kms:GrantIsForAWSResource": False}), (
             f"{stack}/{logical}"
         )
+
+
+def test_no_platform_role_lists_the_run_buckets_outside_the_runs(iam: AssemblyIam) -> None:
+    """Every listing of the checkpoints and artifacts buckets is bounded by an s3:prefix under runs/: no handler
+    or training role can list another prefix (the teams' membership prefixes, say), or the whole bucket."""
+    buckets = [
+        iam.arn(stack, logical)
+        for stack, logical, props in iam.resources("AWS::S3::Bucket")
+        if any(kind in str(props.get("BucketName")) for kind in ("checkpoints", "artifacts"))
+    ]
+    assert len(buckets) == 2
+    listing = {
+        (role.logical, bucket, prefix)
+        for role in iam.roles.values()
+        for bucket in buckets
+        for prefix in (None, "", "team-membership/vision/", "elsewhere/")
+        if role.may("s3:ListBucket", bucket, **({} if prefix is None else {"s3:prefix": prefix}))
+    }
+    assert listing == set()
+    assert any(role.may("s3:ListBucket", buckets[0], **{"s3:prefix": "runs/r-1/"}) for role in iam.roles.values())
