@@ -267,6 +267,16 @@ def _acknowledge_build_role(project: codebuild.Project) -> None:
         acknowledge(role, finding, reason)
 
 
+WAITER_LOGGING = (
+    "The provider framework's statement for its waiter's Step Functions logging: logs:CreateLogDelivery, "
+    "logs:GetLogDelivery, logs:UpdateLogDelivery, logs:DeleteLogDelivery, logs:ListLogDeliveries, "
+    "logs:PutResourcePolicy, logs:DescribeResourcePolicies and logs:DescribeLogGroups take no resource scope; "
+    "logs:CreateLogStream and logs:PutLogEvents do, and the framework grants them on every log group, a "
+    "statement of its own that the platform does not narrow."
+)
+"""The acknowledgement of the waiter's one statement on "*", naming each of its actions."""
+
+
 def _acknowledge_provider(provider: cr.Provider, *, handlers: tuple[lambda_.IFunction, ...]) -> None:
     """Findings on the CDK custom-resource provider framework's own functions, roles and waiter."""
     framework = ("framework-onEvent", "framework-isComplete", "framework-onTimeout")
@@ -309,9 +319,5 @@ def _acknowledge_provider(provider: cr.Provider, *, handlers: tuple[lambda_.IFun
             "The waiter invokes any version of the provider framework's own functions.",
         )
     acknowledge_inline_policy(waiter)
-    acknowledge(
-        waiter,
-        "AwsSolutions-IAM5[Resource::*]",
-        "Step Functions log delivery (logs:CreateLogDelivery and related actions) takes no resource scope.",
-    )
+    acknowledge(waiter, "AwsSolutions-IAM5[Resource::*]", WAITER_LOGGING)
     acknowledge(waiter, "AwsSolutions-SF2", "CDK provider-framework waiter; the provider exposes no X-Ray setting.")

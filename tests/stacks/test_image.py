@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aws_cdk.assertions import Match
 
+from stacks.constructs.training_image import WAITER_LOGGING
 from tests.support.templates import get_att, logical_id, resources, template
 
 
@@ -125,3 +127,19 @@ def test_handler_roles_are_scoped_to_the_project_and_repository(platform: Any) -
     assert {"Action": "codebuild:StartBuild", "Effect": "Allow", "Resource": project} in start
     assert {"Action": "codebuild:BatchGetBuilds", "Effect": "Allow", "Resource": project} in check
     assert {"Action": ["ecr:DescribeImages", "ecr:DescribeRepositories"], "Effect": "Allow", "Resource": repo} in check
+
+
+def test_the_waiters_acknowledgement_names_exactly_the_actions_it_acknowledges(platform: Any) -> None:
+    """The waiter's AwsSolutions-IAM5[Resource::*] reason names each action of its statement on "*", and no other."""
+    policies = resources(platform, platform.image, "AWS::IAM::Policy")
+    (statement,) = [
+        s
+        for logical, policy in policies.items()
+        if "waiterstatemachine" in logical
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if s["Resource"] == "*"
+    ]
+    actions = set(statement["Action"])
+    assert len(actions) == 10, actions
+    named = set(re.findall(r"\blogs:[A-Za-z]+", WAITER_LOGGING))
+    assert named == actions
