@@ -20,6 +20,7 @@ when it is complete is contract/stored_checkpoints.py's rule.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from contract.user_code import ARCHIVE_SUFFIX, COMMUNICATION_FAILED, RETRYABLE_EXIT
 
@@ -159,11 +160,109 @@ def channel_file(prefix: str, key: str) -> str:
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """(bucket, key) of ``s3://bucket/key``; the key is empty for ``s3://bucket``."""
+    """(bucket, key) of ``s3://bucket/key``; the key is empty for ``s3://bucket``. It judges nothing: a location
+    a request gives is read with `location`."""
     match = re.fullmatch(r"s3://([^/]+)(?:/(.*))?", uri)
     if match is None:
         raise ValueError(f"not an S3 URI: {uri!r} (expected s3://<bucket>/<key>)")
     return match.group(1), match.group(2) or ""
+
+
+# -- locations a request names ------------------------------------------------------------------------
+# A location is judged by what it names, and every reader (S3, SageMaker's channels, the file system, the
+# checks of this platform) must take it for the same thing: so it must be written in its normal form. S3
+# keys are byte strings and FSx paths are POSIX paths: `a//b`, `a/./b`, `a/../b` and `a/%2e%2e/b` are other
+# keys than `a/b` for S3, the same or a parent folder for a file system, and whatever an intermediate decodes
+# them to. None is read at all: every location a request names goes through `location` once, before any
+# check reads it, and what the checks and the jobs receive is its normal form.
+
+S3_SCHEME = "s3://"
+FSX_SCHEME = "fsx://"
+FSX_DATASETS = "/datasets/"
+"""The file system's link to the datasets bucket's root (stacks/constructs/lustre.py): fsx:///datasets/<p>/ reads
+the bucket's key prefix <p>/."""
+_SEGMENT = re.compile(r"[A-Za-z0-9!_.'()=-]+")
+"""S3's safe key characters (letters, digits, ! - _ . ' ( ) and the =, of key=value folders), less `*`, which
+IAM and shells read as a wildcard: nothing that an S3 client, a URI parser or a shell changes or decodes."""
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class LocationError(ValueError):
+    """A location not written in its normal form, or naming a root: the message says what to write."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A location in its normal form: an S3 key (`bucket` set) or an absolute FSx path (`bucket` empty)."""
+
+    bucket: str
+    key: str
+    """The S3 key, or the FSx path from its root ('/datasets/x/'); a folder's ends with '/'."""
+
+    @property
+    def uri(self) -> str:
+        return f"{S3_SCHEME}{self.bucket}/{self.key}" if self.bucket else f"{FSX_SCHEME}{self.key}"
+
+
+def normal_key(key: str, *, folder: bool = True) -> str:
+    """`key` (an S3 key, or a path below a root) when it is normal: segments of S3's safe characters, none empty,
+    `.` or `..`; a folder's ends with '/', which its writer may leave out. LocationError says what is wrong."""
+    body = key.removesuffix("/") if folder else key
+    if not body:
+        raise LocationError("names a root, not a folder under it")
+    if key.endswith("/") and not folder:
+        raise LocationError("names a folder; give an object's key")
+    for segment in body.split("/"):
+        if segment in ("", ".", ".."):
+            shown = {"": "an empty segment ('//' or a leading '/')", ".": "a '.' segment", "..": "a '..' segment"}
+            raise LocationError(f"has {shown[segment]}; write the folder as it is, each name once")
+        if not _SEGMENT.fullmatch(segment):
+            odd = sorted({c for c in segment if not _SEGMENT.fullmatch(c)})
+            raise LocationError(
+                f"has {''.join(odd)!r} in {segment!r}; use letters, digits and ! - _ . ' ( ) = only (no "
+                "percent-encoding, spaces, '*', '?', '#' or '\\')"
+            )
+    return f"{body}/" if folder else body
+
+
+def location(uri: str, *, folder: bool = True) -> Location:
+    """The normal form of an ``s3://<bucket>/<key>`` or ``fsx:///<path>`` location, which must be how it is
+    written (a folder may leave out its last '/'); LocationError for any other, a bucket's or the file system's
+    root included. What it may name (which bucket, which root) is the caller's to judge, on what this returns."""
+    if uri.startswith(S3_SCHEME):
+        bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
+        if not _BUCKET.fullmatch(bucket):
+            raise LocationError(f"{uri!r}: {bucket!r} is not an S3 bucket name; write s3://<bucket>/<key>")
+        try:
+            return Location(bucket, normal_key(key, folder=folder))
+        except LocationError as exc:
+            raise LocationError(f"{uri!r} {exc}") from None
+    if uri.startswith(FSX_SCHEME):
+        path = uri[len(FSX_SCHEME) :]
+        if not path.startswith("/"):
+            raise LocationError(f"{uri!r}: an FSx location is a path from the file system's root; write fsx:///<path>")
+        try:
+            return Location("", "/" + normal_key(path[1:], folder=folder))
+        except LocationError as exc:
+            raise LocationError(f"{uri!r} {exc}") from None
+    raise LocationError(f"{uri!r}: give s3://<bucket>/<key> or fsx:///<path>")
+
+
+def dataset_prefix(uri: str, *, datasets_bucket: str) -> str:
+    """The datasets-bucket key prefix (ending '/') a dataset location reads, in either form: s3://<datasets
+    bucket>/<prefix>/ or fsx:///datasets/<prefix>/ (`FSX_DATASETS`); LocationError for any other location, the
+    bucket's root (or the file system's /datasets/) included."""
+    found = location(uri)
+    if found.bucket:
+        if found.bucket != datasets_bucket:
+            raise LocationError(f"{uri!r} is not in the datasets bucket; give s3://{datasets_bucket}/<prefix>/")
+        return found.key
+    if not found.key.startswith(FSX_DATASETS) or found.key == FSX_DATASETS:
+        raise LocationError(
+            f"{uri!r}: FSx datasets are folders under {FSX_SCHEME}{FSX_DATASETS} (the file system's link to the "
+            "datasets bucket)"
+        )
+    return found.key.removeprefix(FSX_DATASETS)
 
 
 # -- the training container's environment -------------------------------------------------------------

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from contract.catalog import INSTANCE_TYPES, UnknownInstanceTypeError, instance_type
+from contract.layout import FSX_DATASETS, FSX_SCHEME, LocationError, normal_key
 from lambdas.approvals.identity import Principal
 from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
@@ -37,7 +38,7 @@ from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
-from lambdas.validate.request import FSX_SCHEME, resolve
+from lambdas.validate.request import resolve
 from lambdas.validate.service_models import service_model
 from lambdas.validate.teams import QuotaShare, Team
 from stacks.images import BaseImage, ImageTableError, resolve_base_image
@@ -428,11 +429,10 @@ class RetrainTrigger(_Model):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        parts = value.split("/")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9!_.*'()/-]{0,200}/", value) or ".." in parts or "" in parts[:-1]:
+        if not value.endswith("/") or len(value) > 201 or _abnormal(value):
             raise ValueError(
-                "must be a folder of the datasets bucket: a key prefix such as 'incoming/web-text/' "
-                "(no leading '/', no '..' or empty segments, ending in '/')"
+                "must be a folder of the datasets bucket in its normal form: a key prefix such as "
+                f"'incoming/web-text/', ending in '/' ({_abnormal(value) or 'at most 200 characters before it'})"
             )
         return value
 
@@ -448,7 +448,7 @@ class RetrainTrigger(_Model):
         if proofs := [field for field in ("requester_proof", "membership_proof") if field in template]:
             drop = " and ".join(f"`{p}`" for p in proofs)
             raise ValueError(f"input: drop {drop}; the trigger proves who starts the run itself")
-        fsx = f"{FSX_SCHEME}/datasets/{self.prefix}"
+        fsx = f"{FSX_SCHEME}{FSX_DATASETS}{self.prefix}"
         dataset = template.get("dataset")
         if dataset is not None and (not isinstance(dataset, str) or dataset.rstrip("/") + "/" != fsx):
             raise ValueError(
@@ -635,10 +635,22 @@ class TeamSettings(_Model):
     @field_validator("dataset_prefixes")
     @classmethod
     def _prefixes(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not v.endswith("/") or v.startswith("/") or "*" in v]
+        bad = {v: _abnormal(v) or "does not end with '/'" for v in value if not v.endswith("/") or _abnormal(v)}
         if bad:
-            raise ValueError(f"must be key prefixes ending with '/', not starting with '/', without '*'; bad: {bad}")
+            raise ValueError(
+                "must be key prefixes of the datasets bucket in their normal form, ending with '/': "
+                + "; ".join(f"{v!r} {why}" for v, why in bad.items())
+            )
         return value
+
+
+def _abnormal(prefix: str) -> str | None:
+    """Why a datasets-bucket key prefix is not in its normal form (contract/layout.py normal_key), or None."""
+    try:
+        normal_key(prefix)
+    except LocationError as exc:
+        return str(exc)
+    return None
 
 
 def settings_team_problems(

@@ -36,7 +36,7 @@ from contract.execution_state import (
     TrainingRequest,
     Tuning,
 )
-from contract.layout import LEDGER_CHANNEL, run_ledger, split_s3_uri
+from contract.layout import FSX_DATASETS, FSX_SCHEME, LEDGER_CHANNEL, LocationError, dataset_prefix, run_ledger
 from contract.memory import fine_tuning_memory
 from contract.metrics import MODEL_METRIC_NAMES
 from contract.service_requests import EXECUTION_TAG, TEAM_TAG
@@ -56,8 +56,6 @@ from lambdas.validate.trials import launcher_settings, trainer_refusal, training
 from lambdas.validate.tuning import resolve_tuning
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
-FSX_SCHEME = "fsx://"
-DATASETS_ROOT = "/datasets/"
 HYPERPARAMETER_KEY_LIMIT = model_limit("sagemaker", "HyperParameterKey")
 HYPERPARAMETER_VALUE_LIMIT = model_limit("sagemaker", "HyperParameterValue")
 # A run's identity: 64 bits of SHA-256 over the execution ARN and its start time. An ARN names one
@@ -126,44 +124,44 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _dataset_channel(
-    channel: str, uri: str, limits: PlatformLimits, problems: list[str]
-) -> tuple[dict[str, Any], str] | None:
-    """The InputDataConfig entry for a dataset URI and the S3 location behind it."""
-    if uri.startswith(FSX_SCHEME):
-        path = uri[len(FSX_SCHEME) :]
-        parts = path.split("/")
-        if not path.startswith(DATASETS_ROOT) or ".." in parts or len(path) <= len(DATASETS_ROOT):
-            problems.append(
-                f"{_DATASET_FIELDS[channel]} {uri!r}: FSx paths must name a folder under {FSX_SCHEME}{DATASETS_ROOT}"
-                " (the file system's link to the datasets bucket)"
-            )
-            return None
-        relative = path[len(DATASETS_ROOT) :].strip("/")
+def _dataset_channel(channel: str, prefix: str, limits: PlatformLimits, *, fsx: bool) -> dict[str, Any]:
+    """The InputDataConfig entry of a dataset, from its datasets-bucket key prefix in normal form (`dataset_prefix`):
+    a mount of the file system's link to it (`fsx`), or the S3 prefix itself."""
+    if fsx:
         source = {
             "FileSystemDataSource": {
                 "FileSystemId": limits.fsx_file_system_id,
                 "FileSystemAccessMode": "ro",
                 "FileSystemType": "FSxLustre",
-                "DirectoryPath": f"/{limits.fsx_mount_name}{DATASETS_ROOT}{relative}",
+                "DirectoryPath": f"/{limits.fsx_mount_name}{FSX_DATASETS}{prefix.removesuffix('/')}",
             }
         }
-        return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, (
-            f"s3://{limits.datasets_bucket}/{relative}/"
-        )
-    try:
-        bucket, prefix = split_s3_uri(uri)
-    except ValueError:
-        bucket = prefix = ""
-    if bucket != limits.datasets_bucket or not prefix or ".." in prefix.split("/"):
-        problems.append(
-            f"{_DATASET_FIELDS[channel]} {uri!r}: must be fsx:///datasets/<path>/ or s3://{limits.datasets_bucket}/<prefix>/"
-            " (only the platform's datasets locations can be read)"
-        )
-        return None
-    s3_uri = uri if uri.endswith("/") else f"{uri}/"
-    source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": s3_uri, "S3DataDistributionType": "FullyReplicated"}}
-    return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}, s3_uri
+    else:
+        s3_uri = f"s3://{limits.datasets_bucket}/{prefix}"
+        source = {
+            "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": s3_uri, "S3DataDistributionType": "FullyReplicated"}
+        }
+    return {"ChannelName": channel, "DataSource": source, "InputMode": "File"}
+
+
+def dataset_prefixes(request: ExecutionInput, limits: PlatformLimits, problems: list[str]) -> dict[str, str]:
+    """Each dataset and model folder the request names (by input key), as the datasets-bucket key prefix it reads
+    in normal form: the one reading of a location that every later check and the channels use. A location not
+    written in its normal form, or naming a root, or outside the datasets locations, is a problem and left out."""
+    found = {}
+    for field in _DATASET_FIELDS.values():
+        uri = getattr(request, field)
+        if uri is None:
+            continue
+        try:
+            found[field] = dataset_prefix(uri, datasets_bucket=limits.datasets_bucket)
+        except LocationError as exc:
+            problems.append(
+                f"{field} {exc}: a dataset or model is a folder fsx:///datasets/<path>/ or "
+                f"s3://{limits.datasets_bucket}/<prefix>/, written as it is read (only the platform's datasets "
+                "locations can be read)"
+            )
+    return found
 
 
 def ledger_channel(artifacts_bucket: str, run: str) -> dict[str, Any]:
@@ -683,7 +681,9 @@ def _check(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )
     quality = _check_quality(request, problems)
-    channels, dataset, base_model = _channels(request, limits, problems)
+    # Every location once, in its normal form, before any check reads it (contract/layout.py).
+    prefixes = dataset_prefixes(request, limits, problems)
+    channels, dataset, base_model = _channels(request, prefixes, limits)
     if folder_at is not None and dataset is not None and request.code is None:  # a script reads its data its way
         base_model = _check_fine_tuning(
             request,
@@ -709,7 +709,7 @@ def _check(
             request,
             teams=limits.teams,
             service_capacity=limits.service_capacity,
-            datasets_bucket=limits.datasets_bucket,
+            datasets=prefixes,
             instance_type=next(iter(types)) if len(types) == 1 else None,
             instance_count=sum(group.instance_count for group in groups or []),
             requested_by=requested_by,
@@ -932,22 +932,21 @@ def _value_at(value: Any, parts: list[str]) -> Any:
 
 
 def _channels(
-    request: ExecutionInput, limits: PlatformLimits, problems: list[str]
+    request: ExecutionInput, prefixes: Mapping[str, str], limits: PlatformLimits
 ) -> tuple[list[dict[str, Any]], Dataset | None, BaseModelSource | None]:
-    """The InputDataConfig channels, and the training dataset and base model as lineage records them."""
-    train = _dataset_channel("train", request.dataset, limits, problems)
-    channels = [train[0]] if train else []
-    if request.validation_dataset is not None:
-        validation = _dataset_channel("validation", request.validation_dataset, limits, problems)
-        if validation:
-            channels.append(validation[0])
+    """The InputDataConfig channels of the locations' normal prefixes, and the training dataset and base model as
+    lineage records them."""
+    channels = []
+    for channel, field in _DATASET_FIELDS.items():
+        uri = getattr(request, field)
+        if field in prefixes:
+            channels.append(_dataset_channel(channel, prefixes[field], limits, fsx=uri.startswith(FSX_SCHEME)))
+    read = {field: f"s3://{limits.datasets_bucket}/{prefix}" for field, prefix in prefixes.items()}
+    dataset = Dataset(uri=request.dataset, s3_uri=read["dataset"]) if "dataset" in read else None
     base_model = None
-    if request.init_from is not None and (
-        found := _dataset_channel(mf.BASE_MODEL_CHANNEL, request.init_from, limits, problems)
-    ):
-        channels.append(found[0])
-        base_model = BaseModelSource(uri=request.init_from, s3_uri=found[1])
-    return channels, (Dataset(uri=request.dataset, s3_uri=train[1]) if train else None), base_model
+    if request.init_from is not None and "init_from" in read:
+        base_model = BaseModelSource(uri=request.init_from, s3_uri=read["init_from"])
+    return channels, dataset, base_model
 
 
 def _check_fine_tuning(

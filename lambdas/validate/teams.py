@@ -14,15 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from contract.layout import split_s3_uri
+from contract.layout import FSX_DATASETS, FSX_SCHEME
 from contract.service_requests import TEAM_TAG
 from lambdas.approvals.identity import Principal
 from lambdas.backends.queue import QUEUE
 from lambdas.validate.inputs import ExecutionInput
-
-FSX_DATASETS = "fsx:///datasets/"
-"""The file system's data repository association links /datasets to the datasets bucket's root
-(stacks/constructs/lustre.py): fsx:///datasets/<path>/ is the bucket's key prefix <path>/."""
 
 
 class QuotaShare(BaseModel):
@@ -96,35 +92,12 @@ def tag_to_prove(team_name: Any, requested_by: str | None, teams: Sequence[Team]
     return None if principal is not None and team.listed(principal) else team
 
 
-def dataset_key(uri: str, datasets_bucket: str) -> str | None:
-    """The datasets-bucket key prefix a dataset URI reads (ending '/'), in either form; None for one the dataset
-    check refuses. An FSx path is the file system's: '.' and empty components name the same folder."""
-    if uri.startswith(FSX_DATASETS):
-        parts = [p for p in uri[len(FSX_DATASETS) :].split("/") if p not in ("", ".")]
-        return "/".join(parts) + "/" if parts and ".." not in parts else None
-    try:
-        bucket, prefix = split_s3_uri(uri)
-    except ValueError:
-        return None
-    if bucket != datasets_bucket or not prefix:
-        return None
-    return prefix if prefix.endswith("/") else f"{prefix}/"
-
-
-def _datasets(request: ExecutionInput) -> dict[str, str]:
-    """The request's datasets by input key (the instance groups' channels name these same two)."""
-    found = {"dataset": request.dataset}
-    if request.validation_dataset is not None:
-        found["validation_dataset"] = request.validation_dataset
-    return found
-
-
 def request_team_problems(
     request: ExecutionInput,
     *,
     teams: Sequence[Team],
     service_capacity: Mapping[str, int],
-    datasets_bucket: str,
+    datasets: Mapping[str, str],
     instance_type: str | None,
     instance_count: int,
     requested_by: str | None,
@@ -134,7 +107,9 @@ def request_team_problems(
 ) -> list[str]:
     """Why the request's team (or its lack of one) cannot run it, one line each with what to do (empty when it can).
 
-    `instance_type` and `instance_count` are the cluster's (None: the cluster check refused it), `requester_tag`
+    `datasets` are the request's datasets by input key, each the datasets-bucket key prefix it reads in normal form
+    (request.dataset_prefixes; one refused there is not among them). `instance_type` and `instance_count` are the
+    cluster's (None: the cluster check refused it), `requester_tag`
     the requester's `platform-team` tag as IAM proved it (the team's member_tag, or None), `resumes_team` the
     team of the run `resume_from` names (None: none, or a run of no team). Without `check_membership` (offline
     checks, which know no requester) who starts the run is not judged.
@@ -154,7 +129,7 @@ def request_team_problems(
         )
     if team is not None and check_membership:
         problems.extend(_membership(team, requested_by, requester_tag))
-    problems.extend(_data(request, team, teams, datasets_bucket))
+    problems.extend(_data(datasets, request, team, teams))
     if team is not None and request.backend == QUEUE and instance_type is not None:
         problems.extend(_quota_shape(team, service_capacity, instance_type, instance_count, request))
     if resumes_team is not None and resumes_team != request.team:
@@ -188,12 +163,10 @@ def _membership(team: Team, requested_by: str | None, requester_tag: str | None)
     ]
 
 
-def _data(request: ExecutionInput, team: Team | None, teams: Sequence[Team], datasets_bucket: str) -> list[str]:
+def _data(datasets: Mapping[str, str], request: ExecutionInput, team: Team | None, teams: Sequence[Team]) -> list[str]:
     problems = []
-    for field, uri in _datasets(request).items():
-        key = dataset_key(uri, datasets_bucket)
-        if key is None:
-            continue  # the dataset check refuses it
+    for field, key in datasets.items():
+        uri = getattr(request, field)
         owners = [t.name for t in teams if t.owns(key)]
         others = [name for name in owners if team is None or name != team.name]
         if others:
@@ -206,7 +179,7 @@ def _data(request: ExecutionInput, team: Team | None, teams: Sequence[Team], dat
             problems.append(
                 f"{field} {uri!r} is not team {team.name!r}'s data; a run of the team reads only datasets under its "
                 f"dataset_prefixes ({', '.join(team.dataset_prefixes)} of the datasets bucket, also as "
-                f"{FSX_DATASETS}<prefix>)"
+                f"{FSX_SCHEME}{FSX_DATASETS}<prefix>)"
             )
     return problems
 

@@ -22,7 +22,7 @@ from lambdas.validate import membership, start_proof
 from lambdas.validate.limits import PlatformLimits
 from lambdas.validate.request import resolve
 from lambdas.validate.resume import PreviousRun
-from lambdas.validate.teams import QuotaShare, Team, dataset_key
+from lambdas.validate.teams import QuotaShare, Team
 from stacks.settings import build_settings
 from tests.conftest import SERVICE_ENVIRONMENT, TEAMS, cdk_context
 from tools.tp import offline_check
@@ -170,7 +170,7 @@ def test_a_requester_is_a_member_when_listed_or_tagged() -> None:
         f"s3://{BUCKET}/vision/frames/",
         f"s3://{BUCKET}/vision",
         "fsx:///datasets/vision/frames/",
-        "fsx:///datasets/./vision/",
+        "fsx:///datasets/vision",
     ],
 )
 def test_a_teams_data_is_refused_to_runs_of_no_team_in_either_form(uri: str) -> None:
@@ -193,8 +193,40 @@ def test_a_teams_run_reads_only_its_own_data() -> None:
 def test_a_dataset_holding_a_teams_prefix_reads_its_data() -> None:
     team = Team(name="t", members=(), dataset_prefixes=("data/vision/",), quota_share=QuotaShare(capacity={P4D: 1}))
     assert team.owns("data/") and team.owns("data/vision/x/") and not team.owns("data/visionary/")
-    assert dataset_key(f"s3://{BUCKET}/data", BUCKET) == "data/"
-    assert dataset_key("fsx:///datasets//data/./vision", BUCKET) == "data/vision/"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "fsx:///datasets/./vision/",
+        "fsx:///datasets//vision/",
+        "fsx:///datasets/./",
+        "fsx:///datasets//",
+        "fsx:///datasets/",
+        "fsx:///datasets/vision/..",
+        f"s3://{BUCKET}//",
+        f"s3://{BUCKET}/./",
+        f"s3://{BUCKET}/vision/%2e%2e/",
+        f"s3://{BUCKET}/vision/ ",
+    ],
+)
+def test_a_location_not_written_as_it_normalises_is_refused_before_the_team_check(uri: str) -> None:
+    """Not as team data (it reads some other folder, or the root): as a location written otherwise than it reads."""
+    message = _problems(_input(dataset=uri), requested_by=VISION_SCIENTIST)
+    assert f"dataset {uri!r}" in message and "written as it is read" in message, message
+    assert "team 'vision''s data" not in message, message
+
+
+def test_a_model_folder_is_a_location_as_a_dataset_is() -> None:
+    """init_from (the model a run fine-tunes) is read as a dataset is: in its normal form, and only under the team's
+    own prefixes."""
+    others = _problems(_input(init_from=f"s3://{BUCKET}/language/models/base/"), requested_by=VISION_SCIENTIST)
+    assert f"init_from 's3://{BUCKET}/language/models/base/' reads team 'language''s data" in others, others
+    rooted = _problems(_input(init_from="fsx:///datasets/./"), requested_by=VISION_SCIENTIST)
+    assert "init_from 'fsx:///datasets/./'" in rooted and "written as it is read" in rooted, rooted
+    own = _input(init_from=f"s3://{BUCKET}/vision/models/base/", hyperparameters={"data.seq_len": 512})
+    resolved = resolve(own, execution_name="e", limits=LIMITS, requested_by=VISION_SCIENTIST)
+    assert resolved["base_model"]["s3_uri"] == f"s3://{BUCKET}/vision/models/base/"
 
 
 # -- the quota share ----------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_every_problem_of_a_team_is_listed_at_once() -> None:
             f"ml.{t}": 1 for t in ("p4d.24xlarge", "p5.48xlarge", "g5.xlarge", "g5.2xlarge", "g6.xlarge", "m5.xlarge")
         }
     }
-    language["dataset_prefixes"] = ["/language"]
+    language["dataset_prefixes"] = ["/language", "language/./web/", "language/%2e%2e/"]
     with pytest.raises(SettingsError) as err:
         build_settings(teams_settings(teams=[vision, language]))
     message = str(err.value)
@@ -66,7 +66,10 @@ def test_every_problem_of_a_team_is_listed_at_once() -> None:
         "teams.0.quota_share.borrow_limit_percent = 50: applies only to sharing LEND_AND_BORROW, not RESERVE",
         "teams.1.quota_share.capacity",
         "must name 1 to 5 instance types; it names 6",
-        "teams.1.dataset_prefixes = ['/language']: must be key prefixes ending with '/'",
+        "must be key prefixes of the datasets bucket in their normal form, ending with '/': '/language' has an "
+        "empty segment",
+        "'language/./web/' has a '.' segment",
+        "'language/%2e%2e/' has '%' in '%2e%2e'",
         "teams.1.member_tag: the team has no members: name IAM role ARNs in `members` or set `member_tag`",
     ):
         assert expected in message, f"{expected!r} missing from:\n{message}"
