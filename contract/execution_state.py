@@ -257,6 +257,12 @@ class TrainingRequest(_Model):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def tag_map(self) -> dict[str, str]:
+        """`tags` as a map, as AWS Batch takes them: the execution's, the run's and the team's cost tag among them."""
+        return {tag.Key: tag.Value for tag in self.tags}
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def gpus(self) -> int:
         return self._training.gpus
 

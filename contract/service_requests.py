@@ -449,8 +449,9 @@ def submit_job(batch: BatchJobConstants) -> ServiceRequest:
                 ],
             },
             "timeout": {"attemptDurationSeconds": Ref(REQUEST.max_runtime_seconds)},
-            # The execution's tag is how StopBatchJobs finds the jobs of an execution that ended.
-            "tags": Map({EXECUTION_TAG: EXECUTION_ID, "run": Ref(REQUEST.run_name)}),
+            # The request's tags: the execution's (how StopBatchJobs finds the jobs of an execution that ended), the
+            # run's, and a team's cost tag, which the team's budget stop matches.
+            "tags": Ref(REQUEST.tag_map),
             "propagateTags": True,
         }
 

@@ -257,8 +257,10 @@ class PipelineStack(Stack):
                 limit_usd=team.monthly_budget_usd,
                 share_arn=self.teams.share_arn(team.name),
                 submitters=[self.state_machine.role],
+                validator=validator,
                 topic=alarms,
                 emails=team.notification_emails,
+                backends=backends,
             )
 
     def _monitoring(

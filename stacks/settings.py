@@ -883,6 +883,7 @@ class PlatformSettings(_Model):
                     member_tag=team.member_tag,
                     notification_emails=tuple(team.notification_emails),
                     dataset_prefixes=tuple(team.dataset_prefixes),
+                    monthly_budget_usd=team.monthly_budget_usd,
                     quota_share=QuotaShare(
                         capacity=dict(team.quota_share.capacity),
                         sharing=team.quota_share.sharing,

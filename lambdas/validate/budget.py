@@ -1,11 +1,12 @@
-"""Whether the platform's budget stop is in force: then no run can create a training job, so none starts.
+"""Whether a budget stop is in force: the platform's, or a run's team's. Then no run (of the team) can start a job
+on any backend, so Validate refuses it in words before anything is created.
 
-When the monthly budget is spent, AWS Budgets attaches a deny policy to the roles that create
-training jobs and to Validate's (stacks/constructs/cost_controls.py BudgetStop). Besides denying
-CreateTrainingJob, it denies describing one job that never exists. Validate describes it: the
-answer "not found" means the stop is not in force; an explicit deny means it is. This asks IAM's
-own evaluation through the SageMaker endpoint the pipeline already reaches, where reading the
-role's attached policies would need the IAM API, which the platform's VPC has no endpoint for.
+When a monthly budget is spent, AWS Budgets attaches a deny policy to the roles that start jobs and to Validate's
+(stacks/constructs/cost_controls.py BudgetStop, TeamBudget). Besides denying what starts jobs, it denies
+describing one job that never exists, its probe (`probe_job`). Validate describes it: the answer "not found"
+means the stop is not in force; an explicit deny means it is. This asks IAM's own evaluation through the
+SageMaker endpoint the pipeline already reaches, where reading the role's attached policies would need the IAM
+API, which the platform's VPC has no endpoint for.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+PROBE_JOB = "platform-budget-probe"
+"""A training job no run can be named (a run's jobs end in -<16 hex>-<attempt>): the platform stop's probe."""
+
+
+def probe_job(team: str | None = None) -> str:
+    """The training job whose description the platform's budget stop denies, or team `team`'s stop."""
+    return PROBE_JOB if team is None else f"{PROBE_JOB}-{team}"
 
 
 def budget_stopped(sagemaker: Any, probe_job: str) -> bool:
@@ -32,10 +41,17 @@ def budget_stopped(sagemaker: Any, probe_job: str) -> bool:
     raise RuntimeError(f"training job {probe_job} exists; it is the budget probe and must never be created")
 
 
-def refusal(*, limit_usd: float, contact: str) -> str:
+def refusal(*, limit_usd: float, contact: str, team: str | None = None) -> str:
+    """Why no run (of `team`) is accepted, and whom to ask."""
+    if team is None:
+        spent = f"the platform's monthly budget of ${limit_usd:,.2f} is spent"
+        setting = "pipeline.monthly_budget_usd"
+    else:
+        spent = f"team {team!r}'s monthly budget of ${limit_usd:,.2f} is spent"
+        setting = "the team's teams[].monthly_budget_usd"
     return (
         "The training request cannot run:\n"
-        f"  - budget: the platform's monthly budget of ${limit_usd:,.2f} is spent, and AWS Budgets has stopped "
-        "new training jobs (jobs already training keep running). "
-        f"Ask {contact} to raise the budget (pipeline.monthly_budget_usd) or to reverse the budget action."
+        f"  - budget: {spent}, and AWS Budgets has stopped "
+        "new training jobs on every backend (jobs already training keep running). "
+        f"Ask {contact} to raise the budget ({setting}) or to reverse the budget action."
     )

@@ -59,11 +59,11 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     handler-error alarms mean platform faults only) and the state machine ends the run there. So is
     a spent budget: no run is accepted while the budget stop is in force.
     """
-    if budget.budget_stopped(boto3.client("sagemaker"), env_str("BUDGET_PROBE_JOB")):
-        message = budget.refusal(limit_usd=env_float("MONTHLY_BUDGET_USD"), contact=env_str("BUDGET_CONTACT"))
+    limits = PlatformLimits.from_environment()
+    if (spent := _budget_spent(event["input"], limits)) is not None:
         logger.info("request refused: budget spent")
         metrics.record(Metric.RUNS_REFUSED_OVER_BUDGET)
-        return _answer(event, {"valid": False, "message": message, "request": None})
+        return _answer(event, {"valid": False, "message": spent, "request": None})
     problems: list[Problem] = []
     requested_by = None
     if isinstance(event["input"], dict):  # any other input is refused for its shape alone, below
@@ -73,7 +73,6 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
             )
         except InvalidRequest as exc:
             problems.extend(exc.problems)
-    limits = PlatformLimits.from_environment()
     requester_tag = None
     if isinstance(event["input"], dict) and (
         team := teams.tag_to_prove(event["input"].get("team"), requested_by, limits.teams)
@@ -138,6 +137,25 @@ def _packed_code(execution_input: Any, limits: PlatformLimits, problems: list[Pr
     except code.CodeNotFoundError as exc:
         problems.append(Problem("code.source", execution_input[code.FIELD]["source"], str(exc)))
         return None
+
+
+def _budget_spent(execution_input: Any, limits: PlatformLimits) -> str | None:
+    """The refusal, in words, when the platform's budget stop or the input's team's is in force; else None.
+
+    A team's stop denies its jobs on every backend; a run of the team is refused here, before anything is created.
+    """
+    sagemaker = boto3.client("sagemaker")
+    contact = env_str("BUDGET_CONTACT")
+    if budget.budget_stopped(sagemaker, env_str("BUDGET_PROBE_JOB")):
+        return budget.refusal(limit_usd=env_float("MONTHLY_BUDGET_USD"), contact=contact)
+    named = execution_input.get("team") if isinstance(execution_input, dict) else None
+    team = teams.named_team(named, limits.teams) if isinstance(named, str) else None
+    if team is None or team.monthly_budget_usd is None:
+        return None
+    if not budget.budget_stopped(sagemaker, budget.probe_job(team.name)):
+        return None
+    ask = ", ".join(team.notification_emails) or contact
+    return budget.refusal(limit_usd=team.monthly_budget_usd, contact=ask, team=team.name)
 
 
 def _answer(event: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:

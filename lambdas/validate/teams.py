@@ -51,6 +51,8 @@ class Team(BaseModel):
     member_tag: str | None = None
     notification_emails: tuple[str, ...] = ()
     dataset_prefixes: tuple[str, ...] = ()
+    monthly_budget_usd: float | None = None
+    """The team's budget: when spent, its stop refuses its runs (lambdas/validate/budget.py)."""
     quota_share: QuotaShare
 
     def listed(self, principal: Principal) -> bool:

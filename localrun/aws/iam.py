@@ -245,10 +245,12 @@ def _batch_get_item(call: Call) -> list[Request]:
 
 
 def _submit_job(call: Call) -> list[Request]:
-    """SubmitJob is authorized on the queue and on the job definition; tags on the job need TagResource."""
+    """SubmitJob is authorized on the queue and on the job definition, with its tags as request tags; tags on the
+    job need TagResource."""
     p = call.params
     job = call.arn("batch", "job/*")
-    requests = [Request("batch:SubmitJob", p["jobQueue"]), Request("batch:SubmitJob", p["jobDefinition"])]
+    tags = _tags(p.get("tags"))
+    requests = [Request("batch:SubmitJob", p["jobQueue"], tags), Request("batch:SubmitJob", p["jobDefinition"], tags)]
     if p.get("tags"):
         requests.append(Request("batch:TagResource", job, _tags(p["tags"])))
     return requests

@@ -15,14 +15,15 @@ from constructs import Construct
 
 from contract.service_requests import TEAM_TAG
 from lambdas.backends import BACKENDS
+from lambdas.validate.budget import probe_job
 from stacks.constructs.nag import acknowledge_inline_policy
 
 # The cost-allocation tag every platform resource and training job carries (activate it once in Billing).
 COST_TAG = "platform$distributed-training"
-# A training job no run can be named (run jobs end in -<8 hex>-<attempt>). The budget's deny policy denies
-# describing it: Validate asks SageMaker about it, through the VPC endpoint the pipeline already uses,
-# and an explicit deny in the answer means the budget stop is in force (lambdas/validate/budget.py).
-BUDGET_PROBE_JOB = "platform-budget-probe"
+# A training job no run can be named. The budget's deny policy denies describing it: Validate asks SageMaker
+# about it, through the VPC endpoint the pipeline already uses, and an explicit deny in the answer means the
+# budget stop is in force (lambdas/validate/budget.py); each team's stop has a probe of its own.
+BUDGET_PROBE_JOB = probe_job()
 
 
 class PlatformBudget(Construct):
@@ -213,10 +214,14 @@ class BudgetStop(BudgetDeny):
 
 
 class TeamBudget(Construct):
-    """A team's monthly budget on its cost tag; spent, it denies new service jobs in the team's quota share only.
+    """A team's monthly budget on its cost tag; spent, it denies the team's new jobs on every backend, and only the
+    team's, and Validate refuses the team's runs in words.
 
-    SubmitServiceJob authorizes the quota share it names (the Service Authorization Reference's quota-share
-    resource type), so a deny on the share's ARN stops this team's submissions and no other team's.
+    What starts each backend's jobs (SageMaker's CreateTrainingJob and CreateHyperParameterTuningJob, Batch's
+    SubmitJob and SubmitServiceJob: lambdas/backends/) is denied when the request tags it with the team
+    (`aws:RequestTag/platform-team`, which every job of a team's run carries as its cost tag); SubmitServiceJob
+    also on the team's quota share, which the Service Authorization Reference lets it name. The stop also denies
+    describing the team's probe job, which Validate reads (lambdas/validate/budget.py).
     """
 
     def __init__(
@@ -228,29 +233,56 @@ class TeamBudget(Construct):
         limit_usd: float,
         share_arn: str,
         submitters: list[iam.IRole],
+        validator: iam.IRole,
         topic: sns.ITopic,
         emails: list[str],
+        backends: list[str],
     ) -> None:
         super().__init__(scope, id_)
         self.budget = PlatformBudget(
             self, "Budget", limit_usd=limit_usd, topic=topic, emails=emails, cost_tag=f"{TEAM_TAG}${team}"
         ).budget
+        probe_arn = Stack.of(self).format_arn(
+            service="sagemaker", resource="training-job", resource_name=probe_job(team)
+        )
+        starts = [action for name in backends for action in BACKENDS[name].denies]
         self.stop = BudgetDeny(
             self,
             "Stop",
             budget=self.budget,
             statements=[
                 iam.PolicyStatement(
+                    sid="NoNewJobsOfTheTeam",
+                    effect=iam.Effect.DENY,
+                    actions=[*starts, "sagemaker:CreateHyperParameterTuningJob"],
+                    resources=["*"],
+                    conditions={"StringEquals": {f"aws:RequestTag/{TEAM_TAG}": team}},
+                ),
+                iam.PolicyStatement(
                     sid="NoNewServiceJobsOfTheTeam",
                     effect=iam.Effect.DENY,
                     actions=["batch:SubmitServiceJob"],
                     resources=[share_arn],
-                )
+                ),
+                iam.PolicyStatement(
+                    sid="TeamBudgetStopInForce",
+                    effect=iam.Effect.DENY,
+                    actions=["sagemaker:DescribeTrainingJob"],
+                    resources=[probe_arn],
+                ),
             ],
-            description=f"Applied by AWS Budgets when team {team}'s monthly budget is spent: no new jobs in its share.",
-            roles=submitters,
+            description=f"Applied by AWS Budgets when team {team}'s monthly budget is spent: no new jobs of the team.",
+            roles=[*submitters, validator],
             topic=topic,
             emails=emails,
+        )
+        # Validate may ask about the team's probe job; only the team's stop makes that an explicit deny.
+        validator.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid=f"TeamBudgetProbe{''.join(part.capitalize() for part in team.split('-'))}",
+                actions=["sagemaker:DescribeTrainingJob"],
+                resources=[probe_arn],
+            )
         )
 
 

@@ -7,7 +7,7 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from lambdas.validate.budget import budget_stopped
+from lambdas.validate.budget import budget_stopped, probe_job, refusal
 
 PROBE = "platform-budget-probe"
 
@@ -35,3 +35,11 @@ def test_an_explicit_deny_means_it_is() -> None:
 def test_a_missing_permission_is_a_fault_not_a_spent_budget() -> None:
     with pytest.raises(ClientError, match="no identity-based policy allows"):
         _answer("AccessDeniedException", "... because no identity-based policy allows the action")
+
+
+def test_each_team_has_a_probe_and_a_refusal_of_its_own() -> None:
+    assert probe_job() == PROBE and probe_job("vision") == f"{PROBE}-vision"
+    message = refusal(limit_usd=2000, contact="vision@example.org", team="vision")
+    assert "team 'vision''s monthly budget of $2,000.00 is spent" in message
+    assert "on every backend" in message and "Ask vision@example.org" in message
+    assert "teams[].monthly_budget_usd" in message

@@ -106,10 +106,10 @@ def test_a_teams_budget_stop_denies_the_state_machine_that_teams_submissions_onl
             aws_session_token=keys.token,
         )
         assert _submit(batch, local, "team-b", "b1")
-        with pytest.raises(ClientError, match=r"batch:SubmitServiceJob on resource: .*/quota-share/team-a"):
+        with pytest.raises(ClientError, match=r"batch:SubmitServiceJob .* explicit deny in .*TeamBudgetteamaStop"):
             _submit(batch, local, "team-a", "a1")
         (denied,) = local.iam.denials()
-        assert denied.action == "batch:SubmitServiceJob" and denied.resource.endswith("/quota-share/team-a")
+        assert denied.action == "batch:SubmitServiceJob" and "TeamBudgetteamaStop" in denied.reason
 
 
 def test_a_platform_without_teams_has_no_queue(platform: Any) -> None:

@@ -290,7 +290,6 @@ def test_each_teams_budget_stops_only_its_own_submissions(variant: Any, variant_
     )
     role = state_machine_role(variant_iam)
     _, shares = queue_arns(variant_iam)
-    tagged = {"aws:RequestTag/platform-team": "vision"}
     stops = {
         logical: props
         for _, logical, props in variant_iam.resources("AWS::IAM::ManagedPolicy")
@@ -306,12 +305,26 @@ def test_each_teams_budget_stops_only_its_own_submissions(variant: Any, variant_
         (logical,) = [k for k in stops if k.startswith(f"TeamBudget{team}")]
         deny = Policy.parse(logical, stops[logical]["PolicyDocument"])
         stopped = [*role.policies, deny]
+        tagged = {"aws:RequestTag/platform-team": team}
         assert not allows(stopped, "batch:SubmitServiceJob", shares[team], **tagged), team
-        assert allows(stopped, "batch:SubmitServiceJob", shares[other], **tagged), f"{team}'s stop blocks {other}"
+        assert not allows(stopped, "batch:SubmitServiceJob", shares[team]), f"{team}'s share, untagged"
+        theirs = {"aws:RequestTag/platform-team": other}
+        assert allows(stopped, "batch:SubmitServiceJob", shares[other], **theirs), f"{team}'s stop blocks {other}"
+        # Every backend's job of the team, by its cost tag; no other team's.
+        for action in ("sagemaker:CreateTrainingJob", "sagemaker:CreateHyperParameterTuningJob", "batch:SubmitJob"):
+            assert deny.statements()[0]["Action"].count(action) == 1, action
+            mine, theirs = {"aws:RequestTag/platform-team": team}, {"aws:RequestTag/platform-team": other}
+            assert not allows([deny, _everything(action)], action, "*", **mine), (team, action)
+            assert allows([deny, _everything(action)], action, "*", **theirs), (team, action)
         (action,) = [a for k, a in actions.items() if k.startswith(f"TeamBudget{team}")]
         definition = action["Definition"]["IamActionDefinition"]
-        assert definition["Roles"] == [role.arn.rsplit("/", 1)[1]]
+        validate = next(r for r in variant_iam.roles.values() if r.logical.startswith("ValidateRole"))
+        assert definition["Roles"] == [role.arn.rsplit("/", 1)[1], validate.arn.rsplit("/", 1)[1]]
         assert action["ActionThreshold"] == {"Type": "PERCENTAGE", "Value": 100}
+
+
+def _everything(action: str) -> Policy:
+    return Policy.parse("allow", {"Statement": [{"Effect": "Allow", "Action": action, "Resource": "*"}]})
 
 
 # -- approvals and e-mails -----------------------------------------------------------------------------------
