@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
@@ -10,8 +12,10 @@ from pydantic import BaseModel, Field, TypeAdapter
 from contract import ledger
 from contract.execution_state import EndedRun
 from contract.layout import run_checkpoints, run_of
+from contract.service_requests import EXECUTION_TAG
 from contract.stored_checkpoints import list_checkpoints, newest_per_location
 from lambdas.jobs.environment import CleanupEnvironment
+from lambdas.validate.request import run_identity, start_time
 
 
 def prune_checkpoints(s3: Any, stores: CleanupEnvironment, run: str) -> dict[str, Any]:
@@ -49,6 +53,7 @@ def prune_runs(s3: Any, stores: CleanupEnvironment, runs: list[str], stopped: li
 
 class ExecutionStatus(BaseModel):
     executionArn: str  # noqa: N815 (EventBridge's name)
+    startDate: int  # noqa: N815 (EventBridge's name: epoch milliseconds)
 
 
 class ExecutionEnded(EventBridgeModel):
@@ -62,8 +67,24 @@ CLEANUP_EVENT: TypeAdapter[EndedRun | ExecutionEnded] = TypeAdapter(EndedRun | E
 """The state machine's `EndedRun`, or EventBridge's `ExecutionEnded`."""
 
 
-def ended_execution(event: EndedRun | ExecutionEnded) -> tuple[str, str | None]:
-    """(the execution, its run's job_name_base when the state machine says it) of a cleanup event."""
+@dataclass(frozen=True)
+class Ended:
+    """The execution a cleanup is for: its ARN, its run's job_name_base when the state machine says it, and its run's
+    identity, which every job of the run carries in its name (lambdas/validate/request.py run_identity)."""
+
+    execution: str
+    run: str | None
+    identity: str
+
+    def owns(self, name: str, tags: Mapping[str, str]) -> bool:
+        """Whether a job is the execution's: tagged with it (which anyone may do) and named after its run (which only
+        the execution's own creates are: a name holds the run's identity, a hash of the execution and its start)."""
+        return tags.get(EXECUTION_TAG) == self.execution and self.identity in name
+
+
+def ended_execution(event: EndedRun | ExecutionEnded) -> Ended:
+    """The execution a cleanup event is for: the state machine's (which names its run), or EventBridge's."""
     if isinstance(event, ExecutionEnded):
-        return event.detail.executionArn, None
-    return event.execution, event.job_name_base
+        execution = event.detail.executionArn
+        return Ended(execution, None, run_identity(execution, start_time(event.detail.startDate)))
+    return Ended(event.execution, event.job_name_base, event.job_name_base.rsplit("-", 1)[-1])

@@ -2,7 +2,7 @@
 
 Invoked by the state machine on every way out of a queued run, and by EventBridge when an execution
 ends ABORTED, TIMED_OUT or FAILED: terminates the teams' queue's service jobs that have not ended and
-carry the execution's tag (waiting or running: Batch stops a running one's training job), then prunes
+are the execution's (`Ended.owns`; waiting or running: Batch stops a running one's training job), then prunes
 the run's checkpoints to the newest one it may resume from (lambdas/sagemaker/cleanup.py's pruning).
 """
 
@@ -13,9 +13,8 @@ from typing import Any
 import boto3
 from aws_lambda_powertools import Logger
 
-from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import CleanupEnvironment
-from lambdas.jobs.prune import CLEANUP_EVENT, ended_execution, prune_runs
+from lambdas.jobs.prune import CLEANUP_EVENT, Ended, ended_execution, prune_runs
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.shared.errors import classified
 
@@ -24,27 +23,27 @@ ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING"
 STOP_REASON = "Stopped by the training platform"
 
 
-def active_jobs(batch: Any, queue: str, execution: str) -> list[dict[str, str]]:
-    """The queue's service jobs that have not ended and carry this execution's tag."""
+def active_jobs(batch: Any, queue: str, ended: Ended) -> list[dict[str, str]]:
+    """The queue's service jobs that have not ended and are the ended execution's (`Ended.owns`)."""
     found = []
     for status in ACTIVE:
         for page in batch.get_paginator("list_service_jobs").paginate(jobQueue=queue, jobStatus=status):
             for summary in page["jobSummaryList"]:
                 job = batch.describe_service_job(jobId=summary["jobId"])
-                if (job.get("tags") or {}).get(EXECUTION_TAG) == execution and not job.get("isTerminated"):
+                if ended.owns(job["jobName"], job.get("tags") or {}) and not job.get("isTerminated"):
                     found.append({"job_id": job["jobId"], "job_name": job["jobName"]})
     return found
 
 
-def clean_up(
-    execution: str, *, queue: str, runs: list[str], stores: CleanupEnvironment, batch: Any, s3: Any
-) -> dict[str, Any]:
+def clean_up(ended: Ended, *, queue: str, stores: CleanupEnvironment, batch: Any, s3: Any) -> dict[str, Any]:
     """Terminate the execution's service jobs, then prune the checkpoints of the given runs and of those jobs."""
     terminated = []
-    for job in active_jobs(batch, queue, execution):
+    execution = ended.execution
+    for job in active_jobs(batch, queue, ended):
         batch.terminate_service_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
         terminated.append(job["job_name"])
         logger.info("service job terminated", extra={"job": job["job_name"], "execution": execution})
+    runs = [ended.run] if ended.run is not None else []
     return {"stopped": terminated, "pruned": prune_runs(s3, stores, runs, terminated)}
 
 
@@ -53,14 +52,13 @@ def clean_up(
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     environment = QueueCleanupEnvironment.from_environ()
-    execution, run = ended_execution(CLEANUP_EVENT.validate_python(event))
+    ended = ended_execution(CLEANUP_EVENT.validate_python(event))
     result = clean_up(
-        execution,
+        ended,
         queue=environment.job_queue,
-        runs=[run] if run is not None else [],
         stores=environment,
         batch=boto3.client("batch"),
         s3=boto3.client("s3"),
     )
-    logger.info("queued run cleaned up", extra={"execution": execution, **result})
+    logger.info("queued run cleaned up", extra={"execution": ended.execution, **result})
     return result

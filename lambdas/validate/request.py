@@ -13,6 +13,7 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -567,6 +568,13 @@ def _check_queue_wait(request: ExecutionInput, limits: PlatformLimits, problems:
 def run_identity(execution: str, started: str) -> str:
     """The run's identity (RUN_ID_HEX hex digits) from its execution ARN and start time ($$.Execution.StartTime)."""
     return hashlib.sha256(f"{execution}\n{started}".encode()).hexdigest()[:RUN_ID_HEX]
+
+
+def start_time(epoch_ms: int) -> str:
+    """An execution's start as $$.Execution.StartTime writes it (`2026-11-23T21:00:00.000Z`), from the epoch
+    milliseconds its EventBridge events give (`startDate`)."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass

@@ -331,6 +331,7 @@ def execution_status_changes(rules: EventRules) -> Any:
                     "stateMachineArn": execution.state_machine_arn,
                     "name": execution.name,
                     "status": execution.exec_status.value,
+                    "startDate": int(execution.start_date.timestamp() * 1000),
                     "error": execution.error,
                     "cause": execution.cause,
                 },

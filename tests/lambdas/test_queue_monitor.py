@@ -16,6 +16,7 @@ from contract.execution_state import QueuePoll, TrainingRequest
 from contract.layout import run_checkpoints, run_goodput
 from contract.service_requests import EXECUTION_TAG
 from lambdas.jobs.environment import MonitorEnvironment
+from lambdas.jobs.prune import Ended
 from lambdas.queue import cleanup
 from lambdas.queue.environment import QueueCleanupEnvironment
 from lambdas.queue.monitor import QUEUED, SERVICE_JOB_FAILED, poll
@@ -303,6 +304,8 @@ def test_cleanup_terminates_the_executions_waiting_and_running_service_jobs_only
         {"jobId": "a", "jobName": "run-aaaa-1", "status": "RUNNABLE", "tags": {EXECUTION_TAG: mine}},
         {"jobId": "b", "jobName": "run-aaaa-2", "status": "RUNNING", "tags": {EXECUTION_TAG: mine}},
         {"jobId": "c", "jobName": "run-bbbb-1", "status": "RUNNING", "tags": {EXECUTION_TAG: other}},
+        # Another run's job that someone tagged with this execution: its name is not this run's.
+        {"jobId": "f", "jobName": "run-bbbb-2", "status": "RUNNING", "tags": {EXECUTION_TAG: mine}},
         {"jobId": "d", "jobName": "run-aaaa-3", "status": "SUCCEEDED", "tags": {EXECUTION_TAG: mine}},
         {
             "jobId": "e",
@@ -314,7 +317,7 @@ def test_cleanup_terminates_the_executions_waiting_and_running_service_jobs_only
     ]
     queue = _Queue(jobs)
     stores = QueueCleanupEnvironment(checkpoints_bucket="ckpt", artifacts_bucket="ckpt", job_queue="teams")
-    result = cleanup.clean_up(mine, queue="teams", runs=[], stores=stores, batch=queue, s3=s3)
+    result = cleanup.clean_up(Ended(mine, None, "aaaa"), queue="teams", stores=stores, batch=queue, s3=s3)
     assert [job for job, _ in queue.terminated] == ["a", "b"]
     assert all(mine in reason for _, reason in queue.terminated)
     assert result["stopped"] == ["run-aaaa-1", "run-aaaa-2"]

@@ -7,7 +7,7 @@ import pytest
 from moto import mock_aws
 
 from lambdas.register.handler import LineageExistsError, _write_once
-from lambdas.validate.request import RUN_ID_HEX, resolve, run_identity
+from lambdas.validate.request import RUN_ID_HEX, resolve, run_identity, start_time
 from lambdas.validate.tuning import TUNING_JOB_NAME_LENGTH
 from tests.lambdas.test_handlers import LIMITS, _example
 
@@ -25,6 +25,13 @@ def test_the_identity_has_64_bits_and_depends_on_the_start_time_not_only_the_nam
     # The same execution name reused after Step Functions forgot it: another identity.
     assert run_identity(ARN, "2027-02-23T21:00:00.000Z") != identity
     assert run_identity(ARN.replace("run-1", "run-2"), STARTED) != identity
+
+
+def test_an_ended_executions_event_gives_the_start_its_identity_was_made_from() -> None:
+    """EventBridge's startDate (epoch milliseconds) reads back as $$.Execution.StartTime wrote it, so the cleanup of
+    an execution stopped from outside knows its run's names."""
+    assert start_time(1795467600000) == STARTED
+    assert start_time(1795467600007) == "2026-11-23T21:00:00.007Z"
 
 
 def test_names_carry_the_whole_identity_within_sagemakers_limits() -> None:
