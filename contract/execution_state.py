@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import types
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
@@ -454,24 +454,37 @@ class CreatedJob(_Model):
 
 
 class FoundJobs(_Model):
-    """The ARNs and names of ListJobs' summaries, as the AWS Batch step finds a job it may have submitted."""
+    """The ARNs, names and IDs of a listing's summaries, as the AWS Batch and queue steps find a job they may have
+    submitted (ListJobs, ListServiceJobs)."""
 
     arns: list[str]
     names: list[str]
+    ids: list[str] | None = None
 
 
-class Owners(_Model):
-    """An existing job's execution tag, as its service reports it: the values of SageMaker's tag list, or
-    the description of one AWS Batch job (its `Tags` map)."""
-
-    executions: list[str] | None = None
-    jobs: list[dict[str, Any]] | None = None
+JobKind = Literal["training-job", "tuning-job", "batch-job", "service-job"]
+"""The kinds of job a create step may find under its attempt's name (lambdas/jobs/adoption.py)."""
 
 
-class Ownership(_Model):
-    """What an existing job's execution tag is compared with: this execution's ARN."""
+class ExistingJob(_Model):
+    """What a create step found under its attempt's name, for the adoption check: the request and the attempt it
+    made, and the job (a name, or AWS Batch's ID)."""
 
+    request: HandedOnRequest
     execution: str
+    attempt: int = 1
+    kind: JobKind
+    job: str
+
+
+class Adoption(_Model):
+    """The adoption check's answer: adopt the job found (it is the one the platform asked for), or why not."""
+
+    adopt: bool
+    job_name: str
+    arn: str
+    cause: str = ""
+    """The differences from what the platform asked for: the run's failure when it does not adopt."""
 
 
 class Submission(_Model):
@@ -491,11 +504,9 @@ class Attempt(_Model):
     retried_after: Failure | None = None
     """Why the previous attempt's job was replaced by this one (None on the first attempt)."""
     found: FoundJobs | None = None
-    """AWS Batch: the jobs of this attempt's name that a submit whose answer was lost finds on the queue."""
-    owners: Owners | None = None
-    """The execution tag(s) of an existing job of this attempt's name, read before it is adopted."""
-    own: Ownership | None = None
-    """Whether that job is this execution's: only then is it adopted."""
+    """AWS Batch and the queue: the jobs of this attempt's name that a submit whose answer was lost finds."""
+    adoption: Adoption | None = None
+    """Whether an existing job of this attempt's name is the one the platform asked for: only then is it adopted."""
     submission: Submission | None = None
     """A team's service job: what the attempt submits."""
 

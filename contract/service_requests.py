@@ -311,8 +311,8 @@ def create_training_job(job: TrainingJobConstants) -> ServiceRequest:
     def definition(variant: Variant) -> dict[str, Any]:
         artifacts = f"s3://{job.artifacts_bucket}/"
         return {
-            # A retried create that had in fact succeeded finds its own job ("name already in use") and adopts it
-            # once its execution tag shows it is this execution's (stacks/pipeline/polled_job.py adopt_if_own).
+            # A retried create that had in fact succeeded finds a job of this name ("name already in use") and adopts
+            # it once the adoption check finds it the job asked for (lambdas/jobs/adoption.py).
             "TrainingJobName": ATTEMPT_JOB_NAME,
             "RoleArn": job.role_arn,
             "AlgorithmSpecification": {

@@ -36,6 +36,7 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
+from stacks.pipeline.adoption import AdoptionCheck
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.ended import EndedRuns
@@ -172,6 +173,7 @@ class PipelineStack(Stack):
             image=image.training_image,
             file_system=data.lustre.file_system,
             teams=self.teams,
+            adoption=AdoptionCheck(self, parts.handlers, job),
         )
         steps = backend_steps(self, backends, parts, resources)
         # Tuning jobs are SageMaker's: the tuning step reuses the SageMaker step's job and cleanup.
@@ -357,8 +359,8 @@ class PipelineStack(Stack):
             role,
             "AwsSolutions-IAM5[Resource::*]",
             "Step Functions log delivery and X-Ray (logs:CreateLogDelivery..., xray:PutTraceSegments...) "
-            "take no resource scope; nor do batch:ListJobs and batch:DescribeJobs (finding a submitted AWS Batch "
-            "job by name, and reading its execution tag before adopting it)" + ".",
+            "take no resource scope; nor do batch:ListJobs and batch:ListServiceJobs (finding a job a submit may "
+            "have queued, by name, for the adoption check to judge).",
         )
         for resource, reason in {
             stack_arn(self, "sagemaker", "training-job/*"): (

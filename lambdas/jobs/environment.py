@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from contract.service_requests import BatchJobConstants, ServiceJobConstants, TrainingJobConstants
 from lambdas.shared.env import HandlerEnvironment
+from lambdas.validate.api_requests import Deployment
 
 
 class MonitorEnvironment(HandlerEnvironment):
@@ -23,3 +27,29 @@ class CleanupEnvironment(HandlerEnvironment):
     """Where the run's checkpoints are pruned."""
     artifacts_bucket: str
     """Where the run's checkpoint ledger (contract/ledger.py) is."""
+
+
+class AdoptionEnvironment(HandlerEnvironment):
+    """The adoption check's (lambdas/jobs/adoption.py): the constants of the platform's requests, which the stacks
+    write (stacks/pipeline/adoption.py). Each is a constants dataclass's fields (contract/service_requests.py) as
+    JSON; a backend the platform does not deploy leaves its own empty."""
+
+    training_jobs: dict[str, Any]
+    """SageMaker's (`TrainingJobConstants`): role, image, key, subnet, security group, buckets, flags, plan."""
+    batch_jobs: dict[str, Any]
+    """AWS Batch's (`BatchJobConstants`): the job queue, job definition and buckets."""
+    service_jobs: dict[str, Any]
+    """The teams' queue's (`ServiceJobConstants`): the job queue and how often a job may be preempted."""
+
+    def deployment(self, execution: str) -> Deployment:
+        """Every constant of the platform's requests, for `execution`'s jobs."""
+        batch: dict[str, Any] = dict.fromkeys(
+            ("job_queue", "job_definition", "checkpoints_bucket", "artifacts_bucket"), ""
+        )
+        queue: dict[str, Any] = {"team_queue": "", "preemption_retries": 0}
+        return Deployment(
+            training=TrainingJobConstants(**self.training_jobs),
+            batch=BatchJobConstants(**(batch | self.batch_jobs)),
+            queue=ServiceJobConstants(**(queue | self.service_jobs)),
+            execution=execution,
+        )

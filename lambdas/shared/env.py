@@ -35,6 +35,13 @@ class HandlerEnvironment(BaseModel):
         return {name.upper(): _render(getattr(self, name), as_json[name]) for name in type(self).model_fields}
 
     @classmethod
+    def variable(cls, field: str) -> str:
+        """The environment variable of one field, for a stack that sets it apart from the others."""
+        if field not in cls.model_fields:
+            raise KeyError(f"{cls.__name__} has no field {field!r}; it has {', '.join(cls.model_fields)}")
+        return field.upper()
+
+    @classmethod
     def from_environ(cls) -> Self:
         """The environment of this process; parsed once for each set of values it holds."""
         raw = tuple((name, os.environ.get(name.upper())) for name in cls.model_fields)

@@ -314,10 +314,12 @@ _BATCH_OPERATIONS = {
     "describeservicejob": "DescribeServiceJob",
     "terminateservicejob": "TerminateServiceJob",
     "listservicejobs": "ListServiceJobs",
+    "describejobdefinitions": "DescribeJobDefinitions",
 }
 REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("batch", "SubmitJob"): _submit_job,
     ("batch", "DescribeJobs"): _everything("batch:DescribeJobs"),
+    ("batch", "DescribeJobDefinitions"): _everything("batch:DescribeJobDefinitions"),
     ("batch", "ListJobs"): _everything("batch:ListJobs"),
     ("batch", "TerminateJob"): _one("batch:TerminateJob", lambda c: c.arn("batch", f"job/{c.params['jobId']}")),
     ("batch", "SubmitServiceJob"): _submit_service_job,

@@ -394,6 +394,7 @@ def create_training_job(created: Callable[[str, dict[str, Any], Any], None]) -> 
             raise ResourceInUseException(f"Training job names must be unique within an account: {name} exists")
         result = original(response)
         job = backend.training_jobs[name]
+        job.requested = request  # what DescribeTrainingJob answers with (`describe_training_job`)
         job.training_job_status = "InProgress"
         job.secondary_status = "Starting"
         job.final_metric_data_list = []
@@ -407,6 +408,9 @@ def create_training_job(created: Callable[[str, dict[str, Any], Any], None]) -> 
 def describe_training_job(described: Callable[[str, Any], None]) -> Any:
     """moto's jobs never change after creation; a SageMaker job moves on while it runs.
     `described(name, job)` brings the job up to date before moto describes it.
+
+    moto also answers a subset of the request (and metric definitions of its own); SageMaker answers every field
+    the CreateTrainingJob request gave, with its defaults where the request gave none (`as_sagemaker_describes`).
     """
     original = SageMakerModelBackend.describe_training_job
 
@@ -414,6 +418,23 @@ def describe_training_job(described: Callable[[str, Any], None]) -> Any:
         job = backend.training_jobs.get(training_job_name)
         if job is not None:
             described(training_job_name, job)
-        return original(backend, training_job_name)
+        answer = original(backend, training_job_name)
+        requested = getattr(job, "requested", None)
+        if requested is None:
+            return answer
+        return {**answer, **as_sagemaker_describes({k: v for k, v in requested.items() if k != "Tags"})}
 
     return mock.patch.object(SageMakerModelBackend, "describe_training_job", describe)
+
+
+def as_sagemaker_describes(request: dict[str, Any]) -> dict[str, Any]:
+    """A CreateTrainingJob request's fields as DescribeTrainingJob answers them: its channels with their
+    compression and record wrapping, the output's compression and the profiler's interval filled in."""
+    answered: dict[str, Any] = json.loads(json.dumps(request))
+    for channel in answered.get("InputDataConfig", []):
+        channel.setdefault("CompressionType", "None")
+        channel.setdefault("RecordWrapperType", "None")
+    answered.get("OutputDataConfig", {}).setdefault("CompressionType", "GZIP")
+    if "ProfilerConfig" in answered:
+        answered["ProfilerConfig"].setdefault("ProfilingIntervalInMilliseconds", 500)
+    return answered

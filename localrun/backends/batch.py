@@ -95,6 +95,9 @@ class BatchJob:
     tags: dict[str, str]
     role_arn: str
     workdir: Path
+    container: dict[str, Any] = field(default_factory=dict)
+    """Its nodes' container as DescribeJobs gives it: the job definition's, with the submit's overrides."""
+    timeout: dict[str, Any] = field(default_factory=dict)
     created_at: int = field(default_factory=_now_ms)
     status: str = "RUNNABLE"
     status_reason: str = ""
@@ -169,15 +172,28 @@ class LocalBatch:
         }
         container = definition["NodeProperties"]["NodeRangeProperties"][0]["Container"]
         retry = definition.get("RetryStrategy", {})
+        merged = {**{e["Name"]: e["Value"] for e in container.get("Environment", [])}, **environment}
+        overridden = {
+            key: value
+            for o in overrides.get("nodePropertyOverrides", [])
+            for key, value in o.get("containerOverrides", {}).items()
+            if key in ("command", "instanceType", "resourceRequirements")
+        }
         job = BatchJob(
             job_id=str(uuid.uuid4()),
             name=params["jobName"],
             queue=params["jobQueue"],
             definition=definition_arn,
             num_nodes=num_nodes,
-            environment={**{e["Name"]: e["Value"] for e in container.get("Environment", [])}, **environment},
+            environment=merged,
             tags=params.get("tags", {}),
             role_arn=container["JobRoleArn"],
+            container={
+                **_as_api(container),
+                "environment": [{"name": k, "value": v} for k, v in merged.items()],
+                **overridden,
+            },
+            timeout=params.get("timeout", {}),
             workdir=self.root / params["jobName"],
             max_attempts=int(retry.get("Attempts", 1)),
             retry_on_status=[
@@ -461,7 +477,12 @@ class LocalBatch:
             "statusReason": job.status_reason,
             "createdAt": job.created_at,
             "tags": job.tags,
-            "nodeProperties": {"numNodes": job.num_nodes, "mainNode": 0},
+            "timeout": job.timeout,
+            "nodeProperties": {
+                "numNodes": job.num_nodes,
+                "mainNode": 0,
+                "nodeRangeProperties": [{"targetNodes": "0:", "container": job.container}],
+            },
             "attempts": [
                 {
                     "startedAt": a.started_at,
@@ -512,6 +533,10 @@ class LocalBatch:
             self.terminate(body["jobId"], body.get("reason", ""))
             return "{}"
 
+        def describe_definitions(response: Any) -> str:
+            named = params(response).get("jobDefinitions") or []
+            return json.dumps({"jobDefinitions": [self.described_definition(arn) for arn in named]})
+
         return [
             mock.patch.object(BatchResponse, name, method)
             for name, method in (
@@ -519,8 +544,25 @@ class LocalBatch:
                 ("describejobs", describe),
                 ("listjobs", list_jobs),
                 ("terminatejob", terminate),
+                ("describejobdefinitions", describe_definitions),
             )
         ]
+
+    def described_definition(self, arn: str) -> dict[str, Any]:
+        """A job definition as DescribeJobDefinitions gives it (the API's names for the template's properties)."""
+        definition = self.definitions.get(arn)
+        if definition is None:
+            raise JsonRESTError("ClientException", f"Job definition {arn} does not exist")
+        return {"jobDefinitionArn": arn, "status": "ACTIVE", **_as_api(definition)}
+
+
+def _as_api(value: Any) -> Any:
+    """CloudFormation's property names as the Batch API's (`JobRoleArn` -> `jobRoleArn`), at every level."""
+    if isinstance(value, dict):
+        return {key[:1].lower() + key[1:]: _as_api(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_api(item) for item in value]
+    return value
 
 
 def local_player(

@@ -24,7 +24,9 @@ lends it, LEND_AND_BORROW lends it and borrows up to borrowLimit percent of the 
 (-1: no limit); cross-share preemption gives a lender back what borrowers use; in-share preemption
 (if enabled) lets a higher-priority job preempt lower-priority jobs of its share; a preempted job
 is requeued RUNNABLE, unlimited times unless preemptionRetriesBeforeTermination says otherwise
-(0: FAILED at the first preemption); a job's training job is named `AWSBatch<jobName><32 hex>`.
+(0: FAILED at the first preemption); a job's training job is named `AWSBatch<jobName><32 hex>`; a SubmitServiceJob
+that repeats an earlier one's clientToken and request is the same request, and is refused (the API reference's
+clientToken), whoever submitted the first; another request under the same token is a job of its own.
 
 Chosen here where the documentation is silent (Batch applies "a custom heuristic"):
 - within a share, jobs go by schedulingPriority (higher first), then submission order; a job waits
@@ -430,9 +432,13 @@ class LocalServiceJobs:
         instance_type, count = _instances(params["serviceRequestPayload"])
         with self._lock:
             token = params.get("clientToken")
-            again = [j for j in self.jobs.values() if token is not None and j.request.get("clientToken") == token]
-            if again:  # idempotent: a submit retried with its token answers the job it queued
-                return {"jobArn": again[0].arn, "jobName": again[0].name, "jobId": again[0].job_id}
+            if token is not None and any(j.request == params for j in self.jobs.values()):
+                # AWS Batch documents a clientToken as making two submissions of one token and one payload the same
+                # request, whose second is rejected: it answers no job, whoever sent the first.
+                raise JsonRESTError(
+                    "ClientException",
+                    f"a service job was already submitted with client token {token!r} and this same request",
+                )
             job = ServiceJob(
                 job_id=str(uuid.uuid4()),
                 name=params["jobName"],

@@ -342,6 +342,12 @@ class BatchTrainingCluster(Construct):
             )
         )
 
+    def grant_find(self, role: iam.IRole) -> None:
+        """List the queue's jobs by name (Batch authorizes ListJobs on `*` only)."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(sid="FindBatchJobs", actions=["batch:ListJobs"], resources=["*"])
+        )
+
     def grant_terminate(self, role: iam.IRole) -> None:
         role.add_to_principal_policy(
             iam.PolicyStatement(sid="TerminateBatchJobs", actions=["batch:TerminateJob"], resources=[self._jobs_arn()])

@@ -137,6 +137,11 @@ class TeamQueue(Construct):
                 conditions={"StringEquals": {f"aws:RequestTag/{TEAM_TAG}": teams}},
             )
         )
+        # A submit that failed finds the job it may have queued by name; the reference lets ListServiceJobs name
+        # no resource.
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(sid="FindServiceJobs", actions=["batch:ListServiceJobs"], resources=["*"])
+        )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="PassTheTrainingRoleToServiceJobs",

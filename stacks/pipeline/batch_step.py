@@ -3,8 +3,8 @@
 `start` submits the job (SubmitJob, an SDK integration without `.sync`: one name per attempt,
 `<job_name_base>-<attempt>`), then polls it with one PollBatchJob call per round. Batch job names
 are not unique, so a submit whose answer was lost lists the queue's jobs by this attempt's name and
-adopts the one it finds, when its execution tag is this execution's, instead of submitting a second
-cluster; a job of that name that is another execution's fails the run, naming it. A job that waited for instances
+adopts the one it finds, when the adoption check finds it the job this attempt asked for, instead of submitting a
+second cluster; any other job of that name fails the run, naming what differs. A job that waited for instances
 longer than the capacity limit, or failed the launcher's pre-flight check, is replaced by a new
 attempt that resumes from the run's checkpoints; a node lost with its host is retried by Batch
 itself (the job definition's retry strategy) and resumes the same way. On every way out
@@ -30,12 +30,12 @@ from stacks.constructs.batch_cluster import BatchTrainingCluster
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.tasks import BATCH_TRANSIENT
+from stacks.pipeline.adoption import FOUND, AdoptionCheck
 from stacks.pipeline.parts import StepParts, obj, stack_arn
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
     StepNames,
-    adopt_if_own,
     cleanup_function,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
@@ -54,19 +54,28 @@ NAMES = StepNames(label="Batch")
 class BatchTraining(Construct):
     """Submit + poll an AWS Batch multi-node parallel job; terminate it and prune checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, parts: StepParts, cluster: BatchTrainingCluster) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        parts: StepParts,
+        cluster: BatchTrainingCluster,
+        adoption: AdoptionCheck,
+    ) -> None:
         super().__init__(scope, id_)
         self._parts = parts
         self.cluster = cluster
         buckets = parts.buckets
-        self.request = submit_job(
-            BatchJobConstants(
-                job_queue=cluster.queue.job_queue_arn,
-                job_definition=cluster.job_definition.job_definition_arn,
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-            )
+        constants = BatchJobConstants(
+            job_queue=cluster.queue.job_queue_arn,
+            job_definition=cluster.job_definition.job_definition_arn,
+            checkpoints_bucket=buckets.checkpoints.bucket_name,
+            artifacts_bucket=buckets.artifacts.bucket_name,
         )
+        self.request = submit_job(constants)
+        self.adoption = adoption
+        adoption.add_batch(constants)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(
@@ -102,7 +111,7 @@ class BatchTraining(Construct):
             checkpoints=buckets.checkpoints,
             artifacts=buckets.artifacts,
         )
-        return cls(scope, id_, parts=parts, cluster=cluster)
+        return cls(scope, id_, parts=parts, cluster=cluster, adoption=resources.adoption)
 
     @property
     def backends(self) -> list[str]:
@@ -115,8 +124,8 @@ class BatchTraining(Construct):
     def bind(self, state_machine: sfn.StateMachine) -> None:
         """The machine submits this definition to this queue and finds its jobs; ended executions are cleaned up."""
         self.cluster.grant_submit(state_machine.role)
-        # ListJobs finds a job a submit may have created; DescribeJobs reads its execution tag before it is adopted.
-        self.cluster.grant_follow(state_machine.role)
+        # ListJobs finds a job a submit may have created (the adoption check judges it).
+        self.cluster.grant_find(state_machine.role)
         acknowledge_wildcard(
             state_machine.role,
             stack_arn(self, "batch", "job/*"),
@@ -224,9 +233,7 @@ class BatchTraining(Construct):
                     "JobQueue": self.cluster.queue.job_queue_arn,
                     "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
                 },
-                # Lists of fields, read with States.ArrayGetItem: a path through an index
-                # ($.JobSummaryList[0].JobArn) is a string in AWS's engine and a list in the local one.
-                "ResultSelector": {"arns.$": "$.JobSummaryList[*].JobArn", "names.$": "$.JobSummaryList[*].JobName"},
+                "ResultSelector": FOUND,
                 "ResultPath": str(TRAIN.found),
             },
             passes=BATCH_TRANSIENT,
@@ -239,37 +246,8 @@ class BatchTraining(Construct):
             self._find_state("Find submitted Batch job"),
             self._find_state("Find resubmitted Batch job"),
         )
-        adopt = sfn.Pass(
-            self,
-            "Adopt the submitted Batch job",
-            comment="The submit happened though its answer was lost: follow that job, do not start another",
-            parameters={
-                "arn": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at(str(TRAIN.found.arns)), 0),
-                "job_name": sfn.JsonPath.array_get_item(sfn.JsonPath.list_at(str(TRAIN.found.names)), 0),
-            },
-            result_path=str(TRAIN.job),
-        ).next(wait)
-        read_owners = sdk_task(
-            self,
-            "Read the found Batch job's execution",
-            "batch",
-            "describeJobs",
-            {
-                "Comment": "A job of this attempt's name is on the queue: read whose it is before following it",
-                "Parameters": {"Jobs.$": f"States.Array(States.ArrayGetItem({TRAIN.found.arns}, 0))"},
-                "ResultSelector": {"jobs.$": "$.Jobs"},
-                "ResultPath": str(TRAIN.owners),
-            },
-            passes=BATCH_TRANSIENT,
-        )
-        read_owners.add_catch(stop_not_created, errors=["States.ALL"], result_path=str(ERROR))
-        existing = adopt_if_own(
-            self,
-            "Batch job",
-            read_owners=read_owners,
-            job_name=f"States.ArrayGetItem({TRAIN.found.names}, 0)",
-            adopt=adopt,
-            not_created=stop_not_created,
+        existing = self.adoption.found_states(
+            self, "Batch job", kind="batch-job", fields=("arn", "job_name"), wait=wait, not_created=stop_not_created
         )
         found = f"{TRAIN.found.arns}[0]"
         pause = sfn.Wait(self, "Before submitting again", time=sfn.WaitTime.duration(Duration.seconds(10)))

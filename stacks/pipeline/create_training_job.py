@@ -274,10 +274,6 @@ class DistributedTrainingJob(Construct):
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTrainingJobs", actions=["sagemaker:AddTags"], resources=[jobs])
         )
-        # Before a job of the attempt's name is adopted: is it this execution's?
-        state_machine_role.add_to_principal_policy(
-            iam.PolicyStatement(sid="ReadTrainingJobTags", actions=["sagemaker:ListTags"], resources=[jobs])
-        )
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="PassTheTrainingRole",

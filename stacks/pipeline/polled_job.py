@@ -47,88 +47,19 @@ from contract.layout import (
     ANY_RUN,
     INSUFFICIENT_CAPACITY,
 )
-from contract.service_requests import ATTEMPT_JOB_NAME, EXECUTION_TAG
+from contract.service_requests import ATTEMPT_JOB_NAME
 from lambdas.jobs.environment import CleanupEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
-from stacks.constructs.tasks import POLLING, SAGEMAKER_TRANSIENT, SDK, invoke, retry
+from stacks.constructs.tasks import POLLING, SDK, invoke, retry
 from stacks.pipeline.parts import Buckets, Handlers, Notifier, obj, string
 
-# One name per attempt: a create retried after it had in fact succeeded finds its own job and adopts it
-# (`adopt_if_own`: only when the job carries this execution's tag).
+# One name per attempt: a create retried after it had in fact succeeded finds a job of that name, and adopts it
+# only when the adoption check finds it the one the platform asked for (stacks/pipeline/adoption.py).
 JOB_NAME = ATTEMPT_JOB_NAME.states()
 SDK_TIMEOUT_SECONDS = 60
 # The state that calls a backend's progress handler, once per poll (another backend's: "Check progress (<label>)").
 CHECK_PROGRESS = "Check progress"
-# What a create records when a job of its name exists and belongs to another execution.
-JOB_NAME_CONFLICT = "JobNameConflict"
-
-
-def read_sagemaker_owners(scope: Construct, id_: str, *, resource: str, job_name: str) -> sfn.CustomState:
-    """ListTags of the SageMaker `resource` (e.g. "training-job") named `job_name` (an intrinsic): the values
-    of its execution tag at `$.train.owners.executions`."""
-    arn = f"arn:{Aws.PARTITION}:sagemaker:{Aws.REGION}:{Aws.ACCOUNT_ID}:{resource}/{{}}"
-    return sdk_task(
-        scope,
-        id_,
-        "sagemaker",
-        "listTags",
-        {
-            "Comment": "A job of this name exists: read whose it is before following it",
-            "Parameters": {"ResourceArn.$": f"States.Format('{arn}', {job_name})"},
-            "ResultSelector": {"executions.$": f"$.Tags[?(@.Key == '{EXECUTION_TAG}')].Value"},
-            "ResultPath": str(TRAIN.owners),
-        },
-        passes=SAGEMAKER_TRANSIENT,
-    )
-
-
-def adopt_if_own(
-    scope: Construct,
-    label: str,
-    *,
-    read_owners: sfn.IChainable,
-    job_name: str,
-    adopt: sfn.IChainable,
-    not_created: sfn.IChainable,
-) -> sfn.IChainable:
-    """After `read_owners` has put the existing job's execution tag at `$.train.owners` (`executions`: the
-    values of SageMaker's tag list, or `jobs`: one AWS Batch job's description with its tag map): adopt the
-    job only when it is this execution's; any other job of that name fails the create, naming the job."""
-    owners, own = TRAIN.owners, TRAIN.own
-    check = sfn.Pass(
-        scope,
-        f"Is the existing {label} this execution's?",
-        parameters={"execution": sfn.JsonPath.execution_id},
-        result_path=str(own),
-    )
-    tagged = f"{owners.jobs}[0].Tags.{EXECUTION_TAG}"
-    is_own = sfn.Condition.or_(
-        sfn.Condition.and_(
-            sfn.Condition.is_present(f"{owners.executions}[0]"),
-            sfn.Condition.string_equals_json_path(f"{owners.executions}[0]", str(own.execution)),
-        ),
-        sfn.Condition.and_(
-            sfn.Condition.is_present(tagged), sfn.Condition.string_equals_json_path(tagged, str(own.execution))
-        ),
-    )
-    conflict = sfn.Pass(
-        scope,
-        f"Existing {label} belongs to another execution",
-        comment="Never follow or adopt another execution's job: the run fails, naming that job",
-        parameters={
-            "Error": JOB_NAME_CONFLICT,
-            "Cause": sfn.JsonPath.format(
-                f"A {label} named {{}} already exists and is not tagged {EXECUTION_TAG}={{}}: it belongs to another "
-                "execution, so this run does not adopt it. Start the run again (a new execution has a new identity).",
-                sfn.JsonPath.string_at(job_name),
-                sfn.JsonPath.execution_id,
-            ),
-        },
-        result_path=str(ERROR),
-    ).next(not_created)
-    choice = sfn.Choice(scope, f"Adopt the existing {label}?").when(is_own, adopt).otherwise(conflict)
-    return sfn.Chain.start(read_owners).next(check).next(choice)
 
 
 def sdk_arn(service: str, action: str) -> str:

@@ -5,11 +5,13 @@ quota share (stacks/constructs/queue.py), from submission to its end, and never 
 the platform's role, image, VPC, keys, output and checkpoint locations) and submits it as
 the service job's `serviceRequestPayload`, to the team's quota share at the request's priority, tagged with
 the team (its cost-allocation tag and what the per-team budget stop matches), the execution and the run. The
-submit's client token is the attempt's name, so a retried submit whose answer was lost finds its own job
-instead of queueing a second. PollServiceJob follows it: while it waits the run sees "queued for capacity"
-and the scheduler's reason; when the scheduler preempts it, Batch requeues it and its next training job
-resumes from the run's checkpoints, up to `service_environment.preemption_retries` times. A job that failed
-in the pre-flight check, on a straggler or in a hang is replaced by a new attempt, as on SageMaker. On every
+submit's client token is the attempt's name: AWS Batch refuses a retried submit that repeats it with the same
+request, so a submit whose answer was lost lists the queue's jobs by the attempt's name and follows the one it
+finds when the adoption check finds it the job this attempt asked for, instead of queueing a second.
+PollServiceJob follows it: while it waits the run sees "queued for capacity" and the scheduler's reason; when
+the scheduler preempts it, Batch requeues it and its next training job resumes from the run's checkpoints, up to
+`service_environment.preemption_retries` times. A job that failed in the pre-flight check, on a straggler or in
+a hang is replaced by a new attempt, as on SageMaker. On every
 way out StopServiceJobs terminates the execution's service jobs and prunes the run's checkpoints; an
 execution that ends any other way is cleaned up by an EventBridge rule.
 """
@@ -30,9 +32,11 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.queue import TeamQueue
 from stacks.constructs.tasks import BATCH_TRANSIENT
+from stacks.pipeline.adoption import FOUND, AdoptionCheck
 from stacks.pipeline.create_training_job import DistributedTrainingJob, volumes
 from stacks.pipeline.parts import StepParts, obj, stack_arn
 from stacks.pipeline.polled_job import (
+    JOB_NAME,
     PolledJobStep,
     StepNames,
     cleanup_function,
@@ -58,12 +62,13 @@ class QueueTraining(Construct):
         job: DistributedTrainingJob,
         teams: TeamQueue,
         preemption_retries: int,
+        adoption: AdoptionCheck,
     ) -> None:
         super().__init__(scope, id_)
-        self._parts, self.job, self.teams = parts, job, teams
-        self.request = submit_service_job(
-            ServiceJobConstants(team_queue=teams.queue_arn, preemption_retries=preemption_retries), job.constants
-        )
+        self._parts, self.job, self.teams, self.adoption = parts, job, teams, adoption
+        constants = ServiceJobConstants(team_queue=teams.queue_arn, preemption_retries=preemption_retries)
+        self.request = submit_service_job(constants, job.constants)
+        adoption.add_queue(constants, follow_service_jobs)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         step = PolledJobStep(
@@ -86,7 +91,15 @@ class QueueTraining(Construct):
         if resources.teams is None:
             raise ValueError("the queue step runs teams' jobs: settings name no teams")
         retries = resources.settings.service_environment.preemption_retries
-        return cls(scope, id_, parts=parts, job=resources.job, teams=resources.teams, preemption_retries=retries)
+        return cls(
+            scope,
+            id_,
+            parts=parts,
+            job=resources.job,
+            teams=resources.teams,
+            preemption_retries=retries,
+            adoption=resources.adoption,
+        )
 
     @property
     def backends(self) -> list[str]:
@@ -197,10 +210,46 @@ class QueueTraining(Construct):
             passes=BATCH_TRANSIENT,
         )
 
+    def _find_state(self) -> sfn.CustomState:
+        """This attempt's service jobs on the teams' queue, by name (names are per execution and attempt)."""
+        return sdk_task(
+            self,
+            "Find submitted service job",
+            "batch",
+            "listServiceJobs",
+            {
+                "Comment": "A submit that failed may have queued the job (its answer lost, then its retry refused "
+                "for the client token it repeats): look for it by name",
+                "Parameters": {
+                    "JobQueue": self.teams.queue_arn,
+                    "Filters": [{"Name": "JOB_NAME", "Values.$": f"States.Array({JOB_NAME})"}],
+                },
+                "ResultSelector": FOUND,
+                "ResultPath": str(TRAIN.found),
+            },
+            passes=BATCH_TRANSIENT,
+        )
+
     def _submit(self, wait: sfn.Wait, not_created: sfn.IChainable) -> sfn.IChainable:
-        submit = self._submit_state()
-        submit.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
+        """Submit; when it fails, adopt this attempt's service job if one was queued after all and it is the one
+        asked for (AWS Batch refuses a submit that repeats an earlier one's client token and request)."""
+        submit, find = self._submit_state(), self._find_state()
+        submit.add_catch(find, errors=["States.ALL"], result_path=str(ERROR))
+        find.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
         submit.next(wait)
+        existing = self.adoption.found_states(
+            self,
+            "service job",
+            kind="service-job",
+            fields=("arn", "job_name", "job_id"),
+            wait=wait,
+            not_created=not_created,
+        )
+        find.next(
+            sfn.Choice(self, "Queued after all?")
+            .when(sfn.Condition.is_present(f"{TRAIN.found.arns}[0]"), existing)
+            .otherwise(not_created)
+        )
         both = Variant(local_storage=True, heterogeneous=True)
         labels = {
             Variant(): "Build the queued request",

@@ -18,17 +18,16 @@ from contract.service_requests import Variant
 from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
+from stacks.pipeline.adoption import AdoptionCheck
 from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.parts import StepParts, stack_arn, string
 from stacks.pipeline.polled_job import (
     JOB_NAME,
     PolledJobStep,
     StepNames,
-    adopt_if_own,
     cleanup_function,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
-    read_sagemaker_owners,
     watch_ended_executions,
 )
 from stacks.pipeline.training_step import TrainingResources
@@ -39,10 +38,13 @@ NAMES = StepNames()
 class SageMakerTraining(Construct):
     """Create + poll a SageMaker training job; stop it and prune its checkpoints on every way out."""
 
-    def __init__(self, scope: Construct, id_: str, *, parts: StepParts, job: DistributedTrainingJob) -> None:
+    def __init__(
+        self, scope: Construct, id_: str, *, parts: StepParts, job: DistributedTrainingJob, adoption: AdoptionCheck
+    ) -> None:
         super().__init__(scope, id_)
         self._parts = parts
         self.job = job
+        self.adoption = adoption
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
         self.next_cluster = parts.handlers.function(
@@ -64,12 +66,13 @@ class SageMakerTraining(Construct):
             fallback=self.next_cluster,
         )
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
-        self.functions: list[PlatformFunction] = [self.monitor, self.cleanup, self.next_cluster]
+        # The adoption check is every backend's; SageMaker's step, always deployed, is where it is alarmed on.
+        self.functions: list[PlatformFunction] = [self.monitor, self.cleanup, self.next_cluster, adoption.handler]
         self.goodput_writers: list[PlatformFunction] = [self.monitor]
 
     @classmethod
     def build(cls, scope: Construct, id_: str, parts: StepParts, resources: TrainingResources) -> SageMakerTraining:
-        return cls(scope, id_, parts=parts, job=resources.job)
+        return cls(scope, id_, parts=parts, job=resources.job, adoption=resources.adoption)
 
     @property
     def backends(self) -> list[str]:
@@ -150,16 +153,12 @@ class SageMakerTraining(Construct):
         adopt = sfn.Pass(
             self,
             "Adopt the created job",
-            comment="A retried create found this attempt's job already running: follow it",
+            comment="A retried create found this attempt's job already running, as it asked for it: follow it",
             parameters={"job_name": sfn.JsonPath.string_at(JOB_NAME)},
             result_path=str(TRAIN.job),
         ).next(wait)
-        read_owners = read_sagemaker_owners(
-            self, "Read the existing job's execution", resource="training-job", job_name=JOB_NAME
-        )
-        read_owners.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
-        existing = adopt_if_own(
-            self, "training job", read_owners=read_owners, job_name=JOB_NAME, adopt=adopt, not_created=not_created
+        existing = self.adoption.states(
+            self, "training job", kind="training-job", job=JOB_NAME, adopt=adopt, not_created=not_created
         )
         plans = []
         if self.job.training_plan_arn is not None:

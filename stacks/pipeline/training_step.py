@@ -31,6 +31,7 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.queue import TeamQueue
 from stacks.constructs.training_image import TrainingImage
 from stacks.network_stack import NetworkStack
+from stacks.pipeline.adoption import AdoptionCheck
 from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.parts import StepParts
 from stacks.settings import PlatformSettings
@@ -85,6 +86,8 @@ class TrainingResources:
     file_system: fsx.LustreFileSystem
     teams: TeamQueue | None
     """The teams' Batch queue and quota shares; None when settings name no teams."""
+    adoption: AdoptionCheck
+    """What judges a job a create found under its attempt's name, before it is adopted (every backend's)."""
 
 
 class StepClass(Protocol):

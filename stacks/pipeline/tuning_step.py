@@ -27,10 +27,8 @@ from stacks.pipeline.parts import StepParts, stack_arn, string
 from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
-    adopt_if_own,
     grant_checkpoint_ledger,
     grant_goodput_ledger,
-    read_sagemaker_owners,
     sdk_task,
 )
 from stacks.pipeline.sagemaker_step import SageMakerTraining
@@ -48,6 +46,7 @@ class SageMakerTuning(Construct):
         super().__init__(scope, id_)
         self._parts = parts
         self.job: DistributedTrainingJob = training.job
+        self.adoption = training.adoption
         self.request = create_tuning_job(self.job.constants)
         self.monitor = self._monitor_function()
         self._grant_stop(training.cleanup.role)
@@ -116,10 +115,6 @@ class SageMakerTuning(Construct):
         state_machine_role.add_to_principal_policy(
             iam.PolicyStatement(sid="TagTuningJobs", actions=["sagemaker:AddTags"], resources=[tuning_jobs])
         )
-        # Before a tuning job of the run's name is adopted: is it this execution's?
-        state_machine_role.add_to_principal_policy(
-            iam.PolicyStatement(sid="ReadTuningJobTags", actions=["sagemaker:ListTags"], resources=[tuning_jobs])
-        )
 
     def _grant_stop(self, role: iam.IRole) -> None:
         """Find an execution's tuning jobs by their tags, and stop them (the cleanup's grant)."""
@@ -184,17 +179,17 @@ class SageMakerTuning(Construct):
         adopt = sfn.Pass(
             self,
             "Adopt the created tuning job",
-            comment="A retried create found this run's tuning job already running: follow it",
+            comment="A retried create found this run's tuning job already running, as it asked for it: follow it",
             parameters={"job_name": string(REQUEST.tuning.job_name)},
             result_path=str(TRAIN.job),
         ).next(wait)
-        name = str(REQUEST.tuning.job_name)
-        read_owners = read_sagemaker_owners(
-            self, "Read the existing tuning job's execution", resource="hyper-parameter-tuning-job", job_name=name
-        )
-        read_owners.add_catch(not_created, errors=["States.ALL"], result_path=str(ERROR))
-        existing = adopt_if_own(
-            self, "tuning job", read_owners=read_owners, job_name=name, adopt=adopt, not_created=not_created
+        existing = self.adoption.states(
+            self,
+            "tuning job",
+            kind="tuning-job",
+            job=str(REQUEST.tuning.job_name),
+            adopt=adopt,
+            not_created=not_created,
         )
         for state in (create_kms, create_local):
             state.add_catch(existing, errors=["SageMaker.ResourceInUseException"], result_path=str(ERROR))

@@ -313,12 +313,16 @@ def test_preemption_retries_exhausted_fail_the_job(player: Any) -> None:
     assert batch.describe_service_job(jobId=b1)["status"] == "RUNNING"
 
 
-def test_a_submit_retried_with_its_client_token_answers_the_job_it_queued(player: Any) -> None:
+def test_a_submit_repeating_a_client_token_and_its_request_is_refused_whoever_sent_the_first(player: Any) -> None:
+    """SubmitServiceJob's clientToken (the API reference): two submits of one token and an identical request are the
+    same request, and the second is rejected; it never answers the first's job, which may be anyone's."""
     batch, jobs, _ = player
     first = submit(batch, "b1", "team-b", 4, clientToken="b1-token")
-    assert submit(batch, "b1", "team-b", 4, clientToken="b1-token") == first
+    with pytest.raises(ClientError, match="already submitted with client token 'b1-token'"):
+        submit(batch, "b1", "team-b", 4, clientToken="b1-token")
     assert submit(batch, "b1", "team-b", 4, clientToken="other") != first
-    assert len(jobs.jobs) == 2
+    assert submit(batch, "b1", "team-b", 2, clientToken="b1-token") != first  # another request: a job of its own
+    assert len(jobs.jobs) == 3
 
 
 def test_submits_the_queue_cannot_take_are_refused(player: Any) -> None:

@@ -121,12 +121,12 @@ def test_a_job_of_another_execution_is_not_adopted(pipeline: Pipeline) -> None:
     described = pipeline.finish(arn)
     states = pipeline.local.states_entered(arn)
     assert "Adopt the created job" not in states
-    assert "Existing training job belongs to another execution" in states
+    assert "Existing training job is not the one asked for" in states
     (job,) = pipeline.jobs()
     assert described["status"] == "FAILED"
     error, cause = pipeline.error(described)
     assert f"A training job named {job} already exists" in cause, (error, cause)
-    assert f"{EXECUTION_TAG}={arn}" in cause
+    assert f"tag {EXECUTION_TAG} is {other!r}, asked {arn!r}" in cause
     assert not _lineages(pipeline)
 
 
@@ -149,10 +149,10 @@ def test_a_batch_job_of_another_execution_is_not_adopted(batch_factory: Any) -> 
     described = pipeline.finish(arn, timeout=60)
     states = pipeline.local.states_entered(arn)
     assert "Find submitted Batch job" in states and "Adopt the submitted Batch job" not in states, states
-    assert "Existing Batch job belongs to another execution" in states
+    assert "Existing Batch job is not the one asked for" in states
     (job,) = pipeline.batch.jobs.values()
     assert described["status"] == "FAILED"
-    assert f"A Batch job named {job.name} already exists" in pipeline.error(described)[1]
+    assert f"A batch job named {job.name} already exists" in pipeline.error(described)[1]
     assert job.terminating is None  # the run's cleanup leaves the other execution's job alone
 
 
@@ -182,7 +182,7 @@ def test_a_tuning_job_of_another_execution_is_not_adopted(pipeline: Pipeline) ->
         described = pipeline.finish(arn)
     states = pipeline.local.states_entered(arn)
     assert "Adopt the created tuning job" not in states, states
-    assert "Existing tuning job belongs to another execution" in states
+    assert "Existing tuning job is not the one asked for" in states
     assert described["status"] == "FAILED"
     (name,) = pipeline.local.tuning.jobs
     assert f"A tuning job named {name} already exists" in pipeline.error(described)[1]
