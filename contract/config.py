@@ -14,7 +14,8 @@ import difflib
 import json
 import math
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,29 @@ from contract.model_args import PRESETS
 IGNORED_PREFIXES = ("sagemaker_", "_tuning_")
 
 
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One invalid hyperparameter: its key (as given, or the field's dotted name for a field's own rule) and the
+    sentence that says what is wrong and how to fix it."""
+
+    key: str
+    message: str
+
+
 class ConfigError(ValueError):
-    """A hyperparameter or config value is invalid; the message says which and how to fix it."""
+    """Hyperparameters or config values are invalid; the message says which and how to fix each.
+
+    `problems` lists them one by one (the message joins them), for callers that report each under its key.
+    """
+
+    def __init__(self, message: str | Sequence[ConfigProblem], key: str = "") -> None:
+        self.problems = [ConfigProblem(key, message)] if isinstance(message, str) else list(message)
+        super().__init__("; ".join(p.message for p in self.problems))
+
+
+# While `from_hyperparameters` builds a config, each rule's problem is collected here instead of raised at once, so
+# that one call names every problem; outside it, a rule raises as it finds one.
+_COLLECTED: ContextVar[list[ConfigProblem] | None] = ContextVar("config_problems", default=None)
 
 
 def _f(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -36,8 +58,13 @@ def _f(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
 
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"hyperparameter {key}={value!r} is invalid: {allowed}")
+    if ok:
+        return
+    problem = ConfigProblem(key, f"hyperparameter {key}={value!r} is invalid: {allowed}")
+    collected = _COLLECTED.get()
+    if collected is None:
+        raise ConfigError([problem])
+    collected.append(problem)
 
 
 @dataclass
@@ -66,12 +93,17 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
-        _require(self.name in PRESETS, "model.name", self.name, f"choose one of {', '.join(PRESETS)}")
+        _require(
+            self.name in PRESETS,
+            "model.name",
+            self.name,
+            f"choose one of {', '.join(PRESETS)}" + _did_you_mean(self.name, PRESETS),
+        )
         if self.init_from:
             for key in ("factory", "vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
                 value = getattr(self, key)
                 _require(not value, f"model.{key}", value, "the model folder of model.init_from sets it: drop it")
-        if PRESETS[self.name].arch != "gpt2" and not self.factory:
+        if self.name in PRESETS and PRESETS[self.name].arch != "gpt2" and not self.factory:
             for key, default in (("bias", True), ("gelu", "tanh")):
                 value = getattr(self, key)
                 _require(
@@ -150,7 +182,10 @@ class TrainConfig:
         _require(self.max_steps >= 1, "train.max_steps", self.max_steps, "use at least 1")
         _require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "use >= 1")
         _require(
-            self.global_batch_size == 0 or self.global_batch_size % self.micro_batch_size == 0,
+            # A micro-batch size refused above has no multiples to judge against.
+            self.micro_batch_size < 1
+            or self.global_batch_size == 0
+            or self.global_batch_size % self.micro_batch_size == 0,
             "train.global_batch_size",
             self.global_batch_size,
             f"use 0 or a multiple of train.micro_batch_size={self.micro_batch_size}",
@@ -369,6 +404,8 @@ class JobConfig:
             self.lora.rank,
             "adapters fine-tune a model folder: set model.init_from, or use 0",
         )
+        if self.model.name not in PRESETS:
+            return  # refused by the model's own rule; its length is unknown
         max_seq_len = self.model.max_seq_len or PRESETS[self.model.name].max_seq_len
         _require(
             self.model.init_from != "" or self.data.seq_len <= max_seq_len,
@@ -464,23 +501,24 @@ def _coerce(key: str, raw: object, spec: Hyperparameter) -> object:
             return value
         if isinstance(value, (str, int)) and str(value).lower() in _TRUE | _FALSE:
             return str(value).lower() in _TRUE
-        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use true or false")
+        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use true or false", key)
     if kind is int:
         number = _number(value)
         if number is None or isinstance(value, bool) or not float(number).is_integer():
-            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use an integer, e.g. {spec.default}")
+            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use an integer, e.g. {spec.default}", key)
         return int(number)
     if kind is float:
         number = _number(value)
         if number is None or isinstance(value, bool) or not math.isfinite(number):
-            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a number, e.g. {spec.default}")
+            raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a number, e.g. {spec.default}", key)
         return float(number)
     if not isinstance(value, str):
-        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a string")
+        raise ConfigError(f"hyperparameter {key}={raw!r} is invalid: use a string", key)
     if spec.choices and value not in spec.choices:
         raise ConfigError(
             f"hyperparameter {key}={raw!r} is invalid: choose one of {', '.join(spec.choices)}"
-            + _did_you_mean(value, spec.choices)
+            + _did_you_mean(value, spec.choices),
+            key,
         )
     return value
 
@@ -502,22 +540,9 @@ def _did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
 
 
 def from_hyperparameters(hyperparameters: Mapping[str, object]) -> JobConfig:
-    """Build the config from SageMaker's hyperparameters.json (values usually strings); ConfigError if bad."""
-    resolved: dict[str, tuple[str, object]] = {}
-    for key, raw in hyperparameters.items():
-        if key.startswith(IGNORED_PREFIXES):
-            continue
-        name = ALIASES.get(key, key)
-        if name not in HYPERPARAMETERS:
-            raise ConfigError(
-                f"unknown hyperparameter {key!r}"
-                + _did_you_mean(key, hyperparameter_names())
-                + "; the accepted names are listed in docs/reference/hyperparameters.md"
-            )
-        if name in resolved:
-            raise ConfigError(f"hyperparameter {name} is given twice (as {resolved[name][0]!r} and {key!r}); keep one")
-        resolved[name] = (key, _coerce(key, raw, HYPERPARAMETERS[name]))
-
+    """Build the config from SageMaker's hyperparameters.json (values usually strings); ConfigError naming every
+    problem (unknown keys, values of the wrong type, each field's and cross-field rules) if any."""
+    resolved, refused, problems = _resolve(hyperparameters)
     top: dict[str, object] = {}
     sections: dict[str, dict[str, object]] = {}
     for name, (_, value) in resolved.items():
@@ -526,9 +551,57 @@ def from_hyperparameters(hyperparameters: Mapping[str, object]) -> JobConfig:
             sections.setdefault(spec.section, {})[spec.field_name] = value
         else:
             top[spec.field_name] = value
-    for section, values in sections.items():
-        top[section] = _SECTION_TYPES[section](**values)
-    return JobConfig(**top)  # type: ignore[arg-type]
+    ruled: list[ConfigProblem] = []
+    token = _COLLECTED.set(ruled)
+    try:
+        for section, values in sections.items():
+            top[section] = _SECTION_TYPES[section](**values)
+        config = JobConfig(**top)  # type: ignore[arg-type]
+    finally:
+        _COLLECTED.reset(token)
+    # A rule names the field's dotted name; the problem is the key as given (an alias, say). A rule of a refused
+    # field, or one that judged another field against a refused one's default, would only repeat that problem.
+    given = {name: key for name, (key, _) in resolved.items()}
+    problems += [
+        dataclasses.replace(p, key=given.get(p.key, p.key))
+        for p in ruled
+        if p.key not in refused and not any(name in p.message for name in refused)
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _resolve(
+    hyperparameters: Mapping[str, object],
+) -> tuple[dict[str, tuple[str, object]], set[str], list[ConfigProblem]]:
+    """Each field's (key as given, value), the fields whose values were refused, and the problems found so far."""
+    problems: list[ConfigProblem] = []
+    resolved: dict[str, tuple[str, object]] = {}
+    refused: set[str] = set()
+    for key, raw in hyperparameters.items():
+        if key.startswith(IGNORED_PREFIXES):
+            continue
+        name = ALIASES.get(key, key)
+        if name not in HYPERPARAMETERS:
+            message = (
+                f"unknown hyperparameter {key!r}"
+                + _did_you_mean(key, hyperparameter_names())
+                + "; the accepted names are listed in docs/reference/hyperparameters.md"
+            )
+            problems.append(ConfigProblem(key, message))
+        elif name in resolved:
+            message = f"hyperparameter {name} is given twice (as {resolved[name][0]!r} and {key!r}); keep one"
+            problems.append(ConfigProblem(key, message))
+        else:
+            try:
+                resolved[name] = (key, _coerce(key, raw, HYPERPARAMETERS[name]))
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+                refused.add(name)
+                if isinstance(raw, str) and HYPERPARAMETERS[name].choices:
+                    resolved[name] = (key, raw.strip())  # the rules that read it see that it is none of them
+    return resolved, refused, problems
 
 
 def parse_overrides(pairs: typing.Iterable[str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from contract import model_folder as mf
 from contract import user_code
 from contract.catalog import INSTANCE_TYPES, InstanceType
-from contract.config import ConfigError, from_hyperparameters
+from contract.config import ConfigError, ConfigProblem, from_hyperparameters
 from contract.distributions import DISTRIBUTIONS
 from contract.distributions import NAMES as DISTRIBUTION_NAMES
 from contract.execution_state import (
@@ -53,7 +53,7 @@ from lambdas.validate.model_folder import FolderAt, check_records, inspect_model
 from lambdas.validate.resume import PreviousRun, resume_check
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.teams import Team, named_team, recipients, request_team_problems
-from lambdas.validate.trials import launcher_settings, trainer_refusal, training_processes
+from lambdas.validate.trials import launcher_settings, trainer_problems, trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
@@ -79,6 +79,17 @@ CHANNEL_NAMES = ("train", "validation", mf.BASE_MODEL_CHANNEL)
 _DATASET_FIELDS = {"train": "dataset", "validation": "validation_dataset", mf.BASE_MODEL_CHANNEL: "init_from"}
 
 
+# The schema's type errors as the value given and what to write instead (pydantic says "Input should be a valid
+# boolean", neither naming the value nor saying that JSON writes true unquoted).
+_TYPE_FIXES = {
+    "bool_type": ("a boolean", "write true or false, without quotes"),
+    "int_type": ("a whole number", "write one without quotes, e.g. 2"),
+    "float_type": ("a number", "write one without quotes, e.g. 1.5"),
+    "string_type": ("a string", "write it in double quotes"),
+    "list_type": ("a list", 'write it in brackets, e.g. ["a"]'),
+}
+
+
 def _problems_from(exc: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for err in exc.errors():
@@ -94,6 +105,9 @@ def _problems_from(exc: ValidationError) -> list[Problem]:
             key = f"hyperparameters.{err['loc'][1]}"
             value = err["input"]
             problem = Problem(key, value, f"must be a string, number or boolean, not {type(value).__name__}")
+        elif err["type"] in _TYPE_FIXES:
+            kind, fix = _TYPE_FIXES[err["type"]]
+            problem = Problem(loc, err["input"], f"{err['input']!r} is not {kind}; {fix}")
         else:
             problem = Problem(loc, err.get("input"), err["msg"].removeprefix("Value error, "))
         if str(problem) not in {str(p) for p in problems}:
@@ -522,10 +536,17 @@ def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str
         if request.model is not None:
             problems.append("model: init_from's config.json sets the architecture and sizes; drop model")
     values["distribution"] = request.distribution
-    refusal = trainer_refusal(values, processes)  # the trainer's own checks, before any instance starts
-    if refusal is not None:
-        problems.append(f"hyperparameters: {refusal}")
+    # The trainer's own checks, before any instance starts: each problem under the input's key that set it.
+    problems.extend(_under_its_field(p) for p in trainer_problems(values, processes))
     return values
+
+
+def _under_its_field(problem: ConfigProblem) -> str:
+    """A trainer's problem under the input's field that set its key: `model` and `distribution` are set at the top
+    level (`hyperparameters` refuses them), the rest in `hyperparameters`."""
+    if problem.key in ("model", "distribution"):
+        return f"{problem.key}: {problem.message.removeprefix('hyperparameter ')}"
+    return f"hyperparameters{'.' + problem.key if problem.key else ''}: {problem.message}"
 
 
 def _check_quality(request: ExecutionInput, problems: list[str]) -> Quality | None:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from contract.config import ALIASES, HYPERPARAMETERS, ConfigError, from_hyperparameters
+from contract.config import ALIASES, HYPERPARAMETERS, ConfigError, ConfigProblem, from_hyperparameters
 from contract.execution_state import TRAIN_ROLE, InstanceGroup
 from contract.user_code import CODE_PREFIX, NOT_THE_SCRIPTS, is_launcher_key
 
@@ -53,15 +53,20 @@ def launcher_settings(values: Mapping[str, str], *, own_code: bool) -> dict[str,
     return {k: v for k, v in ours.items() if not k.startswith((CODE_PREFIX, *NOT_THE_SCRIPTS))}
 
 
-def trainer_refusal(values: Mapping[str, str], processes: int) -> str | None:
-    """Why the trainer refuses a job of these hyperparameters on `processes` processes, or None."""
+def trainer_problems(values: Mapping[str, str], processes: int) -> list[ConfigProblem]:
+    """Every reason the trainer refuses a job of these hyperparameters on `processes` processes, each with its key."""
     try:
         config = from_hyperparameters(values)
         if processes:
             config.train.grad_accum_steps(processes)
     except ConfigError as exc:
-        return str(exc)
-    return None
+        return exc.problems
+    return []
+
+
+def trainer_refusal(values: Mapping[str, str], processes: int) -> str | None:
+    """Why the trainer refuses a job of these hyperparameters on `processes` processes (every reason), or None."""
+    return "; ".join(p.message for p in trainer_problems(values, processes)) or None
 
 
 @dataclass(frozen=True)

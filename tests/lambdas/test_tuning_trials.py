@@ -105,7 +105,10 @@ def test_the_batch_must_split_over_the_clusters_processes() -> None:
     assert "with 4 processes x micro_batch_size 4 use a multiple of 16" in message
     single = _input({}, {"max_steps": 120, "batch_size": 4, "train.global_batch_size": 24}, **cluster)
     del single["tuning"]
-    assert "hyperparameters: hyperparameter train.global_batch_size=24 is invalid: with 4 processes" in _refusal(single)
+    assert (
+        "hyperparameters.train.global_batch_size: hyperparameter train.global_batch_size=24 is invalid: with 4 "
+        "processes" in _refusal(single)
+    )
 
 
 def test_a_continuous_range_of_an_integer_field_is_refused() -> None:

@@ -42,7 +42,7 @@ def test_an_unknown_hyperparameter_is_named_with_the_closest_known_one_beside_a_
     execution_input = {**_example("single-node-ddp"), "instance_count": "2", "hyperparameters": {"max_step": 10}}
     message, problems = _problems(execution_input)
     assert "(did you mean 'max_steps'?)" in message, message
-    assert [p.field for p in problems] == ["instance_count", "hyperparameters"], message
+    assert [p.field for p in problems] == ["instance_count", "hyperparameters.max_step"], message
     assert "unknown hyperparameter 'max_step' (did you mean 'max_steps'?)" in problems[1].message
 
 

@@ -73,6 +73,27 @@ def test_unknown_key_suggests_the_closest_name() -> None:
         from_hyperparameters({"optim.lrr": "1"})
 
 
+def test_every_problem_is_named_at_once_each_under_the_key_given() -> None:
+    """Unknown keys, values of the wrong type and each field's rules: one ConfigError, one problem each."""
+    with pytest.raises(ConfigError) as raised:
+        from_hyperparameters({"batchsize": "8", "max_step": "10", "lr": "-1", "seq_len": "abc", "model": "gpt5"})
+    problems = {p.key: p.message for p in raised.value.problems}
+    assert set(problems) == {"batchsize", "max_step", "lr", "seq_len", "model"}
+    assert "did you mean 'batch_size'?" in problems["batchsize"]
+    assert "did you mean 'max_steps'?" in problems["max_step"]
+    assert "optim.lr=-1.0 is invalid: use a value in (0, 1)" in problems["lr"]
+    assert "seq_len='abc' is invalid: use an integer" in problems["seq_len"]
+    assert "model='gpt5' is invalid: choose one of" in problems["model"]
+    assert all(message in str(raised.value) for message in problems.values())
+
+
+def test_a_rule_that_reads_a_refused_field_is_not_judged_on_it() -> None:
+    """A refused micro-batch size or model leaves the rules that read it unsaid (no division by zero, no lookup)."""
+    with pytest.raises(ConfigError) as raised:
+        from_hyperparameters({"batch_size": "0", "train.global_batch_size": "12", "model": "gpt5", "seq_len": "9000"})
+    assert [p.key for p in raised.value.problems] == ["model", "batch_size"]
+
+
 def test_sagemaker_sdk_keys_are_ignored() -> None:
     assert from_hyperparameters({"sagemaker_program": "x.py", "sagemaker_region": '"us-east-1"'}) == JobConfig()
 
