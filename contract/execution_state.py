@@ -305,6 +305,9 @@ class CostEstimate(_Model):
     gpu_memory: str | None = None
     """A fine-tuning run's weights, gradients and optimizer states per GPU against the GPU's memory
     (contract/memory.py), when Validate read the model folder and the type's GPU memory is known."""
+    budget_warning: str = ""
+    """Which monthly budgets (the platform's, the run's team's) the worst case exceeds, in words; "" for none. A
+    warning, not a refusal: the budget stop acts on spend, not on estimates."""
 
 
 class JobCost(_Model):

@@ -12,3 +12,7 @@ class EstimateEnvironment(HandlerEnvironment):
     """The range of the on-demand price a spot run is expected to cost."""
     price_overrides: dict[str, float]
     """Hourly prices by instance type, instead of the catalog's list prices."""
+    monthly_budget_usd: float
+    """The platform's monthly budget (pipeline.monthly_budget_usd)."""
+    team_budgets_usd: dict[str, float]
+    """Each team's monthly budget (teams[].monthly_budget_usd), by team name."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -24,11 +25,14 @@ def estimate(
     threshold_usd: float,
     spot_fraction: tuple[float, float],
     price_overrides: dict[str, float],
+    monthly_budget_usd: float | None = None,
+    team_budgets_usd: Mapping[str, float] | None = None,
 ) -> CostEstimate:
     """Every group's count x hourly price, x max runtime (+ warm-pool keep-alive); spot as an estimated range.
 
     A tuning job is max_jobs such jobs, each at the single job's worst case, however many run at once. A run with
     `fallback` clusters costs what the dearest of them and its own would: any of them may be the one that runs.
+    A worst case above the platform's monthly budget or the run's team's is said in `budget_warning`.
     """
     clusters = [("the run's own cluster", request.instance_groups)] + [
         (f"fallback[{index}]", [group]) for index, group in enumerate(request.fallback)
@@ -71,6 +75,28 @@ def estimate(
         worst_case=f"{worst_label}: {cluster}",
         fallback_hourly_usd=[round(price, 4) for price in hourly[1:]],
         gpu_memory=memory.describe() if memory is not None else None,
+        budget_warning=budget_warning(
+            max_cost,
+            platform_usd=monthly_budget_usd,
+            team=request.team,
+            team_usd=(team_budgets_usd or {}).get(request.team or ""),
+        ),
+    )
+
+
+def budget_warning(max_cost_usd: float, *, platform_usd: float | None, team: str | None, team_usd: float | None) -> str:
+    """Which monthly budgets a run's worst case exceeds, and what that means, in words; "" when it fits them."""
+    over = [
+        f"{100 * max_cost_usd / budget:.0f}% of {whose} monthly budget of ${budget:,.2f}"
+        for whose, budget in (("the platform's", platform_usd), (f"team {team}'s", team_usd))
+        if budget and max_cost_usd > budget
+    ]
+    if not over:
+        return ""
+    return (
+        f"the worst case, ${max_cost_usd:,.2f}, is {' and '.join(over)}: once the month's spend reaches a budget, its "
+        "budget stop refuses new runs (jobs already training keep running); lower max_runtime_hours or the cluster, "
+        "or ask the platform team about the budget"
     )
 
 
@@ -102,6 +128,8 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         threshold_usd=environment.approval_threshold_usd,
         spot_fraction=environment.spot_cost_fraction,
         price_overrides=environment.price_overrides,
+        monthly_budget_usd=environment.monthly_budget_usd,
+        team_budgets_usd=environment.team_budgets_usd,
     )
     logger.info("cost estimated", extra=result.model_dump(mode="json"))
     metrics.record(Metric.ESTIMATED_MAX_COST, result.max_cost_usd)

@@ -76,6 +76,8 @@ class Approvals(Construct):
                 # The cluster the cost is of: with fallback clusters, the dearest one the run may use.
                 "worst_case": string(ESTIMATE.worst_case),
                 "threshold_usd": string(ESTIMATE.threshold_usd),
+                "max_runtime_seconds": string(REQUEST.max_runtime_seconds),
+                "budget_warning": string(ESTIMATE.budget_warning),
                 "dataset": string(REQUEST.dataset.uri),
                 # What will run: the platform's trainer, or the run's own code by its digest.
                 "code": string(REQUEST.code_summary),

@@ -57,6 +57,10 @@ class Intake(Construct):
                 "APPROVAL_THRESHOLD_USD": str(pipeline.approval_threshold_usd),
                 "SPOT_COST_FRACTION": json.dumps(list(pipeline.spot_cost_fraction)),
                 "PRICE_OVERRIDES": json.dumps(pipeline.price_overrides, sort_keys=True),
+                "MONTHLY_BUDGET_USD": str(pipeline.monthly_budget_usd),
+                "TEAM_BUDGETS_USD": json.dumps(
+                    {team.name: team.monthly_budget_usd for team in settings.teams}, sort_keys=True
+                ),
             },
         )
         self.start = sfn.Pass(self, "Receive input", parameters={"input": sfn.JsonPath.object_at("$")})

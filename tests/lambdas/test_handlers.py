@@ -176,6 +176,21 @@ def test_warm_pool_keep_alive_is_billed() -> None:
     assert result.on_demand_usd == round(113.07 * 1.5, 2)
 
 
+def test_an_estimate_above_the_platforms_or_the_teams_monthly_budget_warns_and_says_by_how_much() -> None:
+    costs = {"threshold_usd": 500, "spot_fraction": (0.3, 0.7), "price_overrides": {}}
+    request = _request()  # 4 x ml.p5.48xlarge for 10 hours: $4,522.80
+    within = estimate(request, **costs, monthly_budget_usd=5000)
+    assert within.budget_warning == ""
+    over = estimate(request, **costs, monthly_budget_usd=4000)
+    assert "the worst case, $4,522.80, is 113% of the platform's monthly budget of $4,000.00" in over.budget_warning
+    assert over.approval_required and over.max_cost_usd == within.max_cost_usd  # a warning, nothing else changes
+    team = TrainingRequest.parse(request.model_dump() | {"team": "vision"})
+    both = estimate(team, **costs, monthly_budget_usd=4000, team_budgets_usd={"vision": 2000, "language": 99_999})
+    assert "113% of the platform's monthly budget" in both.budget_warning
+    assert "226% of team vision's monthly budget of $2,000.00" in both.budget_warning
+    assert estimate(team, **costs, team_budgets_usd={"language": 2000}).budget_warning == ""
+
+
 def _describe(**fields: Any) -> dict[str, Any]:
     return {"TrainingJobName": "run-abc-1-0", "TrainingJobStatus": "InProgress", "SecondaryStatus": "Training"} | fields
 

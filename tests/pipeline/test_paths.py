@@ -38,6 +38,9 @@ def test_above_threshold_waits_for_launch_approval(pipeline: Pipeline) -> None:
     summary = json.loads(request["summary"])
     assert summary["instances"] == "4 x ml.p5.48xlarge" and float(summary["max_cost_usd"]) > 500
     assert summary["worst_case"] == "the run's own cluster: 4 x ml.p5.48xlarge"
+    # What the approver decides on besides the cost: how long it may run, and whether it fits the month's budget.
+    assert int(summary["max_runtime_seconds"]) == 10 * 3600
+    assert summary["budget_warning"] == ""  # $4,522.80 of the shipped $10,000
     pipeline.decide("launch", "approve", reason="budgeted for Q4")
     pipeline.run_until(arn, "Approval gate (promotion)")
     assert len(pipeline.jobs()) == 1
