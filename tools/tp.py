@@ -6,6 +6,7 @@ through boto3 with whatever credentials it finds (profile, SSO, environment).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -54,6 +55,7 @@ from stacks.settings import (
     stage_prefix,
 )
 from tools import code_pack
+from tools.scenario_files import how_to_play, is_scenario
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 # Soft wrap: an ARN, a cursor or a log line printed for a pipe or a narrow terminal stays whole.
@@ -125,6 +127,8 @@ def offline_check(
         threshold_usd=pipeline.approval_threshold_usd,
         spot_fraction=pipeline.spot_cost_fraction,
         price_overrides=pipeline.price_overrides,
+        monthly_budget_usd=pipeline.monthly_budget_usd,
+        team_budgets_usd={team.name: team.monthly_budget_usd for team in settings.teams},
     )
     return request, cost
 
@@ -171,6 +175,19 @@ def _read_input(path: Path) -> Any:
     raise typer.Exit(2)
 
 
+def _execution_input(path: Path) -> Any:
+    """The input file's JSON; an empty file or a demo scenario, which no run takes, ends the command saying so."""
+    with contextlib.suppress(OSError):  # a file that cannot be read is said so by _read_input
+        if not path.read_bytes().strip():
+            err.print(f"{path} is empty: an execution input is a JSON object (docs/reference/run-input.md)")
+            raise typer.Exit(2)
+    document = _read_input(path)
+    if is_scenario(document):
+        err.print(how_to_play(path), markup=False, highlight=False)
+        raise typer.Exit(2)
+    return document
+
+
 def pack_for(
     execution_input: Any, folder: Path | None, settings: PlatformSettings, into: Path, *, artifacts_bucket: str
 ) -> tuple[Any, Packed | None]:
@@ -207,7 +224,7 @@ def _check(
     model_folder: Path | None = None,
 ) -> tuple[dict[str, Any], CostEstimate, PlatformSettings]:
     settings = _load(cdk_json)
-    execution_input = _read_input(path)
+    execution_input = _execution_input(path)
     not_packed: list[Problem] = []
     packed_code = None
     with tempfile.TemporaryDirectory(prefix="tp-code-") as scratch:
@@ -243,7 +260,8 @@ def _rejected(path: Path, problems: list[Problem], datasets_bucket: str, as_json
         listed = [{"field": p.field, "value": p.value, "message": p.message} for p in problems]
         out.print_json(data={"valid": False, "problems": listed})
     else:
-        err.print(f"{path}: the pipeline would reject this input ({len(problems)} problems):")
+        count = len(problems)
+        err.print(f"{path}: the pipeline would reject this input ({count} problem{'' if count == 1 else 's'}):")
         for problem in problems:
             err.print(f"  - {problem}", markup=False, highlight=False)
         if datasets_bucket == OFFLINE_DATASETS_BUCKET and any(p.field == "dataset" for p in problems):
@@ -270,6 +288,8 @@ def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
     if cost.gpu_memory:
         table.add_row("GPU memory (model, gradients, optimizer)", cost.gpu_memory)
     out.print(table)
+    if cost.budget_warning:
+        out.print(f"warning: {cost.budget_warning}", style="yellow", markup=False, highlight=False)
 
 
 CdkJson = Annotated[
@@ -488,7 +508,7 @@ def start(
 ) -> None:
     """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it) and, for a team's
     run, of the starter's team tag; its code folder packed and uploaded to the run's code prefix first."""
-    execution_input = _read_input(input_file)
+    execution_input = _execution_input(input_file)
     if not isinstance(execution_input, dict):
         err.print(f"{input_file} must hold a JSON object (docs/reference/run-input.md)")
         raise typer.Exit(2)

@@ -25,6 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tools.scenario_files import is_scenario
+
+__all__ = ["After", "Run", "Scenario", "ScenarioError", "Step", "is_scenario", "parse"]
+
 CONDITIONS = ("started", "queued", "reached_step", "ended")
 OUTCOMES = ("SUCCEEDED", "FAILED")
 
@@ -81,11 +85,6 @@ class Scenario:
     @property
     def teams(self) -> list[str]:
         return [t["name"] for t in self.settings.get("teams", [])]
-
-
-def is_scenario(document: Any) -> bool:
-    """A scenario file, rather than one execution input."""
-    return isinstance(document, dict) and "steps" in document
 
 
 def parse(document: Any) -> Scenario:

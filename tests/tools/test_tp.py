@@ -90,6 +90,69 @@ def test_validate_json_lists_each_problem_with_field_and_value(tmp_path: Path) -
     assert by_field["dataset"]["value"] == "s3://someone-else/data/"
 
 
+def _demo_with(tmp_path: Path, **changes: Any) -> Path:
+    example = json.loads((REPO / "examples" / "demo.json").read_text())
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps({**example, **changes}))
+    return path
+
+
+def test_validate_names_every_hyperparameter_problem_at_once_with_did_you_mean(tmp_path: Path) -> None:
+    mistakes = {"batchsize": 8, "max_step": 10, "lr": -1, "seq_len": "abc"}
+    result = tp("validate", str(_demo_with(tmp_path, hyperparameters=mistakes)), env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    assert "(4 problems)" in result.output
+    assert "hyperparameters.batchsize: unknown hyperparameter 'batchsize' (did you mean 'batch_size'?)" in result.output
+    assert "hyperparameters.max_step: unknown hyperparameter 'max_step' (did you mean 'max_steps'?)" in result.output
+    assert "hyperparameters.lr: hyperparameter optim.lr=-1.0 is invalid" in result.output
+    assert "hyperparameters.seq_len: hyperparameter seq_len='abc' is invalid: use an integer" in result.output
+
+
+def test_an_unknown_hyperparameter_does_not_hide_a_top_level_model_reported_under_model(tmp_path: Path) -> None:
+    result = tp("validate", "--json", str(_demo_with(tmp_path, model="gpt5", hyperparameters={"batchsize": 8})))
+    assert result.exit_code == 1
+    by_field = {p["field"]: p for p in _answer(result.stdout)["problems"]}
+    assert set(by_field) == {"model", "hyperparameters.batchsize"}
+    assert by_field["model"]["value"] == "gpt5"
+    assert "choose one of" in by_field["model"]["message"] and "did you mean 'gpt2'?" in by_field["model"]["message"]
+
+
+def test_a_value_of_the_wrong_type_is_named_with_what_to_write(tmp_path: Path) -> None:
+    result = tp("validate", str(_demo_with(tmp_path, spot="yes", instance_count="two")), env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    assert "spot: 'yes' is not a boolean; write true or false, without quotes" in result.output
+    assert "instance_count: 'two' is not a whole number" in result.output
+    assert "(2 problems)" in result.output
+
+
+def test_an_empty_input_file_is_said_to_be_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    for command in ("validate", "estimate", "start"):
+        result = tp(command, str(empty))
+        assert result.exit_code == 2, result.output
+        assert f"{empty} is empty: an execution input is a JSON object" in result.output
+
+
+def test_a_demo_scenario_given_to_validate_says_how_to_play_it() -> None:
+    result = tp("validate", str(REPO / "examples" / "teams.json"), env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert "is a demo scenario" in result.output
+    assert "make demo INPUT=" in result.output and "teams.json ARGS=--auto-approve" in result.output
+    assert "unknown key" not in result.output
+
+
+def test_validate_warns_of_an_estimate_above_the_monthly_budget_and_still_accepts_it() -> None:
+    result = tp("validate", str(REPO / "examples" / "multi-node-fsdp-spot.json"), env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "warning: the worst case, $" in result.output
+    assert "of the platform's monthly budget of $10,000.00" in result.output
+    quiet = tp("validate", str(REPO / "examples" / "demo.json"), env={"COLUMNS": "300"})
+    assert quiet.exit_code == 0 and "warning" not in quiet.output
+    answer = _answer(tp("estimate", "--json", str(REPO / "examples" / "multi-node-fsdp-spot.json")).stdout)
+    assert "monthly budget" in answer["budget_warning"]
+
+
 def test_validate_says_where_the_settings_are_looked_for(tmp_path: Path) -> None:
     missing = tp("validate", "--cdk-json", str(tmp_path / "cdk.json"), str(REPO / "examples" / "demo.json"))
     assert missing.exit_code == 2 and "--cdk-json or TP_CDK_JSON" in missing.output
