@@ -241,7 +241,7 @@ class PipelineStack(Stack):
         )
         BudgetStop(
             self,
-            "BudgetStop",
+            outputs.BUDGET_STOP,
             budget=budget.budget,
             creators=[self.state_machine.role],
             validator=validator,
@@ -254,7 +254,7 @@ class PipelineStack(Stack):
         for team in settings.teams:
             TeamBudget(
                 self,
-                f"TeamBudget-{team.name}",
+                f"{outputs.TEAM_BUDGET}-{team.name}",
                 team=team.name,
                 limit_usd=team.monthly_budget_usd,
                 share_arn=self.teams.share_arn(team.name),

@@ -1,7 +1,8 @@
 """`make outputs`: print the pipeline stack's outputs of a deployed stage (needs AWS credentials).
 
 The stage comes from the settings (cdk.json's `platform`, with make's CONTEXT= merged over it);
-the Region from the settings or the AWS environment.
+the Region from the settings or the AWS environment (tools/aws_session.py). What a user can cause (no Region,
+no credentials, an endpoint out of reach) is said in a line with its fix (`--debug`: the traceback).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from stacks.outputs import OUTPUTS, pipeline_stack_name
 from stacks.settings import OVERRIDES_VARIABLE, SettingsError, settings_from_context
+from tools import aws_session
+from tools.cli_errors import explain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,12 @@ def read_outputs(cloudformation: Any, stack_name: str) -> dict[str, str]:
     try:
         (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except cloudformation.exceptions.ClientError as exc:
-        raise OutputsError(f"cannot describe {stack_name}: {exc} (is the stage deployed in this Region?)") from None
+        if "does not exist" not in str(exc):
+            raise  # a refusal: said with its fix by the entry point
+        region = cloudformation.meta.region_name
+        raise OutputsError(
+            f"{stack_name} is not deployed in {region}: deploy it (make deploy) or name its Region"
+        ) from None
     found = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
     missing = [key for key in OUTPUTS if key not in found]
     if missing:
@@ -46,14 +52,21 @@ def render(outputs: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    parser.add_argument("--debug", action="store_true", help="on an error, show its traceback, not its explanation")
     args = parser.parse_args(argv)
     try:
         context = json.loads((REPO / "cdk.json").read_text())["context"]
         settings = settings_from_context(context, os.environ.get(OVERRIDES_VARIABLE))
-        session = boto3.Session(region_name=settings.region) if settings.region else boto3.Session()
+        session = aws_session.session(settings_region=settings.region)
         outputs = read_outputs(session.client("cloudformation"), pipeline_stack_name(settings.name_prefix))
     except (SettingsError, OutputsError) as exc:
         print(exc, file=sys.stderr)
+        return 1
+    except Exception as exc:
+        said = explain(exc)
+        if said is None or args.debug:
+            raise
+        print(said, file=sys.stderr)
         return 1
     print(json.dumps(outputs, indent=2) if args.json else render(outputs))
     return 0

@@ -18,24 +18,24 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import boto3
 import typer
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
-from botocore.exceptions import ClientError
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from botocore.exceptions import ClientError, NoCredentialsError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
-from contract import goodput, layout
+from contract import layout
 from contract.code_archive import Packed
-from contract.config import ConfigError, from_hyperparameters
 from contract.execution_state import CostEstimate, EstimateEvent
-from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS
 from lambdas.approvals import identity
 from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
@@ -54,20 +54,51 @@ from stacks.settings import (
     settings_from_context,
     stage_prefix,
 )
-from tools import code_pack
+from tools import approval_view, aws_session, code_pack, run_state, run_view, stage_check
+from tools.cli_errors import UserError, budget_refusal, budget_stop, explain
 from tools.scenario_files import how_to_play, is_scenario
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+
+class _Commands(typer.core.TyperGroup):
+    """tp's commands: an error a user can cause ends in a line or two with its fix (tools/cli_errors.py), exit 1;
+    `tp --debug` keeps the traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            said = explain(exc, budget_contact=budget_contact)  # None for typer's own exits and for faults of ours
+            if said is None or (ctx.obj or {}).get("debug"):
+                raise
+            err.print(said, style="red", markup=False, highlight=False)
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, cls=_Commands)
 # Soft wrap: an ARN, a cursor or a log line printed for a pipe or a narrow terminal stays whole.
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="TP_DEBUG", help="on an error, show its traceback, not its explanation")
+    ] = False,
+) -> None:
+    ctx.obj = {"debug": debug}
+
 
 _URL = re.compile(r"^https://[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws/?$")
 # The decision URL the local platform serves on this machine's loopback (localrun/aws/decision_url.py).
 _LOOPBACK = re.compile(r"^http://127\.0\.0\.1:\d{1,5}/?$")
 
 Stage = Annotated[str, typer.Option(envvar="TP_STAGE", help="the platform's stage (settings' `stage`)")]
-Region = Annotated[str | None, typer.Option(envvar=["TP_REGION", "AWS_REGION"], help="the stage's AWS region")]
+Region = Annotated[
+    str | None,
+    typer.Option(help="the stage's AWS Region (else TP_REGION, AWS_REGION, AWS_DEFAULT_REGION or the profile's)"),
+]
 StateMachine = Annotated[
     str | None, typer.Option(envvar="TP_STATE_MACHINE", help="the training state machine ARN (else the stack's)")
 ]
@@ -372,18 +403,21 @@ class Target:
 
     def need_state_machine(self) -> str:
         if not self.state_machine:
-            raise typer.BadParameter("no state machine: pass --state-machine or set TP_STATE_MACHINE")
+            raise UserError(f"no state machine: pass --state-machine or set TP_STATE_MACHINE{_NOT_FOUND}")
         return self.state_machine
 
     def need_artifacts_bucket(self) -> str:
         if not self.artifacts_bucket:
-            raise typer.BadParameter("no artifacts bucket: pass --artifacts-bucket or set TP_ARTIFACTS_BUCKET")
+            raise UserError(f"no artifacts bucket: pass --artifacts-bucket or set TP_ARTIFACTS_BUCKET{_NOT_FOUND}")
         return self.artifacts_bucket
 
     def need_decision_url(self) -> str:
         if not self.decision_url:
-            raise typer.BadParameter("no decision URL: pass --decision-url or set TP_DECISION_URL")
+            raise UserError(f"no decision URL: pass --decision-url or set TP_DECISION_URL{_NOT_FOUND}")
         return self.decision_url
+
+
+_NOT_FOUND = " (the stage's pipeline stack names it, where tp finds the stack: --stage, --region; see `tp check`)"
 
 
 def stage_outputs(session: Any, stage: str) -> dict[str, str]:
@@ -407,7 +441,7 @@ def target(
     artifacts_bucket: str | None = "",
 ) -> Target:
     """What the flags and environment name, the rest from the stage's stack outputs ("" for not needed)."""
-    session = boto3.Session(region_name=region)
+    session = aws_session.session(region)
     if None in (state_machine, decision_url, artifacts_bucket):
         outputs = stage_outputs(session, stage)
         state_machine = state_machine or outputs.get(stack_outputs.STATE_MACHINE_ARN)
@@ -419,7 +453,7 @@ def target(
 def _credentials(session: Any) -> Any:
     credentials = session.get_credentials()
     if credentials is None:
-        raise SystemExit("no AWS credentials found: sign in (e.g. aws sso login) and try again")
+        raise NoCredentialsError()
     return credentials.get_frozen_credentials()
 
 
@@ -447,7 +481,7 @@ def signed_request(
     elif _LOOPBACK.match(url) and session.region_name:  # the local platform's (make demo ARGS=--decide-with-tp)
         region = session.region_name
     else:
-        raise SystemExit(
+        raise UserError(
             f"{url} is not a Lambda function URL (https://<id>.lambda-url.<region>.on.aws/), nor the local "
             "platform's on 127.0.0.1 (with AWS_REGION set)"
         )
@@ -477,14 +511,31 @@ def send(request: urllib.request.Request) -> tuple[int, str]:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(
+            f"cannot reach the decision URL {request.full_url.split('?')[0]} ({reason}): the stage's pipeline stack "
+            "names the current one (tp check); the local platform's lives as long as `make demo` runs"
+        ) from None
 
 
 def _decision_call(t: Target, method: str, body: dict[str, Any] | None, query: dict[str, str] | None) -> Any:
     status, text = send(signed_request(t.need_decision_url(), method, body, t.session, query=query))
     if status != 200:
-        err.print(f"{status}: {text}", markup=False, highlight=False)
-        raise typer.Exit(1)
+        raise UserError(_refusal_words(status, text))
     return json.loads(text)
+
+
+def _refusal_words(status: int, text: str) -> str:
+    """What the decision URL's refusal says: its `error` message (the function's words), else its body."""
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError:
+        answer = None
+    message = answer.get("error") or answer.get("message") if isinstance(answer, dict) else None
+    if isinstance(message, str) and message:
+        return message
+    return f"the decision URL answered {status}: {text.strip() or '(no body)'}"
 
 
 def _execution_arn(state_machine: str, run: str) -> str:
@@ -504,10 +555,14 @@ def start(
     region: Region = None,
     state_machine: StateMachine = None,
     artifacts_bucket: ArtifactsBucket = None,
+    wait: Annotated[
+        float, typer.Option(help="seconds to wait for Validate's answer, to print a refusal here (0: do not wait)")
+    ] = 60.0,
     as_json: AsJson = False,
 ) -> None:
     """Start a run, with the proof of who starts it (pipeline.forbid_self_approval needs it) and, for a team's
-    run, of the starter's team tag; its code folder packed and uploaded to the run's code prefix first."""
+    run, of the starter's team tag; its code folder packed and uploaded to the run's code prefix first; then wait
+    for Validate's answer and print a refusal in its words (exit 1)."""
     execution_input = _execution_input(input_file)
     if not isinstance(execution_input, dict):
         err.print(f"{input_file} must hold a JSON object (docs/reference/run-input.md)")
@@ -520,13 +575,51 @@ def start(
         execution_input = upload_code(execution_input, folder, _load(cdk_json), Path(scratch), t)
     name = name or f"{execution_input.get('run_name', 'run')}-{uuid.uuid4().hex[:8]}"
     proven = with_proof(execution_input, machine, name, t.session, t.need_artifacts_bucket() if for_team else None)
-    started = t.session.client("stepfunctions").start_execution(
-        stateMachineArn=machine, name=name, input=json.dumps(proven)
-    )
+    sfn = t.session.client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=machine, name=name, input=json.dumps(proven))["executionArn"]
+    try:
+        answer = _validation(sfn, arn, wait) if wait > 0 else None
+    except ClientError as exc:  # the run started; only reading it back is refused
+        if exc.response.get("Error", {}).get("Code") not in ("AccessDenied", "AccessDeniedException"):
+            raise
+        err.print(f"started; Validate's answer is not shown: {explain(exc)}", markup=False, highlight=False)
+        answer, wait = None, 0
+    refusal = None if answer is None or answer["valid"] else _in_words(answer["message"], execution_input.get("team"))
     if as_json:
-        out.print_json(data={"name": name, "execution_arn": started["executionArn"]})
+        valid = None if answer is None else answer["valid"]
+        out.print_json(data={"name": name, "execution_arn": arn, "valid": valid, "refusal": refusal})
     else:
-        out.print(started["executionArn"], markup=False, highlight=False)
+        out.print(arn, markup=False, highlight=False)
+        if answer is None and wait > 0:
+            err.print(f"Validate has not answered in {wait:g} s; follow the run with: tp watch {name}", highlight=False)
+    if refusal is not None:
+        err.print(refusal, style="red", markup=False, highlight=False)
+        raise typer.Exit(1)
+
+
+def _validation(sfn: Any, arn: str, seconds: float) -> dict[str, Any] | None:
+    """Validate's answer for the run ({"valid", "message"}), or the run's end if it ended first; None while it has
+    not answered after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        described = sfn.describe_execution(executionArn=arn)  # before the history: an ended run's is complete
+        answer = run_state.validation(run_state.history(sfn, arn))
+        if answer is not None:
+            return {"valid": bool(answer.get("valid")), "message": str(answer.get("message") or "")}
+        if described["status"] != "RUNNING":
+            said = ": ".join(str(described[k]) for k in ("error", "cause") if described.get(k))
+            return {"valid": False, "message": f"the run ended {described['status']} before Validate answered: {said}"}
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(1.0)
+
+
+def _in_words(message: str, team: Any) -> str:
+    """A refusal or failure cause as the person reads it: a budget stop's raw deny as whose budget and whom to ask."""
+    kind = budget_stop(message)
+    if kind is None:
+        return message
+    return budget_refusal(kind, team if isinstance(team, str) else None, budget_contact)
 
 
 def _code_folder(execution_input: dict[str, Any], input_file: Path, source_dir: Path | None) -> Path | None:
@@ -665,24 +758,28 @@ def pending(
     cursor: Annotated[str | None, typer.Option(help="the `next` value of the previous page")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Approval requests waiting for your decision, newest first."""
+    """Approval requests waiting for your decision, newest first: each with what to decide on."""
     t = target(stage, region, "", decision_url)
     page = {"cursor": cursor, "limit": None if limit is None else str(limit)}
     answer = _decision_call(t, "GET", None, {k: v for k, v in page.items() if v} or None)
+    requests = answer.get("pending", [])
     if as_json:
-        out.print_json(data=answer)
+        out.print_json(data={**answer, "pending": [approval_view.as_json(r) for r in requests]})
         return
-    table = Table("request id", "gate", "run", "team", "requested by", "estimate", "code")
-    table.columns[0].overflow = "fold"  # an id to paste into tp approve: never cut
-    table.columns[-1].overflow = "fold"  # the code's digest: never cut
-    for request in answer.get("pending", []):
-        summary = json.loads(request.get("summary") or "{}")
-        cost = f"${summary['max_cost_usd']:,.2f}" if isinstance(summary.get("max_cost_usd"), int | float) else ""
-        shown = ("request_id", "gate", "run_name", "team", "requested_by")
-        table.add_row(*(str(request.get(k) or "") for k in shown), cost, str(summary.get("code") or ""))
-    out.print(table)
+    _print_requests(requests)
     if answer.get("next"):
         out.print(f"more: --cursor {answer['next']}", markup=False, highlight=False)
+
+
+def _print_requests(requests: list[dict[str, Any]], *, full: bool = False) -> None:
+    if not requests:
+        out.print("no approval request waits for your decision")
+    for request in requests:
+        for line in approval_view.card(request, full=full):
+            out.print(line, markup=False, highlight=False)
+        out.print()
+    if requests and not full:
+        out.print('decide: tp approve|reject <request> --reason "..."; more: tp show <request>', highlight=False)
 
 
 def _decide(decision: str, request_id: str, reason: str, t: Target, as_json: bool) -> None:
@@ -690,7 +787,7 @@ def _decide(decision: str, request_id: str, reason: str, t: Target, as_json: boo
     if as_json:
         out.print_json(data=answer)
     else:
-        out.print(f"{decision}d {request_id}", markup=False, highlight=False)
+        out.print(f"{answer.get('decision')} {request_id} as {answer.get('by')}", markup=False, highlight=False)
 
 
 @app.command()
@@ -778,178 +875,80 @@ def cost(
     out.print(table)
 
 
-def _history(sfn: Any, execution_arn: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
-        for e in page["events"]
-    ]
-
-
-def _training_jobs(events: list[dict[str, Any]]) -> list[str]:
-    """The training jobs a run created, from its execution history, in order. A team's run queues them as service
-    jobs, and Batch names the training jobs: those are the ones its progress polls followed."""
-    names: list[str] = []
-    queued: set[str] = set()
-    for event in events:
-        if event["type"] == "TaskScheduled":
-            parameters = json.loads(event["taskScheduledEventDetails"]["parameters"])
-            name = parameters.get("TrainingJobName")
-            if isinstance(name, str) and name not in names:
-                names.append(name)
-            if "ServiceRequestPayload" in parameters:
-                queued.add(parameters["JobName"])
-    if queued:
-        followed = [r.get("job_name") for r in _task_results(events) if {"queued", "preemptions"} <= r.keys()]
-        names += [n for n in dict.fromkeys(followed) if isinstance(n, str) and n not in queued and n not in names]
-    return names
-
-
-_SUCCEEDED = {
-    "TaskSucceeded": "taskSucceededEventDetails",
-    "LambdaFunctionSucceeded": "lambdaFunctionSucceededEventDetails",
-}
-
-
-def _task_results(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the run's tasks returned, in order (a Lambda task's Payload unwrapped; truncated outputs skipped)."""
-    results = []
-    for event in events:
-        details = event.get(_SUCCEEDED.get(event["type"], ""))
-        if not details or details.get("outputDetails", {}).get("truncated"):
-            continue
-        output = json.loads(details.get("output") or "null")
-        if isinstance(output, dict):
-            payload = output.get("Payload", output)
-            results.append(payload if isinstance(payload, dict) else output)
-    return results
+Since = Annotated[
+    str | None, typer.Option(help="only lines since then: a duration ago (30s, 10m, 2h, 1d) or an ISO 8601 time")
+]
 
 
 @app.command()
 def logs(
     run: str,
     *,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines until the run ends")] = False,
+    since: Since = None,
+    host: Annotated[
+        list[str] | None, typer.Option(help="only this host's lines (algo-1, node-0; repeat for several)")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="seconds between looks for new lines (--follow)")] = 5.0,
     stage: Stage = "dev",
     region: Region = None,
     state_machine: StateMachine = None,
     as_json: AsJson = False,
 ) -> None:
-    """The run's training job logs from CloudWatch, stream by stream (one stream per host)."""
+    """The run's job logs from CloudWatch, one stream per host: SageMaker training jobs, a tuning job's trials and
+    AWS Batch jobs' nodes."""
     t = target(stage, region, state_machine, "")
     arn = _execution_arn(t.need_state_machine(), run)
-    cloudwatch = t.session.client("logs")
-    streams: dict[str, list[str]] = {}
-    for job in _training_jobs(_history(t.session.client("stepfunctions"), arn)):
-        pages = cloudwatch.get_paginator("filter_log_events").paginate(
-            logGroupName=stack_outputs.SAGEMAKER_TRAINING_LOG_GROUP, logStreamNamePrefix=f"{job}/"
-        )
-        for page in pages:
-            for event in page["events"]:
-                streams.setdefault(event["logStreamName"], []).append(event["message"])
+    sfn, cloudwatch = t.session.client("stepfunctions"), t.session.client("logs")
+    since_ms = _since_ms(since)
+    seen: set[str] = set()
+    shown: dict[str, list[str]] = {}
+    while True:
+        ended = sfn.describe_execution(executionArn=arn)["status"] != "RUNNING"  # before the last look
+        chosen = [s for s in run_state.streams(t.session, run_state.history(sfn, arn)) if not host or s.host in host]
+        for stream, event in run_state.events_of(cloudwatch, chosen, since_ms=since_ms):
+            if event["eventId"] in seen:
+                continue
+            seen.add(event["eventId"])
+            if follow and not as_json:
+                out.print(f"[{stream.label}] {event['message'].rstrip()}", markup=False, highlight=False)
+            else:
+                shown.setdefault(stream.name, []).append(event["message"])
+        if not follow or ended:
+            break
+        time.sleep(interval)
+    _print_logs(shown, arn, as_json=as_json, followed=follow, anything=bool(seen))
+
+
+def _since_ms(since: str | None) -> int | None:
+    if since is None:
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", since.strip())
+    if match:
+        seconds = float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+        return int((time.time() - seconds) * 1000)
+    try:
+        moment = datetime.fromisoformat(since.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{since!r}: give a duration ago (30s, 10m, 2h, 1d) or an ISO 8601 time") from None
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def _print_logs(shown: dict[str, list[str]], arn: str, *, as_json: bool, followed: bool, anything: bool) -> None:
     if as_json:
-        out.print_json(data=streams)
+        out.print_json(data=shown)
         return
-    if not streams:
-        err.print(f"no training logs yet for {arn}", markup=False, highlight=False)
-    for stream, lines in streams.items():
+    if not anything:
+        err.print(f"no log lines yet for {arn}", markup=False, highlight=False)
+    if followed:
+        return
+    for stream, lines in shown.items():
         out.rule(stream)
         for line in lines:
             out.print(line, markup=False, highlight=False)
 
 
-def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -> dict[str, Any]:
-    """The run now: its state, its latest training job (status, loss, tokens/s, step, ETA), its cost so far
-    at the estimate's list price (every job it started, spot billing included once SageMaker reports it) and
-    its newest checkpoint, as the platform's last progress poll saw it."""
-    now = now or datetime.now(UTC)
-    sfn = session.client("stepfunctions")
-    described = sfn.describe_execution(executionArn=execution_arn)
-    events = _history(sfn, execution_arn)
-    entered = [e["stateEnteredEventDetails"]["name"] for e in events if e["type"].endswith("StateEntered")]
-    results = _task_results(events)
-    estimate = next((r for r in reversed(results) if {"hourly_usd", "max_cost_usd"} <= r.keys()), None)
-    progress = next((r for r in reversed(results) if {"checkpoint", "interruptions"} <= r.keys()), None)
-    state: dict[str, Any] = {
-        "run": described["name"],
-        "status": described["status"],
-        "state": entered[-1] if entered else None,
-        "job": None,
-        "cost_so_far_usd": None,
-        "max_cost_usd": estimate["max_cost_usd"] if estimate else None,
-        "checkpoint": (progress or {}).get("checkpoint"),
-        "interruptions": (progress or {}).get("interruptions"),
-        "queued": (progress or {}).get("queued"),
-        "preemptions": (progress or {}).get("preemptions"),
-        "goodput": _goodput(results),
-    }
-    sagemaker = session.client("sagemaker")
-    described_jobs = [job for job in (_described_job(sagemaker, name) for name in _training_jobs(events)) if job]
-    if not described_jobs:
-        return state
-    if estimate:
-        seconds = sum(_billed_seconds(job, now) for job in described_jobs)
-        state["cost_so_far_usd"] = round(estimate["hourly_usd"] * seconds / 3600, 2)
-    job = described_jobs[-1]
-    metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
-    step = (state["checkpoint"] or {}).get("step")
-    max_steps = _max_steps(job.get("HyperParameters", {}))
-    training = _trained_seconds(job, now)
-    state["job"] = {
-        "name": job["TrainingJobName"],
-        "status": job["TrainingJobStatus"],
-        "secondary_status": job.get("SecondaryStatus"),
-        "loss": metrics.get(TRAIN_LOSS),
-        "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
-        "checkpointed_step": step,
-        "max_steps": max_steps,
-        "eta_seconds": round((max_steps - step) * training / step) if step and max_steps and training else None,
-        "billable_seconds": job.get("BillableTimeInSeconds"),
-        "training_seconds": job.get("TrainingTimeInSeconds"),
-        "max_runtime_seconds": job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
-    }
-    return state
-
-
-def _goodput(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The goodput of the run's finished jobs, from the ledgers their last progress polls returned."""
-    ledgers = {r["job_name"]: r["goodput"] for r in results if r.get("goodput") and "job_name" in r}
-    if not ledgers:
-        return None
-    run = goodput.RunLedger([goodput.JobLedger.from_json(body) for body in ledgers.values()])
-    return {**run.to_json(), "summary": run.summary()}
-
-
-def _described_job(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    """DescribeTrainingJob, or None for a job the run asked for that SageMaker has not created yet."""
-    try:
-        return dict(sagemaker.describe_training_job(TrainingJobName=name))
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ValidationException":
-            return None
-        raise
-
-
-def _billed_seconds(job: dict[str, Any], now: datetime) -> float:
-    """SageMaker's billable seconds once it reports them; until then the seconds trained."""
-    billable = job.get("BillableTimeInSeconds")
-    return float(billable) if billable is not None else _trained_seconds(job, now)
-
-
-def _trained_seconds(job: dict[str, Any], now: datetime) -> float:
-    """SageMaker's training seconds once it reports them; until then the time since training started."""
-    if job.get("TrainingTimeInSeconds") is not None:
-        return float(job["TrainingTimeInSeconds"])
-    started, ended = job.get("TrainingStartTime"), job.get("TrainingEndTime")
-    if not isinstance(started, datetime):
-        return 0.0
-    return max(0.0, ((ended if isinstance(ended, datetime) else now) - started).total_seconds())
-
-
-def _max_steps(hyperparameters: dict[str, str]) -> int | None:
-    try:
-        return from_hyperparameters(hyperparameters).train.max_steps
-    except ConfigError:
-        return None
+snapshot = run_state.snapshot
 
 
 @app.command()
@@ -963,67 +962,121 @@ def watch(
     state_machine: StateMachine = None,
     as_json: AsJson = False,
 ) -> None:
-    """Follow a run: its state, step, loss and tokens/s, ETA, cost so far and newest checkpoint."""
+    """Follow a run: its state; the step, loss, validation loss and tokens/s its job last logged, its ETA; the cost
+    so far; the goodput of its running and finished jobs; spot interruptions."""
     t = target(stage, region, state_machine, "")
     arn = _execution_arn(t.need_state_machine(), run)
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=out, disable=once or as_json
-    ) as progress:
-        task = progress.add_task(run, total=None)
+    if once or as_json:
+        state = snapshot(t.session, arn)
+        if as_json:
+            out.print_json(data=state)
+        else:
+            _print_watch(state)
+        return
+    with Live(console=out, auto_refresh=False) as live:
         while True:
             state = snapshot(t.session, arn)
-            job = state["job"] or {}
-            if once or as_json:
-                if as_json:
-                    out.print_json(data=state)
-                else:
-                    out.print(_describe(state), markup=False, highlight=False)
-                return
-            progress.update(
-                task,
-                description=_describe(state),
-                completed=job.get("checkpointed_step") or 0,
-                total=job.get("max_steps"),
-            )
+            live.update(_watch_view(state), refresh=True)
             if state["status"] != "RUNNING":
                 return
             time.sleep(interval)
 
 
-def _describe(state: dict[str, Any]) -> str:
-    parts = [f"{state['run']}: {state['status']}" + (f" at {state['state']!r}" if state["state"] else "")]
-    if state.get("queued"):
-        parts.append(str(state["queued"]))
-    if state.get("preemptions"):
-        parts.append(f"preempted {state['preemptions']} times, resumed from checkpoints")
-    job = state["job"]
-    if job is not None and not state.get("queued"):
-        parts.append(f"job {job['name']} {job['status']}/{job['secondary_status']}")
-        if job["checkpointed_step"] is not None:
-            parts.append(f"step {job['checkpointed_step']}/{job['max_steps'] or '?'} (checkpointed)")
-        if job["loss"] is not None:
-            parts.append(f"loss {job['loss']:.4g}")
-        if job["tokens_per_sec"] is not None:
-            parts.append(f"{job['tokens_per_sec']:,.0f} tokens/s")
-        if job["eta_seconds"] is not None:
-            parts.append(f"ETA {timedelta(seconds=job['eta_seconds'])}")
-    if state["cost_so_far_usd"] is not None:
-        bound = f" of at most ${state['max_cost_usd']:,.2f}" if state["max_cost_usd"] is not None else ""
-        parts.append(f"${state['cost_so_far_usd']:,.2f} so far{bound}")
-    if state["interruptions"]:
-        parts.append(f"{state['interruptions']} spot interruptions")
-    if state["goodput"] is not None:
-        parts.append(f"goodput of finished jobs {100 * state['goodput']['goodput']:.1f}%")
-    return ", ".join(parts)
+def _print_watch(state: dict[str, Any]) -> None:
+    for line in run_view.watch_lines(state, _in_words):
+        out.print(line, markup=False, highlight=False)
+
+
+def _watch_view(state: dict[str, Any]) -> Group:
+    step, most = run_view.progress(state)
+    lines = [Text(line) for line in run_view.watch_lines(state, _in_words)]
+    return Group(*lines, ProgressBar(total=most, completed=step, width=60)) if most else Group(*lines)
+
+
+@app.command()
+def show(
+    what: Annotated[str, typer.Argument(help="an approval request's id, or a run's name or execution ARN")],
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    decision_url: DecisionUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """A pending approval request with everything to decide on, or a run: its request, estimate, decisions, jobs,
+    model and how it ended."""
+    if approval_view.REQUEST_ID.match(what):
+        request = _pending_request(target(stage, region, "", decision_url), what)
+        if as_json:
+            out.print_json(data=approval_view.as_json(request))
+        else:
+            _print_requests([request], full=True)
+        return
+    t = target(stage, region, state_machine, "")
+    facts = run_view.run_facts(t.session, _execution_arn(t.need_state_machine(), what))
+    if as_json:
+        out.print_json(data=facts)
+        return
+    for line in run_view.run_lines(facts, _in_words):
+        out.print(line, markup=False, highlight=False)
+
+
+def _pending_request(t: Target, request_id: str) -> dict[str, Any]:
+    """The pending request of this id, looked for page by page; UserError when no pending one has it."""
+    query: dict[str, str] | None = None
+    while True:
+        answer = _decision_call(t, "GET", None, query)
+        found = [r for r in answer.get("pending", []) if r.get("request_id") == request_id]
+        if found:
+            return dict(found[0])
+        if not answer.get("next"):
+            raise UserError(
+                f"no pending request {request_id} that you decide: it was decided or has expired, or is another "
+                "team's (tp pending lists yours; tp show <run> shows a run and its decisions)"
+            )
+        query = {"cursor": str(answer["next"])}
+
+
+@app.command()
+def check(
+    *,
+    stage: Stage = "dev",
+    region: Region = None,
+    state_machine: StateMachine = None,
+    decision_url: DecisionUrl = None,
+    artifacts_bucket: ArtifactsBucket = None,
+    cdk_json: CdkJson = Path("cdk.json"),
+) -> None:
+    """Whether tp can reach the stage: Region, credentials, who you are, its stack and outputs, your team."""
+    given = {
+        "TP_STATE_MACHINE": state_machine,
+        "TP_DECISION_URL": decision_url,
+        "TP_ARTIFACTS_BUCKET": artifacts_bucket,
+    }
+    lines = list(stage_check.check(stage, region, lambda: load_settings(cdk_json), given=given))
+    _print_check(lines)
+    if any(line.ok is False for line in lines):
+        raise typer.Exit(1)
+
+
+def _print_check(lines: list[stage_check.Line]) -> None:
+    for line in lines:
+        mark, style = {True: ("OK  ", "green"), False: ("FIX ", "red"), None: ("    ", "")}[line.ok]
+        out.print(f"[{style or 'default'}]{mark}[/] {escape(line.text)}", highlight=False)
+
+
+def budget_contact(team: str | None) -> str:
+    """Whom to ask about a budget stop: the team's e-mails (its budget's recipients), else the platform's contact."""
+    try:
+        settings = load_settings(Path(os.environ.get("TP_CDK_JSON", "cdk.json")))
+    except (OSError, KeyError, json.JSONDecodeError, SettingsError):
+        return "the platform team"
+    emails = next((t.notification_emails for t in settings.teams if t.name == team), [])
+    return ", ".join(emails) or settings.budget_contact
 
 
 def main() -> None:
-    try:
-        app()
-    except ClientError as exc:  # what AWS refused, said once, without a traceback
-        error = exc.response.get("Error", {})
-        err.print(f"{exc.operation_name}: {error.get('Code')}: {error.get('Message')}", markup=False, highlight=False)
-        raise SystemExit(1) from None
+    app()
 
 
 if __name__ == "__main__":

@@ -227,6 +227,11 @@ def _everything(action: str) -> Callable[[Call], list[Request]]:
     return lambda _call: [Request(action, "*")]
 
 
+def _log_group(call: Call) -> str:
+    """A log group as the Service Authorization Reference's log-group resource names it (its streams: `:*`)."""
+    return call.arn("logs", f"log-group:{call.params['logGroupName']}:*")
+
+
 def _training_job(call: Call) -> str:
     return call.arn("sagemaker", f"training-job/{call.params['TrainingJobName'].lower()}")
 
@@ -381,6 +386,16 @@ REQUEST_MODEL: dict[tuple[str, str], Callable[[Call], list[Request]]] = {
     ("stepfunctions", "GetExecutionHistory"): _one("states:GetExecutionHistory", lambda c: c.params["executionArn"]),
     ("stepfunctions", "StopExecution"): _one("states:StopExecution", lambda c: c.params["executionArn"]),
     ("sts", "AssumeRole"): _one("sts:AssumeRole", lambda c: c.params["RoleArn"]),
+    # What `tp` reads of a stage (the local platform serves it on loopback: localrun/aws/served.py).
+    ("stepfunctions", "ListExecutions"): _one("states:ListExecutions", lambda c: c.params["stateMachineArn"]),
+    ("logs", "DescribeLogStreams"): _one("logs:DescribeLogStreams", _log_group),
+    ("logs", "FilterLogEvents"): _one("logs:FilterLogEvents", _log_group),
+    ("logs", "GetLogEvents"): _one(
+        "logs:GetLogEvents", lambda c: f"{_log_group(c).removesuffix(':*')}:log-stream:{c.params['logStreamName']}"
+    ),
+    ("iam", "ListRoleTags"): _one(
+        "iam:ListRoleTags", lambda c: f"arn:aws:iam::{c.account}:role/{c.params['RoleName']}"
+    ),
     ("kms", "Encrypt"): _kms_use("kms:Encrypt"),
     ("kms", "Decrypt"): _kms_use("kms:Decrypt"),
 }

@@ -40,9 +40,11 @@ from contract import layout
 from contract.metrics import parse_metrics
 from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.engine import LocalPlatform
+from localrun.aws.service_logs import ServiceLogs
 from localrun.backends import processes
 from localrun.backends.sagemaker import REPO, _download_prefix, _free_port
 from localrun.demo.jobs import Job, checkpoint_steps, loss_curve, recorded_checkpoints
+from stacks.outputs import BATCH_JOB_LOG_GROUP
 from training import batch_contract
 
 ECS_TASKS = "ecs-tasks.amazonaws.com"
@@ -73,6 +75,8 @@ class Node:
     process then (the entrypoint, which the signal ends); here the launcher gets it as it starts."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     """Guards `process` and `pending`: a signal reaches the node once, before or after its launcher starts."""
+    lines: list[str] = field(default_factory=list)
+    """The node's container's output, which the awslogs driver ships to its stream (localrun/aws/service_logs.py)."""
 
 
 @dataclass
@@ -136,6 +140,7 @@ class LocalBatch:
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._client_lock = threading.Lock()
+        self._service_logs = ServiceLogs(BATCH_JOB_LOG_GROUP)
         self._killed = False
         self._base_env = {
             k: v
@@ -216,14 +221,43 @@ class LocalBatch:
         return {"jobArn": job.arn, "jobName": job.name, "jobId": job.job_id}
 
     def describe(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The jobs; `<id>#<node>` is a multi-node job's node, a child job of its own (with its log stream)."""
         out = []
         for ident in ids:
-            job = self.jobs.get(ident.rsplit("/", 1)[-1])
+            parent, _, node = ident.rsplit("/", 1)[-1].partition("#")
+            job = self.jobs.get(parent)
             if job is not None:
                 with self._lock:
                     self._advance(job)
-                    out.append(self._describe(job))
+                    self._ship_logs(job)
+                    out.append(self._describe_node(job, int(node)) if node.isdigit() else self._describe(job))
         return out
+
+    def _ship_logs(self, job: BatchJob) -> None:
+        for attempt in job.attempts:
+            for node in attempt.nodes:
+                self._service_logs.ship_lines(self._stream(job, attempt, node.index), node.lines)
+
+    @staticmethod
+    def _stream(job: BatchJob, attempt: Attempt, node: int) -> str:
+        """The awslogs driver's stream: <definition name>/default/<task id> (here the job, attempt and node)."""
+        definition = job.definition.rsplit("/", 1)[-1].split(":", 1)[0]
+        return f"{definition}/default/{job.job_id}-{attempt.number}-{node}"
+
+    def _describe_node(self, job: BatchJob, node: int) -> dict[str, Any]:
+        """A node's child job: its status and, per attempt it ran in, its container's log stream."""
+        ran = [a for a in job.attempts if node < len(a.nodes)]
+        streams = [{"container": {"logStreamName": self._stream(job, a, node)}} for a in ran]
+        described: dict[str, Any] = {
+            "jobId": f"{job.job_id}#{node}",
+            "jobName": job.name,
+            "status": job.status,
+            "nodeDetails": {"nodeIndex": node, "isMainNode": node == 0},
+            "attempts": streams[:-1],
+        }
+        if streams:
+            described["container"] = streams[-1]["container"]
+        return described
 
     def list_jobs(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         queue, filters = params.get("jobQueue"), params.get("filters") or []
@@ -330,6 +364,7 @@ class LocalBatch:
 
         def echo(line: str) -> None:
             job.log.append(line)
+            node.lines.append(line)
             if node.index == 0:
                 self._say(job, line.rstrip("\n"))
 

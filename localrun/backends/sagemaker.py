@@ -59,9 +59,11 @@ from contract.layout import (
 )
 from contract.metrics import parse_metrics
 from localrun.aws.cfn import REGION
+from localrun.aws.service_logs import ServiceLogs
 from localrun.backends import netns, processes
 from localrun.backends.netns import LoopbackNamespace
 from localrun.demo.jobs import recorded_checkpoints
+from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 
 REPO = Path(__file__).resolve().parents[2]
 # SageMaker's StopTrainingJob: SIGTERM, then SIGKILL after 120 seconds.
@@ -146,6 +148,9 @@ class LocalTraining:
     max_hosts: int = 2
     procs_per_host: int = 1
     local_hyperparameters: dict[str, str] = field(default_factory=dict)
+    scale: Callable[[dict[str, str]], dict[str, str]] | None = None
+    """What this machine runs instead of a job's own hyperparameters, decided job by job (over
+    `local_hyperparameters`): the served platform's runs are whatever `tp start` sends."""
     spot_interrupt_after_checkpoint: bool = False
     hang_after_checkpoint: bool = False
     """Stop a training worker of the first job once the platform recorded a checkpoint: it makes no progress."""
@@ -158,6 +163,8 @@ class LocalTraining:
         self._lock = threading.Lock()
         # `paused`: whether hosts are held, and the pids it stopped (hosts started meanwhile included).
         self._spawn_lock = threading.Lock()
+        self._service_logs = ServiceLogs(SAGEMAKER_TRAINING_LOG_GROUP)
+        self._streams: dict[Path, str] = {}
         self._paused = False
         self._frozen: dict[int, str | None] = {}
         # The process environment as the job starts (handler variables are not in it: localrun/aws/environ.py).
@@ -223,6 +230,7 @@ class LocalTraining:
     def described(self, name: str, job: Any) -> None:
         with self._lock:
             local = self.jobs[name]
+            self._ship_logs(local)
             if local.finished or local.restarting:
                 return
             if local.stopping:
@@ -259,6 +267,14 @@ class LocalTraining:
             job.training_time_in_seconds = job.billable_time_in_seconds = max(
                 1, round((end - job.training_start_time).total_seconds())
             )
+
+    def _ship_logs(self, local: LocalJob) -> None:
+        """Every host's new log lines into CloudWatch, a stream per host and start, as SageMaker writes them."""
+        for log in sorted((local.workdir / "logs").glob("*-gen*.log")):
+            if log not in self._streams:  # <job>/<host>-<epoch seconds of the host's start>
+                host = log.stem.rsplit("-gen", 1)[0]
+                self._streams[log] = f"{local.name}/{host}-{int(log.stat().st_ctime)}"
+            self._service_logs.ship_file(self._streams[log], log)
 
     @staticmethod
     def _end_hosts(local: LocalJob) -> None:
@@ -316,7 +332,8 @@ class LocalTraining:
         job.secondary_status_transitions.append({"Status": "Downloading", "StartTime": datetime.now(UTC)})
         local.exited_at = None
         request = local.request
-        hyperparameters = {**request.get("HyperParameters", {}), **self.local_hyperparameters}
+        requested = dict(request.get("HyperParameters", {}))
+        hyperparameters = {**requested, **self.local_hyperparameters, **(self.scale(requested) if self.scale else {})}
         port = _free_port()
         for host in local.hosts:
             tree = local.tree(host)

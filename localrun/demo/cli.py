@@ -44,6 +44,7 @@ from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.clock import Clock
 from localrun.aws.decision_url import DecisionUrl
 from localrun.aws.engine import LocalPlatform, LocalPlayer, player_factories
+from localrun.aws.served import ServedPlatform
 from localrun.backends.queue import ServiceJob
 from localrun.backends.sagemaker import LocalTraining
 from localrun.demo import own_code, report, scenario
@@ -51,7 +52,11 @@ from localrun.demo.corpus import build_shards
 from localrun.demo.fine_tuning import build_fine_tuning
 from localrun.demo.jobs import loss_curve
 from localrun.demo.scenario import After, Run, Scenario, ScenarioError
+from stacks.outputs import TEAM_BUDGET
 from stacks.pipeline.polled_job import CHECK_PROGRESS
+from stacks.settings import OVERRIDES_VARIABLE, settings_from_context
+from tools.approval_view import decided
+from tools.scenario_files import is_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
@@ -252,10 +257,17 @@ def run_demo(
 
 
 def _players(
-    run_dir: Path, printer: _Printer, *, max_hosts: int, procs_per_host: int, spot_interrupt: bool, hang: bool
+    run_dir: Path,
+    printer: _Printer,
+    *,
+    max_hosts: int,
+    procs_per_host: int,
+    spot_interrupt: bool = False,
+    hang: bool = False,
+    scale: Callable[[dict[str, str]], dict[str, str]] | None = None,
 ) -> tuple[LocalTraining, dict[str, LocalPlayer]]:
     """SageMaker's training jobs played on this machine, and the other backends' jobs (e.g. `"backend": "batch"`:
-    AWS Batch multi-node jobs), their nodes on this machine too."""
+    AWS Batch multi-node jobs), their nodes on this machine too; `scale` sizes each job's hyperparameters for it."""
     training = LocalTraining(
         root=run_dir / "jobs",
         datasets_bucket="",
@@ -264,6 +276,7 @@ def _players(
         spot_interrupt_after_checkpoint=spot_interrupt,
         hang_after_checkpoint=hang,
         on_line=printer.training_line,
+        scale=scale,
     )
     players = {
         name: make(run_dir / name, max_hosts=max_hosts, spot_interrupt=spot_interrupt, on_line=printer.training_line)
@@ -531,7 +544,7 @@ def _answer_gates(
         else:
             answer = input("    approve? [y/N] ").strip().lower()
             decision = "approve" if answer in ("y", "yes") else "reject"
-            reason = input("    reason: ").strip() or f"{decision}d at the demo prompt"
+            reason = input("    reason: ").strip() or f"{decided(decision)} at the demo prompt"
         body = {"request_id": request["request_id"], "decision": decision, "reason": reason}
         response = platform.call_decision_url(session, "POST", body)
         result = json.loads(response["body"])
@@ -664,6 +677,95 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
     return lines
 
 
+def serve(
+    *,
+    out: Path,
+    verbose: bool = False,
+    assembly: Path | None = None,
+    max_hosts: int = 2,
+    procs_per_host: int = 1,
+    wait_seconds: float = 2.0,
+    stop: threading.Event | None = None,
+) -> None:
+    """`make demo ARGS=--serve`: the local platform kept up and served on loopback (localrun/aws/served.py) for `tp` in
+    another terminal, which starts, watches, stops and decides its runs; each run's states and training are shown
+    here as it goes. Ends on Ctrl-C (or when `stop` is set)."""
+    out.mkdir(parents=True, exist_ok=True)
+    detail = _say if verbose else _quiet
+    context = _context(out)
+    assembly = assembly or synthesize(out, detail)
+    folder = out / "local"
+    folder.mkdir(parents=True, exist_ok=True)
+    cdk_json = folder / "cdk.json"
+    cdk_json.write_text(json.dumps({"context": context}, indent=2))
+    printer = _Printer(verbose=verbose)
+    training, players = _players(
+        folder,
+        printer,
+        max_hosts=max_hosts,
+        procs_per_host=procs_per_host,
+        scale=lambda requested: local_scale(requested, None),
+    )
+    clock = Clock(wait_scale=wait_seconds / 300, retry_scale=0.01)
+    stage = settings_from_context(context, os.environ.get(OVERRIDES_VARIABLE)).stage
+    with (
+        (folder / "handlers.log").open("w") as handler_log,
+        _engine_quiet(not verbose),
+        LocalPlatform(assembly, training=training, clock=clock, handler_log=handler_log, players=players) as platform,
+        ServedPlatform(platform, folder, stage=stage, approver=DEMO_APPROVER, cdk_json=cdk_json) as served,
+    ):
+        training.datasets_bucket = platform.environment("Validate")["DATASETS_BUCKET"]
+        for example in sorted((REPO / "examples").glob("*.json")):
+            document = json.loads(example.read_text())
+            if not is_scenario(document):  # every example's datasets, as if engineers had uploaded them
+                _seed_datasets(platform, document, out / "corpus", detail)
+        for player in players.values():
+            player.datasets_bucket = training.datasets_bucket
+            player.local_hyperparameters = local_scale({"model": "gpt2", "max_steps": "100000"}, None)
+        _say(_serve_instructions(served))
+        try:
+            _follow_all(platform, stop or threading.Event())
+        except KeyboardInterrupt:
+            _say("\nstopping the local platform")
+        finally:
+            training.stop_all()
+            for player in players.values():
+                player.close()
+
+
+def _serve_instructions(served: ServedPlatform) -> str:
+    here = Path.cwd()
+    env = served.env_file.relative_to(here) if served.env_file.is_relative_to(here) else served.env_file
+    return "\n".join(
+        [
+            f"the local platform is up: AWS endpoint {served.endpoint}, decision URL {served.decision_url.url}",
+            "in another terminal, from this folder (tp is then the platform's ML engineer):",
+            f"  source {env}",
+            "  .venv/bin/tp check",
+            "  .venv/bin/tp start examples/demo.json --name my-first-run",
+            "  .venv/bin/tp watch my-first-run     (tp list, tp logs my-first-run --follow, tp show my-first-run)",
+            "  AWS_PROFILE=local-approver .venv/bin/tp pending    (then tp approve <request> --reason '...')",
+            "each run is shown here as it goes; Ctrl-C stops the platform and every run on it",
+            "",
+        ]
+    )
+
+
+def _follow_all(platform: LocalPlatform, stop: threading.Event) -> None:
+    """Print each run's states as it enters them, whoever started it, until `stop` is set."""
+    printers: dict[str, tuple[_Printer, float]] = {}
+    while not stop.is_set():
+        listed = platform.sfn.list_executions(stateMachineArn=platform.state_machine_arn)["executions"]
+        for execution in sorted(listed, key=lambda e: e["startDate"]):
+            arn = execution["executionArn"]
+            if arn not in printers:
+                printers[arn] = (_Printer(verbose=False), time.monotonic())
+                _say(f"run {execution['name']} started")
+            printer, started = printers[arn]
+            printer.states(platform, arn, started)
+        stop.wait(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, default=REPO / "examples" / "demo.json", help="execution input JSON")
@@ -690,6 +792,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
     parser.add_argument("--steps", type=int, help="override the local run's max_steps")
     parser.add_argument("--fault", choices=FAULTS, help="inject transient faults at the progress handler")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the local platform up for `tp` in another terminal (it prints what to source); no run of its own",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     for var, value in {
@@ -700,6 +807,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[var] = value
     os.environ.pop("AWS_PROFILE", None)
     started = time.monotonic()
+    if args.serve:
+        if one_run := [*_one_run_options(args), *(["--auto-approve"] if args.auto_approve else [])]:
+            parser.error(f"--serve starts no run of its own: {', '.join(one_run)} apply to `make demo` with an input")
+        serve(out=args.out, verbose=args.verbose, max_hosts=args.hosts, procs_per_host=args.procs_per_host)
+        # Ctrl-C, which ends it, reached jsii's Node.js process too (one process group): jsii's exit hook would
+        # then fail on its closed pipe with a traceback. Everything of ours is closed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     document = json.loads(args.input.read_text())
     if scenario.is_scenario(document):  # e.g. examples/teams.json: several runs of several teams
         return _main_scenario(args, scenario.parse(document), started)
@@ -723,21 +839,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if outcome.described["status"] == expected else 1
 
 
+def _one_run_options(args: argparse.Namespace) -> list[str]:
+    """The options given that apply to one run started by the demo (not to a scenario's runs, nor to --serve)."""
+    given = {
+        "--reject": args.reject,
+        "--decide-with-tp": args.decide_with_tp,
+        "--spot-interrupt": args.spot_interrupt,
+        "--hang": args.hang,
+        "--fault": args.fault,
+        "--steps": args.steps,
+    }
+    return [option for option, value in given.items() if value]
+
+
 def _main_scenario(args: argparse.Namespace, parsed: scenario.Scenario, started: float) -> int:
     """A scenario runs every gate approved; the options of one run's faults do not apply to it."""
-    unsupported = [
-        option
-        for option, value in (
-            ("--reject", args.reject),
-            ("--decide-with-tp", args.decide_with_tp),
-            ("--spot-interrupt", args.spot_interrupt),
-            ("--hang", args.hang),
-            ("--fault", args.fault),
-            ("--steps", args.steps),
-        )
-        if value
-    ]
-    if unsupported:
+    if unsupported := _one_run_options(args):
         raise scenario.ScenarioError(f"{args.input} is a scenario: {', '.join(unsupported)} apply to one run only")
     outcome = run_scenario(parsed, out=args.out, verbose=args.verbose)
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
@@ -936,7 +1053,7 @@ class _Driver:
 def team_budget_action(platform: LocalPlatform, team: str) -> dict[str, Any]:
     """The team's budget action's IAM action definition (stacks/constructs/cost_controls.py TeamBudget), resolved."""
     for stack, logical, action in platform.assembly.resources("AWS::Budgets::BudgetsAction"):
-        if f"/TeamBudget-{team}/" in platform.assembly.construct_paths[stack].get(logical, ""):
+        if f"/{TEAM_BUDGET}-{team}/" in platform.assembly.construct_paths[stack].get(logical, ""):
             props = platform.resolver.resolve(stack, action["Properties"])
             definition: dict[str, Any] = props["Definition"]["IamActionDefinition"]
             return definition

@@ -24,6 +24,7 @@ from localrun.demo.corpus import build_shards
 from tests.conftest import hosts_left_running
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
+from tools import run_state
 from training import batch_contract
 
 CLUSTER_TYPE = "ml.p5.48xlarge"  # cdk.json's network.largest_cluster: the compute environment's type
@@ -137,6 +138,13 @@ def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> N
     (package,) = pipeline.model_packages()
     assert package["InferenceSpecification"]["Containers"][0]["ModelDataUrl"] == output["job"]["model_artifacts"]
     assert pipeline.local.iam.denials() == []
+    # `tp logs` finds each node's stream through its child job (<id>#<node>), as the awslogs driver writes them.
+    session = boto3.Session(region_name=REGION)
+    events = run_state.history(session.client("stepfunctions"), arn)
+    streams = run_state.streams(session, events)
+    assert sorted(s.host for s in streams) == ["node-0", "node-1"] and {s.job for s in streams} == {job.name}
+    lines = [event["message"] for _, event in run_state.events_of(session.client("logs"), streams)]
+    assert any("step=12 val_loss=" in line for line in lines), lines[-20:]
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import boto3
 import pytest
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.responses import SageMakerResponse
@@ -19,6 +21,7 @@ from localrun.aws.clock import Clock
 from localrun.backends.scripted import Poll
 from tests.pipeline.conftest import Pipeline
 from tests.pipeline.test_iam_enforced import _assembly_with, _drop
+from tools import run_state
 
 TUNING = {
     "ranges": {
@@ -99,6 +102,15 @@ def test_tuning_registers_the_best_trial_with_its_lineage(
     assert lineage["hyperparameters"]["lr"] == tuned["lr"] and lineage["hyperparameters"]["max_steps"] == "100"
     (package,) = pipeline.model_packages()
     assert package["ModelApprovalStatus"] == "Approved"
+    # `tp logs` finds every trial's streams through the tuning job (SageMaker names a trial's as any job's).
+    logs = boto3.client("logs", region_name="us-east-1")
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    for trial in trials:
+        logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=f"{trial}/algo-1-1700000000")
+    session = boto3.Session(region_name="us-east-1")
+    streams = run_state.streams(session, run_state.history(session.client("stepfunctions"), arn))
+    assert sorted(s.job for s in streams) == sorted(trials) and {s.host for s in streams} == {"algo-1"}
 
 
 def _without_ledger(value: Any) -> Any:

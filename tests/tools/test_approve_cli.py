@@ -8,6 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tools.cli_errors import UserError
 from tools.tp import signed_request
 
 URL = "https://abc123def456.lambda-url.eu-west-1.on.aws/"
@@ -35,7 +36,7 @@ def test_requests_are_signed_for_lambda_in_the_urls_region() -> None:
 )
 def test_only_function_urls_and_the_local_platforms_loopback_are_accepted(url: str) -> None:
     session = boto3.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret", region_name="us-east-1")
-    with pytest.raises(SystemExit, match="is not a Lambda function URL"):
+    with pytest.raises(UserError, match="is not a Lambda function URL"):
         signed_request(url, "GET", None, session)
 
 
@@ -50,5 +51,5 @@ def test_the_local_platforms_decision_url_is_signed_for_the_sessions_region(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     regionless = boto3.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret")
     assert regionless.region_name is None
-    with pytest.raises(SystemExit, match="with AWS_REGION set"):
+    with pytest.raises(UserError, match="with AWS_REGION set"):
         signed_request("http://127.0.0.1:8765/", "GET", None, regionless)

@@ -56,7 +56,7 @@ def test_a_stack_deployed_before_the_outputs_or_not_at_all_is_explained(cloudfor
     with pytest.raises(tool.OutputsError, match=r"has no output StateMachineArn, DecisionUrl.*make deploy"):
         tool.read_outputs(client, name)
     stubber.add_client_error("describe_stacks", "ValidationError", f"Stack with id {name} does not exist")
-    with pytest.raises(tool.OutputsError, match=r"does not exist.*is the stage deployed"):
+    with pytest.raises(tool.OutputsError, match=r"is not deployed in eu-west-1: deploy it \(make deploy\)"):
         tool.read_outputs(client, name)
 
 
@@ -76,7 +76,7 @@ def test_make_outputs_reads_the_stage_from_the_settings_and_context(
             assert service == "cloudformation"
             return client
 
-    monkeypatch.setattr(tool.boto3, "Session", Session)
+    monkeypatch.setattr(tool.aws_session.boto3, "Session", Session)
     monkeypatch.setenv("PLATFORM_CONTEXT", json.dumps({"stage": "prod", "region": "eu-west-1"}))
     assert tool.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out) == DEPLOYED

@@ -24,6 +24,7 @@ from localrun.aws.clock import Clock
 from localrun.aws.decision_url import function_url_event
 from localrun.aws.engine import REQUESTER
 from localrun.aws.iam import SAGEMAKER
+from localrun.aws.served import person_statements
 from localrun.backends.scripted import Poll
 from stacks.settings import PipelineSettings
 from tests.conftest import APPROVER, EXAMPLE_INPUTS, REPO
@@ -45,6 +46,11 @@ def _answer(output: str) -> Any:
     they write to stdout from other threads meanwhile."""
     lines = [line for line in output.splitlines() if not line.startswith('{"')]
     return json.loads("\n".join(lines))
+
+
+def _lines(output: str) -> list[str]:
+    """tp's lines in the output, less the platform handlers' JSON log lines (other threads write them meanwhile)."""
+    return [line for line in output.splitlines() if not line.startswith('{"')]
 
 
 # -- offline -------------------------------------------------------------------------------------------
@@ -245,13 +251,14 @@ def _wired(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
 
 
 def _engineer(local: Pipeline) -> dict[str, str]:
-    """The ML engineer's session, with the one permission an engineer's role needs to start runs."""
+    """The ML engineer's session, with what an engineer's role needs to use tp (localrun/aws/served.py's policy)."""
     session = local.local.person(REQUESTER, "engineer")
-    allow = {"Effect": "Allow", "Action": "states:StartExecution", "Resource": local.local.state_machine_arn}
     boto3.client("iam", region_name=REGION).put_role_policy(
         RoleName=REQUESTER.rsplit("/", 1)[-1],
-        PolicyName="StartRuns",
-        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [allow]}),
+        PolicyName="UseTp",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": person_statements(local.local, engineer=True, stage="dev")}
+        ),
     )
     return _env(session)
 
@@ -367,6 +374,65 @@ def test_logs_shows_each_hosts_stream(local: Pipeline, tmp_path: Path) -> None:
     }
 
 
+def _log(job: str, host: str, lines: list[str], *, at_ms: int) -> None:
+    """Lines in a host's stream of the job, as SageMaker writes them, logged at `at_ms` (one a second after)."""
+    cloudwatch = boto3.client("logs", region_name=REGION)
+    with contextlib.suppress(cloudwatch.exceptions.ResourceAlreadyExistsException):
+        cloudwatch.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    stream = f"{job}/{host}-1700000000"
+    with contextlib.suppress(cloudwatch.exceptions.ResourceAlreadyExistsException):
+        cloudwatch.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+    events = [{"timestamp": at_ms + 1000 * i, "message": line} for i, line in enumerate(lines)]
+    cloudwatch.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=events)
+
+
+def test_logs_keeps_one_host_and_the_lines_since_a_time_and_follows_a_run_to_its_end(
+    local: Pipeline, tmp_path: Path
+) -> None:
+    arn = _start(local, tmp_path, "tp-run-10")
+    local.run_until(arn, "Approval gate (promotion)")
+    (job,) = local.jobs()
+    now = int(time.time() * 1000)
+    _log(job, "algo-1", ["an hour ago on algo-1"], at_ms=now - 3_600_000)
+    _log(job, "algo-1", ["now on algo-1"], at_ms=now)
+    _log(job, "algo-2", ["now on algo-2"], at_ms=now)
+    recent = _answer(tp("logs", "tp-run-10", "--since", "10m", "--json").stdout)
+    assert sorted(line for lines in recent.values() for line in lines) == ["now on algo-1", "now on algo-2"]
+    one = _answer(tp("logs", "tp-run-10", "--host", "algo-2", "--json").stdout)
+    assert one == {f"{job}/algo-2-1700000000": ["now on algo-2"]}
+    assert tp("logs", "tp-run-10", "--since", "yesterday").exit_code == 2  # neither a duration nor a time
+    local.decide("promotion", "approve")
+    local.finish(arn)
+    followed = tp("logs", "tp-run-10", "--follow", "--interval", "0.1")  # the run has ended: one look, then done
+    assert followed.exit_code == 0, followed.output
+    assert f"[{job}/algo-1] an hour ago on algo-1" in _lines(followed.stdout)
+
+
+def test_watch_shows_the_step_and_losses_the_job_last_logged_each_on_a_line(
+    training_forever: Pipeline, tmp_path: Path
+) -> None:
+    local = training_forever
+    arn = _start(local, tmp_path, "tp-run-11")
+    local.run_until(arn, "Check progress")
+    (job,) = local.jobs()
+    now = int(time.time() * 1000)
+    lines = [f"step={step} loss={3 - step / 100} lr=0.0006 grad_norm=1.0 tokens_per_sec=5000" for step in (40, 60)]
+    _log(job, "algo-1", [lines[0], "step=50 val_loss=2.4", lines[1]], at_ms=now - 100_000)
+    state = _answer(tp("watch", "tp-run-11", "--json").stdout)
+    latest = state["job"]["latest"]
+    newest = (latest["step"], latest["loss"], latest["validation_loss"], latest["validation_step"])
+    assert newest == (60, 2.4, 2.4, 50)
+    assert state["job"]["step"] == 60 and state["job"]["tokens_per_sec"] == 5000
+    max_steps = state["job"]["max_steps"]
+    assert state["job"]["eta_seconds"] == round((max_steps - 60) / (20 / 2))  # 20 steps in the 2 s between lines
+    shown = [" ".join(line.split()) for line in _lines(tp("watch", "tp-run-11", "--once").stdout)]
+    assert shown[0].startswith("run tp-run-11: RUNNING at ")
+    assert any(line.startswith(f"step 60 of {max_steps}, logged at ") for line in shown)
+    assert "loss 2.4, validation 2.4 at step 50" in shown
+    assert "speed 5,000 tokens/s" in shown
+    assert any(line.startswith("goodput ") and line.endswith("so far (this job)") for line in shown)
+
+
 def test_reject_ends_the_run_without_promotion(local: Pipeline, tmp_path: Path) -> None:
     arn = _start(local, tmp_path, "tp-run-2")
     request_id = _pending_id(local, arn)
@@ -459,10 +525,10 @@ def test_watch_shows_step_eta_cost_so_far_and_the_newest_checkpoint(
     assert state["cost_so_far_usd"] == round(state["max_cost_usd"] * 100 / worst_seconds, 2) > 0
     assert state["state"]
 
-    line = tp("watch", "tp-run-7", "--once").stdout
-    assert f"step 10/{max_steps} (checkpointed)" in line
-    assert "ETA" in line
-    assert "so far of at most $" in line
+    shown = [" ".join(line.split()) for line in _lines(tp("watch", "tp-run-7", "--once").stdout)]
+    assert f"step 10 of {max_steps} (last checkpoint; no log lines read)" in shown
+    assert any(line.startswith("ETA ") for line in shown)
+    assert any(line.startswith("cost $") and "so far, of at most $" in line for line in shown)
 
 
 def test_watch_shows_the_goodput_of_the_runs_finished_jobs(local: Pipeline, tmp_path: Path) -> None:
@@ -474,7 +540,7 @@ def test_watch_shows_the_goodput_of_the_runs_finished_jobs(local: Pipeline, tmp_
     (job,) = local.jobs()
     assert [j["job"] for j in found["jobs"]] == [job] and found["summary"].endswith(")")
     assert found == {**local.lineage()["goodput"], "summary": found["summary"]}  # as Register recorded it
-    assert "goodput of finished jobs" in tp("watch", "tp-run-8", "--once").stdout
+    assert "goodput of the finished jobs" in tp("watch", "tp-run-8", "--once").stdout
 
 
 def test_validate_rejects_a_backend_the_pipeline_does_not_deploy(tmp_path: Path) -> None:
@@ -495,13 +561,72 @@ def test_a_dataset_outside_the_stand_in_bucket_is_explained(tmp_path: Path) -> N
     assert tp("validate", "--datasets-bucket", "team-datasets", str(mine)).exit_code == 0
 
 
-def test_pending_keeps_the_request_id_whole_in_a_narrow_terminal(local: Pipeline, tmp_path: Path) -> None:
+def test_pending_at_80_columns_keeps_id_run_and_requester_whole_and_shows_what_to_decide_on(
+    local: Pipeline, tmp_path: Path
+) -> None:
     arn = _start(local, tmp_path, "tp-run-8")
     request_id = _pending_id(local, arn)
-    result = tp("pending", env={**_env(local.local.person(APPROVER)), "COLUMNS": "60"})
+    result = tp("pending", env={**_env(local.local.person(APPROVER)), "COLUMNS": "80"})
     assert result.exit_code == 0, result.output
-    first_column = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
-    assert request_id in "".join(first_column)  # folded over lines, never cut with "…"
+    lines = _lines(result.stdout)
+    assert f"  request       {request_id}" in lines  # whole, on one line, to paste into tp approve
+    assert "  run           gpt2-small" in lines
+    assert any(line.endswith(f"requested by  {REQUESTER}") for line in lines)
+    model = local.model_packages()[0]["ModelPackageArn"]
+    assert f"  model         {model}" in lines
+    assert any(line.startswith("  evaluation    validation:loss = 2.5 meets <= 3.0") for line in lines)
+    assert all(len(line) <= 80 for line in lines if not line.startswith(("  model", "  lineage")))
+    answer = _answer(tp("pending", "--json", env=_env(local.local.person(APPROVER))).stdout)
+    (request,) = answer["pending"]
+    assert request["summary"]["model_package"] == model  # an object, not a string of JSON
+
+
+def test_launch_requests_show_the_cluster_runtime_and_cost(local: Pipeline, tmp_path: Path) -> None:
+    run_input = tmp_path / "big.json"
+    run_input.write_text(
+        json.dumps(local.input(instance_type="ml.p5.48xlarge", instance_count=4, max_runtime_hours=10))
+    )
+    result = tp("start", str(run_input), "--name", "tp-big", "--json", env=_engineer(local))
+    assert result.exit_code == 0, result.output
+    local.run_until(_answer(result.stdout)["execution_arn"], "Approval gate (pre-launch)")
+    local.pending("launch")
+    shown = tp("pending", env={**_env(local.local.person(APPROVER)), "COLUMNS": "80"})
+    lines = _lines(shown.stdout)
+    assert "launch gate, waiting since" in lines[0]
+    assert "  cluster       4 x ml.p5.48xlarge on demand, at most 10 h" in lines
+    assert any(line.startswith("  cost          at most $4,522.80 (approval threshold $500.00)") for line in lines)
+    assert "  dataset       fsx:///datasets/corpus/" in lines
+
+
+def test_show_a_request_and_a_run_and_reject_says_rejected(local: Pipeline, tmp_path: Path) -> None:
+    arn = _start(local, tmp_path, "tp-run-9")
+    request_id = _pending_id(local, arn)
+    approver = _env(local.local.person(APPROVER))
+    card = _lines(tp("show", request_id, env=approver).stdout)
+    assert card[0].startswith("promotion gate") and f"  execution     {arn}" in card
+    rejected = tp("reject", request_id, "--reason", "not this one", env=approver)
+    assert rejected.exit_code == 0, rejected.output
+    assert f"rejected {request_id} as {APPROVER}" in _lines(rejected.stdout)
+    again = tp("approve", request_id, "--reason", "changed my mind", env=approver)
+    assert again.exit_code == 1
+    assert again.output.strip().startswith(f"request {request_id} was already rejected by {APPROVER}")
+    assert "409" not in again.output and '{"error"' not in again.output
+    local.finish(arn)
+    shown = _lines(tp("show", "tp-run-9", env=_engineer(local)).stdout)
+    assert shown[0].startswith("run tp-run-9: FAILED")
+    assert f"  requested by    {REQUESTER}" in shown
+    assert any(line.startswith(f"  promotion gate  rejected by {APPROVER}") for line in shown)
+    assert any(line.startswith("  ended           PromotionRejected: Rejected by") for line in shown)
+    gone = tp("show", "0123456789abcdef0123456789abcdef", env=approver)
+    assert gone.exit_code == 1 and "no pending request 0123456789abcdef0123456789abcdef" in gone.output
+
+
+def test_start_prints_validates_refusal_in_its_words(local: Pipeline, tmp_path: Path) -> None:
+    refused = tmp_path / "refused.json"
+    refused.write_text(json.dumps(local.input(dataset="s3://someone-else/data/")))
+    result = tp("start", str(refused), "--name", "tp-refused", env=_engineer(local))
+    assert result.exit_code == 1
+    assert "The training request cannot run:" in result.output and "someone-else" in result.output
 
 
 def test_what_aws_refuses_is_one_line_not_a_traceback(
