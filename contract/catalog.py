@@ -11,6 +11,7 @@ rates override them with the `pipeline.price_overrides` setting.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 PRICES_REVIEWED = "2026-11"
@@ -133,15 +134,23 @@ class UnknownInstanceTypeError(ValueError):
 
 
 def instance_type(name: str) -> InstanceType:
-    """Look a type up, or raise with the close matches so the user can fix a typo."""
+    """Look a type up, or raise with the fix (suggestion) so the user can correct a typo."""
     try:
         return INSTANCE_TYPES[name]
     except KeyError:
-        family = name.rsplit(".", 1)[0]
-        near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:6]
-        raise UnknownInstanceTypeError(
-            f"unknown training instance type {name!r}; known types of that family: {', '.join(near)}"
-        ) from None
+        raise UnknownInstanceTypeError(f"unknown training instance type {name!r}; {suggestion(name)}") from None
+
+
+def suggestion(name: str) -> str:
+    """How to fix a name that is not a known type: its `ml.` name, else its near misses, else its family's types."""
+    if f"ml.{name}" in INSTANCE_TYPES:
+        return f"did you mean 'ml.{name}'? (SageMaker's names start with ml.)"
+    # Near misses by edit distance: difflib (stdlib), as contract/config.py suggests hyperparameters.
+    if close := difflib.get_close_matches(name, list(INSTANCE_TYPES), n=3, cutoff=0.75):
+        return f"did you mean {' or '.join(repr(c) for c in close)}?"
+    family = name.rsplit(".", 1)[0]
+    near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
+    return f"e.g. {', '.join(near)} (docs/reference/instance-types.md)"
 
 
 def instance_type_table() -> str:

@@ -13,7 +13,7 @@ import difflib
 import ipaddress
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -374,9 +374,9 @@ class PipelineSettings(_Model):
     def _allowed_types(cls, value: list[str] | None) -> list[str] | None:
         if value is None:
             return None
-        unknown = sorted(set(value) - set(INSTANCE_TYPES))
-        if unknown or not value:
-            raise ValueError(f"unknown instance types {unknown}" if unknown else "name at least one instance type")
+        if not value:
+            raise ValueError("name at least one instance type")
+        _known_type_names(value)
         return sorted(set(value))
 
     def instance_types(self) -> list[str]:
@@ -386,9 +386,7 @@ class PipelineSettings(_Model):
     @field_validator("price_overrides")
     @classmethod
     def _prices(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - set(INSTANCE_TYPES))
-        if unknown:
-            raise ValueError(f"unknown instance types {unknown}")
+        _known_type_names(value)
         if any(v <= 0 for v in value.values()):
             raise ValueError("prices must be positive")
         return value
@@ -491,15 +489,20 @@ MAX_QUOTA_SHARE_LIMITS = 5
 _TEAM_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
-def _known_types(value: dict[str, int]) -> dict[str, int]:
+def _known_type_names(names: Iterable[str]) -> None:
+    """ValueError naming every unknown instance type with its fix (contract/catalog.py's suggestion)."""
     unknown = []
-    for name in value:
+    for name in names:
         try:
             instance_type(name)
         except UnknownInstanceTypeError as exc:
             unknown.append(str(exc))
     if unknown:
         raise ValueError("; ".join(unknown))
+
+
+def _known_types(value: dict[str, int]) -> dict[str, int]:
+    _known_type_names(value)
     bad = {k: v for k, v in value.items() if not isinstance(v, int) or v < 1}
     if bad:
         raise ValueError(f"instance counts must be whole numbers of at least 1; bad: {bad}")
@@ -1072,16 +1075,21 @@ def build_settings(base: Mapping[str, Any], overrides: Mapping[str, Any] | None 
             problems.append(f"  - {key}: unknown setting{hint}; see docs/reference/settings.md")
             continue
         _set_path(tree, key, _coerce(raw))
-    if problems:
-        raise SettingsError("Invalid platform settings:\n" + "\n".join(problems))
+    # The other settings are still judged: every problem is reported at once, the unknown keys first.
     try:
-        return PlatformSettings.model_validate(tree)
+        settings = PlatformSettings.model_validate(tree)
     except ValidationError as exc:
-        raise SettingsError(_describe(exc, tree)) from None
+        problems += _describe(exc, tree)
+    if problems:
+        raise SettingsError("\n".join([_INVALID, *problems]))
+    return settings
 
 
-def _describe(exc: ValidationError, tree: Mapping[str, Any]) -> str:
-    lines = ["Invalid platform settings (cdk.json context 'platform' or -c key=value):"]
+_INVALID = "Invalid platform settings (cdk.json context 'platform' or -c key=value):"
+
+
+def _describe(exc: ValidationError, tree: Mapping[str, Any]) -> list[str]:
+    lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         msg = err["msg"].removeprefix("Value error, ")
@@ -1093,7 +1101,7 @@ def _describe(exc: ValidationError, tree: Mapping[str, Any]) -> str:
         value = _lookup(tree, err["loc"]) if err["loc"] else _MISSING  # the root: the whole tree says nothing
         shown = f" = {value!r}" if value is not _MISSING else ""
         lines.append(f"  - {loc}{shown}: {msg}")
-    return "\n".join(lines)
+    return lines
 
 
 _MISSING = object()

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from contract import model_folder as mf
 from contract import user_code
-from contract.catalog import INSTANCE_TYPES, InstanceType
+from contract.catalog import INSTANCE_TYPES, InstanceType, suggestion
 from contract.config import ConfigError, ConfigProblem, from_hyperparameters
 from contract.distributions import DISTRIBUTIONS
 from contract.distributions import NAMES as DISTRIBUTION_NAMES
@@ -408,16 +408,7 @@ def _in_training_plan(request: ExecutionInput, groups: list[InstanceGroup], limi
 def _instance_type(name: str, field: str, limits: PlatformLimits, problems: list[str]) -> InstanceType | None:
     instance = INSTANCE_TYPES.get(name)
     if instance is None:
-        if f"ml.{name}" in INSTANCE_TYPES:
-            fix = f"did you mean 'ml.{name}'? (SageMaker's names start with ml.)"
-        # Near-misses by edit distance: difflib (stdlib), as contract/config.py suggests hyperparameters.
-        elif close := difflib.get_close_matches(name, list(INSTANCE_TYPES), n=3, cutoff=0.75):
-            fix = f"did you mean {' or '.join(repr(c) for c in close)}?"
-        else:
-            family = name.rsplit(".", 1)[0]
-            near = sorted(n for n in INSTANCE_TYPES if n.startswith(family)) or sorted(INSTANCE_TYPES)[:8]
-            fix = f"e.g. {', '.join(near)} (docs/reference/instance-types.md)"
-        problems.append(f"{field} {name!r} is not a known training type; {fix}")
+        problems.append(f"{field} {name!r} is not a known training type; {suggestion(name)}")
         return None
     if instance.name not in limits.allowed_instance_types:
         problems.append(

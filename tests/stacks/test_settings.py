@@ -196,3 +196,15 @@ def test_context_json_merges_over_cdk_json_before_dotted_overrides() -> None:
         settings_from_context(cdk_context(), "{stage: prod}")
     with pytest.raises(SettingsError, match=r"network.nat_gatways: unknown setting \(did you mean"):
         settings_from_context(cdk_context(), '{"network": {"nat_gatways": 1}}')
+
+
+def test_a_type_without_ml_suggests_its_sagemaker_name_and_an_unknown_key_hides_no_other_problem() -> None:
+    given = {"network.largest_cluster.instance_type": "p5.48xlarge", "network.nat_gatways": "1", "stage": "Prod_1"}
+    with pytest.raises(SettingsError) as err:
+        build_settings(BASE, given)
+    message = str(err.value)
+    assert "did you mean 'ml.p5.48xlarge'? (SageMaker's names start with ml.)" in message
+    assert "network.nat_gatways: unknown setting (did you mean 'network.nat_gateways'?)" in message
+    assert "stage = 'Prod_1'" in message
+    with pytest.raises(SettingsError, match=r"'ml\.g5\.12xlarg'; did you mean 'ml\.g5\.12xlarge'"):
+        build_settings(BASE, {"pipeline.allowed_instance_types": '["ml.g5.12xlarg"]'})
