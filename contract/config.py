@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.distributions import DISTRIBUTIONS, NAMES
-from contract.model_args import PRESETS
+from contract.model_args import PRESETS, ModelArgs
 
 # Keys the SageMaker SDK's framework estimators inject, and the objective metric SageMaker adds to a
 # tuning job's trials (`_tuning_objective_metric`); they mean nothing to this image.
@@ -124,6 +124,23 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "use a value in [0, 1)")
 
 
+def model_args(cfg: ModelConfig) -> ModelArgs:
+    """The preset's arguments with the config's non-zero overrides applied; ConfigError if unbuildable."""
+    overrides = {
+        key: getattr(cfg, key)
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len")
+        if getattr(cfg, key)
+    }
+    args = PRESETS[cfg.name].replace(**overrides, dropout=cfg.dropout, bias=cfg.bias, gelu=cfg.gelu)
+    if "n_heads" in overrides and args.n_kv_heads and args.n_heads % args.n_kv_heads:
+        args = args.replace(n_kv_heads=0)
+    try:
+        args.validate()
+    except ValueError as exc:
+        raise ConfigError(f"model overrides of preset {cfg.name!r} are invalid: {exc}") from exc
+    return args
+
+
 @dataclass
 class LoraConfig:
     rank: int = _f(
@@ -194,20 +211,23 @@ class TrainConfig:
         _require(self.seed >= 0, "train.seed", self.seed, "use a non-negative integer")
         _require(self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "use >= 0")
 
-    def global_batch(self, world_size: int) -> int:
-        """Sequences per optimizer step on `world_size` processes: global_batch_size, or micro_batch_size x them."""
-        return self.global_batch_size or self.micro_batch_size * world_size
+    def global_batch(self, dp: int) -> int:
+        """Sequences per optimizer step on `dp` data-parallel processes: global_batch_size, or micro_batch_size x
+        them."""
+        return self.global_batch_size or self.micro_batch_size * dp
 
-    def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-batches per optimizer step on each process; ConfigError if the batch does not divide."""
+    def grad_accum_steps(self, dp: int) -> int:
+        """Micro-batches per optimizer step on each of `dp` data-parallel processes; ConfigError if the batch does
+        not divide."""
         if self.global_batch_size == 0:
             return 1
-        per_step = self.micro_batch_size * world_size
+        per_step = self.micro_batch_size * dp
         _require(
             self.global_batch_size % per_step == 0,
             "train.global_batch_size",
             self.global_batch_size,
-            f"with {world_size} processes x micro_batch_size {self.micro_batch_size} use a multiple of {per_step}",
+            f"with {dp} data-parallel processes x micro_batch_size {self.micro_batch_size} use a multiple of "
+            f"{per_step}",
         )
         return self.global_batch_size // per_step
 
@@ -220,9 +240,67 @@ class ParallelConfig:
         True, "FSDP: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."
     )
     timeout_minutes: float = _f(10.0, "Collective timeout: how long a rank waits for a dead peer.")
+    dp_replicate: int = _f(
+        0,
+        "Data-parallel replicas of the model: HSDP's replicate dimension under distribution=fsdp, every data-parallel "
+        "process under ddp, smddp and mpi. 0: derived (1 under fsdp unless parallel.dp_shard is set).",
+    )
+    dp_shard: int = _f(
+        0,
+        "Processes each replica's parameters, gradients and optimizer states are sharded over (FSDP2; "
+        "distribution=fsdp only). 0: derived, the processes tp, pp and dp_replicate leave.",
+    )
+    tp: int = _f(
+        1,
+        "Tensor-parallel degree: each block's weights split over this many processes of one host, with sequence "
+        "parallelism and a loss computed on the vocabulary shards (distribution=fsdp; built-in models).",
+    )
+    pp: int = _f(
+        1,
+        "Pipeline-parallel degree: the blocks split into stages on this many processes (distribution=fsdp; "
+        "built-in models).",
+    )
+    pp_schedule: str = _f("1f1b", "Pipeline schedule.", ("1f1b", "interleaved1f1b", "gpipe"))
+    pp_stages_per_process: int = _f(
+        0, "Pipeline stages each process runs; 0: 2 for interleaved1f1b, else 1 (the only value they take)."
+    )
+    pp_microbatches: int = _f(
+        0,
+        "Pipeline micro-batches each train.micro_batch_size sequences are cut into (it must divide them); 0: the "
+        "number of stages (pp x stages per process).",
+    )
 
     def __post_init__(self) -> None:
         _require(self.timeout_minutes > 0, "parallel.timeout_minutes", self.timeout_minutes, "use > 0")
+        for key in ("dp_replicate", "dp_shard", "pp_stages_per_process", "pp_microbatches"):
+            value = getattr(self, key)
+            _require(value >= 0, f"parallel.{key}", value, "use a positive number, or 0 to derive it")
+        for key in ("tp", "pp"):
+            value = getattr(self, key)
+            _require(value >= 1, f"parallel.{key}", value, "use 1 (off) or more")
+        interleaved = self.pp_schedule == "interleaved1f1b"
+        _require(
+            self.pp_stages_per_process in (0, 1) or interleaved,
+            "parallel.pp_stages_per_process",
+            self.pp_stages_per_process,
+            f"schedule {self.pp_schedule} runs one stage per process: use 1, or parallel.pp_schedule=interleaved1f1b",
+        )
+        _require(
+            self.pp_stages_per_process != 1 or not interleaved,
+            "parallel.pp_stages_per_process",
+            self.pp_stages_per_process,
+            "interleaved1f1b runs at least 2 stages per process: use 2 or more, or parallel.pp_schedule=1f1b",
+        )
+
+    @property
+    def stages_per_process(self) -> int:
+        """Pipeline stages on each process: the setting, or its default for the schedule."""
+        return self.pp_stages_per_process or (2 if self.pp_schedule == "interleaved1f1b" else 1)
+
+    @property
+    def model_parallel(self) -> int:
+        """Processes one copy of the model's data-parallel share spans: tp x pp."""
+        return self.tp * self.pp
 
 
 @dataclass
@@ -413,13 +491,102 @@ class JobConfig:
             self.data.seq_len,
             f"use at most the model's max_seq_len={max_seq_len} (or raise model.max_seq_len)",
         )
+        problems = self.layout_problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def layout_problems(self) -> list[str]:
+        """What the parallel layout cannot do with this distribution, model and batch, whatever the cluster."""
+        par, problems = self.parallel, []
+        mesh = DISTRIBUTIONS[self.distribution].shards_parameters
+        split = [f"parallel.{key}={getattr(par, key)}" for key in ("tp", "pp") if getattr(par, key) > 1]
+        if par.dp_shard > 1:
+            split.append(f"parallel.dp_shard={par.dp_shard}")
+        if split and not mesh:
+            problems.append(
+                f"{' and '.join(split)} need distribution=fsdp (FSDP2 on a device mesh); distribution="
+                f"{self.distribution} keeps a whole replica on every process (set parallel.dp_shard=1 under fsdp to "
+                "replicate rather than shard)"
+            )
+        if par.model_parallel == 1:
+            return problems
+        if self.model.factory:
+            problems.append(
+                f"parallel.tp={par.tp} and parallel.pp={par.pp} split the built-in architectures only; "
+                f"model.factory={self.model.factory!r} is your own: use parallel.tp=1 and parallel.pp=1 (FSDP shards "
+                "it)"
+            )
+            return problems
+        args = model_args(self.model)
+        return (
+            problems
+            + _tensor_parallel_problems(args, par.tp, self.seq_len)
+            + _pipeline_problems(args, par, self.train.micro_batch_size)
+        )
 
     @property
     def seq_len(self) -> int:
         return self.data.seq_len or self.model.max_seq_len or PRESETS[self.model.name].max_seq_len
 
+    def data_parallel(self, processes: int) -> int:
+        """The data-parallel processes of `processes`: those tp x pp leave (contract/mesh.py checks they divide)."""
+        return max(1, processes // self.parallel.model_parallel)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _tensor_parallel_problems(args: ModelArgs, tp: int, seq_len: int) -> list[str]:
+    """Sizes tensor parallelism splits into tp equal shards: heads, widths, the vocabulary and the sequence."""
+    if tp == 1:
+        return []
+    sizes = {
+        "model.n_heads": args.n_heads,
+        "the model's KV heads": args.kv_heads,
+        "model.dim": args.dim,
+        "the feed-forward width": args.hidden_dim,
+        "model.vocab_size": args.vocab_size,
+        "data.seq_len (sequence parallelism)": seq_len,
+    }
+    uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
+    if not uneven:
+        return []
+    fits = [d for d in range(1, tp + 1) if all(size % d == 0 for size in sizes.values())]
+    return [
+        f"parallel.tp={tp} must divide {', '.join(uneven)} (tensor parallelism splits them in equal shards); "
+        f"use parallel.tp={max(fits)} or a model whose sizes it divides"
+    ]
+
+
+def _pipeline_problems(args: ModelArgs, par: ParallelConfig, micro_batch_size: int) -> list[str]:
+    """What the pipeline's stages and micro-batches need of the model and the batch."""
+    if par.pp == 1:
+        return []
+    problems = []
+    stages = par.pp * par.stages_per_process
+    if stages > args.n_layers + 2:
+        problems.append(
+            f"parallel.pp={par.pp} x {par.stages_per_process} stages per process = {stages} stages exceed the "
+            f"model's {args.n_layers} blocks plus its embedding and head; lower parallel.pp"
+        )
+    microbatches = par.pp_microbatches or stages
+    if micro_batch_size % microbatches:
+        problems.append(
+            f"parallel.pp_microbatches={microbatches} must divide train.micro_batch_size={micro_batch_size} (the "
+            "pipeline cuts each micro-batch into equal micro-batches); set train.micro_batch_size to a multiple of it"
+        )
+    if par.pp_schedule == "1f1b" and microbatches < par.pp:
+        problems.append(
+            f"parallel.pp_microbatches={microbatches}: schedule 1f1b needs at least one per stage ({par.pp}); "
+            f"use parallel.pp_microbatches={par.pp} or more"
+        )
+    rounds = max(1, microbatches // par.pp)
+    if par.pp_schedule == "interleaved1f1b" and microbatches % rounds:
+        problems.append(
+            f"parallel.pp_microbatches={microbatches}: schedule interleaved1f1b runs them in rounds of {par.pp}; "
+            f"use a multiple of {par.pp} (or fewer than {par.pp})"
+        )
+    return problems
 
 
 # Short spellings of the most used keys. Giving both an alias and its target is an error.

@@ -19,7 +19,9 @@ class Distribution:
     backend: str | None
     """The process group's backend where it is not the default (NCCL on GPUs, gloo on CPU)."""
     shards_parameters: bool
-    """FSDP2: parameters, gradients and optimizer state sharded across ranks."""
+    """FSDP2 on a device mesh (contract/mesh.py): parameters, gradients and optimizer state sharded over
+    parallel.dp_shard, replicated over parallel.dp_replicate (HSDP), with tensor and pipeline parallelism. The
+    others keep a whole replica on every process: each process is a data-parallel replica."""
     required_module: str | None
     """A module the image must provide, checked before any worker starts; importing it registers `backend`."""
     instance_types: frozenset[str] | None
@@ -37,7 +39,16 @@ DISTRIBUTIONS: dict[str, Distribution] = {
     d.name: d
     for d in (
         Distribution("ddp", "torch DDP", "torchrun", None, False, None, None, "ddp"),
-        Distribution("fsdp", "FSDP2", "torchrun", None, True, None, None, "fsdp"),
+        Distribution(
+            "fsdp",
+            "FSDP2 on a device mesh, with HSDP, tensor and pipeline parallelism",
+            "torchrun",
+            None,
+            True,
+            None,
+            None,
+            "fsdp",
+        ),
         Distribution(
             "smddp",
             "DDP over SageMaker's backend",

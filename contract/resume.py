@@ -6,8 +6,10 @@ must not change is what gives the state its shape and its meaning:
 
 - the model: every `model.*` setting but `model.dropout` (the parameters' names and shapes);
 - the sequence length (the data position counts sequences);
-- the global batch: a different number of processes keeps the same optimisation only when
-  `train.global_batch_size` is fixed (contract/config.py), so with it at 0 the process count must match.
+- the global batch: a different number of data-parallel processes keeps the same optimisation only when
+  `train.global_batch_size` is fixed (contract/config.py), so with it at 0 their count must match.
+
+The parallel layout may change (tp, pp, dp_shard, dp_replicate): DCP reshards the model and optimizer state.
 
 Torch-free: Validate checks these rules before anything starts, with the configs both runs were given.
 """
@@ -37,11 +39,12 @@ def resume_problems(old: JobConfig, old_processes: int, new: JobConfig, new_proc
             f"hyperparameters data.seq_len: {new.seq_len} differs from the resumed run's {old.seq_len}; "
             "its data position counts sequences of that length"
         )
-    old_batch, new_batch = old.train.global_batch(old_processes), new.train.global_batch(new_processes)
+    old_dp, new_dp = old.data_parallel(old_processes), new.data_parallel(new_processes)
+    old_batch, new_batch = old.train.global_batch(old_dp), new.train.global_batch(new_dp)
     if old_batch != new_batch:
         problems.append(
             f"hyperparameters train.global_batch_size: this run's batch is {new_batch} sequences per step, the "
             f"continued run's {old_batch}; set train.global_batch_size={old_batch} (a multiple of "
-            f"train.micro_batch_size x {new_processes} processes) to resume with the same optimisation"
+            f"train.micro_batch_size x {new_dp} data-parallel processes) to resume with the same optimisation"
         )
     return problems

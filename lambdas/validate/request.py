@@ -53,7 +53,7 @@ from lambdas.validate.model_folder import FolderAt, check_records, inspect_model
 from lambdas.validate.resume import PreviousRun, resume_check
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.teams import Team, named_team, recipients, request_team_problems
-from lambdas.validate.trials import launcher_settings, trainer_problems, trainer_refusal, training_processes
+from lambdas.validate.trials import Processes, launcher_settings, trainer_problems, trainer_refusal, training_processes
 from lambdas.validate.tuning import resolve_tuning
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{1,38}[a-z0-9]$")
@@ -378,18 +378,20 @@ def _batch_mismatch(
 ) -> list[str]:
     """The alternative's global batch against the run's own: an alternative must train with the same one."""
     try:
-        train = from_hyperparameters(hyperparameters).train
+        config = from_hyperparameters(hyperparameters)
     except ConfigError:
         return []  # the trainer's refusal is reported already
-    own_processes, processes = training_processes(groups), training_processes(cluster)
-    own, batch = train.global_batch(own_processes), train.global_batch(processes)
+    train = config.train
+    own_dp, dp = (config.data_parallel(training_processes(g).total) for g in (groups, cluster))
+    own, batch = train.global_batch(own_dp), train.global_batch(dp)
     if own == batch:
         return []
-    per_step = [train.micro_batch_size * own_processes, train.micro_batch_size * processes]
+    per_step = [train.micro_batch_size * own_dp, train.micro_batch_size * dp]
     return [
-        f"{where}: its {processes} training processes make a global batch of {batch} sequences, the run's own "
-        f"cluster's {own_processes} make {own}; set hyperparameters.train.global_batch_size to a multiple of "
-        f"{math.lcm(*per_step)} (micro_batch_size x processes of both) so that every cluster trains alike"
+        f"{where}: its {dp} data-parallel processes make a global batch of {batch} sequences, the run's own "
+        f"cluster's {own_dp} make {own}; set hyperparameters.train.global_batch_size to a multiple of "
+        f"{math.lcm(*per_step)} (micro_batch_size x data-parallel processes of both) so that every cluster trains "
+        "alike"
     ]
 
 
@@ -488,7 +490,7 @@ def _check_straggler_replacement(
         )
 
 
-def _hyperparameters(request: ExecutionInput, processes: int, problems: list[str]) -> dict[str, str]:
+def _hyperparameters(request: ExecutionInput, processes: Processes, problems: list[str]) -> dict[str, str]:
     """The job's hyperparameters: the trainer's, judged by its rules; or a run's own script's, beside the code's
     description and the launcher's settings (contract/user_code.py), which alone the platform's rules judge."""
     script = request.code

@@ -2,7 +2,7 @@
 job may pick from its ranges.
 
 The rules are the trainer's (contract/config.py): `from_hyperparameters` with its field and cross-field checks, and
-the batch split over the job's processes (`TrainConfig.grad_accum_steps`), which the trainer checks when it starts.
+the layout and the batch split over the job's processes (contract/mesh.py), which the trainer checks when it starts.
 Nothing here re-spells them; this module only chooses which combinations of tuned values to put to them:
 
 - every value of a categorical range, and both ends of a continuous one (the trainer's rules on a real number
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from contract.config import ALIASES, HYPERPARAMETERS, ConfigError, ConfigProblem, from_hyperparameters
 from contract.execution_state import TRAIN_ROLE, InstanceGroup
+from contract.mesh import layout_problems
 from contract.user_code import CODE_PREFIX, NOT_THE_SCRIPTS, is_launcher_key
 
 MAX_INTEGER_VALUES = 1024
@@ -39,9 +40,22 @@ def trainer_field(key: str) -> str:
     return ALIASES.get(key, key)
 
 
-def training_processes(groups: Iterable[InstanceGroup]) -> int:
+@dataclass(frozen=True)
+class Processes:
+    """A cluster's training processes: all of them, and on each host (for unlike hosts, their greatest common
+    divisor: what a tensor-parallel group must divide)."""
+
+    total: int
+    per_host: int
+
+
+def training_processes(groups: Iterable[InstanceGroup]) -> Processes:
     """The job's torchrun processes: one per GPU, or one per host without GPUs, on the hosts that train."""
-    return sum(group.instance_count * max(group.gpus, 1) for group in groups if group.role == TRAIN_ROLE)
+    training = [group for group in groups if group.role == TRAIN_ROLE]
+    return Processes(
+        total=sum(group.instance_count * max(group.gpus, 1) for group in training),
+        per_host=math.gcd(*(max(group.gpus, 1) for group in training)),
+    )
 
 
 def launcher_settings(values: Mapping[str, str], *, own_code: bool) -> dict[str, str]:
@@ -53,19 +67,19 @@ def launcher_settings(values: Mapping[str, str], *, own_code: bool) -> dict[str,
     return {k: v for k, v in ours.items() if not k.startswith((CODE_PREFIX, *NOT_THE_SCRIPTS))}
 
 
-def trainer_problems(values: Mapping[str, str], processes: int) -> list[ConfigProblem]:
-    """Every reason the trainer refuses a job of these hyperparameters on `processes` processes, each with its key."""
+def trainer_problems(values: Mapping[str, str], processes: Processes) -> list[ConfigProblem]:
+    """Every reason the trainer refuses a job of these hyperparameters on these processes, each with its key."""
     try:
         config = from_hyperparameters(values)
-        if processes:
-            config.train.grad_accum_steps(processes)
     except ConfigError as exc:
         return exc.problems
-    return []
+    if not processes.total:
+        return []
+    return layout_problems(config, processes.total, processes.per_host)
 
 
-def trainer_refusal(values: Mapping[str, str], processes: int) -> str | None:
-    """Why the trainer refuses a job of these hyperparameters on `processes` processes (every reason), or None."""
+def trainer_refusal(values: Mapping[str, str], processes: Processes) -> str | None:
+    """Why the trainer refuses a job of these hyperparameters on these processes (every reason), or None."""
     return "; ".join(p.message for p in trainer_problems(values, processes)) or None
 
 
@@ -91,7 +105,7 @@ def integer_values(low: int, high: int) -> tuple[str, ...] | None:
     return tuple(str(v) for v in range(low, high + 1)) if high - low < MAX_INTEGER_VALUES else None
 
 
-def refused_alone(where: str, tuned: TunedRange, fixed: Mapping[str, str], processes: int) -> str | None:
+def refused_alone(where: str, tuned: TunedRange, fixed: Mapping[str, str], processes: Processes) -> str | None:
     """What is wrong with the range's own values beside the fixed hyperparameters, or None."""
     refused: dict[str, str] = {}
     for value in tuned.values:
@@ -105,7 +119,7 @@ def refused_alone(where: str, tuned: TunedRange, fixed: Mapping[str, str], proce
     return f"{where}: {shown} {'is' if len(refused) == 1 else 'are'} refused by the trainer: {first}"
 
 
-def refused_together(ranges: Sequence[TunedRange], fixed: Mapping[str, str], processes: int) -> list[str]:
+def refused_together(ranges: Sequence[TunedRange], fixed: Mapping[str, str], processes: Processes) -> list[str]:
     """One problem per set of ranges whose values, each accepted alone, the trainer refuses together."""
     everything = math.prod(len(tuned.candidates) for tuned in ranges)
     groups = [tuple(ranges)] if everything <= MAX_COMBINATIONS else list(itertools.combinations(ranges, 2))

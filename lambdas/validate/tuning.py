@@ -18,6 +18,7 @@ from contract.user_code import is_launcher_key
 from lambdas.validate.service_models import model_limit
 from lambdas.validate.trials import (
     MAX_INTEGER_VALUES,
+    Processes,
     TunedRange,
     field_type_problem,
     integer_values,
@@ -113,7 +114,13 @@ def _bounds(where: str, spec: RangeInput) -> str | None:  # noqa: PLR0911 - one 
 
 
 def _check_range(
-    name: str, spec: RangeInput, fixed: dict[str, str], processes: int, problems: list[str], *, trainer: bool = True
+    name: str,
+    spec: RangeInput,
+    fixed: dict[str, str],
+    processes: Processes,
+    problems: list[str],
+    *,
+    trainer: bool = True,
 ) -> tuple[dict[str, object], TunedRange] | None:
     """The range as SageMaker takes it and as Validate checks it, or None (with the problems) if it is not valid.
     `trainer`: its values are judged by the built-in trainer's rules (a run's own script judges its own)."""

@@ -95,7 +95,9 @@ def test_an_alternative_the_batch_does_not_divide_over_is_refused_by_the_trainer
     # 384 divides over 2 x 8 x 16 = 256? No: the run's own is refused too; 768 over 256 yes, over 4 x 8 x 16 = 512 no.
     problems = _problems(_input(hyperparameters={"batch_size": 16, "train.global_batch_size": 768}))
     assert set(problems) == {"fallback[0]"}, problems
-    assert "with 32 processes x micro_batch_size 16 use a multiple of 512" in problems["fallback[0]"].message
+    assert (
+        "with 32 data-parallel processes x micro_batch_size 16 use a multiple of 512" in problems["fallback[0]"].message
+    )
 
 
 def test_fallback_needs_the_single_group_form_and_a_backend_that_moves_attempts() -> None:

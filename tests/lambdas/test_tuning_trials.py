@@ -102,12 +102,12 @@ def test_the_batch_must_split_over_the_clusters_processes() -> None:
         _input({"batch_size": _categorical(2, 4)}, {"max_steps": 120, "train.global_batch_size": 24}, **cluster)
     )
     assert "tuning.ranges.batch_size: 4 is refused by the trainer" in message
-    assert "with 4 processes x micro_batch_size 4 use a multiple of 16" in message
+    assert "with 4 data-parallel processes x micro_batch_size 4 use a multiple of 16" in message
     single = _input({}, {"max_steps": 120, "batch_size": 4, "train.global_batch_size": 24}, **cluster)
     del single["tuning"]
     assert (
         "hyperparameters.train.global_batch_size: hyperparameter train.global_batch_size=24 is invalid: with 4 "
-        "processes" in _refusal(single)
+        "data-parallel processes" in _refusal(single)
     )
 
 

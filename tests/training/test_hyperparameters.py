@@ -148,7 +148,7 @@ def test_gpt2_only_options_and_the_decay_horizon_are_checked_against_their_conte
 def test_global_batch_must_divide_over_processes() -> None:
     train = TrainConfig(micro_batch_size=4, global_batch_size=16)
     assert [train.grad_accum_steps(w) for w in (1, 2, 4)] == [4, 2, 1]
-    with pytest.raises(ConfigError, match=r"with 3 processes x micro_batch_size 4 use a multiple of 12"):
+    with pytest.raises(ConfigError, match=r"with 3 data-parallel processes x micro_batch_size 4 use a multiple of 12"):
         train.grad_accum_steps(3)
     assert TrainConfig(micro_batch_size=4).grad_accum_steps(8) == 1
 

@@ -8,6 +8,7 @@ one unit) and ``flops_per_token(seq_len) -> float`` for MFU (default 6·N).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Callable
@@ -16,31 +17,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.config import ConfigError, ModelConfig
-from contract.model_args import PRESETS, ModelArgs
+from contract.config import ConfigError, ModelConfig, model_args
+from contract.model_args import ModelArgs
 from training.flops import flops_per_token
 from training.models.gpt2 import GPT2
 from training.models.llama import Llama
 
 ModelFactory = Callable[[ModelArgs], nn.Module]
 ARCHS: dict[str, ModelFactory] = {"gpt2": GPT2, "llama": Llama}
-
-
-def model_args(cfg: ModelConfig) -> ModelArgs:
-    """The preset's arguments with the config's non-zero overrides applied; ConfigError if unbuildable."""
-    overrides = {
-        key: getattr(cfg, key)
-        for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len")
-        if getattr(cfg, key)
-    }
-    args = PRESETS[cfg.name].replace(**overrides, dropout=cfg.dropout, bias=cfg.bias, gelu=cfg.gelu)
-    if "n_heads" in overrides and args.n_kv_heads and args.n_heads % args.n_kv_heads:
-        args = args.replace(n_kv_heads=0)
-    try:
-        args.validate()
-    except ValueError as exc:
-        raise ConfigError(f"model overrides of preset {cfg.name!r} are invalid: {exc}") from exc
-    return args
 
 
 def load_factory(spec: str, search_path: Path | None = None) -> ModelFactory:
@@ -61,13 +45,19 @@ def load_factory(spec: str, search_path: Path | None = None) -> ModelFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def build_model(cfg: ModelConfig, device: torch.device, code_dir: Path | None = None) -> tuple[nn.Module, ModelArgs]:
-    """The model on ``device`` in fp32, initialised from the current RNG state (seed it first)."""
+def model_builder(cfg: ModelConfig, code_dir: Path | None = None) -> tuple[Callable[[], nn.Module], ModelArgs]:
+    """What builds the model (on the current default device, in fp32, from the current RNG state) and its
+    arguments; the factory is imported now, so that a bad one fails before anything is built."""
     args = model_args(cfg)
     factory = load_factory(cfg.factory, code_dir) if cfg.factory else ARCHS[args.arch]
+    return functools.partial(factory, args), args
+
+
+def build_model(cfg: ModelConfig, device: torch.device, code_dir: Path | None = None) -> tuple[nn.Module, ModelArgs]:
+    """The model on ``device`` in fp32, initialised from the current RNG state (seed it first)."""
+    build, args = model_builder(cfg, code_dir)
     with device:
-        model = factory(args)
-    return model, args
+        return build(), args
 
 
 def matmul_params(model: nn.Module) -> int:
