@@ -517,6 +517,12 @@ class JobConfig:
                 "it)"
             )
             return problems
+        if self.model.init_from:
+            problems.append(
+                f"parallel.tp={par.tp} and parallel.pp={par.pp} are not yet for a model folder: model.init_from "
+                "fine-tunes with FSDP (or DDP) alone; use parallel.tp=1 and parallel.pp=1"
+            )
+            return problems
         args = model_args(self.model)
         return (
             problems

@@ -35,6 +35,8 @@ class DistEnv:
     local_rank: int
     device: torch.device
     ctrl: dist.ProcessGroup
+    local_world_size: int = 1
+    """The processes on this host."""
 
     @property
     def is_main(self) -> bool:
@@ -102,6 +104,7 @@ def init_distributed(*, distribution: str, deterministic: bool, timeout_minutes:
         local_rank=local_rank,
         device=device,
         ctrl=ctrl,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
     log.info("rank %d/%d on %s (backend %s)", env.rank, env.world_size, device, backend)
     return env

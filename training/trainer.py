@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from contract import goodput, metrics
@@ -29,6 +28,7 @@ from contract.distributions import distribution
 from contract.hang import StepReport
 from contract.layout import LEDGER_CHANNEL, step_dir
 from contract.ledger import delivered
+from contract.mesh import resolve_layout
 from contract.sft import RecordError
 from training import distributed, host_memory, sft
 from training.checkpoint import CheckpointManager, TrainingState
@@ -36,9 +36,10 @@ from training.data import DistributedTokenLoader, Samples, TokenSamples, validat
 from training.export import export_model
 from training.finetune import FineTuning, folder_of
 from training.flops import mfu, peak_flops
-from training.models.build import build_model, model_flops_per_token
+from training.models.build import model_builder, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
-from training.parallelize import parallelize
+from training.parallel.pipeline import IGNORE_INDEX
+from training.parallelize import Options, parallelize
 from training.preflight import Preflight
 from training.sagemaker_contract import DataFiles, Paths, find_data_files, read_resource_config
 from training.signals import StopRequest
@@ -88,8 +89,9 @@ class Trainer:
         self.param_dtype = self._compute_dtype()
         files = find_data_files(self.paths)
         self.seq_len = self.cfg.seq_len
-        self.grad_accum = self.cfg.train.grad_accum_steps(self.env.world_size)
-        self.global_batch = self.cfg.train.global_batch(self.env.world_size)
+        self.layout = resolve_layout(self.cfg, self.env.world_size, self.env.local_world_size)
+        self.grad_accum = self.cfg.train.grad_accum_steps(self.layout.dp)
+        self.global_batch = self.cfg.train.global_batch(self.layout.dp)
         n_params = self._build_model()
         self._build_optimizer()
         loader = self._build_data(files)
@@ -138,33 +140,35 @@ class Trainer:
         cfg, env = self.cfg, self.env
         fsdp = distribution(cfg.distribution).shards_parameters
         self.finetune: FineTuning | None = None
+        weights: Callable[[nn.Module], None] | None = None
         if cfg.model.init_from:
             # Built on the meta device; its weights are read once it is sharded (training/finetune.py).
-            self.finetune, model = FineTuning.build(cfg, self.paths)
-            self.model_args = self.finetune.base.args
+            self.finetune, meta_model = FineTuning.build(cfg, self.paths)
+            self.model_args, build = self.finetune.base.args, lambda: meta_model
+            weights = functools.partial(self.finetune.materialize, device=env.device)
         else:
-            # Every rank builds the same weights from the same seed; DDP/FSDP then broadcast or shard them.
-            model, self.model_args = build_model(cfg.model, env.device, code_dir=self.paths.channel("code"))
+            build, self.model_args = model_builder(cfg.model, code_dir=self.paths.channel("code"))
         self.vocab_size = self.model_args.vocab_size
-        self.flops_per_token = model_flops_per_token(
-            model, self.model_args, self.seq_len, custom=bool(cfg.model.factory)
-        )
-        n_params = sum(p.numel() for p in model.parameters())
-        if self.finetune is not None and not fsdp:
-            self.finetune.materialize(model, env.device)
-        self.model = parallelize(
-            model,
-            fsdp=fsdp,
+        self.parallel = parallelize(
+            build,
+            arch=None if cfg.model.factory else self.model_args.arch,
+            layout=self.layout,
+            opts=Options(
+                fsdp=fsdp,
+                param_dtype=self.param_dtype,
+                activation_checkpointing=cfg.parallel.activation_checkpointing,
+                compile=cfg.parallel.compile,
+                reshard_after_forward=cfg.parallel.reshard_after_forward,
+            ),
             device=env.device,
-            world_size=env.world_size,
-            param_dtype=self.param_dtype,
-            activation_checkpointing=cfg.parallel.activation_checkpointing,
-            compile=cfg.parallel.compile,
-            reshard_after_forward=cfg.parallel.reshard_after_forward,
+            weights=weights,
         )
-        if self.finetune is not None and fsdp:
-            self.finetune.materialize(self.model, env.device)
-        return n_params
+        self.model = self.parallel.module
+        whole = self.parallel.whole
+        self.flops_per_token = model_flops_per_token(
+            whole, self.model_args, self.seq_len, custom=bool(cfg.model.factory)
+        )
+        return sum(p.numel() for p in whole.parameters())
 
     def _build_optimizer(self) -> None:
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
@@ -174,11 +178,13 @@ class Trainer:
         """The training loader and this rank's fixed validation batches."""
         cfg, env = self.cfg, self.env
         self.packed = files.sft
+        # Each data-parallel process reads its share; the processes of one tensor or pipeline group read the same.
+        data_rank, data_world = self.layout.dp_rank(env.rank), self.layout.dp
         loader = DistributedTokenLoader(
             self._samples(files.train, shifted=cfg.data.shift_windows),
             micro_batch=cfg.train.micro_batch_size,
-            rank=env.rank,
-            world_size=env.world_size,
+            rank=data_rank,
+            world_size=data_world,
             seed=cfg.train.seed,
             shuffle=cfg.data.shuffle,
         )
@@ -186,7 +192,7 @@ class Trainer:
         self.periodic_val_batches: list[tuple[npt.NDArray[np.int64], int]] = []
         if files.validation:
             validation = self._samples(files.validation, shifted=False)
-            shares = {"micro_batch": cfg.train.micro_batch_size, "rank": env.rank, "world_size": env.world_size}
+            shares = {"micro_batch": cfg.train.micro_batch_size, "rank": data_rank, "world_size": data_world}
             self.val_batches = validation_batches(validation, **shares, max_sequences=cfg.eval.max_sequences)
             self.periodic_val_batches = self.val_batches
             if cfg.eval.max_batches:
@@ -267,12 +273,13 @@ class Trainer:
     def _log_setup(self, n_params: int, n_samples: int) -> None:
         cfg = self.cfg
         log.info(
-            "model %s: %.2fM parameters, %.3g FLOPs/token; %d processes x %d sequences x %d accumulation "
-            "= %d sequences of %d tokens per step; %d training samples; starting at step %d",
+            "model %s: %.2fM parameters, %.3g FLOPs/token; layout %s; %d data-parallel processes x %d sequences x "
+            "%d accumulation = %d sequences of %d tokens per step; %d training samples; starting at step %d",
             cfg.model.factory or (f"from {cfg.model.init_from}" if cfg.model.init_from else cfg.model.name),
             n_params / 1e6,
             self.flops_per_token,
-            self.env.world_size,
+            self.layout.describe(),
+            self.layout.dp,
             cfg.train.micro_batch_size,
             self.grad_accum,
             self.global_batch,
@@ -328,7 +335,7 @@ class Trainer:
         max_steps = cfg.train.max_steps
         tokens_per_step = self.global_batch * self.seq_len
         window_start, window_steps = time.perf_counter(), 0
-        self.model.train()
+        self.parallel.train()
         self.clock.enter("rework" if self.state.step < self.rework_until else "train")
         report_step = StepReport.from_env(os.environ, self.env.rank)  # for the launcher's hang check
         report_step(self.state.step)
@@ -391,29 +398,14 @@ class Trainer:
             self.step_timer.start()  # this rank's own compute: data and forward hold no collective under DDP
             x_BT, y_BT, doc_BT = self._to_device(self.loader.next_batch())
             with self._grad_sync(last):
-                with self._autocast():
-                    logits_BTV = self.model(x_BT) if doc_BT is None else self.model(x_BT, doc_BT)
-                loss = self._loss(logits_BTV, y_BT)
-                self.step_timer.stop()
-                torch.autograd.backward(loss / self.grad_accum)
-            loss_sum += loss.detach()
-        max_norm = self.cfg.train.max_grad_norm or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
+                loss = self.parallel.forward_backward(x_BT, y_BT, 1 / self.grad_accum, self.step_timer.stop, doc_BT)
+            if loss is not None:
+                loss_sum += loss
+        grad_norm = self.parallel.clip_grad_norm(self.cfg.train.max_grad_norm or math.inf)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_timer.end_step()
         return loss_sum / self.grad_accum, grad_norm
-
-    def _loss(self, logits_BTV: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the targets that carry loss: all of them for token shards; for packed rows those
-        not IGNORE (a micro-batch without any counts 0)."""
-        flat = logits_BTV.float().flatten(0, 1)
-        if not self.packed:
-            return F.cross_entropy(flat, y_BT.flatten())
-        total = F.cross_entropy(flat, y_BT.flatten(), ignore_index=sft.IGNORE, reduction="sum")
-        return total / (y_BT != sft.IGNORE).sum().clamp(min=1)
 
     def _to_device(self, rows: npt.NDArray[np.int64]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(inputs, targets, document ids or None) of a batch of token windows or packed rows."""
@@ -442,12 +434,6 @@ class Trainer:
         if set_sync is not None:
             set_sync(enabled)
         yield
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        # FSDP casts parameters itself (MixedPrecisionPolicy); DDP keeps fp32 weights and autocasts.
-        if self.param_dtype == torch.float32 or distribution(self.cfg.distribution).shards_parameters:
-            return contextlib.nullcontext()
-        return torch.autocast(self.env.device.type, dtype=self.param_dtype)
 
     def _agree(self) -> tuple[bool, bool, bool]:
         """(stop requested, time-based save due, background save busy) on any rank, agreed by all ranks."""
@@ -490,9 +476,10 @@ class Trainer:
     # ------------------------------------------------------------------ metrics
 
     def _mean_over_ranks(self, value: torch.Tensor) -> float:
-        total = value.detach().clone()
+        """The mean of `value` over the ranks that compute the loss (under a pipeline, its last stage's)."""
+        total = torch.stack([value.detach() * self.parallel.has_loss, torch.tensor(float(self.parallel.has_loss))])
         self._all_reduce(total)
-        return float(total.item()) / self.env.world_size
+        return float(total[0].item()) / float(total[1].item())
 
     def _log_step(self, step: int, loss_value: float, lr: float, norm: float, tps: float) -> None:
         """`loss_value`: the step's loss averaged over the ranks; `norm`: its gradient norm."""
@@ -571,19 +558,18 @@ class Trainer:
             return self._evaluate(batches)
 
     def _evaluate(self, batches: list[tuple[npt.NDArray[np.int64], int]]) -> float:
-        self.model.eval()
+        self.parallel.train(False)
         totals = torch.zeros(2, dtype=torch.float64, device=self.env.device)
         for tokens, valid in batches:
             x_BT, y_BT, doc_BT = self._to_device(tokens)
-            with self._autocast():
-                logits_BTV = self.model(x_BT) if doc_BT is None else self.model(x_BT, doc_BT)
-            losses_BT = F.cross_entropy(
-                logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="none", ignore_index=sft.IGNORE
-            ).view_as(y_BT)
-            totals[0] += losses_BT[:valid].sum()
-            totals[1] += (y_BT[:valid] != sft.IGNORE).sum() if self.packed else valid * y_BT.shape[1]
+            y_BT = y_BT.clone()
+            y_BT[valid:] = IGNORE_INDEX  # padding rows: every rank runs as many batches, they count in no loss
+            loss_sum = self.parallel.loss_sum(x_BT, y_BT, doc_BT)
+            if loss_sum is not None:
+                totals[0] += loss_sum
+                totals[1] += (y_BT != IGNORE_INDEX).sum()
         self._all_reduce(totals)
-        self.model.train()
+        self.parallel.train()
         return float(totals[0].item() / totals[1].item())
 
     # ------------------------------------------------------------------ the end
@@ -594,7 +580,7 @@ class Trainer:
         self._log_validation(step, val_loss)
         self.clock.enter("export")
         # Every rank takes part in gathering the full weights; only rank 0 writes them.
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = self.parallel.full_state_dict(self.env.ctrl)
         if self.env.is_main:
             config = {
                 "architecture": self.cfg.model.factory or self.model_args.arch,

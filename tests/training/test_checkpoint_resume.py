@@ -24,10 +24,11 @@ import training.checkpoint
 from contract import goodput
 from contract.config import ConfigError
 from contract.layout import MANIFEST
+from contract.mesh import Layout
 from contract.metrics import PHASE_WALL, PHASES, metric_series, parse_line, phase_metric
 from training import trainer as trainer_module
 from training.checkpoint import CheckpointError, committed_steps, io_threads, verify, write_manifest
-from training.parallelize import parallelize
+from training.parallelize import Options, parallelize
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
 from training.trainer import DataRangeError
@@ -440,13 +441,15 @@ def test_periodic_evals_score_the_sample_and_the_final_one_the_whole_set(corpus:
     assert val_losses(log_sampled)[4] == val_losses(log_whole)[4]
 
 
+DDP_OPTIONS = Options(
+    fsdp=False, param_dtype=torch.float32, activation_checkpointing=False, compile=False, reshard_after_forward=True
+)
+
+
 def test_one_process_trains_the_model_without_a_ddp_wrapper() -> None:
     model = torch.nn.Linear(2, 2)
-    options = {"device": torch.device("cpu"), "param_dtype": torch.float32, "compile": False}
-    bare = parallelize(
-        model, fsdp=False, world_size=1, activation_checkpointing=False, reshard_after_forward=True, **options
-    )
-    assert bare is model
+    bare = parallelize(lambda: model, arch=None, layout=Layout(), opts=DDP_OPTIONS, device=torch.device("cpu"))
+    assert bare.module is model and bare.parts == [model]
 
 
 def test_ddp_broadcasts_no_buffers_before_each_forward() -> None:
@@ -463,10 +466,9 @@ def test_ddp_broadcasts_no_buffers_before_each_forward() -> None:
     try:
         model = Llama(PRESETS["llama-1b"].replace(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64))
         assert dict(model.named_buffers())  # the rope tables
-        options = {"device": torch.device("cpu"), "param_dtype": torch.float32, "compile": False}
         ddp = parallelize(
-            model, fsdp=False, world_size=2, activation_checkpointing=False, reshard_after_forward=True, **options
-        )
+            lambda: model, arch=None, layout=Layout(dp_replicate=2), opts=DDP_OPTIONS, device=torch.device("cpu")
+        ).module
         assert isinstance(ddp, DistributedDataParallel) and not ddp.broadcast_buffers
     finally:
         dist.destroy_process_group()

@@ -62,7 +62,7 @@ def test_ddp_two_processes_learn_and_report_every_metric(ddp_reference: tuple[Pa
     assert metrics["train:loss"] == [losses[s] for s in range(1, MAX_STEPS + 1)]
     assert metrics["validation:loss"] == [val_losses(log)[30], val_losses(log)[MAX_STEPS]]
     assert len(metrics["train:mfu"]) == MAX_STEPS and all(v > 0 for v in metrics["train:mfu"])
-    assert "2 processes x 4 sequences" in log
+    assert "2 data-parallel processes x 4 sequences" in log
     weights = load_file(str(paths.model / "model.safetensors"))
     assert weights["wte.weight"].shape == (320, 64)
     assert json.loads((paths.model / "config.json").read_text())["metrics"]["validation:loss"] == val_losses(log)[60]
@@ -153,7 +153,7 @@ def test_two_to_one_process_resume_after_a_corrupt_newest_checkpoint(
     log = _assert_ok(run(torchrun(1), clean_env(root)))
     assert "skipping checkpoint step-40: rank 0: step-40: __1_0.distcp is truncated" in log
     assert "checkpoint step-30 was written by 2 processes, resuming on 1" in log
-    assert "1 processes x 4 sequences x 2 accumulation" in log
+    assert "1 data-parallel processes x 4 sequences x 2 accumulation" in log
     reference = step_losses(reference_log)
     resumed = step_losses(log)
     assert sorted(resumed) == list(range(31, 41))
