@@ -48,6 +48,7 @@ from contract.layout import (
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
 )
+from contract.mesh import layout_problems
 from contract.user_code import CODE_PREFIX, USER_CODE_FAILED, UserCode, UserCodeError, is_launcher_key
 from training import batch_contract, user_code
 from training.hang import HangWatch, ScriptWatch
@@ -454,7 +455,14 @@ def _validate(
         raise ConfigError(
             f"hyperparameter distribution={strategy.name!r} is invalid: mpirun is not in this image; use ddp"
         )
-    return cfg, resources, plan_launch(cfg, resources, env)
+    plan = plan_launch(cfg, resources, env)
+    # Every host of one group starts as many workers as this one; hosts of several training groups may not (the
+    # trainer checks the layout on the processes that did start).
+    if len(resources.groups) <= 1:
+        problems = layout_problems(cfg, plan.nnodes * plan.nproc_per_node, plan.nproc_per_node)
+        if problems:
+            raise ConfigError("; ".join(problems))
+    return cfg, resources, plan
 
 
 def _grace_seconds(env: Mapping[str, str]) -> float:

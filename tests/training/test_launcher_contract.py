@@ -49,6 +49,19 @@ def test_unknown_hyperparameter_fails_fast_with_the_reason(tmp_path: Path, corpu
     assert not paths.checkpoints.exists() and "rank 0/" not in result.stdout  # no worker started
 
 
+def test_a_layout_the_hosts_cannot_hold_fails_before_any_worker_starts(tmp_path: Path, corpus: Path) -> None:
+    # GPT-2 tiny's heads, widths and vocabulary split in 4, but a host of 2 processes cannot hold tp=4.
+    hyperparameters = {"model": "tiny", "distribution": "fsdp", "seq_len": "32", "parallel.tp": "4"}
+    paths = make_opt_ml(tmp_path, hyperparameters, corpus=corpus)
+    result = run(launcher(), clean_env(tmp_path, TRAINING_NPROC_PER_NODE="2"), timeout=30)
+    assert result.returncode == EXIT_INVALID_INPUT
+    assert _first_line(paths) == (
+        "2 processes cannot be tp=4: tp must divide 2, the GPUs per host (a tensor-parallel group stays on one "
+        "host); use parallel.tp=2"
+    )
+    assert "rank 0/" not in result.stdout  # no worker started
+
+
 def test_bad_value_names_key_value_and_what_is_allowed(tmp_path: Path, corpus: Path) -> None:
     paths = make_opt_ml(tmp_path, {"distribution": "zero3"}, corpus=corpus)
     assert run(launcher(), clean_env(tmp_path), timeout=30).returncode == EXIT_INVALID_INPUT
