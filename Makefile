@@ -44,8 +44,10 @@ lint: setup  ## ruff format check + ruff lint.
 typecheck: setup  ## mypy on the app, stacks, lambdas and training package.
 	$(VENV)/bin/mypy
 
-unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch).
-	$(VENV)/bin/pytest -n 2
+unit: setup  ## pytest (synth, cdk-nag, cfn-lint, moto, multi-process torch); the 4-process jobs alone, after the rest.
+	$(VENV)/bin/pytest -n 2 -m "not multiprocess4"
+# Each of these starts up to 4 training processes: run side by side they would share 2 cores 8 ways.
+	$(VENV)/bin/pytest -n 0 -m multiprocess4
 
 # In `test` after unit: the tests compare the committed reference pages with their models before this rewrites
 # them. NO_MKDOCS_2_WARNING: Material's notice of its end of life (May 2027), printed on every build otherwise.
