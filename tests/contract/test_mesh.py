@@ -66,9 +66,9 @@ def test_the_global_batch_divides_over_the_data_parallel_processes_only() -> Non
 def test_model_parallelism_needs_fsdp_and_a_built_in_model() -> None:
     with pytest.raises(ConfigError, match=r"parallel.tp=2 need distribution=fsdp .*distribution=ddp keeps a whole"):
         from_hyperparameters({**LLAMA, "distribution": "ddp", "parallel.tp": "2"})
-    with pytest.raises(ConfigError, match="parallel.dp_shard=2 need distribution=fsdp"):
+    with pytest.raises(ConfigError, match=r"parallel\.dp_shard=2 need distribution=fsdp"):
         from_hyperparameters({**LLAMA, "distribution": "ddp", "parallel.dp_shard": "2"})
-    with pytest.raises(ConfigError, match="split the built-in architectures only; model.factory='a.b:c'"):
+    with pytest.raises(ConfigError, match=r"split the built-in architectures only; model\.factory='a\.b:c'"):
         from_hyperparameters({**LLAMA, "model.factory": "a.b:c", "parallel.pp": "2"})
 
 
@@ -83,7 +83,7 @@ def test_tensor_parallelism_must_split_the_models_sizes_evenly() -> None:
 def test_a_pipeline_needs_blocks_for_its_stages_and_micro_batches_that_cut_the_batch() -> None:
     with pytest.raises(ConfigError, match="8 stages exceed the model's 2 blocks"):
         from_hyperparameters({**LLAMA, "parallel.pp": "8"})
-    with pytest.raises(ConfigError, match="parallel.pp_microbatches=3 must divide train.micro_batch_size=4"):
+    with pytest.raises(ConfigError, match=r"parallel\.pp_microbatches=3 must divide train\.micro_batch_size=4"):
         from_hyperparameters({**LLAMA, "parallel.pp": "2", "parallel.pp_microbatches": "3"})
     with pytest.raises(ConfigError, match="schedule 1f1b needs at least one per stage"):
         from_hyperparameters({**LLAMA, "parallel.pp": "4", "parallel.pp_microbatches": "2", "model.n_layers": "4"})

@@ -41,6 +41,7 @@ class Attention(nn.Module):
         self, x_BTC: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor, mask_B1TT: torch.Tensor | None = None
     ) -> torch.Tensor:
         B, T, _ = x_BTC.shape
+        cos_TD, sin_TD = cos_TD[..., :T, :], sin_TD[..., :T, :]
         q_BHTD = self.wq(x_BTC).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k_BKTD = self.wk(x_BTC).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v_BKTD = self.wv(x_BTC).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -124,8 +125,9 @@ class Llama(nn.Module):
         x_BTC = self.tok_embeddings(idx_BT)
         mask_B1TT = None
         if doc_BT is None:
-            T = idx_BT.shape[1]
-            cos_TD, sin_TD = self.rope_cos[:T], self.rope_sin[:T]  # type: ignore[index]
+            # Whole tables, cut to the sequence in the attention: under sequence parallelism a block's input (a
+            # later pipeline stage's, too) holds only part of the sequence, the attention's all of it.
+            cos_TD, sin_TD = self.rope_cos, self.rope_sin
         else:
             pos_BT = document_positions(doc_BT)
             cos_TD = self.rope_cos[pos_BT].unsqueeze(1)  # type: ignore[index]

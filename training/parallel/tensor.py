@@ -53,7 +53,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {
             "attention_norm": SequenceParallel,
-            "attention": lambda: _gathered(3),
+            "attention": lambda: _gathered(4),  # x, the rope tables, the documents' mask (None)
             "attention.wq": ColwiseParallel,
             "attention.wk": ColwiseParallel,
             "attention.wv": ColwiseParallel,
@@ -75,7 +75,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {
             "ln_1": SequenceParallel,
-            "attn": _gathered,
+            "attn": lambda: _gathered(2),  # x, the documents' mask (None)
             "attn.c_attn": lambda: ColwiseParallel(output_layouts=Replicate()),
             "attn.c_proj": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "ln_2": SequenceParallel,
