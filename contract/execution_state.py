@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
+from contract.model_args import ModelArgs
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -67,6 +69,8 @@ class BaseModelSource(_Model):
     """The model's parameters, from config.json's sizes."""
     trained_parameters: int | None = None
     """The parameters the run trains: all of them, or its LoRA adapters'."""
+    shape: ModelArgs | None = None
+    """The model's sizes, from config.json: what the memory plan (contract/memory.py) is of."""
 
 
 class Quality(_Model):
@@ -303,8 +307,8 @@ class CostEstimate(_Model):
     fallback_hourly_usd: list[float] = Field(default_factory=list)
     """Each fallback cluster's list price per hour, in the request's order (`hourly_usd` is the run's own)."""
     gpu_memory: str | None = None
-    """A fine-tuning run's weights, gradients and optimizer states per GPU against the GPU's memory
-    (contract/memory.py), when Validate read the model folder and the type's GPU memory is known."""
+    """The memory plan of the run's process that holds the most against its GPU's memory (contract/memory.py), when
+    its training hosts are one type of known GPU memory (and a fine-tuning run's model folder was read)."""
     budget_warning: str = ""
     """Which monthly budgets (the platform's, the run's team's) the worst case exceeds, in words; "" for none. A
     warning, not a refusal: the budget stop acts on spend, not on estimates."""

@@ -62,6 +62,9 @@ class ModelArgs:
 
 # GPT-2 sizes follow the paper and nanoGPT (vocab padded from 50257 to 50304 for matmul efficiency).
 # llama-1b is the Llama-3.2-1B shape with the GPT-2 vocabulary this package's tokenizers produce.
+# llama-3.1-8b and llama-3.1-70b are those models' shapes (their config.json on the Hugging Face Hub) with their
+# vocabulary of 128256 (llm.c's Llama-3 shards, uint32), trained from scratch at Llama 3's pretraining context of
+# 8192: the rope scaling Llama 3.1 uses for 128K contexts is not implemented here.
 # The tiny presets are for tests and laptops: 320 covers the byte tokenizer's 257 ids.
 PRESETS: dict[str, ModelArgs] = {
     "tiny": ModelArgs(arch="gpt2", vocab_size=320, dim=64, n_layers=2, n_heads=4, max_seq_len=256),
@@ -90,5 +93,29 @@ PRESETS: dict[str, ModelArgs] = {
         max_seq_len=2048,
         rope_theta=500000.0,
         tie_embeddings=True,
+    ),
+    "llama-3.1-8b": ModelArgs(
+        arch="llama",
+        vocab_size=128256,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14336,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+        tie_embeddings=False,
+    ),
+    "llama-3.1-70b": ModelArgs(
+        arch="llama",
+        vocab_size=128256,
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        ffn_dim=28672,
+        max_seq_len=8192,
+        rope_theta=500000.0,
+        tie_embeddings=False,
     ),
 }

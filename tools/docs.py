@@ -15,6 +15,7 @@ from pathlib import Path
 
 from contract.catalog import instance_type_table
 from contract.config import hyperparameters_markdown
+from contract.memory import recommendations_markdown
 from contract.metrics import METRIC_DEFINITIONS, MODEL_METRIC_NAMES
 from lambdas.shared.errors import service_errors_table
 from lambdas.shared.metrics import BY_TEAM, MEANING, NAMESPACE, STAGE_OF, TEAM_DIMENSION, UNIT_OF, Metric
@@ -162,6 +163,16 @@ PAGES = (
         "[Queue waits and how a run ends](../platform-team/queue-waits.md)).",
         "`lambdas/shared/errors.py` and `stacks/constructs/tasks.py`",
         errors_tables,
+    ),
+    ReferencePage(
+        "reference/parallel-layouts.md",
+        "Recommended parallel layouts",
+        "The fewest hosts of each supported type on which Llama 3.1's shapes train at their context of 8192 tokens,\n"
+        "one sequence per process and step, in bf16, and the cheapest layout there (the least model parallelism,\n"
+        "then activation checkpointing), by the memory plan Validate holds every run to (`contract/memory.py`;\n"
+        "[Parallel layouts](../ml-engineer/parallelism.md)).",
+        "`contract/memory.py`",
+        recommendations_markdown,
     ),
     ReferencePage(
         "reference/metrics.md",

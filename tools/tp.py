@@ -317,7 +317,7 @@ def _print_estimate(cost: CostEstimate, settings: PlatformSettings) -> None:
     table.add_row("share of monthly budget", f"{cost.max_cost_usd / budget:.1%} of ${budget:,.2f}")
     table.add_row("prices", cost.price_source)
     if cost.gpu_memory:
-        table.add_row("GPU memory (model, gradients, optimizer)", cost.gpu_memory)
+        table.add_row("memory per GPU (the plan)", cost.gpu_memory)
     out.print(table)
     if cost.budget_warning:
         out.print(f"warning: {cost.budget_warning}", style="yellow", markup=False, highlight=False)

@@ -461,7 +461,7 @@ def _validate(
     if len(resources.groups) <= 1:
         problems = layout_problems(cfg, plan.nnodes * plan.nproc_per_node, plan.nproc_per_node)
         if problems:
-            raise ConfigError("; ".join(problems))
+            raise ConfigError(problems)
     return cfg, resources, plan
 
 

@@ -9,11 +9,10 @@ from aws_lambda_powertools import Logger
 
 from contract.catalog import PRICES_REVIEWED, instance_type
 from contract.execution_state import CostEstimate, EstimateEvent, InstanceGroup, TrainingRequest
-from contract.memory import fine_tuning_memory
+from contract.memory import job_memory
 from lambdas.estimate.environment import EstimateEnvironment
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
-from lambdas.validate.trials import training_processes
 
 logger = Logger(service="training-platform")
 metrics = StageMetrics(Stage.INTAKE)
@@ -52,15 +51,12 @@ def estimate(
     # the spot price can rise to it, so the expected range is shown but never approved on.
     max_cost = on_demand
     cluster = " + ".join(f"{group.instance_count} x {group.instance_type}" for group in worst_groups)
-    memory = (
-        fine_tuning_memory(
-            request.base_model,
-            request.instance_groups,
-            request.distribution,
-            training_processes(request.instance_groups),
-        )
-        if request.base_model
-        else None
+    base = request.base_model
+    memory = job_memory(
+        request.hyperparameters,
+        request.instance_groups,
+        args=base.shape if base is not None else None,
+        trained=base.trained_parameters if base is not None and base.trained_parameters != base.parameters else None,
     )
     return CostEstimate(
         hourly_usd=round(hourly[0], 4),
@@ -74,7 +70,7 @@ def estimate(
         parallel_jobs=tuning.max_parallel_jobs if tuning else 1,
         worst_case=f"{worst_label}: {cluster}",
         fallback_hourly_usd=[round(price, 4) for price in hourly[1:]],
-        gpu_memory=memory.describe() if memory is not None else None,
+        gpu_memory=memory,
         budget_warning=budget_warning(
             max_cost,
             platform_usd=monthly_budget_usd,

@@ -37,8 +37,15 @@ from contract.execution_state import (
     TrainingRequest,
     Tuning,
 )
-from contract.layout import FSX_DATASETS, FSX_SCHEME, LEDGER_CHANNEL, LocationError, dataset_prefix, run_ledger
-from contract.memory import fine_tuning_memory
+from contract.layout import (
+    FSX_DATASETS,
+    FSX_SCHEME,
+    LEDGER_CHANNEL,
+    LocationError,
+    dataset_prefix,
+    run_ledger,
+)
+from contract.memory import memory_problem
 from contract.metrics import MODEL_METRIC_NAMES
 from contract.service_requests import EXECUTION_TAG, TEAM_TAG
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
@@ -347,6 +354,8 @@ def _check_fallback(
             continue
         processes = training_processes(cluster)
         refusal = trainer_refusal(hyperparameters, processes)
+        if refusal is None and request.init_from is None:  # a model folder's memory is judged once it is read
+            refusal = memory_problem(hyperparameters, cluster)
         if refusal is not None:
             problems.append(f"{where}: hyperparameters: {refusal}")
         elif groups is not None:
@@ -515,7 +524,7 @@ def _hyperparameters(request: ExecutionInput, processes: Processes, problems: li
         values[key] = text
     if script is not None:
         values |= {"distribution": request.distribution, **own_code.hyperparameters(script)}
-        refusal = trainer_refusal(launcher_settings(values, own_code=True), 0)
+        refusal = trainer_refusal(launcher_settings(values, own_code=True), Processes(total=0, per_host=1))
         if refusal is not None:
             problems.append(f"hyperparameters: {refusal}")
         return values
@@ -706,7 +715,10 @@ def _check(
     # Every location once, in its normal form, before any check reads it (contract/layout.py).
     prefixes = dataset_prefixes(request, limits, problems)
     channels, dataset, base_model = _channels(request, prefixes, limits)
-    if folder_at is not None and dataset is not None and request.code is None:  # a script reads its data its way
+    own_code = request.code is not None  # a script's hyperparameters and data are its own
+    if base_model is None and not own_code and (too_big := memory_problem(hyperparameters, groups or [])) is not None:
+        problems.append(f"hyperparameters: {too_big}")
+    if folder_at is not None and dataset is not None and not own_code:
         base_model = _check_fine_tuning(
             request,
             base_model,
@@ -1013,14 +1025,17 @@ def _check_fine_tuning(
         except ValueError as exc:
             problems.append(f"hyperparameters.{exc}")
     source = base_model.model_copy(
-        update={"architecture": facts.architecture, "parameters": parameters, "trained_parameters": trained}
+        update={
+            "architecture": facts.architecture,
+            "parameters": parameters,
+            "trained_parameters": trained,
+            "shape": facts.args,
+        }
     )
-    memory = fine_tuning_memory(source, groups or [], request.distribution, training_processes(groups or []))
-    if memory is not None and not memory.fits:
-        problems.append(
-            f"instance_type: fine-tuning {parameters / 1e9:.2f}B parameters needs {memory.describe()}; use more or "
-            "larger GPUs, distribution fsdp, or LoRA adapters (lora.rank)"
-        )
+    adapters = trained if config.lora.rank else None
+    too_big = memory_problem(hyperparameters, groups or [], args=facts.args, trained=adapters)
+    if too_big is not None:
+        problems.append(f"hyperparameters: fine-tuning {parameters / 1e9:.2f}B parameters: {too_big}")
     return source
 
 

@@ -49,7 +49,11 @@ def test_a_request_with_a_stray_key_is_rejected() -> None:
 
 def test_efa_off_is_carried_to_the_group() -> None:
     off = resolve(EXAMPLE | {"efa": False}, execution_name="e", limits=LIMITS)
-    without = resolve(EXAMPLE | {"instance_type": "ml.g5.2xlarge"}, execution_name="e", limits=LIMITS)
+    # A g5.2xlarge's one A10G holds 16 of the example's sequences of 1024 (its memory plan), not 32.
+    fits = {**EXAMPLE["hyperparameters"], "batch_size": 16}
+    without = resolve(
+        EXAMPLE | {"instance_type": "ml.g5.2xlarge", "hyperparameters": fits}, execution_name="e", limits=LIMITS
+    )
     assert (off["efa"], without["efa"]) == (False, False)
 
 

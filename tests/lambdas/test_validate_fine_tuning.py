@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -131,6 +132,7 @@ def test_a_fine_tuning_run_gets_its_model_folder_as_a_channel_and_the_trainer_it
         "architecture": "LlamaForCausalLM",
         "parameters": mf.parameter_count(args),
         "trained_parameters": mf.parameter_count(args),
+        "shape": dataclasses.asdict(args),
     }
 
 
@@ -219,7 +221,14 @@ def _big_llama() -> dict[str, Any]:
 def test_a_cluster_whose_gpus_cannot_hold_the_run_is_refused_and_the_estimate_shows_the_bound() -> None:
     big = _model_files(_big_llama(), vocab=128256)
     message = _problems(_input(), model=big)
-    assert "fine-tuning 8.03B parameters needs" in message and "of the 21.6 GiB usable (90% of 24 GiB)" in message
+    # 16 bytes a parameter of fp32 weights, gradients and AdamW's moments: 120 GiB on one 24 GB A10G.
+    assert "fine-tuning 8.03B parameters: the memory plan holds 128.7 GiB on a process (one process: parameters " in (
+        message
+    )
+    assert "over the 21.6 GiB a process may use on ml.g5.2xlarge's 24 GiB A10G" in message
+    assert message.endswith(
+        "the cheapest layout that fits on instance_count=8: parallel.activation_checkpointing=true (20.0 GiB a process)"
+    )
     # Sharded over 8 x 80 GB with LoRA, it fits: Estimate shows the bound.
     lora = {"seq_len": 128, "max_steps": 20, "optim.warmup_steps": 2, "lora.rank": 16}
     request = _resolve(_input(instance_type="ml.p5.48xlarge", hyperparameters=lora), model=big)
@@ -230,12 +239,14 @@ def test_a_cluster_whose_gpus_cannot_hold_the_run_is_refused_and_the_estimate_sh
         spot_fraction=(0.3, 0.5),
         price_overrides={},
     )
-    assert cost.gpu_memory is not None and cost.gpu_memory.startswith("3.")  # 8B x 4 bytes / 8 GPUs
+    # 8B x 4 bytes of weights / 8 GPUs; the adapters' gradients and states next to nothing.
+    assert cost.gpu_memory is not None
+    assert cost.gpu_memory.startswith("12.8 GiB on a process (dp_shard=8: parameters 3.7 GiB, gradients 0.0 GiB")
     # DDP keeps every state on every GPU: 16 bytes a parameter, 128 GB, on 80 GB GPUs.
     full = {"seq_len": 128, "max_steps": 20, "optim.warmup_steps": 2}
-    assert "needs" in _problems(
-        _input(instance_type="ml.p5.48xlarge", distribution="ddp", hyperparameters=full), model=big
-    )
+    replicated = _problems(_input(instance_type="ml.p5.48xlarge", distribution="ddp", hyperparameters=full), model=big)
+    assert "(dp_replicate=8: parameters 29.9 GiB, gradients 29.9 GiB, optimizer states 59.8 GiB" in replicated
+    assert replicated.endswith("the cheapest layout that fits: distribution=fsdp (24.0 GiB a process)")
 
 
 @pytest.fixture

@@ -208,6 +208,15 @@ def test_an_input_python_cannot_read_is_one_line_not_a_traceback(tmp_path: Path,
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
+def test_estimate_shows_the_memory_plan_of_a_gpu() -> None:
+    example = str(REPO / "examples" / "multi-node-fsdp-spot.json")
+    memory = _answer(tp("estimate", "--json", example).stdout)["gpu_memory"]
+    assert memory.startswith("on a process (dp_shard=32: parameters ", memory.index(" ") + 5)
+    assert "of the 72.0 GiB a process may use on ml.p5.48xlarge's 80 GiB H100" in memory
+    printed = tp("estimate", example).stdout
+    assert "memory per GPU (the plan)" in printed
+
+
 # -- against the local platform ------------------------------------------------------------------------
 
 
