@@ -498,6 +498,8 @@ class JobConfig:
     def layout_problems(self) -> list[str]:
         """What the parallel layout cannot do with this distribution, model and batch, whatever the cluster."""
         par, problems = self.parallel, []
+        if self.distribution not in DISTRIBUTIONS:
+            return problems  # the distribution's own rule names it
         mesh = DISTRIBUTIONS[self.distribution].shards_parameters
         split = [f"parallel.{key}={getattr(par, key)}" for key in ("tp", "pp") if getattr(par, key) > 1]
         if par.dp_shard > 1:

@@ -39,8 +39,8 @@ def _problems(execution_input: dict[str, Any]) -> list[str]:
 def test_a_tensor_parallel_group_must_fit_a_host() -> None:
     problems = _problems(_input(hyperparameters={**WIDE, "parallel.tp": 3}))
     assert problems == [
-        "hyperparameters: 16 processes cannot be tp=3: tp must divide 8, the GPUs per host (a tensor-parallel group "
-        "stays on one host); use parallel.tp=2"
+        "hyperparameters.parallel.tp: 16 processes cannot be tp=3: tp must divide 8, the GPUs per host (a "
+        "tensor-parallel group stays on one host); use parallel.tp=2"
     ]
 
 

@@ -15,7 +15,7 @@ from tests.pipeline.conftest import Pipeline
 
 MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("unknown key", {"RoleArn": "arn:aws:iam::1:role/admin"}, "RoleArn: unknown key"),
-    ("wrong type", {"instance_count": "2"}, "instance_count: Input should be a valid integer"),
+    ("wrong type", {"instance_count": "2"}, "instance_count: '2' is not a whole number"),
     ("unknown instance type", {"instance_type": "ml.p5.4xlarge"}, "'ml.p5.4xlarge' is not a known training type"),
     (
         "count over capacity",
