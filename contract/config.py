@@ -497,7 +497,7 @@ class JobConfig:
 
     def layout_problems(self) -> list[str]:
         """What the parallel layout cannot do with this distribution, model and batch, whatever the cluster."""
-        par, problems = self.parallel, []
+        par, problems = self.parallel, list[str]()
         if self.distribution not in DISTRIBUTIONS:
             return problems  # the distribution's own rule names it
         mesh = DISTRIBUTIONS[self.distribution].shards_parameters
