@@ -79,7 +79,6 @@ class PipelineStack(Stack):
         backends = deployed_backends(teams=self.teams is not None)
         handlers = Handlers(self, key, network.network)
         self.notifier = notifier = Notifier(self.topics.runs)
-
         intake = Intake(
             self,
             "Intake",

@@ -712,24 +712,9 @@ def _check(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )
     quality = _check_quality(request, problems)
-    # Every location once, in its normal form, before any check reads it (contract/layout.py).
-    prefixes = dataset_prefixes(request, limits, problems)
-    channels, dataset, base_model = _channels(request, prefixes, limits)
-    own_code = request.code is not None  # a script's hyperparameters and data are its own
-    if base_model is None and not own_code and (too_big := memory_problem(hyperparameters, groups or [])) is not None:
-        problems.append(f"hyperparameters: {too_big}")
-    if folder_at is not None and dataset is not None and not own_code:
-        base_model = _check_fine_tuning(
-            request,
-            base_model,
-            dataset,
-            groups=groups,
-            hyperparameters=hyperparameters,
-            folder_at=folder_at,
-            problems=problems,
-        )
-    if groups is not None and len(groups) > 1:
-        channels = _channels_for_groups(channels, groups, problems)
+    prefixes, channels, dataset, base_model = _check_data(
+        request, groups, hyperparameters, limits=limits, folder_at=folder_at, problems=problems
+    )
     if request.backend not in limits.backends:
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
     else:
@@ -767,6 +752,38 @@ def _check(
     return _Checked(
         groups, stopping, hyperparameters, fallback, quality, channels, dataset, team, suffix, tuning, code, base_model
     )
+
+
+def _check_data(
+    request: ExecutionInput,
+    groups: list[InstanceGroup] | None,
+    hyperparameters: dict[str, str],
+    *,
+    limits: PlatformLimits,
+    folder_at: FolderAt | None,
+    problems: list[str],
+) -> tuple[dict[str, str], list[dict[str, Any]], Dataset | None, BaseModelSource | None]:
+    """The run's locations in their normal form, its channels, dataset and base model, and what its data and model
+    need of the GPUs' memory."""
+    # Every location once, in its normal form, before any check reads it (contract/layout.py).
+    prefixes = dataset_prefixes(request, limits, problems)
+    channels, dataset, base_model = _channels(request, prefixes, limits)
+    own_code = request.code is not None  # a script's hyperparameters and data are its own
+    if base_model is None and not own_code and (too_big := memory_problem(hyperparameters, groups or [])) is not None:
+        problems.append(f"hyperparameters: {too_big}")
+    if folder_at is not None and dataset is not None and not own_code:
+        base_model = _check_fine_tuning(
+            request,
+            base_model,
+            dataset,
+            groups=groups,
+            hyperparameters=hyperparameters,
+            folder_at=folder_at,
+            problems=problems,
+        )
+    if groups is not None and len(groups) > 1:
+        channels = _channels_for_groups(channels, groups, problems)
+    return prefixes, channels, dataset, base_model
 
 
 def _check_code(
