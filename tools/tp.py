@@ -164,6 +164,8 @@ def offline_check(
     return request, cost
 
 
+RUN_INPUT_PAGE = "docs/reference/run-input.md"
+"""Where the run input's keys are documented (generated from the model by tools/docs.py)."""
 MAX_INPUT_DEPTH = 64
 """Far deeper than any execution input (its deepest value is a few levels down), far shallower than Python's
 recursion limit, which what reads the input (the schema's error messages, the start proof's JSON) recurses into."""
@@ -190,8 +192,8 @@ def _read_input(path: Path) -> Any:
         if depth <= MAX_INPUT_DEPTH:
             return loaded
         problem = (
-            f'nested {depth} levels deep; an execution input is an object of the keys in README "Starting a training '
-            f'run", at most {MAX_INPUT_DEPTH} levels deep'
+            f"nested {depth} levels deep; an execution input is an object of the keys in {RUN_INPUT_PAGE}, at most "
+            f"{MAX_INPUT_DEPTH} levels deep"
         )
     except (OSError, json.JSONDecodeError) as exc:
         problem = str(exc)
@@ -200,7 +202,7 @@ def _read_input(path: Path) -> Any:
     except RecursionError:
         problem = (
             f"nested deeper than the {sys.getrecursionlimit()} levels Python reads; an execution input is an object "
-            'of the keys in README "Starting a training run", a few levels deep'
+            f"of the keys in {RUN_INPUT_PAGE}, a few levels deep"
         )
     err.print(f"{path}: {problem}", style="red", markup=False, highlight=False)
     raise typer.Exit(2)
@@ -210,7 +212,7 @@ def _execution_input(path: Path) -> Any:
     """The input file's JSON; an empty file or a demo scenario, which no run takes, ends the command saying so."""
     with contextlib.suppress(OSError):  # a file that cannot be read is said so by _read_input
         if not path.read_bytes().strip():
-            err.print(f"{path} is empty: an execution input is a JSON object (docs/reference/run-input.md)")
+            err.print(f"{path} is empty: an execution input is a JSON object ({RUN_INPUT_PAGE})")
             raise typer.Exit(2)
     document = _read_input(path)
     if is_scenario(document):
@@ -565,7 +567,7 @@ def start(
     for Validate's answer and print a refusal in its words (exit 1)."""
     execution_input = _execution_input(input_file)
     if not isinstance(execution_input, dict):
-        err.print(f"{input_file} must hold a JSON object (docs/reference/run-input.md)")
+        err.print(f"{input_file} must hold a JSON object ({RUN_INPUT_PAGE})")
         raise typer.Exit(2)
     folder = _code_folder(execution_input, input_file, source_dir)
     for_team = isinstance(execution_input.get("team"), str)

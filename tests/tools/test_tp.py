@@ -649,3 +649,10 @@ def test_what_aws_refuses_is_one_line_not_a_traceback(
     assert ended.value.code == 1
     said = capsys.readouterr().err
     assert "ExecutionDoesNotExist" in said and len(said.strip().splitlines()) == 1
+
+
+def test_an_unreadable_input_names_a_page_that_exists(tmp_path: Path) -> None:
+    path, _ = _unreadable_inputs(tmp_path)["deeper than an input is"]
+    result = tp("validate", str(path))
+    named = [word.rstrip(",") for word in result.output.split() if word.startswith("docs/")]
+    assert named and all((REPO / page).is_file() for page in named), result.output
