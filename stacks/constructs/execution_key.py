@@ -9,12 +9,14 @@ input for this state machine (StartExecution needs that), without being able to 
 
 from __future__ import annotations
 
-from aws_cdk import Aws, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from stacks.constructs.keys import ADMINISTRATION, grants_for_aws_services_only
+from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 
 USE = ["kms:Decrypt", "kms:GenerateDataKey"]
 
@@ -119,3 +121,29 @@ class ExecutionDataKey(Construct):
                     conditions={"ArnLike": {"kms:EncryptionContext:aws:states:stateMachineArn": self._machines}},
                 )
             )
+
+    def allow_reading_executions(
+        self, scope: Construct, id_: str, role: iam.IRole, state_machine: sfn.StateMachine, *, why: str
+    ) -> None:
+        """Let a role read the executions of `state_machine` (status and history, and the data key they are
+        encrypted with), by a policy `id_` of its own in `scope`: not the role's default one, so that a function
+        the state machine invokes need not wait for it. `why`: the acknowledgement of the executions' wildcard."""
+        executions = Stack.of(scope).format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{state_machine.state_machine_name}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        policy = iam.Policy(
+            scope,
+            id_,
+            roles=[role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["states:DescribeExecution", "states:GetExecutionHistory"], resources=[executions]
+                )
+            ],
+        )
+        acknowledge_inline_policy(policy)
+        self.allow_reading(role)
+        acknowledge_wildcard(scope, executions, why)

@@ -8,9 +8,8 @@ TellEndedRun (lambdas/ended/handler.py), which tells them the cause in words.
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import Duration
 from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -20,8 +19,8 @@ from constructs import Construct
 
 from lambdas.ended.handler import TellEnvironment
 from stacks.constructs.execution_key import ExecutionDataKey
-from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
 from stacks.pipeline.parts import Handlers
+from stacks.pipeline.polled_job import watch_ended_executions
 
 
 class EndedRuns(Construct):
@@ -53,43 +52,18 @@ class EndedRuns(Construct):
 
     def bind(self, state_machine: sfn.StateMachine, execution_key: ExecutionDataKey) -> events.Rule:
         """Read the ended executions' status and history (the run's request, its recipients); the rule."""
-        executions = Stack.of(self).format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{state_machine.state_machine_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        policy = iam.Policy(
+        execution_key.allow_reading_executions(
             self,
             "ReadEndedExecutions",
-            roles=[self.function.role],
-            statements=[
-                iam.PolicyStatement(
-                    actions=["states:DescribeExecution", "states:GetExecutionHistory"], resources=[executions]
-                )
-            ],
+            self.function.role,
+            state_machine,
+            why="Executions of this state machine that ended.",
         )
-        acknowledge_inline_policy(policy)
-        execution_key.allow_reading(self.function.role)
-        acknowledge_wildcard(self, executions, "Executions of this state machine that ended.")
-        return events.Rule(
-            Stack.of(self),
+        return watch_ended_executions(
+            self,
             "RunEnded",
             description="Tells a run's recipients how its execution ended when none of its states could",
-            event_pattern=events.EventPattern(
-                source=["aws.states"],
-                detail_type=["Step Functions Execution Status Change"],
-                detail={
-                    "stateMachineArn": [state_machine.state_machine_arn],
-                    "status": ["ABORTED", "TIMED_OUT", "FAILED"],
-                },
-            ),
-            targets=[
-                targets.LambdaFunction(
-                    self.function.function,
-                    dead_letter_queue=self.dead_letters,
-                    retry_attempts=8,
-                    max_event_age=Duration.hours(6),
-                )
-            ],
+            state_machine=state_machine,
+            cleanup=self.function,
+            dead_letters=self.dead_letters,
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
@@ -22,7 +21,7 @@ from stacks.constructs.cost_controls import BUDGET_PROBE_JOB, COST_TAG
 from stacks.constructs.execution_key import ExecutionDataKey
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.lustre import LustreDataRepository
-from stacks.constructs.nag import acknowledge_inline_policy, acknowledge_wildcard
+from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
 from stacks.pipeline.parts import Buckets, Handlers, obj
 from stacks.pipeline.polled_job import list_runs
@@ -180,22 +179,10 @@ class Intake(Construct):
         A policy of its own, not the role's default one: the function must not wait for the state
         machine that invokes it.
         """
-        executions = Stack.of(self).format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{state_machine.state_machine_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        policy = iam.Policy(
+        execution_key.allow_reading_executions(
             self,
             "ReadEndedRuns",
-            roles=[self.validate.role],
-            statements=[
-                iam.PolicyStatement(
-                    actions=["states:DescribeExecution", "states:GetExecutionHistory"], resources=[executions]
-                )
-            ],
+            self.validate.role,
+            state_machine,
+            why="Executions of this state machine, which resume_from may name.",
         )
-        acknowledge_inline_policy(policy)
-        execution_key.allow_reading(self.validate.role)
-        acknowledge_wildcard(self, executions, "Executions of this state machine, which resume_from may name.")

@@ -414,8 +414,8 @@ def watch_ended_executions(
     cleanup: PlatformFunction,
     dead_letters: sqs.IQueue,
 ) -> events.Rule:
-    """Cleans up after an execution that was aborted, timed out or failed, which no state of the loop can do
-    (a rule at the scope's stack)."""
+    """Invokes `cleanup` for an execution that was aborted, timed out or failed, which no state of the loop can
+    act on (a rule at the scope's stack): the backends' cleanups, and the handler that tells a run's recipients."""
     return events.Rule(
         Stack.of(scope),
         id_,
