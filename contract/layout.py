@@ -13,7 +13,7 @@ stacks and the local platform all take these names from here, so that none spell
     <artifacts bucket>/code/teams/<team>/<run_name>/<sha256>.tar.gz   a team's run's own code (contract/user_code.py)
     <artifacts bucket>/code/runs/<run_name>/<sha256>.tar.gz           the own code of a run of no team
 
-A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint.py);
+A checkpoint is a directory ``step-<N>/`` whose ``manifest.json`` is written last (training/checkpoint/storage.py);
 when it is complete is contract/stored_checkpoints.py's rule.
 """
 

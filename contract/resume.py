@@ -1,7 +1,7 @@
 """Which settings a run may change when it resumes another run's checkpoint (`resume_from`).
 
 A checkpoint holds the model's and the optimizer's state, the data position and the RNG streams.
-The trainer loads it onto any number of processes (DCP reshards; training/checkpoint.py), so what
+The trainer loads it onto any number of processes (DCP reshards; training/checkpoint/), so what
 must not change is what gives the state its shape and its meaning:
 
 - the model: every `model.*` setting but `model.dropout` (the parameters' names and shapes);

@@ -3,8 +3,8 @@
 A checkpoint directory ``step-<N>/`` (contract/layout.py) is complete when its manifest is there,
 parses, has a known format and names DCP's metadata, and every file the manifest lists is present
 with the size it lists. On disk the trainer also checks the digest of each segment of a file before it
-unpickles or loads anything from that segment (training/checkpoint.py); in S3 the sizes come from the listing, and the
-manifest's own SHA-256 is what the platform records of the checkpoint (contract/ledger.py).
+unpickles or loads anything from that segment (training/checkpoint/integrity.py); in S3 the sizes come from the
+listing, and the manifest's own SHA-256 is what the platform records of the checkpoint (contract/ledger.py).
 
 Stdlib only: the Lambda assets hold this module, and the Batch contract imports it before torch.
 """
@@ -26,7 +26,7 @@ FORMAT_VERSION = 4
 load checks and uses one at a time. Still loaded: 3, the same with SHA-256; 2, one SHA-256 per file, its only
 segment. 1 had sizes only and is no longer loaded."""
 SEGMENT_HASHES = {2: "sha256", 3: "sha256", 4: "blake3"}
-"""The hash each loaded format's segment digests are made with: the names training/checkpoint.py hashes by."""
+"""The hash each loaded format's segment digests are made with: the names training/checkpoint/integrity.py hashes by."""
 _ONE_DIGEST_FORMAT = 2
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # 32 bytes, in both hashes
 

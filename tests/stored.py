@@ -31,7 +31,7 @@ def buckets(*names: str) -> Iterator[Any]:
 
 
 def manifest_of(files: dict[str, bytes], *, step: int, world_size: int = 1) -> bytes:
-    """A manifest listing `files` with their sizes and segments (one per file here), as training/checkpoint.py
+    """A manifest listing `files` with their sizes and segments (one per file here), as training/checkpoint/writer.py
     writes it."""
     listed = {
         name: {"size": len(body), "segments": [[len(body), blake3(body).hexdigest()]] if body else []}

@@ -44,7 +44,7 @@ spans smaller than its largest reads fewer bytes ahead."""
 
 KEPT_BYTES = 256 << 20
 """Bytes of buffers a process keeps once a `DirectFile` or `DirectReader` is closed, for the files it writes or
-reads next (256 MiB: eight files being written at once, as `training.checkpoint` writes at most, or two read in
+reads next (256 MiB: eight files being written at once, as `training.checkpoint.writer` writes at most, or two read in
 its 16 MiB segments, five buffers of 18 MiB each, with what a save of two files leaves). Memory a process
 touches for the first time costs the kernel a page fault for each page: on the benchmark VM, 1.1-1.9 ms per MiB
 of huge pages freed 3 s or more before (its balloon reports free pages to the host, which drops them),
@@ -54,7 +54,7 @@ save writes from them."""
 
 READ_THREADS = 16
 """Threads a process reads with, for all its `DirectReader`s: two files' `READ_AHEAD` in `CHUNK`s in flight at once
-(128 MiB). A process that reads more files at once (`training.checkpoint.io_threads`, up to 8) shares them;
+(128 MiB). A process that reads more files at once (`training.checkpoint.storage.io_threads`, up to 8) shares them;
 not measured on a host with more than two cores."""
 
 _kept: list[mmap.mmap] = []

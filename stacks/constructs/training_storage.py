@@ -7,7 +7,7 @@ packed code (`tp` uploads it, written once), and never deletes: pruning old chec
 Training code of one run can still write into another run's checkpoint prefix (one role serves every job),
 which is why a job loads only a checkpoint its run's ledger records (contract/ledger.py), which training roles
 may read and never write, verifies the digest of every segment of every file it loads (BLAKE3; SHA-256 in older
-manifests) and never unpickles anything but DCP's own metadata types (training/checkpoint.py)."""
+manifests) and never unpickles anything but DCP's own metadata types (training/checkpoint/reader.py)."""
 
 from __future__ import annotations
 

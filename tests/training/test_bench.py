@@ -136,9 +136,9 @@ def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_t
         finally:
             waited.clear()
 
-    remove_old_now, manager = checkpoint._remove_old, checkpoint.CheckpointManager
+    remove_old_now, manager = checkpoint.storage._remove_old, checkpoint.CheckpointManager
     wait_for_deletions_now = manager.wait_for_deletions
-    monkeypatch.setattr(checkpoint, "_remove_old", remove_old)
+    monkeypatch.setattr(checkpoint.manager, "_remove_old", remove_old)
     monkeypatch.setattr(os, "sync", recorded("sync", os.sync))
     monkeypatch.setattr(manager, "wait_for_deletions", wait_for_deletions)
     monkeypatch.setattr(_DiskProbe, "write", recorded("write", _DiskProbe.write))

@@ -1,4 +1,4 @@
-"""A tensor larger than `_MAX_ITEM` bytes is saved as pieces (training/checkpoint.py), and loads exactly."""
+"""A tensor larger than `_MAX_ITEM` bytes is saved as pieces (training/checkpoint/planners.py), and loads exactly."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ from training_helpers import (
     step_losses,
 )
 
-import training.checkpoint
+import training.checkpoint.planners
+import training.checkpoint.state
+import training.checkpoint.writer
 import training.tensor_archive
-from training.checkpoint import _PieceSavePlanner, _rows
+from training.checkpoint.planners import _PieceSavePlanner, _rows
 
 _ITEM = 4096
 
@@ -66,7 +68,7 @@ def test_rows_of_a_contiguous_cpu_tensor_share_its_memory_and_hold_no_more(tmp_p
 def test_large_tensors_are_saved_in_pieces_of_at_most_an_item_and_load_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint.planners, "_MAX_ITEM", _ITEM)
     torch.manual_seed(0)
     state = {
         "rows": torch.randn(100, 7),  # 28 bytes a row: 146 rows a piece, so 1 piece
@@ -130,7 +132,7 @@ def test_the_shards_of_several_processes_are_saved_in_pieces_at_their_own_rows(t
 def test_a_run_saved_in_pieces_trains_and_resumes_bit_for_bit(
     async_save: str, reference: tuple[Path, str], corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint.planners, "_MAX_ITEM", _ITEM)
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
     job = {**CHECKPOINTED_JOB, "checkpoint.async_save": async_save}
     completed, log = run_in_process(paths.root, job)
@@ -163,7 +165,7 @@ def test_ranks_that_hold_the_same_tensors_share_their_pieces_by_their_own_bytes(
 ) -> None:
     """DCP gives each item that several ranks hold (a DDP model's) to one of them, the one with the fewest bytes
     so far; a piece counts its own bytes, not its whole tensor's."""
-    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint.planners, "_MAX_ITEM", _ITEM)
     planner = _PieceSavePlanner()
     planner.set_up_planner(_balanced_state(), is_coordinator=True)
     plan = planner.create_local_plan()
@@ -182,10 +184,10 @@ def test_ranks_that_hold_the_same_tensors_share_their_pieces_by_their_own_bytes(
 def test_a_process_spreads_its_pieces_over_its_files_by_their_own_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(training.checkpoint, "_MAX_ITEM", _ITEM)
-    monkeypatch.setattr(training.checkpoint, "_SMALL_ITEM", 0)  # no item is small here: all are shared out
-    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
-    writer, _ = training.checkpoint._writer(tmp_path)
+    monkeypatch.setattr(training.checkpoint.planners, "_MAX_ITEM", _ITEM)
+    monkeypatch.setattr(training.checkpoint.writer, "_SMALL_ITEM", 0)  # no item is small here: all are shared out
+    monkeypatch.setattr(training.checkpoint.writer, "io_threads", lambda: 2)
+    writer, _ = training.checkpoint.writer._writer(tmp_path)
     state = _balanced_state()
     dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
     sizes = sorted(path.stat().st_size for path in tmp_path.glob("*.distcp"))
@@ -201,15 +203,15 @@ def test_a_process_saves_its_small_items_first_in_one_file_and_shares_the_rest_b
 ) -> None:
     """A load reads each file in a thread of its own, front to back: the small items, which cost it the most CPU
     for their bytes, come first and in one file, so that the last bytes read are large items."""
-    monkeypatch.setattr(training.checkpoint, "_SMALL_ITEM", 1024)
-    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
+    monkeypatch.setattr(training.checkpoint.writer, "_SMALL_ITEM", 1024)
+    monkeypatch.setattr(training.checkpoint.writer, "io_threads", lambda: 2)
     torch.manual_seed(0)
     state: dict[str, Any] = {
         **{f"large{i}": torch.randn(64 * (i + 1), 8) for i in range(6)},  # 2-12 KiB
         **{f"small{i}": torch.randn(16 + i) for i in range(10)},  # 64-100 bytes
         "step": 7,  # a non-tensor item
     }
-    writer, _ = training.checkpoint._writer(tmp_path)
+    writer, _ = training.checkpoint.writer._writer(tmp_path)
     dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
     metadata = pickle.loads((tmp_path / ".metadata").read_bytes())
     where = {index.fqn: info for index, info in metadata.storage_data.items()}
@@ -252,7 +254,7 @@ def test_a_save_runs_torch_s_writer_once_for_each_layout_and_writes_what_it_writ
         save(value, stream)
 
     monkeypatch.setattr(torch, "save", counted)
-    writer, _ = training.checkpoint._writer(tmp_path)
+    writer, _ = training.checkpoint.writer._writer(tmp_path)
     dcp_save(state, storage_writer=writer, planner=_PieceSavePlanner())
     monkeypatch.setattr(torch, "save", save)
     assert sorted(saves) == sorted([torch.Size([768])] * 3 + [torch.Size([])] * 3 + [torch.Size([64, 768])] * 3)
@@ -290,7 +292,7 @@ def test_only_the_very_same_tensor_under_another_name_is_left_out_of_a_state_dic
         "another_empty": torch.empty(0),
         "n": 3,
     }
-    kept, tied = training.checkpoint._untied(model_sd)
+    kept, tied = training.checkpoint.state._untied(model_sd)
     assert tied == {"b": "a", "empty_tied": "empty"}
     assert list(kept) == ["a", "t", "row", "copy", "empty", "another_empty", "n"]
 
@@ -332,8 +334,8 @@ def test_an_optimizer_s_unfilled_state_is_laid_out_as_dcp_s_step_lays_it_out(nam
     stepped_params, unfilled_params = _params(), _params()
     stepped, unfilled = _OPTIMIZERS[name](_groups(stepped_params)), _OPTIMIZERS[name](_groups(unfilled_params))
     _init_optim_state(stepped)
-    assert training.checkpoint._unfilled_optimizer_state(unfilled) == bool(stepped.state)  # plain SGD keeps none
-    assert not training.checkpoint._unfilled_optimizer_state(unfilled)
+    assert training.checkpoint.state._unfilled_optimizer_state(unfilled) == bool(stepped.state)  # plain SGD keeps none
+    assert not training.checkpoint.state._unfilled_optimizer_state(unfilled)
     expected, made = stepped.state_dict(), unfilled.state_dict()
     assert made["param_groups"] == expected["param_groups"]
     assert made["state"].keys() == expected["state"].keys() == ({0, 1, 2, 3, 4} if stepped.state else set())
@@ -370,21 +372,23 @@ def test_an_optimizer_whose_state_is_not_shaped_like_its_parameters_or_that_has_
             if any(p.numel() < 4 for group in self.param_groups for p in group["params"]):
                 raise ValueError("too small")
 
-    assert not training.checkpoint._unfilled_optimizer_state(_SmallRefused([torch.nn.Parameter(torch.randn(4, 3))]))
+    assert not training.checkpoint.state._unfilled_optimizer_state(
+        _SmallRefused([torch.nn.Parameter(torch.randn(4, 3))])
+    )
     square = torch.nn.Parameter(torch.randn(3, 3))
-    assert not training.checkpoint._unfilled_optimizer_state(
+    assert not training.checkpoint.state._unfilled_optimizer_state(
         _RowsByRows([square, torch.nn.Parameter(torch.randn(4, 3))])
     )
     own = _OwnAdamW(_groups(_params()), lr=1e-3)
-    assert not training.checkpoint._unfilled_optimizer_state(own)
+    assert not training.checkpoint.state._unfilled_optimizer_state(own)
     assert not own.state
     factored = torch.optim.Adafactor(_groups(_params()), lr=1e-2)
-    assert not training.checkpoint._unfilled_optimizer_state(factored)
+    assert not training.checkpoint.state._unfilled_optimizer_state(factored)
     assert not factored.state
     params = _params()
     params[0].grad = torch.zeros_like(params[0])
     with_gradients = torch.optim.AdamW(_groups(params), lr=1e-3)
-    assert not training.checkpoint._unfilled_optimizer_state(with_gradients)
+    assert not training.checkpoint.state._unfilled_optimizer_state(with_gradients)
     assert not with_gradients.state
 
 

@@ -20,7 +20,9 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from training_helpers import CHECKPOINTED_JOB, make_opt_ml, run_in_process, step_losses, val_losses
 
-import training.checkpoint
+import training.checkpoint.manager
+import training.checkpoint.state
+import training.checkpoint.storage
 from contract import goodput
 from contract.config import ConfigError
 from contract.layout import MANIFEST
@@ -136,7 +138,7 @@ def test_a_checkpoint_holding_a_tied_weight_twice_resumes_bit_for_bit(
     """Checkpoints saved before tied weights were saved once hold the head under its own name too."""
     paths = make_opt_ml(tmp_path, {}, corpus=corpus)
     with monkeypatch.context() as saving_both:
-        saving_both.setattr(training.checkpoint, "_untied", lambda model_sd: (model_sd, {}))
+        saving_both.setattr(training.checkpoint.state, "_untied", lambda model_sd: (model_sd, {}))
         completed, _ = run_in_process(paths.root, CHECKPOINTED_JOB)
     assert completed and "model.lm_head.weight" in _saved_keys(paths.checkpoints / "step-4")
     for step in (8, 12):
@@ -251,7 +253,8 @@ def test_training_goes_on_while_an_old_checkpoint_is_deleted(
             trained_on.append((paths.checkpoints / "step-12").exists())
         remove(directory)
 
-    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", slow_remove)
+    monkeypatch.setattr(training.checkpoint.storage, "remove_checkpoint", slow_remove)
+    monkeypatch.setattr(training.checkpoint.manager, "remove_checkpoint", slow_remove)
     completed, log = run_in_process(paths.root, {**CHECKPOINTED_JOB, "checkpoint.keep_last": "1"})
     assert completed
     assert trained_on == [True]
@@ -278,7 +281,7 @@ def test_an_old_checkpoint_that_cannot_be_deleted_is_reported_and_the_run_goes_o
     else:
         rmtree = shutil.rmtree
         monkeypatch.setattr(
-            training.checkpoint.shutil,
+            training.checkpoint.storage.shutil,
             "rmtree",
             lambda path, **kw: None if Path(path).name == "step-4" else rmtree(path, **kw),
         )
@@ -306,7 +309,8 @@ def test_a_failing_run_still_waits_for_its_deletions(
         remove(directory)
         removed.append(directory.name)
 
-    monkeypatch.setattr(training.checkpoint, "remove_checkpoint", slow_remove)
+    monkeypatch.setattr(training.checkpoint.storage, "remove_checkpoint", slow_remove)
+    monkeypatch.setattr(training.checkpoint.manager, "remove_checkpoint", slow_remove)
     train_step, steps = trainer_module.Trainer._train_step, []
 
     def fails_after_step_9(self: trainer_module.Trainer) -> Any:
@@ -501,7 +505,7 @@ def test_a_world_of_one_saves_and_loads_checkpoints_without_dcp_s_collectives(
         warnings.simplefilter("always")
         _resumed_at_step_8(reference, tmp_path)
     assert len(used) >= 2 and not any(used)  # the load, and the save at step 12
-    assert not [w for w in caught if training.checkpoint._NO_DIST_WARNING in str(w.message)]
+    assert not [w for w in caught if training.checkpoint.manager._NO_DIST_WARNING in str(w.message)]
 
 
 def test_what_the_trainer_built_is_out_of_the_garbage_collectors_sight_until_it_closes(

@@ -35,10 +35,15 @@ from training_helpers import (
 )
 
 import training.checkpoint
+import training.checkpoint.integrity
+import training.checkpoint.manager
+import training.checkpoint.planners
+import training.checkpoint.reader
+import training.checkpoint.writer
 import training.tensor_archive
 from contract.layout import LEDGER_CHANNEL, MANIFEST
 from contract.ledger import OPENED, Record
-from contract.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Segment, manifest_sha256
+from contract.stored_checkpoints import DCP_METADATA, FORMAT_VERSION, Manifest, Segment, manifest_sha256
 from training import direct_io
 from training.checkpoint import segment_digest, verify
 
@@ -163,7 +168,7 @@ def _failing_reads(monkeypatch: pytest.MonkeyPatch, fails: Callable[[Path, int],
     """A load's reads of a span raise OSError(`code`) where `fails(file, n)`: n counts the spans every file a
     load opened has read, from 1 (the first checkpoint's .metadata's first); the manifest's read where
     `fails(manifest, 0)`."""
-    opened, read_bytes, count = training.checkpoint._opened, Path.read_bytes, itertools.count(1)
+    opened, read_bytes, count = training.checkpoint.integrity._opened, Path.read_bytes, itertools.count(1)
 
     def failing_opened(path: Path, listed: Any) -> Any:
         reader = opened(path, listed)
@@ -182,9 +187,10 @@ def _failing_reads(monkeypatch: pytest.MonkeyPatch, fails: Callable[[Path, int],
             raise OSError(code, os.strerror(code), str(path))
         return read_bytes(path)
 
-    monkeypatch.setattr(training.checkpoint, "_opened", failing_opened)
+    monkeypatch.setattr(training.checkpoint.integrity, "_opened", failing_opened)
+    monkeypatch.setattr(training.checkpoint.reader, "_opened", failing_opened)
     monkeypatch.setattr(Path, "read_bytes", failing_read_bytes)
-    monkeypatch.setattr(training.checkpoint, "LOAD_RETRY_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr(training.checkpoint.manager, "LOAD_RETRY_SECONDS", (0.0, 0.0))
 
 
 def _once(first: Callable[[Path, int], bool]) -> Callable[[Path, int], bool]:
@@ -287,10 +293,11 @@ def test_a_file_that_does_not_match_is_the_reason_even_when_a_read_error_in_anot
     root = _copy(reference, tmp_path)
     failing, changed = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))[:2]
     _flip(changed, 0)
-    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 2)
-    monkeypatch.setattr(training.checkpoint, "LOAD_RETRY_SECONDS", (0.0, 0.0))
+    monkeypatch.setattr(training.checkpoint.reader, "io_threads", lambda: 2)
+    monkeypatch.setattr(training.checkpoint.manager, "io_threads", lambda: 2)
+    monkeypatch.setattr(training.checkpoint.manager, "LOAD_RETRY_SECONDS", (0.0, 0.0))
     ended = threading.Event()
-    opened = training.checkpoint._opened
+    opened = training.checkpoint.integrity._opened
 
     def racing(path: Path, listed: Any) -> Any:
         reader = opened(path, listed)
@@ -310,7 +317,8 @@ def test_a_file_that_does_not_match_is_the_reason_even_when_a_read_error_in_anot
             reader.next_span = late
         return reader
 
-    monkeypatch.setattr(training.checkpoint, "_opened", racing)
+    monkeypatch.setattr(training.checkpoint.integrity, "_opened", racing)
+    monkeypatch.setattr(training.checkpoint.reader, "_opened", racing)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert "loading it again" not in log
@@ -340,14 +348,14 @@ def test_a_data_file_changed_after_the_checkpoint_was_checked_is_not_loaded(
     (another process, a sync that lands late) is not loaded."""
     root = _copy(reference, tmp_path)
     shards = sorted((root / "checkpoints" / "step-12").glob("__0_*.distcp"))
-    reader = training.checkpoint._SafeReader.__init__
+    reader = training.checkpoint.reader._SafeReader.__init__
 
     def changed_once_checked(self: Any, directory: Path, *args: Any, **kwargs: Any) -> None:
         if directory.name == "step-12":  # its manifest was checked: its files are about to be opened
             _change_middle(max(shards, key=lambda shard: shard.stat().st_size))
         reader(self, directory, *args, **kwargs)
 
-    monkeypatch.setattr(training.checkpoint._SafeReader, "__init__", changed_once_checked)
+    monkeypatch.setattr(training.checkpoint.reader._SafeReader, "__init__", changed_once_checked)
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert "does not match the blake3 digest" in log and "skipping checkpoint step-12" in log
@@ -384,11 +392,11 @@ def _largest_item(directory: Path) -> tuple[torch.Tensor, Any, torch.Tensor]:
     info; the tensor as torch.load reads it from the file."""
     manifest = training.checkpoint.manifest_of(directory)
     assert not isinstance(manifest, str)
-    reader = training.checkpoint._SafeReader(directory, manifest)
+    reader = training.checkpoint.reader._SafeReader(directory, manifest)
     reader.set_up_storage_reader(reader.read_metadata(), is_coordinator=True)
     info = max(reader.storage_data.values(), key=lambda info: info.length)
     listed = manifest.files[info.relative_path]
-    data = training.checkpoint._read_verified(directory / info.relative_path, listed, manifest.hashed_with)
+    data = training.checkpoint.integrity._read_verified(directory / info.relative_path, listed, manifest.hashed_with)
     with (directory / info.relative_path).open("rb") as file:
         file.seek(info.offset)
         expected = torch.load(io.BytesIO(file.read(info.length)), weights_only=True)
@@ -456,7 +464,7 @@ def test_a_save_hashes_its_data_files_as_it_writes_them(
         read_back.append(path.name)
         return hash_file(path)
 
-    monkeypatch.setattr(training.checkpoint, "segments_of", recording)
+    monkeypatch.setattr(training.checkpoint.writer, "segments_of", recording)
     completed, _ = run_in_process(paths.root, {**CHECKPOINTED_JOB, "max_steps": "4"})
     monkeypatch.undo()
     assert completed
@@ -492,7 +500,7 @@ def segmented(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     root = tmp_path_factory.mktemp("segmented")
     make_opt_ml(root, {}, corpus=corpus)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(training.checkpoint, "_MIN_SEGMENT", _SMALL_SEGMENT)
+        patch.setattr(training.checkpoint.writer, "_MIN_SEGMENT", _SMALL_SEGMENT)
         completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     return root, log
@@ -525,7 +533,7 @@ def test_manifest_lists_every_file_by_segments_of_whole_items(run: str, request:
     """Each file's segments cover it in order, each with its bytes' BLAKE3 digest (format 4); a data file's segments
     end where items end, at the first item end after 16 MiB (4 KiB in the segmented run)."""
     root, _ = request.getfixturevalue(run)
-    smallest = _SMALL_SEGMENT if run == "segmented" else training.checkpoint._MIN_SEGMENT
+    smallest = _SMALL_SEGMENT if run == "segmented" else training.checkpoint.writer._MIN_SEGMENT
     directory = root / "checkpoints" / "step-12"
     manifest = json.loads((directory / MANIFEST).read_text())
     files = manifest["files"]
@@ -644,16 +652,16 @@ def test_a_write_error_in_a_writer_thread_fails_the_save(tmp_path: Path, monkeyp
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    write = training.checkpoint._HashingStream.write
+    write = training.checkpoint.writer._HashingStream.write
 
     def disk_full_off_the_main_thread(self: Any, data: Any) -> int:
         if threading.current_thread() is not threading.main_thread():
             raise OSError(28, "No space left on device")
         return write(self, data)
 
-    monkeypatch.setattr(training.checkpoint, "io_threads", lambda: 4)
-    monkeypatch.setattr(training.checkpoint._HashingStream, "write", disk_full_off_the_main_thread)
-    writer, _ = training.checkpoint._writer(tmp_path)
+    monkeypatch.setattr(training.checkpoint.writer, "io_threads", lambda: 4)
+    monkeypatch.setattr(training.checkpoint.writer._HashingStream, "write", disk_full_off_the_main_thread)
+    writer, _ = training.checkpoint.writer._writer(tmp_path)
     with pytest.raises(CheckpointException, match=r"wrote \d of the 8 items of this process: __0_\d\.distcp: OSError"):
         dcp.save({f"w{i}": torch.randn(1000) for i in range(8)}, storage_writer=writer, no_dist=True)
     assert not (tmp_path / ".metadata").exists()
@@ -671,7 +679,7 @@ def test_a_changed_metadata_file_is_refused_for_what_it_is(reference: tuple[Path
     manifest = training.checkpoint.manifest_of(metadata.parent)
     assert not isinstance(manifest, str)
     with pytest.raises(training.checkpoint.CheckpointError, match=r"saves here write one \.metadata and no rank's own"):
-        training.checkpoint._SafeReader(metadata.parent, manifest).read_metadata(rank=0)
+        training.checkpoint.reader._SafeReader(metadata.parent, manifest).read_metadata(rank=0)
 
 
 def test_the_in_memory_file_reads_and_seeks_as_a_file_does() -> None:
@@ -698,7 +706,11 @@ def test_a_load_holds_a_few_segments_of_a_data_file_not_the_file(
     shards = {shard.name: shard.stat().st_size for shard in (root / "checkpoints" / "step-12").glob("__0_*.distcp")}
     opened: dict[str, list[int]] = {}
     asked: list[int] = []
-    open_to_read, kept_buffer, allocate = direct_io.open_to_read, direct_io._kept_buffer, training.checkpoint._buffer
+    open_to_read, kept_buffer, allocate = (
+        direct_io.open_to_read,
+        direct_io._kept_buffer,
+        training.checkpoint.integrity._buffer,
+    )
     windows: list[int] = []
 
     def opening(path: Path, spans: Any) -> Any:
@@ -711,7 +723,9 @@ def test_a_load_holds_a_few_segments_of_a_data_file_not_the_file(
 
     monkeypatch.setattr(direct_io, "open_to_read", opening)
     monkeypatch.setattr(direct_io, "_kept_buffer", buffer)
-    monkeypatch.setattr(training.checkpoint, "_buffer", lambda size: (windows.append(size), allocate(size))[1])
+    monkeypatch.setattr(
+        training.checkpoint.integrity, "_buffer", lambda size: (windows.append(size), allocate(size))[1]
+    )
     completed, log = run_in_process(root, CHECKPOINTED_JOB)
     assert completed
     assert "resumed from checkpoint step-12" in log
@@ -747,7 +761,10 @@ def test_a_cold_load_reads_the_checkpoint_from_the_disk_and_leaves_none_of_it_ca
 def _record_loaded_items(monkeypatch: pytest.MonkeyPatch, loaded: list[tuple[str, str]]) -> list[Any]:
     """Record (checkpoint, file) of each item a load loads into `loaded`; the readers made, in order."""
     readers: list[Any] = []
-    read_data, load_item = training.checkpoint._SafeReader.read_data, training.checkpoint._SafeReader._load_item
+    read_data, load_item = (
+        training.checkpoint.reader._SafeReader.read_data,
+        training.checkpoint.reader._SafeReader._load_item,
+    )
 
     def reading(self: Any, plan: Any, planner: Any) -> Any:
         readers.append(self)
@@ -757,8 +774,8 @@ def _record_loaded_items(monkeypatch: pytest.MonkeyPatch, loaded: list[tuple[str
         loaded.append((readers[-1].directory.name, kwargs["name"]))
         load_item(item, planner, **kwargs)
 
-    monkeypatch.setattr(training.checkpoint._SafeReader, "read_data", reading)
-    monkeypatch.setattr(training.checkpoint._SafeReader, "_load_item", staticmethod(loading))
+    monkeypatch.setattr(training.checkpoint.reader._SafeReader, "read_data", reading)
+    monkeypatch.setattr(training.checkpoint.reader._SafeReader, "_load_item", staticmethod(loading))
     return readers
 
 
@@ -842,7 +859,7 @@ def test_a_window_ends_where_no_item_straddles_a_segment_end(
     spans: list[tuple[int, int]], windows: list[tuple[int, int]]
 ) -> None:
     segments = [(4, "a"), (4, "b"), (4, "c")]
-    assert training.checkpoint._windows(segments, spans) == windows
+    assert training.checkpoint.integrity._windows(segments, spans) == windows
 
 
 def _listed_file(path: Path, lengths: list[int]) -> tuple[bytes, tuple[int, tuple[Segment, ...]]]:
@@ -872,7 +889,7 @@ def test_a_window_of_one_segment_is_the_memory_it_was_read_into_and_one_of_sever
     opened: list[Any] = []
     open_to_read = direct_io.open_to_read
     monkeypatch.setattr(direct_io, "open_to_read", lambda *args: (opened.append(open_to_read(*args)), opened[-1])[1])
-    verified = training.checkpoint._verified_windows(tmp_path / "file", listed, windows, "blake3")
+    verified = training.checkpoint.integrity._verified_windows(tmp_path / "file", listed, windows, "blake3")
     for (start, end), (at, window) in zip(windows, verified, strict=True):
         assert at == start and bytes(window.numpy()) == data[start:end]
         (reader,) = opened
@@ -887,10 +904,12 @@ def test_only_windows_of_several_segments_are_copied_into_a_buffer_of_their_size
     data, listed = _listed_file(tmp_path / "file", [9000, 3000, 4096, 7, 100, 50])
     windows = [(0, 9000), (9000, 16096), (16096, 16103), (16103, 16253)]
     sizes: list[int] = []
-    buffer = training.checkpoint._buffer
-    monkeypatch.setattr(training.checkpoint, "_buffer", lambda size: (sizes.append(size), buffer(size))[1])
+    buffer = training.checkpoint.integrity._buffer
+    monkeypatch.setattr(training.checkpoint.integrity, "_buffer", lambda size: (sizes.append(size), buffer(size))[1])
     for (start, end), (_, window) in zip(
-        windows, training.checkpoint._verified_windows(tmp_path / "file", listed, windows, "blake3"), strict=True
+        windows,
+        training.checkpoint.integrity._verified_windows(tmp_path / "file", listed, windows, "blake3"),
+        strict=True,
     ):
         assert bytes(window.numpy()) == data[start:end]
     assert sizes == [7096]  # the second window's; the last, smaller, reuses it
@@ -915,14 +934,18 @@ def test_a_file_not_as_its_segments_list_is_refused(change: str, tmp_path: Path)
         (tmp_path / "file").write_bytes(data[:6000] + b"x" + data[6001:])
         problem = "does not match the blake3 digest its manifest lists for bytes 5000-9096"
     with pytest.raises(training.checkpoint.CheckpointError, match=problem):
-        list(training.checkpoint._verified_windows(tmp_path / "file", listed, [(0, 5000), (5000, 9096)], "blake3"))
+        list(
+            training.checkpoint.integrity._verified_windows(
+                tmp_path / "file", listed, [(0, 5000), (5000, 9096)], "blake3"
+            )
+        )
 
 
 def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str]]) -> list[Any]:
     """Record ("open", directory/file) of each file a load opens to read, ("state", "") as the training state's
     state dict is taken, and ("plan", "") as DCP plans each load; the readers opened."""
     opened: list[Any] = []
-    open_to_read, set_up = direct_io.open_to_read, training.checkpoint._WeightsOnlyPlanner.set_up_planner
+    open_to_read, set_up = direct_io.open_to_read, training.checkpoint.planners._WeightsOnlyPlanner.set_up_planner
     state_dict = training.checkpoint.TrainingState.state_dict
 
     def taking(self: Any, **kwargs: Any) -> dict[str, Any]:
@@ -939,7 +962,7 @@ def _recorded_opens(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str
         set_up(self, *args, **kwargs)
 
     monkeypatch.setattr(direct_io, "open_to_read", opening)
-    monkeypatch.setattr(training.checkpoint._WeightsOnlyPlanner, "set_up_planner", planning)
+    monkeypatch.setattr(training.checkpoint.planners._WeightsOnlyPlanner, "set_up_planner", planning)
     monkeypatch.setattr(training.checkpoint.TrainingState, "state_dict", taking)
     return opened
 
@@ -978,7 +1001,9 @@ def test_an_error_taking_the_state_dict_to_load_into_is_not_blamed_on_the_checkp
 
     monkeypatch.setattr(training.checkpoint.TrainingState, "state_dict", failing)
     logged: list[str] = []
-    monkeypatch.setattr(training.checkpoint.log, "warning", lambda message, *args: logged.append(message % args))
+    monkeypatch.setattr(
+        training.checkpoint.manager.log, "warning", lambda message, *args: logged.append(message % args)
+    )
     with pytest.raises(RuntimeError, match="the optimizer has no state for a parameter"):
         run_in_process(root, CHECKPOINTED_JOB)
     assert not [message for message in logged if "skipping checkpoint" in message]
@@ -1004,7 +1029,7 @@ def test_the_files_read_ahead_of_a_refused_checkpoint_are_closed(
     manifest = training.checkpoint.manifest_of(directory)
     assert not isinstance(manifest, str)
     opened.clear()
-    reader = training.checkpoint._SafeReader(directory, manifest)
+    reader = training.checkpoint.reader._SafeReader(directory, manifest)
     reader.read_ahead(sorted(p.name for p in directory.glob("__0_*.distcp")))
     assert len(opened) == 3 and not any(_closed(file) for file in opened[1:])  # .metadata's, then the two files
     reader.close()
@@ -1022,8 +1047,8 @@ def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint
     _flip(changed, 0)
     loaded: list[tuple[str, str]] = []
     readers = _record_loaded_items(monkeypatch, loaded)
-    load_item = training.checkpoint._SafeReader._load_item  # the recording one
-    verified_windows, failed = training.checkpoint._verified_windows, threading.Event()
+    load_item = training.checkpoint.reader._SafeReader._load_item  # the recording one
+    verified_windows, failed = training.checkpoint.integrity._verified_windows, threading.Event()
 
     def watched(path: Path, *args: Any) -> Iterator[tuple[int, torch.Tensor]]:
         try:
@@ -1039,10 +1064,13 @@ def test_once_a_file_is_refused_no_thread_loads_another_window_of_the_checkpoint
             assert refused is None or refused.wait(timeout=60)
         load_item(item, planner, **kwargs)
 
-    monkeypatch.setattr(training.checkpoint, "_verified_windows", watched)
+    monkeypatch.setattr(training.checkpoint.integrity, "_verified_windows", watched)
+    monkeypatch.setattr(training.checkpoint.reader, "_verified_windows", watched)
 
-    monkeypatch.setattr(training.checkpoint._SafeReader, "_load_item", staticmethod(held_until_refused))
-    first_window = training.checkpoint._windows(training.checkpoint.manifest_of(directory).files[other.name][1], [])[0]
+    monkeypatch.setattr(training.checkpoint.reader._SafeReader, "_load_item", staticmethod(held_until_refused))
+    first_window = training.checkpoint.integrity._windows(
+        training.checkpoint.manifest_of(directory).files[other.name][1], []
+    )[0]
     items = list(pickle.loads((directory / ".metadata").read_bytes()).storage_data.values())
     in_first = [i for i in items if i.relative_path == other.name and i.offset + i.length <= first_window[1]]
     completed, log = run_in_process(root, CHECKPOINTED_JOB)  # it saves step-12 anew: the files are read before
@@ -1060,8 +1088,8 @@ def test_an_item_that_lies_in_no_segment_is_refused(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
     (tmp_path / "__0_0.distcp").write_bytes(b"")
-    manifest = training.checkpoint.Manifest(files={"__0_0.distcp": (0, ())}, world_size=1, hashed_with="blake3")
-    reader = training.checkpoint._SafeReader(tmp_path, manifest)
+    manifest = Manifest(files={"__0_0.distcp": (0, ())}, world_size=1, hashed_with="blake3")
+    reader = training.checkpoint.reader._SafeReader(tmp_path, manifest)
     index = MetadataIndex("w")
     reader.storage_data = {index: _StorageInfo("__0_0.distcp", 0, 0)}
     empty = torch.Size([0])
@@ -1074,7 +1102,7 @@ def _save_alone(state: dict[str, torch.Tensor], directory: Path) -> dict[str, An
     """`state` saved by this trainer's writer, outside a run; the (size, segments) of each data file."""
     import torch.distributed.checkpoint as dcp
 
-    writer, hashed = training.checkpoint._writer(directory)
+    writer, hashed = training.checkpoint.writer._writer(directory)
     dcp.save(state, storage_writer=writer, no_dist=True)
     return hashed
 
@@ -1089,7 +1117,7 @@ def test_data_files_written_with_o_direct_or_buffered_are_the_same_bytes(
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path}'s file system refuses O_DIRECT")
     monkeypatch.setattr(direct_io, "CHUNK", 4 * direct_io.ALIGNMENT)  # many chunks and a partial last block
-    monkeypatch.setattr(training.checkpoint, "_MIN_SEGMENT", _SMALL_SEGMENT)
+    monkeypatch.setattr(training.checkpoint.writer, "_MIN_SEGMENT", _SMALL_SEGMENT)
     state = {f"w{i}": torch.randn(1000 + 333 * i) for i in range(8)}
     opened: list[str] = []
     create = direct_io.create

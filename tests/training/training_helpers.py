@@ -262,18 +262,18 @@ def save_rows_in_pieces(rank: int, world: int, port: int, directory: str, item_b
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    import training.checkpoint
+    import training.checkpoint.planners
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        training.checkpoint._MAX_ITEM = item_bytes
+        training.checkpoint.planners._MAX_ITEM = item_bytes
         torch.manual_seed(0)
         sharded = distribute_tensor(torch.randn(200, 20), init_device_mesh("cpu", (world,)), [Shard(0)])
         save(
             {"weight": sharded},
             storage_writer=FileSystemWriter(directory),
-            planner=training.checkpoint._PieceSavePlanner(),
+            planner=training.checkpoint.planners._PieceSavePlanner(),
         )
     finally:
         dist.destroy_process_group()
@@ -295,12 +295,12 @@ def state_layouts(state: Mapping[Any, Mapping[str, Any]]) -> dict[Any, dict[str,
 
 def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -> None:
     """One of `world` processes (torch.multiprocessing.spawn's): raise AssertionError unless the optimizer state
-    `training.checkpoint._unfilled_optimizer_state` makes for an FSDP2 model is laid out as the state DCP's step
+    `training.checkpoint.state._unfilled_optimizer_state` makes for an FSDP2 model is laid out as the state DCP's step
     makes, on shards of unequal size (3 rows over 2 ranks) and an empty one (1 row over 2 ranks)."""
     from torch.distributed.checkpoint.state_dict import _init_optim_state, get_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    import training.checkpoint
+    import training.checkpoint.state
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -315,7 +315,7 @@ def compare_unfilled_sharded_optimizer_state(rank: int, world: int, port: int) -
         stepped_model, stepped = built()
         unfilled_model, unfilled = built()
         _init_optim_state(stepped)
-        assert training.checkpoint._unfilled_optimizer_state(unfilled)
+        assert training.checkpoint.state._unfilled_optimizer_state(unfilled)
         expected = get_state_dict(stepped_model, stepped)[1]["state"]
         made = get_state_dict(unfilled_model, unfilled)[1]["state"]
         assert made.keys() == expected.keys() and len(made) == 4

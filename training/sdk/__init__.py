@@ -16,7 +16,7 @@
 `report_step` feeds the launcher's exact hang check (a step report per rank, a few microseconds), prints the
 metrics line SageMaker's MetricDefinitions and `tp watch` read (rank 0), and keeps the goodput progress record;
 `phase` names where time goes (`eval`, `export`); `Checkpointer` saves and loads through the trainer's own
-checkpoints (training/checkpoint.py: DCP, atomic commit, the manifest the platform records in the run's ledger,
+checkpoints (training/checkpoint/: DCP, atomic commit, the manifest the platform records in the run's ledger,
 every byte checked on load, only ledger-recorded checkpoints loaded). Importing this module imports no torch:
 `Checkpointer` and `should_stop` do, when called. `training.sdk.hf` and `training.sdk.lightning` hold the callbacks
 for Hugging Face's and Lightning's Trainers.

@@ -1,5 +1,5 @@
 """The SDK's checkpoints: a script's model, optimizer, schedule, own values and random streams, saved and loaded
-by the built-in trainer's CheckpointManager (training/checkpoint.py), so the platform records them in the run's
+by the built-in trainer's CheckpointManager (training/checkpoint/manager.py), so the platform records them in the run's
 ledger and a script resumes only from one the ledger holds, every byte checked, exactly where it stopped."""
 
 from __future__ import annotations
