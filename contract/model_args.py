@@ -60,6 +60,21 @@ class ModelArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+_LLAMA_3_1_8B = ModelArgs(
+    arch="llama",
+    vocab_size=128256,
+    dim=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=8,
+    ffn_dim=14336,
+    max_seq_len=8192,
+    rope_theta=500000.0,
+    tie_embeddings=False,
+)
+"""Llama 3.1 8B's shape; the other Llama 3 presets are it with other sizes (grouped-query attention with 8 KV heads,
+RoPE base 500,000)."""
+
 # GPT-2 sizes follow the paper and nanoGPT (vocab padded from 50257 to 50304 for matmul efficiency).
 # llama-1b is the Llama-3.2-1B shape with the GPT-2 vocabulary this package's tokenizers produce.
 # llama-3.1-8b and llama-3.1-70b are those models' shapes (their config.json on the Hugging Face Hub) with their
@@ -82,40 +97,9 @@ PRESETS: dict[str, ModelArgs] = {
     "gpt2-medium": ModelArgs(arch="gpt2", vocab_size=50304, dim=1024, n_layers=24, n_heads=16, max_seq_len=1024),
     "gpt2-large": ModelArgs(arch="gpt2", vocab_size=50304, dim=1280, n_layers=36, n_heads=20, max_seq_len=1024),
     "gpt2-xl": ModelArgs(arch="gpt2", vocab_size=50304, dim=1600, n_layers=48, n_heads=25, max_seq_len=1024),
-    "llama-1b": ModelArgs(
-        arch="llama",
-        vocab_size=50304,
-        dim=2048,
-        n_layers=16,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_dim=8192,
-        max_seq_len=2048,
-        rope_theta=500000.0,
-        tie_embeddings=True,
+    "llama-1b": _LLAMA_3_1_8B.replace(
+        vocab_size=50304, dim=2048, n_layers=16, ffn_dim=8192, max_seq_len=2048, tie_embeddings=True
     ),
-    "llama-3.1-8b": ModelArgs(
-        arch="llama",
-        vocab_size=128256,
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_dim=14336,
-        max_seq_len=8192,
-        rope_theta=500000.0,
-        tie_embeddings=False,
-    ),
-    "llama-3.1-70b": ModelArgs(
-        arch="llama",
-        vocab_size=128256,
-        dim=8192,
-        n_layers=80,
-        n_heads=64,
-        n_kv_heads=8,
-        ffn_dim=28672,
-        max_seq_len=8192,
-        rope_theta=500000.0,
-        tie_embeddings=False,
-    ),
+    "llama-3.1-8b": _LLAMA_3_1_8B,
+    "llama-3.1-70b": _LLAMA_3_1_8B.replace(dim=8192, n_layers=80, n_heads=64, ffn_dim=28672),
 }
