@@ -17,6 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -792,32 +793,28 @@ def _decide(decision: str, request_id: str, reason: str, t: Target, as_json: boo
         out.print(f"{answer.get('decision')} {request_id} as {answer.get('by')}", markup=False, highlight=False)
 
 
-@app.command()
-def approve(
-    request_id: str,
-    *,
-    reason: Reason,
-    stage: Stage = "dev",
-    region: Region = None,
-    decision_url: DecisionUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """Approve a pending request (as an approver of its run's team, or of the platform)."""
-    _decide("approve", request_id, reason, target(stage, region, "", decision_url), as_json)
+def _decision_command(decision: str) -> Callable[..., None]:
+    """The command that decides a pending request with `decision` ("approve" or "reject")."""
+
+    def command(
+        request_id: str,
+        *,
+        reason: Reason,
+        stage: Stage = "dev",
+        region: Region = None,
+        decision_url: DecisionUrl = None,
+        as_json: AsJson = False,
+    ) -> None:
+        _decide(decision, request_id, reason, target(stage, region, "", decision_url), as_json)
+
+    command.__doc__ = (
+        f"{decision.capitalize()} a pending request (as an approver of its run's team, or of the platform)."
+    )
+    return command
 
 
-@app.command()
-def reject(
-    request_id: str,
-    *,
-    reason: Reason,
-    stage: Stage = "dev",
-    region: Region = None,
-    decision_url: DecisionUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """Reject a pending request (as an approver of its run's team, or of the platform)."""
-    _decide("reject", request_id, reason, target(stage, region, "", decision_url), as_json)
+approve = app.command("approve")(_decision_command("approve"))
+reject = app.command("reject")(_decision_command("reject"))
 
 
 def lineage_records(s3: Any, bucket: str) -> list[dict[str, Any]]:
