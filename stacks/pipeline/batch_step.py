@@ -14,6 +14,8 @@ ends any other way is cleaned up by an EventBridge rule, as on SageMaker.
 
 from __future__ import annotations
 
+from functools import partial
+
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
@@ -31,14 +33,13 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
 from stacks.constructs.tasks import BATCH_TRANSIENT
 from stacks.pipeline.adoption import FOUND, AdoptionCheck
-from stacks.pipeline.parts import StepParts, obj, stack_arn
+from stacks.pipeline.parts import StepParts, stack_arn
 from stacks.pipeline.polled_job import (
     JOB_NAME,
-    PolledJobStep,
     StepNames,
+    batch_job_loop,
     cleanup_function,
-    grant_checkpoint_ledger,
-    grant_goodput_ledger,
+    monitor_function,
     sdk_task,
     watch_ended_executions,
 )
@@ -78,17 +79,7 @@ class BatchTraining(Construct):
         adoption.add_batch(constants)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
-        step = PolledJobStep(
-            self,
-            notifier=parts.notifier,
-            names=NAMES,
-            create=self._submit,
-            progress=self.monitor,
-            job={"job": obj(TRAIN.job)},
-            cleanup=self.cleanup,
-            replaces_jobs=True,
-            capacity_retries=parts.pipeline.capacity_retries,
-        )
+        step = batch_job_loop(self, parts, names=NAMES, submit=self._submit, monitor=self.monitor, cleanup=self.cleanup)
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
         self.functions: list[PlatformFunction] = [self.monitor, self.cleanup]
         self.goodput_writers: list[PlatformFunction] = [self.monitor]
@@ -142,19 +133,13 @@ class BatchTraining(Construct):
 
     def _monitor_function(self) -> PlatformFunction:
         buckets = self._parts.buckets
-        monitor = self._parts.handlers.function(
+        monitor = monitor_function(
+            self._parts,
             "PollBatchJob",
-            "lambdas.batch.monitor.handler",
-            "Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
-            BatchMonitorEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
-                capacity_wait_minutes=CAPACITY_WAIT_MINUTES,
-            ).variables(),
+            handler="lambdas.batch.monitor.handler",
+            description="Summarises a running AWS Batch job: status, lost nodes, capacity wait, checkpoint freshness",
+            environment=partial(BatchMonitorEnvironment, capacity_wait_minutes=CAPACITY_WAIT_MINUTES),
         )
-        grant_checkpoint_ledger(monitor, buckets)
-        grant_goodput_ledger(monitor, buckets)
         outputs = f"{buckets.artifacts.bucket_arn}/{ANY_OUTPUT}"
         # What the launcher wrote for the job: its result (metrics, model URI) and failure, per node and attempt.
         monitor.function.add_to_role_policy(
@@ -177,19 +162,12 @@ class BatchTraining(Construct):
         return monitor
 
     def _cleanup_function(self) -> PlatformFunction:
-        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            self._parts.handlers,
-            buckets,
+            self._parts,
             "StopBatchJobs",
             handler="lambdas.batch.cleanup.handler",
             description="Terminates a run's AWS Batch jobs and prunes its checkpoints when the run ends",
-            environment=BatchCleanupEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                job_queue=self.cluster.queue.job_queue_arn,
-            ),
-            dead_letters="StopBatchJobsDeadLetters",
+            environment=partial(BatchCleanupEnvironment, job_queue=self.cluster.queue.job_queue_arn),
         )
         self.cluster.grant_follow(cleanup.role)
         self.cluster.grant_terminate(cleanup.role)

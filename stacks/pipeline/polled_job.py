@@ -48,11 +48,12 @@ from contract.layout import (
     INSUFFICIENT_CAPACITY,
 )
 from contract.service_requests import ATTEMPT_JOB_NAME
-from lambdas.jobs.environment import CleanupEnvironment
+from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
+from lambdas.shared.env import HandlerEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, SDK, invoke, retry
-from stacks.pipeline.parts import Buckets, Handlers, Notifier, obj, string
+from stacks.pipeline.parts import Buckets, Notifier, StepParts, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds a job of that name, and adopts it
 # only when the adoption check finds it the one the platform asked for (stacks/pipeline/adoption.py).
@@ -350,25 +351,76 @@ def grant_goodput_ledger(function: PlatformFunction, buckets: Buckets) -> None:
         acknowledge_wildcard(function.role, resource, reason)
 
 
-def cleanup_function(
-    handlers: Handlers,
-    buckets: Buckets,
+def monitor_function(
+    parts: StepParts,
     name: str,
     *,
     handler: str,
     description: str,
-    environment: CleanupEnvironment,
-    dead_letters: str,
-) -> tuple[PlatformFunction, sqs.Queue, str]:
-    """A backend's cleanup handler, its dead-letter queue and the pattern of the checkpoints it may prune.
+    environment: Callable[..., HandlerEnvironment] = MonitorEnvironment,
+    timeout: Duration | None = None,
+) -> PlatformFunction:
+    """A backend's progress handler (the loop's `progress`), let record the run's checkpoints and write its jobs'
+    goodput ledgers. `environment` makes the handler's environment from `MonitorEnvironment`'s fields (where the
+    run's checkpoints and ledgers are, and when a checkpoint is stale). The backend grants it what following its
+    jobs takes."""
+    buckets = parts.buckets
+    variables = environment(
+        checkpoints_bucket=buckets.checkpoints.bucket_name,
+        artifacts_bucket=buckets.artifacts.bucket_name,
+        checkpoint_stale_minutes=parts.pipeline.checkpoint_stale_minutes,
+    ).variables()
+    monitor = parts.handlers.function(name, handler, description, variables, timeout=timeout)
+    grant_checkpoint_ledger(monitor, buckets)
+    grant_goodput_ledger(monitor, buckets)
+    return monitor
 
-    `environment` names the checkpoints bucket it prunes and the artifacts bucket of the runs' ledgers. The backend
-    grants it what stopping its jobs takes, and acknowledges the wildcards.
+
+def batch_job_loop(
+    scope: Construct,
+    parts: StepParts,
+    *,
+    names: StepNames,
+    submit: Create,
+    monitor: PlatformFunction,
+    cleanup: PlatformFunction,
+) -> PolledJobStep:
+    """The loop of a job AWS Batch runs (a multi-node parallel job, a team's service job): submitted by `submit`,
+    followed by its ARN and name (`$.train.job`), replaced by a new attempt when it waited too long for capacity
+    (up to the settings' `capacity_retries` times)."""
+    return PolledJobStep(
+        scope,
+        notifier=parts.notifier,
+        names=names,
+        create=submit,
+        progress=monitor,
+        job={"job": obj(TRAIN.job)},
+        cleanup=cleanup,
+        replaces_jobs=True,
+        capacity_retries=parts.pipeline.capacity_retries,
+    )
+
+
+def cleanup_function(
+    parts: StepParts,
+    name: str,
+    *,
+    handler: str,
+    description: str,
+    environment: Callable[..., CleanupEnvironment] = CleanupEnvironment,
+) -> tuple[PlatformFunction, sqs.Queue, str]:
+    """A backend's cleanup handler, its dead-letter queue (`<name>DeadLetters`) and the pattern of the checkpoints it
+    may prune.
+
+    `environment` makes the handler's environment from `CleanupEnvironment`'s fields (the checkpoints bucket it
+    prunes and the artifacts bucket of the runs' ledgers). The backend grants it what stopping its jobs takes, and
+    acknowledges the wildcards.
     """
+    handlers, buckets = parts.handlers, parts.buckets
     # EventBridge invokes the cleanup asynchronously: what fails there for good is kept here.
     queue = sqs.Queue(
         handlers.stack,
-        dead_letters,
+        f"{name}DeadLetters",
         encryption=sqs.QueueEncryption.KMS,
         encryption_master_key=buckets.key,
         enforce_ssl=True,
@@ -378,7 +430,9 @@ def cleanup_function(
         name,
         handler,
         description,
-        environment.variables(),
+        environment(
+            checkpoints_bucket=buckets.checkpoints.bucket_name, artifacts_bucket=buckets.artifacts.bucket_name
+        ).variables(),
         timeout=Duration.minutes(5),
         dead_letter_queue=queue,
     )

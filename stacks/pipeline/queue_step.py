@@ -18,6 +18,8 @@ execution that ends any other way is cleaned up by an EventBridge rule.
 
 from __future__ import annotations
 
+from functools import partial
+
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
@@ -26,7 +28,6 @@ from constructs import Construct
 from contract.execution_state import ERROR, REQUEST, TRAIN
 from contract.service_requests import ServiceJobConstants, Variant, submit_service_job
 from lambdas.backends.queue import QUEUE
-from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.queue.environment import QueueCleanupEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge, acknowledge_wildcard
@@ -34,14 +35,13 @@ from stacks.constructs.queue import TeamQueue
 from stacks.constructs.tasks import BATCH_TRANSIENT
 from stacks.pipeline.adoption import FOUND, AdoptionCheck
 from stacks.pipeline.create_training_job import DistributedTrainingJob, volumes
-from stacks.pipeline.parts import StepParts, obj, stack_arn
+from stacks.pipeline.parts import StepParts, stack_arn
 from stacks.pipeline.polled_job import (
     JOB_NAME,
-    PolledJobStep,
     StepNames,
+    batch_job_loop,
     cleanup_function,
-    grant_checkpoint_ledger,
-    grant_goodput_ledger,
+    monitor_function,
     sdk_task,
     watch_ended_executions,
 )
@@ -71,17 +71,7 @@ class QueueTraining(Construct):
         adoption.add_queue(constants, follow_service_jobs)
         self.monitor = self._monitor_function()
         self.cleanup = self._cleanup_function()
-        step = PolledJobStep(
-            self,
-            notifier=parts.notifier,
-            names=NAMES,
-            create=self._submit,
-            progress=self.monitor,
-            job={"job": obj(TRAIN.job)},
-            cleanup=self.cleanup,
-            replaces_jobs=True,
-            capacity_retries=parts.pipeline.capacity_retries,
-        )
+        step = batch_job_loop(self, parts, names=NAMES, submit=self._submit, monitor=self.monitor, cleanup=self.cleanup)
         self.start, self.succeeded, self.failed = step.start, step.succeeded, step.failed
         self.functions: list[PlatformFunction] = [self.monitor, self.cleanup]
         self.goodput_writers: list[PlatformFunction] = [self.monitor]
@@ -124,19 +114,13 @@ class QueueTraining(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        buckets = self._parts.buckets
-        monitor = self._parts.handlers.function(
+        monitor = monitor_function(
+            self._parts,
             "PollServiceJob",
-            "lambdas.queue.monitor.handler",
-            "Summarises a team's queued training job: its place in the queue, preemptions, then its training job",
-            MonitorEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
-            ).variables(),
+            handler="lambdas.queue.monitor.handler",
+            description="Summarises a team's queued training job: its place in the queue, preemptions, then its "
+            "training job",
         )
-        grant_checkpoint_ledger(monitor, buckets)
-        grant_goodput_ledger(monitor, buckets)
         self.job.grant_follow(monitor.role)
         follow_service_jobs(monitor.role)
         # Batch names a service job's training jobs: they are found by name among the listed ones.
@@ -152,19 +136,12 @@ class QueueTraining(Construct):
         return monitor
 
     def _cleanup_function(self) -> PlatformFunction:
-        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            self._parts.handlers,
-            buckets,
+            self._parts,
             "StopServiceJobs",
             handler="lambdas.queue.cleanup.handler",
             description="Terminates a run's queued service jobs and prunes its checkpoints when the run ends",
-            environment=QueueCleanupEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                job_queue=self.teams.queue_arn,
-            ),
-            dead_letters="StopServiceJobsDeadLetters",
+            environment=partial(QueueCleanupEnvironment, job_queue=self.teams.queue_arn),
         )
         follow_service_jobs(cleanup.role, listing=True)
         self.teams.grant_terminate(cleanup.role)

@@ -15,7 +15,6 @@ from constructs import Construct
 
 from contract.execution_state import ERROR, REQUEST, TRAIN
 from contract.service_requests import Variant
-from lambdas.jobs.environment import CleanupEnvironment, MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.pipeline.adoption import AdoptionCheck
@@ -26,8 +25,7 @@ from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
     cleanup_function,
-    grant_checkpoint_ledger,
-    grant_goodput_ledger,
+    monitor_function,
     watch_ended_executions,
 )
 from stacks.pipeline.training_step import TrainingResources
@@ -95,19 +93,12 @@ class SageMakerTraining(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        buckets = self._parts.buckets
-        monitor = self._parts.handlers.function(
+        monitor = monitor_function(
+            self._parts,
             "Monitor",
-            "lambdas.sagemaker.monitor.handler",
-            "Summarises a running job: status, spot interruptions, checkpoint freshness",
-            MonitorEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
-            ).variables(),
+            handler="lambdas.sagemaker.monitor.handler",
+            description="Summarises a running job: status, spot interruptions, checkpoint freshness",
         )
-        grant_checkpoint_ledger(monitor, buckets)
-        grant_goodput_ledger(monitor, buckets)
         self.job.grant_follow(monitor.role)
         acknowledge_wildcard(
             monitor.role,
@@ -118,17 +109,11 @@ class SageMakerTraining(Construct):
 
     def _cleanup_function(self) -> PlatformFunction:
         """The handler that stops a run's jobs and prunes its checkpoints (state machine and EventBridge)."""
-        buckets = self._parts.buckets
         cleanup, self.cleanup_dead_letters, superseded = cleanup_function(
-            self._parts.handlers,
-            buckets,
+            self._parts,
             "Cleanup",
             handler="lambdas.sagemaker.cleanup.handler",
             description="Stops a run's training jobs and prunes its checkpoints when the run ends",
-            environment=CleanupEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name, artifacts_bucket=buckets.artifacts.bucket_name
-            ),
-            dead_letters="CleanupDeadLetters",
         )
         self.job.grant_stop(cleanup.role)
         for resource, reason in {

@@ -18,7 +18,6 @@ from constructs import Construct
 
 from contract.execution_state import ERROR, REQUEST, TRAIN
 from contract.service_requests import Variant, create_tuning_job
-from lambdas.jobs.environment import MonitorEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
@@ -27,8 +26,7 @@ from stacks.pipeline.parts import StepParts, stack_arn, string
 from stacks.pipeline.polled_job import (
     PolledJobStep,
     StepNames,
-    grant_checkpoint_ledger,
-    grant_goodput_ledger,
+    monitor_function,
     sdk_task,
 )
 from stacks.pipeline.sagemaker_step import SageMakerTraining
@@ -136,21 +134,15 @@ class SageMakerTuning(Construct):
         )
 
     def _monitor_function(self) -> PlatformFunction:
-        buckets = self._parts.buckets
-        monitor = self._parts.handlers.function(
+        monitor = monitor_function(
+            self._parts,
             "TuningProgress",
-            "lambdas.tuning.handler.handler",
-            "Summarises a tuning job: its trials while it runs, then its best training job and what every trial cost",
-            MonitorEnvironment(
-                checkpoints_bucket=buckets.checkpoints.bucket_name,
-                artifacts_bucket=buckets.artifacts.bucket_name,
-                checkpoint_stale_minutes=self._parts.pipeline.checkpoint_stale_minutes,
-            ).variables(),
+            handler="lambdas.tuning.handler.handler",
+            description="Summarises a tuning job: its trials while it runs, then its best training job and what every "
+            "trial cost",
             # An ended tuning job's trials are described one by one (up to 100) to sum what they cost.
             timeout=Duration.minutes(2),
         )
-        grant_checkpoint_ledger(monitor, buckets)
-        grant_goodput_ledger(monitor, buckets)
         tuning_jobs = stack_arn(self, "sagemaker", "hyper-parameter-tuning-job/*")
         monitor.function.add_to_role_policy(
             iam.PolicyStatement(
