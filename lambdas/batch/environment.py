@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lambdas.jobs.environment import CleanupEnvironment
+from lambdas.jobs.environment import JobQueueCleanupEnvironment
 from lambdas.shared.env import HandlerEnvironment
 
 
@@ -17,8 +17,5 @@ class BatchMonitorEnvironment(HandlerEnvironment):
     """A job still waiting for its nodes after this long is terminated and retried as a new job."""
 
 
-class BatchCleanupEnvironment(CleanupEnvironment):
-    """StopBatchJobs'."""
-
-    job_queue: str
-    """The queue whose jobs of an ended execution are terminated."""
+class BatchCleanupEnvironment(JobQueueCleanupEnvironment):
+    """StopBatchJobs': the Batch backend's job queue."""

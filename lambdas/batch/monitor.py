@@ -27,15 +27,14 @@ from contract.layout import (
     split_s3_uri,
 )
 from lambdas.batch.environment import BatchMonitorEnvironment
-from lambdas.jobs.pacing import paced
-from lambdas.jobs.progress import freshness, observe_checkpoints, record_goodput, record_metrics
+from lambdas.jobs.progress import answer, freshness, observe_checkpoints, record_goodput
+from lambdas.jobs.queue_cleanup import STOP_REASON
 from lambdas.sagemaker.monitor import metrics
 from lambdas.shared.errors import classified
 
 logger = Logger(service="training-platform")
 
 # What StopBatchJobs and this handler give TerminateJob: a job ended this way was stopped, not failed.
-STOP_REASON = "Stopped by the training platform"
 CAPACITY_REASON = f"{STOP_REASON}: no capacity"
 # Batch's statusReason for an attempt whose instance EC2 terminated (a lost node).
 HOST_LOST = "Host EC2"
@@ -239,9 +238,10 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         environment=BatchMonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics, team=parsed.request.team)
-    logger.info(
-        "batch job polled",
-        extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions"}),
+    return answer(
+        summary,
+        parsed,
+        into=metrics,
+        message="batch job polled",
+        logged={"job_name", "status", "secondary_status", "interruptions"},
     )
-    return paced(summary, parsed).model_dump(mode="json")

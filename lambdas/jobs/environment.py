@@ -29,6 +29,13 @@ class CleanupEnvironment(HandlerEnvironment):
     """Where the run's checkpoint ledger (contract/ledger.py) is."""
 
 
+class JobQueueCleanupEnvironment(CleanupEnvironment):
+    """The cleanup's of a backend whose jobs wait on an AWS Batch job queue (lambdas/jobs/queue_cleanup.py)."""
+
+    job_queue: str
+    """The queue whose jobs of an ended execution are terminated."""
+
+
 class AdoptionEnvironment(HandlerEnvironment):
     """The adoption check's (lambdas/jobs/adoption.py): the constants of the platform's requests, which the stacks
     write (stacks/pipeline/adoption.py). Each is a constants dataclass's fields (contract/service_requests.py) as

@@ -12,6 +12,7 @@ from contract import goodput, hang, ledger
 from contract.execution_state import JobProgress, Poll
 from contract.layout import run_checkpoints, run_goodput
 from contract.stored_checkpoints import complete_checkpoints
+from lambdas.jobs.pacing import paced
 from lambdas.shared.errors import is_transient
 from lambdas.shared.metrics import GOODPUT_LOG_MESSAGE, Metric, StageMetrics
 
@@ -133,3 +134,12 @@ def record_metrics(summary: JobProgress, into: StageMetrics, *, team: str | None
         into.record(Metric.SPOT_SAVINGS, summary.cost.spot_savings_usd)
         if team is not None:
             into.record_for_team(Metric.TEAM_TRAINING_COST, team, summary.cost.actual_usd)
+
+
+def answer(summary: JobProgress, poll: Poll, *, into: StageMetrics, message: str, logged: set[str]) -> dict[str, Any]:
+    """A progress handler's answer to `poll`: `summary`'s metrics recorded into the handler's own `into`
+    (`record_metrics`), `message` logged with the summary's `logged` fields (where the handler called this), and the
+    summary with the next poll's wait (`paced`), as the state machine reads it."""
+    record_metrics(summary, into, team=poll.request.team)
+    logger.info(message, extra=summary.model_dump(include=logged), stacklevel=3)
+    return paced(summary, poll).model_dump(mode="json")

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
-from aws_lambda_powertools import Logger
-
 from lambdas.jobs.environment import CleanupEnvironment
-from lambdas.jobs.prune import CLEANUP_EVENT, Ended, ended_execution, prune_runs
+from lambdas.jobs.prune import Ended
+from lambdas.jobs.queue_cleanup import queue_cleanup_handler, terminate_and_prune
 from lambdas.queue.environment import QueueCleanupEnvironment
-from lambdas.shared.errors import classified
 
-logger = Logger(service="training-platform")
 ACTIVE = ("SUBMITTED", "PENDING", "RUNNABLE", "SCHEDULED", "STARTING", "RUNNING")
-STOP_REASON = "Stopped by the training platform"
 
 
 def active_jobs(batch: Any, queue: str, ended: Ended) -> list[dict[str, str]]:
@@ -36,29 +31,9 @@ def active_jobs(batch: Any, queue: str, ended: Ended) -> list[dict[str, str]]:
 
 
 def clean_up(ended: Ended, *, queue: str, stores: CleanupEnvironment, batch: Any, s3: Any) -> dict[str, Any]:
-    """Terminate the execution's service jobs, then prune the checkpoints of the given runs and of those jobs."""
-    terminated = []
-    execution = ended.execution
-    for job in active_jobs(batch, queue, ended):
-        batch.terminate_service_job(jobId=job["job_id"], reason=f"{STOP_REASON}: execution {execution} ended")
-        terminated.append(job["job_name"])
-        logger.info("service job terminated", extra={"job": job["job_name"], "execution": execution})
-    runs = [ended.run] if ended.run is not None else []
-    return {"stopped": terminated, "pruned": prune_runs(s3, stores, runs, terminated)}
+    """Terminate the execution's service jobs, then prune the checkpoints of its run and of those jobs."""
+    jobs = active_jobs(batch, queue, ended)
+    return terminate_and_prune(ended, jobs, batch.terminate_service_job, noun="service job", stores=stores, s3=s3)
 
 
-@classified
-@logger.inject_lambda_context(log_event=False)
-def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
-    environment = QueueCleanupEnvironment.from_environ()
-    ended = ended_execution(CLEANUP_EVENT.validate_python(event))
-    result = clean_up(
-        ended,
-        queue=environment.job_queue,
-        stores=environment,
-        batch=boto3.client("batch"),
-        s3=boto3.client("s3"),
-    )
-    logger.info("queued run cleaned up", extra={"execution": ended.execution, **result})
-    return result
+handler = queue_cleanup_handler(QueueCleanupEnvironment.from_environ, clean_up, message="queued run cleaned up")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from lambdas.jobs.environment import CleanupEnvironment
+from lambdas.jobs.environment import JobQueueCleanupEnvironment
 
 
-class QueueCleanupEnvironment(CleanupEnvironment):
-    """StopServiceJobs'."""
-
-    job_queue: str
-    """The teams' queue, whose service jobs of an ended execution are terminated."""
+class QueueCleanupEnvironment(JobQueueCleanupEnvironment):
+    """StopServiceJobs': the teams' queue."""

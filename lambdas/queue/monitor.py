@@ -19,8 +19,7 @@ from aws_lambda_powertools import Logger
 
 from contract.execution_state import JobCost, JobProgress, QueuePoll
 from lambdas.jobs.environment import MonitorEnvironment
-from lambdas.jobs.pacing import paced
-from lambdas.jobs.progress import observe_checkpoints, record_metrics
+from lambdas.jobs.progress import answer, observe_checkpoints
 from lambdas.queue.waits import QUEUE_WAIT_EXCEEDED, in_words, queue_terminated
 from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
@@ -221,9 +220,10 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics, team=parsed.request.team)
-    logger.info(
-        "service job polled",
-        extra=summary.model_dump(include={"job_name", "status", "secondary_status", "queued", "preemptions"}),
+    return answer(
+        summary,
+        parsed,
+        into=metrics,
+        message="service job polled",
+        logged={"job_name", "status", "secondary_status", "queued", "preemptions"},
     )
-    return paced(summary, parsed).model_dump(mode="json")

@@ -19,8 +19,7 @@ from contract import goodput
 from contract.execution_state import JobCost, JobProgress, Poll, SageMakerPoll
 from contract.layout import INSUFFICIENT_CAPACITY, RETRIED_ON_FRESH_NODES
 from lambdas.jobs.environment import MonitorEnvironment
-from lambdas.jobs.pacing import paced
-from lambdas.jobs.progress import freshness, observe_checkpoints, record_goodput, record_metrics
+from lambdas.jobs.progress import answer, freshness, observe_checkpoints, record_goodput
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
 
@@ -198,9 +197,10 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         environment=MonitorEnvironment.from_environ(),
         now=datetime.now(UTC),
     )
-    record_metrics(summary, metrics, team=parsed.request.team)
-    logger.info(
-        "training job polled",
-        extra=summary.model_dump(include={"job_name", "status", "secondary_status", "interruptions", "stale"}),
+    return answer(
+        summary,
+        parsed,
+        into=metrics,
+        message="training job polled",
+        logged={"job_name", "status", "secondary_status", "interruptions", "stale"},
     )
-    return paced(summary, parsed).model_dump(mode="json")
