@@ -395,14 +395,46 @@ def create_training_job(created: Callable[[str, dict[str, Any], Any], None]) -> 
         result = original(response)
         job = backend.training_jobs[name]
         job.requested = request  # what DescribeTrainingJob answers with (`describe_training_job`)
-        job.training_job_status = "InProgress"
-        job.secondary_status = "Starting"
-        job.final_metric_data_list = []
-        job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+        starting(job)
         created(name, request, job)
         return result
 
     return mock.patch.object(SageMakerResponse, "create_training_job", create)
+
+
+def starting(job: Any) -> None:
+    """moto's new training job as SageMaker starts one: InProgress (Starting), no metrics yet."""
+    job.training_job_status = "InProgress"
+    job.secondary_status = "Starting"
+    job.final_metric_data_list = []
+    job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+
+
+def start_training_job(backend: Any, name: str, request: dict[str, Any]) -> Any:
+    """The training job `name` of the CreateTrainingJob `request`, made in moto's SageMaker `backend` as the service
+    makes one it starts on its own authority (a service job's, a tuning job's trial), and `starting`."""
+    job = backend.create_training_job(
+        training_job_name=name,
+        hyper_parameters=request.get("HyperParameters", {}),
+        algorithm_specification=request["AlgorithmSpecification"],
+        role_arn=request["RoleArn"],
+        input_data_config=request.get("InputDataConfig", []),
+        output_data_config=request["OutputDataConfig"],
+        resource_config=request["ResourceConfig"],
+        vpc_config=request.get("VpcConfig"),
+        stopping_condition=request["StoppingCondition"],
+        tags=request.get("Tags", []),
+        enable_network_isolation=request.get("EnableNetworkIsolation", False),
+        enable_inter_container_traffic_encryption=request.get("EnableInterContainerTrafficEncryption", False),
+        enable_managed_spot_training=request.get("EnableManagedSpotTraining", False),
+        checkpoint_config=request.get("CheckpointConfig"),
+        debug_hook_config=None,
+        debug_rule_configurations=None,
+        tensor_board_output_config=None,
+        experiment_config=None,
+    )
+    starting(job)
+    return job
 
 
 def describe_training_job(described: Callable[[str, Any], None]) -> Any:

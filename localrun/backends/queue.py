@@ -60,6 +60,7 @@ from moto.core.exceptions import JsonRESTError
 from localrun.aws import iam as local_iam
 from localrun.aws.cfn import ACCOUNT, REGION, Assembly, Resolver
 from localrun.aws.iam import _BATCH_OPERATIONS, acting_as
+from localrun.aws.moto_fixes import start_training_job
 
 RESERVE, LEND, LEND_AND_BORROW = "RESERVE", "LEND", "LEND_AND_BORROW"
 
@@ -546,29 +547,7 @@ class LocalServiceJobs:
         name = f"AWSBatch{job.name}{uuid.uuid4().hex}"[:63]
         request = {**json.loads(job.payload), "TrainingJobName": name}
         backend: Any = sagemaker_backends[ACCOUNT][REGION]
-        training = backend.create_training_job(
-            training_job_name=name,
-            hyper_parameters=request.get("HyperParameters", {}),
-            algorithm_specification=request["AlgorithmSpecification"],
-            role_arn=request["RoleArn"],
-            input_data_config=request.get("InputDataConfig", []),
-            output_data_config=request["OutputDataConfig"],
-            resource_config=request["ResourceConfig"],
-            vpc_config=request.get("VpcConfig"),
-            stopping_condition=request["StoppingCondition"],
-            tags=request.get("Tags", []),
-            enable_network_isolation=request.get("EnableNetworkIsolation", False),
-            enable_inter_container_traffic_encryption=request.get("EnableInterContainerTrafficEncryption", False),
-            enable_managed_spot_training=request.get("EnableManagedSpotTraining", False),
-            checkpoint_config=request.get("CheckpointConfig"),
-            debug_hook_config=None,
-            debug_rule_configurations=None,
-            tensor_board_output_config=None,
-            experiment_config=None,
-        )
-        training.training_job_status, training.secondary_status = "InProgress", "Starting"
-        training.final_metric_data_list = []
-        training.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+        training = start_training_job(backend, name, request)
         job.attempts.append(Attempt(training_job=name, started_at=self._ms()))
         job.status, job.status_reason = "SCHEDULED", ""
         job.scheduled_at = job.scheduled_at or self._ms()

@@ -32,6 +32,7 @@ from moto.sagemaker.models import SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
 
 from localrun.aws.iam import acting_as
+from localrun.aws.moto_fixes import start_training_job
 
 _ENDED = ("Completed", "Failed", "Stopped")
 
@@ -226,29 +227,7 @@ class LocalTuning:
             **({"CheckpointConfig": checkpoint} if checkpoint else {}),
             "Tags": tuning.request.get("Tags", []),
         }
-        job = backend.create_training_job(
-            training_job_name=name,
-            hyper_parameters=hyperparameters,
-            algorithm_specification=request["AlgorithmSpecification"],
-            role_arn=request["RoleArn"],
-            input_data_config=request["InputDataConfig"],
-            output_data_config=request["OutputDataConfig"],
-            resource_config=request["ResourceConfig"],
-            vpc_config=request.get("VpcConfig"),
-            stopping_condition=request["StoppingCondition"],
-            tags=request["Tags"],
-            enable_network_isolation=request.get("EnableNetworkIsolation", False),
-            enable_inter_container_traffic_encryption=request.get("EnableInterContainerTrafficEncryption", False),
-            enable_managed_spot_training=request.get("EnableManagedSpotTraining", False),
-            checkpoint_config=request.get("CheckpointConfig"),
-            debug_hook_config=None,
-            debug_rule_configurations=None,
-            tensor_board_output_config=None,
-            experiment_config=None,
-        )
-        job.training_job_status, job.secondary_status = "InProgress", "Starting"
-        job.final_metric_data_list = []
-        job.secondary_status_transitions = [{"Status": "Starting", "StatusMessage": "Preparing the instances"}]
+        job = start_training_job(backend, name, request)
         trial = Trial(name, tuned, job)
         tuning.trials.append(trial)
         # SageMaker starts trials on its own authority, not as whoever happened to describe the tuning job.

@@ -83,12 +83,9 @@ def write_tokenizer(folder: Path, *, vocab_size: int = 384, chat_template: bool 
 
 def llama_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overrides: Any) -> Path:
     """A random Llama (grouped-query attention, untied head unless told) saved with save_pretrained in fp32."""
-    import torch  # noqa: PLC0415  (the demo imports this module before it needs torch)
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415  (the demo imports this module first)
 
-    vocab = write_tokenizer(folder) if tokenizer else 384
     settings: dict[str, Any] = {
-        "vocab_size": vocab,
         "hidden_size": 64,
         "intermediate_size": 160,
         "num_hidden_layers": 2,
@@ -100,22 +97,16 @@ def llama_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overr
         "eos_token_id": 4,
         "tie_word_embeddings": False,
     }
-    settings.update(overrides)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**settings))  # fp32, torch's default dtype
-    _randomise_norms(model, seed)
-    model.save_pretrained(str(folder), safe_serialization=True)
-    return folder
+    return _saved_random(
+        folder, LlamaForCausalLM, LlamaConfig, {**settings, **overrides}, seed=seed, tokenizer=tokenizer
+    )
 
 
 def gpt2_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overrides: Any) -> Path:
     """A random GPT-2 (GPT2LMHeadModel, tied head) saved with save_pretrained in fp32."""
-    import torch  # noqa: PLC0415
     from transformers import GPT2Config, GPT2LMHeadModel  # noqa: PLC0415
 
-    vocab = write_tokenizer(folder) if tokenizer else 384
     settings: dict[str, Any] = {
-        "vocab_size": vocab,
         "n_embd": 64,
         "n_layer": 2,
         "n_head": 4,
@@ -123,9 +114,20 @@ def gpt2_folder(folder: Path, *, seed: int = 0, tokenizer: bool = True, **overri
         "bos_token_id": 0,
         "eos_token_id": 4,
     }
-    settings.update(overrides)
+    return _saved_random(folder, GPT2LMHeadModel, GPT2Config, {**settings, **overrides}, seed=seed, tokenizer=tokenizer)
+
+
+def _saved_random(
+    folder: Path, model_class: Any, config_class: Any, settings: dict[str, Any], *, seed: int, tokenizer: bool
+) -> Path:
+    """`model_class` of the `config_class` of `settings` and the vocabulary of the demo's tokenizer (written in
+    `folder` when `tokenizer`, else 384 ids), with weights drawn from `seed` (fp32, torch's default dtype) and its
+    norms randomised, saved in `folder` with save_pretrained."""
+    import torch  # noqa: PLC0415  (the demo imports this module before it needs torch)
+
+    vocab = write_tokenizer(folder) if tokenizer else 384
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**settings))  # fp32, torch's default dtype
+    model = model_class(config_class(**{"vocab_size": vocab, **settings}))
     _randomise_norms(model, seed)
     model.save_pretrained(str(folder), safe_serialization=True)
     return folder
