@@ -14,6 +14,12 @@ from constructs import Construct
 
 BUCKET_PURPOSES = ("datasets", "checkpoints", "artifacts", "access-logs")
 
+CHECKPOINT_WRITERS_PATH = "/training-platform/checkpoint-writers/"
+"""The IAM path of the roles that write or delete runs' checkpoints (the training roles, the ledger opener's copy,
+the cleanups' prune): the checkpoints bucket's policy refuses those writes to every principal not on it
+(stacks/constructs/buckets.py). A role's path is part of its ARN and of `aws:PrincipalArn`, and only a principal
+that may create IAM roles can put one on it."""
+
 
 def bucket_name(scope: Construct, stage: str, purpose: str) -> str:
     """`tp-<stage>-<purpose>-<account>-<region>`: at most 63 characters for a stage of at most 20."""
@@ -27,3 +33,9 @@ def ec2_arn_prefix(scope: Construct) -> str:
     """`arn:<partition>:ec2:<region>:<account>` of the scope's stack; EC2 resource ARNs append `:<type>/<id>`."""
     stack = Stack.of(scope)
     return f"arn:{stack.partition}:ec2:{stack.region}:{stack.account}"
+
+
+def checkpoint_writers_arn(scope: Construct) -> str:
+    """`aws:PrincipalArn` of every role on `CHECKPOINT_WRITERS_PATH` in the scope's account, as `ArnLike` takes it."""
+    stack = Stack.of(scope)
+    return f"arn:{stack.partition}:iam::{stack.account}:role{CHECKPOINT_WRITERS_PATH}*"

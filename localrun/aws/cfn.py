@@ -43,7 +43,7 @@ _SERVICE = {
 _ARNS = {
     "AWS::S3::Bucket": "arn:aws:s3:::{name}",
     "AWS::Lambda::Function": "arn:aws:lambda:{region}:{account}:function:{name}",
-    "AWS::IAM::Role": "arn:aws:iam::{account}:role/{name}",
+    "AWS::IAM::Role": "arn:aws:iam::{account}:role{path}{name}",
     "AWS::Logs::LogGroup": "arn:aws:logs:{region}:{account}:log-group:{name}:*",
     "AWS::KMS::Key": "arn:aws:kms:{region}:{account}:key/{name}",
     "AWS::ECR::Repository": "arn:aws:ecr:{region}:{account}:repository/{name}",
@@ -246,7 +246,9 @@ class Resolver:
         if attribute == "Arn":
             arn = _ARNS.get(type_)
             if arn is not None:
-                return arn.format(region=REGION, account=ACCOUNT, name=self.ref(stack, logical))
+                # A role's ARN holds its path (IAM's default "/").
+                path = props.get("Path", "/")
+                return arn.format(region=REGION, account=ACCOUNT, name=self.ref(stack, logical), path=path)
             service = _SERVICE.get(type_, type_.split("::")[1].lower())
             return f"arn:aws:{service}:{REGION}:{ACCOUNT}:{logical}"
         return f"{logical}.{attribute}"

@@ -498,7 +498,11 @@ class LocalIam:
         for stack, logical, role in self.assembly.resources("AWS::IAM::Role"):
             props = self.resolver.resolve(stack, role["Properties"])
             name = self.resolver.ref(stack, logical)
-            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(props["AssumeRolePolicyDocument"]))
+            iam.create_role(
+                RoleName=name,
+                Path=props.get("Path", "/"),
+                AssumeRolePolicyDocument=json.dumps(props["AssumeRolePolicyDocument"]),
+            )
             for policy in props.get("Policies", []):
                 iam.put_role_policy(
                     RoleName=name, PolicyName=policy["PolicyName"], PolicyDocument=json.dumps(policy["PolicyDocument"])
@@ -599,7 +603,7 @@ class LocalIam:
                 {**modelled.context, **principal, "aws:SecureTransport": url.scheme == "https"},
                 modelled.known_keys,
                 principal=session.arn,
-                principal_role=f"arn:aws:iam::{ACCOUNT}:role/{role_name}",
+                principal_role=role.arn,
             )
             if response.boto3_service_name == "kms":
                 decision = self._key_policy_decision(request, role_name)

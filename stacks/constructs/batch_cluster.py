@@ -29,6 +29,7 @@ from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.placement import INSTANCE_METADATA_HOP_LIMIT, EfaClusterPlacement, efa_interfaces
 from stacks.constructs.training_image import TrainingImage
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
+from stacks.naming import CHECKPOINT_WRITERS_PATH
 
 FSX_MOUNT_PATH = "/fsx"
 ROOT_VOLUME_GB = 200
@@ -190,6 +191,7 @@ class BatchTrainingCluster(Construct):
             self,
             "JobRole",
             assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            path=CHECKPOINT_WRITERS_PATH,  # the Batch contract uploads the run's checkpoints with this role
             description="Training containers of AWS Batch jobs (datasets in; checkpoints and outputs out)",
         )
         statements = {

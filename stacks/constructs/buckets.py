@@ -11,8 +11,9 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from contract.layout import ANY_CHECKPOINT
 from stacks.constructs.nag import acknowledge
-from stacks.naming import bucket_name
+from stacks.naming import bucket_name, checkpoint_writers_arn
 from stacks.settings import StorageSettings
 
 REPLICATION_REASON = (
@@ -34,6 +35,7 @@ class TrainingBuckets(Construct):
             "Checkpoints",
             *([s3.LifecycleRule(id="expire-checkpoints", expiration=Duration.days(expire))] if expire else []),
         )
+        self._checkpoints_by_writers_only(self.checkpoints)
         self.artifacts = self._bucket("Artifacts")
         for b in (self.access_logs, self.datasets, self.checkpoints, self.artifacts):
             for pack in ("NIST.800.53.R5", "HIPAA.Security"):
@@ -69,6 +71,26 @@ class TrainingBuckets(Construct):
                 "S3 server access logging delivers only to SSE-S3 buckets; the logs hold no training data.",
             )
         return bucket
+
+    def _checkpoints_by_writers_only(self, bucket: s3.Bucket) -> None:
+        """Only the roles on the checkpoint writers' path (stacks/naming.py) write or delete runs' checkpoints.
+
+        Whatever its identity policy grants (s3:PutObject on `*`), no other principal of the account can plant,
+        replace, copy over or delete a checkpoint: an explicit Deny in the bucket policy wins. CopyObject and
+        every part of a multipart upload are authorized as s3:PutObject. The data key cannot add a per-prefix
+        rule: with S3 Bucket Keys the encryption context S3 gives KMS is the bucket's ARN, not the object's
+        (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucket-key.html), so the key policy sees no key.
+        """
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CheckpointsByTrainingRolesOnly",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion"],
+                resources=[bucket.arn_for_objects(ANY_CHECKPOINT)],
+                conditions={"ArnNotLike": {"aws:PrincipalArn": checkpoint_writers_arn(self)}},
+            )
+        )
 
     @staticmethod
     def enable_event_bridge(bucket: s3.Bucket) -> None:

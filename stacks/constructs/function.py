@@ -73,6 +73,7 @@ class PlatformFunction(Construct):
         vpc: ec2.IVpc | None = None,
         vpc_subnets: ec2.SubnetSelection | None = None,
         security_groups: list[ec2.ISecurityGroup] | None = None,
+        role_path: str | None = None,
         outside_vpc_reason: str | None = None,
         reserved_concurrency: int = 5,
         dead_letter_queue: sqs.IQueue | None = None,
@@ -85,7 +86,7 @@ class PlatformFunction(Construct):
         if (vpc is None) == (outside_vpc_reason is None):
             raise ValueError(f"{id_}: give either a vpc or the reason the function must run outside one")
         self.log_group = encrypted_log_group(self, "Logs", key=log_key, retention_days=log_retention_days)
-        self.role = self._role(description)
+        self.role = self._role(description, role_path)
         self.function = lambda_.Function(
             self,
             "Function",
@@ -120,9 +121,16 @@ class PlatformFunction(Construct):
             outside_vpc_reason=outside_vpc_reason,
         )
 
-    def _role(self, description: str) -> iam.Role:
-        """A role that may write this function's log group (and, in a VPC, attach the function to it)."""
-        role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description)
+    def _role(self, description: str, path: str | None) -> iam.Role:
+        """A role that may write this function's log group (and, in a VPC, attach the function to it); `path`: the
+        IAM path a bucket policy admits it by (stacks/naming.py)."""
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=description,
+            path=path,
+        )
         role.add_to_policy(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],

@@ -24,7 +24,7 @@ from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.tasks import SAGEMAKER_TRANSIENT
 from stacks.constructs.training_image import TrainingImage
 from stacks.constructs.training_storage import acknowledge_training_storage, training_storage_statements
-from stacks.naming import ec2_arn_prefix
+from stacks.naming import CHECKPOINT_WRITERS_PATH, ec2_arn_prefix
 from stacks.outputs import SAGEMAKER_TRAINING_LOG_GROUP
 from stacks.pipeline.parts import Buckets
 from stacks.pipeline.polled_job import sdk_task
@@ -68,6 +68,7 @@ class DistributedTrainingJob(Construct):
             "ExecutionRole",
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker training jobs of the distributed training platform",
+            path=CHECKPOINT_WRITERS_PATH,  # SageMaker syncs the jobs' checkpoints with this role
         )
         image.repository.grant_pull(self.role)
         self.constants = TrainingJobConstants(

@@ -84,6 +84,7 @@ class Handlers:
         *,
         timeout: Duration | None = None,
         dead_letter_queue: sqs.IQueue | None = None,
+        role_path: str | None = None,
     ) -> PlatformFunction:
         network = self.network
         return PlatformFunction(
@@ -98,6 +99,7 @@ class Handlers:
             vpc=network.vpc,
             vpc_subnets=network.services_subnets,
             security_groups=[network.services_sg],
+            role_path=role_path,
         )
 
 

@@ -53,6 +53,7 @@ from lambdas.shared.env import HandlerEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, SDK, invoke, retry
+from stacks.naming import CHECKPOINT_WRITERS_PATH
 from stacks.pipeline.parts import Buckets, Notifier, StepParts, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds a job of that name, and adopts it
@@ -435,6 +436,7 @@ def cleanup_function(
         ).variables(),
         timeout=Duration.minutes(5),
         dead_letter_queue=queue,
+        role_path=CHECKPOINT_WRITERS_PATH,  # it prunes the run's superseded checkpoints
     )
     # Lambda sends failed events to the dead-letter queue with the function's role.
     buckets.key.grant(cleanup.function, "kms:GenerateDataKey", "kms:Decrypt")

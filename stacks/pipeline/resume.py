@@ -20,6 +20,7 @@ from lambdas.resume.environment import ResumeEnvironment
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import invoke
+from stacks.naming import CHECKPOINT_WRITERS_PATH
 from stacks.pipeline.parts import Buckets, Handlers, obj
 from stacks.pipeline.polled_job import list_runs
 
@@ -41,6 +42,7 @@ class ResumeStep(Construct):
                 artifacts_bucket=buckets.artifacts.bucket_name,
             ).variables(),
             timeout=Duration.minutes(10),
+            role_path=CHECKPOINT_WRITERS_PATH,  # it copies a resumed run's checkpoint in
         )
         function = self.opener.function
         checkpoints = f"{buckets.checkpoints.bucket_arn}/{ANY_CHECKPOINT}"

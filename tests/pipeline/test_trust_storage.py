@@ -1,4 +1,5 @@
-"""Training roles (SageMaker's execution role, Batch's job role) cannot delete objects or write any run's lineage.
+"""Training roles (SageMaker's execution role, Batch's job role) cannot delete objects or write any run's lineage,
+and no other principal of the account can write a run's checkpoints, whatever its own policies allow.
 
 Acted out with the roles' own sessions, as their services obtain them, against the deployed buckets with
 IAM enforced.
@@ -14,6 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from contract.layout import run_checkpoints, run_lineage, run_output
+from localrun.aws.cfn import REGION
 from localrun.aws.iam import SAGEMAKER
 from localrun.backends.batch import ECS_TASKS
 from tests.pipeline.conftest import Pipeline
@@ -69,3 +71,43 @@ def test_training_roles_cannot_delete_or_write_lineage(pipeline: Pipeline, servi
             s3.put_object(Bucket=artifacts, Key=key, Body=b'{"forged": true}')
     assert platform.get_object(Bucket=artifacts, Key=victim_lineage)["Body"].read() == b'{"true": "lineage"}'
     assert platform.get_object(Bucket=checkpoints, Key=victim_checkpoint)["Body"].read() == b"{}"
+
+
+EVERYTHING = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "kms:*"], "Resource": "*"}]}
+
+
+def test_no_other_principal_of_the_account_writes_a_runs_checkpoints(pipeline: Pipeline) -> None:
+    """A user whose own policy allows every S3 and KMS action cannot plant, copy over or delete a checkpoint."""
+    checkpoints = pipeline.local.environment("Cleanup")["CHECKPOINTS_BUCKET"]
+    datasets = pipeline.local.environment("Validate")["DATASETS_BUCKET"]
+    own = f"{run_checkpoints('victim-run')}step-4/manifest.json"
+    boto3.client("s3", region_name=REGION).put_object(Bucket=checkpoints, Key=own, Body=b"{}")
+    insider = "arn:aws:iam::123456789012:role/Insider"
+    session = pipeline.local.person(insider)
+    boto3.client("iam", region_name=REGION).put_role_policy(
+        RoleName="Insider", PolicyName="Everything", PolicyDocument=json.dumps(EVERYTHING)
+    )
+    s3 = session.client("s3")
+    planted = f"{run_checkpoints('victim-run')}step-8/manifest.json"
+    attempts = [
+        ("s3:PutObject", lambda: s3.put_object(Bucket=checkpoints, Key=planted, Body=b'{"planted": true}')),
+        (
+            "s3:PutObject",
+            lambda: s3.copy_object(
+                Bucket=checkpoints, Key=own, CopySource={"Bucket": checkpoints, "Key": own}, MetadataDirective="REPLACE"
+            ),
+        ),
+        ("s3:DeleteObject", lambda: s3.delete_object(Bucket=checkpoints, Key=own)),
+    ]
+    for action, attempt in attempts:
+        with pytest.raises(ClientError, match=f"not authorized to perform: {action}"):
+            attempt()
+    # The bucket policy's deny refused it, not a lack of the user's own permissions: elsewhere the user writes.
+    denials = [j for j in pipeline.local.iam.denials() if "Insider" in j.principal]
+    assert denials and all("CheckpointsByTrainingRolesOnly" in j.reason for j in denials), denials
+    s3.put_object(Bucket=datasets, Key="insider/any.txt", Body=b"ok")
+    s3.put_object(Bucket=checkpoints, Key="elsewhere/manifest.json", Body=b"ok")
+    listed = boto3.client("s3", region_name=REGION).list_objects_v2(
+        Bucket=checkpoints, Prefix=run_checkpoints("victim-run")
+    )
+    assert [o["Key"] for o in listed["Contents"]] == [own]

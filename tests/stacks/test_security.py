@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from localrun.aws.cfn import ACCOUNT, REGION
-from localrun.aws.iam_policy import Policy
+from localrun.aws.iam_policy import Policy, Request, evaluate
+from stacks.naming import CHECKPOINT_WRITERS_PATH
 from tests.support.iam import AssemblyIam, Role, task_states
 
 RESOURCE_POLICIES = {
@@ -180,3 +181,58 @@ def test_no_platform_role_lists_the_run_buckets_outside_the_runs(iam: AssemblyIa
     }
     assert listing == set()
     assert any(role.may("s3:ListBucket", buckets[0], **{"s3:prefix": "runs/r-1/"}) for role in iam.roles.values())
+
+
+def _checkpoints_bucket_policy(iam: AssemblyIam) -> tuple[str, Policy]:
+    (bucket,) = [
+        f"arn:aws:s3:::{props['BucketName']}"
+        for _, logical, props in iam.resources("AWS::S3::Bucket")
+        if logical.startswith("BucketsCheckpoints")
+    ]
+    (policy,) = [
+        Policy.parse(logical, props["PolicyDocument"], resource_policy=True)
+        for _, logical, props in iam.resources("AWS::S3::BucketPolicy")
+        if logical.startswith("BucketsCheckpointsPolicy")
+    ]
+    return bucket, policy
+
+
+def _may_write(bucket_policy: Policy, role: Role, action: str, resource: str) -> bool:
+    """S3's rule within one account: the role's own policies and the bucket policy, a Deny in either wins."""
+    request = Request(
+        action, resource, {"aws:PrincipalArn": role.arn}, known_keys=None, principal=role.arn, principal_role=role.arn
+    )
+    return evaluate([*role.policies, bucket_policy], request).allowed
+
+
+WRITERS = {"TrainingExecution", "BatchClusterJob", "OpenLedger"}
+"""The roles that write runs' checkpoints: SageMaker's sync, the Batch contract, the copy of a resumed run's."""
+PRUNERS = {"Cleanup", "StopBatchJobs"}
+"""The roles that delete superseded checkpoints when a job ends (SageMaker's cleanup, Batch's)."""
+
+
+def test_only_the_checkpoint_writers_write_a_runs_checkpoints(iam: AssemblyIam) -> None:
+    """The bucket policy, not only the roles' own policies, decides who writes under runs/*/checkpoints/."""
+    bucket, policy = _checkpoints_bucket_policy(iam)
+    checkpoint = f"{bucket}/runs/other-run/checkpoints/step-1/manifest.json"
+    insider = Role(
+        f"arn:aws:iam::{ACCOUNT}:role/Insider",
+        "Insider",
+        _administrator().trust,
+        [Policy.parse("all", {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]})],
+    )
+    for action, expected in (
+        ("s3:PutObject", WRITERS),
+        ("s3:DeleteObject", PRUNERS),
+        ("s3:DeleteObjectVersion", set()),
+    ):
+        allowed = {
+            r.logical.rsplit("Role", 1)[0] for r in iam.roles.values() if _may_write(policy, r, action, checkpoint)
+        }
+        assert allowed == expected, action
+        # Whatever an account principal's own policy allows, the bucket policy refuses it there, and only there.
+        assert not _may_write(policy, insider, action, checkpoint)
+        assert _may_write(policy, insider, action, f"{bucket}/elsewhere/step-1/manifest.json")
+    # Only the roles that write or prune are on the path the bucket policy admits.
+    on_path = {r.logical.rsplit("Role", 1)[0] for r in iam.roles.values() if CHECKPOINT_WRITERS_PATH in r.arn}
+    assert on_path == WRITERS | PRUNERS

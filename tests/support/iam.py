@@ -54,7 +54,7 @@ class AssemblyIam:
         for stack, logical, resource in policies:
             props = self.resolver.resolve(stack, resource["Properties"])
             for name in props.get("Roles", []):
-                role_arn = f"arn:aws:iam::{ACCOUNT}:role/{name}"
+                (role_arn,) = [arn for arn in self.roles if arn.rsplit("/", 1)[-1] == name]
                 self.roles[role_arn].policies.append(Policy.parse(logical, props["PolicyDocument"]))
 
     def resources(self, type_: str) -> list[tuple[str, str, dict[str, Any]]]:
