@@ -110,7 +110,7 @@ class PipelineStack(Stack):
             image_uri=image.training_image.image_uri,
             revision=revision,
         )
-        promotion = Promotion(self, "Promotion", notifier=notifier, approvals=approvals, packages=registration.packages)
+        promotion = Promotion(self, "Promotion", notifier=notifier, approvals=approvals, registration=registration)
         resume = ResumeStep(self, "Resume", handlers=handlers, buckets=buckets)
         intake.estimated.next(approvals.before_launch(then=resume.start))
         resume.then(training.start)

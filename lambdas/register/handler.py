@@ -2,8 +2,10 @@
 
 Lineage: the dataset location and the S3 version ID of every object read, the image digest,
 the platform's git revision, the run's own code (its archive and SHA-256) where it brought one, hyperparameters,
-checkpoint location, metrics and cost. The full
-record is written to the artifacts bucket; the model package points at it and carries a summary.
+checkpoint location, metrics and cost, and the model archive's S3 version and SHA-256. The full
+record is written to the artifacts bucket; the model package points at it and carries a summary, and pins the
+model archive and the lineage record to the versions and digests read here (lambdas/register/pin.py), which
+promotion checks (lambdas/register/verify.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from contract.layout import LINEAGE_RECORD, run_lineage, split_s3_uri
 from contract.metrics import MODEL_METRIC_NAMES
 from contract.model_folder import FINE_TUNED_FOLDER
 from lambdas.register.environment import RegisterEnvironment
+from lambdas.register.pin import LINEAGE, MODEL, Pinned, pin
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Metric, Stage, StageMetrics
 
@@ -67,7 +70,13 @@ class Destination:
 
 
 def _lineage(
-    event: RegisterEvent, versions: list[dict[str, str]], manifest: str, versions_uri: str, where: Destination
+    event: RegisterEvent,
+    versions: list[dict[str, str]],
+    manifest: str,
+    versions_uri: str,
+    where: Destination,
+    *,
+    model: Pinned,
 ) -> dict[str, Any]:
     """The lineage record: what was trained, on what, with what, and what it cost."""
     request, job = event.request, event.job
@@ -106,6 +115,8 @@ def _lineage(
             else None
         ),
         "model_artifacts": job.model_artifacts,
+        # The archive's version and digest: promotion refuses other bytes under model_artifacts.
+        "model": {"uri": model.uri, "version_id": model.version_id, "sha256": model.sha256},
         # A fine-tuning run's model folder, inside model_artifacts, and the base model it started from.
         "fine_tuned_model": f"{job.model_artifacts} ({FINE_TUNED_FOLDER}/)" if request.base_model else None,
         "metrics": job.final_metrics,
@@ -128,7 +139,13 @@ def _lineage(
 
 
 def _create_package(
-    sagemaker: Any, event: RegisterEvent, lineage: dict[str, Any], uris: dict[str, str], where: Destination
+    sagemaker: Any,
+    event: RegisterEvent,
+    lineage: dict[str, Any],
+    uris: dict[str, str],
+    where: Destination,
+    *,
+    pins: dict[str, Pinned],
 ) -> str:
     """A model package pending approval that points at the lineage and carries its summary."""
     request, job = event.request, event.job
@@ -150,6 +167,7 @@ def _create_package(
         },
         CustomerMetadataProperties={
             "lineage": uris["lineage"],
+            **{k: v for name, pinned in pins.items() for k, v in pinned.metadata(name).items()},
             "training_job": job.job_name,
             "dataset": _clip(request.dataset.uri),
             "dataset_versions_sha256": lineage["dataset"]["versions_sha256"],
@@ -230,7 +248,10 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
         s3, bucket, f"{prefix}dataset-versions.jsonl", manifest.encode(), execution=execution
     ).decode()
     versions = [json.loads(line) for line in manifest.splitlines()]
-    lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where)
+    if event.job.model_artifacts is None:
+        raise ValueError(f"{event.job.job_name} ended without a model archive: there is no model to register")
+    model = pin(s3, event.job.model_artifacts)
+    lineage = _lineage(event, versions, manifest, f"s3://{bucket}/{prefix}dataset-versions.jsonl", where, model=model)
     if event.request.base_model is not None:
         lineage["base_model"] = _base_model(s3, event, prefix, bucket)
     # Where the run's billed time went, every job of it (contract/goodput.py).
@@ -240,7 +261,8 @@ def register(event: RegisterEvent, *, s3: Any, sagemaker: Any, where: Destinatio
     metrics_body = json.dumps(model_metrics(event.job.final_metrics), sort_keys=True).encode()
     _write_once(s3, bucket, f"{prefix}metrics.json", metrics_body, execution=execution)
     uris = {"lineage": f"s3://{bucket}/{prefix}{LINEAGE_RECORD}", "metrics": f"s3://{bucket}/{prefix}metrics.json"}
-    package = _create_package(sagemaker, event, lineage, uris, where)
+    pins = {MODEL: model, LINEAGE: pin(s3, uris["lineage"])}
+    package = _create_package(sagemaker, event, lineage, uris, where, pins=pins)
     logger.info("model registered", extra={"package": package, "lineage": uris["lineage"]})
     return Registration(model_package_arn=package, lineage_uri=uris["lineage"])
 

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import boto3
+
+from contract.layout import split_s3_uri
+from localrun.aws.cfn import REGION
+from localrun.aws.iam import acting_as
+
 
 @dataclass
 class Poll:
@@ -33,9 +39,10 @@ class ScriptedTraining:
     requests: dict[str, dict[str, Any]] = field(default_factory=dict)
     stopped_names: list[str] = field(default_factory=list)
     _cursor: dict[str, int] = field(default_factory=dict)
+    _uploaded: set[str] = field(default_factory=set)
 
     def bind(self, credentials: Any) -> None:
-        """Scripted jobs make no AWS calls of their own."""
+        """Scripted jobs make no AWS calls of their own (SageMaker uploads a completed job's model)."""
 
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         self.created_names.append(name)
@@ -65,6 +72,9 @@ class ScriptedTraining:
         job.training_start_time = job.training_start_time or datetime.now(UTC)
         if poll.status in ("Completed", "Failed", "Stopped"):
             job.training_end_time = job.training_end_time or datetime.now(UTC)
+        if poll.status == "Completed" and name not in self._uploaded:
+            self._uploaded.add(name)
+            _upload_model(name, job.model_artifacts["S3ModelArtifacts"])
         if poll.failure_reason is not None:
             job.failure_reason = poll.failure_reason
         if poll.metrics:
@@ -75,3 +85,10 @@ class ScriptedTraining:
             job.billable_time_in_seconds = poll.billable_seconds
         if poll.training_seconds is not None:
             job.training_time_in_seconds = poll.training_seconds
+
+
+def _upload_model(name: str, uri: str) -> None:
+    """What SageMaker uploads when a job completes: its model archive, at the URI DescribeTrainingJob reports."""
+    bucket, key = split_s3_uri(uri)
+    with acting_as(None):  # SageMaker's own upload, not the describing handler's
+        boto3.client("s3", region_name=REGION).put_object(Bucket=bucket, Key=key, Body=f"model of {name}".encode())

@@ -2,7 +2,9 @@
 
 A model below its gate is not registered. A registered model version waits for a promotion
 decision; approval or rejection is written to the model package (ModelApprovalStatus), so a
-deployment pipeline watching the group sees only approved versions.
+deployment pipeline watching the group sees only approved versions. An approved version is approved
+only while its model archive and lineage still hold the bytes registration pinned (lambdas/register/verify.py);
+otherwise it is rejected with the cause.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from contract.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST, RESUMED
-from contract.layout import ANY_LINEAGE
+from contract.layout import ANY_LINEAGE, ANY_OUTPUT
 from lambdas.register.environment import RegisterEnvironment
+from lambdas.register.verify import ModelChangedError
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import LAMBDA_TASK_TIMEOUT, SAGEMAKER_TRANSIENT, SDK, invoke, retry
@@ -97,12 +100,14 @@ class Registration(Construct):
             timeout=Duration.minutes(5),
         )
         lineage = f"{buckets.artifacts.bucket_arn}/{ANY_LINEAGE}"
+        models = f"{buckets.artifacts.bucket_arn}/{ANY_OUTPUT}"
         function = self.register.function
         # Lineage lists the dataset's object versions (it reads no dataset object) and writes its records
         # once; a retried Register reads back a record to see whether its execution wrote it.
         for sid, actions, resources in (
             ("DatasetVersions", ["s3:ListBucketVersions"], [buckets.datasets.bucket_arn]),
-            ("WriteLineage", ["s3:PutObject", "s3:GetObject"], [lineage]),
+            ("WriteLineage", ["s3:PutObject", "s3:GetObject", "s3:GetObjectVersion"], [lineage]),
+            ("PinModels", ["s3:GetObject", "s3:GetObjectVersion"], [models]),
         ):
             function.add_to_role_policy(iam.PolicyStatement(sid=sid, actions=actions, resources=resources))
         # The run's goodput ledgers, one per job, are listed under its lineage and read (WriteLineage).
@@ -118,8 +123,10 @@ class Registration(Construct):
         for resource, reason in {
             lineage: "Lineage files are written under runs/<job>/lineage/ of the run being registered.",
             self.packages: "New model package versions in the platform's one model package group.",
+            models: "Reads the registered job's model archive (runs/<job>/output/) to pin its version and digest.",
         }.items():
             acknowledge_wildcard(self.register.role, resource, reason)
+        self.verify = self._verifier(handlers, buckets, lineage=lineage, models=models)
         self.start = invoke(
             self,
             "Register model",
@@ -135,17 +142,45 @@ class Registration(Construct):
             str(REGISTRATION),
         )
 
+    def _verifier(self, handlers: Handlers, buckets: Buckets, *, lineage: str, models: str) -> PlatformFunction:
+        """VerifyModel: reads a package's pins and what its artifacts' keys hold now, before promotion."""
+        verify = handlers.function(
+            "VerifyModel",
+            "lambdas.register.verify.handler",
+            "Checks that a registered model's archive and lineage still hold the bytes registration pinned",
+            {},
+            timeout=Duration.minutes(15),
+        )
+        verify.function.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="ReadPinnedArtifacts", actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[lineage, models]
+            )
+        )
+        verify.function.add_to_role_policy(
+            iam.PolicyStatement(sid="ReadModels", actions=["sagemaker:DescribeModelPackage"], resources=[self.packages])
+        )
+        buckets.key.grant(verify.function, "kms:Decrypt")
+        for resource, reason in {
+            lineage: "Reads the lineage record of the model version to promote, by the version it pins.",
+            models: "Reads the model archive of the version to promote, under runs/<job>/output/, to check its bytes.",
+            self.packages: "Describes the model package version to promote, in the platform's one group.",
+        }.items():
+            acknowledge_wildcard(verify.role, resource, reason)
+        return verify
+
     @property
     def functions(self) -> list[PlatformFunction]:
-        return [self.register]
+        return [self.register, self.verify]
 
 
 class Promotion(Construct):
     """`start` asks an approver to promote the registered version; the decision is written to it."""
 
-    def __init__(self, scope: Construct, id_: str, *, notifier: Notifier, approvals: Approvals, packages: str) -> None:
+    def __init__(
+        self, scope: Construct, id_: str, *, notifier: Notifier, approvals: Approvals, registration: Registration
+    ) -> None:
         super().__init__(scope, id_)
-        self._packages = packages
+        self._packages = registration.packages
         no_decision = self._set_approval("Reject model (no decision)", "Rejected", "No decision in time")
         self.start, promoted = approvals.gate.gate(
             self,
@@ -180,11 +215,34 @@ class Promotion(Construct):
             state="Promotion rejected",
             error="PromotionRejected",
         )
+        verify = invoke(
+            self,
+            "Verify model bytes",
+            registration.verify,
+            {"model_package_arn": string(REGISTRATION.model_package_arn)},
+            sfn.JsonPath.DISCARD,
+        )
+        verify.add_catch(self._changed(notifier), errors=[ModelChangedError.__name__], result_path="$.error")
         self.start.next(
             sfn.Choice(self, "Promotion approved?")
-            .when(promoted, approve.next(succeeded))
+            .when(promoted, verify.next(approve).next(succeeded))
             .otherwise(reject.next(rejected))
         )
+
+    def _changed(self, notifier: Notifier) -> sfn.Chain:
+        """A model whose bytes changed since registration: rejected in the registry, the run told why, failed."""
+        reject = self._set_approval("Reject model (changed)", "Rejected", "Changed after registration")
+        notify = notifier.notify(
+            self,
+            "Notify model changed",
+            subject="Trained model not promoted: its bytes changed after registration",
+            fields={
+                "model_package": string(REGISTRATION.model_package_arn),
+                "cause": sfn.JsonPath.string_at("$.error.Cause"),
+            },
+        )
+        failed = sfn.Fail(self, "Model changed", error="ModelChanged", cause_path="$.error.Cause")
+        return reject.next(notify).next(failed)
 
     def _set_approval(self, id_: str, status: str, description: str) -> tasks.CallAwsService:
         approval = tasks.CallAwsService(

@@ -108,7 +108,13 @@ def test_happy_path_trains_registers_and_promotes(
 ) -> None:
     outcome = _demo(platform, tmp_path, _input())
     assert outcome.described["status"] == "SUCCEEDED", outcome.described
-    assert _states(outcome)[-4:] == ["Promotion approved?", "Approve model", "Notify success", "Model promoted"]
+    assert _states(outcome)[-5:] == [
+        "Promotion approved?",
+        "Verify model bytes",
+        "Approve model",
+        "Notify success",
+        "Model promoted",
+    ]
     (job,) = outcome.job_names
     # The execution's own folder, named by the execution: another run of the input writes beside it.
     run = outcome.run_dir

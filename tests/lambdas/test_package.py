@@ -19,6 +19,7 @@ HANDLERS = (
     "lambdas.sagemaker.monitor",
     "lambdas.evaluate.handler",
     "lambdas.register.handler",
+    "lambdas.register.verify",
     "lambdas.approvals.handler",
     "lambdas.image_build.handler",
 )

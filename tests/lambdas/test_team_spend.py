@@ -141,9 +141,11 @@ def test_the_lineage_records_the_runs_team(team: str | None) -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     for bucket in (split_s3_uri(request.dataset.s3_uri)[0], "artifacts"):
         s3.create_bucket(Bucket=bucket)
+    model = "s3://artifacts/runs/x-1/output/model.tar.gz"
+    s3.put_object(Bucket="artifacts", Key=split_s3_uri(model)[1], Body=b"model")
     event = RegisterEvent(
         request=request,
-        job=_finished(),
+        job=_finished().model_copy(update={"model_artifacts": model}),
         estimate=estimate(request, threshold_usd=1000, spot_fraction=(0.3, 0.7), price_overrides={}),
         evaluation=Evaluation(passed=True, reason="validation:loss 2.1 <= 3.0", metrics={}),
         execution="arn:aws:states:us-east-1:123456789012:execution:sm:e",

@@ -51,6 +51,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
         "Approval gate (promotion)",
         "Approval gate (promotion): decision recorded?",  # the decision function recorded this decision
         "Promotion approved?",
+        "Verify model bytes",  # the archive and the lineage still hold the bytes registration pinned
         "Approve model",
         "Notify success",
         "Model promoted",
