@@ -21,8 +21,9 @@ by FSDP2 over dp_shard):
   stay gathered through the step, and under a pipeline every block's), DDP's gradient buckets and autocast's
   weight copies. An estimate: not measured exactly anywhere.
 
-Parameters, gradients and optimizer states match the bytes measured on CPU exactly, activations the measured
-peak within 20% (tests/training/test_memory_plan.py; docs/BENCHMARKS.md has the figures).
+Parameters, gradients and optimizer states match the bytes measured on CPU exactly, activations the most bytes
+autograd holds for the backward at once (every layout and pipeline schedule) within 20%
+(tests/training/test_memory_plan.py; docs/BENCHMARKS.md has the figures).
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ class Training:
     """False: DDP (every process a whole replica)."""
     trained: int | None = None
     """The parameters trained when not all are (LoRA adapters): only they have gradients and optimizer states."""
+    fused_norms: bool = True
+    """Llama's RMSNorm runs as one kernel (CUDA); False on the CPU, where it is a composite that keeps more."""
 
 
 @dataclass(frozen=True)
@@ -242,34 +245,33 @@ class MemoryPlan:
         return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
 
 
-def _block_saves(args: ModelArgs, tp: int, c: int) -> float:
+def _block_saves(args: ModelArgs, tp: int, c: int, *, fused_norms: bool) -> float:
     """Bytes one block keeps per token for its backward, as its operations save them (on each process of a
     tensor-parallel group: sequence-split activations are 1/tp, the gathered inputs of the matmuls whole, GPT-2's
-    attention whole, as every process computes all of its heads)."""
+    attention whole, as every process computes all of its heads). `fused_norms`: RMSNorm runs as one kernel."""
     dim, hidden, heads = args.dim, args.hidden_dim, args.n_heads
     if args.arch == "llama":
-        # Norm inputs (2), q, k and v repeated to every head, the attention output and the output projection's
-        # input: 7 x dim / tp; the gathered normed inputs of attention and feed-forward: 2 x dim; the
-        # feed-forward's w1 and w3 outputs, SiLU's output and the product: 4 x hidden / tp; fp32 RMS of 2 norms
-        # and the attention's log-sum-exp per head. Without tensor parallelism the CPU measurement
-        # (training/bench_memory.py) holds 6 x dim fewer: the fused attention keeps q, k and v as the projections
-        # made them, and the normed inputs are the projections' own.
-        if tp == 1:
-            return c * (3 * dim + 4 * hidden) + FP32 * (2 + heads)
-        return c * (7 * dim / tp + 2 * dim + 4 * hidden / tp) + FP32 * (2 + heads) / tp
+        # Each norm's input and fp32 reciprocal RMS (2); the attention's rotated q, k and v repeated to every head
+        # and its output, with its fp32 log-sum-exp per head; the output projection's input: 7 x dim / tp. The
+        # matmuls' inputs, the norms' outputs (gathered under tensor parallelism): 2 x dim. SiLU's input and
+        # output, w3's output and the product w2 multiplies: 4 x hidden / tp. An RMSNorm of plain tensors on the
+        # CPU is a composite of operations, which also keeps the normalised input before its weight (2 x dim);
+        # CUDA and DTensor (tensor parallelism) run the fused kernel.
+        unfused = 0 if fused_norms or tp > 1 else 2 * dim
+        return c * ((7 * dim + 4 * hidden) / tp + 2 * dim + unfused) + FP32 * (2 + heads) / tp
     # GPT-2: norm inputs (2) and the output projection's input: 3 x dim / tp; gathered normed inputs (2), q, k,
     # v and the attention output, all heads: 6 x dim; GELU's input and output: 2 x hidden / tp; fp32 means and
-    # deviations of 2 norms, the log-sum-exp per head.
-    if tp == 1:
-        return c * (9 * dim + 2 * hidden) + FP32 * (4 + heads)
-    return c * (3 * dim / tp + 6 * dim + 2 * hidden / tp) + FP32 * (4 / tp + heads)
+    # deviations of 2 norms (LayerNorm is one kernel everywhere), the log-sum-exp per head.
+    return c * ((3 * dim + 2 * hidden) / tp + 6 * dim) + FP32 * (4 / tp + heads)
 
 
-def _head_saves(args: ModelArgs, tp: int, c: int) -> float:
-    """Bytes the final norm, the head and the loss hold per token: the norm's input (split) and gathered output,
-    the logits in the compute dtype, in fp32 and their log-softmax, each split over the vocabulary."""
+def _head_saves(args: ModelArgs, tp: int, c: int, *, fused_norms: bool) -> float:
+    """Bytes the final norm, the head and the loss hold per token: the norm's input (split) and gathered output
+    (and Llama's normalised input before the weight, unfused), the logits in the compute dtype, in fp32 and their
+    log-softmax, each split over the vocabulary."""
     logits = args.vocab_size / tp * (c + FP32 + (FP32 if c != FP32 else 0))
-    return c * (args.dim / tp + args.dim) + FP32 / tp + logits
+    unfused = args.dim if args.arch == "llama" and not fused_norms and tp == 1 else 0
+    return c * (args.dim / tp + args.dim + unfused) + FP32 / tp + logits
 
 
 def plan(args: ModelArgs, layout: Layout, training: Training, rank: int) -> MemoryPlan:
@@ -292,9 +294,10 @@ def plan(args: ModelArgs, layout: Layout, training: Training, rank: int) -> Memo
 
 
 def _activations(args: ModelArgs, layout: Layout, training: Training, *, pp_rank: int, blocks: int, last: bool) -> int:
-    c, tp = training.compute_bytes, layout.tp
+    c, tp, fused = training.compute_bytes, layout.tp, training.fused_norms
     tokens = training.micro_batch_size // layout.microbatches * training.seq_len
-    block, head = _block_saves(args, tp, c), _head_saves(args, tp, c) if last else 0.0
+    block = _block_saves(args, tp, c, fused_norms=fused)
+    head = _head_saves(args, tp, c, fused_norms=fused) if last else 0.0
     in_flight = microbatches_in_flight(layout, pp_rank)
     per_stage = blocks / layout.stages_per_process  # a chunk of an interleaved schedule holds its share
     if training.activation_checkpointing:
@@ -344,6 +347,7 @@ def training_of(cfg: JobConfig, instance: InstanceType | None, trained: int | No
         activation_checkpointing=cfg.parallel.activation_checkpointing,
         reshard_after_forward=cfg.parallel.reshard_after_forward,
         fsdp=DISTRIBUTIONS[cfg.distribution].shards_parameters,
+        fused_norms=instance is not None and instance.cuda,
     )
 
 

@@ -19,6 +19,7 @@ is consecutive ranks, which torchrun puts on one host when tp divides the proces
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from contract.config import ConfigError, ConfigProblem, JobConfig
@@ -218,8 +219,10 @@ def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
 
 
 def microbatches_in_flight(layout: Layout, pp_rank: int) -> int:
-    """The most micro-batches whose activations a stage of `pp_rank` holds at once (each local stage's count
-    for 1f1b and gpipe; for interleaved1f1b the local stages' together, as torch's schedule warms up)."""
+    """The most (micro-batch, stage) pairs whose activations the process at `pp_rank` holds at once: each local
+    stage's count for 1f1b and gpipe; for interleaved1f1b, its stages' together in the order torch's schedule runs
+    them (`_interleaved_order`), where the last stage keeps every micro-batch's until the step ends (measured:
+    docs/BENCHMARKS.md)."""
     m = layout.microbatches
     if layout.pp == 1:
         return 1
@@ -227,6 +230,31 @@ def microbatches_in_flight(layout: Layout, pp_rank: int) -> int:
         return m
     if layout.pp_schedule == "1f1b":
         return min(m, layout.pp - pp_rank)
+    held, most = [0] * layout.stages_per_process, 0
+    keeps = layout.stages_per_process - 1 if pp_rank == layout.pp - 1 else None
+    for forward, local in _interleaved_order(layout, pp_rank):
+        if forward or local != keeps:
+            held[local] += 1 if forward else -1
+        most = max(most, sum(held))
+    return most
+
+
+def _interleaved_order(layout: Layout, pp_rank: int) -> Iterator[tuple[bool, int]]:
+    """(forward?, local stage) of each of the process's operations, in the order of torch's ScheduleInterleaved1F1B
+    (`_get_warmup_ops`, `_get_1f1b_rank_ops`): forwards to warm up, then one forward and one backward, then the
+    remaining backwards, each local stage in turn for a round of micro-batches."""
+    m, local_stages = layout.microbatches, layout.stages_per_process
     per_round = m // max(1, m // layout.pp)
-    warmup = (layout.stages_per_process - 1) * per_round + 2 * (layout.pp - 1 - pp_rank)
-    return min(warmup + 1, m * layout.stages_per_process)
+    total = m * local_stages
+    warmup = min((local_stages - 1) * per_round + 2 * (layout.pp - 1 - pp_rank), total)
+
+    def backward_stage(step: int) -> int:
+        return local_stages - 1 - ((step - warmup) // per_round) % local_stages
+
+    for step in range(warmup):
+        yield True, (step // per_round) % local_stages
+    for step in range(warmup, total):
+        yield True, (step // per_round) % local_stages
+        yield False, backward_stage(step)
+    for step in range(total, total + warmup):
+        yield False, backward_stage(step)

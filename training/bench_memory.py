@@ -5,9 +5,10 @@
 
 Every process builds the model in each layout as the trainer does (training/parallelize.py), takes a step to
 make the optimizer's states, then measures a second one: the storage bytes of its parameters, gradients and
-optimizer states, and torch's MemTracker's peak (activations, and the rest by its categories; not under a pipeline,
-whose stages run once per micro-batch, which MemTracker cannot follow). Rank 0 prints one JSON line per layout,
-every process's measurement beside its plan.
+optimizer states, the most bytes autograd held for the backward at once (`SavedPeak`, every layout), and torch's
+MemTracker's peak (activations, and the rest by its categories; not under a pipeline, whose stages run once per
+micro-batch, which MemTracker cannot follow). Rank 0 prints one JSON line per layout, every process's measurement
+beside its plan.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from contract.config import JobConfig, from_hyperparameters, parse_overrides
 from contract.distributions import distribution
@@ -30,6 +33,7 @@ from contract.memory import plan, training_of
 from contract.mesh import Layout, resolve_layout
 from training.models.build import model_builder
 from training.optim import build_optimizer
+from training.parallel.pipeline import EDGES, PassThrough
 from training.parallelize import Options, Parallelized, parallelize
 
 
@@ -41,6 +45,81 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+class SavedPeak:
+    """The most bytes of tensors autograd held at once for the backward (parameters, gathered or not, left out):
+    the activations, measured where MemTracker cannot be (a pipeline's stages run once per micro-batch)."""
+
+    def __init__(self, parts: Sequence[torch.nn.Module], *, head: str) -> None:
+        self.parts, self.head = parts, head
+        self.held: dict[int, int] = {}  # a storage's address -> how many saved tensors hold it
+        self.live = self.peak = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
+
+    def __enter__(self) -> SavedPeak:
+        self._hooks.__enter__()
+        # The head's logits are not saved (the log-softmax's output is) but live until the loss is computed, or
+        # under a pipeline until the stage's backward: they are counted while their tensor lives.
+        heads = [part.get_submodule(self.head) for part in self.parts]
+        self._heads = [head.register_forward_hook(self._logits) for head in heads if not isinstance(head, PassThrough)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._heads:
+            handle.remove()
+
+    def _logits(self, _module: torch.nn.Module, _args: Any, logits: torch.Tensor) -> None:
+        size = _local(logits).untyped_storage().nbytes()
+        self._add(size)
+        weakref.finalize(logits, self._add, -size)
+
+    def _add(self, size: int) -> None:
+        self.live += size
+        self.peak = max(self.peak, self.live)
+
+    def _parameters(self) -> set[int]:
+        # FSDP2 swaps gathered parameters in for the forward: the set is taken at each save. Buffers (Llama's rope
+        # tables) are the model's, not activations.
+        held = [t for part in self.parts for t in (*part.parameters(), *part.buffers())]
+        return {_local(t).untyped_storage().data_ptr() for t in held}
+
+    def _pack(self, tensor: torch.Tensor) -> _Held:
+        storage = _local(tensor).untyped_storage()
+        address = storage.data_ptr()
+        if address in self._parameters():
+            return _Held(tensor, None)
+        if address not in self.held:
+            self._add(storage.nbytes())
+        self.held[address] = self.held.get(address, 0) + 1
+        return _Held(tensor, lambda: self._release(address, storage.nbytes()))
+
+    def _release(self, address: int, size: int) -> None:
+        self.held[address] -= 1
+        if not self.held[address]:
+            del self.held[address]
+            self._add(-size)
+
+
+class _Held:
+    """A saved tensor; autograd drops it once the backward used it (or the graph is freed)."""
+
+    def __init__(self, tensor: torch.Tensor, release: Callable[[], None] | None) -> None:
+        self.tensor, self.release = tensor, release
+
+    def __del__(self) -> None:
+        if self.release is not None:
+            self.release()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds the memory of `tensor`: a DTensor's local tensor, a functional collective's result."""
+    # Unwrapped, not to_local(): that would be an operation of its own, recorded by autograd.
+    while is_traceable_wrapper_subclass(tensor):
+        inner, _ = tensor.__tensor_flatten__()
+        tensor = getattr(tensor, inner[0])
+    return tensor
 
 
 def _built(cfg: JobConfig, layout: Layout, device: torch.device) -> tuple[Parallelized, torch.optim.Optimizer]:
@@ -69,17 +148,18 @@ def measure(cfg: JobConfig, layout: Layout, device: torch.device) -> dict[str, A
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     peak = None
-    if layout.pp == 1:
-        tracker = MemTracker()
-        tracker.track_external(parallel.module, optimizer)
-        with tracker:
+    with SavedPeak(parallel.parts, head=EDGES[args.arch].outputs[-1]) as saved:
+        if layout.pp == 1:
+            tracker = MemTracker()
+            tracker.track_external(parallel.module, optimizer)
+            with tracker:
+                parallel.forward_backward(x, y, 1.0, lambda: None)
+                parallel.clip_grad_norm(1.0)
+            peak = {str(k): v for k, v in tracker.get_tracker_snapshot("peak")[device].items()}
+        else:
+            # MemTracker cannot follow a module run once per micro-batch: SavedPeak measures a pipeline.
             parallel.forward_backward(x, y, 1.0, lambda: None)
             parallel.clip_grad_norm(1.0)
-        peak = {str(k): v for k, v in tracker.get_tracker_snapshot("peak")[device].items()}
-    else:
-        # MemTracker cannot follow a module run once per micro-batch: a pipeline's peak is not measured.
-        parallel.forward_backward(x, y, 1.0, lambda: None)
-        parallel.clip_grad_norm(1.0)
     params = list(parallel.module.parameters())
     measured = {
         "parameters": storage_bytes(params),
@@ -88,6 +168,7 @@ def measure(cfg: JobConfig, layout: Layout, device: torch.device) -> dict[str, A
             v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
         ),
         "peak": peak,
+        "saved_peak": saved.peak,
     }
     planned = plan(args, layout, training_of(cfg, None), dist.get_rank())
     return {"rank": dist.get_rank(), "measured": measured, "planned": planned.__dict__}

@@ -135,3 +135,10 @@ def test_a_layout_asks_for_itself_in_hyperparameters() -> None:
     again = _layout(processes=8, per_host=8, **layout.hyperparameters())
     assert again == layout
     assert layout.describe() == "pp=2 x dp_shard=2 x tp=2 x 1f1b x 2 micro-batches"
+
+
+def test_interleaved_1f1b_holds_what_torch_s_order_leaves_in_flight() -> None:
+    layout = Layout(pp=2, microbatches=4, stages_per_process=2, pp_schedule="interleaved1f1b")
+    # Process 0 runs 0F0 0F1 2F0 2F1 0F2 before its first backward; process 1's last stage keeps all 4
+    # micro-batches' activations until the step ends (measured: tests/training/test_memory_plan.py).
+    assert [microbatches_in_flight(layout, r) for r in range(2)] == [5, 6]

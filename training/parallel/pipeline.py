@@ -118,7 +118,9 @@ def rank_module(stages: list[nn.Module]) -> nn.Module:
             holder.add_module(name, merged)
             continue
         runs = [getattr(s, name) for s in stages if not isinstance(getattr(s, name), (PassThrough, Zero))]
-        holder.add_module(name, runs[0] if runs else child)
+        # A stand-in holding a tied weight (the last stage's embedding) is kept over one holding none.
+        holds = [getattr(s, name) for s in stages if any(True for _ in getattr(s, name).parameters())]
+        holder.add_module(name, (runs or holds or [child])[0])
     return holder
 
 
