@@ -520,16 +520,22 @@ class JobConfig:
             )
             return problems
         if self.model.init_from:
-            problems.append(
-                f"parallel.tp={par.tp} and parallel.pp={par.pp} are not yet for a model folder: model.init_from "
-                "fine-tunes with FSDP (or DDP) alone; use parallel.tp=1 and parallel.pp=1"
-            )
-            return problems
-        args = model_args(self.model)
-        return (
-            problems
-            + _tensor_parallel_problems(args, par.tp, self.seq_len)
-            + _pipeline_problems(args, par, self.train.micro_batch_size)
+            if self.lora.rank:
+                # The tensor-parallel plans split whole nn.Linear layers, and make each split weight trainable: an
+                # adapter's frozen base and low-rank factors would need plans of their own.
+                problems.append(
+                    f"parallel.tp={par.tp} and parallel.pp={par.pp} split a model folder's own weights, not LoRA "
+                    f"adapters (lora.rank={self.lora.rank}): use parallel.tp=1 and parallel.pp=1 (FSDP shards the "
+                    "frozen weights), or lora.rank=0"
+                )
+            return problems  # the folder's sizes are judged once it is read: split_problems
+        return problems + self.split_problems(model_args(self.model))
+
+    def split_problems(self, args: ModelArgs) -> list[str]:
+        """What tensor and pipeline parallelism need of the model's sizes (`args`: a preset's or a model folder's)
+        and of the batch."""
+        return _tensor_parallel_problems(args, self.parallel.tp, self.seq_len) + _pipeline_problems(
+            args, self.parallel, self.train.micro_batch_size
         )
 
     @property
@@ -542,6 +548,17 @@ class JobConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def packed_rows_problem(pp: int) -> str | None:
+    """Why fine-tuning examples (rows packed with their documents' ids) cannot run in `pp` pipeline stages."""
+    if pp == 1:
+        return None
+    # A pipeline stage's input is the previous stage's output alone: the rows' document ids cannot follow.
+    return (
+        f"parallel.pp={pp}: fine-tuning examples are packed rows whose document ids a pipeline stage cannot pass on;"
+        " use parallel.pp=1 (parallel.tp splits the model instead), or token windows"
+    )
 
 
 def _tensor_parallel_problems(args: ModelArgs, tp: int, seq_len: int) -> list[str]:

@@ -153,6 +153,7 @@ def bench_train(hyperparameters: dict[str, str], *, warmup: int, steps: int, tok
         return {
             "model": cfg.model.name,
             "distribution": cfg.distribution,
+            "layout": trainer.layout.describe(),
             "batch": trainer.global_batch,
             "seq": trainer.seq_len,
             "tokens_per_sec": round(tokens_per_sec),
@@ -483,7 +484,7 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
 
                 def load() -> None:
                     finetune, model = FineTuning.build(cfg, Paths(folder))
-                    finetune.materialize(model, torch.device("cpu"))
+                    finetune.materialize([model], torch.device("cpu"))
 
                 seconds, _ = _timed(load)
                 loads.append(seconds)

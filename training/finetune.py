@@ -20,6 +20,7 @@ from contract import model_folder as mf
 from contract.config import ConfigError, JobConfig
 from training import hf_weights, lora
 from training.models.build import ARCHS
+from training.parallel.materialize import share_again, shared_parameters
 from training.sagemaker_contract import Paths
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,10 @@ def folder_of(init_from: str, paths: Paths) -> Path:
 
 @dataclass
 class FineTuning:
-    """What the trainer keeps of the model folder it fine-tunes: the base model, where each weight lives, the
-    adapters."""
+    """What the trainer keeps of the model folder it fine-tunes: the base model and the adapters."""
 
     base: hf_weights.BaseModel
     cfg: JobConfig
-    slots: hf_weights.Slots
     adapters: dict[str, lora.LoRALinear]
 
     @classmethod
@@ -53,29 +52,27 @@ class FineTuning:
                 f"hyperparameter data.seq_len={cfg.seq_len} is invalid: the model folder's limit is "
                 f"{base.args.max_seq_len} tokens (config.json); use at most that"
             )
+        if problems := cfg.split_problems(base.args):
+            raise ConfigError(f"hyperparameters invalid for the model folder of model.init_from: {'; '.join(problems)}")
         with torch.device("meta"):
             model = ARCHS[base.args.arch](base.args)
         try:
             adapters = lora.apply(model, cfg.lora, base.args) if cfg.lora.rank else {}
         except ValueError as exc:
             raise ConfigError(f"hyperparameter {exc}") from exc
-        return cls(base, cfg, hf_weights.parameter_slots(model), adapters), model
+        return cls(base, cfg, adapters), model
 
-    def materialize(self, model: nn.Module, device: torch.device) -> None:
-        """Real storage for the (sharded) model on `device`, filled from the folder; adapters initialised."""
-        shared: dict[int, list[str]] = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            shared.setdefault(id(param), []).append(name)
-        model.to_empty(device=device)
-        # nn.Module.to_empty gives each module its own new parameter: tie again what was tied (FSDP2 keeps ties).
-        for names in shared.values():
-            first = model.get_parameter(names[0])
-            for other in names[1:]:
-                owner, _, attr = other.rpartition(".")
-                if model.get_parameter(other) is not first:
-                    setattr(model.get_submodule(owner), attr, first)
-        hf_weights.load_weights(self.slots, self.base)
-        hf_weights.set_rope(model, self.base)
+    def materialize(self, parts: list[nn.Module], device: torch.device) -> None:
+        """Real storage on `device` for this process's parts of the model (the whole model, or its pipeline
+        stages; sharded or not), filled from the folder; adapters initialised."""
+        for part in parts:
+            shared = shared_parameters(part)
+            part.to_empty(device=device)
+            share_again(shared)  # to_empty gives each module a new parameter: tie again what was tied
+            # A pipeline stage holds some of the folder's weights; otherwise every one must be loaded.
+            slots = hf_weights.parameter_slots(part)
+            hf_weights.load_weights(slots, self.base, some=self.cfg.parallel.pp > 1)
+            hf_weights.set_rope(part, self.base)
         lora.initialise(self.adapters, self.cfg.train.seed)
 
     def export(self, full: Mapping[str, Any], model_dir: Path) -> Path:

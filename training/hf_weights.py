@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -129,9 +130,10 @@ the model is sharded or wrapped (FSDP2 replaces the parameters, not the modules)
 
 
 def parameter_slots(model: nn.Module) -> Slots:
-    """Where each of the model's parameters lives (a tied weight once, under its first name)."""
+    """Where each of the model's parameters lives (a tied weight once, under its first name), by the model's name
+    for it (a block wrapped for activation checkpointing has its wrapper's prefix in its names)."""
     return {
-        name: (model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
+        name.replace(_CHECKPOINT_PREFIX, ""): (model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
         for name, _ in model.named_parameters()
     }
 
@@ -260,11 +262,14 @@ def _strided_part(
 
 
 @torch.no_grad()
-def load_weights(slots: Slots, base: BaseModel) -> None:
+def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> None:
     """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
-    it holds of each weight, read as one range (into the parameter itself where dtypes match)."""
+    it holds of each weight, read as one range (into the parameter itself where dtypes match). `some`: the slots
+    are a pipeline stage's, which holds some of the weights (else a missing one is a KeyError)."""
     parts: list[_Part] = []
     for weight in mf.weight_names(base.args):
+        if some and weight.ours not in slots:
+            continue
         module, attr = slots[weight.ours]
         local, shape, offset = local_part(getattr(module, attr))
         if local.numel() == 0:

@@ -43,7 +43,8 @@ from training.parallel.tensor import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
-Weights = Callable[[nn.Module], None]
+Weights = Callable[[list[nn.Module]], None]
+"""Fills the parts of a model built on meta (fine-tuning: from a model folder)."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,7 @@ def parallelize(
         _wrap_blocks(part, blocks, opts)
         _shard(part, blocks, _dp_mesh(mesh, layout), opts, pipelined=layout.pp > 1)
     if weights is not None:
-        weights(whole)
+        weights(parts)
     elif arch is not None:
         materialize(parts, lambda: _on_cpu(build), device=device, world_size=dist.get_world_size())
     if layout.pp == 1:
@@ -337,7 +338,7 @@ def _data_parallel(
     blocks = _blocks(model)
     _wrap_blocks(model, list(range(len(blocks))) if blocks is not None else None, opts)
     if weights is not None:
-        weights(model)
+        weights([model])
     elif arch is not None:
         materialize([model], lambda: _on_cpu(build), device=device, world_size=world)
     autocast = None if opts.param_dtype == torch.float32 else opts.param_dtype

@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from contract import goodput, metrics
-from contract.config import ConfigError, JobConfig
+from contract.config import ConfigError, JobConfig, packed_rows_problem
 from contract.distributions import distribution
 from contract.hang import StepReport
 from contract.layout import LEDGER_CHANNEL, step_dir
@@ -39,7 +38,7 @@ from training.flops import mfu, peak_flops
 from training.models.build import model_builder, model_flops_per_token
 from training.optim import build_optimizer, build_scheduler
 from training.parallel.pipeline import IGNORE_INDEX
-from training.parallelize import Options, parallelize
+from training.parallelize import Options, Weights, parallelize
 from training.preflight import Preflight
 from training.sagemaker_contract import DataFiles, Paths, find_data_files, read_resource_config
 from training.signals import StopRequest
@@ -140,7 +139,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         fsdp = distribution(cfg.distribution).shards_parameters
         self.finetune: FineTuning | None = None
-        weights: Callable[[nn.Module], None] | None = None
+        weights: Weights | None = None
         if cfg.model.init_from:
             # Built on the meta device; its weights are read once it is sharded (training/finetune.py).
             self.finetune, meta_model = FineTuning.build(cfg, self.paths)
@@ -213,6 +212,8 @@ class Trainer:
             return TokenSamples(files, self.seq_len, shifted=shifted)
         if self.cfg.model.factory:
             raise ConfigError("fine-tuning data needs a built-in architecture: drop model.factory")
+        if (pipelined := packed_rows_problem(self.layout.pp)) is not None:
+            raise ConfigError(f"fine-tuning data: {pipelined}")
         folder = folder_of(self.cfg.model.init_from, self.paths) if self.cfg.model.init_from else None
         try:
             samples = sft.PackedSamples(sft.load_examples(files, folder), self.seq_len)

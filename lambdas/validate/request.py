@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from contract import model_folder as mf
 from contract import user_code
 from contract.catalog import INSTANCE_TYPES, InstanceType, suggestion
-from contract.config import ConfigError, ConfigProblem, from_hyperparameters
+from contract.config import ConfigError, ConfigProblem, from_hyperparameters, packed_rows_problem
 from contract.distributions import DISTRIBUTIONS
 from contract.distributions import NAMES as DISTRIBUTION_NAMES
 from contract.execution_state import (
@@ -301,18 +301,19 @@ def _check_fallback(
     hyperparameters: dict[str, str],
     limits: PlatformLimits,
     problems: list[str],
-) -> list[InstanceGroup]:
+) -> tuple[list[InstanceGroup], dict[str, list[InstanceGroup]]]:
     """Each `fallback` cluster checked as the run's own is (type, EFA, strategy, subnet, the trainer's batch split),
-    and held to the run's global batch; the clusters resolved, each one group. `alternatives` are the input's, None
-    where the schema refused one (its problems are the schema's)."""
+    and held to the run's global batch. Returns the clusters resolved, each one group, and those that can run the
+    trainer by their key (`fallback[0]`): a model folder's memory plan (`init_from`) waits for it to be read.
+    `alternatives` are the input's, None where the schema refused one (its problems are the schema's)."""
     if not alternatives:
-        return []
+        return [], {}
     if request.instance_groups is not None:
         problems.append(
             "fallback: each alternative is one instance_type and instance_count, so the run's own cluster must be too;"
             " drop instance_groups or fallback"
         )
-        return []
+        return [], {}
     if request.backend not in fallback_backends():
         problems.append(
             f"fallback: runs on the {' or '.join(fallback_backends())} backend only, not {request.backend!r}"
@@ -329,6 +330,7 @@ def _check_fallback(
     redundant = _redundant(request, alternatives)
     problems.extend(f"fallback[{index}]: {problem}" for index, problem in redundant.items())
     resolved: list[InstanceGroup] = []
+    runnable: dict[str, list[InstanceGroup]] = {}
     for index, alternative in enumerate(alternatives):
         if alternative is None or index in redundant:
             continue
@@ -354,13 +356,14 @@ def _check_fallback(
             continue
         processes = training_processes(cluster)
         refusal = trainer_refusal(hyperparameters, processes)
-        if refusal is None and request.init_from is None:  # a model folder's memory is judged once it is read
+        runnable[where] = cluster
+        if refusal is None and request.init_from is None:  # a model folder's plan waits for it to be read
             refusal = memory_problem(hyperparameters, cluster)
         if refusal is not None:
             problems.append(f"{where}: hyperparameters: {refusal}")
         elif groups is not None:
             problems.extend(_batch_mismatch(where, hyperparameters, groups, cluster))
-    return resolved
+    return resolved, runnable
 
 
 def _redundant(request: ExecutionInput, alternatives: list[FallbackInput | None]) -> dict[int, str]:
@@ -708,12 +711,13 @@ def _check(
     hyperparameters = _hyperparameters(request, training_processes(groups or []), problems)
     launcher = launcher_settings(hyperparameters, own_code=request.code is not None)
     _check_straggler_replacement(launcher, groups or [], problems)
-    fallback = _check_fallback(
+    fallback, fallback_clusters = _check_fallback(
         request, alternatives, groups=groups, hyperparameters=hyperparameters, limits=limits, problems=problems
     )
     quality = _check_quality(request, problems)
+    clusters = {"": groups or [], **fallback_clusters}
     prefixes, channels, dataset, base_model = _check_data(
-        request, groups, hyperparameters, limits=limits, folder_at=folder_at, problems=problems
+        request, clusters, hyperparameters, limits=limits, folder_at=folder_at, problems=problems
     )
     if request.backend not in limits.backends:
         problems.append(f"backend {request.backend!r}: this platform deploys {', '.join(limits.backends)}")
@@ -756,7 +760,7 @@ def _check(
 
 def _check_data(
     request: ExecutionInput,
-    groups: list[InstanceGroup] | None,
+    clusters: dict[str, list[InstanceGroup]],
     hyperparameters: dict[str, str],
     *,
     limits: PlatformLimits,
@@ -764,24 +768,26 @@ def _check_data(
     problems: list[str],
 ) -> tuple[dict[str, str], list[dict[str, Any]], Dataset | None, BaseModelSource | None]:
     """The run's locations in their normal form, its channels, dataset and base model, and what its data and model
-    need of the GPUs' memory."""
+    need of the GPUs' memory: of the run's own cluster (under "" in `clusters`), and of its fallback clusters (under
+    their keys) when the plan needs the model folder."""
+    groups = clusters[""]
     # Every location once, in its normal form, before any check reads it (contract/layout.py).
     prefixes = dataset_prefixes(request, limits, problems)
     channels, dataset, base_model = _channels(request, prefixes, limits)
     own_code = request.code is not None  # a script's hyperparameters and data are its own
-    if base_model is None and not own_code and (too_big := memory_problem(hyperparameters, groups or [])) is not None:
+    if base_model is None and not own_code and (too_big := memory_problem(hyperparameters, groups)) is not None:
         problems.append(f"hyperparameters: {too_big}")
     if folder_at is not None and dataset is not None and not own_code:
         base_model = _check_fine_tuning(
             request,
             base_model,
             dataset,
-            groups=groups,
+            clusters=clusters,
             hyperparameters=hyperparameters,
             folder_at=folder_at,
             problems=problems,
         )
-    if groups is not None and len(groups) > 1:
+    if len(groups) > 1:
         channels = _channels_for_groups(channels, groups, problems)
     return prefixes, channels, dataset, base_model
 
@@ -1005,13 +1011,14 @@ def _check_fine_tuning(
     base_model: BaseModelSource | None,
     dataset: Dataset,
     *,
-    groups: list[InstanceGroup] | None,
+    clusters: dict[str, list[InstanceGroup]],
     hyperparameters: dict[str, str],
     folder_at: FolderAt,
     problems: list[str],
 ) -> BaseModelSource | None:
-    """The model folder and the dataset's records read and judged as the trainer judges them, and the run's
-    weights, gradients and optimizer states against its GPUs' memory; the base model with what was read of it."""
+    """The model folder and the dataset's records read and judged as the trainer judges them, and the run's memory
+    plan against the GPUs of each of `clusters` (its own, under "", and its fallback clusters); the base model with
+    what was read of it."""
     records = jsonl_files(folder_at(dataset.s3_uri))
     problems.extend(f"dataset: {problem}" for problem in check_records(folder_at(dataset.s3_uri), records))
     if records and base_model is None:
@@ -1029,6 +1036,11 @@ def _check_fine_tuning(
         config = from_hyperparameters(hyperparameters)
     except ConfigError:
         return base_model  # the trainer's refusal is reported already
+    problems.extend(
+        f"hyperparameters: {problem} (init_from's config.json)" for problem in config.split_problems(facts.args)
+    )
+    if records and (pipelined := packed_rows_problem(config.parallel.pp)) is not None:
+        problems.append(f"hyperparameters: {pipelined} ({records[0]} holds fine-tuning records)")
     if config.seq_len > facts.args.max_seq_len:
         problems.append(
             f"hyperparameters.seq_len: {config.seq_len} tokens is over the model's limit of {facts.args.max_seq_len}"
@@ -1050,9 +1062,11 @@ def _check_fine_tuning(
         }
     )
     adapters = trained if config.lora.rank else None
-    too_big = memory_problem(hyperparameters, groups or [], args=facts.args, trained=adapters)
-    if too_big is not None:
-        problems.append(f"hyperparameters: fine-tuning {parameters / 1e9:.2f}B parameters: {too_big}")
+    for where, cluster in clusters.items():
+        too_big = memory_problem(hyperparameters, cluster, args=facts.args, trained=adapters)
+        if too_big is not None:
+            on = f"{where}: " if where else ""
+            problems.append(f"{on}hyperparameters: fine-tuning {parameters / 1e9:.2f}B parameters: {too_big}")
     return source
 
 

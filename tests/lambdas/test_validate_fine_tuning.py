@@ -290,3 +290,36 @@ def test_the_args_of_the_contract_are_the_trainers() -> None:
         tie_embeddings=False,
         bias=False,
     )
+
+
+def test_a_fallback_cluster_whose_gpus_cannot_hold_the_fine_tuning_run_is_refused_by_its_index() -> None:
+    # 8B parameters with LoRA fit 8 x 80 GB (the estimate above); one 24 GB A10G cannot hold their fp32 weights.
+    big = _model_files(_big_llama(), vocab=128256)
+    lora = {"seq_len": 128, "max_steps": 20, "optim.warmup_steps": 2, "lora.rank": 16}
+    fallback = [{"instance_type": "ml.p4de.24xlarge", "instance_count": 1}, {"instance_type": "ml.g5.2xlarge"}]
+    message = _problems(_input(instance_type="ml.p5.48xlarge", hyperparameters=lora, fallback=fallback), model=big)
+    assert "fallback[1]: hyperparameters: fine-tuning 8.03B parameters: the memory plan holds " in message
+    assert "over the 21.6 GiB a process may use on ml.g5.2xlarge's 24 GiB A10G" in message
+    assert "fallback[0]" not in message  # 8 x 80 GB A100s hold it
+
+
+SHORT = {"seq_len": 128, "max_steps": 20, "optim.warmup_steps": 2}
+
+
+def test_a_model_folder_is_split_by_tensor_and_pipeline_parallelism_its_sizes_allow() -> None:
+    request = _resolve(_input(instance_type="ml.g5.12xlarge", hyperparameters={**SHORT, "parallel.tp": 2}))
+    assert request["hyperparameters"]["parallel.tp"] == "2"
+    # The folder's 4 heads and 2 KV heads cannot be cut in 4; fine-tuning records cannot cross pipeline stages.
+    uneven = _problems(_input(instance_type="ml.g5.12xlarge", hyperparameters={**SHORT, "parallel.tp": 4}))
+    assert "parallel.tp=4 must divide the model's KV heads=2 (tensor parallelism splits them in equal shards); " in (
+        uneven
+    )
+    assert "use parallel.tp=2 or a model whose sizes it divides (init_from's config.json)" in uneven
+    staged = _problems(_input(instance_type="ml.g5.12xlarge", hyperparameters={**SHORT, "parallel.pp": 2}))
+    assert "hyperparameters: parallel.pp=2: fine-tuning examples are packed rows whose document ids a pipeline " in (
+        staged
+    )
+    adapters = {**SHORT, "parallel.tp": 2, "lora.rank": 4}
+    assert "split a model folder's own weights, not LoRA adapters (lora.rank=4)" in _problems(
+        _input(instance_type="ml.g5.12xlarge", hyperparameters=adapters)
+    )

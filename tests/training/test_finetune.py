@@ -45,7 +45,7 @@ def _ours(path: Path, **hyperparameters: str) -> torch.nn.Module:
     """The built-in model for a folder as the trainer makes it in a world of one: meta, materialised, loaded."""
     cfg = from_hyperparameters({"model.init_from": str(path), "seq_len": "64", **hyperparameters})
     finetune, model = FineTuning.build(cfg, Paths(path))
-    finetune.materialize(model, torch.device("cpu"))
+    finetune.materialize([model], torch.device("cpu"))
     return model.eval()
 
 

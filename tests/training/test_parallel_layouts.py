@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hf_fixtures import llama_folder
 from safetensors.torch import load_file
 from training_helpers import clean_env, make_opt_ml, run, run_in_process, step_losses, torchrun, val_losses
 
@@ -38,13 +39,14 @@ JOB = {
     "eval.max_sequences": "16",
     "train.deterministic": "true",
 }
-# 1F1B and interleaved 1F1B, and activation checkpointing with each kind of parallelism, each layout run once.
+# Every schedule, and activation checkpointing with each kind of parallelism, each layout run once.
 LAYOUTS = {
     "tp2": (2, {"parallel.tp": "2", "batch_size": "4"}),
     "pp2": (2, {"parallel.pp": "2", "parallel.pp_schedule": "interleaved1f1b", "batch_size": "4"}),
     "tp2xdp2": (4, {"parallel.tp": "2", "batch_size": "2", "parallel.activation_checkpointing": "true"}),
     "pp2xdp2": (4, {"parallel.pp": "2", "batch_size": "2", "parallel.activation_checkpointing": "true"}),
     "tp2xpp2": (4, {"parallel.tp": "2", "parallel.pp": "2", "batch_size": "4"}),
+    "tp2xpp2-gpipe": (4, {"parallel.tp": "2", "parallel.pp": "2", "parallel.pp_schedule": "gpipe", "batch_size": "4"}),
 }
 TOLERANCE = 1e-4
 
@@ -99,7 +101,7 @@ def test_tensor_and_data_parallel_log_the_single_process_losses(
     assert "layout dp_shard=2 x tp=2" in log
 
 
-@pytest.mark.parametrize("name", ["tp2", "pp2", "pp2xdp2", "tp2xpp2"])
+@pytest.mark.parametrize("name", ["tp2", "pp2", "pp2xdp2", "tp2xpp2", "tp2xpp2-gpipe"])
 def test_each_layout_logs_the_single_process_losses(
     name: str, reference: tuple[dict[int, float], str], corpus: Path, tmp_path: Path
 ) -> None:
@@ -139,6 +141,35 @@ def test_a_pipeline_of_gpt2_keeps_its_tied_embedding_in_both_end_stages(
     )
     assert exported.keys() == expected.keys() and "lm_head.weight" not in exported  # stored once, as in one process
     assert (tmp_path / "model" / "config.json").read_text().count('"lm_head.weight": "wte.weight"') == 1
+
+
+def _from_folder(root: Path, corpus: Path, folder: Path, processes: int, layout: dict[str, str]) -> str:
+    """A fine-tuning run of the model folder on the corpus (one process in this one if `processes` is 1)."""
+    job = {k: v for k, v in JOB.items() if not k.startswith("model")} | {"model.init_from": "base_model", **layout}
+    make_opt_ml(root, job, corpus=corpus)
+    shutil.copytree(folder, root / "input" / "data" / "base_model")
+    if processes == 1:
+        completed, log = run_in_process(root, job)
+        assert completed, log[-4000:]
+        return log
+    result = run(torchrun(processes), clean_env(root), timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+def test_a_model_folder_fine_tuned_in_tp2_x_pp2_logs_the_single_process_losses(
+    corpus: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A published Llama's folder (a tied head, so both end stages and the tensor-parallel head hold the embedding):
+    # every process loads its shard of each weight it holds straight from the files.
+    folder = llama_folder(tmp_path_factory.mktemp("folder"), tokenizer=False, tie_word_embeddings=True)
+    one = _from_folder(tmp_path_factory.mktemp("folder-one"), corpus, folder, 1, {"batch_size": "4"})
+    split = {"parallel.tp": "2", "parallel.pp": "2", "batch_size": "4"}
+    log = _from_folder(tmp_path, corpus, folder, 4, split)
+    assert "layout pp=2 x tp=2" in log
+    _assert_same_losses(log, step_losses(one), range(1, STEPS + 1))
+    exported = load_file(str(tmp_path / "model" / "hf" / "model-00001-of-00001.safetensors"))
+    assert exported.keys() == load_file(str(folder / "model.safetensors")).keys()
 
 
 def test_compiled_tensor_parallel_blocks_log_the_single_process_losses(
