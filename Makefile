@@ -8,8 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 SETUP_STAMP := $(VENV)/.setup-done
-# jsii prints a banner on every start because this machine's Node.js 20 is past end of life.
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# The Node.js that package.json pins (the `node` package, a supported release) before the machine's: the CDK CLI,
+# jsii under the app and the review's diff engine run on it. `npm ci` itself needs only the machine's npm.
+export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 NODE_STAMP := node_modules/.setup-done
 # CONTEXT='{"approvers": ["arn:aws:iam::123456789012:role/MLLead"]}': settings merged over cdk.json's
 # `platform` object by every synth (synth, deploy, diff, review, demo), read by stacks/settings.py.

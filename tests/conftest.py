@@ -14,8 +14,6 @@ import pytest
 from localrun.demo.scenario import is_scenario
 
 REPO = Path(__file__).resolve().parents[1]
-# jsii warns on every start that this machine's Node.js is past end of life; the warning is noise here.
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # moto and boto3 must never find real credentials or a real endpoint.
 for _var, _value in {
     "AWS_ACCESS_KEY_ID": "testing",

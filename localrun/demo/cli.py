@@ -798,7 +798,6 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the local platform up for `tp` in another terminal (it prints what to source); no run of its own",
     )
     args = parser.parse_args(argv)
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     for var, value in {
         "AWS_ACCESS_KEY_ID": "demo",
         "AWS_SECRET_ACCESS_KEY": "demo",

@@ -35,6 +35,7 @@ def run_review(root: Path, base: synth.Revision, workdir: Path) -> report.Review
     engine = subprocess.run(
         ["node", str(ENGINE), str(base_out), str(head_out)],
         cwd=root,
+        env=synth.synth_environment(root),
         capture_output=True,
         text=True,
         check=False,

@@ -90,11 +90,12 @@ def synth_command(root: Path, outdir: Path) -> list[str]:
     return [str(cdk), "synth", "--quiet", "--no-notices", "--no-lookups", "--app", app, "--output", str(outdir)]
 
 
-def synth_environment() -> dict[str, str]:
+def synth_environment(root: Path) -> dict[str, str]:
+    """The environment of the synths and the diff engine: this checkout's pinned Node.js first (as make's)."""
     env = dict(os.environ)
     env.update(
         {
-            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+            "PATH": os.pathsep.join([str(root / "node_modules" / ".bin"), env.get("PATH", "")]),
             "CDK_DISABLE_CLI_TELEMETRY": "true",
             # Both sides get the same revision if the app reads it from here; the templates are
             # normalised as well (normalise_revision) for an app that asks git.
@@ -112,7 +113,7 @@ def synth(root: Path, tree: Path, outdir: Path, *, side: str) -> None:
     result = subprocess.run(
         synth_command(root, outdir),
         cwd=tree,
-        env=synth_environment(),
+        env=synth_environment(root),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
