@@ -208,3 +208,18 @@ def test_a_type_without_ml_suggests_its_sagemaker_name_and_an_unknown_key_hides_
     assert "stage = 'Prod_1'" in message
     with pytest.raises(SettingsError, match=r"'ml\.g5\.12xlarg'; did you mean 'ml\.g5\.12xlarge'"):
         build_settings(BASE, {"pipeline.allowed_instance_types": '["ml.g5.12xlarg"]'})
+
+
+def test_unknown_keys_given_with_c_or_context_hide_no_other_problem() -> None:
+    context = {**cdk_context(), "network.nat_gatways": "1", "stage": "Prod_1"}  # as `cdk synth -c` passes them
+    overrides = json.dumps({"storage": {"fsx_capacity": 1200}, "network": {"vpc_cidr": "8.8.0.0/16"}})  # CONTEXT=
+    with pytest.raises(SettingsError) as err:
+        settings_from_context(context, overrides)
+    message = str(err.value)
+    for expected in (
+        "network.nat_gatways: unknown setting (did you mean 'network.nat_gateways'?)",
+        "storage.fsx_capacity: unknown setting",
+        "stage = 'Prod_1'",
+        "network.vpc_cidr = '8.8.0.0/16'",
+    ):
+        assert expected in message, message
