@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from tools.review.report import (
+    ASSET_HASH,
     POLICY_KINDS,
     TRUST,
     MachineChange,
@@ -16,6 +17,7 @@ from tools.review.report import (
     ResourceChange,
     Review,
     Statement,
+    references,
 )
 from tools.review.values import differences
 
@@ -47,7 +49,9 @@ def summary(review: Review, *, allow_stateful: bool = False) -> str:
     lines = [f"Review of the working tree against {review.base}. Stacks that change: {stacks or 'none'}.", ""]
     if review.blocking:
         listed = "; ".join(
-            f"{r.stack} `{r.path or r.logical_id}` ({r.type}, {r.logical_id}) {r.ends}" for r in review.blocking
+            f"{r.stack} `{r.path or r.logical_id}` ({r.type}, {r.logical_id}) {r.ends}"
+            + (f": {fate}" if (fate := review.data_fates.get((r.stack, r.logical_id))) else "")
+            for r in review.blocking
         )
         verdict = (
             "Allowed by ALLOW_STATEFUL=1."
@@ -60,6 +64,13 @@ def summary(review: Review, *, allow_stateful: bool = False) -> str:
         stateful = sum(r.stateful is not None for r in review.resources)
         words = ", ".join(f"{counts[w]} {w}" for w in ("added", "removed", "replaced", "updated") if counts[w])
         lines.append(f"- Resources: {words}" + (f"; {stateful} of them stateful." if stateful else "."))
+    lines.extend(f"- **Deploy**: {work}." for r in review.resources for work in r.deploy_work)
+    if review.asset_moves:
+        moved = len(review.asset_moves)
+        lines.append(
+            f"- IAM: {_count(moved, 'statement')} only {'follows' if moved == 1 else 'follow'} a rebuilt asset to "
+            "its new hash: the same grants, not new ones."
+        )
     if review.statements or review.managed_policies:
         added = [s for s in review.statements if s.change == "+"]
         flags = Counter(note.split(" (")[0] for s in added for note in s.notes)
@@ -150,7 +161,9 @@ def _property(review: Review, resource: ResourceChange, prop: PropertyChange, re
     impact = {"WILL_REPLACE": " (replace)", "MAY_REPLACE": " (may replace)"}.get(prop.impact or "", "")
     text = f"`{prop.name}`{impact}"
     intrinsic = isinstance(prop.new, dict) and len(prop.new) == 1 and next(iter(prop.new)).startswith("Fn::")
-    if prop.old != prop.new and not intrinsic:
+    if prop.old != prop.new and _hashes_only(prop.old, prop.new):
+        text += ": only an asset's hash moves (a rebuilt asset)"
+    elif prop.old != prop.new and not intrinsic:
         details = differences(prop.old, prop.new, depth=3)
         shown = [_cell(review, d) for d in details[:DETAIL_LINES] if d != "changed"]
         if len(details) > DETAIL_LINES:
@@ -163,25 +176,15 @@ def _property(review: Review, resource: ResourceChange, prop: PropertyChange, re
     if prop.old == prop.new:
         reasons += [
             f"references {_construct(review, resource.stack, logical_id)}, which is replaced"
-            for logical_id in sorted(_references(prop.new) & replaced)
+            for logical_id in sorted(references(prop.new) & replaced)
         ]
     return text + (f" — {'; '.join(reasons)}" if reasons else "")
 
 
-def _references(value: Any) -> set[str]:
-    found: set[str] = set()
-    if isinstance(value, dict):
-        if set(value) == {"Ref"} and isinstance(value["Ref"], str):
-            found.add(value["Ref"])
-        elif set(value) == {"Fn::GetAtt"}:
-            arg = value["Fn::GetAtt"]
-            found.add(arg[0] if isinstance(arg, list) else str(arg).split(".")[0])
-        for item in value.values():
-            found |= _references(item)
-    elif isinstance(value, list):
-        for item in value:
-            found |= _references(item)
-    return found
+def _hashes_only(old: Any, new: Any) -> bool:
+    """Whether two values differ only in assets' content hashes."""
+    old_text, new_text = (json.dumps(v, sort_keys=True) for v in (old, new))
+    return ASSET_HASH.search(old_text) is not None and ASSET_HASH.sub("", old_text) == ASSET_HASH.sub("", new_text)
 
 
 def _table(*headers: str) -> list[str]:
@@ -195,25 +198,51 @@ def _stateful(review: Review) -> list[str]:
     lines = ["", "## Stateful resources", "", *_table("Stack", "Resource", "Type", "Stateful as", "Change")]
     for r in stateful:
         change = f"**{r.ends}**" if r.ends else {"updated": "updated in place"}.get(r.change, r.change)
+        if fate := review.data_fates.get((r.stack, r.logical_id)):
+            change += f": {_cell(review, fate)}"
         lines.append(f"| {r.stack} | {_name(r)} | {r.type} | {r.stateful} | {change} |")
     return lines
 
 
 def _resources(review: Review) -> list[str]:
     lines = ["", "## Resources"] if review.resources else []
+    carried = review.carried()
+    followers = {id(r) for rows in carried.values() for r in rows}
     for stack in review.stacks:
-        rows = [r for r in review.resources if r.stack == stack]
+        rows = [r for r in review.resources if r.stack == stack and id(r) not in followers]
         if not rows:
             continue
-        replaced = {r.logical_id for r in rows if r.impact == "WILL_REPLACE"}
+        replaced = {r.logical_id for r in review.resources if r.stack == stack and r.impact == "WILL_REPLACE"}
         lines += ["", f"### {stack}", "", *_table("Resource", "Type", "Impact", "What changes")]
         for r in sorted(rows, key=lambda r: (_impact_word(r) != "replaced", r.logical_id)):
             changes = [_property(review, r, p, replaced) for p in r.properties] + [f"`{o}`" for o in r.other]
+            changes += [f"**{work}**" for work in r.deploy_work]
+            if (r.stack, r.logical_id) in carried:
+                changes.append(
+                    f"{_count(len(carried[(r.stack, r.logical_id)]), 'resource')} that read it change with it"
+                )
             impact = (
                 "**replace** (type changed)" if r.old_type and r.old_type != r.type else IMPACT.get(r.impact, r.impact)
             )
             lines.append(f"| {_name(r)} | {r.type} | {impact} | {'<br>'.join(changes) or r.change} |")
+    if carried:
+        lines += ["", "### What changes only because it reads a replaced resource", ""]
+        lines += [f"- {_carried(review, root, rows)}" for root, rows in carried.items()]
     return lines
+
+
+def _carried(review: Review, root: tuple[str, str], rows: list[ResourceChange]) -> str:
+    """One line for the resources a replacement carries with it: how many, replaced or updated, of which types."""
+    parts = []
+    for word in ("replaced", "updated"):
+        kinds = Counter(r.type for r in rows if _impact_word(r) == word)
+        if kinds:
+            types = ", ".join(f"{n} {t}" for t, n in sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
+            parts.append(f"{sum(kinds.values())} {word} ({types})")
+    stacks = sorted({r.stack for r in rows} - {root[0]})
+    elsewhere = f", some in {', '.join(stacks)}" if stacks else ""
+    head = f"{_construct(review, *root)} of {root[0]} is replaced, and with it what reads it{elsewhere}"
+    return f"{head}: {'; '.join(parts)}"
 
 
 def _principal(review: Review, statement: Statement, principal: str) -> str:
@@ -222,11 +251,15 @@ def _principal(review: Review, statement: Statement, principal: str) -> str:
         return _construct(review, statement.stack, match.group(1))
     if principal in ("*", "AWS:*"):
         return "anyone (`*`)"
+    # The engine reads a Lambda permission's principal as a service's, whatever it is: an IAM ARN is a role's.
+    iam_arn = re.fullmatch(r"(?:AWS|Service):(arn:[\w-]+:iam::\d{12}:(role|user)/(?:[^/]+/)*([^/]+))", principal)
+    if iam_arn:
+        return f"{iam_arn.group(2)} `{iam_arn.group(3)}` ({_code(review, iam_arn.group(1))})"
     return _code(review, principal)
 
 
 def _iam(review: Review) -> list[str]:
-    if not (review.statements or review.managed_policies):
+    if not (review.statements or review.managed_policies or review.asset_moves):
         return []
     lines = ["", "## IAM: who can now do what", ""]
     lines.append("`+` can now, `-` can no longer, as the CDK diff engine reads the statements of each policy.")
@@ -243,6 +276,12 @@ def _iam(review: Review) -> list[str]:
             condition = _code(review, s.condition) if s.condition else ""
             notes = ", ".join(f"**{n}**" for n in s.notes) if s.change == "+" else ""
             lines.append(f"| {s.change} | {who} | {s.effect} | {actions} | {on} | {condition} | {notes} |")
+    if review.asset_moves:
+        holders = Counter(
+            _construct(review, s.stack, logical_id) for s in review.asset_moves for logical_id, _ in s.sources
+        )
+        lines += ["", "Only an asset's hash moves (the same grants on the rebuilt asset) in: "]
+        lines[-1] += ", ".join(f"{holder} ({_count(n, 'statement')})" for holder, n in holders.items()) + "."
     if review.managed_policies:
         lines += ["", "### Managed policies", "", *_table("", "Who", "Managed policy")]
         for m in review.managed_policies:

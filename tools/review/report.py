@@ -9,6 +9,8 @@ definition state by state.
 from __future__ import annotations
 
 import fnmatch
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +50,15 @@ POLICY_KINDS = {
 }
 TRUST = "trust policies (who can assume a role)"
 OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+# An asset's content hash (sha256) in its S3 key or image tag: a rebuilt asset moves it, nothing else.
+ASSET_HASH = re.compile(r"\b[0-9a-f]{64}\b")
+# Custom resources whose update starts long work on deploy: (type, property) -> what happens. The engine has no
+# CloudFormation spec for a custom resource and gives its property changes no impact.
+DEPLOY_WORK = {
+    ("Custom::TrainingImage", "ImageTag"): (
+        "the training image is rebuilt: CodeBuild builds and pushes it, which can take up to an hour"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,27 @@ class ResourceChange:
     @property
     def blocks(self) -> bool:
         return self.stateful is not None and self.ends is not None
+
+    @property
+    def deploy_work(self) -> list[str]:
+        """What a deploy of this change starts besides updating the resource (DEPLOY_WORK)."""
+        return [
+            DEPLOY_WORK[(self.type, p.name)]
+            for p in self.properties
+            if (self.type, p.name) in DEPLOY_WORK and p.old != p.new
+        ]
+
+    def reads_replaced(self, replaced: set[tuple[str, str]]) -> set[tuple[str, str]] | None:
+        """The replaced resources (of `replaced`) this one changes for, when reading them is its only change."""
+        if self.change != "updated" or self.other or self.stateful or not self.properties:
+            return None
+        found: set[tuple[str, str]] = set()
+        for prop in self.properties:
+            read = set(prop.replaced_sources) | ({(self.stack, i) for i in references(prop.new)} & replaced)
+            if prop.old != prop.new or not read:
+                return None
+            found |= read
+        return found
 
 
 @dataclass(frozen=True)
@@ -199,6 +231,10 @@ class Review:
     outputs: dict[tuple[str, str], str] = field(default_factory=dict)
     other: list[str] = field(default_factory=list)  # outputs and template sections that changed
     notes: list[str] = field(default_factory=list)
+    # Added statements that differ from a removed one only in an asset's hash: the same grant, on the rebuilt asset.
+    asset_moves: list[Statement] = field(default_factory=list)
+    # (stack, logical ID) of a stateful resource that ends -> what becomes of its data, old and new.
+    data_fates: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -207,6 +243,25 @@ class Review:
     @property
     def blocking(self) -> list[ResourceChange]:
         return [r for r in self.resources if r.blocks]
+
+    def carried(self) -> dict[tuple[str, str], list[ResourceChange]]:
+        """Each replaced resource that changes itself -> the resources that change only because they read it
+        (directly, or through another that does)."""
+        replaced = {(r.stack, r.logical_id) for r in self.resources if r.impact == "WILL_REPLACE"}
+        reads = {(r.stack, r.logical_id): found for r in self.resources if (found := r.reads_replaced(replaced))}
+
+        def roots(key: tuple[str, str], seen: frozenset[tuple[str, str]]) -> set[tuple[str, str]]:
+            if key not in reads or key in seen:
+                return {key}
+            return {root for source in reads[key] for root in roots(source, seen | {key})}
+
+        carried: dict[tuple[str, str], list[ResourceChange]] = {}
+        for r in self.resources:
+            key = (r.stack, r.logical_id)
+            if key in reads:
+                for root in sorted(roots(key, frozenset())):
+                    carried.setdefault(root, []).append(r)
+        return carried
 
 
 def build(engine: dict[str, Any], base: dict[str, Stack], head: dict[str, Stack], label: str) -> Review:
@@ -252,10 +307,88 @@ def build(engine: dict[str, Any], base: dict[str, Stack], head: dict[str, Stack]
         review.other.extend(f"{name}: output {o['name']} {o['change']}" for o in stack["outputs"])
         review.other.extend(f"{name}: template {section} changed" for section in stack["sections"])
     review.machines = _machines(base, head, review.resources)
+    review.statements, review.asset_moves = _asset_moves(review.statements)
+    review.data_fates = {(r.stack, r.logical_id): data_fate(r, head.get(r.stack)) for r in review.blocking}
     return review
 
 
+def _fields(statement: Statement) -> str:
+    return json.dumps({k: v for k, v in statement.__dict__.items() if k != "change"}, sort_keys=True, default=str)
+
+
+def _asset_moves(statements: list[Statement]) -> tuple[list[Statement], list[Statement]]:
+    """(the statements, the added ones that only follow an asset to its new hash); each such pair is taken out."""
+    removed: dict[str, list[Statement]] = {}
+    for s in statements:
+        if s.change == "-" and ASSET_HASH.search(_fields(s)):
+            removed.setdefault(ASSET_HASH.sub("<asset>", _fields(s)), []).append(s)
+    moves: list[Statement] = []
+    taken: list[Statement] = []
+    for s in statements:
+        twins = removed.get(ASSET_HASH.sub("<asset>", _fields(s))) if s.change == "+" else None
+        if twins:
+            taken.append(twins.pop())
+            moves.append(s)
+    return [s for s in statements if not any(s is t for t in (*moves, *taken))], moves
+
+
+def data_fate(resource: ResourceChange, head: Stack | None) -> str:
+    """What becomes of a stateful resource's data when the deployed resource ends: the old one's and the new one's."""
+    kind = STATEFUL_TYPES.get(resource.old_type or resource.type, "resource")
+    if resource.deletion_policy in ("Retain", "RetainExceptOnCreate"):
+        old = f"the deployed {kind} is retained: it stays, outside the stack, and is billed until someone deletes it"
+    elif resource.deletion_policy == "Snapshot":
+        old = f"the deployed {kind} is deleted after a final snapshot"
+    else:
+        old = f"the deployed {kind} is deleted, and what it holds with it"
+    if resource.change == "removed":
+        return old
+    if kind == "key":
+        return f"{old}; the new key cannot decrypt what the old one encrypted"
+    new = f"the new {kind} starts empty"
+    if resource.type == "AWS::FSx::FileSystem" and head is not None:
+        new += _lustre_links(resource.logical_id, head)
+    return f"{old}; {new}"
+
+
+def _lustre_links(file_system: str, head: Stack) -> str:
+    """How the new file system's data repository associations fill it."""
+    said = []
+    for association in head.resources("AWS::FSx::DataRepositoryAssociation").values():
+        props = association.get("Properties", {})
+        if file_system not in references(props.get("FileSystemId")):
+            continue
+        path = props.get("FileSystemPath", "?")
+        if props.get("BatchImportMetaDataOnCreate"):
+            said.append(f"{path} re-imports the linked S3 objects' metadata on creation (contents load on first read)")
+        else:
+            said.append(f"{path} imports nothing on creation")
+    if not said:
+        return ""
+    return "; linked to S3: " + ", ".join(said) + "; files written only to the old file system are not on the new one"
+
+
+def references(value: Any) -> set[str]:
+    """The logical IDs a template value reads through Ref or Fn::GetAtt."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        if set(value) == {"Ref"} and isinstance(value["Ref"], str):
+            found.add(value["Ref"])
+        elif set(value) == {"Fn::GetAtt"}:
+            arg = value["Fn::GetAtt"]
+            found.add(arg[0] if isinstance(arg, list) else str(arg).split(".")[0])
+        for item in value.values():
+            found |= references(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= references(item)
+    return found
+
+
 def _resource(stack: str, raw: dict[str, Any]) -> ResourceChange:
+    impact = raw["impact"]
+    if impact == "NO_CHANGE" and any(p["old"] != p["new"] for p in raw["properties"]):
+        impact = "WILL_UPDATE"  # a type without a CloudFormation spec (a custom resource): its handler runs
     return ResourceChange(
         stack=stack,
         logical_id=raw["logicalId"],
@@ -263,7 +396,7 @@ def _resource(stack: str, raw: dict[str, Any]) -> ResourceChange:
         type=raw["newType"] or raw["oldType"],
         old_type=raw["oldType"],
         change=raw["change"],
-        impact=raw["impact"],
+        impact=impact,
         deletion_policy=raw["deletionPolicy"],
         properties=tuple(
             PropertyChange(
