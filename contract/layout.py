@@ -20,6 +20,7 @@ when it is complete is contract/stored_checkpoints.py's rule.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from contract.user_code import ARCHIVE_SUFFIX, COMMUNICATION_FAILED, RETRYABLE_EXIT
@@ -313,6 +314,12 @@ EXITS_ENV = "TRAINING_EXITS_DIR"
 CHECKPOINT_DIR_ENV = "TRAINING_CHECKPOINT_DIR"
 """Set by the launcher on the workers of a run's own code: the checkpoint folder the platform syncs
 (/opt/ml/checkpoints, SageMaker's CheckpointConfig.LocalPath; SageMaker itself names it in no variable)."""
+
+
+def on_batch(env: Mapping[str, str]) -> bool:
+    """Whether the entrypoint runs as a Batch node that still has to prepare (not the launcher child)."""
+    return NODE_INDEX_ENV in env and PREPARED_ENV not in env
+
 
 LEDGER_CHANNEL = "ledger"
 """The input channel that brings every job its run's checkpoint ledger (/opt/ml/input/data/ledger)."""

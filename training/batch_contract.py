@@ -371,11 +371,6 @@ def run(
     return returncode
 
 
-def on_batch(env: Mapping[str, str]) -> bool:
-    """Whether the entrypoint runs as a Batch node that still has to prepare (not the launcher child)."""
-    return NODE_INDEX_ENV in env and PREPARED_ENV not in env
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     del argv  # Batch passes the job definition's command ("train"), as SageMaker does
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s batch: %(message)s", stream=sys.stdout)

@@ -47,10 +47,11 @@ from contract.layout import (
     NPROC_ENV,
     PREFLIGHT_ENV,
     PREFLIGHT_FAILED,
+    on_batch,
 )
 from contract.mesh import layout_problems
 from contract.user_code import CODE_PREFIX, USER_CODE_FAILED, UserCode, UserCodeError, is_launcher_key
-from training import batch_contract, user_code
+from training import user_code
 from training.hang import HangWatch, ScriptWatch
 from training.preflight import Checks, NcclLog, checks_from_env, failure_line
 from training.roles import (
@@ -740,7 +741,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The trainer's phases count from here (the Batch contract's launcher child keeps the contract's start).
     os.environ.setdefault(LAUNCHED_ENV, repr(time.monotonic()))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if batch_contract.on_batch(os.environ):  # AWS Batch: lay out /opt/ml and sync S3, then run this as a child
+    if on_batch(os.environ):  # AWS Batch: lay out /opt/ml and sync S3, then run this as a child
+        from training import batch_contract  # noqa: PLC0415 - its S3, ledger and goodput code is for Batch alone
+
         return batch_contract.main(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s launcher: %(message)s", stream=sys.stdout)
     # SageMaker passes "train"; nothing else is expected (configuration comes from /opt/ml).

@@ -191,7 +191,7 @@ def test_the_image_entrypoint_hands_batch_nodes_to_the_batch_contract(tmp_path: 
     assert result.returncode == batch_contract.EXIT_INVALID_INPUT
     assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is not set on node 1" in result.stdout + result.stderr
     assert (tmp_path / "output" / "failure").read_text().startswith("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS")
-    assert batch_contract.on_batch(_env(0)) and not batch_contract.on_batch({**_env(0), layout.PREPARED_ENV: "1"})
+    assert layout.on_batch(_env(0)) and not layout.on_batch({**_env(0), layout.PREPARED_ENV: "1"})
 
 
 @mock_aws

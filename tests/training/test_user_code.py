@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from own_code import code_tree, first_line, launch
+from own_code import code_tree, first_line, launch, launcher_env
+from training_helpers import REPO
 
 from contract.code_archive import pack
 from contract.hang import hung_seconds
@@ -218,3 +221,36 @@ def test_the_process_group_a_script_that_succeeded_leaves_up_is_destroyed_before
     status, error = run_script([str(script)])
     assert not dist.is_initialized()
     assert (status, error) == (0, None)
+
+
+HEAVY_MODULES = ("torch", "numpy", "boto3", "training.batch_contract", "contract.ledger", "contract.goodput")
+"""What the launcher must not have imported when it starts torchrun: each is Python start-up a user waits for
+before the first step (torchrun imports torch itself; the rest serve the Batch path alone)."""
+_MODULES_AT_START = """
+import json, sys
+from training import launcher
+def run(self):
+    print("MODULES " + json.dumps(sorted(sys.modules)), flush=True)
+    return 0, False
+launcher.Supervisor.run = run
+sys.exit(launcher.main(["train"]))
+"""
+
+
+def test_the_launcher_starts_torchrun_without_importing_heavy_modules(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('step=1')\n")
+    code_tree(tmp_path / "ml", tmp_path / "src", {})
+    result = subprocess.run(
+        [sys.executable, "-c", _MODULES_AT_START],
+        env=launcher_env(tmp_path / "ml"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("MODULES ")] or [result.stdout[-2000:]]
+    imported = set(json.loads(line.removeprefix("MODULES ")))
+    assert {"training.launcher", "training.user_code"} <= imported  # the run's own code was prepared
+    assert imported.isdisjoint(HEAVY_MODULES), sorted(imported & set(HEAVY_MODULES))
