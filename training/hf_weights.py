@@ -19,6 +19,7 @@ import fcntl
 import functools
 import json
 import math
+import mmap
 import os
 import shutil
 import threading
@@ -170,8 +171,7 @@ def _read_chunk(fd: int, start: int, target: memoryview, direct: bool) -> None:
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-        # The device refused the transfer (blocks larger than direct_io.ALIGNMENT): through the page cache.
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+        _through_page_cache(fd)
         _read_chunk(fd, start, target, False)
 
 
@@ -196,6 +196,8 @@ def _read_aligned(fd: int, start: int, target: memoryview) -> None:
 _CHUNK = 8 << 20
 _READERS = 8
 """Reads in flight at once: O_DIRECT has no kernel read-ahead, so the loader keeps the disk busy itself."""
+_FINISHERS = min(4, os.cpu_count() or 1)
+"""Conversions and transpositions at once (torch's copies release the GIL)."""
 
 
 def _open_to_read(path: Path) -> tuple[int, bool]:
@@ -217,6 +219,59 @@ class _Part:
     start: int
     target: torch.Tensor
     finish: Callable[[], None] | None
+    staging: mmap.mmap | None = None
+    """An aligned buffer whose span of the file, from `start` rounded down to a block, holds `target` (a part to
+    convert or transpose): read into it straight, with no copy out of a reading thread's buffer."""
+
+
+def _staged(start: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
+    """An aligned buffer for the whole blocks of the file that hold `shape` elements of `dtype` at `start`, and the
+    tensor of those elements in it."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    lead = start % direct_io.ALIGNMENT
+    staging = direct_io.aligned_buffer(-(-(lead + nbytes) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT)
+    return staging, torch.frombuffer(staging, dtype=dtype, count=math.prod(shape), offset=lead).view(shape)
+
+
+def _read_span(fd: int, start: int, span: memoryview, need: int) -> None:
+    """The file's bytes from `start` (a block boundary) into `span` (a block-aligned slice of a staging buffer),
+    of which the first `need` must exist (the file may end in the last block)."""
+    done = 0
+    while done < len(span):
+        try:
+            got = os.preadv(fd, [span[done:]], start + done)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            _through_page_cache(fd)
+            continue
+        if not got:
+            break
+        done += got
+    if done < need:
+        raise OSError(f"a weight file ended at offset {start + done}, before {start + need}")
+
+
+def _through_page_cache(fd: int) -> None:
+    """The device refused a direct transfer (blocks larger than direct_io.ALIGNMENT): read `fd` buffered."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+
+
+def _chunk_reads(readers: ThreadPoolExecutor, fd: int, direct: bool, part: _Part) -> list[Future[None]]:
+    """The reads of a part, `_CHUNK` bytes each."""
+    if part.staging is not None:
+        first = part.start - part.start % direct_io.ALIGNMENT
+        need = part.start - first + part.target.numel() * part.target.element_size()
+        span = memoryview(part.staging)
+        return [
+            readers.submit(_read_span, fd, first + at, span[at : at + _CHUNK], min(_CHUNK, need - at))
+            for at in range(0, need, _CHUNK)
+        ]
+    target = _bytes(part.target)
+    return [
+        readers.submit(_read_chunk, fd, part.start + at, target[at : at + _CHUNK], direct)
+        for at in range(0, len(target), _CHUNK)
+    ]
 
 
 def _read_parts(folder: Path, parts: list[_Part]) -> None:
@@ -225,15 +280,13 @@ def _read_parts(folder: Path, parts: list[_Part]) -> None:
     (a conversion or transposition into its parameter) runs as soon as its chunks are in, while others are read."""
     descriptors = {file: _open_to_read(folder / file) for file in sorted({part.file for part in parts})}
     try:
-        with ThreadPoolExecutor(_READERS, thread_name_prefix="weights") as readers, ThreadPoolExecutor(1) as finisher:
+        with (
+            ThreadPoolExecutor(_READERS, thread_name_prefix="weights") as readers,
+            ThreadPoolExecutor(_FINISHERS) as finisher,
+        ):
             finishing = []
             for part in parts:
-                fd, direct = descriptors[part.file]
-                target = _bytes(part.target)
-                chunks = [
-                    readers.submit(_read_chunk, fd, part.start + at, target[at : at + _CHUNK], direct)
-                    for at in range(0, len(target), _CHUNK)
-                ]
+                chunks = _chunk_reads(readers, *descriptors[part.file], part)
                 if part.finish is not None:
                     finishing.append(finisher.submit(_after, chunks, part.finish))
                 else:
@@ -287,10 +340,15 @@ def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> None:
             continue
         dtype = _TORCH_DTYPES[entry["dtype"]]
         direct = not weight.transposed and dtype == local.dtype and local.is_contiguous() and local.device.type == "cpu"
-        target = local if direct else torch.empty(shape, dtype=dtype)
         row = math.prod(full[1:]) * mf.DTYPE_BYTES[entry["dtype"]]
-        finish = None if direct else functools.partial(_copy, local, target, transposed=weight.transposed)
-        parts.append(_Part(file, start + offset[0] * row, target, finish))
+        at = start + offset[0] * row
+        if direct:
+            parts.append(_Part(file, at, local, None))
+            continue
+        staging, target = _staged(at, shape, dtype)
+        parts.append(
+            _Part(file, at, target, functools.partial(_copy, local, target, transposed=weight.transposed), staging)
+        )
     _read_parts(base.path, parts)
 
 

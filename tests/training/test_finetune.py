@@ -89,6 +89,18 @@ def test_llama_variants_load_with_equal_logits(overrides: dict[str, Any], tmp_pa
     assert _max_difference(_ours(path), _reference(path), 300) <= 1e-4
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_bfloat16_folder_loads_into_float32_parameters(arch: str, tmp_path: Path) -> None:
+    """Each weight read into a staging buffer of its own (no copy out of a reading thread's) and converted (GPT-2's
+    also transposed) into its parameter: equal to the file's values, whatever their offset in the file."""
+    source = _reference(FOLDERS[arch](tmp_path / "fp32"))
+    source.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    for name in mf.TOKENIZER_FILES[:2]:
+        if (tmp_path / "fp32" / name).is_file():
+            shutil.copy(tmp_path / "fp32" / name, tmp_path / "bf16" / name)
+    assert _max_difference(_ours(tmp_path / "bf16"), _reference(tmp_path / "bf16"), 300) <= 1e-4
+
+
 def test_a_folder_in_several_shards_with_an_index_loads(tmp_path: Path) -> None:
     source = llama_folder(tmp_path / "one")
     model = _reference(source)
