@@ -21,7 +21,7 @@ import math
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,9 +132,13 @@ def share_and_judge(
 class StepTimer:
     """This rank's compute time per step, from the intervals between `start` and `stop` within it."""
 
-    def __init__(self, torch: Any, device: Any, *, keep: int = 0) -> None:
-        """`keep`: the steps to remember until `take` (0: time nothing, as when no check runs)."""
+    def __init__(
+        self, torch: Any, device: Any, *, keep: int = 0, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        """`keep`: the steps to remember until `take` (0: time nothing, as when no check runs); `clock`: the
+        seconds a CPU interval is measured on."""
         self.torch = torch
+        self.clock = clock
         self.cuda = device.type == "cuda"
         self._open: Any = None
         self._intervals: list[Any] = []
@@ -149,7 +153,7 @@ class StepTimer:
             self._open = self.torch.cuda.Event(enable_timing=True)
             self._open.record()
         else:
-            self._open = time.perf_counter()
+            self._open = self.clock()
 
     def stop(self) -> None:
         if not self.enabled:
@@ -159,7 +163,7 @@ class StepTimer:
             end.record()
             self._intervals.append((self._open, end))
         else:
-            self._intervals.append(time.perf_counter() - self._open)
+            self._intervals.append(self.clock() - self._open)
 
     def end_step(self) -> None:
         if self.enabled:

@@ -72,19 +72,39 @@ def test_a_step_some_rank_has_no_time_for_is_judged_by_no_one() -> None:
     assert [s.since_step for s in found] == [1]  # steps 1, 3, 4: the unknown step neither counts nor resets
 
 
+class _Clock:
+    """Seconds that pass only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_the_timer_counts_each_steps_intervals_and_pads_unknown_steps() -> None:
-    timer = StepTimer(torch, torch.device("cpu"), keep=2)
-    for pause in (0.01, 0.02):
+    clock = _Clock()
+    timer = StepTimer(torch, torch.device("cpu"), keep=2, clock=clock)
+    for first, second in ((0.01, 0.003), (0.02, 0.004)):
         timer.start()
-        time.sleep(pause)
+        clock.now += first
         timer.stop()
+        clock.now += 5.0  # the backward pass between them (its collectives wait for peers): not timed
         timer.start()  # a second micro-batch in the same step
+        clock.now += second
         timer.stop()
         timer.end_step()
-    first, second = timer.take(2)
-    assert 0.01 <= first < second  # the sleeps are lower bounds, never compared with an upper one
+        clock.now += 7.0  # the optimizer step: not timed
+    assert timer.take(2) == pytest.approx([0.013, 0.024], abs=1e-12)
     padded = timer.take(3)
     assert all(math.isnan(v) for v in padded)  # taken already: nothing left
+    # On its own clock (perf_counter) an interval lasts at least what it held: a sleep is a lower bound.
+    timer = StepTimer(torch, torch.device("cpu"), keep=1)
+    timer.start()
+    time.sleep(0.01)
+    timer.stop()
+    timer.end_step()
+    assert timer.take(1)[0] >= 0.01
 
 
 def test_a_timer_keeps_only_the_steps_a_share_can_take_and_none_when_no_check_runs() -> None:
