@@ -582,6 +582,7 @@ class LocalPlatform:
             moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),
             moto_fixes.roles_read_from_a_copy(),
             moto_fixes.definitions_validated_once(),
+            moto_fixes.key_material_on_first_use(),
         ]
 
     def _aws_managed_policies(self) -> list[str]:

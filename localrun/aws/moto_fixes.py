@@ -169,6 +169,38 @@ def roles_read_from_a_copy() -> Any:
     return mock.patch.object(IAMBackend, "get_roles", get_roles)
 
 
+# -- KMS ---------------------------------------------------------------------------------------------
+class _MaterialOnFirstUse:
+    """moto's asymmetric key material for a key spec, made the first time Sign, Verify or GetPublicKey needs it."""
+
+    def __init__(self, generate: Callable[[str], Any], key_spec: str) -> None:
+        self._generate, self._key_spec = generate, key_spec
+
+    @functools.cached_property
+    def _material(self) -> Any:
+        return self._generate(self._key_spec)
+
+    def sign(self, message: bytes, signing_algorithm: str) -> bytes:
+        return self._material.sign(message, signing_algorithm)  # type: ignore[no-any-return]
+
+    def verify(self, message: bytes, signature: bytes, signing_algorithm: str) -> bool:
+        return self._material.verify(message, signature, signing_algorithm)  # type: ignore[no-any-return]
+
+    def public_key(self) -> bytes:
+        return self._material.public_key()  # type: ignore[no-any-return]
+
+
+def key_material_on_first_use() -> Any:
+    """moto makes every key a private key when it creates it, a 2048-bit RSA key for a symmetric one too (a
+    fifth of a second each, four keys a local platform); AWS's symmetric keys have none. Here the material is
+    made when a call first uses it, the same material moto would have made; the platform's keys never need it.
+    """
+    from moto.kms import models  # noqa: PLC0415
+
+    generate = models.generate_private_key
+    return mock.patch.object(models, "generate_private_key", functools.partial(_MaterialOnFirstUse, generate))
+
+
 # -- S3 ----------------------------------------------------------------------------------------------
 def bucket_policies_left_to_local_iam() -> Any:
     """moto applies a bucket policy to object calls ignoring its conditions, so the TLS-only Deny denies

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import boto3
 import pytest
@@ -65,3 +66,35 @@ def test_a_role_created_while_a_lookup_iterates_the_roles_does_not_fail_the_look
         assert backend.get_role("fn").name == "fn"
         assert backend.get_role_by_arn("arn:aws:iam::123456789012:role/fn").name == "fn"
         assert backend.get_role("person").name == "person"
+
+
+def test_a_keys_asymmetric_material_is_made_on_first_use_and_serves_as_mocked_kms_always_did() -> None:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
+    made: list[int] = []
+    generate = rsa.generate_private_key
+
+    def counted(*args: object, **kwargs: object) -> rsa.RSAPrivateKey:
+        made.append(1)
+        return generate(*args, **kwargs)  # type: ignore[arg-type]
+
+    with mock_aws(), moto_fixes.key_material_on_first_use(), mock.patch.object(rsa, "generate_private_key", counted):
+        kms = boto3.client("kms", region_name="us-east-1")
+        symmetric = kms.create_key()["KeyMetadata"]["KeyId"]
+        blob = kms.encrypt(KeyId=symmetric, Plaintext=b"secret", EncryptionContext={"run": "a"})["CiphertextBlob"]
+        assert kms.decrypt(CiphertextBlob=blob, EncryptionContext={"run": "a"})["Plaintext"] == b"secret"
+        assert made == []  # a symmetric key's life: no RSA key made
+        for spec, algorithm in (("RSA_2048", "RSASSA_PSS_SHA_256"), ("ECC_NIST_P256", "ECDSA_SHA_256")):
+            key = kms.create_key(KeyUsage="SIGN_VERIFY", KeySpec=spec)["KeyMetadata"]["KeyId"]
+            signature = kms.sign(KeyId=key, Message=b"m", SigningAlgorithm=algorithm)["Signature"]
+            verified = kms.verify(KeyId=key, Message=b"m", Signature=signature, SigningAlgorithm=algorithm)
+            assert verified["SignatureValid"]
+            public = serialization.load_der_public_key(kms.get_public_key(KeyId=key)["PublicKey"])
+            if isinstance(public, rsa.RSAPublicKey):
+                pss = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
+                public.verify(signature, b"m", pss, hashes.SHA256())  # the public key answered is the signer's
+            else:
+                assert isinstance(public, ec.EllipticCurvePublicKey)
+                public.verify(signature, b"m", ec.ECDSA(hashes.SHA256()))
+        assert made == [1]  # the RSA key, once, when it first signed
