@@ -17,7 +17,7 @@ from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
-from tests.conftest import APPROVER
+from tests.conftest import APPROVER, PATH_APPROVER, platform_context
 
 
 def sagemaker_constants(params: dict[str, Any]) -> TrainingJobConstants:
@@ -135,6 +135,20 @@ class Pipeline:
 
     def error(self, described: dict[str, Any]) -> tuple[str, str]:
         return described.get("error", ""), described.get("cause") or ""
+
+
+@pytest.fixture(scope="session")
+def guarded_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The platform where runs must prove who started them and nobody decides their own run
+    (pipeline.forbid_self_approval), with an approver role that has a path: synthesized once for the session."""
+    from stacks.app_builder import build_platform
+
+    context = platform_context()
+    context["platform"]["approvers"] = [APPROVER, PATH_APPROVER]
+    context["platform"]["pipeline"] = {"forbid_self_approval": True}
+    outdir = tmp_path_factory.mktemp("guarded")
+    build_platform(context, outdir=str(outdir)).synth()
+    return outdir
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from lambdas.approvals import identity
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
-from tests.conftest import APPROVER, PATH_APPROVER, platform_context
+from tests.conftest import APPROVER, PATH_APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tools.start_run import with_proof
 
@@ -108,17 +109,10 @@ def test_a_reason_fits_the_model_registry(pipeline: Pipeline) -> None:
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+def guarded(guarded_assembly: Path) -> Iterator[Pipeline]:
     """A platform where nobody decides their own run, with an approver role that has a path."""
-    from stacks.app_builder import build_platform
-
-    context = platform_context()
-    context["platform"]["approvers"] = [APPROVER, PATH_APPROVER]
-    context["platform"]["pipeline"] = {"forbid_self_approval": True}
-    outdir = tmp_path_factory.mktemp("guarded")
-    build_platform(context, outdir=str(outdir)).synth()
     training = ScriptedTraining(scripts=[[Poll(), COMPLETED]])
-    with LocalPlatform(outdir, training=training) as local:
+    with LocalPlatform(guarded_assembly, training=training) as local:
         yield Pipeline(local, training)
 
 

@@ -16,7 +16,7 @@ from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
-from tests.conftest import RETRAIN_TRIGGER, platform_context
+from tests.conftest import RETRAIN_TRIGGER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 
 PREFIX = RETRAIN_TRIGGER["prefix"]
@@ -134,16 +134,10 @@ def guarded_clock() -> Clock:
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory, guarded_clock: Clock) -> Iterator[Pipeline]:
+def guarded(guarded_assembly: Path, guarded_clock: Clock) -> Iterator[Pipeline]:
     """A platform that refuses runs without a proof of who started them (pipeline.forbid_self_approval)."""
-    from stacks.app_builder import build_platform
-
-    context = platform_context()
-    context["platform"]["pipeline"] = {"forbid_self_approval": True}
-    outdir = tmp_path_factory.mktemp("retrain-guarded")
-    build_platform(context, outdir=str(outdir)).synth()
     training = ScriptedTraining(scripts=[[Poll(), COMPLETED]])
-    with LocalPlatform(outdir, training=training, clock=guarded_clock) as local:
+    with LocalPlatform(guarded_assembly, training=training, clock=guarded_clock) as local:
         yield Pipeline(local, training)
 
 
