@@ -116,8 +116,8 @@ class _Held:
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor that holds the memory of `tensor`: a DTensor's local tensor, a functional collective's result."""
     # Unwrapped, not to_local(): that would be an operation of its own, recorded by autograd.
-    while is_traceable_wrapper_subclass(tensor):
-        inner, _ = tensor.__tensor_flatten__()
+    while is_traceable_wrapper_subclass(tensor):  # type: ignore[unreachable]
+        inner, _ = tensor.__tensor_flatten__()  # type: ignore[unreachable]
         tensor = getattr(tensor, inner[0])
     return tensor
 

@@ -197,7 +197,7 @@ def key_material_on_first_use() -> Any:
     """
     from moto.kms import models  # noqa: PLC0415
 
-    generate = models.generate_private_key
+    generate = models.generate_private_key  # type: ignore[attr-defined]
     return mock.patch.object(models, "generate_private_key", functools.partial(_MaterialOnFirstUse, generate))
 
 
