@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_left_as_found() -> Iterator[None]:
+    """Fail a test that leaves `sys.path` or `sys.argv` changed: a later test on the same xdist worker (a spawned
+    process, which imports its target by `sys.path`) would fail for it, and only in some orders."""
+    path, argv = list(sys.path), list(sys.argv)
+    yield
+    changed = [
+        name for name, before, now in (("sys.path", path, sys.path), ("sys.argv", argv, sys.argv)) if now != before
+    ]
+    sys.path[:], sys.argv[:] = path, argv
+    assert not changed, f"the test left {' and '.join(changed)} changed"
 
 
 APPROVER = "arn:aws:iam::123456789012:role/MLLead"

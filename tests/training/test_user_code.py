@@ -208,10 +208,13 @@ def test_the_failing_workers_own_stderr_names_the_failure_not_a_peers_lost_link(
 
 @pytest.mark.parametrize("ending", ["", "raise SystemExit(0)", "dist.destroy_process_group()"])
 def test_the_process_group_a_script_that_succeeded_leaves_up_is_destroyed_before_the_interpreter_exits(
-    tmp_path: Path, ending: str
+    tmp_path: Path, ending: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's threads of a group left up are torn down in the interpreter's exit, where gloo's can abort (SIGABRT)
     a run that succeeded: the worker ends the group itself."""
+    # run_script sets sys.argv and sys.path[0] as Python does for a script of its own process; this one is pytest's.
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
     script = tmp_path / "train.py"
     script.write_text(
         "import torch.distributed as dist\n"
