@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,8 @@ def test_overrides_resize_a_preset_and_bad_shapes_are_config_errors() -> None:
         model_args(ModelConfig(name="tiny", n_heads=5))
 
 
-def test_factory_hook_loads_a_module_from_the_code_channel(tmp_path: Path) -> None:
+def test_factory_hook_loads_a_module_from_the_code_channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_factory adds the code channel to the process's path
     (tmp_path / "my_lm.py").write_text(
         "import torch\n"
         "def build(args):\n"
