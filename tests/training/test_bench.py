@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ from training.bench import (
 from training.data import read_shard
 
 
-@pytest.fixture
-def lone_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+@contextmanager
+def _alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The environment of a process that is its own world: `bench_train` and `bench_checkpoint` start one."""
     for key in SINGLE_PROCESS_ENV:
         monkeypatch.delenv(key, raising=False)
@@ -38,6 +39,12 @@ def lone_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         dist.destroy_process_group()
     for key in SINGLE_PROCESS_ENV:
         os.environ.pop(key, None)
+
+
+@pytest.fixture
+def lone_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with _alone(monkeypatch):
+        yield
 
 
 def test_loader_row() -> None:
@@ -71,15 +78,23 @@ def test_train_row_uses_the_trainer() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("lone_process")
 @pytest.mark.parametrize("async_save", ["false", "true"])
-def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(async_save: str, tmp_path: Path) -> None:
+def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(
+    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     """The row's async staging is the staging of async saves, and is there only when saves are async; its resume
-    figures are there when a resume was timed."""
-    hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
-    resumes = 1 if async_save == "false" else 0
-    row = bench_checkpoint(hyperparameters, repeats=3, resumes=resumes, parent=tmp_path)
-    assert len(row["direct_write_gibps"]) == len(row["direct_read_gibps"]) == 3
+    figures are there when a resume was timed. Blocking saves: the recorded run's row (2 repeats and a resume);
+    async ones: a run of 3 repeats and no resume."""
+    if async_save == "false":
+        _, row, left = request.getfixturevalue("blocking_saves_recorded")
+        repeats, resumes = 2, 1
+    else:
+        hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
+        repeats, resumes = 3, 0
+        with _alone(monkeypatch):
+            row = bench_checkpoint(hyperparameters, repeats=repeats, resumes=resumes, parent=tmp_path)
+        left = list(tmp_path.iterdir())
+    assert len(row["direct_write_gibps"]) == len(row["direct_read_gibps"]) == repeats
     ratios = ["save_over_direct_write", "load_over_direct_read"]
     if resumes:
         assert len(row["resume_direct_read_gibps"]) == 1 and row["resume_load_s"] > 0
@@ -92,18 +107,13 @@ def test_checkpoint_row_pairs_every_save_and_load_with_probes_of_the_disk(async_
     assert ("async_staging_s" in row) == (async_save == "true")
     for cpu in ("save_cpu_user_s", "save_cpu_sys_s", "load_cpu_user_s", "load_cpu_sys_s"):
         assert row[cpu] >= 0, cpu
-    assert list(tmp_path.iterdir()) == []
+    assert left == []
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("lone_process")
-@pytest.mark.parametrize("async_save", ["false", "true"])
-def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_the_disk_with_other_work(
-    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each probe finds no deletion of an old checkpoint unfinished and no background save unwritten, and follows
-    a sync of the file system, as does each timed save and load. A deletion here finishes only once the benchmark
-    waits for it, so one the benchmark did not wait for is seen."""
+def _recorded(async_save: str, parent: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, Any]]:
+    """`bench_checkpoint` of 2 repeats and a resume, each probe, sync, save and load recorded as it starts (a probe
+    with what else was still under way then): (the events, the row). A deletion of an old checkpoint finishes only
+    once the benchmark waits for it, so one the benchmark did not wait for is seen."""
     events: list[str] = []
     managers: list[checkpoint.CheckpointManager] = []
     waited = threading.Event()
@@ -147,7 +157,32 @@ def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_t
     monkeypatch.setattr(manager, "load_latest", recorded("load", manager.load_latest))
     monkeypatch.setattr(bench, "_resume_in_new_process", recorded("resume", bench._resume_in_new_process))
     hyperparameters = {"model": "tiny", "seq_len": "32", "batch_size": "2", "checkpoint.async_save": async_save}
-    row = bench_checkpoint(hyperparameters, repeats=2, resumes=1, parent=tmp_path)
+    with _alone(monkeypatch):
+        row = bench_checkpoint(hyperparameters, repeats=2, resumes=1, parent=parent)
+    return events, row
+
+
+@pytest.fixture(scope="module")
+def blocking_saves_recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], dict[str, Any], list[Path]]:
+    """One recorded run with blocking saves (`_recorded`), shared by the tests of its order and of its row: (the
+    events, the row, what it left in its directory)."""
+    parent = tmp_path_factory.mktemp("bench-checkpoint")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        events, row = _recorded("false", parent, monkeypatch)
+    return events, row, list(parent.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_every_timed_save_and_load_lies_between_two_probes_and_no_probe_shares_the_disk_with_other_work(
+    async_save: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Each probe finds no deletion of an old checkpoint unfinished and no background save unwritten, and follows
+    a sync of the file system, as does each timed save and load."""
+    if async_save == "false":
+        events, row, _ = request.getfixturevalue("blocking_saves_recorded")
+    else:
+        events, row = _recorded(async_save, tmp_path, monkeypatch)
     # The Trainer looks for a checkpoint to resume when it is built, and the first save only sizes the probes.
     # Each timed save lies between two writes, each timed load between two reads; a write probe syncs what
     # deleting its old file freed. Then a new process resumes between two reads.
