@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from own_code import code_tree, first_line, launch
-from training_helpers import TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run
+from training_helpers import TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run_until
 
 from lambdas.sagemaker.monitor import retry_cause
+from training.checkpoint import committed_steps
 from training.sagemaker_contract import Paths
 
 MPI_PATH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -57,14 +59,17 @@ def test_mpirun_runs_a_scripts_ranks_and_its_own_error_is_not_retried(tmp_path: 
 
 
 @pytest.mark.slow
-def test_mpirun_runs_the_built_in_trainer_on_two_ranks(tmp_path: Path, corpus: Path) -> None:
-    short = {"max_steps": "2", "optim.warmup_steps": "1", "checkpoint.interval_steps": "0", "eval.interval_steps": "0"}
-    paths = make_opt_ml(tmp_path, {**TINY_JOB, **short, "distribution": "mpi"}, corpus=corpus)
+def test_mpirun_runs_the_built_in_trainer_on_two_ranks_which_checkpoint_on_sigterm(
+    tmp_path: Path, corpus: Path
+) -> None:
+    # mpirun signalled itself kills its ranks at once: a spot interruption would lose the steps since the last save.
+    job = {**TINY_JOB, "max_steps": "1000", "optim.warmup_steps": "1", "checkpoint.interval_steps": "0"}
+    paths = make_opt_ml(tmp_path, {**job, "eval.interval_steps": "0", "distribution": "mpi"}, corpus=corpus)
     _one_host(paths)
     env = clean_env(tmp_path, TRAINING_MASTER_ADDR="127.0.0.1", TRAINING_MASTER_PORT=str(free_port()))
-    result = run(launcher(), {**env, "TRAINING_NPROC_PER_NODE": "2", "PATH": MPI_PATH}, timeout=240)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-3000:]
+    env.update(TRAINING_NPROC_PER_NODE="2", PATH=MPI_PATH)
+    status, log = run_until(launcher(), env, r"step=3 loss=", lambda proc: proc.send_signal(signal.SIGTERM), 240)
+    assert status == 0, log[-3000:]
     assert "distribution mpi" in log and "rank 0/2 on cpu" in log  # rank 0 logs the group mpirun made
-    assert "pre-flight check passed" in log and "step=2 loss=" in log
-    assert not paths.failure.exists()
+    assert "pre-flight check passed" in log and "workers checkpointed and exited after SIGTERM" in log
+    assert not paths.failure.exists() and committed_steps(paths.checkpoints)
