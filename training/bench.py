@@ -475,7 +475,7 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
         size = weights.stat().st_size
         probe = _DiskProbe(Path(work), size)
         cfg = from_hyperparameters({"model.init_from": str(folder), "seq_len": "1024"})
-        loads, probes = [], []
+        loads, probes, cpu = [], [], []
         try:
             probe.write()
             for _ in range(repeats):
@@ -486,8 +486,9 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
                     finetune, model = FineTuning.build(cfg, Paths(folder))
                     finetune.materialize([model], torch.device("cpu"))
 
-                seconds, _ = _timed(load)
+                seconds, used = _timed(load)
                 loads.append(seconds)
+                cpu.append(used)
                 probes.append((before, probe.read()))
         finally:
             probe.close()
@@ -497,6 +498,8 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
             "model_gib": round(gib, 3),
             "load_s": [round(s, 3) for s in loads],
             "load_gibps": [round(gib / s, 2) for s in loads],
+            # The CPU of each load (user, kernel): what a loaded machine's wall times hide.
+            "load_cpu_s": [[round(user, 2), round(kernel, 2)] for user, kernel in cpu],
             "direct_read_gibps": [[round(rate, 2) for rate in pair] for pair in probes],
             **_ratios("load_over_direct_read", gib, loads, probes),
             "direct_io": probe.method,

@@ -55,7 +55,7 @@ class FineTuning:
         if problems := cfg.split_problems(base.args):
             raise ConfigError(f"hyperparameters invalid for the model folder of model.init_from: {'; '.join(problems)}")
         with torch.device("meta"):
-            model = ARCHS[base.args.arch](base.args)
+            model = ARCHS[base.args.arch](base.args, init=False)  # every weight is read from the folder
         try:
             adapters = lora.apply(model, cfg.lora, base.args) if cfg.lora.rank else {}
         except ValueError as exc:
@@ -71,7 +71,10 @@ class FineTuning:
             share_again(shared)  # to_empty gives each module a new parameter: tie again what was tied
             # A pipeline stage holds some of the folder's weights; otherwise every one must be loaded.
             slots = hf_weights.parameter_slots(part)
-            hf_weights.load_weights(slots, self.base, some=self.cfg.parallel.pp > 1)
+            filled = hf_weights.load_weights(slots, self.base, some=self.cfg.parallel.pp > 1)
+            adapters = {f"{name}.{attr}" for name in self.adapters for attr in ("lora_a", "lora_b")}
+            if left := sorted(set(slots) - filled - adapters):
+                raise RuntimeError(f"the model folder fills no value of {', '.join(left)}: they would hold no value")
             hf_weights.set_rope(part, self.base)
         lora.initialise(self.adapters, self.cfg.train.seed)
 

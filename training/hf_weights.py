@@ -315,18 +315,22 @@ def _strided_part(
 
 
 @torch.no_grad()
-def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> None:
+def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> set[str]:
     """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
     it holds of each weight, read as one range (into the parameter itself where dtypes match). `some`: the slots
-    are a pipeline stage's, which holds some of the weights (else a missing one is a KeyError)."""
+    are a pipeline stage's, which holds some of the weights (else a missing one is a KeyError). The slots it filled."""
     parts: list[_Part] = []
+    filled = set()
     for weight in mf.weight_names(base.args):
         if some and weight.ours not in slots:
             continue
         module, attr = slots[weight.ours]
+        filled.add(weight.ours)
         local, shape, offset = local_part(getattr(module, attr))
         if local.numel() == 0:
             continue
+        if local.device.type == "cpu":
+            direct_io.advise_huge_pages(local.data_ptr(), local.numel() * local.element_size())
         file, name = base.locate(weight)
         header = base.headers[file]
         entry = header.tensors[name]
@@ -350,6 +354,7 @@ def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> None:
             _Part(file, at, target, functools.partial(_copy, local, target, transposed=weight.transposed), staging)
         )
     _read_parts(base.path, parts)
+    return filled
 
 
 def _copy(local: torch.Tensor, part: torch.Tensor, *, transposed: bool) -> None:

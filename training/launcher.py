@@ -269,6 +269,14 @@ def proc_stat(pid: int | str) -> list[str]:
         return []
 
 
+def command_name(pid: int | str) -> str:
+    """/proc/<pid>/comm: the process's command name ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def parent_pids() -> dict[int, int]:
     """pid -> parent pid of every process, from /proc."""
     parents = {}
@@ -343,9 +351,9 @@ class Supervisor:
             return
         self.signal_name = signal.Signals(signum).name
         self._deadline = time.monotonic() + self.grace
-        # torchrun would kill the workers 30 s after its own SIGTERM; the workers get the signal
-        # directly instead and torchrun simply sees them exit.
-        workers = [] if self.mpi else child_pids(self._proc.pid)
+        # torchrun would kill the workers 30 s after its own SIGTERM, mpirun at once; the workers get the signal
+        # directly instead and either simply sees them exit. mpirun's ssh clients start the other hosts' daemons.
+        workers = [pid for pid in child_pids(self._proc.pid) if not (self.mpi and command_name(pid) == "ssh")]
         targets = workers or [self._proc.pid]
         for pid in targets:
             _signal_group(pid, signal.SIGTERM)
@@ -407,13 +415,7 @@ def _wait_for_ssh(hosts: Sequence[str], timeout: float = 300.0) -> None:
 
 
 def _mpi_daemon_running() -> bool:
-    for entry in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            if entry.read_text().strip() in ("orted", "prted"):
-                return True
-        except OSError:
-            continue
-    return False
+    return any(command_name(entry.name) in ("orted", "prted") for entry in Path("/proc").glob("[0-9]*"))
 
 
 def _follow_mpi_master(start_timeout: float = 600.0) -> int:

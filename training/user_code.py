@@ -54,6 +54,9 @@ STDERR_TAIL_LINES = 15
 # the script's last words on the same stream.
 _AGENT_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S*torch/distributed/")
 _AGENT_BANNER = re.compile(r"^\*{20,}$|^Setting OMP_NUM_THREADS|^\s*$")
+# mpirun's own report of the ranks' end (Open MPI 4's mpirun, 5's prterun): a rule, then a line that names it.
+_MPI_RULE = re.compile(r"^-{20,}$")
+_MPI_REPORT = re.compile(r"^(?:prterun|mpirun|Primary job)\b")
 # What NCCL, aws-ofi-nccl and torch's watchdog print when the collective layer fails under the script: a process
 # that died without a record (a signal: NCCL's watchdog aborts it) is a platform fault when its last words say so.
 _COMMUNICATION = re.compile(r"NCCL (?:WARN|error)|ncclSystemError|ncclRemoteError|NET/OFI|Watchdog caught collective")
@@ -217,11 +220,12 @@ def script_env(
 
 
 def script_tail(lines: Sequence[str]) -> list[str]:
-    """The script's last words on stderr: the lines before torchrun's own report of the workers' end."""
+    """The script's last words on stderr: the lines before torchrun's (or mpirun's) own report of the workers' end."""
     kept: list[str] = []
-    for line in lines:
-        if _AGENT_LINE.search(line):
-            if kept:  # the agent's report: what follows is torchrun's traceback, not the script's
+    lines = list(lines)  # the launcher's deque
+    for line, following in zip(lines, [*lines[1:], ""], strict=True):
+        if _AGENT_LINE.search(line) or (_MPI_RULE.match(line) and _MPI_REPORT.match(following)):
+            if kept:  # the launcher's report: what follows is torchrun's traceback or mpirun's notice, not the script's
                 break
             continue
         if not _AGENT_BANNER.search(line):
@@ -229,10 +233,18 @@ def script_tail(lines: Sequence[str]) -> list[str]:
     return kept[-STDERR_TAIL_LINES:]
 
 
-def worker_stderr(logs: Path | None, local_rank: int) -> list[str] | None:
-    """The last lines a worker wrote to its stderr, from the file torchrun keeps of it (`--log-dir`, `--tee`); None
-    when there is none (mpirun)."""
-    found = sorted(logs.glob(f"*/attempt_*/{local_rank}/stderr.log")) if logs is not None else []
+def mpi_stderr_file(logs: Path, rank: int) -> Path:
+    """Where a worker that mpirun started keeps a copy of its stderr (training/user_worker.py): mpirun keeps none."""
+    return logs / f"rank-{rank}.stderr.log"
+
+
+def worker_stderr(logs: Path | None, record: ExitRecord) -> list[str] | None:
+    """The last lines a worker wrote to its stderr, from the file torchrun keeps of it (`--log-dir`, `--tee`) or the
+    worker's own copy under mpirun; None when there is none."""
+    found: list[Path] = []
+    if logs is not None:
+        found = sorted(logs.glob(f"*/attempt_*/{record.local_rank}/stderr.log"))
+        found += [path for path in [mpi_stderr_file(logs, record.rank)] if path.is_file()]
     if not found:
         return None
     lines = found[-1].read_text(errors="replace").splitlines()
@@ -253,7 +265,7 @@ def verdict(
     peer's symptom (its lost connection) cannot follow the failing worker's own last words."""
     failed = [r for r in records if r.status != 0]
     tail = script_tail(stderr)
-    if failed and (own := worker_stderr(logs, failed[0].local_rank)) is not None:
+    if failed and (own := worker_stderr(logs, failed[0])) is not None:
         tail = own
     last = tail[-1].strip() if tail else ""
     if failed:

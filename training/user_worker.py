@@ -14,6 +14,7 @@ torch.distributed's own failure (a lost peer, NCCL, the store) from the script's
 
 from __future__ import annotations
 
+import io
 import os
 import runpy
 import sys
@@ -22,11 +23,12 @@ import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import TextIO, cast
 
 from contract.layout import EXITS_ENV
 from training.preflight import Preflight, PreflightError, failure_line
 from training.sagemaker_contract import Paths, read_resource_config, write_failure
-from training.user_code import ExitRecord
+from training.user_code import ExitRecord, mpi_stderr_file
 
 PREFLIGHT_PREFIX = "platform-preflight/"
 """The rendezvous store's keys of the pre-flight's process group (the script's own group uses none of them)."""
@@ -43,6 +45,38 @@ def _torch_variables() -> None:
     for ompi, name in _OMPI_TO_TORCH.items():
         if ompi in os.environ and name not in os.environ:
             os.environ[name] = os.environ[ompi]
+
+
+class _Tee(io.TextIOBase):
+    """The worker's stderr, copied line by line to a file of its own."""
+
+    def __init__(self, stream: TextIO, copy: TextIO) -> None:
+        super().__init__()
+        self.stream, self.copy = stream, copy
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.copy.flush()
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def _keep_stderr(exits: str) -> None:
+    """Under mpirun, whose output carries every rank's lines together, a copy of this worker's stderr for the launcher
+    (torchrun keeps one itself): the failing rank's own last words, not a peer's lost connection that followed."""
+    if not exits or "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return
+    path = mpi_stderr_file(Path(exits) / "logs", int(os.environ["OMPI_COMM_WORLD_RANK"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr = cast(TextIO, _Tee(sys.stderr, path.open("a", buffering=1, errors="replace")))
 
 
 def run_preflight(preflight: Preflight, host: str) -> None:
@@ -124,6 +158,8 @@ def _end_process_group() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _torch_variables()
+    exits = os.environ.get(EXITS_ENV, "")
+    _keep_stderr(exits)
     paths = Paths.from_env()
     host = read_resource_config(paths).current_host
     preflight = Preflight.from_env(os.environ)
@@ -135,7 +171,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         # The check's own NCCL log settings stay: NCCL read them once; the script's communicators log as the check's.
     status, error = run_script(argv)
-    exits = os.environ.get(EXITS_ENV, "")
     if exits:
         described = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         record = ExitRecord(

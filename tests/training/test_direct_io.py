@@ -828,3 +828,33 @@ def test_a_reader_takes_no_kept_buffer_larger_than_a_new_one_of_its_own(
         assert larger not in file._buffers
         assert all(len(buffer) == direct_io._HUGE_PAGE for buffer in file._buffers)
     assert larger in direct_io._kept
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(not _THP.exists() or "[never]" in _THP.read_text(), reason="the kernel offers no huge pages")
+def test_new_memory_advised_to_huge_pages_is_only_the_whole_pages_asked_for() -> None:
+    memory = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    try:
+        assert "hg" not in _vm_flags(address + (4 << 20))
+        direct_io.advise_huge_pages(address + 100, 6 << 20)  # a tensor's storage need not start on a page
+        assert "hg" in _vm_flags(address + (4 << 20))
+        assert "hg" not in _vm_flags(address)  # the page it starts in is not all its own
+        direct_io.advise_huge_pages(address + (7 << 20), 1 << 20)  # under one huge page: nothing to gain
+        assert "hg" not in _vm_flags(address + (7 << 20) + 8192)
+    finally:
+        memory.close()

@@ -111,6 +111,24 @@ def test_a_folder_in_several_shards_with_an_index_loads(tmp_path: Path) -> None:
     assert _max_difference(_ours(tmp_path / "sharded"), model, 300) <= 1e-4
 
 
+def test_the_model_is_not_initialised_for_weights_the_folder_fills_and_nothing_is_left_unfilled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built on meta for a folder, the model's own initialisation is skipped (every weight is read over it); a
+    parameter the folder does not fill and no adapter owns is refused rather than left holding no value."""
+    path = gpt2_folder(tmp_path)
+    cfg = from_hyperparameters({"model.init_from": str(path), "seq_len": "64"})
+
+    def refused(_model: torch.nn.Module) -> None:
+        raise AssertionError("init_weights ran for a model whose weights are all read")
+
+    monkeypatch.setattr(ARCHS["gpt2"], "init_weights", refused)
+    finetune, model = FineTuning.build(cfg, Paths(path))
+    model.register_parameter("extra", torch.nn.Parameter(torch.empty(4, device="meta")))
+    with pytest.raises(RuntimeError, match="the model folder fills no value of extra: they would hold no value"):
+        finetune.materialize([model], torch.device("cpu"))
+
+
 def test_a_folder_the_trainer_cannot_run_is_refused_with_every_reason(tmp_path: Path) -> None:
     path = llama_folder(tmp_path)
     config = json.loads((path / mf.CONFIG_FILE).read_text())

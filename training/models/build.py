@@ -24,7 +24,8 @@ from training.models.gpt2 import GPT2
 from training.models.llama import Llama
 
 ModelFactory = Callable[[ModelArgs], nn.Module]
-ARCHS: dict[str, ModelFactory] = {"gpt2": GPT2, "llama": Llama}
+ARCHS: dict[str, type[GPT2] | type[Llama]] = {"gpt2": GPT2, "llama": Llama}
+"""The built-in models: each is a `ModelFactory`, and takes `init=False` for weights read afterwards."""
 
 
 def load_factory(spec: str, search_path: Path | None = None) -> ModelFactory:

@@ -70,7 +70,9 @@ class GPT2(nn.Module):
     training/models/documents.py) makes attention block-diagonal. Blocks live in ``layers`` for per-block FSDP
     and checkpointing."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, *, init: bool = True) -> None:
+        """`init=False`: the weights are left as made (on the meta device: nothing), for a model whose every weight is
+        read afterwards (training/finetune.py)."""
         super().__init__()
         self.args = args
         self.wte = nn.Embedding(args.vocab_size, args.dim)
@@ -81,7 +83,8 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.init_weights()
+        if init:
+            self.init_weights()
 
     def init_weights(self) -> None:
         """GPT-2's init: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers)."""

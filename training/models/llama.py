@@ -96,7 +96,9 @@ class Llama(nn.Module):
     training/models/documents.py) restarts positions per document and makes attention block-diagonal. Blocks
     live in ``layers`` for per-block FSDP and checkpointing."""
 
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, *, init: bool = True) -> None:
+        """`init=False`: the weights are left as made (on the meta device: nothing), for a model whose every weight is
+        read afterwards (training/finetune.py)."""
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
@@ -109,7 +111,8 @@ class Llama(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        if init:
+            self.init_weights()
 
     def init_weights(self) -> None:
         """N(0, 0.02) everywhere, output projections of each block scaled by 1/sqrt(2·layers)."""
