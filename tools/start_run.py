@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's own modules, from tools/
+if not __package__:  # run as a script (`python tools/x.py`): the repository's own modules, from tools/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tools.tp import app, with_proof
 
 __all__ = ["main", "with_proof"]

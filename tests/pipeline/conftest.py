@@ -68,10 +68,10 @@ class Pipeline:
         """Start a run; `requester=` another principal than the local platform's ML engineer."""
         return self.local.start(execution_input, name=name, **kwargs)
 
-    def run_until(self, arn: str, state: str, timeout: float = 30) -> dict[str, Any]:
+    def run_until(self, arn: str, state: str, timeout: float = 120) -> dict[str, Any]:
         return self.local.wait(arn, timeout, until=lambda: state in self.local.states_entered(arn))
 
-    def finish(self, arn: str, timeout: float = 30) -> dict[str, Any]:
+    def finish(self, arn: str, timeout: float = 120) -> dict[str, Any]:
         return self.local.wait(arn, timeout)
 
     def pending(self, gate: str, caller: str = APPROVER, timeout: float = 60) -> dict[str, Any]:
