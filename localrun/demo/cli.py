@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 
@@ -57,6 +57,9 @@ from stacks.pipeline.polled_job import CHECK_PROGRESS
 from stacks.settings import OVERRIDES_VARIABLE, settings_from_context
 from tools.approval_view import decided
 from tools.scenario_files import is_scenario
+
+if TYPE_CHECKING:
+    from stacks.app_builder import Platform
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
@@ -133,9 +136,23 @@ def synthesize(out: Path, say: Callable[[str], None] = _say, settings: dict[str,
 
     assembly = out / "cdk.out"
     started = time.monotonic()
-    build_platform(_context(out, settings), outdir=str(assembly)).synth()
+    platform = build_platform(_context(out, settings), outdir=str(assembly))
+    acknowledge_demo_settings(platform)
+    platform.synth()
     say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
     return assembly
+
+
+def acknowledge_demo_settings(platform: Platform) -> None:
+    """Acknowledge, by its id, the synth's warning about the demo's own settings (_context): its approver decides
+    at the demo's terminal, so no approval e-mail is needed. Any other warning is still shown."""
+    from aws_cdk import Annotations  # noqa: PLC0415 - see synthesize
+
+    from stacks.app_builder import NO_APPROVAL_EMAIL  # noqa: PLC0415
+
+    Annotations.of(platform.pipeline).acknowledge_warning(
+        NO_APPROVAL_EMAIL, "the demo's approver decides at the demo's terminal, where the demo shows each request"
+    )
 
 
 def local_scale(hyperparameters: dict[str, str], steps: int | None, *, cap_steps: bool = True) -> dict[str, str]:
