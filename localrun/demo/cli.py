@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 
 from contract.distributions import distribution
+from contract.execution_state import TRAIN, Failure
 from contract.layout import split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
 from contract.service_requests import EXECUTION_TAG
@@ -582,6 +583,17 @@ def _tp_instructions(url: str, session: Any, request_id: str) -> str:
     )
 
 
+def retried(event: dict[str, Any]) -> tuple[int, Failure] | None:
+    """The training step's attempt a state left the execution in and why it replaced the last job (Next attempt
+    in stacks/pipeline/polled_job.py); None when the state's output holds no replaced job."""
+    details = event.get("stateExitedEventDetails")
+    state = json.loads(details.get("output") or "null") if details else None
+    train = state.get(str(TRAIN).removeprefix("$.")) if isinstance(state, dict) else None
+    if not isinstance(train, dict) or not train.get("retried_after"):
+        return None
+    return int(train["attempt"]), Failure.model_validate(train["retried_after"])
+
+
 class _Printer:
     """States as they are entered; training steps with loss and throughput.
 
@@ -595,16 +607,26 @@ class _Printer:
         self.recent: list[str] = []
         self.shown_steps: dict[str, int] = {}
         self.jobs: dict[str, None] = {}
+        self.retries: set[int] = set()
+        """The attempts whose cause the terminal has told."""
         self.lock = threading.Lock()
 
     def states(self, platform: Any, arn: str, started: float) -> None:
-        entered = platform.states_entered(arn)
+        """The states entered since the last look, and why the training step started a new attempt, once each."""
+        events = platform.history(arn)
         with self.lock:
-            for name in entered[self.seen :]:
-                if self.verbose or name not in self.recent:
-                    _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
-                self.recent = [*self.recent, name][-LOOP_STATES:]
-            self.seen = len(entered)
+            for event in events[self.seen :]:
+                if event["type"].endswith("StateEntered"):
+                    name = event["stateEnteredEventDetails"]["name"]
+                    if self.verbose or name not in self.recent:
+                        _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
+                    self.recent = [*self.recent, name][-LOOP_STATES:]
+                elif (retry := retried(event)) is not None and retry[0] not in self.retries:
+                    attempt, failure = retry
+                    self.retries.add(attempt)
+                    why = failure.cause or failure.error
+                    _say(f"          retrying: attempt {attempt}, a new job on fresh instances, after {why}")
+            self.seen = len(events)
 
     def training_line(self, job: str, line: str) -> None:
         step, values = parse_line(line) or (0, {})

@@ -265,7 +265,7 @@ def test_spot_interruption_resumes_from_the_checkpoint(
 
 
 def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_from_the_checkpoint(
-    platform: Any, tmp_path: Path
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
     # sets the hang check's floor to 6 s. The local SageMaker holds the hosts from the first checkpoint it sees
@@ -287,6 +287,10 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     assert (jobs / second / "gen-0" / "algo-1" / "model" / "model.safetensors").exists()
     report = outcome.report.read_text()
     assert "HangDetected" in report
+    # The terminal says why the second job was started, once, as the report does.
+    told = [line.strip() for line in capsys.readouterr().out.splitlines() if "fresh instances" in line]
+    assert len(told) == 1 and told[0].startswith("retrying: attempt 2, a new job on fresh instances, after "), told
+    assert told[0].endswith(failure), told
     # The hung job's ledger: the time without a step is a stall, not training.
     hung_ledger, resumed_ledger = _ledgers(json.loads((outcome.run_dir / "lineage.json").read_text()), jobs=2)
     stalls, other = hung_ledger["parts"]["stalls"], hung_ledger["parts"]["other"]
