@@ -692,7 +692,7 @@ def _write_report(
 
 
 def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[str]:
-    """The run in a few lines: outcome, report, model package, cost estimate, goodput, stand-ins."""
+    """The run in a few lines: outcome, report, model package, cost estimate, best trial, goodput, stand-ins."""
     outcome = facts.status if facts.status == "SUCCEEDED" else f"{facts.status}: {facts.error}: {facts.cause}"
     lines = [f"outcome:       {outcome}", f"report:        {path}"]
     packages = [f"{r.package_arn} ({report.status_words(r.approval_status)})" for r in facts.registrations]
@@ -709,6 +709,7 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
         )
         if reject == "launch" and not estimate["approval_required"]:
             lines.append("--reject launch: this input's estimate does not reach the launch gate")
+    lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
     if facts.goodput is not None:
         lines.append(f"goodput:       {facts.goodput.summary()}")
     if facts.stand_ins:

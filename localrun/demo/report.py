@@ -65,6 +65,10 @@ class TrialRow:
     hyperparameters: dict[str, str]
     objective: float | None
     status: str
+    metric: str = ""
+    """The objective's metric (e.g. validation:loss); "" when the trial reported none."""
+    best: bool = False
+    """The tuning job's best trial, as SageMaker names it (BestTrainingJob)."""
 
 
 @dataclass
@@ -112,17 +116,36 @@ def collect(
         roles=_roles(platform),
         denials=platform.iam.denials(),
         stand_ins=stand_ins,
-        trials=[
+        trials=_trials(platform.tuning.trial_summaries()),
+        goodput=_goodput(platform, execution_arn),
+    )
+
+
+def _trials(summaries: list[dict[str, Any]]) -> list[TrialRow]:
+    """Every trial of the run's tuning jobs, each tuning job's best marked as its description names it."""
+    sagemaker = boto3.client("sagemaker", region_name=REGION)
+    tuning_jobs = dict.fromkeys(summary["TuningJobName"] for summary in summaries)
+    described = (sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=t) for t in tuning_jobs)
+    best = {d["BestTrainingJob"]["TrainingJobName"] for d in described if "BestTrainingJob" in d}
+    rows = []
+    for summary in summaries:
+        objective = summary.get("FinalHyperParameterTuningJobObjectiveMetric", {})
+        rows.append(
             TrialRow(
                 name=summary["TrainingJobName"],
                 hyperparameters=summary["TunedHyperParameters"],
-                objective=summary.get("FinalHyperParameterTuningJobObjectiveMetric", {}).get("Value"),
+                objective=objective.get("Value"),
                 status=summary["TrainingJobStatus"],
+                metric=objective.get("MetricName", ""),
+                best=summary["TrainingJobName"] in best,
             )
-            for summary in platform.tuning.trial_summaries()
-        ],
-        goodput=_goodput(platform, execution_arn),
-    )
+        )
+    return rows
+
+
+def best_trials(trials: list[TrialRow]) -> list[str]:
+    """Each tuning job's best trial in words: its name and objective value."""
+    return [f"{t.name} ({t.metric} {t.objective:.4f})" for t in trials if t.best and t.objective is not None]
 
 
 def _goodput(platform: LocalPlatform, execution_arn: str) -> RunLedger | None:
@@ -325,6 +348,7 @@ def _render_trials(trials: list[TrialRow]) -> list[str]:
         "",
         "## Tuning trials",
         "",
+        *(f"Best trial: {best}\n" for best in best_trials(trials)),
         "| Trial | Hyperparameters | Objective | Status |",
         "| --- | --- | --- | --- |",
     ]

@@ -388,7 +388,9 @@ def test_local_stand_ins_name_what_was_scaled_old_to_new() -> None:
     ]
 
 
-def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform: Any, tmp_path: Path) -> None:
+def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tuning = {
         "ranges": {
             "lr": {"type": "continuous", "min": 0.001, "max": 0.01, "scaling": "Logarithmic"},
@@ -436,6 +438,10 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform
         assert re.search(
             rf"^\| {job} \| batch_size=\d, lr=\S+ \| {losses[job]:.4f} \| completed \|$", report, re.MULTILINE
         )
+    # The best trial named, with its objective: in the report and in the terminal's summary.
+    best = f"{record['best_training_job']} (validation:loss {losses[record['best_training_job']]:.4f})"
+    assert f"\nBest trial: {best}\n" in report
+    assert f"\nbest trial:    {best}, of 3 trials\n" in capsys.readouterr().out
 
 
 def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platform: Any, tmp_path: Path) -> None:
