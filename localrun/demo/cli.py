@@ -692,7 +692,8 @@ def _write_report(
 
 
 def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[str]:
-    """The run in a few lines: outcome, report, model package, cost estimate, best trial, goodput, stand-ins."""
+    """The run in a few lines: outcome, report, model package, cost estimate, actual cost, best trial, goodput,
+    stand-ins."""
     outcome = facts.status if facts.status == "SUCCEEDED" else f"{facts.status}: {facts.error}: {facts.cause}"
     lines = [f"outcome:       {outcome}", f"report:        {path}"]
     packages = [f"{r.package_arn} ({report.status_words(r.approval_status)})" for r in facts.registrations]
@@ -709,6 +710,10 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
         )
         if reject == "launch" and not estimate["approval_required"]:
             lines.append("--reject launch: this input's estimate does not reach the launch gate")
+    if facts.charges:
+        billed = sum(charge.billed_seconds or 0 for charge in facts.charges)
+        jobs = f"{len(facts.charges)} job{'s' if len(facts.charges) != 1 else ''}"
+        lines.append(f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s billed)")
     lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
     if facts.goodput is not None:
         lines.append(f"goodput:       {facts.goodput.summary()}")

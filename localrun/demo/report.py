@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 
 from contract import goodput
+from contract.execution_state import JobCost
 from contract.goodput import RunLedger
 from contract.layout import split_s3_uri
 from contract.model_folder import FINE_TUNED_FOLDER
@@ -26,6 +27,7 @@ from localrun.aws.engine import LocalPlatform
 from localrun.aws.iam import Judgement
 from localrun.backends.sagemaker import LocalTraining
 from localrun.demo.jobs import Job, checkpoint_steps, interruptions, loss_curve, started_from
+from tools.run_state import task_results
 from training import stragglers
 
 
@@ -72,6 +74,16 @@ class TrialRow:
 
 
 @dataclass
+class Charge:
+    """What one of the run's jobs cost once it ended, as its progress handler priced it: billed seconds at the list
+    price per hour of its cluster, the estimate's (lambdas/sagemaker/monitor.py job_cost and its kin)."""
+
+    job: str
+    billed_seconds: int | None
+    cost: JobCost
+
+
+@dataclass
 class RunFacts:
     """Everything the report says about one execution."""
 
@@ -89,6 +101,12 @@ class RunFacts:
     stand_ins: list[StandIn]
     trials: list[TrialRow]
     goodput: RunLedger | None = None
+    charges: list[Charge] = field(default_factory=list)
+
+    @property
+    def actual_usd(self) -> float:
+        """What the run's jobs cost together, at list price."""
+        return round(sum(charge.cost.actual_usd for charge in self.charges), 4)
 
 
 # -- collect -----------------------------------------------------------------------------------------
@@ -102,12 +120,13 @@ def collect(
     stand_ins: list[StandIn],
 ) -> RunFacts:
     """The facts of a finished execution, read while the local platform is open."""
+    history = platform.history(execution_arn)
     return RunFacts(
         execution=execution_arn.rsplit(":", 1)[-1],
         status=described["status"],
         error=described.get("error"),
         cause=described.get("cause"),
-        states=durations(platform.history(execution_arn)),
+        states=durations(history),
         estimate=next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None),
         jobs=[_job(platform, training, name) for name in platform.training_requests]
         + [job for player in platform.players.values() for job in player.job_facts()],
@@ -118,7 +137,21 @@ def collect(
         stand_ins=stand_ins,
         trials=_trials(platform.tuning.trial_summaries()),
         goodput=_goodput(platform, execution_arn),
+        charges=charges(history),
     )
+
+
+def charges(history: list[dict[str, Any]]) -> list[Charge]:
+    """Each ended job's cost, from the progress polls' answers in the execution history (a job's last answer). A
+    tuning job's is every trial's, summed (lambdas/tuning/handler.py); a team's service job's, every attempt's."""
+    ended: dict[str, Charge] = {}
+    for result in task_results(history):
+        if not (result.get("finished") and result.get("cost") and "job_name" in result):
+            continue
+        tuning = result.get("tuning")
+        job = f"{tuning['tuning_job']} ({tuning['trials_billed']} trials)" if tuning else str(result["job_name"])
+        ended[job] = Charge(job, result.get("billable_seconds"), JobCost.model_validate(result["cost"]))
+    return list(ended.values())
 
 
 def _trials(summaries: list[dict[str, Any]]) -> list[TrialRow]:
@@ -291,6 +324,7 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     lines += _render_stand_ins(facts.stand_ins)
     if facts.estimate:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
+    lines += _render_charges(facts)
     lines += _render_trials(facts.trials)
     if facts.goodput is not None:
         lines += render_goodput(facts.goodput)
@@ -324,6 +358,35 @@ def render_goodput(ledgers: RunLedger) -> list[str]:
         parts = " | ".join(f"{job.parts[p]:.1f}" for p in goodput.PARTS)
         lines.append(f"| {job.job} | {job.instances} | {job.billed_seconds:.1f} | {parts} | {100 * job.goodput:.1f}% |")
     return lines
+
+
+def _render_charges(facts: RunFacts) -> list[str]:
+    if not facts.charges:
+        return []
+    lines = [
+        "",
+        "## Actual cost",
+        "",
+        f"{usd(facts.actual_usd)} at list price: each job's billed seconds at the price per hour of its cluster that "
+        "the estimate uses, as the progress handlers priced it when the job ended (the lineage's and the cost "
+        "metrics' figures).",
+        "",
+        "| Job | Billed s | Actual | On demand | Spot savings |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for charge in facts.charges:
+        cost = charge.cost
+        billed = "-" if charge.billed_seconds is None else str(charge.billed_seconds)
+        lines.append(
+            f"| {charge.job} | {billed} | {usd(cost.actual_usd)} | {usd(cost.on_demand_usd)} "
+            f"| {usd(cost.spot_savings_usd)} |"
+        )
+    return lines
+
+
+def usd(amount: float) -> str:
+    """Dollars, to the cent; below a dollar (a local run's seconds) to a hundredth of a cent."""
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
 
 
 def _render_stand_ins(stand_ins: list[StandIn]) -> list[str]:

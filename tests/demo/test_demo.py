@@ -168,6 +168,14 @@ def test_happy_path_trains_registers_and_promotes(
     assert "## Goodput" in report
     assert re.search(r"^model package: arn:aws:sagemaker:\S+/1 \(approved\)$", out, re.MULTILINE)
     assert re.search(r"^cost estimate: at most \$[\d.]+ on demand, spot ", out, re.MULTILINE)
+    # What the run cost: the job's billed seconds at the estimate's list price per hour, in the report and the summary.
+    hourly = json.loads(report.split("## Cost estimate\n\n```json\n", 1)[1].split("```", 1)[0])["hourly_usd"]
+    billed = lineage["cost"]["billable_seconds"]
+    actual = round(hourly * billed / 3600, 4)
+    assert 0 < actual < 1 and lineage["cost"]["actual_usd"] == actual
+    assert f"\n## Actual cost\n\n${actual:.4f} at list price" in report
+    assert f"\n| {job} | {billed} | ${actual:.4f} | ${actual:.4f} | $0.0000 |\n" in report  # spot saves nothing here
+    assert f"\nactual cost:   ${actual:.4f} at list price (1 job, {billed} s billed)\n" in out
     assert "## States" not in out and "--" not in out and "Traceback" not in out
 
 
