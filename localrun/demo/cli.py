@@ -712,7 +712,8 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
             lines.append("--reject launch: this input's estimate does not reach the launch gate")
     if facts.charges:
         billed = sum(charge.billed_seconds or 0 for charge in facts.charges)
-        jobs = f"{len(facts.charges)} job{'s' if len(facts.charges) != 1 else ''}"
+        count = sum(charge.jobs for charge in facts.charges)
+        jobs = f"{count} job{'s' if count != 1 else ''}"
         lines.append(f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s billed)")
     lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
     if facts.goodput is not None:

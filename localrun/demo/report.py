@@ -81,6 +81,8 @@ class Charge:
     job: str
     billed_seconds: int | None
     cost: JobCost
+    jobs: int = 1
+    """The training jobs the cost is of: a tuning job's billed trials."""
 
 
 @dataclass
@@ -150,7 +152,8 @@ def charges(history: list[dict[str, Any]]) -> list[Charge]:
             continue
         tuning = result.get("tuning")
         job = f"{tuning['tuning_job']} ({tuning['trials_billed']} trials)" if tuning else str(result["job_name"])
-        ended[job] = Charge(job, result.get("billable_seconds"), JobCost.model_validate(result["cost"]))
+        cost = JobCost.model_validate(result["cost"])
+        ended[job] = Charge(job, result.get("billable_seconds"), cost, tuning["trials_billed"] if tuning else 1)
     return list(ended.values())
 
 

@@ -449,7 +449,12 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(
     # The best trial named, with its objective: in the report and in the terminal's summary.
     best = f"{record['best_training_job']} (validation:loss {losses[record['best_training_job']]:.4f})"
     assert f"\nBest trial: {best}\n" in report
-    assert f"\nbest trial:    {best}, of 3 trials\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"\nbest trial:    {best}, of 3 trials\n" in out
+    # What the run cost is every trial's billed time (SageMaker bills whole seconds; the ledgers measure fractions).
+    cost = re.search(r"^actual cost:   \$0\.\d{4} at list price \(3 jobs, (\d+) s billed\)$", out, re.MULTILINE)
+    assert cost is not None, out[-2000:]
+    assert abs(int(cost.group(1)) - sum(ledger["billed_seconds"] / ledger["instances"] for ledger in ledgers)) <= 3
 
 
 def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platform: Any, tmp_path: Path) -> None:
