@@ -714,7 +714,9 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
         billed = sum(charge.billed_seconds or 0 for charge in facts.charges)
         count = sum(charge.jobs for charge in facts.charges)
         jobs = f"{count} job{'s' if count != 1 else ''}"
-        lines.append(f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s billed)")
+        lines.append(
+            f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s of billed cluster time)"
+        )
     lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
     if facts.goodput is not None:
         lines.append(f"goodput:       {facts.goodput.summary()}")

@@ -175,7 +175,7 @@ def test_happy_path_trains_registers_and_promotes(
     assert 0 < actual < 1 and lineage["cost"]["actual_usd"] == actual
     assert f"\n## Actual cost\n\n${actual:.4f} at list price" in report
     assert f"\n| {job} | {billed} | ${actual:.4f} | ${actual:.4f} | $0.0000 |\n" in report  # spot saves nothing here
-    assert f"\nactual cost:   ${actual:.4f} at list price (1 job, {billed} s billed)\n" in out
+    assert f"\nactual cost:   ${actual:.4f} at list price (1 job, {billed} s of billed cluster time)\n" in out
     assert "## States" not in out and "--" not in out and "Traceback" not in out
 
 
@@ -452,7 +452,7 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(
     out = capsys.readouterr().out
     assert f"\nbest trial:    {best}, of 3 trials\n" in out
     # What the run cost is every trial's billed time (SageMaker bills whole seconds; the ledgers measure fractions).
-    cost = re.search(r"^actual cost:   \$0\.\d{4} at list price \(3 jobs, (\d+) s billed\)$", out, re.MULTILINE)
+    cost = re.search(r"^actual cost:   \$0\.\d{4} at list price \(3 jobs, (\d+) s of billed cluster time\)$", out, re.M)
     assert cost is not None, out[-2000:]
     assert abs(int(cost.group(1)) - sum(ledger["billed_seconds"] / ledger["instances"] for ledger in ledgers)) <= 3
 
