@@ -92,8 +92,7 @@ GATES = ("launch", "promotion")
 # Loggers of the engine under the demo (moto, the AWS SDK, moto's HTTP layer): shown only with --verbose.
 # moto's Step Functions logs every failure it handles (a rejection, a retried task) at ERROR, with its state's repr.
 ENGINE_LOGGERS = ("moto", "botocore", "boto3", "s3transfer", "urllib3", "werkzeug")
-# A state entered again within this many states is a loop (polling): the quiet trace shows it once.
-LOOP_STATES = 4
+LOOP_STATES = report.LOOP_STATES
 # The quiet trace shows a training job's loss at most once per this many steps (and every validation).
 PROGRESS_STEPS = 20
 

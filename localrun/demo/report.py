@@ -30,6 +30,10 @@ from localrun.demo.jobs import Job, checkpoint_steps, interruptions, loss_curve,
 from tools.run_state import task_results
 from training import stragglers
 
+LOOP_STATES = 4
+"""A state entered again within this many states is a loop (polling): the terminal shows it once, the report's
+states table gives each of its states one row."""
+
 
 @dataclass
 class Registration:
@@ -322,8 +326,7 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     lines = [f"# Training run report: {facts.execution}", "", f"Outcome: **{facts.status}**"]
     if facts.status != "SUCCEEDED":
         lines.append(f"Error: `{facts.error}`; cause: {facts.cause}")
-    lines += ["", "## States", "", "| State | Seconds |", "| --- | --- |"]
-    lines += [f"| {name} | {seconds:.2f} |" for name, seconds in facts.states]
+    lines += _render_states(facts.states)
     lines += _render_stand_ins(facts.stand_ins)
     if facts.estimate:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
@@ -342,6 +345,40 @@ def render(facts: RunFacts, run_dir: Path) -> str:
         lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
     lines += _render_iam(facts)
     return "\n".join(lines)
+
+
+def compact_states(states: list[tuple[str, float]]) -> list[tuple[str, int, float]]:
+    """(state, times entered, seconds in all) in the order entered: the states of a loop entered again and again
+    (a poll: wait, check, finished?) are each one row, with the times and seconds of every pass."""
+    names = [name for name, _ in states]
+    rows: list[tuple[str, int, float]] = []
+    i = 0
+    while i < len(states):
+        length = next((n for n in range(1, LOOP_STATES + 1) if names[i : i + n] == names[i + n : i + 2 * n]), 1)
+        passes = 1
+        while names[i + passes * length : i + (passes + 1) * length] == names[i : i + length]:
+            passes += 1
+        entered = passes * length
+        while (
+            i + entered < len(states)
+            and entered < (passes + 1) * length
+            and names[i + entered] == names[i + entered - length]
+        ):
+            entered += 1  # the last pass left the loop part of the way through
+        for k in range(length):
+            own = states[i + k : i + entered : length]
+            rows.append((names[i + k], len(own), sum(seconds for _, seconds in own)))
+        i += entered
+    return rows
+
+
+def _render_states(states: list[tuple[str, float]]) -> list[str]:
+    rows = compact_states(states)
+    lines = ["", "## States", ""]
+    if len(rows) < len(states):
+        lines += [f"{len(states)} states entered; a loop's states (polling) are one row each, with how often.", ""]
+    lines += ["| State | Entered | Seconds |", "| --- | --- | --- |"]
+    return lines + [f"| {name} | {times} | {seconds:.2f} |" for name, times, seconds in rows]
 
 
 def render_goodput(ledgers: RunLedger) -> list[str]:

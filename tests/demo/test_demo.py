@@ -132,7 +132,10 @@ def test_happy_path_trains_registers_and_promotes(
         assert {"model.safetensors", "config.json"} <= set(tar.getnames())
     # The report: states with durations, metrics, loss curve, lineage.
     report = outcome.report.read_text()
-    assert "Outcome: **SUCCEEDED**" in report and "| Validate request |" in report
+    assert "Outcome: **SUCCEEDED**" in report and "| Validate request | 1 |" in report
+    # The polling loop's states are one row each, with how often each was entered.
+    (polled,) = [line for line in report.splitlines() if line.startswith("| Check progress |")]
+    assert polled.startswith(f"| Check progress | {_states(outcome).count('Check progress')} | ")
     assert (run / f"{job}-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lineage = json.loads((run / "lineage.json").read_text())
     assert lineage["training_job"] == job
