@@ -30,6 +30,8 @@ from localrun.demo.jobs import Job, checkpoint_steps, interruptions, loss_curve,
 from tools.run_state import task_results
 from training import stragglers
 
+RUN_LOSS = "run-loss.png"
+"""The chart of every job's loss of a run of several jobs (a retry, a tuning job's trials), beside report.md."""
 LOOP_STATES = 4
 """A state entered again within this many states is a loop (polling): the terminal shows it once, the report's
 states table gives each of its states one row."""
@@ -280,6 +282,8 @@ def save(facts: RunFacts, run_dir: Path) -> None:
         (run_dir / f"{job.name}.log").write_text(job.log)
         if job.train_loss:
             _plot(job, facts.stand_ins, run_dir / f"{job.name}-loss.png")
+    if len(curves := [job for job in facts.jobs if job.train_loss]) > 1:
+        _plot_run(curves, {trial.name for trial in facts.trials if trial.best}, run_dir / RUN_LOSS)
     for registration in facts.registrations:
         (run_dir / "lineage.json").write_text(json.dumps(registration.lineage, indent=2, sort_keys=True))
 
@@ -316,6 +320,29 @@ def _plot(job: Job, stand_ins: list[StandIn], path: Path) -> None:
     plt.close(figure)
 
 
+def _plot_run(jobs: list[Job], best: set[str], path: Path) -> None:
+    """Every job's loss curves on one chart, by step, each job in its own colour; a tuning job's best trial bold."""
+    import matplotlib  # noqa: PLC0415 - as in _plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for job in jobs:
+        width, label = (2.5, f"{job.name} (best trial)") if job.name in best else (1.2, job.name)
+        (line,) = axes.plot(*zip(*job.train_loss, strict=True), linewidth=width, label=f"{label}: train")
+        if job.val_loss:
+            axes.plot(*zip(*job.val_loss, strict=True), "o--", color=line.get_color(), label=f"{label}: validation")
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss (nats/token)")
+    axes.set_title(f"Loss across the run's {len(jobs)} jobs")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def _stand_in_line(stand_in: StandIn) -> str:
     return f"{stand_in.what}: {stand_in.requested} -> {stand_in.local}"
 
@@ -332,6 +359,8 @@ def render(facts: RunFacts, run_dir: Path) -> str:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
     lines += _render_charges(facts)
     lines += _render_trials(facts.trials)
+    if len([job for job in facts.jobs if job.train_loss]) > 1:
+        lines += ["", "## Loss across the run's jobs", "", f"![loss across the run's jobs]({RUN_LOSS})"]
     if facts.goodput is not None:
         lines += render_goodput(facts.goodput)
     for job in facts.jobs:

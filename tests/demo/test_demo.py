@@ -449,6 +449,9 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(
         assert re.search(
             rf"^\| {job} \| batch_size=\d, lr=\S+ \| {losses[job]:.4f} \| completed \|$", report, re.MULTILINE
         )
+    # Every trial's loss on one chart beside the report.
+    assert "![loss across the run's jobs](run-loss.png)" in report
+    assert (outcome.run_dir / "run-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The best trial named, with its objective: in the report and in the terminal's summary.
     best = f"{record['best_training_job']} (validation:loss {losses[record['best_training_job']]:.4f})"
     assert f"\nBest trial: {best}\n" in report
