@@ -302,6 +302,9 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     told = [line.strip() for line in capsys.readouterr().out.splitlines() if "fresh instances" in line]
     assert len(told) == 1 and told[0].startswith("retrying: attempt 2, a new job on fresh instances, after "), told
     assert told[0].endswith(failure), told
+    # What the run cost is both jobs' billed time: the hung one's too.
+    charged = report.split("\n## Actual cost\n", 1)[1].split("\n## ", 1)[0]
+    assert f"\n| {first} | " in charged and f"\n| {second} | " in charged, charged
     # The hung job's ledger: the time without a step is a stall, not training.
     hung_ledger, resumed_ledger = _ledgers(json.loads((outcome.run_dir / "lineage.json").read_text()), jobs=2)
     stalls, other = hung_ledger["parts"]["stalls"], hung_ledger["parts"]["other"]
