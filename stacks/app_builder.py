@@ -18,6 +18,9 @@ from stacks.outputs import pipeline_stack_name
 from stacks.pipeline_stack import PipelineStack
 from stacks.settings import OVERRIDES_VARIABLE, PlatformSettings, SettingsError, settings_from_context
 
+NO_APPROVAL_EMAIL = "platform:no-approval-email"
+"""The id of the synth's warning that approvers are named and no approval e-mail goes to them."""
+
 
 class Platform:
     """The app and its stacks, so tests can reach each one."""
@@ -60,7 +63,7 @@ class Platform:
         self.stacks = (self.network, self.data, self.image, self.pipeline)
         if settings.approvers and not settings.notifications.approval_emails:
             Annotations.of(self.pipeline).add_warning_v2(
-                "platform:no-approval-email",
+                NO_APPROVAL_EMAIL,
                 "approvers are named but notifications.approval_emails is empty: approvers learn of a pending "
                 "decision (and its decision URL) only from the pipeline's outputs or the console",
             )

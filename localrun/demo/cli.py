@@ -31,11 +31,12 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 
 from contract.distributions import distribution
+from contract.execution_state import TRAIN, Failure
 from contract.layout import split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
 from contract.service_requests import EXECUTION_TAG
@@ -57,6 +58,9 @@ from stacks.pipeline.polled_job import CHECK_PROGRESS
 from stacks.settings import OVERRIDES_VARIABLE, settings_from_context
 from tools.approval_view import decided
 from tools.scenario_files import is_scenario
+
+if TYPE_CHECKING:
+    from stacks.app_builder import Platform
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_APPROVER = f"arn:aws:iam::{ACCOUNT}:role/DemoApprover"
@@ -88,8 +92,7 @@ GATES = ("launch", "promotion")
 # Loggers of the engine under the demo (moto, the AWS SDK, moto's HTTP layer): shown only with --verbose.
 # moto's Step Functions logs every failure it handles (a rejection, a retried task) at ERROR, with its state's repr.
 ENGINE_LOGGERS = ("moto", "botocore", "boto3", "s3transfer", "urllib3", "werkzeug")
-# A state entered again within this many states is a loop (polling): the quiet trace shows it once.
-LOOP_STATES = 4
+LOOP_STATES = report.LOOP_STATES
 # The quiet trace shows a training job's loss at most once per this many steps (and every validation).
 PROGRESS_STEPS = 20
 
@@ -133,9 +136,23 @@ def synthesize(out: Path, say: Callable[[str], None] = _say, settings: dict[str,
 
     assembly = out / "cdk.out"
     started = time.monotonic()
-    build_platform(_context(out, settings), outdir=str(assembly)).synth()
+    platform = build_platform(_context(out, settings), outdir=str(assembly))
+    acknowledge_demo_settings(platform)
+    platform.synth()
     say(f"synthesized 4 stacks with cdk-nag into {assembly} ({time.monotonic() - started:.1f} s)")
     return assembly
+
+
+def acknowledge_demo_settings(platform: Platform) -> None:
+    """Acknowledge, by its id, the synth's warning about the demo's own settings (_context): its approver decides
+    at the demo's terminal, so no approval e-mail is needed. Any other warning is still shown."""
+    from aws_cdk import Annotations  # noqa: PLC0415 - see synthesize
+
+    from stacks.app_builder import NO_APPROVAL_EMAIL  # noqa: PLC0415
+
+    Annotations.of(platform.pipeline).acknowledge_warning(
+        NO_APPROVAL_EMAIL, "the demo's approver decides at the demo's terminal, where the demo shows each request"
+    )
 
 
 def local_scale(hyperparameters: dict[str, str], steps: int | None, *, cap_steps: bool = True) -> dict[str, str]:
@@ -565,6 +582,17 @@ def _tp_instructions(url: str, session: Any, request_id: str) -> str:
     )
 
 
+def retried(event: dict[str, Any]) -> tuple[int, Failure] | None:
+    """The training step's attempt a state left the execution in and why it replaced the last job (Next attempt
+    in stacks/pipeline/polled_job.py); None when the state's output holds no replaced job."""
+    details = event.get("stateExitedEventDetails")
+    state = json.loads(details.get("output") or "null") if details else None
+    train = state.get(str(TRAIN).removeprefix("$.")) if isinstance(state, dict) else None
+    if not isinstance(train, dict) or not train.get("retried_after"):
+        return None
+    return int(train["attempt"]), Failure.model_validate(train["retried_after"])
+
+
 class _Printer:
     """States as they are entered; training steps with loss and throughput.
 
@@ -578,16 +606,26 @@ class _Printer:
         self.recent: list[str] = []
         self.shown_steps: dict[str, int] = {}
         self.jobs: dict[str, None] = {}
+        self.retries: set[int] = set()
+        """The attempts whose cause the terminal has told."""
         self.lock = threading.Lock()
 
     def states(self, platform: Any, arn: str, started: float) -> None:
-        entered = platform.states_entered(arn)
+        """The states entered since the last look, and why the training step started a new attempt, once each."""
+        events = platform.history(arn)
         with self.lock:
-            for name in entered[self.seen :]:
-                if self.verbose or name not in self.recent:
-                    _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
-                self.recent = [*self.recent, name][-LOOP_STATES:]
-            self.seen = len(entered)
+            for event in events[self.seen :]:
+                if event["type"].endswith("StateEntered"):
+                    name = event["stateEnteredEventDetails"]["name"]
+                    if self.verbose or name not in self.recent:
+                        _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
+                    self.recent = [*self.recent, name][-LOOP_STATES:]
+                elif (retry := retried(event)) is not None and retry[0] not in self.retries:
+                    attempt, failure = retry
+                    self.retries.add(attempt)
+                    why = failure.cause or failure.error
+                    _say(f"          retrying: attempt {attempt}, a new job on fresh instances, after {why}")
+            self.seen = len(events)
 
     def training_line(self, job: str, line: str) -> None:
         step, values = parse_line(line) or (0, {})
@@ -653,7 +691,8 @@ def _write_report(
 
 
 def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[str]:
-    """The run in a few lines: outcome, report, model package, cost estimate, goodput, stand-ins."""
+    """The run in a few lines: outcome, report, model package, cost estimate, actual cost, best trial, goodput,
+    stand-ins."""
     outcome = facts.status if facts.status == "SUCCEEDED" else f"{facts.status}: {facts.error}: {facts.cause}"
     lines = [f"outcome:       {outcome}", f"report:        {path}"]
     packages = [f"{r.package_arn} ({report.status_words(r.approval_status)})" for r in facts.registrations]
@@ -670,6 +709,14 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
         )
         if reject == "launch" and not estimate["approval_required"]:
             lines.append("--reject launch: this input's estimate does not reach the launch gate")
+    if facts.charges:
+        billed = sum(charge.billed_seconds or 0 for charge in facts.charges)
+        count = sum(charge.jobs for charge in facts.charges)
+        jobs = f"{count} job{'s' if count != 1 else ''}"
+        lines.append(
+            f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s of billed cluster time)"
+        )
+    lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
     if facts.goodput is not None:
         lines.append(f"goodput:       {facts.goodput.summary()}")
     if facts.stand_ins:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 
 from contract import goodput
+from contract.execution_state import JobCost
 from contract.goodput import RunLedger
 from contract.layout import split_s3_uri
 from contract.model_folder import FINE_TUNED_FOLDER
@@ -26,7 +27,14 @@ from localrun.aws.engine import LocalPlatform
 from localrun.aws.iam import Judgement
 from localrun.backends.sagemaker import LocalTraining
 from localrun.demo.jobs import Job, checkpoint_steps, interruptions, loss_curve, started_from
+from tools.run_state import task_results
 from training import stragglers
+
+RUN_LOSS = "run-loss.png"
+"""The chart of every job's loss of a run of several jobs (a retry, a tuning job's trials), beside report.md."""
+LOOP_STATES = 4
+"""A state entered again within this many states is a loop (polling): the terminal shows it once, the report's
+states table gives each of its states one row."""
 
 
 @dataclass
@@ -65,6 +73,22 @@ class TrialRow:
     hyperparameters: dict[str, str]
     objective: float | None
     status: str
+    metric: str = ""
+    """The objective's metric (e.g. validation:loss); "" when the trial reported none."""
+    best: bool = False
+    """The tuning job's best trial, as SageMaker names it (BestTrainingJob)."""
+
+
+@dataclass
+class Charge:
+    """What one of the run's jobs cost once it ended, as its progress handler priced it: billed seconds at the list
+    price per hour of its cluster, the estimate's (lambdas/sagemaker/monitor.py job_cost and its kin)."""
+
+    job: str
+    billed_seconds: int | None
+    cost: JobCost
+    jobs: int = 1
+    """The training jobs the cost is of: a tuning job's billed trials."""
 
 
 @dataclass
@@ -85,6 +109,12 @@ class RunFacts:
     stand_ins: list[StandIn]
     trials: list[TrialRow]
     goodput: RunLedger | None = None
+    charges: list[Charge] = field(default_factory=list)
+
+    @property
+    def actual_usd(self) -> float:
+        """What the run's jobs cost together, at list price."""
+        return round(sum(charge.cost.actual_usd for charge in self.charges), 4)
 
 
 # -- collect -----------------------------------------------------------------------------------------
@@ -98,12 +128,13 @@ def collect(
     stand_ins: list[StandIn],
 ) -> RunFacts:
     """The facts of a finished execution, read while the local platform is open."""
+    history = platform.history(execution_arn)
     return RunFacts(
         execution=execution_arn.rsplit(":", 1)[-1],
         status=described["status"],
         error=described.get("error"),
         cause=described.get("cause"),
-        states=durations(platform.history(execution_arn)),
+        states=durations(history),
         estimate=next((c.result for c in platform.lambda_calls if c.handler.startswith("lambdas.estimate")), None),
         jobs=[_job(platform, training, name) for name in platform.training_requests]
         + [job for player in platform.players.values() for job in player.job_facts()],
@@ -112,17 +143,51 @@ def collect(
         roles=_roles(platform),
         denials=platform.iam.denials(),
         stand_ins=stand_ins,
-        trials=[
+        trials=_trials(platform.tuning.trial_summaries()),
+        goodput=_goodput(platform, execution_arn),
+        charges=charges(history),
+    )
+
+
+def charges(history: list[dict[str, Any]]) -> list[Charge]:
+    """Each ended job's cost, from the progress polls' answers in the execution history (a job's last answer). A
+    tuning job's is every trial's, summed (lambdas/tuning/handler.py); a team's service job's, every attempt's."""
+    ended: dict[str, Charge] = {}
+    for result in task_results(history):
+        if not (result.get("finished") and result.get("cost") and "job_name" in result):
+            continue
+        tuning = result.get("tuning")
+        job = f"{tuning['tuning_job']} ({tuning['trials_billed']} trials)" if tuning else str(result["job_name"])
+        cost = JobCost.model_validate(result["cost"])
+        ended[job] = Charge(job, result.get("billable_seconds"), cost, tuning["trials_billed"] if tuning else 1)
+    return list(ended.values())
+
+
+def _trials(summaries: list[dict[str, Any]]) -> list[TrialRow]:
+    """Every trial of the run's tuning jobs, each tuning job's best marked as its description names it."""
+    sagemaker = boto3.client("sagemaker", region_name=REGION)
+    tuning_jobs = dict.fromkeys(summary["TuningJobName"] for summary in summaries)
+    described = (sagemaker.describe_hyper_parameter_tuning_job(HyperParameterTuningJobName=t) for t in tuning_jobs)
+    best = {d["BestTrainingJob"]["TrainingJobName"] for d in described if "BestTrainingJob" in d}
+    rows = []
+    for summary in summaries:
+        objective = summary.get("FinalHyperParameterTuningJobObjectiveMetric", {})
+        rows.append(
             TrialRow(
                 name=summary["TrainingJobName"],
                 hyperparameters=summary["TunedHyperParameters"],
-                objective=summary.get("FinalHyperParameterTuningJobObjectiveMetric", {}).get("Value"),
+                objective=objective.get("Value"),
                 status=summary["TrainingJobStatus"],
+                metric=objective.get("MetricName", ""),
+                best=summary["TrainingJobName"] in best,
             )
-            for summary in platform.tuning.trial_summaries()
-        ],
-        goodput=_goodput(platform, execution_arn),
-    )
+        )
+    return rows
+
+
+def best_trials(trials: list[TrialRow]) -> list[str]:
+    """Each tuning job's best trial in words: its name and objective value."""
+    return [f"{t.name} ({t.metric} {t.objective:.4f})" for t in trials if t.best and t.objective is not None]
 
 
 def _goodput(platform: LocalPlatform, execution_arn: str) -> RunLedger | None:
@@ -217,6 +282,8 @@ def save(facts: RunFacts, run_dir: Path) -> None:
         (run_dir / f"{job.name}.log").write_text(job.log)
         if job.train_loss:
             _plot(job, facts.stand_ins, run_dir / f"{job.name}-loss.png")
+    if len(curves := [job for job in facts.jobs if job.train_loss]) > 1:
+        _plot_run(curves, {trial.name for trial in facts.trials if trial.best}, run_dir / RUN_LOSS)
     for registration in facts.registrations:
         (run_dir / "lineage.json").write_text(json.dumps(registration.lineage, indent=2, sort_keys=True))
 
@@ -253,6 +320,29 @@ def _plot(job: Job, stand_ins: list[StandIn], path: Path) -> None:
     plt.close(figure)
 
 
+def _plot_run(jobs: list[Job], best: set[str], path: Path) -> None:
+    """Every job's loss curves on one chart, by step, each job in its own colour; a tuning job's best trial bold."""
+    import matplotlib  # noqa: PLC0415 - as in _plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for job in jobs:
+        width, label = (2.5, f"{job.name} (best trial)") if job.name in best else (1.2, job.name)
+        (line,) = axes.plot(*zip(*job.train_loss, strict=True), linewidth=width, label=f"{label}: train")
+        if job.val_loss:
+            axes.plot(*zip(*job.val_loss, strict=True), "o--", color=line.get_color(), label=f"{label}: validation")
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss (nats/token)")
+    axes.set_title(f"Loss across the run's {len(jobs)} jobs")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def _stand_in_line(stand_in: StandIn) -> str:
     return f"{stand_in.what}: {stand_in.requested} -> {stand_in.local}"
 
@@ -263,12 +353,14 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     lines = [f"# Training run report: {facts.execution}", "", f"Outcome: **{facts.status}**"]
     if facts.status != "SUCCEEDED":
         lines.append(f"Error: `{facts.error}`; cause: {facts.cause}")
-    lines += ["", "## States", "", "| State | Seconds |", "| --- | --- |"]
-    lines += [f"| {name} | {seconds:.2f} |" for name, seconds in facts.states]
+    lines += _render_states(facts.states)
     lines += _render_stand_ins(facts.stand_ins)
     if facts.estimate:
         lines += ["", "## Cost estimate", "", "```json", json.dumps(facts.estimate, indent=2), "```"]
+    lines += _render_charges(facts)
     lines += _render_trials(facts.trials)
+    if len([job for job in facts.jobs if job.train_loss]) > 1:
+        lines += ["", "## Loss across the run's jobs", "", f"![loss across the run's jobs]({RUN_LOSS})"]
     if facts.goodput is not None:
         lines += render_goodput(facts.goodput)
     for job in facts.jobs:
@@ -282,6 +374,40 @@ def render(facts: RunFacts, run_dir: Path) -> str:
         lines.append(f"\nDecision on {decision.get('gate')}: {who}: {decision.get('reason')}")
     lines += _render_iam(facts)
     return "\n".join(lines)
+
+
+def compact_states(states: list[tuple[str, float]]) -> list[tuple[str, int, float]]:
+    """(state, times entered, seconds in all) in the order entered: the states of a loop entered again and again
+    (a poll: wait, check, finished?) are each one row, with the times and seconds of every pass."""
+    names = [name for name, _ in states]
+    rows: list[tuple[str, int, float]] = []
+    i = 0
+    while i < len(states):
+        length = next((n for n in range(1, LOOP_STATES + 1) if names[i : i + n] == names[i + n : i + 2 * n]), 1)
+        passes = 1
+        while names[i + passes * length : i + (passes + 1) * length] == names[i : i + length]:
+            passes += 1
+        entered = passes * length
+        while (
+            i + entered < len(states)
+            and entered < (passes + 1) * length
+            and names[i + entered] == names[i + entered - length]
+        ):
+            entered += 1  # the last pass left the loop part of the way through
+        for k in range(length):
+            own = states[i + k : i + entered : length]
+            rows.append((names[i + k], len(own), sum(seconds for _, seconds in own)))
+        i += entered
+    return rows
+
+
+def _render_states(states: list[tuple[str, float]]) -> list[str]:
+    rows = compact_states(states)
+    lines = ["", "## States", ""]
+    if len(rows) < len(states):
+        lines += [f"{len(states)} states entered; a loop's states (polling) are one row each, with how often.", ""]
+    lines += ["| State | Entered | Seconds |", "| --- | --- | --- |"]
+    return lines + [f"| {name} | {times} | {seconds:.2f} |" for name, times, seconds in rows]
 
 
 def render_goodput(ledgers: RunLedger) -> list[str]:
@@ -301,6 +427,35 @@ def render_goodput(ledgers: RunLedger) -> list[str]:
         parts = " | ".join(f"{job.parts[p]:.1f}" for p in goodput.PARTS)
         lines.append(f"| {job.job} | {job.instances} | {job.billed_seconds:.1f} | {parts} | {100 * job.goodput:.1f}% |")
     return lines
+
+
+def _render_charges(facts: RunFacts) -> list[str]:
+    if not facts.charges:
+        return []
+    lines = [
+        "",
+        "## Actual cost",
+        "",
+        f"{usd(facts.actual_usd)} at list price: each job's billed seconds at the price per hour of its cluster that "
+        "the estimate uses, as the progress handlers priced it when the job ended (the lineage's and the cost "
+        "metrics' figures).",
+        "",
+        "| Job | Billed s | Actual | On demand | Spot savings |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for charge in facts.charges:
+        cost = charge.cost
+        billed = "-" if charge.billed_seconds is None else str(charge.billed_seconds)
+        lines.append(
+            f"| {charge.job} | {billed} | {usd(cost.actual_usd)} | {usd(cost.on_demand_usd)} "
+            f"| {usd(cost.spot_savings_usd)} |"
+        )
+    return lines
+
+
+def usd(amount: float) -> str:
+    """Dollars, to the cent; below a dollar (a local run's seconds) to a hundredth of a cent."""
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
 
 
 def _render_stand_ins(stand_ins: list[StandIn]) -> list[str]:
@@ -325,6 +480,7 @@ def _render_trials(trials: list[TrialRow]) -> list[str]:
         "",
         "## Tuning trials",
         "",
+        *(f"Best trial: {best}\n" for best in best_trials(trials)),
         "| Trial | Hyperparameters | Objective | Status |",
         "| --- | --- | --- | --- |",
     ]

@@ -132,7 +132,10 @@ def test_happy_path_trains_registers_and_promotes(
         assert {"model.safetensors", "config.json"} <= set(tar.getnames())
     # The report: states with durations, metrics, loss curve, lineage.
     report = outcome.report.read_text()
-    assert "Outcome: **SUCCEEDED**" in report and "| Validate request |" in report
+    assert "Outcome: **SUCCEEDED**" in report and "| Validate request | 1 |" in report
+    # The polling loop's states are one row each, with how often each was entered.
+    (polled,) = [line for line in report.splitlines() if line.startswith("| Check progress |")]
+    assert polled.startswith(f"| Check progress | {_states(outcome).count('Check progress')} | ")
     assert (run / f"{job}-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lineage = json.loads((run / "lineage.json").read_text())
     assert lineage["training_job"] == job
@@ -168,6 +171,14 @@ def test_happy_path_trains_registers_and_promotes(
     assert "## Goodput" in report
     assert re.search(r"^model package: arn:aws:sagemaker:\S+/1 \(approved\)$", out, re.MULTILINE)
     assert re.search(r"^cost estimate: at most \$[\d.]+ on demand, spot ", out, re.MULTILINE)
+    # What the run cost: the job's billed seconds at the estimate's list price per hour, in the report and the summary.
+    hourly = json.loads(report.split("## Cost estimate\n\n```json\n", 1)[1].split("```", 1)[0])["hourly_usd"]
+    billed = lineage["cost"]["billable_seconds"]
+    actual = round(hourly * billed / 3600, 4)
+    assert 0 < actual < 1 and lineage["cost"]["actual_usd"] == actual
+    assert f"\n## Actual cost\n\n${actual:.4f} at list price" in report
+    assert f"\n| {job} | {billed} | ${actual:.4f} | ${actual:.4f} | $0.0000 |\n" in report  # spot saves nothing here
+    assert f"\nactual cost:   ${actual:.4f} at list price (1 job, {billed} s of billed cluster time)\n" in out
     assert "## States" not in out and "--" not in out and "Traceback" not in out
 
 
@@ -265,7 +276,7 @@ def test_spot_interruption_resumes_from_the_checkpoint(
 
 
 def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_from_the_checkpoint(
-    platform: Any, tmp_path: Path
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One host; after the first recorded checkpoint its training worker is stopped mid-run (SIGSTOP). The demo
     # sets the hang check's floor to 6 s. The local SageMaker holds the hosts from the first checkpoint it sees
@@ -287,6 +298,13 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     assert (jobs / second / "gen-0" / "algo-1" / "model" / "model.safetensors").exists()
     report = outcome.report.read_text()
     assert "HangDetected" in report
+    # The terminal says why the second job was started, once, as the report does.
+    told = [line.strip() for line in capsys.readouterr().out.splitlines() if "fresh instances" in line]
+    assert len(told) == 1 and told[0].startswith("retrying: attempt 2, a new job on fresh instances, after "), told
+    assert told[0].endswith(failure), told
+    # What the run cost is both jobs' billed time: the hung one's too.
+    charged = report.split("\n## Actual cost\n", 1)[1].split("\n## ", 1)[0]
+    assert f"\n| {first} | " in charged and f"\n| {second} | " in charged, charged
     # The hung job's ledger: the time without a step is a stall, not training.
     hung_ledger, resumed_ledger = _ledgers(json.loads((outcome.run_dir / "lineage.json").read_text()), jobs=2)
     stalls, other = hung_ledger["parts"]["stalls"], hung_ledger["parts"]["other"]
@@ -384,7 +402,9 @@ def test_local_stand_ins_name_what_was_scaled_old_to_new() -> None:
     ]
 
 
-def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform: Any, tmp_path: Path) -> None:
+def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tuning = {
         "ranges": {
             "lr": {"type": "continuous", "min": 0.001, "max": 0.01, "scaling": "Logarithmic"},
@@ -432,6 +452,18 @@ def test_a_tuning_job_trains_its_trials_for_real_and_registers_the_best(platform
         assert re.search(
             rf"^\| {job} \| batch_size=\d, lr=\S+ \| {losses[job]:.4f} \| completed \|$", report, re.MULTILINE
         )
+    # Every trial's loss on one chart beside the report.
+    assert "![loss across the run's jobs](run-loss.png)" in report
+    assert (outcome.run_dir / "run-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The best trial named, with its objective: in the report and in the terminal's summary.
+    best = f"{record['best_training_job']} (validation:loss {losses[record['best_training_job']]:.4f})"
+    assert f"\nBest trial: {best}\n" in report
+    out = capsys.readouterr().out
+    assert f"\nbest trial:    {best}, of 3 trials\n" in out
+    # What the run cost is every trial's billed time (SageMaker bills whole seconds; the ledgers measure fractions).
+    cost = re.search(r"^actual cost:   \$0\.\d{4} at list price \(3 jobs, (\d+) s of billed cluster time\)$", out, re.M)
+    assert cost is not None, out[-2000:]
+    assert abs(int(cost.group(1)) - sum(ledger["billed_seconds"] / ledger["instances"] for ledger in ledgers)) <= 3
 
 
 def test_batch_multi_node_example_runs_end_to_end_and_resumes_a_lost_node(platform: Any, tmp_path: Path) -> None:

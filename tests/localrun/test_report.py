@@ -7,7 +7,7 @@ from pathlib import Path
 from contract import goodput
 from contract.goodput import JobLedger, RunLedger
 from localrun.demo.jobs import Job
-from localrun.demo.report import _render_job, render_goodput
+from localrun.demo.report import _render_job, compact_states, render_goodput
 from training.stragglers import Straggler
 
 
@@ -55,3 +55,24 @@ def test_a_job_that_began_from_a_checkpoint_was_not_interrupted(tmp_path: Path) 
     lines = _render_job(_job(restarted), tmp_path)
     assert "Interrupted after step 40; resumed from the checkpoint of step 40" in lines
     assert not [line for line in lines if line.startswith("Started from")]
+
+
+def test_the_states_table_gives_a_polling_loop_one_row_per_state_with_how_often() -> None:
+    poll = [("Wait for training", 2.0), ("Check progress", 0.5), ("Job finished?", 0.0)]
+    states = [("Receive input", 0.0), ("Create training job", 0.2), *poll * 3, ("Wait for training", 2.0)]
+    states += [("Check progress", 0.5), ("Prune checkpoints", 1.0), ("Model promoted", 0.0)]
+    assert compact_states(states) == [
+        ("Receive input", 1, 0.0),
+        ("Create training job", 1, 0.2),
+        ("Wait for training", 4, 8.0),
+        ("Check progress", 4, 2.0),
+        ("Job finished?", 3, 0.0),
+        ("Prune checkpoints", 1, 1.0),
+        ("Model promoted", 1, 0.0),
+    ]
+    # A state entered twice in a row is a loop of one; states that do not repeat are their own rows.
+    assert compact_states([("A", 1.0), ("A", 1.0), ("B", 1.0), ("A", 1.0)]) == [
+        ("A", 2, 2.0),
+        ("B", 1, 1.0),
+        ("A", 1, 1.0),
+    ]
