@@ -321,6 +321,18 @@ class JobCost(_Model):
     on_demand_usd: float
     spot_savings_usd: float
 
+    @staticmethod
+    def total(*costs: JobCost | None) -> JobCost | None:
+        """The costs that are known, summed (None if none is): what a run's billed jobs cost together."""
+        known = [cost for cost in costs if cost is not None]
+        if not known:
+            return None
+        return JobCost(
+            actual_usd=round(sum(cost.actual_usd for cost in known), 4),
+            on_demand_usd=round(sum(cost.on_demand_usd for cost in known), 4),
+            spot_savings_usd=round(sum(cost.spot_savings_usd for cost in known), 4),
+        )
+
 
 class TunedTrial(_Model):
     """The best training job of a tuning job, and how it was found (what the lineage records)."""
@@ -376,6 +388,9 @@ class JobProgress(_Model):
     has waited (lambdas/jobs/pacing.py)."""
     preemptions: int = 0
     """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
+    run_cost: JobCost | None = None
+    """What the run's jobs cost so far: this job's `cost` and every earlier attempt's (`Poll.billed`), summed. Set
+    once the job has finished; what the run's lineage records as its cost, and what the next attempt carries on."""
 
     @classmethod
     def untrained(
@@ -516,6 +531,8 @@ class Attempt(_Model):
     """Whether an existing job of this attempt's name is the one the platform asked for: only then is it adopted."""
     submission: Submission | None = None
     """A team's service job: what the attempt submits."""
+    billed: JobCost | None = None
+    """What the earlier attempts' jobs cost, summed (their last poll's `run_cost`; None on the first attempt)."""
 
 
 class LastPoll(BaseModel):
@@ -535,6 +552,8 @@ class Poll(_Model):
     previous: LastPoll
     hourly_usd: float
     """The estimate's list price of the whole cluster per hour."""
+    billed: JobCost | None = None
+    """What the run's earlier attempts' jobs cost, summed (`Attempt.billed`): the poll adds its job's to it."""
 
 
 class SageMakerPoll(Poll):

@@ -9,7 +9,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from contract import goodput, hang, ledger
-from contract.execution_state import JobProgress, Poll
+from contract.execution_state import JobCost, JobProgress, Poll
 from contract.layout import run_checkpoints, run_goodput
 from contract.stored_checkpoints import complete_checkpoints
 from lambdas.jobs.pacing import paced
@@ -136,10 +136,18 @@ def record_metrics(summary: JobProgress, into: StageMetrics, *, team: str | None
             into.record_for_team(Metric.TEAM_TRAINING_COST, team, summary.cost.actual_usd)
 
 
+def with_run_cost(summary: JobProgress, poll: Poll) -> JobProgress:
+    """A finished job's `summary` with the run's cost so far: its job's and the earlier attempts' (`poll.billed`)."""
+    if not summary.finished:
+        return summary
+    return summary.model_copy(update={"run_cost": JobCost.total(poll.billed, summary.cost)})
+
+
 def answer(summary: JobProgress, poll: Poll, *, into: StageMetrics, message: str, logged: set[str]) -> dict[str, Any]:
     """A progress handler's answer to `poll`: `summary`'s metrics recorded into the handler's own `into`
     (`record_metrics`), `message` logged with the summary's `logged` fields (where the handler called this), and the
-    summary with the next poll's wait (`paced`), as the state machine reads it."""
+    summary with the run's cost so far (`with_run_cost`) and the next poll's wait (`paced`), as the state machine
+    reads it."""
     record_metrics(summary, into, team=poll.request.team)
     logger.info(message, extra=summary.model_dump(include=logged), stacklevel=3)
-    return paced(summary, poll).model_dump(mode="json")
+    return paced(with_run_cost(summary, poll), poll).model_dump(mode="json")

@@ -101,18 +101,6 @@ def waiting(
     )
 
 
-def total_cost(costs: list[JobCost | None]) -> JobCost | None:
-    """What the attempts cost together; None when none was billed."""
-    billed = [c for c in costs if c is not None]
-    if not billed:
-        return None
-    return JobCost(
-        actual_usd=round(sum(c.actual_usd for c in billed), 4),
-        on_demand_usd=round(sum(c.on_demand_usd for c in billed), 4),
-        spot_savings_usd=round(sum(c.spot_savings_usd for c in billed), 4),
-    )
-
-
 def ended(
     described: dict[str, Any],
     summary: JobProgress | None,
@@ -131,7 +119,7 @@ def ended(
     """
     status, reason = described["status"], described.get("statusReason", "")
     ledgers = [sagemaker_ledger(s3, job, environment=environment, poll=event, into=metrics) for job in attempts]
-    cost = total_cost([job_cost(job, event.hourly_usd) for job in attempts])
+    cost = JobCost.total(*(job_cost(job, event.hourly_usd) for job in attempts))
     if summary is None or (status == "FAILED" and summary.status != "Failed"):
         name = summary.job_name if summary else described["jobName"]
         base = summary or waiting(described, event, None, now=now)

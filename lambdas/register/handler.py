@@ -80,6 +80,7 @@ def _lineage(
 ) -> dict[str, Any]:
     """The lineage record: what was trained, on what, with what, and what it cost."""
     request, job = event.request, event.job
+    run_cost = job.run_cost
     lineage = {
         "run_name": request.run_name,
         "team": request.team,  # what `tp cost` totals by team (None: the run is no team's)
@@ -126,9 +127,10 @@ def _lineage(
             "billable_seconds": job.billable_seconds,
             "training_seconds": job.training_seconds,
             # At list price: billable seconds already net out spot savings (lambdas/sagemaker/monitor.py job_cost).
-            "actual_usd": job.cost.actual_usd if job.cost else None,
-            "on_demand_usd": job.cost.on_demand_usd if job.cost else None,
-            "spot_savings_usd": job.cost.spot_savings_usd if job.cost else None,
+            # Every job the run was billed for: the replaced attempts' too (JobProgress.run_cost).
+            "actual_usd": run_cost.actual_usd if run_cost else None,
+            "on_demand_usd": run_cost.on_demand_usd if run_cost else None,
+            "spot_savings_usd": run_cost.spot_savings_usd if run_cost else None,
         },
     }
     if job.tuning is not None:

@@ -19,7 +19,7 @@ from contract.execution_state import JobCost, JobProgress, Poll, TunedTrial
 from contract.layout import run_goodput
 from lambdas.jobs.environment import MonitorEnvironment
 from lambdas.jobs.pacing import paced
-from lambdas.jobs.progress import observe_checkpoints, record_metrics
+from lambdas.jobs.progress import observe_checkpoints, record_metrics, with_run_cost
 from lambdas.sagemaker.monitor import job_cost, sagemaker_ledger, summarize
 from lambdas.shared.errors import classified
 from lambdas.shared.metrics import Stage, StageMetrics
@@ -157,4 +157,4 @@ def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     if summary.finished:
         record_trial_ledgers(boto3.client("sagemaker"), boto3.client("s3"), name, poll=parsed, environment=environment)
     logger.info("tuning job polled", extra=summary.model_dump(include={"job_name", "status", "error"}))
-    return paced(summary, parsed).model_dump(mode="json")
+    return paced(with_run_cost(summary, parsed), parsed).model_dump(mode="json")

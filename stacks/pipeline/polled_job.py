@@ -37,7 +37,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from contract.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN
+from contract.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN, JobCost
 from contract.layout import (
     ANY_CHECKPOINT,
     ANY_GOODPUT_RECORD,
@@ -62,6 +62,8 @@ JOB_NAME = ATTEMPT_JOB_NAME.states()
 SDK_TIMEOUT_SECONDS = 60
 # The state that calls a backend's progress handler, once per poll (another backend's: "Check progress (<label>)").
 CHECK_PROGRESS = "Check progress"
+# A run's cost before its first job: what each finished job's poll adds its cost to (JobProgress.run_cost).
+NOTHING_BILLED = JobCost(actual_usd=0.0, on_demand_usd=0.0, spot_savings_usd=0.0)
 
 
 def sdk_arn(service: str, action: str) -> str:
@@ -129,7 +131,11 @@ class PolledJobStep:
         self._scope, self._notifier, self._names = scope, notifier, names
         self._cleanup, self._fallback = cleanup, fallback
         self.start = sfn.Pass(
-            scope, names("First attempt"), result=sfn.Result.from_object({"attempt": 1}), result_path=str(TRAIN)
+            scope,
+            names("First attempt"),
+            result=sfn.Result.from_object({"attempt": 1, "billed": NOTHING_BILLED.model_dump()}),
+            result_path=str(TRAIN),
+            comment="No job billed yet: the poll of each finished job adds its cost to $.train.billed",
         )
         self.failed = sfn.Pass(scope, names("Training step failed"), comment="$.failure says why")
         self.succeeded = sfn.Pass(scope, names("Training step succeeded"), comment=names.succeeded_comment)
@@ -148,13 +154,15 @@ class PolledJobStep:
             comment="Between polls: the progress handler says how long (lambdas/jobs/pacing.py)",
         )
         self.start.next(reset).next(create(wait, self._not_created()))
-        # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price.
+        # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price,
+        # and what the earlier attempts' jobs cost (it answers the run's cost so far, `run_cost`).
         payload = {
             "request": obj(REQUEST),
             "execution": sfn.JsonPath.execution_id,
             **job,
             "previous": obj(JOB),
             "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
+            "billed": obj(TRAIN.billed),
         }
         check = invoke(scope, names(CHECK_PROGRESS), progress, payload, str(JOB), budget=POLLING)
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
@@ -231,6 +239,8 @@ class PolledJobStep:
             parameters={
                 "attempt": sfn.JsonPath.math_add(sfn.JsonPath.number_at(str(TRAIN.attempt)), 1),
                 "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
+                # The replaced job is billed too: the run's cost so far goes on with the new attempt.
+                "billed": obj(JOB.run_cost),
             },
             result_path=str(TRAIN),
         )

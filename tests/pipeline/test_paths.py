@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -205,7 +206,11 @@ def test_a_failed_preflight_check_retries_on_fresh_instances_from_the_checkpoint
         e for e in pipeline.local.history(arn) if e.get("stateExitedEventDetails", {}).get("name") == "Next attempt"
     ]
     train = json.loads(entered["stateExitedEventDetails"]["output"])["train"]
-    assert train == {"attempt": 2, "retried_after": {"error": "PreflightFailed", "cause": PREFLIGHT.failure_reason}}
+    assert train == {
+        "attempt": 2,
+        "retried_after": {"error": "PreflightFailed", "cause": PREFLIGHT.failure_reason},
+        "billed": {"actual_usd": 0.0, "on_demand_usd": 0.0, "spot_savings_usd": 0.0},  # the failed job billed none
+    }
 
 
 # What SageMaker reports when the launcher killed workers that made no training step for the hang limit.
@@ -227,6 +232,31 @@ def test_a_hang_retries_on_fresh_instances_and_the_run_is_told_the_cause(pipelin
     body = json.loads(told["Message"])
     assert (body["failed_job"], body["error"], body["attempt"]) == (first, "HangDetected", 2)
     assert body["reason"] == HANG.failure_reason
+
+
+def finished_jobs_costs(pipeline: Pipeline, arn: str) -> dict[str, float]:
+    """Each finished job's actual cost, as its progress handler's poll answered it (the execution's history)."""
+    exits = [e["stateExitedEventDetails"] for e in pipeline.local.history(arn) if "stateExitedEventDetails" in e]
+    polls = [json.loads(e["output"])["job"] for e in exits if e["name"] == "Check progress"]
+    return {p["job_name"]: p["cost"]["actual_usd"] for p in polls if p["finished"] and p["cost"]}
+
+
+def test_a_retried_runs_lineage_costs_every_job_it_was_billed_for(pipeline_factory: Any) -> None:
+    # The hung job ran (and was billed) 10 minutes before the launcher killed it; its replacement completed.
+    billed_hang = dataclasses.replace(HANG, billable_seconds=600)
+    pipeline = pipeline_factory(scripts=[[Poll("InProgress", "Training"), billed_hang], [Poll(), COMPLETED]])
+    arn = pipeline.start(pipeline.input(instance_type="ml.p4d.24xlarge", instance_count=2))
+    pipeline.run_until(arn, "Approval gate (promotion)")
+    first, second = pipeline.jobs()
+    costs = finished_jobs_costs(pipeline, arn)
+    hourly = 2 * INSTANCE_TYPES["ml.p4d.24xlarge"].price_per_hour
+    assert costs == {first: round(hourly * 600 / 3600, 4), second: round(hourly * 1800 / 3600, 4)}
+    lineage = pipeline.lineage()
+    assert lineage["cost"]["actual_usd"] == round(costs[first] + costs[second], 4)
+    assert lineage["cost"]["on_demand_usd"] == lineage["cost"]["actual_usd"]  # on demand: nothing saved
+    assert lineage["cost"]["spot_savings_usd"] == 0
+    (package,) = pipeline.model_packages()
+    assert package["CustomerMetadataProperties"]["cost_actual_usd"] == str(lineage["cost"]["actual_usd"])
 
 
 def test_preflight_retries_share_the_capacity_retry_limit(pipeline_factory: Any) -> None:
