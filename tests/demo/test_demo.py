@@ -305,6 +305,9 @@ def test_a_hung_worker_fails_its_job_with_hang_detected_and_a_new_job_resumes_fr
     # What the run cost is both jobs' billed time: the hung one's too.
     charged = report.split("\n## Actual cost\n", 1)[1].split("\n## ", 1)[0]
     assert f"\n| {first} | " in charged and f"\n| {second} | " in charged, charged
+    # The lineage records that same total, as the model package does.
+    recorded = json.loads((outcome.run_dir / "lineage.json").read_text())["cost"]["actual_usd"]
+    assert charged.startswith(f"\n${recorded:.4f} at list price"), (recorded, charged)
     # The hung job's ledger: the time without a step is a stall, not training.
     hung_ledger, resumed_ledger = _ledgers(json.loads((outcome.run_dir / "lineage.json").read_text()), jobs=2)
     stalls, other = hung_ledger["parts"]["stalls"], hung_ledger["parts"]["other"]
