@@ -6,6 +6,7 @@ wrap the model) and the local demo (what to run instead on a laptop) all read th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,3 +82,25 @@ def distribution(name: str) -> Distribution:
         return DISTRIBUTIONS[name]
     except KeyError:
         raise ValueError(f"distribution {name!r} is not one of {', '.join(NAMES)}") from None
+
+
+# mpirun (Open MPI) names a process's place in the job with these; torchrun, torch's env:// rendezvous and the
+# user's script read torchrun's names.
+MPI_TO_TORCHRUN = {
+    "OMPI_COMM_WORLD_RANK": "RANK",
+    "OMPI_COMM_WORLD_SIZE": "WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
+}
+
+
+def torchrun_variables(environ: MutableMapping[str, str]) -> None:
+    """Set torchrun's names in `environ` from mpirun's, where mpirun set them and torchrun's are unset."""
+    for mpi, name in MPI_TO_TORCHRUN.items():
+        if mpi in environ and name not in environ:
+            environ[name] = environ[mpi]
+
+
+def global_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank in the job: torchrun's RANK, else mpirun's; 0 for a process started alone."""
+    return int(environ.get("RANK", environ.get("OMPI_COMM_WORLD_RANK", "0")))

@@ -18,13 +18,6 @@ from contract.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-_OMPI_TO_TORCH = {
-    "OMPI_COMM_WORLD_RANK": "RANK",
-    "OMPI_COMM_WORLD_SIZE": "WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
-}
-
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -56,9 +49,7 @@ def _free_port() -> int:
 
 def _fill_env() -> None:
     # mpirun sets OMPI_* instead of torchrun's variables; a bare `python -m training.train` sets none.
-    for ompi, name in _OMPI_TO_TORCH.items():
-        if ompi in os.environ and name not in os.environ:
-            os.environ[name] = os.environ[ompi]
+    distributions.torchrun_variables(os.environ)
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))

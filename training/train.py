@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from contract import goodput
+from contract import distributions, goodput
 from contract.config import JobConfig, from_hyperparameters, parse_overrides
 from contract.layout import STRAGGLER_DETECTED
 from training.preflight import Preflight, PreflightError, failure_line
@@ -42,7 +42,7 @@ def load_config(argv: Sequence[str] | None, paths: Paths) -> JobConfig:
 
 
 def configure_logging() -> None:
-    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    rank = distributions.global_rank(os.environ)
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s %(levelname)s [rank{rank}] %(name)s: %(message)s",

@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TextIO, cast
 
+from contract import distributions
 from contract.layout import EXITS_ENV
 from training.preflight import Preflight, PreflightError, failure_line
 from training.sagemaker_contract import Paths, read_resource_config, write_failure
@@ -32,19 +33,6 @@ from training.user_code import ExitRecord, mpi_stderr_file
 
 PREFLIGHT_PREFIX = "platform-preflight/"
 """The rendezvous store's keys of the pre-flight's process group (the script's own group uses none of them)."""
-_OMPI_TO_TORCH = {
-    "OMPI_COMM_WORLD_RANK": "RANK",
-    "OMPI_COMM_WORLD_SIZE": "WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
-}
-
-
-def _torch_variables() -> None:
-    """mpirun sets OMPI_*; the script (and torch's env:// rendezvous) reads torchrun's names."""
-    for ompi, name in _OMPI_TO_TORCH.items():
-        if ompi in os.environ and name not in os.environ:
-            os.environ[name] = os.environ[ompi]
 
 
 class _Tee(io.TextIOBase):
@@ -157,7 +145,7 @@ def _end_process_group() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _torch_variables()
+    distributions.torchrun_variables(os.environ)
     exits = os.environ.get(EXITS_ENV, "")
     _keep_stderr(exits)
     paths = Paths.from_env()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contract import goodput, metrics
+from contract import distributions, goodput, metrics
 from contract.hang import StepReport
 from contract.layout import CHECKPOINT_DIR_ENV
 from training.signals import StopRequest
@@ -20,7 +20,7 @@ DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 
 def rank() -> int:
     """This process's global rank (torchrun's RANK, mpirun's OMPI_COMM_WORLD_RANK; 0 alone)."""
-    return int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    return distributions.global_rank(os.environ)
 
 
 def checkpoint_dir() -> Path:
