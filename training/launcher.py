@@ -414,20 +414,37 @@ def _wait_for_ssh(hosts: Sequence[str], timeout: float = 300.0) -> None:
                 time.sleep(1)
 
 
-def _mpi_daemon_running() -> bool:
-    return any(command_name(entry.name) in ("orted", "prted") for entry in Path("/proc").glob("[0-9]*"))
+MPI_DAEMONS = ("orted", "prted")
+"""The daemons through which mpirun on the first host starts each other host's ranks (Open MPI 4, 5)."""
 
 
-def _follow_mpi_master(start_timeout: float = 600.0) -> int:
-    """On the other hosts: wait for the master's MPI daemon to arrive over SSH, then for it to leave."""
-    # mpirun on the first host forwards SIGTERM to every rank; this host only has to outlive them.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: log.info("SIGTERM: waiting for the MPI ranks to stop"))
+def _mpi_daemons(names: Sequence[str]) -> list[int]:
+    """The live MPI daemons on this host (a zombie has ended: its parent has only not yet reaped it)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        if command_name(entry.name) in names and proc_stat(entry.name)[:1] not in ([], ["Z"]):
+            found.append(int(entry.name))
+    return found
+
+
+def _follow_mpi_master(start_timeout: float = 600.0, daemons: Sequence[str] = MPI_DAEMONS) -> int:
+    """On the other hosts: wait for the master's MPI daemon to arrive over SSH, then for it to leave. A SIGTERM
+    (a spot interruption reaches every host) goes to this host's ranks, as the first host's launcher sends it to
+    its own: mpirun would end them at once, without their checkpoint."""
+
+    def stop_ranks(signum: int, _frame: FrameType | None) -> None:
+        ranks = [rank for daemon in _mpi_daemons(daemons) for rank in child_pids(daemon)]
+        for pid in ranks:
+            _signal_group(pid, signum)
+        os.write(2, f"launcher: {signal.Signals(signum).name} forwarded to the MPI ranks {ranks}\n".encode())
+
+    signal.signal(signal.SIGTERM, stop_ranks)
     deadline = time.monotonic() + start_timeout
-    while not _mpi_daemon_running():
+    while not _mpi_daemons(daemons):
         if time.monotonic() > deadline:
             raise ContractError(f"no MPI job reached this host within {start_timeout:.0f}s")
         time.sleep(1)
-    while _mpi_daemon_running():
+    while _mpi_daemons(daemons):
         time.sleep(2)
     return EXIT_OK
 

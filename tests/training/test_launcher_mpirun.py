@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from own_code import code_tree, first_line, launch
 from training_helpers import TINY_JOB, clean_env, free_port, launcher, make_opt_ml, run_until
 
 from lambdas.sagemaker.monitor import retry_cause
+from training import launcher as launcher_module
 from training.checkpoint import committed_steps
 from training.sagemaker_contract import Paths
 
@@ -73,3 +76,59 @@ def test_mpirun_runs_the_built_in_trainer_on_two_ranks_which_checkpoint_on_sigte
     assert "distribution mpi" in log and "rank 0/2 on cpu" in log  # rank 0 logs the group mpirun made
     assert "pre-flight check passed" in log and "workers checkpointed and exited after SIGTERM" in log
     assert not paths.failure.exists() and committed_steps(paths.checkpoints)
+
+
+DAEMON = "tp-test-daemon"
+"""Stands in for Open MPI's prted on another host: a process of that command name whose children are the ranks."""
+RANK_STOPS_ON_SIGTERM = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (out.joinpath("stopped").write_text("checkpoint saved"), sys.exit(0)))
+out.joinpath("ready").write_text("")
+time.sleep(60)
+"""
+DAEMON_RUNS_A_RANK = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
+def _daemon(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A process named DAEMON (the command name is the executable's: a link to Python) running `args`."""
+    link = tmp_path / DAEMON
+    if not link.exists():
+        link.symlink_to(Path(sys.executable).resolve())
+    return subprocess.Popen([str(link), "-c", DAEMON_RUNS_A_RANK, *args])
+
+
+def _wait_for(path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return path.exists()
+
+
+def test_another_hosts_launcher_forwards_sigterm_to_its_mpi_ranks(tmp_path: Path) -> None:
+    follow = f"import sys; from training.launcher import _follow_mpi_master as f; sys.exit(f(60, daemons=[{DAEMON!r}]))"
+    follower = subprocess.Popen([sys.executable, "-c", follow], cwd=Path(__file__).parents[2])
+    daemon = _daemon(tmp_path, sys.executable, "-c", RANK_STOPS_ON_SIGTERM, str(tmp_path))
+    try:
+        assert _wait_for(tmp_path / "ready", 60)
+        time.sleep(1.5)  # the follower has seen the daemon arrive (it looks every second)
+        follower.send_signal(signal.SIGTERM)
+        # The rank got the signal and saved its checkpoint; then the daemon, and the follower, ended.
+        assert _wait_for(tmp_path / "stopped", 30)
+        assert daemon.wait(timeout=30) == 0
+        assert follower.wait(timeout=30) == 0
+    finally:
+        for process in (daemon, follower):
+            process.kill()
+            process.wait()
+
+
+def test_an_ended_mpi_daemon_not_yet_reaped_is_not_running(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path, sys.executable, "-c", "pass")
+    try:
+        while launcher_module.proc_stat(daemon.pid)[:1] != ["Z"]:  # ended, not reaped
+            time.sleep(0.05)
+        assert launcher_module._mpi_daemons([DAEMON]) == []
+    finally:
+        daemon.wait()
