@@ -20,6 +20,7 @@ from contract import goodput
 from contract.config import ConfigError, from_hyperparameters
 from contract.layout import run_of, split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
+from lambdas.batch.monitor import status_of as batch_status
 from lambdas.sagemaker.monitor import sagemaker_transitions
 from stacks.outputs import BATCH_JOB_LOG_GROUP, SAGEMAKER_TRAINING_LOG_GROUP
 
@@ -304,6 +305,8 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
     sagemaker = session.client("sagemaker")
     described_jobs = [job for job in (_described_job(sagemaker, name) for name in training_jobs(events)) if job]
     if not described_jobs:
+        if batch := batch_jobs(events):
+            _with_batch_job(session, state, batch, most=_requested_steps(events), cost=cost, now=now)
         return state
     if cost:
         seconds = sum(_billed_seconds(job, now) for job in described_jobs)
@@ -321,25 +324,78 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
 
 def _job_state(job: dict[str, Any], checkpoint: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
     metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
-    step = (checkpoint or {}).get("step")
-    most = max_steps(job.get("HyperParameters", {}))
-    training = _trained_seconds(job, now)
     return {
-        "name": job["TrainingJobName"],
-        "status": job["TrainingJobStatus"],
-        "secondary_status": job.get("SecondaryStatus"),
+        **_job_view(
+            job["TrainingJobName"],
+            (job["TrainingJobStatus"], job.get("SecondaryStatus")),
+            checkpoint,
+            max_steps(job.get("HyperParameters", {})),
+            _trained_seconds(job, now),
+        ),
         "loss": metrics.get(TRAIN_LOSS),
         "tokens_per_sec": metrics.get(TOKENS_PER_SEC),
         "validation_loss": metrics.get(VALIDATION_LOSS),
+        "billable_seconds": job.get("BillableTimeInSeconds"),
+        "training_seconds": job.get("TrainingTimeInSeconds"),
+        "max_runtime_seconds": job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
+    }
+
+
+def _job_view(
+    name: str, status: tuple[str, str | None], checkpoint: dict[str, Any] | None, most: int | None, training: float
+) -> dict[str, Any]:
+    """A job as `tp watch` shows it, in SageMaker's vocabulary whatever ran it, until its log lines say more."""
+    step = (checkpoint or {}).get("step")
+    return {
+        "name": name,
+        "status": status[0],
+        "secondary_status": status[1],
+        "loss": None,
+        "tokens_per_sec": None,
+        "validation_loss": None,
         "step": step,
         "checkpointed_step": step,
         "max_steps": most,
         "eta_seconds": round((most - step) * training / step) if step and most and training else None,
         "latest": None,
-        "billable_seconds": job.get("BillableTimeInSeconds"),
-        "training_seconds": job.get("TrainingTimeInSeconds"),
-        "max_runtime_seconds": job.get("StoppingCondition", {}).get("MaxRuntimeInSeconds"),
+        "billable_seconds": None,
+        "training_seconds": round(training),
+        "max_runtime_seconds": None,
     }
+
+
+def _with_batch_job(
+    session: Any, state: dict[str, Any], ids: list[str], *, most: int | None, cost: dict[str, Any] | None, now: datetime
+) -> None:
+    """A Batch run's newest job (its status, step, loss and ETA from its nodes' newest log lines), and its cost so
+    far over every job it submitted, priced as its progress polls price them (lambdas/batch/monitor.py)."""
+    batch = session.client("batch")
+    jobs = {job["jobId"]: job for job in batch.describe_jobs(jobs=ids)["jobs"]}
+    if not jobs:
+        return
+    if cost:
+        seconds = sum(_batch_seconds(job, now) for job in jobs.values())
+        state["cost_so_far_usd"] = round(cost["hourly_usd"] * seconds / 3600, 2)
+    job = jobs[next(i for i in reversed(ids) if i in jobs)]
+    state["job"] = _job_view(job["jobName"], batch_status(job), state["checkpoint"], most, _batch_seconds(job, now))
+    logs = session.client("logs")
+    newest = _readable(state, "its log lines", lambda: latest(logs, _batch_streams(batch, [job["jobId"]])))
+    _with_latest(state["job"], newest)
+
+
+def _batch_seconds(job: dict[str, Any], now: datetime) -> float:
+    """The seconds a Batch job's attempts ran, the running one until now."""
+    spans = [(a.get("startedAt"), a.get("stoppedAt")) for a in job.get("attempts", [])]
+    if job.get("startedAt") and not job.get("stoppedAt"):
+        spans.append((job["startedAt"], None))
+    now_ms = now.timestamp() * 1000
+    return float(sum(((stop or now_ms) - start) / 1000 for start, stop in spans if start))
+
+
+def _requested_steps(events: list[dict[str, Any]]) -> int | None:
+    """The run's max_steps as Validate resolved its request."""
+    request = (validation(events) or {}).get("request") or {}
+    return max_steps(request.get("hyperparameters") or {})
 
 
 def _with_latest(job: dict[str, Any], newest: dict[str, Any] | None) -> None:

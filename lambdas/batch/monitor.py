@@ -45,7 +45,7 @@ def _ms(value: Any) -> datetime | None:
     return datetime.fromtimestamp(value / 1000, UTC) if value else None
 
 
-def _status(describe: dict[str, Any]) -> tuple[str, str]:
+def status_of(describe: dict[str, Any]) -> tuple[str, str]:
     """SageMaker's vocabulary for Batch's status: (status, secondary status)."""
     batch_status, reason = describe["status"], describe.get("statusReason", "")
     if batch_status == "SUCCEEDED":
@@ -105,7 +105,7 @@ def summarize(
 ) -> JobProgress:
     """The poll's verdict from DescribeJobs and the final attempt's node results (empty while running);
     `stale_warned`: the previous poll warned of a stall."""
-    status, secondary = _status(describe)
+    status, secondary = status_of(describe)
     if capacity_error:
         status, secondary = "Failed", "Failed"
     main = next((r for r in results if r.get("node") == describe.get("nodeProperties", {}).get("mainNode", 0)), None)

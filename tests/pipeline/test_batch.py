@@ -145,6 +145,12 @@ def test_happy_path_trains_on_batch_nodes_and_registers(batch_factory: Any) -> N
     assert sorted(s.host for s in streams) == ["node-0", "node-1"] and {s.job for s in streams} == {job.name}
     lines = [event["message"] for _, event in run_state.events_of(session.client("logs"), streams)]
     assert any("step=12 val_loss=" in line for line in lines), lines[-20:]
+    # `tp watch` follows the Batch job: its status, its last logged step of the requested steps, its cost.
+    watched = run_state.snapshot(session, arn)
+    assert watched["job"] is not None, watched
+    assert (watched["job"]["name"], watched["job"]["status"]) == (job.name, "Completed")
+    assert (watched["job"]["step"], watched["job"]["max_steps"]) == (12, 12)
+    assert watched["cost_so_far_usd"] is not None and watched["cost_so_far_usd"] >= 0
 
 
 @pytest.mark.parametrize(
