@@ -736,9 +736,10 @@ def _render_teams_cost_and_loss(runs: list[TeamRun]) -> list[str]:
         "## Cost and loss by team",
         "",
         "Actual cost: each ended job's billed seconds at the list price of its cluster, as the progress handler "
-        "priced it (the figure the team's cost metrics and its runs' lineage record).",
+        "priced it (the figure the team's cost metrics and its runs' lineage record). A service job is one billed "
+        "job, its attempts (a preempted one and its resume) together.",
         "",
-        "| Team | Runs | Jobs billed | Actual cost |",
+        "| Team | Runs | Billed jobs | Actual cost |",
         "| --- | --- | --- | --- |",
     ]
     teams = _by_team(runs)
