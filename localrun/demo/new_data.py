@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localrun.aws.engine import LocalPlatform
+if TYPE_CHECKING:  # the tests' settings read RETRAIN without starting moto's imports
+    from localrun.aws.engine import LocalPlatform
 
 REPO = Path(__file__).resolve().parents[2]
 RETRAIN = {
