@@ -68,7 +68,7 @@ def ridden(platform: LocalPlatform, arn: str, fault: str, jobs: list[Job]) -> st
 def capacity_story(jobs: list[Job]) -> str:
     """The jobs that found no capacity, by cluster, and the cluster that trained (if one did)."""
     short = [job for job in jobs if job.failure and job.failure.startswith("CapacityError")]
-    lines = [f"{job.name} on {job.cluster}: {job.failure}" for job in short]
+    lines = [f"{job.name} on {job.cluster}: {str(job.failure).rstrip('.')}" for job in short]
     trained = [job.cluster for job in jobs if job.status == "Completed"]
     lines.append(f"trained on {trained[-1]}" if trained else "no cluster trained")
     return "; ".join(lines)
