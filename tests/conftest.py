@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from localrun.demo.new_data import RETRAIN
 from localrun.demo.scenario import is_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,14 +92,9 @@ def cdk_context(**platform_overrides: Any) -> dict[str, Any]:
 RUN_EMAIL = "alice@example.org"
 # The variant's training plan (its Region and account).
 TRAINING_PLAN_ARN = "arn:aws:sagemaker:eu-west-1:123456789012:training-plan/p4d-reserved"
-# The retrain trigger of docs/platform-team/retraining.md: new objects under the prefix start
+# The retrain trigger of docs/platform-team/retraining.md, which the demo plays: new objects under the prefix start
 # examples/retrain-on-new-data.json.
-RETRAIN_TRIGGER = {
-    "name": "web-text",
-    "prefix": "incoming/web-text/",
-    "input": "examples/retrain-on-new-data.json",
-    "quiet_minutes": 30,
-}
+RETRAIN_TRIGGER = RETRAIN
 
 
 # The variant's teams: two quota shares of its p4d service environment (docs/platform-team/teams.md).

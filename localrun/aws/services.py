@@ -255,10 +255,12 @@ class EventRules:
             if pattern is not None and EventPattern(None, pattern).matches_event(event):  # type: ignore[arg-type]
                 self._targets(rule_arn, props, event)
 
-    def schedule_due(self) -> None:
-        """Deliver one "Scheduled Event" to the targets of every schedule rule, as EventBridge does when due."""
+    def schedule_due(self, function: str | None = None) -> None:
+        """Deliver one "Scheduled Event" to the targets of every schedule rule, as EventBridge does when due; with
+        `function` (a physical name), only of the rules that target it."""
         for rule_arn, props in self.rules():
-            if "ScheduleExpression" in props:
+            targets = [target["Arn"].rsplit(":function:", 1)[-1] for target in props.get("Targets", [])]
+            if "ScheduleExpression" in props and function in (None, *targets):
                 event = event_envelope("Scheduled Event", "aws.events", rule_arn, {}, time=self.now())
                 self._targets(rule_arn, props, event)
 

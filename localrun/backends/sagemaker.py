@@ -17,7 +17,9 @@ own service role, outside the platform's templates), with the harness's credenti
 A spot interruption is played as SageMaker plays it: SIGTERM to every host (the trainer
 checkpoints and exits), secondary status Interrupted, then fresh hosts whose checkpoints are
 restored from S3, which resume the run. A hang, when asked for, is a training worker of the run's
-first job stopped (SIGSTOP) mid-run, which the launcher's hang check must find (training/hang.py).
+first job stopped (SIGSTOP) mid-run, which the launcher's hang check must find (training/hang.py). A cluster
+without capacity, when asked for, fails each job on it before any host starts, as SageMaker fails a job it cannot
+provision (NO_CAPACITY).
 """
 
 from __future__ import annotations
@@ -87,6 +89,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# SageMaker's FailureReason for a job it could not find the instances of (AWS Batch reads the same prefix as
+# CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY); the platform's monitor classifies it as insufficient capacity.
+NO_CAPACITY = (
+    "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type."
+)
 _NO_FAULT = "training ended before a checkpoint was recorded: no fault played"
 
 
@@ -124,6 +131,8 @@ class LocalJob:
     started_at: float = field(default_factory=time.monotonic)
     exited_at: datetime | None = None
     """When the current generation's processes had all exited (the container's end)."""
+    without_capacity: bool = False
+    """Its cluster has no capacity: it fails without starting a host (LocalTraining.short_clusters)."""
     namespace: LoopbackNamespace | None = None
     """The hosts' loopback-only network, when the request asks for network isolation."""
     notes: list[str] = field(default_factory=list)
@@ -154,6 +163,9 @@ class LocalTraining:
     spot_interrupt_after_checkpoint: bool = False
     hang_after_checkpoint: bool = False
     """Stop a training worker of the first job once the platform recorded a checkpoint: it makes no progress."""
+    short_clusters: int = 0
+    """The first this many clusters the jobs ask for (cluster_of) have no capacity: every job on one fails as
+    SageMaker fails a job it cannot provision (NO_CAPACITY), and a job on a later cluster runs."""
     on_line: Callable[[str, str], None] | None = None
     jobs: dict[str, LocalJob] = field(default_factory=dict)
     credentials: Callable[[str], Credentials] | None = None
@@ -167,6 +179,8 @@ class LocalTraining:
         self._streams: dict[Path, str] = {}
         self._paused = False
         self._frozen: dict[int, str | None] = {}
+        self._clusters: list[str] = []
+        """The clusters the jobs asked for, in the order first asked."""
         # The process environment as the job starts (handler variables are not in it: localrun/aws/environ.py).
         self._base_env = {
             k: v
@@ -194,6 +208,13 @@ class LocalTraining:
     def created(self, name: str, request: dict[str, Any], job: Any) -> None:
         local = self._cluster(name, request)
         self.jobs[name] = local
+        cluster = cluster_of(request)
+        if cluster not in self._clusters:
+            self._clusters.append(cluster)
+        if self._clusters.index(cluster) < self.short_clusters:
+            local.without_capacity = True
+            self._note(local, f"no capacity for {cluster}: the job fails before any instance starts")
+            return
         # Billed from here, as SageMaker bills from TrainingStartTime: the download is billed, the launch not.
         job.training_start_time = datetime.now(UTC)
         self._start(local, job)
@@ -233,6 +254,9 @@ class LocalTraining:
             self._ship_logs(local)
             if local.finished or local.restarting:
                 return
+            if local.without_capacity:
+                self._fail_unprovisioned(local, job)
+                return
             if local.stopping:
                 self._finish_stopping(local, job)
                 return
@@ -267,6 +291,16 @@ class LocalTraining:
             job.training_time_in_seconds = job.billable_time_in_seconds = max(
                 1, round((end - job.training_start_time).total_seconds())
             )
+
+    @staticmethod
+    def _fail_unprovisioned(local: LocalJob, job: Any) -> None:
+        """A job SageMaker could not find the instances of: Failed, never started (no TrainingStartTime), so
+        nothing is billed."""
+        local.finished = True
+        job.training_job_status = job.secondary_status = "Failed"
+        job.failure_reason = NO_CAPACITY
+        job.secondary_status_transitions.append({"Status": "Failed", "StartTime": datetime.now(UTC)})
+        job.training_end_time = datetime.now(UTC)
 
     def _ship_logs(self, local: LocalJob) -> None:
         """Every host's new log lines into CloudWatch, a stream per host and start, as SageMaker writes them."""
@@ -633,6 +667,13 @@ class LocalTraining:
     def copy_outputs(self, name: str, destination: Path) -> None:
         local = self.jobs[name]
         shutil.copytree(local.tree(local.primary) / "model", destination / "model", dirs_exist_ok=True)
+
+
+def cluster_of(request: dict[str, Any]) -> str:
+    """A CreateTrainingJob request's cluster in words: `2 x ml.p5.48xlarge`, a heterogeneous one's groups joined."""
+    resource = request["ResourceConfig"]
+    groups = resource.get("InstanceGroups") or [resource]
+    return " + ".join(f"{group['InstanceCount']} x {group['InstanceType']}" for group in groups)
 
 
 def _files_under(folder: Path) -> list[Path]:

@@ -14,7 +14,15 @@ progress and a summary; `--verbose` adds the harness's own lines and the whole r
 
 `--fault monitor-throttle` injects a burst of transient errors (throttling, 5xx) into the AWS calls of
 the backend's progress handler, longer than any other handler's retry budget; `--fault monitor-timeout`
-makes it time out three times. The run rides through either and completes.
+makes it time out three times. The run rides through either and completes. `--fault insufficient-capacity`
+leaves the run's first cluster without instances: its job fails as SageMaker fails one it cannot provision
+(CapacityError), and the pipeline's next attempt runs on the input's next `fallback` cluster; the summary and the
+report say which cluster trained (e.g. INPUT=examples/capacity-fallback.json).
+
+`--new-data` (the default for examples/retrain-on-new-data.json) plays a retrain trigger's input as the S3 events
+of its new data: the demo writes the data under the trigger's prefix, the deployed rule's RetrainRecord records it,
+the quiet period passes on the local clock and RetrainSweep starts the run (localrun/demo/new_data.py);
+`--no-new-data` starts it as an ordinary run.
 """
 
 from __future__ import annotations
@@ -48,13 +56,12 @@ from localrun.aws.engine import LocalPlatform, LocalPlayer, player_factories
 from localrun.aws.served import ServedPlatform
 from localrun.backends.queue import ServiceJob
 from localrun.backends.sagemaker import LocalTraining
-from localrun.demo import own_code, report, scenario
+from localrun.demo import faults, new_data, own_code, report, scenario
 from localrun.demo.corpus import build_shards
 from localrun.demo.fine_tuning import build_fine_tuning
 from localrun.demo.jobs import loss_curve
 from localrun.demo.scenario import After, Run, Scenario, ScenarioError
 from stacks.outputs import TEAM_BUDGET
-from stacks.pipeline.polled_job import CHECK_PROGRESS
 from stacks.settings import OVERRIDES_VARIABLE, settings_from_context
 from tools.approval_view import decided
 from tools.scenario_files import is_scenario
@@ -83,10 +90,6 @@ TINY = {"tiny", "llama-tiny"}
 # Longer requests are cut to this many steps locally (a few tens of seconds on 2 cores).
 LOCAL_MAX_STEPS = 300
 
-
-# A burst longer than the short retry budget (stacks/constructs/tasks.py), well within the polling one.
-BURST = ["ThrottlingException", "InternalFailure", "ServiceUnavailable"] * 3 + ["ThrottlingException"]
-FAULTS = ("monitor-throttle", "monitor-timeout")
 # The approval gates a run can meet (the `name` each ApprovalGate.gate call gives), in the order it meets them.
 GATES = ("launch", "promotion")
 # Loggers of the engine under the demo (moto, the AWS SDK, moto's HTTP layer): shown only with --verbose.
@@ -210,6 +213,7 @@ def run_demo(
     verbose: bool = False,
     decide_with_tp: bool = False,
     input_dir: Path = REPO / "examples",
+    retrain: dict[str, Any] | None = None,
 ) -> Outcome:
     """Synthesize (unless given an assembly), run the input to its end locally, and write the run report.
 
@@ -217,13 +221,14 @@ def run_demo(
     gate to reject (one of GATES), or "any" for every gate; None approves them.
     `decide_with_tp`: leave each gate to `tp approve|reject` from another terminal, through the decision
     URL served on loopback (localrun/aws/decision_url.py), and print how. `hang`: stop a training worker of the
-    first job after the run's first checkpoint (localrun/backends/sagemaker.py).
+    first job after the run's first checkpoint (localrun/backends/sagemaker.py). `retrain`: the retrain trigger
+    whose input this is, played as its new data's S3 events (localrun/demo/new_data.py) rather than started.
     """
     if reject not in (None, "any", *GATES):
         raise ValueError(f"reject={reject!r}: use one of any, {', '.join(GATES)}")
     out.mkdir(parents=True, exist_ok=True)
     detail = _say if verbose else _quiet
-    assembly = assembly or synthesize(out, detail)
+    assembly = assembly or synthesize(out, detail, settings={"retrain": [retrain]} if retrain else None)
     # Each execution its own folder: runs of one input do not overwrite each other's reports.
     name = f"{execution_input.get('run_name', 'run')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     (run_dir := out / name).mkdir(parents=True, exist_ok=True)
@@ -244,12 +249,8 @@ def run_demo(
         stand_ins = local_stand_ins(execution_input, training.local_hyperparameters, max_hosts=max_hosts, corpus=corpus)
         stand_ins += image
         if fault is not None:
-            inject(platform, fault)
-        # The demo's settings subscribe DEMO_RECIPIENT (_context); the examples name no one, as the
-        # shipped settings subscribe no one, so the demo's run asks for its notifications itself.
-        execution_input = {"notify": [DEMO_RECIPIENT], **execution_input}
-        arn = platform.start(execution_input, name=name)
-        _say(f"started execution {name}\n")
+            faults.inject(platform, training, fault)
+        arn = _start(platform, execution_input, name, retrain)
         try:
             with DecisionUrl(platform) if decide_with_tp else contextlib.nullcontext() as elsewhere:
                 described, decisions = _follow(
@@ -269,8 +270,21 @@ def run_demo(
                 player.close()
         facts = report.collect(platform, training, arn, described, decisions, stand_ins=stand_ins)
         if fault is not None:
-            _say(f"\n{fault}: {_ridden(platform, arn)}")
+            _say(f"\n{fault}: {faults.ridden(platform, arn, fault, facts.jobs)}")
     return _write_report(facts, arn, described, run_dir, verbose=verbose, reject=reject)
+
+
+def _start(platform: LocalPlatform, execution_input: dict[str, Any], name: str, retrain: dict[str, Any] | None) -> str:
+    """Start the run as `name`, or play its retrain trigger's new data, whose sweep starts it: its execution ARN."""
+    if retrain is not None:
+        arn = new_data.play(platform, retrain, _say)
+        _say("")
+        return arn
+    # The demo's settings subscribe DEMO_RECIPIENT (_context); the examples name no one, as the
+    # shipped settings subscribe no one, so the demo's run asks for its notifications itself.
+    arn = platform.start({"notify": [DEMO_RECIPIENT], **execution_input}, name=name)
+    _say(f"started execution {name}\n")
+    return arn
 
 
 def _players(
@@ -337,43 +351,6 @@ def _made_ready(
         player.datasets_bucket = training.datasets_bucket
         player.local_hyperparameters = training.local_hyperparameters
     return execution_input, corpus, image
-
-
-def progress_handlers(platform: LocalPlatform) -> list[str]:
-    """The progress handler of every backend (LocalPlatform's names): what the Check progress states invoke."""
-    definition = json.loads(
-        platform.sfn.describe_state_machine(stateMachineArn=platform.state_machine_arn)["definition"]
-    )
-    physical = [
-        state["Resource"].rsplit(":function:", 1)[1]
-        for name, state in definition["States"].items()
-        if name.startswith(CHECK_PROGRESS) and ":function:" in state.get("Resource", "")
-    ]
-    return [str(platform.functions[name].key) for name in physical]
-
-
-def inject(platform: LocalPlatform, fault: str) -> None:
-    """Queue `fault` (one of FAULTS) at every backend's progress handler: the run's backend meets it."""
-    for function in progress_handlers(platform):
-        if fault == "monitor-throttle":
-            platform.faults.api_errors[function] = list(BURST)
-        elif fault == "monitor-timeout":
-            platform.faults.timeouts[function] = 3
-        else:
-            raise ValueError(f"--fault {fault!r}: use one of {', '.join(FAULTS)}")
-
-
-def _ridden(platform: LocalPlatform, arn: str) -> str:
-    """What the injected faults did: the handler failures the execution met, and the retries that followed."""
-    failures = [
-        details["error"]
-        for event in platform.history(arn)
-        for key, details in event.items()
-        if key == "lambdaFunctionFailedEventDetails"
-    ]
-    counts = ", ".join(f"{failures.count(error)} {error}" for error in sorted(set(failures)))
-    waits = platform.clock.retries
-    return f"handler failures: {counts or 'none'}; {len(waits)} retries, {sum(waits) / 60:.1f} min of backoff"
 
 
 def _local_hyperparameters(
@@ -717,6 +694,8 @@ def summary(facts: report.RunFacts, path: Path, *, reject: str | None) -> list[s
             f"actual cost:   {report.usd(facts.actual_usd)} at list price ({jobs}, {billed} s of billed cluster time)"
         )
     lines += [f"best trial:    {best}, of {len(facts.trials)} trials" for best in report.best_trials(facts.trials)]
+    if clusters := report.clusters(facts.jobs):
+        lines.append(f"clusters:      {clusters}")
     if facts.goodput is not None:
         lines.append(f"goodput:       {facts.goodput.summary()}")
     if facts.stand_ins:
@@ -813,7 +792,7 @@ def _follow_all(platform: LocalPlatform, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, default=REPO / "examples" / "demo.json", help="execution input JSON")
     parser.add_argument("--out", type=Path, default=REPO / "demo-out", help="where the run's files go")
@@ -838,12 +817,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=2, help="local hosts (processes started like instances)")
     parser.add_argument("--procs-per-host", type=int, default=1, help="training processes per host")
     parser.add_argument("--steps", type=int, help="override the local run's max_steps")
-    parser.add_argument("--fault", choices=FAULTS, help="inject transient faults at the progress handler")
+    parser.add_argument(
+        "--fault",
+        choices=faults.FAULTS,
+        help="monitor-throttle, monitor-timeout: transient faults at the progress handler; insufficient-capacity: "
+        "the run's first cluster has no instances (SageMaker's CapacityError), so it falls back to its next",
+    )
+    parser.add_argument(
+        "--new-data",
+        action=argparse.BooleanOptionalAction,
+        help="play a retrain example as its trigger's S3 event: the demo writes the new data, the deployed rule's "
+        "RetrainRecord and RetrainSweep start the run (the default for examples/retrain-on-new-data.json); "
+        "--no-new-data starts it as an ordinary run",
+    )
     parser.add_argument(
         "--serve",
         action="store_true",
         help="keep the local platform up for `tp` in another terminal (it prints what to source); no run of its own",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     for var, value in {
         "AWS_ACCESS_KEY_ID": "demo",
@@ -865,6 +861,10 @@ def main(argv: list[str] | None = None) -> int:
     document = json.loads(args.input.read_text())
     if scenario.is_scenario(document):  # e.g. examples/teams.json: several runs of several teams
         return _main_scenario(args, scenario.parse(document), started)
+    try:
+        retrain = new_data.chosen(args.input, args.new_data)
+    except new_data.NewDataError as exc:
+        parser.error(str(exc))
     outcome = run_demo(
         execution_input=document,
         out=args.out,
@@ -879,6 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose,
         decide_with_tp=args.decide_with_tp,
         input_dir=args.input.resolve().parent,
+        retrain=retrain,
     )
     _say(f"demo finished in {time.monotonic() - started:.0f} s")
     expected = "FAILED" if args.reject else "SUCCEEDED"
@@ -894,6 +895,7 @@ def _one_run_options(args: argparse.Namespace) -> list[str]:
         "--hang": args.hang,
         "--fault": args.fault,
         "--steps": args.steps,
+        "--new-data" if args.new_data else "--no-new-data": args.new_data is not None,
     }
     return [option for option, value in given.items() if value]
 
@@ -1166,6 +1168,7 @@ def run_scenario(
         log = list(platform.queue.log)
         denials = platform.iam.denials()
     text = report.render_teams(runs, log, denials)
+    report.save_teams(runs, run_dir)
     path = run_dir / "report.md"
     path.write_text(text + "\n")
     for team_run in runs:
@@ -1206,6 +1209,7 @@ def _team_run(driver: _Driver, run_id: str) -> report.TeamRun:
         first_started_ms=job.attempts[0].started_at if job is not None and job.attempts else None,
         ended_ms=job.stopped_at if job is not None else None,
         twin_of=run.uninterrupted_twin_of,
+        charges=report.charges(platform.history(driver.arns[run_id])),
     )
 
 

@@ -34,6 +34,8 @@ class Job:
     checkpoint_steps: list[int]
     model_folder: Path | None = None
     """A fine-tuning job's model folder (Hugging Face layout), as its first host wrote it."""
+    cluster: str = ""
+    """The cluster its request asked for (`2 x ml.p5.48xlarge`); "" where the report does not name it."""
 
 
 def loss_curve(logs: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

@@ -8,8 +8,11 @@ lineage, the IAM judgements); `save` writes the job logs, loss curves and lineag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -21,17 +24,20 @@ from contract import goodput
 from contract.execution_state import JobCost
 from contract.goodput import RunLedger
 from contract.layout import split_s3_uri
+from contract.metrics import TOKENS_PER_SEC, metric_series
 from contract.model_folder import FINE_TUNED_FOLDER
 from localrun.aws.cfn import REGION
 from localrun.aws.engine import LocalPlatform
 from localrun.aws.iam import Judgement
-from localrun.backends.sagemaker import LocalTraining
+from localrun.backends.sagemaker import LocalTraining, cluster_of
 from localrun.demo.jobs import Job, checkpoint_steps, interruptions, loss_curve, started_from
 from tools.run_state import task_results
 from training import stragglers
 
 RUN_LOSS = "run-loss.png"
 """The chart of every job's loss of a run of several jobs (a retry, a tuning job's trials), beside report.md."""
+RUN_TOKENS = "run-tokens.png"
+"""The chart of every job's training throughput (tokens/s by step) across the run, beside report.md."""
 LOOP_STATES = 4
 """A state entered again within this many states is a loop (polling): the terminal shows it once, the report's
 states table gives each of its states one row."""
@@ -238,6 +244,7 @@ def _job(platform: LocalPlatform, training: LocalTraining, name: str) -> Job:
         checkpoints_uri=checkpoints_uri,
         checkpoint_steps=checkpoint_steps(checkpoints_uri),
         model_folder=next(iter(sorted(training.root.glob(f"{name}/gen-*/*/model/{FINE_TUNED_FOLDER}"))[-1:]), None),
+        cluster=cluster_of(platform.training_requests[name]),
     )
 
 
@@ -284,6 +291,8 @@ def save(facts: RunFacts, run_dir: Path) -> None:
             _plot(job, facts.stand_ins, run_dir / f"{job.name}-loss.png")
     if len(curves := [job for job in facts.jobs if job.train_loss]) > 1:
         _plot_run(curves, {trial.name for trial in facts.trials if trial.best}, run_dir / RUN_LOSS)
+    if rates := throughputs(facts.jobs):
+        _plot_tokens(rates, run_dir / RUN_TOKENS)
     for registration in facts.registrations:
         (run_dir / "lineage.json").write_text(json.dumps(registration.lineage, indent=2, sort_keys=True))
 
@@ -322,25 +331,67 @@ def _plot(job: Job, stand_ins: list[StandIn], path: Path) -> None:
 
 def _plot_run(jobs: list[Job], best: set[str], path: Path) -> None:
     """Every job's loss curves on one chart, by step, each job in its own colour; a tuning job's best trial bold."""
+    with _chart(path, title=f"Loss across the run's {len(jobs)} jobs", ylabel="loss (nats/token)") as axes:
+        for job in jobs:
+            width, label = (2.5, f"{job.name} (best trial)") if job.name in best else (1.2, job.name)
+            (line,) = axes.plot(*zip(*job.train_loss, strict=True), linewidth=width, label=f"{label}: train")
+            if job.val_loss:
+                axes.plot(*zip(*job.val_loss, strict=True), "o--", color=line.get_color(), label=f"{label}: validation")
+
+
+@contextlib.contextmanager
+def _chart(path: Path, *, title: str, ylabel: str) -> Iterator[Any]:
+    """The axes of a chart by step, saved to `path` once the block has drawn on them."""
     import matplotlib  # noqa: PLC0415 - as in _plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
-    for job in jobs:
-        width, label = (2.5, f"{job.name} (best trial)") if job.name in best else (1.2, job.name)
-        (line,) = axes.plot(*zip(*job.train_loss, strict=True), linewidth=width, label=f"{label}: train")
-        if job.val_loss:
-            axes.plot(*zip(*job.val_loss, strict=True), "o--", color=line.get_color(), label=f"{label}: validation")
-    axes.set_xlabel("step")
-    axes.set_ylabel("loss (nats/token)")
-    axes.set_title(f"Loss across the run's {len(jobs)} jobs")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    try:
+        yield axes
+        axes.set_xlabel("step")
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(path)
+    finally:
+        plt.close(figure)
+
+
+def throughputs(jobs: list[Job]) -> dict[str, list[tuple[int, float]]]:
+    """Each job's training throughput, (step, tokens/s) as its log reported it; jobs that reported none left out."""
+    rates = {job.name: sorted(metric_series(job.log).get(TOKENS_PER_SEC, {}).items()) for job in jobs}
+    return {name: series for name, series in rates.items() if series}
+
+
+def _plot_tokens(rates: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    """Every job's tokens/s by step on one chart, each job in its own colour."""
+    title = f"Training throughput across the run's {len(rates)} job{'s' if len(rates) != 1 else ''}"
+    with _chart(path, title=title, ylabel="tokens/s (all hosts)") as axes:
+        for name, series in rates.items():
+            axes.plot(*zip(*series, strict=True), marker=".", linewidth=1.2, label=name)
+        axes.set_ylim(bottom=0)
+
+
+def _render_throughput(jobs: list[Job]) -> list[str]:
+    if not (rates := throughputs(jobs)):
+        return []
+    lines = [
+        "",
+        "## Throughput",
+        "",
+        f"![tokens/s across the run's jobs]({RUN_TOKENS})",
+        "",
+        "| Job | Steps reported | Median tokens/s | Last tokens/s |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, series in rates.items():
+        median = statistics.median(value for _, value in series)
+        lines.append(f"| {name} | {len(series)} | {median:,.0f} | {series[-1][1]:,.0f} |")
+    return lines
 
 
 def _stand_in_line(stand_in: StandIn) -> str:
@@ -353,6 +404,8 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     lines = [f"# Training run report: {facts.execution}", "", f"Outcome: **{facts.status}**"]
     if facts.status != "SUCCEEDED":
         lines.append(f"Error: `{facts.error}`; cause: {facts.cause}")
+    if cluster_outcomes := clusters(facts.jobs):
+        lines.append(f"Clusters (as requested; the local stand-ins below ran them): {cluster_outcomes}")
     lines += _render_states(facts.states)
     lines += _render_stand_ins(facts.stand_ins)
     if facts.estimate:
@@ -361,6 +414,7 @@ def render(facts: RunFacts, run_dir: Path) -> str:
     lines += _render_trials(facts.trials)
     if len([job for job in facts.jobs if job.train_loss]) > 1:
         lines += ["", "## Loss across the run's jobs", "", f"![loss across the run's jobs]({RUN_LOSS})"]
+    lines += _render_throughput(facts.jobs)
     if facts.goodput is not None:
         lines += render_goodput(facts.goodput)
     for job in facts.jobs:
@@ -399,6 +453,21 @@ def compact_states(states: list[tuple[str, float]]) -> list[tuple[str, int, floa
             rows.append((names[i + k], len(own), sum(seconds for _, seconds in own)))
         i += entered
     return rows
+
+
+def clusters(jobs: list[Job]) -> str:
+    """The clusters the run's jobs asked for, in order, each with what its jobs came to: `2 x ml.p5.48xlarge:
+    failed (CapacityError); 4 x ml.p4d.24xlarge: completed`."""
+    outcomes: dict[str, dict[str, int]] = {}
+    for job in jobs:
+        if job.cluster:
+            outcome = status_words(job.status) + (f" ({job.failure.split(':', 1)[0]})" if job.failure else "")
+            counted = outcomes.setdefault(job.cluster, {})
+            counted[outcome] = counted.get(outcome, 0) + 1
+    return "; ".join(
+        f"{cluster}: " + ", ".join(f"{n} {o}" if n > 1 else o for o, n in counted.items())
+        for cluster, counted in outcomes.items()
+    )
 
 
 def _render_states(states: list[tuple[str, float]]) -> list[str]:
@@ -507,6 +576,8 @@ def _render_job(job: Job, run_dir: Path) -> list[str]:
     if job.secondary_status and job.secondary_status != job.status:
         status += f" ({status_words(job.secondary_status)})"
     lines.append(f"Status: {status}")
+    if job.cluster:
+        lines.append(f"Cluster: {job.cluster}")
     if job.failure:
         lines.append(f"Failure: {job.failure}")
     lines += [f"Note: {note}" for note in job.notes]
@@ -582,6 +653,8 @@ class TeamRun:
     twin_of: str | None = None
     twin_matches: bool | None = None
     twin_note: str = ""
+    charges: list[Charge] = field(default_factory=list)
+    """What its jobs cost once they ended, as its progress handler priced them (`charges`)."""
 
     @property
     def as_expected(self) -> bool:
@@ -607,6 +680,7 @@ def render_teams(runs: list[TeamRun], scheduler_log: list[str], denials: list[Ju
             f"| {run.id} | {run.team} | {who} | {status_words(run.status)} | {status_words(run.expected)} | {wait} "
             f"| {run.preemptions} | {len(run.jobs)} |"
         )
+    lines += _render_teams_cost_and_loss(runs)
     for run in runs:
         lines += ["", f"## {run.id}", "", f"Execution: `{run.execution}`"]
         if run.status != "SUCCEEDED":
@@ -627,6 +701,56 @@ def render_teams(runs: list[TeamRun], scheduler_log: list[str], denials: list[Ju
     lines += ["", f"## Denied by IAM: {len(denials)}", ""]
     lines += [f"- {j.principal}: {j.action} on {j.resource} ({j.reason})" for j in denials]
     return "\n".join(lines)
+
+
+def team_loss_chart(team: str) -> str:
+    """The file name of a team's loss chart, beside the teams report."""
+    return f"team-{team}-loss.png"
+
+
+def _by_team(runs: list[TeamRun]) -> dict[str, list[TeamRun]]:
+    teams: dict[str, list[TeamRun]] = {}
+    for run in runs:
+        teams.setdefault(run.team, []).append(run)
+    return teams
+
+
+def save_teams(runs: list[TeamRun], run_dir: Path) -> None:
+    """Each team's loss chart: the train loss of every attempt of each of its runs, by step."""
+    for team, members in _by_team(runs).items():
+        attempts = [(run, number, job) for run in members for number, job in enumerate(run.jobs, 1) if job.losses]
+        if not attempts:
+            continue
+        title = f"Team {team}: loss of its runs' jobs"
+        with _chart(run_dir / team_loss_chart(team), title=title, ylabel="train loss (nats/token)") as axes:
+            for run, number, job in attempts:
+                steps = sorted(job.losses)
+                label = f"{run.id} attempt {number}" + (" (preempted)" if job.preempted else "")
+                axes.plot(steps, [job.losses[step] for step in steps], linewidth=1.2, label=label)
+
+
+def _render_teams_cost_and_loss(runs: list[TeamRun]) -> list[str]:
+    """Each team's actual cost (its runs' ended jobs at list price) and its loss chart."""
+    lines = [
+        "",
+        "## Cost and loss by team",
+        "",
+        "Actual cost: each ended job's billed seconds at the list price of its cluster, as the progress handler "
+        "priced it (the figure the team's cost metrics and its runs' lineage record). A service job is one billed "
+        "job, its attempts (a preempted one and its resume) together.",
+        "",
+        "| Team | Runs | Billed jobs | Actual cost |",
+        "| --- | --- | --- | --- |",
+    ]
+    teams = _by_team(runs)
+    for team, members in teams.items():
+        billed = sum(charge.jobs for run in members for charge in run.charges)
+        cost = round(sum(charge.cost.actual_usd for run in members for charge in run.charges), 4)
+        lines.append(f"| {team} | {len(members)} | {billed} | {usd(cost)} |")
+    for team, members in teams.items():
+        if any(job.losses for run in members for job in run.jobs):
+            lines += ["", f"![team {team}: loss]({team_loss_chart(team)})"]
+    return lines
 
 
 def teams_summary(runs: list[TeamRun]) -> list[str]:

@@ -20,7 +20,9 @@ from localrun.aws.cfn import Assembly, Resolver
 from localrun.aws.construct_paths import Functions
 from localrun.backends import netns
 from localrun.backends import sagemaker as sagemaker_local
-from localrun.demo.cli import BURST, run_demo
+from localrun.demo.cli import run_demo
+from localrun.demo.faults import BURST
+from localrun.demo.new_data import trigger_of
 from tests.conftest import APPROVER, RUN_EMAIL, hosts_left_running
 
 pytestmark = pytest.mark.slow
@@ -351,6 +353,50 @@ def test_the_launch_gate_can_be_rejected_and_an_example_reaches_it(
     assert [r for r in caplog.records if r.name.startswith("moto")] == []
     assert "outcome:       FAILED: LaunchRejected: Rejected by" in out and "model package: none registered" in out
     assert re.search(r"cost estimate: at most \$[\d,.]+ on demand \(threshold \$500\.00: launch approval needed\)", out)
+
+
+def test_the_capacity_fallback_example_falls_back_when_its_first_cluster_has_no_capacity(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo INPUT=examples/capacity-fallback.json ARGS='--fault insufficient-capacity'`, at 6 steps, one host."""
+    execution_input = json.loads((EXAMPLES / "capacity-fallback.json").read_text()) | {"notify": [RUN_EMAIL]}
+    outcome = _demo(platform, tmp_path, execution_input, fault="insufficient-capacity", steps=6, max_hosts=1)
+    assert outcome.described["status"] == "SUCCEEDED", outcome.described
+    first, second = outcome.job_names
+    assert "Choose the next cluster" in _states(outcome)
+    report = outcome.report.read_text()
+    clusters = "2 x ml.p5.48xlarge: failed (CapacityError); 4 x ml.p4d.24xlarge: completed"
+    assert f"Clusters (as requested; the local stand-ins below ran them): {clusters}" in report
+    out = capsys.readouterr().out
+    assert f"clusters:      {clusters}" in out
+    assert f"insufficient-capacity: {first} on 2 x ml.p5.48xlarge: CapacityError: Unable to provision" in out
+    assert "; trained on 4 x ml.p4d.24xlarge\n" in out
+    # The job without capacity was never billed; the one that trained was.
+    charged = report.split("\n## Actual cost\n", 1)[1].split("\n## ", 1)[0]
+    assert f"\n| {second} | " in charged and f"\n| {first} | " not in charged, charged
+
+
+def test_the_retrain_example_is_started_by_the_s3_events_of_its_new_data(
+    platform: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo INPUT=examples/retrain-on-new-data.json` (--new-data, its default), at 40 steps on one host."""
+    path = EXAMPLES / "retrain-on-new-data.json"
+    trigger = trigger_of(path)
+    outcome = _demo(platform, tmp_path, json.loads(path.read_text()), retrain=trigger, steps=40, max_hosts=1)
+    # The sweep started it, as the trigger's template, under the name its window gives; the demo started nothing.
+    assert outcome.described["name"].startswith("retrain-web-text-"), outcome.described["name"]
+    started = json.loads(outcome.described["input"])
+    assert "notify" not in started and started["run_name"] == "gpt2-124m-web-text"  # the demo's start adds notify
+    out = capsys.readouterr().out
+    assert re.search(r"new data: \d+ objects under incoming/web-text/, each an S3 event RetrainRecord recorded", out)
+    assert "30 quiet minutes later (on the local clock) RetrainSweep started execution retrain-web-text-" in out
+    assert "started execution" not in out.replace("RetrainSweep started execution", "")
+    # It trained and was evaluated as any run is: 40 steps here leave its validation loss above the example's
+    # quality bar (3.3), so the gate ends it there, as it would on AWS.
+    (job,) = outcome.job_names
+    assert "Status: completed\n" in outcome.report.read_text().split(f"## Training job {job}", 1)[1]
+    described = outcome.described
+    assert (described["status"], described.get("error")) in (("SUCCEEDED", None), ("FAILED", "QualityBelowThreshold"))
 
 
 def test_failing_job_reports_the_failure_file(platform: Any, tmp_path: Path) -> None:

@@ -57,4 +57,13 @@ def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_
     assert "is not a member of team 'team-b'" in str(runs["a-as-b"].cause), runs["a-as-b"].cause
     assert runs["b-twin"].status == "SUCCEEDED"
     assert "## The queue's scheduler" in log and "b-borrow" in log
+    # Each team's cost (its runs' billed jobs) and its loss curves.
+    costs = log.split("\n## Cost and loss by team\n", 1)[1].split("\n## ", 1)[0]
+    for team in ("team-a", "team-b"):
+        billed = [charge for run in runs.values() if run.team == team for charge in run.charges]
+        assert billed and all(charge.cost.actual_usd > 0 for charge in billed), billed
+        total = round(sum(charge.cost.actual_usd for charge in billed), 4)
+        assert re.search(rf"\n\| {team} \| \d+ \| {len(billed)} \| \$[\d.,]+ \|", costs), costs
+        assert f"${total:.4f} |" in costs or f"${total:,.2f} |" in costs, (total, costs)
+        assert (outcome.report.parent / f"team-{team}-loss.png").read_bytes().startswith(b"\x89PNG")
     assert outcome.as_expected
