@@ -2,7 +2,8 @@
 process only its part), LoRA adapters where asked, and the fine-tuned model written back as a model folder.
 
 The model is built on the meta device (no memory, no random initialisation), adapted, sharded (FSDP2) or not,
-then given real storage on the process's device and filled from the folder's files (training/hf_weights.py).
+then given real storage on the process's device (on the CPU, a whole weight's storage is the buffer its file's
+bytes are read into) and filled from the folder's files (training/hf_weights.py).
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ class FineTuning:
         stages; sharded or not), filled from the folder; adapters initialised."""
         for part in parts:
             shared = shared_parameters(part)
-            part.to_empty(device=device)
+            placed = hf_weights.place_in_read_buffers(part, self.base, device)
+            hf_weights.empty_rest(part, device, placed)
             share_again(shared)  # to_empty gives each module a new parameter: tie again what was tied
             # A pipeline stage holds some of the folder's weights; otherwise every one must be loaded.
             slots = hf_weights.parameter_slots(part)
-            filled = hf_weights.load_weights(slots, self.base, some=self.cfg.parallel.pp > 1)
+            filled = hf_weights.load_weights(slots, self.base, some=self.cfg.parallel.pp > 1, placed=placed)
             adapters = {f"{name}.{attr}" for name in self.adapters for attr in ("lora_a", "lora_b")}
             if left := sorted(set(slots) - filled - adapters):
                 raise RuntimeError(f"the model folder fills no value of {', '.join(left)}: they would hold no value")

@@ -1,15 +1,17 @@
 """A Hugging Face model folder's weights: read into the built-in model, and the trained model written as one.
 
 Reading is streamed and sharded: after the model is sharded (FSDP2 places each rank's rows of every weight;
-DDP none), each process reads from the safetensors files only the part of each weight it holds, straight
-into its parameter where the file's dtype is the parameter's, else into a buffer of that part alone (then
-converted or transposed into it). The parts are read in 8 MiB chunks, several at once, with O_DIRECT where the
-file system allows: a cold load then runs at the disk's speed (the page cache's small read-ahead halved it on
-the benchmark VM, docs/BENCHMARKS.md); safetensors' own loader maps the whole file, whose page faults read
-it at that pace too, which is why the reads are done here. A part that is not whole rows of the file's tensor
-(a transposed GPT-2 Conv1D weight under FSDP) is read through a memory map, whose reads touch only its pages.
-No process holds a whole file or another rank's part. The folder's layout and checks are
-contract/model_folder.py's.
+DDP none), each process reads from the safetensors files only the part of each weight it holds. A whole weight
+that is to live on the CPU in the file's dtype (a world of one, DDP, a pipeline stage) gets no storage of its
+own: its file's bytes are read into a page-aligned buffer and the parameter is a view of them there, GPT-2's
+Conv1D weights a transposed view (nothing is copied). Any other part is read straight into its parameter where
+the file's dtype is the parameter's, else into a buffer of that part alone (then converted or transposed into it).
+The reads are of 8 MiB chunks, several at once, with O_DIRECT where the file system allows: a cold load then runs
+at the disk's speed (the page cache's small read-ahead halved it on the benchmark VM, docs/BENCHMARKS.md);
+safetensors' own loader maps the whole file, whose page faults read it at that pace too, which is why the reads
+are done here. A part that is not whole rows of the file's tensor (a transposed GPT-2 Conv1D weight under FSDP)
+is read through a memory map, whose reads touch only its pages. No process holds a whole file or another rank's
+part. The folder's layout and checks are contract/model_folder.py's.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import mmap
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -314,15 +316,115 @@ def _strided_part(
     return part.view(torch.bfloat16) if entry["dtype"] == "BF16" else part
 
 
-@torch.no_grad()
-def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> set[str]:
-    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
-    it holds of each weight, read as one range (into the parameter itself where dtypes match). `some`: the slots
-    are a pipeline stage's, which holds some of the weights (else a missing one is a KeyError). The slots it filled."""
-    parts: list[_Part] = []
-    filled = set()
+_GAP = 1 << 20
+"""Weights whose bytes lie at most this far apart in their file share a read buffer (the bytes between are read)."""
+
+
+@dataclass
+class Placed:
+    """Parameters made views of the buffers their file's bytes are to be read into, and those reads."""
+
+    names: set[str] = field(default_factory=set)
+    reads: list[_Part] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _InPlace:
+    weight: mf.WeightName
+    param: nn.Parameter
+    start: int
+    end: int
+    entry: Mapping[str, Any]
+
+
+def place_in_read_buffers(part: nn.Module, base: BaseModel, device: torch.device) -> Placed:
+    """Before `part` (on the meta device) is given storage: each whole parameter (not a DTensor) that is to live on
+    the CPU in its file's dtype becomes a view of the page-aligned buffer its bytes are to be read into, in every
+    module that holds it (GPT-2's Conv1D weights a transposed view); weights close together in a file share one.
+    Its memory is then written once, by the disk."""
+    placed = Placed()
+    if device.type != "cpu":
+        return placed
+    slots = parameter_slots(part)
+    wanted: dict[str, list[_InPlace]] = {}
     for weight in mf.weight_names(base.args):
-        if some and weight.ours not in slots:
+        param = getattr(*slots[weight.ours]) if weight.ours in slots else None
+        if not isinstance(param, nn.Parameter) or isinstance(param, DTensor) or param.device.type != "meta":
+            continue
+        file, name = base.locate(weight)
+        header = base.headers[file]
+        entry = header.tensors[name]
+        if _TORCH_DTYPES[entry["dtype"]] != param.dtype or param.numel() == 0:
+            continue
+        begin, end = (header.data_start + at for at in entry["data_offsets"])
+        wanted.setdefault(file, []).append(_InPlace(weight, param, begin, end, entry))
+    holders = _holders(part)
+    for file, items in wanted.items():
+        for run in _runs(sorted(items, key=lambda item: item.start)):
+            placed.reads.append(_buffer_for(file, run, holders))
+            placed.names.update(item.weight.ours for item in run)
+    return placed
+
+
+def _holders(part: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in part.modules():
+        for attr, param in module.named_parameters(recurse=False):
+            out.setdefault(id(param), []).append((module, attr))
+    return out
+
+
+def _runs(items: list[_InPlace]) -> Iterable[list[_InPlace]]:
+    """`items` (in file order) as runs whose neighbours are at most `_GAP` bytes apart."""
+    run = items[:1]
+    for item in items[1:]:
+        if item.start - run[-1].end > _GAP:
+            yield run
+            run = []
+        run.append(item)
+    if run:
+        yield run
+
+
+def _buffer_for(file: str, run: list[_InPlace], holders: dict[int, list[tuple[nn.Module, str]]]) -> _Part:
+    """One aligned buffer for the blocks of `file` that hold `run`'s weights, each weight's parameter replaced by a
+    view of its bytes in it; the read that fills it."""
+    first = run[0].start - run[0].start % direct_io.ALIGNMENT
+    end = run[-1].end
+    staging = direct_io.aligned_buffer(-(-(end - first) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT)
+    for item in run:
+        dtype = _TORCH_DTYPES[item.entry["dtype"]]
+        count = (item.end - item.start) // dtype.itemsize
+        value = torch.frombuffer(staging, dtype=dtype, count=count, offset=item.start - first)
+        value = value.view(tuple(item.entry["shape"]))
+        new = nn.Parameter(value.t() if item.weight.transposed else value, requires_grad=item.param.requires_grad)
+        for module, attr in holders[id(item.param)]:
+            module.register_parameter(attr, new)
+    whole = torch.frombuffer(staging, dtype=torch.uint8, count=end - run[0].start, offset=run[0].start - first)
+    return _Part(file, run[0].start, whole, None, staging)
+
+
+def empty_rest(part: nn.Module, device: torch.device, placed: Placed) -> None:
+    """Storage on `device` for every parameter and buffer of `part` still on the meta device (`to_empty` where
+    nothing was placed in read buffers)."""
+    if not placed.names:
+        part.to_empty(device=device)
+        return
+    # to_empty's own walk over the module's tensors, leaving those that have storage.
+    cast(Any, part)._apply(lambda t: torch.empty_like(t, device=device) if t.device.type == "meta" else t)
+
+
+@torch.no_grad()
+def load_weights(slots: Slots, base: BaseModel, *, some: bool = False, placed: Placed | None = None) -> set[str]:
+    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
+    it holds of each weight, read as one range (into the parameter itself where dtypes match), and the read buffers
+    `placed` made parameters of. `some`: the slots are a pipeline stage's, which holds some of the weights (else a
+    missing one is a KeyError). The slots it filled."""
+    placed = placed or Placed()
+    parts = list(placed.reads)
+    filled = set(placed.names)
+    for weight in mf.weight_names(base.args):
+        if weight.ours in placed.names or (some and weight.ours not in slots):
             continue
         module, attr = slots[weight.ours]
         filled.add(weight.ours)
