@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from contract import model_folder as mf
 from contract.config import ConfigError, JobConfig
@@ -25,6 +26,31 @@ from training.parallel.materialize import share_again, shared_parameters
 from training.sagemaker_contract import Paths
 
 log = logging.getLogger(__name__)
+
+
+_INITIALISERS = frozenset(
+    {
+        *(getattr(nn.init, name) for name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_")),
+        *(getattr(nn.init, f"{kind}_{law}_") for kind in ("xavier", "kaiming") for law in ("uniform", "normal")),
+        torch.Tensor.uniform_,
+        torch.Tensor.normal_,
+        torch.Tensor.zero_,
+        torch.Tensor.fill_,
+    }
+)
+
+
+class _NoInitialisation(TorchFunctionMode):
+    """Torch's own initialisation of the modules' parameters (nn.Linear's and nn.Embedding's reset_parameters)
+    skipped: on the meta device it writes nothing, yet took half of building GPT-2 there (25 ms of 50)."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def folder_of(init_from: str, paths: Paths) -> Path:
@@ -55,7 +81,7 @@ class FineTuning:
             )
         if problems := cfg.split_problems(base.args):
             raise ConfigError(f"hyperparameters invalid for the model folder of model.init_from: {'; '.join(problems)}")
-        with torch.device("meta"):
+        with torch.device("meta"), _NoInitialisation():
             model = ARCHS[base.args.arch](base.args, init=False)  # every weight is read from the folder
         try:
             adapters = lora.apply(model, cfg.lora, base.args) if cfg.lora.rank else {}

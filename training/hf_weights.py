@@ -135,10 +135,14 @@ the model is sharded or wrapped (FSDP2 replaces the parameters, not the modules)
 def parameter_slots(model: nn.Module) -> Slots:
     """Where each of the model's parameters lives (a tied weight once, under its first name), by the model's name
     for it (a block wrapped for activation checkpointing has its wrapper's prefix in its names)."""
-    return {
-        name.replace(_CHECKPOINT_PREFIX, ""): (model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
-        for name, _ in model.named_parameters()
-    }
+    slots: Slots = {}
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():  # named_parameters' order, without a look-up per name
+        for attr, param in module.named_parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                slots[f"{prefix}.{attr}".lstrip(".").replace(_CHECKPOINT_PREFIX, "")] = (module, attr)
+    return slots
 
 
 def _bytes(tensor: torch.Tensor) -> memoryview:
