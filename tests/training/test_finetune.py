@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -364,3 +365,101 @@ def test_prepared_examples_train_as_the_jsonl_they_came_from(tmp_path: Path) -> 
     shutil.copytree(folder, paths.channel("base_model"))
     completed, log = run_in_process(paths.root, {**_HYPERPARAMETERS})
     assert completed and step_losses(log) == step_losses(from_jsonl) and len(step_losses(log)) == 5
+
+
+def _file_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights under our names and in our layout, as safetensors reads them."""
+    base = hf_weights.open_base_model(folder)
+    tensors = {}
+    for file in base.headers:
+        tensors.update(load_file(str(folder / file)))
+    return {w.ours: tensors[w.hf].t() if w.transposed else tensors[w.hf] for w in mf.weight_names(base.args)}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_each_weight_is_the_buffer_its_bytes_were_read_into(arch: str, tmp_path: Path) -> None:
+    """Loaded in a world of one, each parameter equals the file's tensor bit for bit, and is where the read put
+    its bytes: at its file offset's place within an aligned block, GPT-2's Conv1D weights as transposed views
+    (not copies), and no two parameters share a storage."""
+    folder = FOLDERS[arch](tmp_path / arch, hidden_size=128) if arch == "llama" else gpt2_folder(tmp_path / arch)
+    model = _ours(folder)
+    expected = _file_tensors(folder)
+    params = dict(model.named_parameters())
+    assert set(expected) == set(params)
+    base = hf_weights.open_base_model(folder)
+    storages = set()
+    for weight in mf.weight_names(base.args):
+        param = params[weight.ours]
+        assert torch.equal(param, expected[weight.ours]), weight.ours
+        assert param.dtype == expected[weight.ours].dtype
+        file, name = base.locate(weight)
+        header = base.headers[file]
+        start = header.data_start + header.tensors[name]["data_offsets"][0]
+        assert param.data_ptr() % 4096 == start % 4096, weight.ours
+        assert param.is_contiguous() != weight.transposed, weight.ours
+        storages.add(param.untyped_storage().data_ptr())
+    assert len(storages) == len(params)
+    assert any(w.transposed for w in mf.weight_names(base.args)) == (arch == "gpt2")
+
+
+def _fsdp_reads(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, int]], Any]:
+    """The byte ranges of the folder's file that rank `rank` of two reads when FSDP2 shards the model, and the
+    model (a fake process group: no other process; the reads are this one's)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    reads: list[tuple[int, int]] = []
+    preadv = os.preadv
+
+    def counted(fd: int, buffers: list[Any], offset: int, *rest: Any) -> int:
+        got = preadv(fd, buffers, offset, *rest)
+        reads.append((offset, offset + got))
+        return got
+
+    monkeypatch.setattr(os, "preadv", counted)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+    try:
+        cfg = from_hyperparameters({"model.init_from": str(folder), "seq_len": "64", "distribution": "fsdp"})
+        finetune, model = FineTuning.build(cfg, Paths(folder))
+        mesh = init_device_mesh("cpu", (2,))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        finetune.materialize([model], torch.device("cpu"))
+        return reads, model
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_fsdp_each_rank_reads_only_the_rows_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks' reads (counted per rank) of a Llama folder sharded by FSDP2: each only the blocks of its own rows
+    of each weight, together the file's weights once, and each rank's part equal to the file's rows."""
+    from torch.distributed.tensor import DTensor
+
+    folder = llama_folder(tmp_path / "llama", hidden_size=512, intermediate_size=1024, tokenizer=False)
+    base = hf_weights.open_base_model(folder)
+    ((_, header),) = base.headers.items()
+    expected = _file_tensors(folder)
+    block = 4096
+    read_per_rank = []
+    for rank in (0, 1):
+        reads, model = _fsdp_reads(folder, rank, monkeypatch)
+        held: list[tuple[int, int]] = []  # the blocks of the rows this rank holds, of every weight
+        for weight in mf.weight_names(base.args):
+            param = model.get_parameter(weight.ours)
+            assert isinstance(param, DTensor)
+            local, shape, offset = hf_weights.local_part(param)
+            rows = slice(offset[0], offset[0] + shape[0])
+            assert torch.equal(local, expected[weight.ours][rows]), weight.ours
+            entry = header.tensors[base.locate(weight)[1]]
+            row = local.element_size() * int(torch.tensor(entry["shape"][1:]).prod())
+            start = header.data_start + entry["data_offsets"][0] + offset[0] * row
+            held.append((start // block * block, -(-(start + shape[0] * row) // block) * block))
+        assert reads
+        for begin, end in reads:
+            assert any(b <= begin and end <= e for b, e in held), (rank, begin, end)
+        read_per_rank.append(sum(end - begin for begin, end in reads))
+    weights = sum(t.numel() * t.element_size() for t in expected.values())
+    assert all(0.45 * weights <= read <= 0.55 * weights for read in read_per_rank), (read_per_rank, weights)
