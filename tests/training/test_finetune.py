@@ -281,10 +281,10 @@ def test_lora_trains_only_adapters_that_peft_loads_with_the_merged_logits(tmp_pa
     assert _max_difference(ours, merged.float(), 300) <= 1e-4
 
 
-def _job(root: Path, folder: Path) -> Paths:
+def _job(root: Path, folder: Path, distribution: str) -> Paths:
     hyperparameters = {
         "model.init_from": "base_model",
-        "distribution": "fsdp",
+        "distribution": distribution,
         "seq_len": "96",
         "batch_size": "2",
         "max_steps": "12",
@@ -306,14 +306,25 @@ def test_fsdp_fine_tuning_resumes_exactly_after_a_spot_interruption_and_exports(
     """Two processes (FSDP2) fine-tune the folder; a SIGTERM after a checkpoint, as a spot interruption sends it,
     stops them; the resumed run logs the uninterrupted run's losses exactly, and its export loads in transformers
     with our final model's logits."""
-    reference = _job(tmp_path / "reference", folder)
+    _resumes_exactly_and_exports(folder, tmp_path, "fsdp")
+
+
+@pytest.mark.slow
+def test_ddp_fine_tuning_of_gpt2_resumes_exactly_after_a_spot_interruption(tmp_path: Path) -> None:
+    """As above with DDP, whose parameters are the buffers the folder was read into: GPT-2's Conv1D weights
+    transposed views, in DDP's buckets, the optimizer's states and the checkpoints."""
+    _resumes_exactly_and_exports(gpt2_folder(tmp_path / "gpt2"), tmp_path, "ddp")
+
+
+def _resumes_exactly_and_exports(folder: Path, tmp_path: Path, distribution: str) -> None:
+    reference = _job(tmp_path / "reference", folder, distribution)
     env = clean_env(reference.root, TRAINING_NPROC_PER_NODE="2", TRAINING_MASTER_ADDR="127.0.0.1")
     result = run(launcher(), {**env, "TRAINING_MASTER_PORT": str(free_port())}, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     expected = step_losses(result.stdout)
     assert sorted(expected) == list(range(1, 13))
 
-    paths = _job(tmp_path / "interrupted", folder)
+    paths = _job(tmp_path / "interrupted", folder, distribution)
     env = clean_env(paths.root, TRAINING_NPROC_PER_NODE="2", TRAINING_MASTER_ADDR="127.0.0.1")
     status, log = run_until(
         launcher(),
