@@ -486,7 +486,7 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
                 before = probe.read()
 
                 def load() -> None:
-                    finetune, model = FineTuning.build(cfg, Paths(folder))
+                    finetune, model = FineTuning.build(cfg, Paths(folder), torch.device("cpu"))
                     finetune.materialize([model], torch.device("cpu"))
 
                 seconds, used = _timed(load)

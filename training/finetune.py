@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from contract import model_folder as mf
 from contract.config import ConfigError, JobConfig
+from contract.distributions import distribution
 from training import hf_weights, lora
 from training.models.build import ARCHS
 from training.parallel.materialize import share_again, shared_parameters
@@ -66,10 +67,13 @@ class FineTuning:
     base: hf_weights.BaseModel
     cfg: JobConfig
     adapters: dict[str, lora.LoRALinear]
+    prefetch: hf_weights.Prefetch | None = None
 
     @classmethod
-    def build(cls, cfg: JobConfig, paths: Paths) -> tuple[FineTuning, nn.Module]:
-        """The base model checked and the built-in model for it on the meta device; ConfigError if it cannot run."""
+    def build(cls, cfg: JobConfig, paths: Paths, device: torch.device | None = None) -> tuple[FineTuning, nn.Module]:
+        """The base model checked and the built-in model for it on the meta device; ConfigError if it cannot run.
+        `device`: where the process will hold the model; on the CPU, unsharded (DDP, a world of one), the weights'
+        reads start before the model is built."""
         try:
             base = hf_weights.open_base_model(folder_of(cfg.model.init_from, paths), dropout=cfg.model.dropout)
         except mf.ModelFolderError as exc:
@@ -81,20 +85,25 @@ class FineTuning:
             )
         if problems := cfg.split_problems(base.args):
             raise ConfigError(f"hyperparameters invalid for the model folder of model.init_from: {'; '.join(problems)}")
-        with torch.device("meta"), _NoInitialisation():
-            model = ARCHS[base.args.arch](base.args, init=False)  # every weight is read from the folder
+        whole = not distribution(cfg.distribution).shards_parameters
+        prefetch = hf_weights.Prefetch(base) if device is not None and device.type == "cpu" and whole else None
         try:
+            with torch.device("meta"), _NoInitialisation():
+                model = ARCHS[base.args.arch](base.args, init=False)  # every weight is read from the folder
             adapters = lora.apply(model, cfg.lora, base.args) if cfg.lora.rank else {}
         except ValueError as exc:
+            if prefetch is not None:
+                prefetch.wait()
             raise ConfigError(f"hyperparameter {exc}") from exc
-        return cls(base, cfg, adapters), model
+        return cls(base, cfg, adapters, prefetch), model
 
     def materialize(self, parts: list[nn.Module], device: torch.device) -> None:
         """Real storage on `device` for this process's parts of the model (the whole model, or its pipeline
         stages; sharded or not), filled from the folder; adapters initialised."""
         for part in parts:
             shared = shared_parameters(part)
-            placed = hf_weights.place_in_read_buffers(part, self.base, device)
+            placed = hf_weights.place_in_read_buffers(part, self.base, device, self.prefetch)
+            self.prefetch = None  # its reads are the first part's
             hf_weights.empty_rest(part, device, placed)
             share_again(shared)  # to_empty gives each module a new parameter: tie again what was tied
             # A pipeline stage holds some of the folder's weights; otherwise every one must be loaded.

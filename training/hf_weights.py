@@ -4,7 +4,8 @@ Reading is streamed and sharded: after the model is sharded (FSDP2 places each r
 DDP none), each process reads from the safetensors files only the part of each weight it holds. A whole weight
 that is to live on the CPU in the file's dtype (a world of one, DDP, a pipeline stage) gets no storage of its
 own: its file's bytes are read into a page-aligned buffer and the parameter is a view of them there, GPT-2's
-Conv1D weights a transposed view (nothing is copied). Any other part is read straight into its parameter where
+Conv1D weights a transposed view (nothing is copied); where the trainer knows that before it builds the model
+(DDP, a world of one), these reads start first (`Prefetch`). Any other part is read straight into its parameter where
 the file's dtype is the parameter's, else into a buffer of that part alone (then converted or transposed into it).
 The reads are of 8 MiB chunks, several at once, with O_DIRECT where the file system allows: a cold load then runs
 at the disk's speed (the page cache's small read-ahead halved it on the benchmark VM, docs/BENCHMARKS.md);
@@ -324,61 +325,25 @@ _GAP = 1 << 20
 """Weights whose bytes lie at most this far apart in their file share a read buffer (the bytes between are read)."""
 
 
-@dataclass
-class Placed:
-    """Parameters made views of the buffers their file's bytes are to be read into, and those reads."""
-
-    names: set[str] = field(default_factory=set)
-    reads: list[_Part] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
-class _InPlace:
+class _InFile:
+    """A whole weight's bytes in its file."""
+
     weight: mf.WeightName
-    param: nn.Parameter
     start: int
     end: int
     entry: Mapping[str, Any]
 
 
-def place_in_read_buffers(part: nn.Module, base: BaseModel, device: torch.device) -> Placed:
-    """Before `part` (on the meta device) is given storage: each whole parameter (not a DTensor) that is to live on
-    the CPU in its file's dtype becomes a view of the page-aligned buffer its bytes are to be read into, in every
-    module that holds it (GPT-2's Conv1D weights a transposed view); weights close together in a file share one.
-    Its memory is then written once, by the disk."""
-    placed = Placed()
-    if device.type != "cpu":
-        return placed
-    slots = parameter_slots(part)
-    wanted: dict[str, list[_InPlace]] = {}
-    for weight in mf.weight_names(base.args):
-        param = getattr(*slots[weight.ours]) if weight.ours in slots else None
-        if not isinstance(param, nn.Parameter) or isinstance(param, DTensor) or param.device.type != "meta":
-            continue
-        file, name = base.locate(weight)
-        header = base.headers[file]
-        entry = header.tensors[name]
-        if _TORCH_DTYPES[entry["dtype"]] != param.dtype or param.numel() == 0:
-            continue
-        begin, end = (header.data_start + at for at in entry["data_offsets"])
-        wanted.setdefault(file, []).append(_InPlace(weight, param, begin, end, entry))
-    holders = _holders(part)
-    for file, items in wanted.items():
-        for run in _runs(sorted(items, key=lambda item: item.start)):
-            placed.reads.append(_buffer_for(file, run, holders))
-            placed.names.update(item.weight.ours for item in run)
-    return placed
+def _in_file(base: BaseModel, weight: mf.WeightName) -> tuple[str, _InFile]:
+    file, name = base.locate(weight)
+    header = base.headers[file]
+    entry = header.tensors[name]
+    begin, end = (header.data_start + at for at in entry["data_offsets"])
+    return file, _InFile(weight, begin, end, entry)
 
 
-def _holders(part: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
-    out: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in part.modules():
-        for attr, param in module.named_parameters(recurse=False):
-            out.setdefault(id(param), []).append((module, attr))
-    return out
-
-
-def _runs(items: list[_InPlace]) -> Iterable[list[_InPlace]]:
+def _runs(items: list[_InFile]) -> Iterable[list[_InFile]]:
     """`items` (in file order) as runs whose neighbours are at most `_GAP` bytes apart."""
     run = items[:1]
     for item in items[1:]:
@@ -390,22 +355,105 @@ def _runs(items: list[_InPlace]) -> Iterable[list[_InPlace]]:
         yield run
 
 
-def _buffer_for(file: str, run: list[_InPlace], holders: dict[int, list[tuple[nn.Module, str]]]) -> _Part:
-    """One aligned buffer for the blocks of `file` that hold `run`'s weights, each weight's parameter replaced by a
-    view of its bytes in it; the read that fills it."""
-    first = run[0].start - run[0].start % direct_io.ALIGNMENT
-    end = run[-1].end
-    staging = direct_io.aligned_buffer(-(-(end - first) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT)
-    for item in run:
-        dtype = _TORCH_DTYPES[item.entry["dtype"]]
-        count = (item.end - item.start) // dtype.itemsize
-        value = torch.frombuffer(staging, dtype=dtype, count=count, offset=item.start - first)
-        value = value.view(tuple(item.entry["shape"]))
-        new = nn.Parameter(value.t() if item.weight.transposed else value, requires_grad=item.param.requires_grad)
-        for module, attr in holders[id(item.param)]:
+def _buffers(wanted: dict[str, list[_InFile]]) -> tuple[list[_Part], dict[str, torch.Tensor]]:
+    """One aligned buffer for the blocks of each run of the wanted weights in their file, and the read that fills
+    it; each weight's view of its bytes there (in our layout: GPT-2's Conv1D weights transposed)."""
+    reads, views = [], {}
+    for file, items in wanted.items():
+        for run in _runs(sorted(items, key=lambda item: item.start)):
+            first, end = run[0].start - run[0].start % direct_io.ALIGNMENT, run[-1].end
+            staging = direct_io.aligned_buffer(-(-(end - first) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT)
+            for item in run:
+                dtype = _TORCH_DTYPES[item.entry["dtype"]]
+                count = (item.end - item.start) // dtype.itemsize
+                value = torch.frombuffer(staging, dtype=dtype, count=count, offset=item.start - first)
+                value = value.view(tuple(item.entry["shape"]))
+                views[item.weight.ours] = value.t() if item.weight.transposed else value
+            whole = torch.frombuffer(staging, dtype=torch.uint8, count=end - run[0].start, offset=run[0].start - first)
+            reads.append(_Part(file, run[0].start, whole, None, staging))
+    return reads, views
+
+
+class Prefetch:
+    """The reads of a folder's whole weights in the default dtype, started before the model they are for is built
+    (where each process will hold every weight whole on the CPU): the build and the placement run while the disk
+    reads. `place_in_read_buffers` makes the parameters views of these buffers."""
+
+    def __init__(self, base: BaseModel) -> None:
+        wanted: dict[str, list[_InFile]] = {}
+        for weight in mf.weight_names(base.args):
+            file, item = _in_file(base, weight)
+            if _TORCH_DTYPES[item.entry["dtype"]] == torch.get_default_dtype() and item.end > item.start:
+                wanted.setdefault(file, []).append(item)
+        parts, self.views = _buffers(wanted)
+        self._descriptors = {file: _open_to_read(base.path / file) for file in wanted}
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="weights")
+        self._chunks = [
+            chunk for part in parts for chunk in _chunk_reads(self._readers, *self._descriptors[part.file], part)
+        ]
+
+    def wait(self) -> None:
+        """Every read done (an error of one raised), the threads and files closed."""
+        try:
+            for chunk in self._chunks:
+                chunk.result()
+        finally:
+            self._readers.shutdown(wait=True, cancel_futures=True)
+            for fd, _ in self._descriptors.values():
+                os.close(fd)
+            self._descriptors = {}
+
+
+@dataclass
+class Placed:
+    """Parameters made views of the buffers their file's bytes are to be read into, and those reads (to start, or
+    started by a Prefetch)."""
+
+    names: set[str] = field(default_factory=set)
+    reads: list[_Part] = field(default_factory=list)
+    prefetch: Prefetch | None = None
+
+
+def place_in_read_buffers(
+    part: nn.Module, base: BaseModel, device: torch.device, prefetch: Prefetch | None = None
+) -> Placed:
+    """Before `part` (on the meta device) is given storage: each whole parameter (not a DTensor) that is to live on
+    the CPU in its file's dtype becomes a view of the page-aligned buffer its bytes are read into (`prefetch`'s
+    where it read them), in every module that holds it (GPT-2's Conv1D weights a transposed view); weights close
+    together in a file share one. Its memory is then written once, by the disk."""
+    placed = Placed(prefetch=prefetch)
+    if device.type != "cpu":
+        return placed
+    slots = parameter_slots(part)
+    params: dict[str, nn.Parameter] = {}
+    wanted: dict[str, list[_InFile]] = {}
+    for weight in mf.weight_names(base.args):
+        param = getattr(*slots[weight.ours]) if weight.ours in slots else None
+        if not isinstance(param, nn.Parameter) or isinstance(param, DTensor) or param.device.type != "meta":
+            continue
+        file, item = _in_file(base, weight)
+        if _TORCH_DTYPES[item.entry["dtype"]] != param.dtype or param.numel() == 0:
+            continue
+        params[weight.ours] = param
+        if prefetch is None or weight.ours not in prefetch.views:
+            wanted.setdefault(file, []).append(item)
+    placed.reads, views = _buffers(wanted)
+    views = {**(prefetch.views if prefetch else {}), **views}
+    holders = _holders(part)
+    for name, param in params.items():
+        new = nn.Parameter(views[name], requires_grad=param.requires_grad)
+        for module, attr in holders[id(param)]:
             module.register_parameter(attr, new)
-    whole = torch.frombuffer(staging, dtype=torch.uint8, count=end - run[0].start, offset=run[0].start - first)
-    return _Part(file, run[0].start, whole, None, staging)
+    placed.names = set(params)
+    return placed
+
+
+def _holders(part: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in part.modules():
+        for attr, param in module.named_parameters(recurse=False):
+            out.setdefault(id(param), []).append((module, attr))
+    return out
 
 
 def empty_rest(part: nn.Module, device: torch.device, placed: Placed) -> None:
@@ -459,7 +507,11 @@ def load_weights(slots: Slots, base: BaseModel, *, some: bool = False, placed: P
         parts.append(
             _Part(file, at, target, functools.partial(_copy, local, target, transposed=weight.transposed), staging)
         )
-    _read_parts(base.path, parts)
+    try:
+        _read_parts(base.path, parts)
+    finally:
+        if placed.prefetch is not None:
+            placed.prefetch.wait()
     return filled
 
 

@@ -42,10 +42,12 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return FOLDERS[request.param](tmp_path_factory.mktemp(request.param))
 
 
-def _ours(path: Path, **hyperparameters: str) -> torch.nn.Module:
-    """The built-in model for a folder as the trainer makes it in a world of one: meta, materialised, loaded."""
+def _ours(path: Path, *, prefetch: bool = False, **hyperparameters: str) -> torch.nn.Module:
+    """The built-in model for a folder as the trainer makes it in a world of one: meta, materialised, loaded
+    (`prefetch`: told it is for the CPU, its reads started before it is built, as the trainer's are)."""
     cfg = from_hyperparameters({"model.init_from": str(path), "seq_len": "64", **hyperparameters})
-    finetune, model = FineTuning.build(cfg, Paths(path))
+    finetune, model = FineTuning.build(cfg, Paths(path), torch.device("cpu") if prefetch else None)
+    assert (finetune.prefetch is not None) == prefetch
     finetune.materialize([model], torch.device("cpu"))
     return model.eval()
 
@@ -387,13 +389,14 @@ def _file_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return {w.ours: tensors[w.hf].t() if w.transposed else tensors[w.hf] for w in mf.weight_names(base.args)}
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_each_weight_is_the_buffer_its_bytes_were_read_into(arch: str, tmp_path: Path) -> None:
-    """Loaded in a world of one, each parameter equals the file's tensor bit for bit, and is where the read put
-    its bytes: at its file offset's place within an aligned block, GPT-2's Conv1D weights as transposed views
-    (not copies), and no two parameters share a storage."""
+def test_each_weight_is_the_buffer_its_bytes_were_read_into(arch: str, prefetch: bool, tmp_path: Path) -> None:
+    """Loaded in a world of one (its reads started before the model is built, or once it is), each parameter
+    equals the file's tensor bit for bit, and is where the read put its bytes: at its file offset's place within an
+    aligned block, GPT-2's Conv1D weights as transposed views (not copies), and no two parameters share a storage."""
     folder = FOLDERS[arch](tmp_path / arch, hidden_size=128) if arch == "llama" else gpt2_folder(tmp_path / arch)
-    model = _ours(folder)
+    model = _ours(folder, prefetch=prefetch)
     expected = _file_tensors(folder)
     params = dict(model.named_parameters())
     assert set(expected) == set(params)
