@@ -460,6 +460,9 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
     import torch  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
+    # The trainer's imports (torch._dynamo among them, which building a model on meta would import within the first
+    # load) are done before any load is timed: a training process has them before it loads its weights.
+    import training.trainer  # noqa: F401, PLC0415
     from training import hf_weights  # noqa: PLC0415
     from training.finetune import FineTuning  # noqa: PLC0415
     from training.models.gpt2 import GPT2  # noqa: PLC0415
@@ -483,7 +486,7 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
                 before = probe.read()
 
                 def load() -> None:
-                    finetune, model = FineTuning.build(cfg, Paths(folder))
+                    finetune, model = FineTuning.build(cfg, Paths(folder), torch.device("cpu"))
                     finetune.materialize([model], torch.device("cpu"))
 
                 seconds, used = _timed(load)

@@ -1,15 +1,18 @@
 """A Hugging Face model folder's weights: read into the built-in model, and the trained model written as one.
 
 Reading is streamed and sharded: after the model is sharded (FSDP2 places each rank's rows of every weight;
-DDP none), each process reads from the safetensors files only the part of each weight it holds, straight
-into its parameter where the file's dtype is the parameter's, else into a buffer of that part alone (then
-converted or transposed into it). The parts are read in 8 MiB chunks, several at once, with O_DIRECT where the
-file system allows: a cold load then runs at the disk's speed (the page cache's small read-ahead halved it on
-the benchmark VM, docs/BENCHMARKS.md); safetensors' own loader maps the whole file, whose page faults read
-it at that pace too, which is why the reads are done here. A part that is not whole rows of the file's tensor
-(a transposed GPT-2 Conv1D weight under FSDP) is read through a memory map, whose reads touch only its pages.
-No process holds a whole file or another rank's part. The folder's layout and checks are
-contract/model_folder.py's.
+DDP none), each process reads from the safetensors files only the part of each weight it holds. A whole weight
+that is to live on the CPU in the file's dtype (a world of one, DDP, a pipeline stage) gets no storage of its
+own: its file's bytes are read into a page-aligned buffer and the parameter is a view of them there, GPT-2's
+Conv1D weights a transposed view (nothing is copied); where the trainer knows that before it builds the model
+(DDP, a world of one), these reads start first (`Prefetch`). Any other part is read straight into its parameter where
+the file's dtype is the parameter's, else into a buffer of that part alone (then converted or transposed into it).
+The reads are of 8 MiB chunks, several at once, with O_DIRECT where the file system allows: a cold load then runs
+at the disk's speed (the page cache's small read-ahead halved it on the benchmark VM, docs/BENCHMARKS.md);
+safetensors' own loader maps the whole file, whose page faults read it at that pace too, which is why the reads
+are done here. A part that is not whole rows of the file's tensor (a transposed GPT-2 Conv1D weight under FSDP)
+is read through a memory map, whose reads touch only its pages. No process holds a whole file or another rank's
+part. The folder's layout and checks are contract/model_folder.py's.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import mmap
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -133,10 +136,14 @@ the model is sharded or wrapped (FSDP2 replaces the parameters, not the modules)
 def parameter_slots(model: nn.Module) -> Slots:
     """Where each of the model's parameters lives (a tied weight once, under its first name), by the model's name
     for it (a block wrapped for activation checkpointing has its wrapper's prefix in its names)."""
-    return {
-        name.replace(_CHECKPOINT_PREFIX, ""): (model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
-        for name, _ in model.named_parameters()
-    }
+    slots: Slots = {}
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():  # named_parameters' order, without a look-up per name
+        for attr, param in module.named_parameters(recurse=False):
+            if id(param) not in seen:
+                seen.add(id(param))
+                slots[f"{prefix}.{attr}".lstrip(".").replace(_CHECKPOINT_PREFIX, "")] = (module, attr)
+    return slots
 
 
 def _bytes(tensor: torch.Tensor) -> memoryview:
@@ -314,15 +321,162 @@ def _strided_part(
     return part.view(torch.bfloat16) if entry["dtype"] == "BF16" else part
 
 
-@torch.no_grad()
-def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> set[str]:
-    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
-    it holds of each weight, read as one range (into the parameter itself where dtypes match). `some`: the slots
-    are a pipeline stage's, which holds some of the weights (else a missing one is a KeyError). The slots it filled."""
-    parts: list[_Part] = []
-    filled = set()
+_GAP = 1 << 20
+"""Weights whose bytes lie at most this far apart in their file share a read buffer (the bytes between are read)."""
+
+
+@dataclass(frozen=True)
+class _InFile:
+    """A whole weight's bytes in its file."""
+
+    weight: mf.WeightName
+    start: int
+    end: int
+    entry: Mapping[str, Any]
+
+
+def _in_file(base: BaseModel, weight: mf.WeightName) -> tuple[str, _InFile]:
+    file, name = base.locate(weight)
+    header = base.headers[file]
+    entry = header.tensors[name]
+    begin, end = (header.data_start + at for at in entry["data_offsets"])
+    return file, _InFile(weight, begin, end, entry)
+
+
+def _runs(items: list[_InFile]) -> Iterable[list[_InFile]]:
+    """`items` (in file order) as runs whose neighbours are at most `_GAP` bytes apart."""
+    run = items[:1]
+    for item in items[1:]:
+        if item.start - run[-1].end > _GAP:
+            yield run
+            run = []
+        run.append(item)
+    if run:
+        yield run
+
+
+def _buffers(wanted: dict[str, list[_InFile]]) -> tuple[list[_Part], dict[str, torch.Tensor]]:
+    """One aligned buffer for the blocks of each run of the wanted weights in their file, and the read that fills
+    it; each weight's view of its bytes there (in our layout: GPT-2's Conv1D weights transposed)."""
+    reads, views = [], {}
+    for file, items in wanted.items():
+        for run in _runs(sorted(items, key=lambda item: item.start)):
+            first, end = run[0].start - run[0].start % direct_io.ALIGNMENT, run[-1].end
+            staging = direct_io.aligned_buffer(-(-(end - first) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT)
+            for item in run:
+                dtype = _TORCH_DTYPES[item.entry["dtype"]]
+                count = (item.end - item.start) // dtype.itemsize
+                value = torch.frombuffer(staging, dtype=dtype, count=count, offset=item.start - first)
+                value = value.view(tuple(item.entry["shape"]))
+                views[item.weight.ours] = value.t() if item.weight.transposed else value
+            whole = torch.frombuffer(staging, dtype=torch.uint8, count=end - run[0].start, offset=run[0].start - first)
+            reads.append(_Part(file, run[0].start, whole, None, staging))
+    return reads, views
+
+
+class Prefetch:
+    """The reads of a folder's whole weights in the default dtype, started before the model they are for is built
+    (where each process will hold every weight whole on the CPU): the build and the placement run while the disk
+    reads. `place_in_read_buffers` makes the parameters views of these buffers."""
+
+    def __init__(self, base: BaseModel) -> None:
+        wanted: dict[str, list[_InFile]] = {}
+        for weight in mf.weight_names(base.args):
+            file, item = _in_file(base, weight)
+            if _TORCH_DTYPES[item.entry["dtype"]] == torch.get_default_dtype() and item.end > item.start:
+                wanted.setdefault(file, []).append(item)
+        parts, self.views = _buffers(wanted)
+        self._descriptors = {file: _open_to_read(base.path / file) for file in wanted}
+        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="weights")
+        self._chunks = [
+            chunk for part in parts for chunk in _chunk_reads(self._readers, *self._descriptors[part.file], part)
+        ]
+
+    def wait(self) -> None:
+        """Every read done (an error of one raised), the threads and files closed."""
+        try:
+            for chunk in self._chunks:
+                chunk.result()
+        finally:
+            self._readers.shutdown(wait=True, cancel_futures=True)
+            for fd, _ in self._descriptors.values():
+                os.close(fd)
+            self._descriptors = {}
+
+
+@dataclass
+class Placed:
+    """Parameters made views of the buffers their file's bytes are to be read into, and those reads (to start, or
+    started by a Prefetch)."""
+
+    names: set[str] = field(default_factory=set)
+    reads: list[_Part] = field(default_factory=list)
+    prefetch: Prefetch | None = None
+
+
+def place_in_read_buffers(
+    part: nn.Module, base: BaseModel, device: torch.device, prefetch: Prefetch | None = None
+) -> Placed:
+    """Before `part` (on the meta device) is given storage: each whole parameter (not a DTensor) that is to live on
+    the CPU in its file's dtype becomes a view of the page-aligned buffer its bytes are read into (`prefetch`'s
+    where it read them), in every module that holds it (GPT-2's Conv1D weights a transposed view); weights close
+    together in a file share one. Its memory is then written once, by the disk."""
+    placed = Placed(prefetch=prefetch)
+    if device.type != "cpu":
+        return placed
+    slots = parameter_slots(part)
+    params: dict[str, nn.Parameter] = {}
+    wanted: dict[str, list[_InFile]] = {}
     for weight in mf.weight_names(base.args):
-        if some and weight.ours not in slots:
+        param = getattr(*slots[weight.ours]) if weight.ours in slots else None
+        if not isinstance(param, nn.Parameter) or isinstance(param, DTensor) or param.device.type != "meta":
+            continue
+        file, item = _in_file(base, weight)
+        if _TORCH_DTYPES[item.entry["dtype"]] != param.dtype or param.numel() == 0:
+            continue
+        params[weight.ours] = param
+        if prefetch is None or weight.ours not in prefetch.views:
+            wanted.setdefault(file, []).append(item)
+    placed.reads, views = _buffers(wanted)
+    views = {**(prefetch.views if prefetch else {}), **views}
+    holders = _holders(part)
+    for name, param in params.items():
+        new = nn.Parameter(views[name], requires_grad=param.requires_grad)
+        for module, attr in holders[id(param)]:
+            module.register_parameter(attr, new)
+    placed.names = set(params)
+    return placed
+
+
+def _holders(part: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in part.modules():
+        for attr, param in module.named_parameters(recurse=False):
+            out.setdefault(id(param), []).append((module, attr))
+    return out
+
+
+def empty_rest(part: nn.Module, device: torch.device, placed: Placed) -> None:
+    """Storage on `device` for every parameter and buffer of `part` still on the meta device (`to_empty` where
+    nothing was placed in read buffers)."""
+    if not placed.names:
+        part.to_empty(device=device)
+        return
+    # to_empty's own walk over the module's tensors, leaving those that have storage.
+    cast(Any, part)._apply(lambda t: torch.empty_like(t, device=device) if t.device.type == "meta" else t)
+
+
+@torch.no_grad()
+def load_weights(slots: Slots, base: BaseModel, *, some: bool = False, placed: Placed | None = None) -> set[str]:
+    """Fill each parameter's local part (after `to_empty`, sharded or not) from the base model's files: the rows
+    it holds of each weight, read as one range (into the parameter itself where dtypes match), and the read buffers
+    `placed` made parameters of. `some`: the slots are a pipeline stage's, which holds some of the weights (else a
+    missing one is a KeyError). The slots it filled."""
+    placed = placed or Placed()
+    parts = list(placed.reads)
+    filled = set(placed.names)
+    for weight in mf.weight_names(base.args):
+        if weight.ours in placed.names or (some and weight.ours not in slots):
             continue
         module, attr = slots[weight.ours]
         filled.add(weight.ours)
@@ -353,7 +507,11 @@ def load_weights(slots: Slots, base: BaseModel, *, some: bool = False) -> set[st
         parts.append(
             _Part(file, at, target, functools.partial(_copy, local, target, transposed=weight.transposed), staging)
         )
-    _read_parts(base.path, parts)
+    try:
+        _read_parts(base.path, parts)
+    finally:
+        if placed.prefetch is not None:
+            placed.prefetch.wait()
     return filled
 
 

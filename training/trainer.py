@@ -142,7 +142,7 @@ class Trainer:
         weights: Weights | None = None
         if cfg.model.init_from:
             # Built on the meta device; its weights are read once it is sharded (training/finetune.py).
-            self.finetune, meta_model = FineTuning.build(cfg, self.paths)
+            self.finetune, meta_model = FineTuning.build(cfg, self.paths, env.device)
             self.model_args, build = self.finetune.base.args, lambda: meta_model
             weights = functools.partial(self.finetune.materialize, device=env.device)
         else:

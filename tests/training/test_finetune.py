@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -41,10 +42,12 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return FOLDERS[request.param](tmp_path_factory.mktemp(request.param))
 
 
-def _ours(path: Path, **hyperparameters: str) -> torch.nn.Module:
-    """The built-in model for a folder as the trainer makes it in a world of one: meta, materialised, loaded."""
+def _ours(path: Path, *, prefetch: bool = False, **hyperparameters: str) -> torch.nn.Module:
+    """The built-in model for a folder as the trainer makes it in a world of one: meta, materialised, loaded
+    (`prefetch`: told it is for the CPU, its reads started before it is built, as the trainer's are)."""
     cfg = from_hyperparameters({"model.init_from": str(path), "seq_len": "64", **hyperparameters})
-    finetune, model = FineTuning.build(cfg, Paths(path))
+    finetune, model = FineTuning.build(cfg, Paths(path), torch.device("cpu") if prefetch else None)
+    assert (finetune.prefetch is not None) == prefetch
     finetune.materialize([model], torch.device("cpu"))
     return model.eval()
 
@@ -280,10 +283,10 @@ def test_lora_trains_only_adapters_that_peft_loads_with_the_merged_logits(tmp_pa
     assert _max_difference(ours, merged.float(), 300) <= 1e-4
 
 
-def _job(root: Path, folder: Path) -> Paths:
+def _job(root: Path, folder: Path, distribution: str) -> Paths:
     hyperparameters = {
         "model.init_from": "base_model",
-        "distribution": "fsdp",
+        "distribution": distribution,
         "seq_len": "96",
         "batch_size": "2",
         "max_steps": "12",
@@ -305,14 +308,25 @@ def test_fsdp_fine_tuning_resumes_exactly_after_a_spot_interruption_and_exports(
     """Two processes (FSDP2) fine-tune the folder; a SIGTERM after a checkpoint, as a spot interruption sends it,
     stops them; the resumed run logs the uninterrupted run's losses exactly, and its export loads in transformers
     with our final model's logits."""
-    reference = _job(tmp_path / "reference", folder)
+    _resumes_exactly_and_exports(folder, tmp_path, "fsdp")
+
+
+@pytest.mark.slow
+def test_ddp_fine_tuning_of_gpt2_resumes_exactly_after_a_spot_interruption(tmp_path: Path) -> None:
+    """As above with DDP, whose parameters are the buffers the folder was read into: GPT-2's Conv1D weights
+    transposed views, in DDP's buckets, the optimizer's states and the checkpoints."""
+    _resumes_exactly_and_exports(gpt2_folder(tmp_path / "gpt2"), tmp_path, "ddp")
+
+
+def _resumes_exactly_and_exports(folder: Path, tmp_path: Path, distribution: str) -> None:
+    reference = _job(tmp_path / "reference", folder, distribution)
     env = clean_env(reference.root, TRAINING_NPROC_PER_NODE="2", TRAINING_MASTER_ADDR="127.0.0.1")
     result = run(launcher(), {**env, "TRAINING_MASTER_PORT": str(free_port())}, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     expected = step_losses(result.stdout)
     assert sorted(expected) == list(range(1, 13))
 
-    paths = _job(tmp_path / "interrupted", folder)
+    paths = _job(tmp_path / "interrupted", folder, distribution)
     env = clean_env(paths.root, TRAINING_NPROC_PER_NODE="2", TRAINING_MASTER_ADDR="127.0.0.1")
     status, log = run_until(
         launcher(),
@@ -364,3 +378,102 @@ def test_prepared_examples_train_as_the_jsonl_they_came_from(tmp_path: Path) -> 
     shutil.copytree(folder, paths.channel("base_model"))
     completed, log = run_in_process(paths.root, {**_HYPERPARAMETERS})
     assert completed and step_losses(log) == step_losses(from_jsonl) and len(step_losses(log)) == 5
+
+
+def _file_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights under our names and in our layout, as safetensors reads them."""
+    base = hf_weights.open_base_model(folder)
+    tensors = {}
+    for file in base.headers:
+        tensors.update(load_file(str(folder / file)))
+    return {w.ours: tensors[w.hf].t() if w.transposed else tensors[w.hf] for w in mf.weight_names(base.args)}
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_each_weight_is_the_buffer_its_bytes_were_read_into(arch: str, prefetch: bool, tmp_path: Path) -> None:
+    """Loaded in a world of one (its reads started before the model is built, or once it is), each parameter
+    equals the file's tensor bit for bit, and is where the read put its bytes: at its file offset's place within an
+    aligned block, GPT-2's Conv1D weights as transposed views (not copies), and no two parameters share a storage."""
+    folder = FOLDERS[arch](tmp_path / arch, hidden_size=128) if arch == "llama" else gpt2_folder(tmp_path / arch)
+    model = _ours(folder, prefetch=prefetch)
+    expected = _file_tensors(folder)
+    params = dict(model.named_parameters())
+    assert set(expected) == set(params)
+    base = hf_weights.open_base_model(folder)
+    storages = set()
+    for weight in mf.weight_names(base.args):
+        param = params[weight.ours]
+        assert torch.equal(param, expected[weight.ours]), weight.ours
+        assert param.dtype == expected[weight.ours].dtype
+        file, name = base.locate(weight)
+        header = base.headers[file]
+        start = header.data_start + header.tensors[name]["data_offsets"][0]
+        assert param.data_ptr() % 4096 == start % 4096, weight.ours
+        assert param.is_contiguous() != weight.transposed, weight.ours
+        storages.add(param.untyped_storage().data_ptr())
+    assert len(storages) == len(params)
+    assert any(w.transposed for w in mf.weight_names(base.args)) == (arch == "gpt2")
+
+
+def _fsdp_reads(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, int]], Any]:
+    """The byte ranges of the folder's file that rank `rank` of two reads when FSDP2 shards the model, and the
+    model (a fake process group: no other process; the reads are this one's)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    reads: list[tuple[int, int]] = []
+    preadv = os.preadv
+
+    def counted(fd: int, buffers: list[Any], offset: int, *rest: Any) -> int:
+        got = preadv(fd, buffers, offset, *rest)
+        reads.append((offset, offset + got))
+        return got
+
+    monkeypatch.setattr(os, "preadv", counted)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+    try:
+        cfg = from_hyperparameters({"model.init_from": str(folder), "seq_len": "64", "distribution": "fsdp"})
+        finetune, model = FineTuning.build(cfg, Paths(folder))
+        mesh = init_device_mesh("cpu", (2,))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        finetune.materialize([model], torch.device("cpu"))
+        return reads, model
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_fsdp_each_rank_reads_only_the_rows_it_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks' reads (counted per rank) of a Llama folder sharded by FSDP2: each only the blocks of its own rows
+    of each weight, together the file's weights once, and each rank's part equal to the file's rows."""
+    from torch.distributed.tensor import DTensor
+
+    folder = llama_folder(tmp_path / "llama", hidden_size=512, intermediate_size=1024, tokenizer=False)
+    base = hf_weights.open_base_model(folder)
+    ((_, header),) = base.headers.items()
+    expected = _file_tensors(folder)
+    block = 4096
+    read_per_rank = []
+    for rank in (0, 1):
+        reads, model = _fsdp_reads(folder, rank, monkeypatch)
+        held: list[tuple[int, int]] = []  # the blocks of the rows this rank holds, of every weight
+        for weight in mf.weight_names(base.args):
+            param = model.get_parameter(weight.ours)
+            assert isinstance(param, DTensor)
+            local, shape, offset = hf_weights.local_part(param)
+            rows = slice(offset[0], offset[0] + shape[0])
+            assert torch.equal(local, expected[weight.ours][rows]), weight.ours
+            entry = header.tensors[base.locate(weight)[1]]
+            row = local.element_size() * int(torch.tensor(entry["shape"][1:]).prod())
+            start = header.data_start + entry["data_offsets"][0] + offset[0] * row
+            held.append((start // block * block, -(-(start + shape[0] * row) // block) * block))
+        assert reads
+        for begin, end in reads:
+            assert any(b <= begin and end <= e for b, e in held), (rank, begin, end)
+        read_per_rank.append(sum(end - begin for begin, end in reads))
+    weights = sum(t.numel() * t.element_size() for t in expected.values())
+    assert all(0.45 * weights <= read <= 0.55 * weights for read in read_per_rank), (read_per_rank, weights)
