@@ -573,6 +573,7 @@ class LocalPlatform:
             moto_fixes.retry_intervals_on(clock),
             moto_fixes.approval_timeouts_on(clock),
             moto_fixes.sdk_results_as_json(),
+            moto_fixes.start_execution_as_step_functions_calls_it(),
             moto_fixes.sdk_service_error_names(),
             moto_fixes.sdk_generic_error_names(),
             moto_fixes.execution_start_time_as_iso(),

@@ -27,6 +27,9 @@ from moto.stepfunctions.parser.asl.component.state.exec import execute_state
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
     state_task_service_aws_sdk as sdk,
 )
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_sfn as optimized_sfn,
+)
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -323,6 +326,23 @@ def sdk_results_as_json() -> Any:
         env.stack[-1] = _to_pascal_case(json.loads(to_json_str(env.stack[-1])), operation.output_shape)
 
     return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", eval_service_task)
+
+
+def start_execution_as_step_functions_calls_it() -> Any:
+    """moto's optimized Step Functions integration (states:startExecution) passes the task's parameters to boto3 as
+    written and gives back boto3's answer; Step Functions takes and gives them in PascalCase (`StateMachineArn`,
+    `ExecutionArn`, `StartDate`), as the SDK integrations do (`sdk_results_as_json`)."""
+    original = optimized_sfn.StateTaskServiceSfn._eval_service_task
+
+    def eval_service_task(
+        task: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict[str, Any], **kwargs: Any
+    ) -> None:
+        operation = _operation_model("stepfunctions", task._get_boto_service_action())
+        parameters = _to_member_names(normalised_parameters, operation.input_shape)
+        original(task, env=env, resource_runtime_part=resource_runtime_part, normalised_parameters=parameters, **kwargs)
+        env.stack[-1] = _to_pascal_case(json.loads(to_json_str(env.stack[-1])), operation.output_shape)
+
+    return mock.patch.object(optimized_sfn.StateTaskServiceSfn, "_eval_service_task", eval_service_task)
 
 
 def _operation_model(service: str, action: str) -> Any:

@@ -1,0 +1,97 @@
+"""Whether an execution was truly handed a run: the proof a hand-over input must pass before its state is trusted.
+
+A hand-over input (`{"handover": {"from": <execution ARN>, "state": {...}}}`) says that another execution of this
+state machine made its budget of polls and started this one to follow the same job (stacks/pipeline/polled_job.py).
+Anyone who may start executions can write such an input; trusting it would let them skip Validate and the approval
+gates. It is accepted only when the `from` execution is of the same state machine, is running or has succeeded, and
+its history holds the StartExecution task that started the reading execution: its state is then read from that
+task's own parameters in the history, never from the input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from contract.execution_state import HandOver
+from lambdas.shared.errors import TransientError
+
+STARTED = ("TaskSucceeded", "TaskSubmitted")
+"""The history events whose output is a StartExecution's answer, which names the execution it started."""
+STARTING = "startExecution"
+HANDED_OVER_FROM = ("RUNNING", "SUCCEEDED")
+"""What the execution that hands a run over is while, and just after, it does."""
+
+
+class HandOverRefused(Exception):  # noqa: N818 - the name is the execution's error
+    """A hand-over input that its `from` execution's history does not prove: the run is refused."""
+
+
+def state_machine_of(execution: str) -> str:
+    """The state machine an execution ARN (`arn:<p>:states:<r>:<a>:execution:<machine>:<name>`) is of."""
+    parts = execution.split(":")
+    if len(parts) != 8 or parts[2] != "states" or parts[5] != "execution":
+        raise HandOverRefused(f"{execution!r} is not a Step Functions execution ARN")
+    return ":".join([*parts[:5], "stateMachine", parts[6]])
+
+
+def proven_state(sfn: Any, claim: HandOver, reader: str) -> dict[str, Any]:
+    """The state the `from` execution handed to `reader`, read from its history; HandOverRefused when it did not."""
+    source = claim.from_
+    if state_machine_of(source) != state_machine_of(reader):
+        raise HandOverRefused(
+            f"hand-over refused: {source} is not an execution of this state machine "
+            f"({state_machine_of(reader)}); start a run with a training input instead"
+        )
+    status = sfn.describe_execution(executionArn=source)["status"]
+    if status not in HANDED_OVER_FROM:
+        raise HandOverRefused(f"hand-over refused: {source} is {status}, and only a running execution hands a run over")
+    state = _handed_state(sfn, source, reader)
+    if state is None:
+        if status == "RUNNING":
+            # It runs, and may not have recorded its StartExecution's answer yet: a moment later it has.
+            raise TransientError(f"{source} has not recorded starting {reader} yet")
+        raise HandOverRefused(
+            f"hand-over refused: {source} never started {reader}; start a run with a training input instead"
+        )
+    return state
+
+
+def _handed_state(sfn: Any, source: str, reader: str) -> dict[str, Any] | None:
+    """The state `source`'s StartExecution task handed to `reader`, or None when no such task started it."""
+    scheduled: dict[int, dict[str, Any]] = {}
+    for page in sfn.get_paginator("get_execution_history").paginate(executionArn=source):
+        for event in page["events"]:
+            details = event.get("taskScheduledEventDetails")
+            if details and details.get("resource") == STARTING:
+                scheduled[event["id"]] = json.loads(details["parameters"])
+                continue
+            if event["type"] not in STARTED:
+                continue
+            answer = event.get(f"{event['type'][0].lower()}{event['type'][1:]}EventDetails", {})
+            if answer.get("resource") != STARTING or _started(answer.get("output")) != reader:
+                continue
+            parameters = _scheduled_before(scheduled, event)
+            if parameters is not None:
+                return HandOver.model_validate(_as_json(parameters.get("Input"))["handover"]).state
+    return None
+
+
+def _started(output: str | None) -> str | None:
+    answer = _as_json(output)
+    return answer.get("ExecutionArn") if isinstance(answer, dict) else None
+
+
+def _scheduled_before(scheduled: dict[int, dict[str, Any]], event: dict[str, Any]) -> dict[str, Any] | None:
+    """The parameters of the StartExecution task whose answer `event` is: the newest scheduled before it."""
+    earlier = [eid for eid in scheduled if eid < event["id"]]
+    return scheduled[max(earlier)] if earlier else None
+
+
+def _as_json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None

@@ -1,0 +1,103 @@
+"""A run whose polling would outlive its execution's history goes on in a new execution (stacks/pipeline/handover.py),
+executed by moto's Step Functions engine with an execution's budget of polls lowered to 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.backends.scripted import Poll
+from tests.conftest import platform_context
+from tests.pipeline.conftest import COMPLETED, Pipeline
+
+BUDGET = 3
+
+
+@pytest.fixture(scope="module")
+def handing_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from stacks.app_builder import build_platform
+
+    context = platform_context()
+    context["platform"].setdefault("pipeline", {})["polls_per_execution"] = BUDGET
+    outdir = tmp_path_factory.mktemp("handover")
+    build_platform(context, outdir=str(outdir)).synth()
+    return outdir
+
+
+def _executions(pipeline: Pipeline) -> list[dict[str, Any]]:
+    sfn = pipeline.local.sfn
+    listed = sfn.list_executions(stateMachineArn=pipeline.local.state_machine_arn)["executions"]
+    return sorted(listed, key=lambda e: e["startDate"])
+
+
+def _live(pipeline: Pipeline, name: str, timeout: float = 120) -> str:
+    """The ARN of the execution called `name` once it has started."""
+    arns: list[str] = []
+
+    def started() -> bool:
+        arns[:] = [e["executionArn"] for e in _executions(pipeline) if e["name"] == name]
+        return bool(arns)
+
+    first = _executions(pipeline)[0]["executionArn"]
+    pipeline.local.wait(first, timeout, until=started)
+    return arns[0]
+
+
+def test_a_run_crosses_three_executions_to_its_end_with_one_job_and_one_approval(
+    open_platform: Any, handing_assembly: Path
+) -> None:
+    # 7 polls of a running job, then its end: polls 1-3 in the first execution, 4-6 in the second, 7-8 in the third.
+    pipeline = open_platform(handing_assembly, [[*[Poll()] * 7, COMPLETED]])
+    first = pipeline.start(pipeline.input(), name="long-run")
+    assert pipeline.finish(first)["status"] == "SUCCEEDED", pipeline.local.explain(first)
+    handed = json.loads(pipeline.local.sfn.describe_execution(executionArn=first)["output"])
+    base = pipeline.training.created_names[0].rsplit("-", 1)[0]
+    assert handed["run"]["execution"] == first and handed["run"]["handovers"] == 1
+    assert handed["continues_in"].endswith(f":{base}-handover-1")
+    second = handed["continues_in"]
+    assert pipeline.finish(second)["status"] == "SUCCEEDED"
+    third = json.loads(pipeline.local.sfn.describe_execution(executionArn=second)["output"])["continues_in"]
+    assert third.endswith(f":{base}-handover-2")
+    pipeline.run_until(third, "Approval gate (promotion)")
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(third)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+
+    assert len(pipeline.training.created_names) == 1  # the same job, followed by three executions
+    entered = pipeline.local.states_entered(third)
+    assert entered[:3] == ["Handed over?", "Take over the run", "Continue which loop?"]
+    assert "Validate request" not in entered and "Create training job (instance storage)" not in entered
+    assert entered.count("Check progress") == 2
+    assert "Model promoted" in entered
+    # Each execution made its polls, the last one its remaining two.
+    assert [pipeline.local.states_entered(arn).count("Check progress") for arn in (first, second)] == [3, 3]
+    runs = pipeline.local.messages("TopicsRuns")
+    assert [m["MessageAttributes"]["kind"]["Value"] for m in runs] == ["approval", "run"]
+    success = json.loads(runs[-1]["Message"])
+    assert success["execution"] == first  # the run is named by its first execution
+    (package,) = pipeline.model_packages()
+    assert package["ModelApprovalStatus"] == "Approved"
+    assert pipeline.lineage()["execution"] == first
+
+
+def test_a_hand_over_no_execution_made_is_refused(open_platform: Any, handing_assembly: Path) -> None:
+    pipeline = open_platform(handing_assembly, [[*[Poll()] * 50]])
+    running = pipeline.start(pipeline.input(), name="victim")
+    pipeline.run_until(running, "Check progress")
+    state = {"request": {"job_name_base": "x"}, "run": {"execution": running, "loop": "Wait for training"}}
+    for name, source in (
+        ("forged-running", running),  # a real, running execution that never started it
+        ("forged-elsewhere", running.replace(":execution:", ":execution:other-machine-").rsplit(":", 1)[0] + ":x"),
+    ):
+        forged = pipeline.local.start({"handover": {"from": source, "state": state}}, name=name, requester=None)
+        described = pipeline.finish(forged)
+        assert described["status"] == "FAILED"
+        assert pipeline.error(described)[0] == "HandOverRefused"
+        assert "hand-over refused" in pipeline.error(described)[1]
+        entered = pipeline.local.states_entered(forged)
+        assert "Wait for training" not in entered and "Validate request" not in entered
+    assert len(pipeline.training.created_names) == 1
+    pipeline.local.sfn.stop_execution(executionArn=running, error="Test", cause="done")
