@@ -27,6 +27,7 @@ logger = Logger(service="training-platform")
 UNTOLD = {
     "NothingToContinueError": "the run resume_from names has no checkpoint to resume from",
     "DecisionNotRecorded": "a gate's decision was not recorded by the decision function (the run was stopped)",
+    "HandOverRefused": "the execution the run was handed over to could not go on with it (stacks/pipeline/handover.py)",
 }
 """The errors of the state machine's Fail states that no notification precedes, and what they mean."""
 RUNTIME = "States."
