@@ -11,11 +11,15 @@ task's own parameters in the history, never from the input.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from contract.execution_state import HandOver
 from lambdas.shared.errors import TransientError
 
+HANDED_OVER_NAME = re.compile(r"-handover-\d+$")
+"""How an execution a run was handed over to is named: `<job_name_base>-handover-<n>`."""
 STARTED = ("TaskSucceeded", "TaskSubmitted")
 """The history events whose output is a StartExecution's answer, which names the execution it started."""
 STARTING = "startExecution"
@@ -95,3 +99,26 @@ def _as_json(text: Any) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return None
+
+
+@dataclass(frozen=True)
+class FirstExecution:
+    """The run an execution goes on with: its first execution, when that started, and its job_name_base."""
+
+    execution: str
+    start_date: Any
+    job_name_base: str
+
+
+def first_execution(sfn: Any, execution: str) -> FirstExecution | None:
+    """For an execution a run was proven handed over to, the run's first execution (whose ARN its jobs are tagged
+    with); None for any other execution. A cleanup of an ended execution stops the jobs it followed by this."""
+    if not HANDED_OVER_NAME.search(execution):
+        return None
+    given = _as_json(sfn.describe_execution(executionArn=execution).get("input"))
+    if not isinstance(given, dict) or not isinstance(given.get("handover"), dict):
+        return None
+    state = proven_state(sfn, HandOver.model_validate(given["handover"]), execution)
+    first = str(state["run"]["execution"])
+    started = sfn.describe_execution(executionArn=first)["startDate"]
+    return FirstExecution(first, started, str(state["request"]["job_name_base"]))

@@ -54,6 +54,7 @@ class HandOver(Construct):
             # The answer replaces the state: the proven state of the execution that handed the run over.
             "$",
         )
+        self._cleanups: list[PlatformFunction] = []
         self._continue = sfn.Choice(self, "Continue which loop?")
         self._continue.otherwise(
             sfn.Fail(self, "No such polling loop", error="HandOverRefused", cause="the hand-over names no loop")
@@ -110,8 +111,14 @@ class HandOver(Construct):
         )
         return count.next(start).next(answer).next(sfn.Succeed(scope, names("Run goes on in a new execution")))
 
+    def cleans_up(self, cleanup: PlatformFunction) -> None:
+        """`cleanup` (a backend's) cleans up ended executions: of one a run was handed over to, it reads the proof,
+        and stops the jobs of the run's first execution (lambdas/jobs/prune.py `ended_execution`)."""
+        self._cleanups.append(cleanup)
+
     def bind(self, state_machine: sfn.StateMachine, execution_key: ExecutionDataKey) -> None:
-        """The state machine may start executions of itself (no other); TakeOver reads the one that handed over."""
+        """The state machine may start executions of itself (no other); TakeOver reads the one that handed over,
+        and so does each backend's cleanup."""
         state_machine.add_to_role_policy(
             iam.PolicyStatement(
                 sid="HandRunsOver", actions=["states:StartExecution"], resources=[self.state_machine_arn]
@@ -124,6 +131,14 @@ class HandOver(Construct):
             state_machine,
             why="The execution a hand-over names, which is one of this state machine's.",
         )
+        for cleanup in self._cleanups:
+            execution_key.allow_reading_executions(
+                cleanup,
+                "ReadHandedOverRuns",
+                cleanup.role,
+                state_machine,
+                why="An ended execution a run was handed over to, and the one that handed it over.",
+            )
 
     @property
     def functions(self) -> list[PlatformFunction]:

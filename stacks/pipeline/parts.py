@@ -149,6 +149,9 @@ class HandOverLoops(Protocol):
         self, scope: Construct, names: Callable[[str], str], wait: sfn.Wait, stop: sfn.IChainable
     ) -> sfn.IChainable: ...
 
+    def cleans_up(self, cleanup: PlatformFunction) -> None:
+        """`cleanup` stops the jobs of ended executions: those a run was handed over to too."""
+
 
 @dataclass(frozen=True)
 class StepParts:

@@ -491,6 +491,8 @@ def cleanup_function(
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadLedgerRecords", actions=["s3:GetObject"], resources=[records])
     )
+    if parts.handover is not None:
+        parts.handover.cleans_up(cleanup)
     acknowledge_wildcard(cleanup.role, manifests, "Reads the manifests of the ended run's checkpoints to judge them.")
     acknowledge_wildcard(cleanup.role, records, "Reads the ended run's ledger records to judge its checkpoints.")
     return cleanup, queue, superseded

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from localrun.backends.scripted import Poll
+from localrun.aws.clock import Clock
+from localrun.aws.engine import LocalPlatform
+from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline
 
@@ -101,3 +103,35 @@ def test_a_hand_over_no_execution_made_is_refused(open_platform: Any, handing_as
         assert "Wait for training" not in entered and "Validate request" not in entered
     assert len(pipeline.training.created_names) == 1
     pipeline.local.sfn.stop_execution(executionArn=running, error="Test", cause="done")
+
+
+def test_tp_stop_of_a_handed_over_run_stops_its_live_execution_and_its_job(
+    handing_assembly: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.tools.test_tp import _wired
+
+    # Each Wait a few seconds: the live execution is stopped between its polls, as a person would.
+    training = ScriptedTraining(scripts=[[Poll()]])
+    local = LocalPlatform(handing_assembly, training=training, clock=Clock(wait_scale=0.01))
+    pipeline = _wired(Pipeline(local.__enter__(), training), monkeypatch)
+    try:
+        _stop_the_live_execution(pipeline)
+    finally:
+        local.__exit__(None, None, None)
+
+
+def _stop_the_live_execution(pipeline: Pipeline) -> None:
+    from tests.tools.test_tp import _answer, tp
+
+    first = pipeline.start(pipeline.input(), name="stopped-later")
+    assert pipeline.finish(first)["status"] == "SUCCEEDED"
+    live = json.loads(pipeline.local.sfn.describe_execution(executionArn=first)["output"])["continues_in"]
+    pipeline.run_until(live, "Check progress")
+    result = tp("stop", "stopped-later", "--reason", "enough", "--json")
+    assert result.exit_code == 0, result.output
+    assert _answer(result.stdout)["execution_arn"] == live
+    assert pipeline.finish(live)["status"] == "ABORTED"
+    # The ended execution's cleanup (EventBridge) stops the job its run's first execution created.
+    pipeline.local.wait(live, 30, until=lambda: bool(pipeline.local.events.deliveries))
+    pipeline.local.events.drain()
+    assert pipeline.training.stopped_names == pipeline.jobs() != []
