@@ -50,46 +50,44 @@ def proven_state(sfn: Any, claim: HandOver, reader: str) -> dict[str, Any]:
     status = sfn.describe_execution(executionArn=source)["status"]
     if status not in HANDED_OVER_FROM:
         raise HandOverRefused(f"hand-over refused: {source} is {status}, and only a running execution hands a run over")
-    state = _handed_state(sfn, source, reader)
-    if state is None:
-        if status == "RUNNING":
-            # It runs, and may not have recorded its StartExecution's answer yet: a moment later it has.
-            raise TransientError(f"{source} has not recorded starting {reader} yet")
-        raise HandOverRefused(
-            f"hand-over refused: {source} never started {reader}; start a run with a training input instead"
-        )
-    return state
+    state, pending = _handed_state(sfn, source, reader)
+    if state is not None:
+        return state
+    if status == "RUNNING" and pending:
+        # It is starting an execution and has not recorded the answer yet: a moment later it has.
+        raise TransientError(f"{source} has not recorded whom its StartExecution started yet")
+    raise HandOverRefused(
+        f"hand-over refused: {source} never started {reader}; start a run with a training input instead"
+    )
 
 
-def _handed_state(sfn: Any, source: str, reader: str) -> dict[str, Any] | None:
-    """The state `source`'s StartExecution task handed to `reader`, or None when no such task started it."""
+def _handed_state(sfn: Any, source: str, reader: str) -> tuple[dict[str, Any] | None, bool]:
+    """The state `source`'s StartExecution task handed to `reader` (None when no such task started it), and whether
+    a StartExecution task of `source` awaits its answer."""
     scheduled: dict[int, dict[str, Any]] = {}
+    answered: set[int] = set()
     for page in sfn.get_paginator("get_execution_history").paginate(executionArn=source):
         for event in page["events"]:
             details = event.get("taskScheduledEventDetails")
             if details and details.get("resource") == STARTING:
                 scheduled[event["id"]] = json.loads(details["parameters"])
                 continue
-            if event["type"] not in STARTED:
+            if not event["type"].startswith("Task") or not scheduled:
                 continue
             answer = event.get(f"{event['type'][0].lower()}{event['type'][1:]}EventDetails", {})
-            if answer.get("resource") != STARTING or _started(answer.get("output")) != reader:
+            if answer.get("resource") != STARTING or event["type"] in ("TaskStarted", "TaskScheduled"):
                 continue
-            parameters = _scheduled_before(scheduled, event)
-            if parameters is not None:
-                return HandOver.model_validate(_as_json(parameters.get("Input"))["handover"]).state
-    return None
+            task = max(eid for eid in scheduled if eid < event["id"])
+            answered.add(task)
+            if event["type"] in STARTED and _started(answer.get("output")) == reader:
+                handed = HandOver.model_validate(_as_json(scheduled[task].get("Input"))["handover"])
+                return handed.state, False
+    return None, bool(set(scheduled) - answered)
 
 
 def _started(output: str | None) -> str | None:
     answer = _as_json(output)
     return answer.get("ExecutionArn") if isinstance(answer, dict) else None
-
-
-def _scheduled_before(scheduled: dict[int, dict[str, Any]], event: dict[str, Any]) -> dict[str, Any] | None:
-    """The parameters of the StartExecution task whose answer `event` is: the newest scheduled before it."""
-    earlier = [eid for eid in scheduled if eid < event["id"]]
-    return scheduled[max(earlier)] if earlier else None
 
 
 def _as_json(text: Any) -> Any:

@@ -280,6 +280,31 @@ def stopped_executions_keep_error_and_cause() -> Any:
     return mock.patch.object(StepFunctionResponse, "stop_execution", stop_execution)
 
 
+HISTORY_PAGE = 100
+"""GetExecutionHistory's page without `maxResults` (Step Functions' default; it allows up to 1000)."""
+
+
+def execution_history_in_pages() -> Any:
+    """moto answers GetExecutionHistory with every event at once; Step Functions pages it: at most `maxResults`
+    events (HISTORY_PAGE without it), in the order asked for (`reverseOrder`), and a `nextToken` for the rest."""
+    original = StepFunctionResponse.get_execution_history
+
+    def get_execution_history(response: Any) -> Any:
+        answer = original(response)
+        history: Any = answer.result
+        events = list(history["events"] if isinstance(history, dict) else history)
+        if response._get_param("reverseOrder"):
+            events.reverse()
+        start = int(response._get_param("nextToken") or 0)
+        size = int(response._get_param("maxResults") or HISTORY_PAGE)
+        page: dict[str, Any] = {"events": events[start : start + size]}
+        if start + size < len(events):
+            page["nextToken"] = str(start + size)
+        return type(answer)(page)
+
+    return mock.patch.object(StepFunctionResponse, "get_execution_history", get_execution_history)
+
+
 # -- Step Functions: definitions -------------------------------------------------------------------
 _VALID_DEFINITIONS: set[str] = set()
 

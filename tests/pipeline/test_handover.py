@@ -3,7 +3,9 @@ executed by moto's Step Functions engine with an execution's budget of polls low
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +87,26 @@ def test_a_run_crosses_three_executions_to_its_end_with_one_job_and_one_approval
     assert pipeline.lineage()["execution"] == first
 
 
-def test_a_hand_over_no_execution_made_is_refused(open_platform: Any, handing_assembly: Path) -> None:
-    pipeline = open_platform(handing_assembly, [[*[Poll()] * 50]])
+@contextlib.contextmanager
+def _platform(assembly: Path, scripts: list[list[Poll]], *, wait_scale: float) -> Iterator[Pipeline]:
+    """The handing platform with Wait states at `wait_scale` of their time."""
+    training = ScriptedTraining(scripts=scripts)
+    local = LocalPlatform(assembly, training=training, clock=Clock(wait_scale=wait_scale))
+    try:
+        yield Pipeline(local.__enter__(), training)
+    finally:
+        local.__exit__(None, None, None)
+
+
+def test_a_hand_over_no_execution_made_is_refused(handing_assembly: Path) -> None:
+    # The run it names waits out its first Wait (300 s) meanwhile: running, and handing nothing over.
+    with _platform(handing_assembly, [[Poll()]], wait_scale=1.0) as pipeline:
+        _refused(pipeline)
+
+
+def _refused(pipeline: Pipeline) -> None:
     running = pipeline.start(pipeline.input(), name="victim")
-    pipeline.run_until(running, "Check progress")
+    pipeline.run_until(running, "Wait for training")
     state = {"request": {"job_name_base": "x"}, "run": {"execution": running, "loop": "Wait for training"}}
     for name, source in (
         ("forged-running", running),  # a real, running execution that never started it
@@ -102,7 +120,6 @@ def test_a_hand_over_no_execution_made_is_refused(open_platform: Any, handing_as
         entered = pipeline.local.states_entered(forged)
         assert "Wait for training" not in entered and "Validate request" not in entered
     assert len(pipeline.training.created_names) == 1
-    pipeline.local.sfn.stop_execution(executionArn=running, error="Test", cause="done")
 
 
 def test_tp_stop_of_a_handed_over_run_stops_its_live_execution_and_its_job(
@@ -111,13 +128,8 @@ def test_tp_stop_of_a_handed_over_run_stops_its_live_execution_and_its_job(
     from tests.tools.test_tp import _wired
 
     # Each Wait a few seconds: the live execution is stopped between its polls, as a person would.
-    training = ScriptedTraining(scripts=[[Poll()]])
-    local = LocalPlatform(handing_assembly, training=training, clock=Clock(wait_scale=0.01))
-    pipeline = _wired(Pipeline(local.__enter__(), training), monkeypatch)
-    try:
-        _stop_the_live_execution(pipeline)
-    finally:
-        local.__exit__(None, None, None)
+    with _platform(handing_assembly, [[Poll()]], wait_scale=0.01) as pipeline:
+        _stop_the_live_execution(_wired(pipeline, monkeypatch))
 
 
 def _stop_the_live_execution(pipeline: Pipeline) -> None:
