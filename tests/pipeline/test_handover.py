@@ -14,21 +14,7 @@ import pytest
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
-from tests.conftest import platform_context
 from tests.pipeline.conftest import COMPLETED, Pipeline
-
-BUDGET = 3
-
-
-@pytest.fixture(scope="module")
-def handing_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from stacks.app_builder import build_platform
-
-    context = platform_context()
-    context["platform"].setdefault("pipeline", {})["polls_per_execution"] = BUDGET
-    outdir = tmp_path_factory.mktemp("handover")
-    build_platform(context, outdir=str(outdir)).synth()
-    return outdir
 
 
 def _executions(pipeline: Pipeline) -> list[dict[str, Any]]:
