@@ -120,3 +120,11 @@ def first_execution(sfn: Any, execution: str) -> FirstExecution | None:
     first = str(state["run"]["execution"])
     started = sfn.describe_execution(executionArn=first)["startDate"]
     return FirstExecution(first, started, str(state["request"]["job_name_base"]))
+
+
+def handed_run(sfn: Any, execution: str) -> FirstExecution | None:
+    """`first_execution`, and None for an execution whose hand-over was refused (it ran nothing of a run)."""
+    try:
+        return first_execution(sfn, execution)
+    except HandOverRefused:
+        return None

@@ -14,7 +14,7 @@ from contract.execution_state import EndedRun
 from contract.layout import run_checkpoints, run_of
 from contract.service_requests import EXECUTION_TAG
 from contract.stored_checkpoints import list_checkpoints, newest_per_location
-from lambdas.handover.proof import first_execution
+from lambdas.handover.proof import handed_run
 from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.validate.request import run_identity, start_time
 
@@ -89,7 +89,7 @@ def ended_execution(event: EndedRun | ExecutionEnded, sfn: Any = None) -> Ended:
     (lambdas/handover/proof.py; `sfn`: the Step Functions client that reads the proof)."""
     if isinstance(event, ExecutionEnded):
         execution = event.detail.executionArn
-        first = first_execution(sfn, execution) if sfn is not None else None
+        first = handed_run(sfn, execution) if sfn is not None else None
         if first is not None:
             started = start_time(round(first.start_date.timestamp() * 1000))
             return Ended(first.execution, first.job_name_base, run_identity(first.execution, started))

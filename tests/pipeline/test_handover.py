@@ -133,3 +133,7 @@ def _stop_the_live_execution(pipeline: Pipeline) -> None:
     pipeline.local.wait(live, 30, until=lambda: bool(pipeline.local.events.deliveries))
     pipeline.local.events.drain()
     assert pipeline.training.stopped_names == pipeline.jobs() != []
+    # TellEndedRun names the run by its first execution, and the execution that was stopped.
+    (told,) = [m for m in pipeline.local.messages("TopicsRuns") if m["Subject"].startswith("Training run ended")]
+    body = json.loads(told["Message"])
+    assert (body["execution"], body["ended_execution"], body["status"]) == (first, live, "ABORTED")
