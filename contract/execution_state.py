@@ -388,6 +388,11 @@ class JobProgress(_Model):
     has waited (lambdas/jobs/pacing.py)."""
     preemptions: int = 0
     """How often the scheduler preempted the team's service job (each time it resumed from the checkpoints)."""
+    polls: int = 0
+    """The polls this execution has made of the run's jobs, this one included (lambdas/jobs/pacing.py)."""
+    hand_over: bool = False
+    """The execution has made its budget of polls (`Poll.polls_per_execution`): the run goes on in a new execution
+    (stacks/pipeline/polled_job.py), which follows the same job."""
     run_cost: JobCost | None = None
     """What the run's jobs cost so far: this job's `cost` and every earlier attempt's (`Poll.billed`), summed. Set
     once the job has finished; what the run's lineage records as its cost, and what the next attempt carries on."""
@@ -533,6 +538,8 @@ class Attempt(_Model):
     """A team's service job: what the attempt submits."""
     billed: JobCost | None = None
     """What the earlier attempts' jobs cost, summed (their last poll's `run_cost`; None on the first attempt)."""
+    polls: int = 0
+    """The polls this execution made of the earlier attempts' jobs: the new attempt's count goes on from it."""
 
 
 class LastPoll(BaseModel):
@@ -541,6 +548,8 @@ class LastPoll(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     stale_warned: bool = False
+    polls: int = 0
+    """The polls this execution has made so far (`JobProgress.polls`)."""
 
 
 class Poll(_Model):
@@ -554,6 +563,9 @@ class Poll(_Model):
     """The estimate's list price of the whole cluster per hour."""
     billed: JobCost | None = None
     """What the run's earlier attempts' jobs cost, summed (`Attempt.billed`): the poll adds its job's to it."""
+    polls_per_execution: int | None = None
+    """The polls one execution may make before the run goes on in a new one (settings
+    `pipeline.polls_per_execution`); None: no limit."""
 
 
 class SageMakerPoll(Poll):
@@ -631,6 +643,49 @@ class EndedRun(_Model):
     job_name_base: str
 
 
+class RunIdentity(_Model):
+    """Which run an execution is part of: the run's first execution, whose ARN its jobs are tagged with, its
+    ledger records and its notifications name, however many executions it has been handed over to since."""
+
+    execution: str
+    handovers: int = 0
+    """The executions the run has been handed over to so far."""
+    loop: str | None = None
+    """The polling loop a hand-over continues in: the name of its Wait state (stacks/pipeline/polled_job.py)."""
+
+
+class StartedExecution(_Model):
+    """StartExecution's answer, as the states:startExecution task puts it at its ResultPath."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ExecutionArn: str
+    StartDate: Any = None
+
+
+class HandOver(_Model):
+    """A hand-over execution's input: the execution that started it (`from`) and that execution's state."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: str = Field(alias="from")
+    state: dict[str, Any]
+
+
+class TakeOverEvent(_Model):
+    """The TakeOver handler's event (stacks/pipeline/handover.py): the claimed hand-over, and who reads it."""
+
+    handover: HandOver
+    execution: str
+
+
+class HandedOver(_Model):
+    """What a handed-over execution ends with: where the run goes on, and which run it is."""
+
+    continues_in: str
+    run: RunIdentity
+
+
 class Path:
     """A JSONPath into the execution's state, checked against the model of what is there.
 
@@ -687,5 +742,11 @@ EVALUATION = Path(Evaluation, "$.evaluation")
 REGISTRATION = Path(Registration, "$.registration")
 NEXT_CLUSTER = Path(NextCluster, "$.next_cluster")
 """The capacity fallback handler's answer until the state machine has put its request and price in place; then {}."""
+RUN = Path(RunIdentity, "$.run")
+"""The run the execution is part of (its first execution), set once the request is accepted or a hand-over proven."""
+HANDOVER = Path(HandOver, "$.handover")
+"""A hand-over execution's input (absent from a run's first execution's)."""
+HANDED_TO = Path(StartedExecution, "$.handed_to")
+"""The execution a run was handed over to."""
 RESUMED = Path(ResumedCheckpoint, "$.resumed")
 """The checkpoint copied from the run `resume_from` names (absent for a run started afresh)."""

@@ -40,6 +40,7 @@ from stacks.pipeline.adoption import AdoptionCheck
 from stacks.pipeline.approvals import Approvals
 from stacks.pipeline.create_training_job import DistributedTrainingJob
 from stacks.pipeline.ended import EndedRuns
+from stacks.pipeline.handover import HandOver
 from stacks.pipeline.intake import Intake
 from stacks.pipeline.outcome import Evaluation, Promotion, Registration
 from stacks.pipeline.parts import Buckets, Handlers, Notifier, StepParts, obj, stack_arn, string
@@ -98,7 +99,8 @@ class PipelineStack(Stack):
             key=key,
             network=network.network,
         )
-        parts = StepParts(handlers, notifier, buckets, settings.pipeline)
+        handover = HandOver(self, "HandOver", handlers=handlers, state_machine_name=settings.name_prefix)
+        parts = StepParts(handlers, notifier, buckets, settings.pipeline, handover)
         training = self._training_step(settings, parts, backends, network=network, data=data, image=image)
         evaluation = Evaluation(self, "Evaluation", handlers=handlers, notifier=notifier)
         registration = Registration(
@@ -121,12 +123,13 @@ class PipelineStack(Stack):
 
         self.approval = approvals.gate
         self.execution_key = ExecutionDataKey(self, "ExecutionData", readers=settings.execution_data_readers)
-        self.state_machine = self._state_machine(settings, key, intake.start)
+        self.state_machine = self._state_machine(settings, key, handover.start(intake.start))
         # What the state machine invokes, besides the approval gate's handlers.
         invoked = [*intake.functions, *training.functions, *evaluation.functions, *registration.functions]
-        invoked += resume.functions
+        invoked += [*resume.functions, *handover.functions]
         self._grant_state_machine(key, training, registration.packages, invoked)
         intake.read_ended_runs(self.state_machine, self.execution_key)
+        handover.bind(self.state_machine, self.execution_key)
         ended = EndedRuns(self, "EndedRuns", handlers=handlers, topic=self.topics.runs, key=key)
         ended.bind(self.state_machine, self.execution_key)
         retrain = self._retrain(settings, handlers, data, backends=training.backends)

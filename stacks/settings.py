@@ -35,6 +35,7 @@ from lambdas.backends import BACKENDS, deployed_backends
 from lambdas.backends.backend import Deployment
 from lambdas.queue.waits import MAX_WAIT_MINUTES, MIN_WAIT_MINUTES
 from lambdas.retrain.window import NAME_PREFIX, Trigger, execution_input
+from lambdas.shared import history
 from lambdas.shared.errors import InvalidRequest
 from lambdas.validate.api_requests import python_pattern
 from lambdas.validate.limits import PlatformLimits
@@ -305,6 +306,13 @@ class PipelineSettings(_Model):
     )
     poll_interval_seconds: int = Field(
         300, ge=30, le=3600, description="How often a running training job is described."
+    )
+    polls_per_execution: int = Field(
+        history.poll_budget(),
+        ge=2,
+        le=history.poll_budget(),
+        description="Polls of a run's job one execution makes before the run goes on in a new execution (a "
+        "hand-over; default and most: what one execution's 25,000-event history affords, lambdas/shared/history.py).",
     )
     capacity_retries: int = Field(
         3,

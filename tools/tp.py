@@ -698,12 +698,12 @@ def stop(
     state_machine: StateMachine = None,
     as_json: AsJson = False,
 ) -> None:
-    """Stop a run (its name or execution ARN); the pipeline stops its training job. A run that had already ended
-    is left as it ended, and said so (exit 1)."""
+    """Stop a run (its name or execution ARN); the pipeline stops its training job. A run handed over to a new
+    execution is stopped in the execution it goes on in. A run that had already ended is left as it ended, and said
+    so (exit 1)."""
     t = target(stage, region, state_machine, "")
-    arn = _execution_arn(t.need_state_machine(), run)
     sfn = t.session.client("stepfunctions")
-    described = sfn.describe_execution(executionArn=arn)
+    arn, described = live_execution(sfn, _execution_arn(t.need_state_machine(), run))
     if described["status"] in STOPPABLE:
         sfn.stop_execution(executionArn=arn, error=STOPPED_BY_USER, cause=reason)
         described = _after_stop(sfn, arn)
@@ -720,6 +720,20 @@ def stop(
     else:
         err.print(f"not stopped: {arn} {ended}", markup=False, highlight=False)
     raise typer.Exit(1)
+
+
+def live_execution(sfn: Any, arn: str) -> tuple[str, dict[str, Any]]:
+    """The execution a run goes on in: `arn`, or the one its hand-overs lead to (`continues_in`), and its
+    description."""
+    seen = {arn}
+    while True:
+        described: dict[str, Any] = sfn.describe_execution(executionArn=arn)
+        output = json.loads(described.get("output") or "null") if described["status"] == "SUCCEEDED" else None
+        following = output.get("continues_in") if isinstance(output, dict) else None
+        if not isinstance(following, str) or following in seen:
+            return arn, described
+        arn = following
+        seen.add(arn)
 
 
 STOPPABLE = ("RUNNING", "PENDING_REDRIVE")

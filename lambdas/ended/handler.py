@@ -18,6 +18,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
+from lambdas.handover.proof import handed_run
 from lambdas.shared.env import HandlerEnvironment
 from lambdas.shared.errors import classified
 from lambdas.validate.resume import resolved_request
@@ -27,6 +28,7 @@ logger = Logger(service="training-platform")
 UNTOLD = {
     "NothingToContinueError": "the run resume_from names has no checkpoint to resume from",
     "DecisionNotRecorded": "a gate's decision was not recorded by the decision function (the run was stopped)",
+    "HandOverRefused": "the execution the run was handed over to could not go on with it (stacks/pipeline/handover.py)",
 }
 """The errors of the state machine's Fail states that no notification precedes, and what they mean."""
 RUNTIME = "States."
@@ -82,9 +84,12 @@ def tell(ended: EndedStatus, *, sfn: Any, sns: Any, topic: str) -> dict[str, Any
     request = resolved_request(sfn, ended.executionArn)
     if request is None:  # it ended before Validate resolved a request: no recipients, the starter sees it
         return None
+    # A run handed over to new executions is named by its first execution, as its states name it.
+    first = handed_run(sfn, ended.executionArn)
     message = {
         "run_name": request.run_name,
-        "execution": ended.executionArn,
+        "execution": first.execution if first is not None else ended.executionArn,
+        "ended_execution": ended.executionArn,
         "status": ended.status,
         "error": ended.error,
         "cause": ended.cause,

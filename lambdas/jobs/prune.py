@@ -14,6 +14,7 @@ from contract.execution_state import EndedRun
 from contract.layout import run_checkpoints, run_of
 from contract.service_requests import EXECUTION_TAG
 from contract.stored_checkpoints import list_checkpoints, newest_per_location
+from lambdas.handover.proof import handed_run
 from lambdas.jobs.environment import CleanupEnvironment
 from lambdas.validate.request import run_identity, start_time
 
@@ -82,9 +83,15 @@ class Ended:
         return tags.get(EXECUTION_TAG) == self.execution and self.identity in name
 
 
-def ended_execution(event: EndedRun | ExecutionEnded) -> Ended:
-    """The execution a cleanup event is for: the state machine's (which names its run), or EventBridge's."""
+def ended_execution(event: EndedRun | ExecutionEnded, sfn: Any = None) -> Ended:
+    """The execution a cleanup event is for: the state machine's (which names its run), or EventBridge's. An
+    execution a run was handed over to is cleaned up as the run's first execution, whose jobs it followed
+    (lambdas/handover/proof.py; `sfn`: the Step Functions client that reads the proof)."""
     if isinstance(event, ExecutionEnded):
         execution = event.detail.executionArn
+        first = handed_run(sfn, execution) if sfn is not None else None
+        if first is not None:
+            started = start_time(round(first.start_date.timestamp() * 1000))
+            return Ended(first.execution, first.job_name_base, run_identity(first.execution, started))
         return Ended(execution, None, run_identity(execution, start_time(event.detail.startDate)))
     return Ended(event.execution, event.job_name_base, event.job_name_base.rsplit("-", 1)[-1])

@@ -51,7 +51,7 @@ def queue_cleanup_handler(
     def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
         stores = environment()
-        ended = ended_execution(CLEANUP_EVENT.validate_python(event))
+        ended = ended_execution(CLEANUP_EVENT.validate_python(event), boto3.client("stepfunctions"))
         batch, s3 = boto3.client("batch"), boto3.client("s3")
         result = clean_up(ended, queue=stores.job_queue, stores=stores, batch=batch, s3=s3)
         logger.info(message, extra={"execution": ended.execution, **result})

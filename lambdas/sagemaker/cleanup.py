@@ -89,7 +89,7 @@ def clean_up(ended: Ended, *, stores: CleanupEnvironment, sagemaker: Any, s3: An
 def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
     """State machine: {"execution", "job_name_base"}; EventBridge: an Execution Status Change event."""
     stores = CleanupEnvironment.from_environ()
-    ended = ended_execution(CLEANUP_EVENT.validate_python(event))
+    ended = ended_execution(CLEANUP_EVENT.validate_python(event), boto3.client("stepfunctions"))
     result = clean_up(ended, stores=stores, sagemaker=boto3.client("sagemaker"), s3=boto3.client("s3"))
     logger.info("run cleaned up", extra={"execution": ended.execution, **result})
     return result

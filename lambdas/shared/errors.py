@@ -164,6 +164,25 @@ SERVICE_ERRORS: dict[str, ServiceErrors] = {
         lasting=("ClientException",),
         source="https://docs.aws.amazon.com/batch/latest/APIReference/CommonErrors.html",
     ),
+    # A run handed over to a new execution (states:startExecution, stacks/pipeline/polled_job.py). Starting an
+    # execution again under its name with the same input is answered with that execution while it runs; otherwise
+    # (another input, or it has ended) ExecutionAlreadyExists, which never passes. ExecutionLimitExceeded (too many
+    # open executions) passes as others end; throttling and internal faults are undeclared.
+    "states": ServiceErrors(
+        prefix="StepFunctions",
+        generic="AWSStepFunctionsException",
+        passing=("AWSStepFunctionsException", "ExecutionLimitExceededException"),
+        lasting=(
+            "ExecutionAlreadyExistsException",
+            "InvalidArnException",
+            "InvalidExecutionInputException",
+            "InvalidNameException",
+            "StateMachineDoesNotExistException",
+            "StateMachineDeletingException",
+            "ValidationException",
+        ),
+        source="https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html",
+    ),
     "lambda": ServiceErrors(
         prefix="Lambda",
         generic="AWSLambdaException",
@@ -178,9 +197,9 @@ SERVICE_ERRORS: dict[str, ServiceErrors] = {
         source="https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html#API_Invoke_Errors",
     ),
 }
-"""The services the state machine calls by task: its SDK tasks' (SageMaker; Batch, the teams' queue's too) and its
-handlers' (Lambda). A notification retries every error of its publish (stacks/constructs/tasks.py); what the
-handlers call is classified by botocore's rule (`is_transient`)."""
+"""The services the state machine calls by task: its SDK tasks' (SageMaker; Batch, the teams' queue's too), its
+hand-over's (Step Functions) and its handlers' (Lambda). A notification retries every error of its publish
+(stacks/constructs/tasks.py); what the handlers call is classified by botocore's rule (`is_transient`)."""
 
 
 def service_errors_table() -> str:

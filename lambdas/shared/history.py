@@ -3,10 +3,12 @@
 Step Functions ends an execution at 25,000 history events. A run polls its job until it ends:
 each poll adds EVENTS_PER_POLL events, everything else in a run (validation, both approval gates,
 every retry's notification and creation, evaluation, registration) at most RUN_EVENTS. Both figures are
-measured by executing the state machine (tests/pipeline/test_orchestration.py), and Validate
-stretches a run's poll interval so that its longest possible loop fits with a margin. A job that waits in a
-queue for capacity is polled less often the longer it waits (`waiting_poll_seconds`): a day's wait costs dozens
-of polls, not hundreds.
+measured by executing the state machine (tests/pipeline/test_orchestration.py). One execution makes at most
+`poll_budget()` polls (settings `pipeline.polls_per_execution`, at most that); the poll that makes them hands the
+run over to a new execution, which follows the same job (lambdas/jobs/pacing.py, stacks/pipeline/polled_job.py).
+However long a run is, its job is therefore polled at the platform's interval: no execution's history limits it.
+A job that waits in a queue for capacity is polled less often the longer it waits (`waiting_poll_seconds`): a day's
+wait costs dozens of polls, not hundreds.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ EVENTS_PER_POLL = 9
 RUN_EVENTS = 800
 # Use at most this share of the limit.
 MARGIN = 0.8
-# SageMaker's provisioning and start-up before training counts toward no stopping condition.
-STARTUP_ALLOWANCE_SECONDS = 3600
 # A job waiting for capacity is looked at again after this share of the time it has waited so far...
 WAITING_POLL_FRACTION = 0.25
 # ...but at least once an hour.
@@ -30,14 +30,8 @@ WAITING_POLL_CAP_SECONDS = 3600
 
 
 def poll_budget() -> int:
-    """Polls one execution can afford."""
+    """Polls one execution can afford: the most settings `pipeline.polls_per_execution` may allow."""
     return int((HISTORY_LIMIT * MARGIN - RUN_EVENTS) // EVENTS_PER_POLL)
-
-
-def poll_seconds(*, floor_seconds: int, attempt_seconds: int, attempts: int) -> int:
-    """The poll interval: the platform's, or longer when `attempts` jobs of up to `attempt_seconds` need it."""
-    longest = attempts * (attempt_seconds + STARTUP_ALLOWANCE_SECONDS)
-    return max(floor_seconds, math.ceil(longest / poll_budget()))
 
 
 def waiting_poll_seconds(*, floor_seconds: int, waited_seconds: float, left_seconds: float | None) -> int:

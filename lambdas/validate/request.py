@@ -50,7 +50,6 @@ from contract.metrics import MODEL_METRIC_NAMES
 from contract.service_requests import EXECUTION_TAG, TEAM_TAG
 from lambdas.backends import fallback_backends, training_plan_backends, tuning_backends
 from lambdas.backends.queue import QUEUE
-from lambdas.shared import history
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import code as own_code
 from lambdas.validate.api_requests import request_problems
@@ -879,7 +878,8 @@ def _assemble(
         distribution=request.distribution,
         spot=request.spot,
         stopping_condition=checked.stopping,
-        poll_seconds=_poll_seconds(checked.stopping, limits),
+        # However long the run, the platform's interval: an execution that made its polls hands the run over.
+        poll_seconds=limits.poll_interval_seconds,
         keep_alive_seconds=request.warm_pool_minutes * 60,
         hyperparameters=checked.hyperparameters,
         channels=[*checked.channels, ledger_channel(limits.artifacts_bucket, job_name_base), *code_channel],
@@ -1103,12 +1103,3 @@ def _channels_for_groups(
         s3_source = {**source["S3DataSource"], "InstanceGroupNames": receivers}
         limited.append({**channel, "DataSource": {"S3DataSource": s3_source}})
     return limited
-
-
-def _poll_seconds(stopping: dict[str, int], limits: PlatformLimits) -> int:
-    attempt_seconds = stopping.get("MaxWaitTimeInSeconds", stopping["MaxRuntimeInSeconds"])
-    return history.poll_seconds(
-        floor_seconds=limits.poll_interval_seconds,
-        attempt_seconds=attempt_seconds,
-        attempts=limits.capacity_retries + 1,
-    )

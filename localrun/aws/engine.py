@@ -311,10 +311,10 @@ class LocalPlatform:
         return f"{'; '.join(ended)}; handlers that raised: {failed or 'none'}"
 
     def history(self, execution_arn: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = self.sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)[
-            "events"
-        ]
-        return events
+        pages = self.sfn.get_paginator("get_execution_history").paginate(
+            executionArn=execution_arn, PaginationConfig={"PageSize": 1000}
+        )
+        return [event for page in pages for event in page["events"]]
 
     def states_entered(self, execution_arn: str) -> list[str]:
         return [
@@ -573,10 +573,12 @@ class LocalPlatform:
             moto_fixes.retry_intervals_on(clock),
             moto_fixes.approval_timeouts_on(clock),
             moto_fixes.sdk_results_as_json(),
+            moto_fixes.start_execution_as_step_functions_calls_it(),
             moto_fixes.sdk_service_error_names(),
             moto_fixes.sdk_generic_error_names(),
             moto_fixes.execution_start_time_as_iso(),
             moto_fixes.stopped_executions_keep_error_and_cause(),
+            moto_fixes.execution_history_in_pages(),
             moto_fixes.create_training_job(self._training_job_created),
             moto_fixes.describe_training_job(self.training.described),
             moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),

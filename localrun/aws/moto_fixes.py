@@ -27,6 +27,9 @@ from moto.stepfunctions.parser.asl.component.state.exec import execute_state
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
     state_task_service_aws_sdk as sdk,
 )
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+    state_task_service_sfn as optimized_sfn,
+)
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (
     StateTaskServiceCallback,
 )
@@ -277,6 +280,31 @@ def stopped_executions_keep_error_and_cause() -> Any:
     return mock.patch.object(StepFunctionResponse, "stop_execution", stop_execution)
 
 
+HISTORY_PAGE = 100
+"""GetExecutionHistory's page without `maxResults` (Step Functions' default; it allows up to 1000)."""
+
+
+def execution_history_in_pages() -> Any:
+    """moto answers GetExecutionHistory with every event at once; Step Functions pages it: at most `maxResults`
+    events (HISTORY_PAGE without it), in the order asked for (`reverseOrder`), and a `nextToken` for the rest."""
+    original = StepFunctionResponse.get_execution_history
+
+    def get_execution_history(response: Any) -> Any:
+        answer = original(response)
+        history: Any = answer.result
+        events = list(history["events"] if isinstance(history, dict) else history)
+        if response._get_param("reverseOrder"):
+            events.reverse()
+        start = int(response._get_param("nextToken") or 0)
+        size = int(response._get_param("maxResults") or HISTORY_PAGE)
+        page: dict[str, Any] = {"events": events[start : start + size]}
+        if start + size < len(events):
+            page["nextToken"] = str(start + size)
+        return type(answer)(page)
+
+    return mock.patch.object(StepFunctionResponse, "get_execution_history", get_execution_history)
+
+
 # -- Step Functions: definitions -------------------------------------------------------------------
 _VALID_DEFINITIONS: set[str] = set()
 
@@ -323,6 +351,23 @@ def sdk_results_as_json() -> Any:
         env.stack[-1] = _to_pascal_case(json.loads(to_json_str(env.stack[-1])), operation.output_shape)
 
     return mock.patch.object(sdk.StateTaskServiceAwsSdk, "_eval_service_task", eval_service_task)
+
+
+def start_execution_as_step_functions_calls_it() -> Any:
+    """moto's optimized Step Functions integration (states:startExecution) passes the task's parameters to boto3 as
+    written and gives back boto3's answer; Step Functions takes and gives them in PascalCase (`StateMachineArn`,
+    `ExecutionArn`, `StartDate`), as the SDK integrations do (`sdk_results_as_json`)."""
+    original = optimized_sfn.StateTaskServiceSfn._eval_service_task
+
+    def eval_service_task(
+        task: Any, env: Any, resource_runtime_part: Any, normalised_parameters: dict[str, Any], **kwargs: Any
+    ) -> None:
+        operation = _operation_model("stepfunctions", task._get_boto_service_action())
+        parameters = _to_member_names(normalised_parameters, operation.input_shape)
+        original(task, env=env, resource_runtime_part=resource_runtime_part, normalised_parameters=parameters, **kwargs)
+        env.stack[-1] = _to_pascal_case(json.loads(to_json_str(env.stack[-1])), operation.output_shape)
+
+    return mock.patch.object(optimized_sfn.StateTaskServiceSfn, "_eval_service_task", eval_service_task)
 
 
 def _operation_model(service: str, action: str) -> Any:

@@ -70,6 +70,8 @@ GATE_TRANSIENT = [error for error in TRANSIENT if error != "States.Timeout"]
 # resource (Batch's ClientException) is not retried: the run fails at once, naming it.
 SAGEMAKER_TRANSIENT = [*SERVICE_ERRORS["sagemaker"].retried(), "States.Timeout"]
 BATCH_TRANSIENT = [*SERVICE_ERRORS["batch"].retried(), "States.Timeout"]
+# A hand-over's StartExecution, made again after a timeout, is answered with the execution it started.
+HANDOVER_TRANSIENT = [*SERVICE_ERRORS["states"].retried(), "States.Timeout"]
 # A notification: States.TaskFailed matches every error of the publish (throttling, the topic key's KMS
 # throttling, and a lasting error too, which reaches the state's Catch after the retries), and a publish that
 # timed out is sent again (an e-mail may come twice).

@@ -16,7 +16,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from contract.execution_state import ERROR, REQUEST, TRAIN, JobKind
+from contract.execution_state import ERROR, REQUEST, RUN, TRAIN, JobKind
 from contract.service_requests import BatchJobConstants, ServiceJobConstants
 from lambdas.jobs.environment import AdoptionEnvironment
 from stacks.constructs.nag import acknowledge_wildcard
@@ -110,7 +110,7 @@ class AdoptionCheck:
             self.handler,
             {
                 "request": obj(REQUEST),
-                "execution": sfn.JsonPath.execution_id,
+                "execution": string(RUN.execution),
                 "attempt": sfn.JsonPath.number_at(str(TRAIN.attempt)),
                 "kind": kind,
                 "job": sfn.JsonPath.string_at(job),

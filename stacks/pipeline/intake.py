@@ -77,7 +77,16 @@ class Intake(Construct):
             "$",
         )
         rejected = sfn.Fail(self, "Request rejected", error="InvalidRequest", cause_path=str(VALIDATION.message))
-        accept = sfn.Pass(self, "Accept request", parameters={"input": obj(INPUT), "request": obj(VALIDATION.request)})
+        # The run is this execution's: its jobs are tagged with it, and every execution it is handed over to names it.
+        accept = sfn.Pass(
+            self,
+            "Accept request",
+            parameters={
+                "input": obj(INPUT),
+                "request": obj(VALIDATION.request),
+                "run": {"execution": sfn.JsonPath.execution_id, "handovers": 0},
+            },
+        )
         self.estimated = invoke(self, "Estimate cost", self.estimate, {"request": obj(REQUEST)}, str(ESTIMATE))
         self.start.next(validate).next(
             sfn.Choice(self, "Request valid?")

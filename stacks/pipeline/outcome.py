@@ -16,7 +16,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from contract.execution_state import ESTIMATE, EVALUATION, JOB, PROMOTION_APPROVAL, REGISTRATION, REQUEST, RESUMED
+from contract.execution_state import (
+    ESTIMATE,
+    EVALUATION,
+    JOB,
+    PROMOTION_APPROVAL,
+    REGISTRATION,
+    REQUEST,
+    RESUMED,
+    RUN,
+)
 from contract.layout import ANY_LINEAGE, ANY_OUTPUT
 from lambdas.register.environment import RegisterEnvironment
 from lambdas.register.verify import ModelChangedError
@@ -136,7 +145,7 @@ class Registration(Construct):
                 "job": obj(JOB),
                 "estimate": obj(ESTIMATE),
                 "evaluation": obj(EVALUATION),
-                "execution": sfn.JsonPath.execution_id,
+                "execution": string(RUN.execution),
                 "resumed": obj(RESUMED),
             },
             str(REGISTRATION),

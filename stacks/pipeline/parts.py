@@ -8,8 +8,9 @@ function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_kms as kms
@@ -20,7 +21,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from contract.execution_state import REQUEST, Path
+from contract.execution_state import REQUEST, RUN, Path
 from stacks.constructs.function import PlatformFunction
 from stacks.constructs.network import TrainingNetwork
 from stacks.constructs.tasks import NOTIFY_TRANSIENT, SDK, retry
@@ -104,8 +105,8 @@ class Handlers:
 
 
 def _run_fields() -> dict[str, Any]:
-    """What every run notification names: the run and its execution."""
-    return {"run_name": string(REQUEST.run_name), "execution": sfn.JsonPath.execution_id}
+    """What every run notification names: the run and its first execution (however many it was handed over to)."""
+    return {"run_name": string(REQUEST.run_name), "execution": string(RUN.execution)}
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,17 @@ class Notifier:
         return notice
 
 
+class HandOverLoops(Protocol):
+    """What a polling loop hands its run over by (stacks/pipeline/handover.py `HandOver`)."""
+
+    def way_out(
+        self, scope: Construct, names: Callable[[str], str], wait: sfn.Wait, stop: sfn.IChainable
+    ) -> sfn.IChainable: ...
+
+    def cleans_up(self, cleanup: PlatformFunction) -> None:
+        """`cleanup` stops the jobs of ended executions: those a run was handed over to too."""
+
+
 @dataclass(frozen=True)
 class StepParts:
     """What every training step builds its loop from (stacks/pipeline/polled_job.py)."""
@@ -149,3 +161,5 @@ class StepParts:
     notifier: Notifier
     buckets: Buckets
     pipeline: PipelineSettings
+    handover: HandOverLoops | None = None
+    """Where a loop's execution hands its run over once it has made its polls (stacks/pipeline/handover.py)."""

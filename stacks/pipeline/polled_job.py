@@ -37,7 +37,18 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from contract.execution_state import CLEANUP, ERROR, ESTIMATE, FAILURE, JOB, NEXT_CLUSTER, REQUEST, TRAIN, JobCost
+from contract.execution_state import (
+    CLEANUP,
+    ERROR,
+    ESTIMATE,
+    FAILURE,
+    JOB,
+    NEXT_CLUSTER,
+    REQUEST,
+    RUN,
+    TRAIN,
+    JobCost,
+)
 from contract.layout import (
     ANY_CHECKPOINT,
     ANY_GOODPUT_RECORD,
@@ -54,7 +65,7 @@ from stacks.constructs.function import PlatformFunction
 from stacks.constructs.nag import acknowledge_wildcard
 from stacks.constructs.tasks import POLLING, SDK, invoke, retry
 from stacks.naming import CHECKPOINT_WRITERS_PATH
-from stacks.pipeline.parts import Buckets, Notifier, StepParts, obj, string
+from stacks.pipeline.parts import Buckets, StepParts, obj, string
 
 # One name per attempt: a create retried after it had in fact succeeded finds a job of that name, and adopts it
 # only when the adoption check finds it the one the platform asked for (stacks/pipeline/adoption.py).
@@ -117,7 +128,7 @@ class PolledJobStep:
         self,
         scope: Construct,
         *,
-        notifier: Notifier,
+        parts: StepParts,
         names: StepNames,
         create: Create,
         progress: PlatformFunction,
@@ -128,22 +139,27 @@ class PolledJobStep:
         fallback: PlatformFunction | None = None,
     ) -> None:
         """`capacity_retries`: with `replaces_jobs`, how many new attempts may replace a job."""
-        self._scope, self._notifier, self._names = scope, notifier, names
+        self._scope, self._notifier, self._names = scope, parts.notifier, names
         self._cleanup, self._fallback = cleanup, fallback
         self.start = sfn.Pass(
             scope,
             names("First attempt"),
-            result=sfn.Result.from_object({"attempt": 1, "billed": NOTHING_BILLED.model_dump()}),
+            result=sfn.Result.from_object({"attempt": 1, "billed": NOTHING_BILLED.model_dump(), "polls": 0}),
             result_path=str(TRAIN),
             comment="No job billed yet: the poll of each finished job adds its cost to $.train.billed",
         )
         self.failed = sfn.Pass(scope, names("Training step failed"), comment="$.failure says why")
         self.succeeded = sfn.Pass(scope, names("Training step succeeded"), comment=names.succeeded_comment)
-        # A new attempt's progress: nothing warned of yet, the first poll after the request's interval.
+        # A new attempt's progress: nothing warned of yet, the first poll after the request's interval, this
+        # execution's polls counted on.
         reset = sfn.Pass(
             scope,
             names("Reset progress"),
-            parameters={"stale_warned": False, "poll_seconds": sfn.JsonPath.number_at(str(REQUEST.poll_seconds))},
+            parameters={
+                "stale_warned": False,
+                "poll_seconds": sfn.JsonPath.number_at(str(REQUEST.poll_seconds)),
+                "polls": sfn.JsonPath.number_at(str(TRAIN.polls)),
+            },
             result_path=str(JOB),
         )
         stop = self._stop_and_fail()
@@ -155,10 +171,12 @@ class PolledJobStep:
         )
         self.start.next(reset).next(create(wait, self._not_created()))
         # The progress handler's event: the request, the job it follows (`job`), its previous progress, the price,
-        # and what the earlier attempts' jobs cost (it answers the run's cost so far, `run_cost`).
+        # and what the earlier attempts' jobs cost (it answers the run's cost so far, `run_cost`); the run's first
+        # execution, and the polls an execution may make (it answers `hand_over` at the last).
         payload = {
             "request": obj(REQUEST),
-            "execution": sfn.JsonPath.execution_id,
+            "execution": string(RUN.execution),
+            "polls_per_execution": parts.pipeline.polls_per_execution,
             **job,
             "previous": obj(JOB),
             "hourly_usd": sfn.JsonPath.number_at(str(ESTIMATE.hourly_usd)),
@@ -168,6 +186,11 @@ class PolledJobStep:
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
         finished = sfn.Choice(scope, names("Job finished?"))
         running = sfn.Condition.boolean_equals(str(JOB.finished), False)
+        if parts.handover is not None:
+            finished.when(
+                sfn.Condition.boolean_equals(str(JOB.hand_over), True),
+                parts.handover.way_out(scope, names, wait, stop),
+            )
         if replaces_jobs:
             stale = self._stale_warning(stop)
             finished.when(
@@ -241,6 +264,7 @@ class PolledJobStep:
                 "retried_after": {"error": string(JOB.error), "cause": string(JOB.failure_reason)},
                 # The replaced job is billed too: the run's cost so far goes on with the new attempt.
                 "billed": obj(JOB.run_cost),
+                "polls": sfn.JsonPath.number_at(str(JOB.polls)),
             },
             result_path=str(TRAIN),
         )
@@ -308,7 +332,8 @@ class PolledJobStep:
             self._scope,
             id_,
             self._cleanup,
-            {"execution": sfn.JsonPath.execution_id, "job_name_base": string(REQUEST.job_name_base)},
+            # The run's first execution: its jobs are tagged with it, whichever execution follows them now.
+            {"execution": string(RUN.execution), "job_name_base": string(REQUEST.job_name_base)},
             str(CLEANUP),
         )
         task.add_catch(then, errors=["States.ALL"], result_path=str(CLEANUP))
@@ -401,7 +426,7 @@ def batch_job_loop(
     (up to the settings' `capacity_retries` times)."""
     return PolledJobStep(
         scope,
-        notifier=parts.notifier,
+        parts=parts,
         names=names,
         create=submit,
         progress=monitor,
@@ -466,6 +491,8 @@ def cleanup_function(
     cleanup.function.add_to_role_policy(
         iam.PolicyStatement(sid="ReadLedgerRecords", actions=["s3:GetObject"], resources=[records])
     )
+    if parts.handover is not None:
+        parts.handover.cleans_up(cleanup)
     acknowledge_wildcard(cleanup.role, manifests, "Reads the manifests of the ended run's checkpoints to judge them.")
     acknowledge_wildcard(cleanup.role, records, "Reads the ended run's ledger records to judge its checkpoints.")
     return cleanup, queue, superseded

@@ -53,7 +53,7 @@ class SageMakerTraining(Construct):
         )
         step = PolledJobStep(
             self,
-            notifier=parts.notifier,
+            parts=parts,
             names=NAMES,
             create=self._create,
             progress=self.monitor,

@@ -51,7 +51,7 @@ class SageMakerTuning(Construct):
         # A tuning job is not replaced: SageMaker retries its trials, and it stops them on its own limits.
         step = PolledJobStep(
             self,
-            notifier=parts.notifier,
+            parts=parts,
             names=NAMES,
             create=self._create,
             progress=self.monitor,

@@ -158,7 +158,7 @@ def test_happy_path_trains_registers_and_promotes(
     # The terminal: the state trace (a polling loop once), compact progress and a summary; no job internals.
     out = capsys.readouterr().out
     trace = [line.split("> ", 1)[1] for line in out.splitlines() if re.match(r"\[\s*\d+\.\ds\] > ", line)]
-    assert trace[:2] == ["Receive input", "Validate request"] and trace[-1] == "Model promoted"
+    assert trace[:3] == ["Handed over?", "Receive input", "Validate request"] and trace[-1] == "Model promoted"
     assert trace.count("Check progress") == 1 < _states(outcome).count("Check progress")
     progress = re.findall(r"^ +step +(\d+)  loss \d\.\d{3} +[\d,]+ tokens/s$", out, re.MULTILINE)
     assert progress and all(int(b) - int(a) >= 20 for a, b in itertools.pairwise(progress))

@@ -27,13 +27,14 @@ REQUEST = TrainingRequest.parse(
 )
 
 
-def _poll(**request: Any) -> Poll:
+def _poll(*, polls: int = 0, budget: int | None = None, **request: Any) -> Poll:
     return Poll.model_validate(
         {
             "request": REQUEST.model_copy(update=request).model_dump(mode="json"),
             "execution": EXECUTION,
-            "previous": {"stale_warned": False},
+            "previous": {"stale_warned": False, "polls": polls},
             "hourly_usd": 1.0,
+            "polls_per_execution": budget,
         }
     )
 
@@ -63,3 +64,17 @@ def test_a_days_wait_costs_dozens_of_polls_not_hundreds() -> None:
     assert polls <= 40 < 24 * 3600 / REQUEST.poll_seconds
     # A week's wait at that pace stays far inside one execution's history.
     assert (polls + 6 * 24) * history.EVENTS_PER_POLL < history.HISTORY_LIMIT // 4
+
+
+def test_each_poll_is_counted_and_the_one_that_makes_the_budget_hands_the_run_over() -> None:
+    counted = [paced(_progress(), _poll(polls=made, budget=3)) for made in range(3)]
+    assert [(p.polls, p.hand_over) for p in counted] == [(1, False), (2, False), (3, True)]
+    # No budget: counted, never handed over; a new execution's count starts again (TakeOver sets it to 0).
+    assert paced(_progress(), _poll(polls=10_000)).hand_over is False
+
+
+def test_a_finished_job_or_a_stale_warning_is_not_handed_over() -> None:
+    finished = JobProgress.untrained("paced-1", "Completed", "Completed", finished=True)
+    assert paced(finished, _poll(polls=2, budget=3)).hand_over is False
+    assert paced(_progress(warn_stale=True), _poll(polls=2, budget=3)).hand_over is False
+    assert paced(_progress(), _poll(polls=3, budget=3)).hand_over is True

@@ -151,6 +151,22 @@ def guarded_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return outdir
 
 
+HANDOVER_BUDGET = 3
+"""The polls an execution of `handing_assembly` makes before it hands its run over."""
+
+
+@pytest.fixture(scope="session")
+def handing_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The platform with `pipeline.polls_per_execution` lowered to HANDOVER_BUDGET (stacks/pipeline/handover.py)."""
+    from stacks.app_builder import build_platform
+
+    context = platform_context()
+    context["platform"].setdefault("pipeline", {})["polls_per_execution"] = HANDOVER_BUDGET
+    outdir = tmp_path_factory.mktemp("handover")
+    build_platform(context, outdir=str(outdir)).synth()
+    return outdir
+
+
 @pytest.fixture
 def pipeline_factory(platform: Any) -> Iterator[Any]:
     opened: list[LocalPlatform] = []

@@ -306,3 +306,31 @@ def test_the_state_machine_submits_only_what_its_role_allows(batch_factory: Any,
     states = pipeline.local.states_entered(arn)
     assert states.count("Find submitted Batch job") == 1 and "Submit Batch job again" in states
     assert pipeline.batch.jobs == {}
+
+
+def test_a_batch_run_handed_over_to_new_executions_ends_with_its_one_job(
+    batch_factory: Any, handing_assembly: Path
+) -> None:
+    """The loop every backend shares hands over (stacks/pipeline/handover.py): an execution makes 3 polls."""
+    pipeline = batch_factory(handing_assembly)
+    first = pipeline.start(pipeline.batch_input(), name="long-batch-run")
+    arn, executions = first, [first]
+
+    def gate_or_end() -> bool:
+        ended = pipeline.local.sfn.describe_execution(executionArn=arn)["status"] != "RUNNING"
+        return ended or "Approval gate (promotion)" in pipeline.local.states_entered(arn)
+
+    while (described := pipeline.local.wait(arn, 240, until=gate_or_end))["status"] != "RUNNING":
+        output = json.loads(described.get("output") or "{}")
+        assert "continues_in" in output, pipeline.error(described)
+        assert output["run"]["execution"] == first
+        arn = output["continues_in"]
+        executions.append(arn)
+    pipeline.decide("promotion", "approve")
+    described = pipeline.finish(arn)
+    assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    assert len(executions) >= 2
+    assert "Check progress (Batch)" in pipeline.local.states_entered(executions[1])
+    (job,) = pipeline.batch.jobs.values()  # one job, followed by every execution
+    assert len(job.attempts) == 1
+    assert json.loads(described["output"])["job"]["status"] == "Completed"

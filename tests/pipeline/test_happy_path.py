@@ -22,6 +22,7 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
 
     assert described["status"] == "SUCCEEDED", pipeline.error(described)
     assert pipeline.local.states_entered(arn) == [
+        "Handed over?",  # a run's first execution: not a hand-over (stacks/pipeline/handover.py)
         "Receive input",
         "Validate request",
         "Request valid?",

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
+import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
 
 from lambdas.shared import history
@@ -165,17 +166,11 @@ def test_each_poll_adds_the_events_the_history_budget_assumes(pipeline_factory: 
     assert two_polls + PipelineSettings().capacity_retries * retry <= history.RUN_EVENTS
 
 
-def test_the_longest_run_the_settings_allow_fits_one_execution() -> None:
-    """A spot run at the runtime limit, waiting twice as long, through every capacity retry."""
+def test_an_executions_budget_of_polls_fits_its_history() -> None:
+    """However long a run, one execution makes at most `polls_per_execution` polls (then hands the run over), so the
+    longest run the settings allow is polled at the platform's interval."""
     settings = PipelineSettings()
-    attempt = 2 * settings.max_runtime_hours * 3600  # Validate's limit on max_wait_hours
-    attempts = settings.capacity_retries + 1
-    interval = history.poll_seconds(
-        floor_seconds=settings.poll_interval_seconds, attempt_seconds=int(attempt), attempts=attempts
-    )
-    polls = attempts * (attempt + history.STARTUP_ALLOWANCE_SECONDS) / interval
-    events = history.RUN_EVENTS + polls * history.EVENTS_PER_POLL
-    assert events <= 0.8 * history.HISTORY_LIMIT, f"{events:.0f} events at one poll per {interval} s"
-    assert interval <= 3600, f"a poll interval of {interval} s would notice trouble too late"
-    # A short run keeps the platform's interval.
-    assert history.poll_seconds(floor_seconds=300, attempt_seconds=7200, attempts=4) == 300
+    events = history.RUN_EVENTS + settings.polls_per_execution * history.EVENTS_PER_POLL
+    assert events <= 0.8 * history.HISTORY_LIMIT
+    with pytest.raises(ValueError, match="polls_per_execution"):
+        PipelineSettings(polls_per_execution=history.poll_budget() + 1)

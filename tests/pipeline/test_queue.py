@@ -33,7 +33,7 @@ from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
 from localrun.demo import scenario
 from tests.conftest import TEAMS_SCENARIO
-from tests.pipeline.conftest import COMPLETED, Pipeline, sagemaker_constants
+from tests.pipeline.conftest import COMPLETED, HANDOVER_BUDGET, Pipeline, sagemaker_constants
 
 TEAM_A = f"arn:aws:iam::{ACCOUNT}:role/TeamAScientist"
 TEAM_B = f"arn:aws:iam::{ACCOUNT}:role/TeamBScientist"
@@ -271,3 +271,49 @@ def test_a_job_that_waits_longer_than_its_run_allows_ends_the_run_and_says_why(t
     assert json.loads(told["Message"])["error"] == "QueueWaitExceeded"
     local.wait(second, 60, until=lambda: waiting.terminated)  # the cleanup ended the waiting job
     local.sfn.stop_execution(executionArn=first)
+
+
+@pytest.fixture(scope="module")
+def teams_handing_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The teams platform whose executions hand their runs over after HANDOVER_BUDGET polls."""
+    from localrun.demo.cli import synthesize
+
+    settings = copy.deepcopy(scenario.parse(json.loads(TEAMS_SCENARIO.read_text())).settings)
+    settings.setdefault("pipeline", {})["polls_per_execution"] = HANDOVER_BUDGET
+    return synthesize(tmp_path_factory.mktemp("teams-handover"), lambda _: None, settings=settings)
+
+
+def test_a_teams_run_handed_over_to_new_executions_ends_with_its_one_service_job(
+    teams_handing_assembly: Path,
+) -> None:
+    """The loop every backend shares hands over (stacks/pipeline/handover.py): 3 polls per execution."""
+    training = ScriptedTraining(scripts=[[*[RUNNING] * 7, COMPLETED]])
+    local = LocalPlatform(teams_handing_assembly, training=training, clock=Clock(wait_scale=0.001))
+    try:
+        pipeline = Pipeline(local.__enter__(), training)
+        with submitted() as sent:
+            first = pipeline.start(team_input(pipeline, "team-a", "long-queued-a"), requester=TEAM_A)
+            arn, executions = first, [first]
+
+            def gate_or_end() -> bool:
+                ended = pipeline.local.sfn.describe_execution(executionArn=arn)["status"] != "RUNNING"
+                return ended or "Approval gate (promotion)" in pipeline.local.states_entered(arn)
+
+            while (handed := pipeline.local.wait(arn, 120, until=gate_or_end))["status"] != "RUNNING":
+                output = json.loads(handed.get("output") or "{}")
+                assert output.get("run", {}).get("execution") == first, pipeline.error(handed)
+                arn = output["continues_in"]
+                executions.append(arn)
+            request_id = pipeline.pending("promotion", caller=TEAM_APPROVER)["request_id"]
+            body = {"request_id": request_id, "decision": "approve", "reason": "team-a's lead"}
+            assert pipeline.decide_raw(TEAM_APPROVER, body=body)["statusCode"] == 200
+            described = pipeline.finish(arn)
+        assert described["status"] == "SUCCEEDED", pipeline.error(described)
+        assert len(executions) >= 2
+        assert len(sent) == 1 and len(training.created_names) == 1  # one service job, followed by every execution
+        assert "Validate request" not in pipeline.local.states_entered(arn)
+        # Every execution's polls name the run's first execution; each counts its own from 1, at most 3.
+        polls = [p["polls"] for p in progress_polls(pipeline, first)]
+        assert polls[:4] == [1, 2, 3, 1] and max(polls) == HANDOVER_BUDGET
+    finally:
+        local.__exit__(None, None, None)

@@ -34,6 +34,9 @@ TYPED = {
         execution_state.REGISTRATION,
         execution_state.RESUMED,
         execution_state.NEXT_CLUSTER,
+        execution_state.RUN,
+        execution_state.HANDOVER,
+        execution_state.HANDED_TO,
     )
 }
 WHOLE = {"input", "cleanup", "notify_error", "launch_approval_error", "promotion_approval_error"}

@@ -12,6 +12,7 @@ from lambdas.shared.errors import SERVICE_ERRORS
 from stacks.constructs.tasks import (
     BATCH_TRANSIENT,
     GATE_TRANSIENT,
+    HANDOVER_TRANSIENT,
     NOTIFY_TRANSIENT,
     POLLING,
     SAGEMAKER_TRANSIENT,
@@ -103,6 +104,7 @@ PASSES = {
     "aws-sdk:sagemaker:": SAGEMAKER_TRANSIENT,
     "aws-sdk:batch:": BATCH_TRANSIENT,
     "sns:publish": NOTIFY_TRANSIENT,
+    "states:startExecution": HANDOVER_TRANSIENT,
 }
 
 

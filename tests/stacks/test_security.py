@@ -75,7 +75,17 @@ def test_only_the_platform_roles_can_decrypt_execution_data(iam: AssemblyIam) ->
     validate = next(r.logical for r in iam.roles.values() if r.logical.startswith("ValidateRole"))
     # TellEndedRun reads an ended run's history for its recipients, with Decrypt alone too.
     tell = next(r.logical for r in iam.roles.values() if r.logical.startswith("TellEndedRunRole"))
-    assert readers == {iam.roles[props["RoleArn"]].logical, decide, validate, tell}
+    # TakeOver reads the history of the execution a hand-over names, to prove it, with Decrypt alone too.
+    take_over = next(r.logical for r in iam.roles.values() if r.logical.startswith("TakeOverRole"))
+    # Each backend's cleanup reads the proof of an ended execution a run was handed over to (lambdas/jobs/prune.py),
+    # to stop the jobs of the run's first execution, with Decrypt alone too.
+    cleanups = {
+        r.logical
+        for r in iam.roles.values()
+        if r.logical.startswith(("CleanupRole", "StopBatchJobsRole", "StopServiceJobsRole"))
+    }
+    assert cleanups
+    assert readers == {iam.roles[props["RoleArn"]].logical, decide, validate, tell, take_over, *cleanups}
     writers = {r.logical for r in iam.roles.values() if iam.may_use_key(r, "kms:GenerateDataKey", key, **context)}
     assert writers == {iam.roles[props["RoleArn"]].logical, decide}
     administrator = _administrator()
