@@ -128,13 +128,19 @@ class PipelineStack(Stack):
         invoked = [*intake.functions, *training.functions, *evaluation.functions, *registration.functions]
         invoked += [*resume.functions, *handover.functions]
         self._grant_state_machine(key, training, registration.packages, invoked)
+        ended = self._execution_readers(intake, handover, handlers, key)
+        retrain = self._retrain(settings, handlers, data, backends=training.backends)
+        self._cost_controls(settings, backends, validator=intake.validate.role)
+        self._outputs(self._monitoring(settings, invoked, training, ended, retrain))
+
+    def _execution_readers(self, intake: Intake, handover: HandOver, handlers: Handlers, key: kms.IKey) -> EndedRuns:
+        """What reads the state machine's executions: Validate (a run to resume), TakeOver (a hand-over's proof)
+        and the ended-run rule (how a run ended)."""
         intake.read_ended_runs(self.state_machine, self.execution_key)
         handover.bind(self.state_machine, self.execution_key)
         ended = EndedRuns(self, "EndedRuns", handlers=handlers, topic=self.topics.runs, key=key)
         ended.bind(self.state_machine, self.execution_key)
-        retrain = self._retrain(settings, handlers, data, backends=training.backends)
-        self._cost_controls(settings, backends, validator=intake.validate.role)
-        self._outputs(self._monitoring(settings, invoked, training, ended, retrain))
+        return ended
 
     def _team_queue(self, settings: PlatformSettings) -> TeamQueue | None:
         """The teams' Batch queue and quota shares; None when settings name no teams."""

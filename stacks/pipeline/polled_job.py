@@ -184,12 +184,28 @@ class PolledJobStep:
         }
         check = invoke(scope, names(CHECK_PROGRESS), progress, payload, str(JOB), budget=POLLING)
         check.add_catch(stop, errors=["States.ALL"], result_path=str(ERROR))
-        finished = sfn.Choice(scope, names("Job finished?"))
+        finished = self._finished(
+            parts, wait, stop, reset, replaces_jobs=replaces_jobs, capacity_retries=capacity_retries
+        )
+        wait.next(check).next(finished)
+
+    def _finished(
+        self,
+        parts: StepParts,
+        wait: sfn.Wait,
+        stop: sfn.IChainable,
+        reset: sfn.IChainable,
+        *,
+        replaces_jobs: bool,
+        capacity_retries: int,
+    ) -> sfn.Choice:
+        """What a poll's answer leads to: a new execution, a warning, the next poll, the end, or a new attempt."""
+        finished = sfn.Choice(self._scope, self._names("Job finished?"))
         running = sfn.Condition.boolean_equals(str(JOB.finished), False)
         if parts.handover is not None:
             finished.when(
                 sfn.Condition.boolean_equals(str(JOB.hand_over), True),
-                parts.handover.way_out(scope, names, wait, stop),
+                parts.handover.way_out(self._scope, self._names, wait, stop),
             )
         if replaces_jobs:
             stale = self._stale_warning(stop)
@@ -198,7 +214,7 @@ class PolledJobStep:
             )
         finished.when(running, wait).when(
             sfn.Condition.string_equals(str(JOB.status), "Completed"),
-            self._clean_up(names("Prune checkpoints"), self.succeeded),
+            self._clean_up(self._names("Prune checkpoints"), self.succeeded),
         )
         if replaces_jobs:
             finished.when(
@@ -209,13 +225,13 @@ class PolledJobStep:
                 self._next_attempt(stop, reset),
             )
         job_failed = sfn.Pass(
-            scope,
-            names("Record job failure"),
+            self._scope,
+            self._names("Record job failure"),
             parameters={"error": string(JOB.error), "cause": string(JOB.failure_reason)},
             result_path=str(FAILURE),
         )
-        finished.otherwise(job_failed.next(self._clean_up(names("Prune checkpoints (failed job)"), self.failed)))
-        wait.next(check).next(finished)
+        finished.otherwise(job_failed.next(self._clean_up(self._names("Prune checkpoints (failed job)"), self.failed)))
+        return finished
 
     def _not_created(self) -> sfn.IChainable:
         """A create that failed for good; it may have happened even so (a timeout): stop what the execution started."""
