@@ -56,6 +56,9 @@ from localrun.backends import queue as local_queue
 from localrun.backends.tuning import LocalTuning
 from localrun.demo.jobs import Job
 
+REST_SECONDS = 0.1
+"""The least time `LocalPlatform.wait` rests between two looks at what it waits for."""
+
 REQUESTER = f"arn:aws:iam::{ACCOUNT}:role/MLEngineer"
 """Who starts the local platform's runs unless told otherwise: not an approver, as a person who asks for a run."""
 
@@ -291,9 +294,10 @@ class LocalPlatform:
                     f"what was awaited did not happen in {timeout} s: {self.explain(execution_arn)}; "
                     f"states entered: {self.states_entered(execution_arn)}"
                 )
-            # A check (a history read through moto's serializer) holds the GIL the execution's own thread needs:
-            # resting twice as long as it took leaves that thread at least two thirds of this one's share.
-            time.sleep(max(0.01, 2 * (time.monotonic() - checked)))
+            # A check holds the GIL the execution's own thread needs: resting at least twice as long as it took leaves
+            # that thread two thirds of this one's share, and a tenth of a second between looks keeps the wait itself
+            # from being the work (nothing awaited here happens in less).
+            time.sleep(max(REST_SECONDS, 2 * (time.monotonic() - checked)))
 
     def explain(self, *execution_arns: str) -> str:
         """What a wait that failed needs said: each execution's status, error and cause; every handler that raised."""
