@@ -43,6 +43,10 @@ def test_a_handler_that_keeps_failing_stops_the_job_and_records_why(pipeline_fac
     assert pipeline.training.stopped_names == [job]
     (message,) = _failure_messages(pipeline)
     assert message["error"] == "Lambda.TooManyRequestsException" and message["cleanup"]["stopped"] == [job]
+    # A failed run's history, its retries and catches too, is read from moto's engine as the API answers it.
+    history = pipeline.local.history(arn)
+    assert history == pipeline.local.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    assert {e["type"] for e in history} >= {"LambdaFunctionFailed", "ExecutionFailed"}
 
 
 def test_a_notification_that_cannot_be_sent_stops_the_job(pipeline_factory: Any) -> None:
