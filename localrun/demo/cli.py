@@ -452,6 +452,7 @@ def _follow(
     """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
     decisions: list[dict[str, Any]] = []
     started = time.monotonic()
+    session = platform.person(approver, "demo")  # signed in once, not at every look
     while True:
         described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
         printer.states(platform, arn, started)
@@ -459,6 +460,7 @@ def _follow(
             _answer_gates(
                 platform,
                 [arn],
+                session=session,
                 approver=approver,
                 auto_approve=auto_approve,
                 reject=reject,
@@ -521,6 +523,7 @@ def _answer_gates(
     platform: Any,
     executions: Collection[str],
     *,
+    session: Any,
     approver: str,
     auto_approve: bool,
     reject: str | None,
@@ -528,9 +531,9 @@ def _answer_gates(
     before: Callable[[], None],
     elsewhere: DecisionUrl | None = None,
 ) -> list[dict[str, Any]]:
-    """Decide open requests of these executions as `approver`, as `tp approve|reject` does, through the real
-    handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what was decided."""
-    session = platform.person(approver, "demo")
+    """Decide open requests of these executions as `approver` (signed in as `session`), as `tp approve|reject` does,
+    through the real handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what
+    was decided."""
     pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
     answered = elsewhere.take_decisions() if elsewhere is not None else []
     for result in answered:
@@ -924,6 +927,8 @@ class _Driver:
 
     def __init__(self, platform: LocalPlatform, training: LocalTraining, *, approver: str, verbose: bool) -> None:
         self.platform, self.training, self.approver, self.verbose = platform, training, approver, verbose
+        self.session = platform.person(approver, "demo")
+        """The approver, signed in once, not at every look."""
         self.arns: dict[str, str] = {}
         self.runs: dict[str, Run] = {}
         self.finished: set[str] = set()
@@ -993,6 +998,7 @@ class _Driver:
             _answer_gates(
                 self.platform,
                 running,
+                session=self.session,
                 approver=self.approver,
                 auto_approve=True,
                 reject=None,

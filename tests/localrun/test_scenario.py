@@ -120,7 +120,7 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
     driver.arns, driver.seen, driver.recent, driver.finished = {"a-second": "arn"}, {}, {}, set()
     driver.ended = lambda _run: False  # type: ignore[method-assign]
     driver.queue_states, driver.told_queued, driver.started, driver.verbose = {}, set(), 0.0, False
-    driver.approver = None  # type: ignore[assignment]
+    driver.approver = driver.session = None  # type: ignore[assignment]
     driver.follow()
     driver.follow()
     assert capsys.readouterr().out.count(f"a-second queued: {reason}") == 1
