@@ -599,6 +599,7 @@ class LocalPlatform:
             moto_fixes.sdk_generic_error_names(),
             moto_fixes.execution_start_time_as_iso(),
             moto_fixes.stopped_executions_keep_error_and_cause(),
+            moto_fixes.stopped_callback_tasks_end_quietly(),
             moto_fixes.create_training_job(self._training_job_created),
             moto_fixes.describe_training_job(self.training.described),
             moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),
