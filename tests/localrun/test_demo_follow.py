@@ -5,32 +5,43 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localrun.demo.cli import _follow, _Printer
+from localrun.demo.cli import _follow, _Printer, awaits_a_decision
+
+APPROVER = "arn:aws:iam::123456789012:role/DemoApprover"
+
+
+def _task(kind: str, resource: str) -> dict[str, Any]:
+    detail = {"Scheduled": "taskScheduledEventDetails", "Succeeded": "taskSucceededEventDetails"}[kind]
+    return {"type": f"Task{kind}", detail: {"resourceType": "lambda", "resource": resource}}
+
+
+GATE_OPEN = [_task("Scheduled", "createTrainingJob"), _task("Scheduled", "invoke.waitForTaskToken")]
+GATE_DECIDED = [*GATE_OPEN, _task("Succeeded", "invoke.waitForTaskToken"), _task("Scheduled", "updateModelPackage")]
 
 
 class _Platform:
-    """An execution that runs for `passes` looks, with one gate open from the second look until it is decided."""
+    """An execution that runs for `passes` looks, at a gate from the second look until the gate is decided."""
 
     def __init__(self, passes: int) -> None:
         self.passes, self.looks = passes, 0
         self.sign_ins: list[str] = []
-        self.signed_by: list[object] = []
-        self.open = False
+        self.calls: list[tuple[object, str]] = []
+        self.decided = False
 
     def person(self, role_arn: str, session_name: str) -> object:
         self.sign_ins.append(role_arn)
         return object()
 
     def history(self, _arn: str) -> list[dict[str, Any]]:
-        return []
+        return [] if self.looks < 2 else GATE_DECIDED if self.decided else GATE_OPEN
 
     def call_decision_url(self, session: object, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.signed_by.append(session)
+        self.calls.append((session, method))
         if method == "POST":
-            self.open = False
-            return {"statusCode": 200, "body": json.dumps({"decision": body and body["decision"], "by": "approver"})}
+            self.decided = True
+            return {"statusCode": 200, "body": json.dumps({"decision": body and body["decision"], "by": APPROVER})}
         request = {"execution": "arn", "request_id": "r1", "gate": "launch", "run_name": "run", "summary": "{}"}
-        return {"statusCode": 200, "body": json.dumps({"pending": [request] if self.open else []})}
+        return {"statusCode": 200, "body": json.dumps({"pending": [] if self.decided else [request]})}
 
     @property
     def sfn(self) -> Any:
@@ -40,24 +51,32 @@ class _Platform:
             @staticmethod
             def describe_execution(executionArn: str) -> dict[str, Any]:  # noqa: N803
                 platform.looks += 1
-                platform.open = platform.open or platform.looks == 2
                 return {"status": "RUNNING" if platform.looks < platform.passes else "SUCCEEDED"}
 
         return Sfn()
 
 
-def test_the_approver_signs_in_once_and_every_look_and_decision_is_signed_by_that_session() -> None:
-    platform = _Platform(passes=4)
+def test_the_approver_signs_in_once_and_looks_for_requests_only_while_a_gate_waits() -> None:
+    platform = _Platform(passes=5)
     described, decisions = _follow(
         platform,  # type: ignore[arg-type]
         "arn",
         _Printer(verbose=False),
-        approver="arn:aws:iam::123456789012:role/DemoApprover",
+        approver=APPROVER,
         auto_approve=True,
         reject=None,
         timeout_seconds=60,
         verbose=False,
     )
     assert described["status"] == "SUCCEEDED" and [d["decision"] for d in decisions] == ["approve"]
-    assert platform.sign_ins == ["arn:aws:iam::123456789012:role/DemoApprover"]
-    assert len(platform.signed_by) == 5 and len(set(map(id, platform.signed_by))) == 1  # 4 looks and the POST
+    assert platform.sign_ins == [APPROVER]
+    # One look at the pending requests, at the gate, and the decision, both signed by the one session.
+    assert [method for _, method in platform.calls] == ["GET", "POST"]
+    assert len({id(session) for session, _ in platform.calls}) == 1
+
+
+def test_an_execution_awaits_a_decision_while_a_task_waits_for_its_token() -> None:
+    assert not awaits_a_decision([]) and not awaits_a_decision(GATE_OPEN[:1])
+    assert awaits_a_decision(GATE_OPEN) and not awaits_a_decision(GATE_DECIDED)
+    failed = {"type": "TaskFailed", "taskFailedEventDetails": {"resource": "invoke.waitForTaskToken", "error": "x"}}
+    assert not awaits_a_decision([*GATE_OPEN, failed])

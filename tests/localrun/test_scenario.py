@@ -113,6 +113,10 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
         def states_entered(_arn: str) -> list[str]:
             return []
 
+        @staticmethod
+        def history(_arn: str) -> list[dict[str, Any]]:
+            return []
+
     monkeypatch.setattr(localrun.demo.cli, "_answer_gates", lambda *_args, **_kwargs: [])
     driver = object.__new__(_Driver)
     driver.platform = Platform()  # type: ignore[assignment]
