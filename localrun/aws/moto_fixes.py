@@ -305,6 +305,20 @@ def execution_history_in_pages() -> Any:
     return mock.patch.object(StepFunctionResponse, "get_execution_history", get_execution_history)
 
 
+def stopped_callback_tasks_end_quietly() -> Any:
+    """A `.waitForTaskToken` task whose execution was stopped while its request ran (a gate's ApprovalRequest) goes
+    on in moto to evaluate its timeout, which a stopped execution skips, and takes the value under it for the timeout:
+    the task fails with States.Runtime ('>' not supported between 'dict' and 'int') and the stopped execution ends
+    FAILED. Step Functions ends it ABORTED; here the task ends where the stop found it."""
+    original = StateTaskServiceCallback._eval_integration_pattern
+
+    def eval_integration_pattern(state: Any, env: Any, *args: Any, **kwargs: Any) -> None:
+        if env.is_running():
+            original(state, env, *args, **kwargs)
+
+    return mock.patch.object(StateTaskServiceCallback, "_eval_integration_pattern", eval_integration_pattern)
+
+
 # -- Step Functions: definitions -------------------------------------------------------------------
 _VALID_DEFINITIONS: set[str] = set()
 

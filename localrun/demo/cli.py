@@ -429,6 +429,7 @@ def _follow(
     """Print states as they are entered and answer gates until the execution ends: (described, decisions)."""
     decisions: list[dict[str, Any]] = []
     started = time.monotonic()
+    session = platform.person(approver, "demo")  # signed in once, not at every look
     while True:
         described: dict[str, Any] = platform.sfn.describe_execution(executionArn=arn)
         printer.states(platform, arn, started)
@@ -436,6 +437,8 @@ def _follow(
             _answer_gates(
                 platform,
                 [arn],
+                session=session,
+                look=awaits_a_decision(platform.history(arn)),
                 approver=approver,
                 auto_approve=auto_approve,
                 reject=reject,
@@ -498,6 +501,8 @@ def _answer_gates(
     platform: Any,
     executions: Collection[str],
     *,
+    session: Any,
+    look: bool = True,
     approver: str,
     auto_approve: bool,
     reject: str | None,
@@ -505,13 +510,13 @@ def _answer_gates(
     before: Callable[[], None],
     elsewhere: DecisionUrl | None = None,
 ) -> list[dict[str, Any]]:
-    """Decide open requests of these executions as `approver`, as `tp approve|reject` does, through the real
-    handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what was decided."""
-    session = platform.person(approver, "demo")
-    pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"]
+    """Decide open requests of these executions as `approver` (signed in as `session`), as `tp approve|reject` does,
+    through the real handler; or, with `elsewhere`, say once per request how to decide it with tp, and return what
+    was decided. `look=False`: none of them awaits a decision (`awaits_a_decision`), so no request is looked for."""
     answered = elsewhere.take_decisions() if elsewhere is not None else []
     for result in answered:
         _say(f"    -> {result.get('decision')} by {result.get('by')} (tp, from another terminal)")
+    pending = json.loads(platform.call_decision_url(session, "GET")["body"])["pending"] if look else []
     for request in pending:
         if request["execution"] not in executions:
             continue
@@ -557,6 +562,24 @@ def _tp_instructions(url: str, session: Any, request_id: str) -> str:
         "      .venv/bin/tp pending\n"
         f'      .venv/bin/tp approve {request_id} --reason "..."   (or tp reject)'
     )
+
+
+_TASK_ENDS = ("TaskSucceeded", "TaskFailed", "TaskTimedOut", "TaskStartFailed", "TaskSubmitFailed")
+
+
+def awaits_a_decision(history: list[dict[str, Any]]) -> bool:
+    """Whether a task of the execution waits for its task token, as a gate waits for its decision: only then may it have
+    a request for an approver, so only then does the demo look at the decision URL (a look is a signed call of the real
+    handler, some 70 ms of CPU)."""
+    waiting = 0
+    for event in history:
+        details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+        if str(details.get("resource", "")).endswith(".waitForTaskToken"):
+            if event["type"] == "TaskScheduled":
+                waiting += 1
+            elif event["type"] in _TASK_ENDS:
+                waiting -= 1
+    return waiting > 0
 
 
 def retried(event: dict[str, Any]) -> tuple[int, Failure] | None:
@@ -926,6 +949,8 @@ class _Driver:
 
     def __init__(self, platform: LocalPlatform, training: LocalTraining, *, approver: str, verbose: bool) -> None:
         self.platform, self.training, self.approver, self.verbose = platform, training, approver, verbose
+        self.session = platform.person(approver, "demo")
+        """The approver, signed in once, not at every look."""
         self.arns: dict[str, str] = {}
         self.runs: dict[str, Run] = {}
         self.finished: set[str] = set()
@@ -991,10 +1016,14 @@ class _Driver:
                 _say(f"[{time.monotonic() - self.started:6.1f}s] {run_id} queued: {job.held_for}")
                 self.told_queued.add(run_id)
             self.queue_states[run_id] = said
-        if running:  # one look at the pending requests for every run (each look is a call of the decision URL)
+        running = [arn for arn in running if awaits_a_decision(self.platform.history(arn))]
+        if (
+            running
+        ):  # one look at the pending requests for every run at a gate (each look is a call of the decision URL)
             _answer_gates(
                 self.platform,
                 running,
+                session=self.session,
                 approver=self.approver,
                 auto_approve=True,
                 reject=None,

@@ -31,8 +31,10 @@ def test_the_teams_scenario_queues_borrows_preempts_resumes_exactly_and_refuses_
     assert hosts_left_running(tmp_path) == []
     runs = {run.id: run for run in outcome.runs}
     assert {i: r.status for i, r in runs.items()} == {r.id: r.expect for r in parsed.runs}
-    # Each run trains its own steps, as the scenario sized it (no one run's cap on every job).
-    assert 995 <= max(runs["b-own"].jobs[-1].losses) <= 1000 and 55 <= max(runs["a-second"].jobs[-1].losses) <= 60
+    # Each run trains its own steps, as the scenario sized it (no one run's cap on every job). b-own's 500 steps hold
+    # team-b's own instance past b-borrow's preemption, which came at b-own's step 85 on a loaded 2-core machine:
+    # jobs are held while a run goes to the queue, so b-own leads by b-borrow's start-up and its 20 steps.
+    assert 495 <= max(runs["b-own"].jobs[-1].losses) <= 500 and 55 <= max(runs["a-second"].jobs[-1].losses) <= 60
     # team-b borrowed team-a's idle instance and was preempted when team-a submitted; it resumed from its checkpoint.
     borrow = runs["b-borrow"]
     assert borrow.preemptions == 1 and len(borrow.jobs) == 2

@@ -113,6 +113,10 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
         def states_entered(_arn: str) -> list[str]:
             return []
 
+        @staticmethod
+        def history(_arn: str) -> list[dict[str, Any]]:
+            return []
+
     monkeypatch.setattr(localrun.demo.cli, "_answer_gates", lambda *_args, **_kwargs: [])
     driver = object.__new__(_Driver)
     driver.platform = Platform()  # type: ignore[assignment]
@@ -120,7 +124,7 @@ def test_the_terminal_says_once_that_a_job_waited_even_if_it_started_between_two
     driver.arns, driver.seen, driver.recent, driver.finished = {"a-second": "arn"}, {}, {}, set()
     driver.ended = lambda _run: False  # type: ignore[method-assign]
     driver.queue_states, driver.told_queued, driver.started, driver.verbose = {}, set(), 0.0, False
-    driver.approver = None  # type: ignore[assignment]
+    driver.approver = driver.session = None  # type: ignore[assignment]
     driver.follow()
     driver.follow()
     assert capsys.readouterr().out.count(f"a-second queued: {reason}") == 1

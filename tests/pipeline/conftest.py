@@ -15,7 +15,7 @@ from contract.layout import split_s3_uri
 from contract.service_requests import TrainingJobConstants
 from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
-from localrun.aws.engine import LocalPlatform
+from localrun.aws.engine import REST_SECONDS, LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.conftest import APPROVER, PATH_APPROVER, platform_context
 
@@ -86,7 +86,7 @@ class Pipeline:
                 (request,) = found
                 return request  # type: ignore[no-any-return]
             assert time.monotonic() < deadline, f"no pending {gate} request after {timeout} s: {self.local.explain()}"
-            time.sleep(max(0.02, 2 * (time.monotonic() - checked)))  # as LocalPlatform.wait rests, for the same reason
+            time.sleep(max(REST_SECONDS, 2 * (time.monotonic() - checked)))  # as LocalPlatform.wait rests
 
     def decide_raw(
         self,

@@ -21,6 +21,15 @@ def test_happy_path_registers_and_promotes_the_model(pipeline: Pipeline) -> None
     described = pipeline.finish(arn)
 
     assert described["status"] == "SUCCEEDED", pipeline.error(described)
+    # The history the local platform reads from moto's engine is GetExecutionHistory's answer, event for event.
+    history = pipeline.local.history(arn)
+    assert history == pipeline.local.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    assert {e["type"] for e in history} >= {
+        "TaskScheduled",
+        "TaskSucceeded",
+        "LambdaFunctionSucceeded",
+        "WaitStateExited",
+    }
     assert pipeline.local.states_entered(arn) == [
         "Handed over?",  # a run's first execution: not a hand-over (stacks/pipeline/handover.py)
         "Receive input",

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
 import pytest
 from moto.sagemaker.exceptions import SagemakerClientError
+from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+from moto.stepfunctions.parser.utils import TMP_THREADS
 
 from lambdas.shared import history
+from localrun.aws.cfn import ACCOUNT, REGION
 from localrun.aws.clock import Clock
 from localrun.backends.scripted import Poll
 from stacks.settings import PipelineSettings
@@ -44,6 +48,10 @@ def test_a_handler_that_keeps_failing_stops_the_job_and_records_why(pipeline_fac
     assert pipeline.training.stopped_names == [job]
     (message,) = _failure_messages(pipeline)
     assert message["error"] == "Lambda.TooManyRequestsException" and message["cleanup"]["stopped"] == [job]
+    # A failed run's history, its retries and catches too, is read from moto's engine as the API answers it.
+    history = pipeline.local.history(arn)
+    assert history == pipeline.local.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    assert {e["type"] for e in history} >= {"LambdaFunctionFailed", "ExecutionFailed"}
 
 
 def test_a_notification_that_cannot_be_sent_stops_the_job(pipeline_factory: Any) -> None:
@@ -174,3 +182,33 @@ def test_an_executions_budget_of_polls_fits_its_history() -> None:
     assert events <= 0.8 * history.HISTORY_LIMIT
     with pytest.raises(ValueError, match="polls_per_execution"):
         PipelineSettings(polls_per_execution=history.poll_budget() + 1)
+
+
+def test_a_run_stopped_while_its_gate_asks_for_approval_ends_there_without_a_runtime_error(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A platform that closes stops its runs; one may be in its gate's request (the task that then waits for a token).
+    local = pipeline.local
+    asking, stopped = threading.Event(), threading.Event()
+    run_handler, request = local._run_handler, local.functions.named("ApprovalRequest").name
+
+    def held_at_the_request(function_name: str, event: Any) -> Any:
+        if function_name == request:
+            asking.set()
+            stopped.wait(60)
+        return run_handler(function_name, event)
+
+    local._run_handler = held_at_the_request  # type: ignore[method-assign]
+    arn = pipeline.start(pipeline.input())
+    local.wait(arn, 120, until=asking.is_set)
+    local.sfn.stop_execution(executionArn=arn, error="PlatformClosed", cause="local platform closed")
+    stopped.set()
+    # The execution's thread ends once the state's work after the request has: then nothing more happens to it.
+    worker = stepfunctions_parser_backends[ACCOUNT][REGION].describe_execution(arn).exec_worker
+    (thread,) = [t for t in TMP_THREADS if getattr(t, "_target", None) == worker._execution_logic]
+    thread.join(60)
+    assert not thread.is_alive()
+    assert local.sfn.describe_execution(executionArn=arn)["status"] == "ABORTED"
+    types = [e["type"] for e in local.history(arn)]
+    assert types[-1] == "ExecutionAborted", types[-4:]
+    assert not [r.getMessage() for r in caplog.records if "States.Runtime" in r.getMessage()]
