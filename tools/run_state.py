@@ -21,6 +21,7 @@ from contract.config import ConfigError, from_hyperparameters
 from contract.layout import run_of, split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
 from lambdas.batch.monitor import status_of as batch_status
+from lambdas.handover import chain as handover_chain
 from lambdas.sagemaker.monitor import sagemaker_transitions
 from stacks.outputs import BATCH_JOB_LOG_GROUP, SAGEMAKER_TRAINING_LOG_GROUP
 
@@ -278,14 +279,16 @@ def snapshot(session: Any, execution_arn: str, *, now: datetime | None = None) -
     What the caller may not read (the logs, the checkpoints bucket) is left out and said in `notes`."""
     now = now or datetime.now(UTC)
     sfn = session.client("stepfunctions")
-    described = sfn.describe_execution(executionArn=execution_arn)
-    events = history(sfn, execution_arn)
+    # A run handed over to new executions: the one it is in now, and the events of all of them.
+    chain = handover_chain.executions(sfn, execution_arn)
+    described = chain[-1][1]
+    events = [event for arn, _ in chain for event in history(sfn, arn)]
     entered = [e["stateEnteredEventDetails"]["name"] for e in events if e["type"].endswith("StateEntered")]
     results = task_results(events)
     cost = estimate(results)
     progress = next((r for r in reversed(results) if {"checkpoint", "interruptions"} <= r.keys()), None)
     state: dict[str, Any] = {
-        "run": described["name"],
+        "run": chain[0][1]["name"],
         "status": described["status"],
         "state": entered[-1] if entered else None,
         "error": described.get("error"),

@@ -40,6 +40,7 @@ from contract.execution_state import CostEstimate, EstimateEvent
 from lambdas.approvals import identity
 from lambdas.approvals.store import PAGE_SIZE
 from lambdas.estimate.handler import estimate as estimate_cost
+from lambdas.handover import chain as handover_chain
 from lambdas.shared.errors import InvalidRequest, Problem
 from lambdas.validate import start_proof
 from lambdas.validate.code import PackedCode
@@ -703,7 +704,7 @@ def stop(
     so (exit 1)."""
     t = target(stage, region, state_machine, "")
     sfn = t.session.client("stepfunctions")
-    arn, described = live_execution(sfn, _execution_arn(t.need_state_machine(), run))
+    arn, described = handover_chain.executions(sfn, _execution_arn(t.need_state_machine(), run))[-1]
     if described["status"] in STOPPABLE:
         sfn.stop_execution(executionArn=arn, error=STOPPED_BY_USER, cause=reason)
         described = _after_stop(sfn, arn)
@@ -720,20 +721,6 @@ def stop(
     else:
         err.print(f"not stopped: {arn} {ended}", markup=False, highlight=False)
     raise typer.Exit(1)
-
-
-def live_execution(sfn: Any, arn: str) -> tuple[str, dict[str, Any]]:
-    """The execution a run goes on in: `arn`, or the one its hand-overs lead to (`continues_in`), and its
-    description."""
-    seen = {arn}
-    while True:
-        described: dict[str, Any] = sfn.describe_execution(executionArn=arn)
-        output = json.loads(described.get("output") or "null") if described["status"] == "SUCCEEDED" else None
-        following = output.get("continues_in") if isinstance(output, dict) else None
-        if not isinstance(following, str) or following in seen:
-            return arn, described
-        arn = following
-        seen.add(arn)
 
 
 STOPPABLE = ("RUNNING", "PENDING_REDRIVE")

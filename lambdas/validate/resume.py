@@ -29,6 +29,7 @@ from contract.execution_state import REQUEST, TRAIN_ROLE, InstanceGroup, Trainin
 from contract.layout import run_checkpoints
 from contract.resume import resume_problems
 from contract.stored_checkpoints import complete_checkpoints
+from lambdas.handover.chain import executions
 
 FIELD = "resume_from"
 _EXECUTION = re.compile(r"^arn:(aws[a-z-]*):states:([a-z0-9-]+):(\d{12}):execution:([^:]+):([^:]+)$")
@@ -73,13 +74,17 @@ def find(
     if state_machine_of(execution) != state_machine_of(own_execution):
         raise ResumeError(f"{resume_from!r}: not a run of this state machine ({state_machine_of(own_execution)})")
     try:
-        status = sfn.describe_execution(executionArn=execution)["status"]
+        # A run handed over to new executions is as the last of them is (its Validate ran in the first).
+        now, described = executions(sfn, execution)[-1]
     except ClientError as exc:
         if exc.response["Error"]["Code"] in ("ExecutionDoesNotExist", "ResourceNotFound"):
             raise ResumeError(f"{resume_from!r}: no such execution (Step Functions keeps them 90 days)") from None
         raise
-    if status in ("RUNNING", "PENDING_REDRIVE"):
-        raise ResumeError(f"{resume_from!r}: the run is still {status}; stop it first, then resume it")
+    if described["status"] in ("RUNNING", "PENDING_REDRIVE"):
+        where = "" if now == execution else f" (in {now}, which it was handed over to)"
+        raise ResumeError(
+            f"{resume_from!r}: the run is still {described['status']}{where}; stop it first, then resume it"
+        )
     request = resolved_request(sfn, execution)
     if request is None:
         raise ResumeError(f"{resume_from!r}: that execution never passed Validate, so it has no checkpoint")

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 
+from lambdas.validate import resume
+from lambdas.validate.resume import ResumeError
+from localrun.aws.cfn import REGION
 from localrun.aws.clock import Clock
 from localrun.aws.engine import LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
 from tests.pipeline.conftest import COMPLETED, Pipeline
+from tools import run_state
 
 
 def _executions(pipeline: Pipeline) -> list[dict[str, Any]]:
@@ -52,6 +58,7 @@ def test_a_run_crosses_three_executions_to_its_end_with_one_job_and_one_approval
     third = json.loads(pipeline.local.sfn.describe_execution(executionArn=second)["output"])["continues_in"]
     assert third.endswith(f":{base}-handover-2")
     pipeline.run_until(third, "Approval gate (promotion)")
+    _asked_after_the_run_by_its_first_execution(pipeline, first, third)
     pipeline.decide("promotion", "approve")
     described = pipeline.finish(third)
     assert described["status"] == "SUCCEEDED", pipeline.error(described)
@@ -71,6 +78,18 @@ def test_a_run_crosses_three_executions_to_its_end_with_one_job_and_one_approval
     (package,) = pipeline.model_packages()
     assert package["ModelApprovalStatus"] == "Approved"
     assert pipeline.lineage()["execution"] == first
+
+
+def _asked_after_the_run_by_its_first_execution(pipeline: Pipeline, first: str, now: str) -> None:
+    """`tp watch` and `resume_from` of a run's first execution see the run as it is in the execution it went on in
+    (the first one has succeeded, handing it over)."""
+    watched = run_state.snapshot(boto3.Session(region_name=REGION), first)
+    assert (watched["run"], watched["status"], watched["state"]) == ("long-run", "RUNNING", "Approval gate (promotion)")
+    assert watched["job"] is not None and watched["job"]["name"] == pipeline.training.created_names[0]
+    with pytest.raises(ResumeError, match=f"the run is still RUNNING \\(in {re.escape(now)}, which it was handed"):
+        resume.find(
+            first, own_execution=now, sfn=pipeline.local.sfn, s3=None, artifacts_bucket="", checkpoints_bucket=""
+        )
 
 
 @contextlib.contextmanager
