@@ -133,8 +133,11 @@ def test_tp_stop_of_a_handed_over_run_stops_its_live_execution_and_its_job(
     from tests.tools.test_tp import _wired
 
     # Each Wait a few seconds: the live execution is stopped between its polls, as a person would.
-    with _platform(handing_assembly, [[Poll()]], wait_scale=0.01) as pipeline:
+    with _platform(handing_assembly, [[Poll()]], wait_scale=0.02) as pipeline:
         _stop_the_live_execution(_wired(pipeline, monkeypatch))
+
+
+WAIT = "Wait for training"
 
 
 def _stop_the_live_execution(pipeline: Pipeline) -> None:
@@ -143,7 +146,9 @@ def _stop_the_live_execution(pipeline: Pipeline) -> None:
     first = pipeline.start(pipeline.input(), name="stopped-later")
     assert pipeline.finish(first)["status"] == "SUCCEEDED"
     live = json.loads(pipeline.local.sfn.describe_execution(executionArn=first)["output"])["continues_in"]
-    pipeline.run_until(live, "Check progress")
+    # Stopped in a Wait after a poll, as a person would: moto may end an execution stopped in a Lambda task FAILED.
+    entered = pipeline.local.states_entered
+    pipeline.local.wait(live, 120, until=lambda: "Check progress" in entered(live) and entered(live)[-1] == WAIT)
     result = tp("stop", "stopped-later", "--reason", "enough", "--json")
     assert result.exit_code == 0, result.output
     assert _answer(result.stdout)["execution_arn"] == live
