@@ -161,6 +161,12 @@ def _reading_threads() -> ThreadPoolExecutor:
     return _reading.started()
 
 
+def reading_threads() -> ThreadPoolExecutor:
+    """The process's reading threads, started at the first call, for reads of a file that no `DirectReader` reads
+    (a model folder's weights): threads started while other reads fault in new memory are slow to start."""
+    return _reading_threads()
+
+
 def _forget_reading_threads() -> None:
     _reading.forget()
 

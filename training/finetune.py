@@ -8,8 +8,10 @@ bytes are read into) and filled from the folder's files (training/hf_weights.py)
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,20 @@ _INITIALISERS = frozenset(
 )
 
 
+@contextmanager
+def _without_garbage_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector paused: a load makes thousands of objects (modules, parameters), and a
+    full collection they set off took 0.2 s of a 0.15-0.4 s load on the benchmark VM (docs/BENCHMARKS.md); the
+    next collection after it finds what this one would have."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 class _NoInitialisation(TorchFunctionMode):
     """Torch's own initialisation of the modules' parameters (nn.Linear's and nn.Embedding's reset_parameters)
     skipped: on the meta device it writes nothing, yet took half of building GPT-2 there (25 ms of 50)."""
@@ -70,6 +86,7 @@ class FineTuning:
     prefetch: hf_weights.Prefetch | None = None
 
     @classmethod
+    @_without_garbage_collection()
     def build(cls, cfg: JobConfig, paths: Paths, device: torch.device | None = None) -> tuple[FineTuning, nn.Module]:
         """The base model checked and the built-in model for it on the meta device; ConfigError if it cannot run.
         `device`: where the process will hold the model; on the CPU, unsharded (DDP, a world of one), the weights'
@@ -97,6 +114,7 @@ class FineTuning:
             raise ConfigError(f"hyperparameter {exc}") from exc
         return cls(base, cfg, adapters, prefetch), model
 
+    @_without_garbage_collection()
     def materialize(self, parts: list[nn.Module], device: torch.device) -> None:
         """Real storage on `device` for this process's parts of the model (the whole model, or its pipeline
         stages; sharded or not), filled from the folder; adapters initialised."""

@@ -7,12 +7,12 @@ own: its file's bytes are read into a page-aligned buffer and the parameter is a
 Conv1D weights a transposed view (nothing is copied); where the trainer knows that before it builds the model
 (DDP, a world of one), these reads start first (`Prefetch`). Any other part is read straight into its parameter where
 the file's dtype is the parameter's, else into a buffer of that part alone (then converted or transposed into it).
-The reads are of 8 MiB chunks, several at once, with O_DIRECT where the file system allows: a cold load then runs
-at the disk's speed (the page cache's small read-ahead halved it on the benchmark VM, docs/BENCHMARKS.md);
-safetensors' own loader maps the whole file, whose page faults read it at that pace too, which is why the reads
-are done here. A part that is not whole rows of the file's tensor (a transposed GPT-2 Conv1D weight under FSDP)
-is read through a memory map, whose reads touch only its pages. No process holds a whole file or another rank's
-part. The folder's layout and checks are contract/model_folder.py's.
+The reads are of 8 MiB chunks, several at once (by the process's reading threads), with O_DIRECT where the file
+system allows: a cold load then runs at the disk's speed (the page cache's small read-ahead halved it on the
+benchmark VM, docs/BENCHMARKS.md); safetensors' own loader maps the whole file, whose page faults read it at that
+pace too, which is why the reads are done here. A part that is not whole rows of the file's tensor (a transposed
+GPT-2 Conv1D weight under FSDP) is read through a memory map, whose reads touch only its pages. No process holds a
+whole file or another rank's part. The folder's layout and checks are contract/model_folder.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -201,8 +201,6 @@ def _read_aligned(fd: int, start: int, target: memoryview) -> None:
 
 
 _CHUNK = 8 << 20
-_READERS = 8
-"""Reads in flight at once: O_DIRECT has no kernel read-ahead, so the loader keeps the disk busy itself."""
 _FINISHERS = min(4, os.cpu_count() or 1)
 """Conversions and transpositions at once (torch's copies release the GIL)."""
 
@@ -282,27 +280,35 @@ def _chunk_reads(readers: ThreadPoolExecutor, fd: int, direct: bool, part: _Part
 
 
 def _read_parts(folder: Path, parts: list[_Part]) -> None:
-    """Every part's bytes, in chunks read `_READERS` at a time, with O_DIRECT where the file system allows (a
-    cold read at the disk's speed, without the page cache's copy and its small read-ahead); each part's finish
+    """Every part's bytes, in chunks read by the process's reading threads (`direct_io.READ_THREADS` at a time),
+    with O_DIRECT where the file system allows (a cold read at the disk's speed, without the page cache's copy and
+    its small read-ahead); each part's finish
     (a conversion or transposition into its parameter) runs as soon as its chunks are in, while others are read."""
     descriptors = {file: _open_to_read(folder / file) for file in sorted({part.file for part in parts})}
+    readers = direct_io.reading_threads()
     try:
-        with (
-            ThreadPoolExecutor(_READERS, thread_name_prefix="weights") as readers,
-            ThreadPoolExecutor(_FINISHERS) as finisher,
-        ):
-            finishing = []
+        with ThreadPoolExecutor(_FINISHERS) as finisher:
+            chunks, finishing = [], []
             for part in parts:
-                chunks = _chunk_reads(readers, *descriptors[part.file], part)
+                chunks += (reads := _chunk_reads(readers, *descriptors[part.file], part))
                 if part.finish is not None:
-                    finishing.append(finisher.submit(_after, chunks, part.finish))
-                else:
-                    finishing += chunks
-            for done in finishing:
-                done.result()
+                    finishing.append(finisher.submit(_after, reads, part.finish))
+            _all_done([*chunks, *finishing])
     finally:
         for fd, _ in descriptors.values():
             os.close(fd)
+
+
+def _all_done(futures: list[Future[None]]) -> None:
+    """Each future's result (the first error raised), and none left running: those not started are cancelled, the
+    others waited for (the reads' files are closed after)."""
+    try:
+        for done in futures:
+            done.result()
+    finally:
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 def _after(chunks: list[Future[None]], finish: Callable[[], None]) -> None:
@@ -387,18 +393,14 @@ class Prefetch:
                 wanted.setdefault(file, []).append(item)
         parts, self.views = _buffers(wanted)
         self._descriptors = {file: _open_to_read(base.path / file) for file in wanted}
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="weights")
-        self._chunks = [
-            chunk for part in parts for chunk in _chunk_reads(self._readers, *self._descriptors[part.file], part)
-        ]
+        readers = direct_io.reading_threads()
+        self._chunks = [chunk for part in parts for chunk in _chunk_reads(readers, *self._descriptors[part.file], part)]
 
     def wait(self) -> None:
         """Every read done (an error of one raised), the threads and files closed."""
         try:
-            for chunk in self._chunks:
-                chunk.result()
+            _all_done(self._chunks)
         finally:
-            self._readers.shutdown(wait=True, cancel_futures=True)
             for fd, _ in self._descriptors.values():
                 os.close(fd)
             self._descriptors = {}

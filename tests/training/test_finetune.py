@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ from training_helpers import (
 from contract import model_folder as mf
 from contract.config import ConfigError, from_hyperparameters
 from contract.sft import parse_record
-from training import hf_weights, sft
+from training import direct_io, hf_weights, sft
 from training.finetune import FineTuning
 from training.models.build import ARCHS
 from training.sagemaker_contract import Paths
@@ -414,6 +416,62 @@ def test_each_weight_is_the_buffer_its_bytes_were_read_into(arch: str, prefetch:
         storages.add(param.untyped_storage().data_ptr())
     assert len(storages) == len(params)
     assert any(w.transposed for w in mf.weight_names(base.args)) == (arch == "gpt2")
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_load_reads_with_the_processs_reading_threads_and_starts_none(
+    prefetch: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A world of one's load (its reads started early, or not) reads every weight with the process's reading
+    threads, started before it: threads started while the reads fault in new memory were slow to start
+    (docs/BENCHMARKS.md)."""
+    folder = gpt2_folder(tmp_path / "gpt2")
+    pool = direct_io.reading_threads()
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recorded(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recorded)
+    reading: set[str] = set()
+    preadv = os.preadv
+
+    def counted(fd: int, buffers: list[Any], offset: int, *rest: Any) -> int:
+        reading.add(threading.current_thread().name)
+        return preadv(fd, buffers, offset, *rest)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    model = _ours(folder, prefetch=prefetch)
+    assert started == []
+    assert reading and reading <= {thread.name for thread in cast(Any, pool)._threads}
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[name], value) for name, value in _file_tensors(folder).items())
+
+
+def test_the_garbage_collector_is_paused_within_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building and loading the model pause Python's cyclic garbage collector (a full collection there took 0.2 s
+    of a load, docs/BENCHMARKS.md): it is off as the folder is opened, as the parameters are placed, as every read
+    is made, and on again after."""
+    folder = gpt2_folder(tmp_path / "gpt2")
+    enabled: dict[str, set[bool]] = {}
+
+    def recording(name: str, call: Any) -> Any:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            enabled.setdefault(name, set()).add(gc.isenabled())
+            return call(*args, **kwargs)
+
+        return recorded
+
+    for name in ("open_base_model", "place_in_read_buffers", "load_weights"):
+        monkeypatch.setattr(hf_weights, name, recording(name, getattr(hf_weights, name)))
+    monkeypatch.setattr(os, "preadv", recording("preadv", os.preadv))
+    model = _ours(folder, prefetch=True)
+    assert enabled == {name: {False} for name in ("open_base_model", "place_in_read_buffers", "load_weights", "preadv")}
+    assert gc.isenabled()
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[name], value) for name, value in _file_tensors(folder).items())
 
 
 def _fsdp_reads(folder: Path, rank: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[int, int]], Any]:
