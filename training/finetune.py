@@ -48,12 +48,12 @@ def _without_garbage_collection() -> Iterator[None]:
     """Python's cyclic garbage collector paused: a load makes thousands of objects (modules, parameters), and a
     full collection they set off took 0.2 s of a 0.15-0.4 s load on the benchmark VM (docs/BENCHMARKS.md); the
     next collection after it finds what this one would have."""
-    paused = gc.isenabled()
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if paused:
+        if enabled:
             gc.enable()
 
 
