@@ -34,6 +34,8 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state
     StateTaskServiceCallback,
 )
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import WaitFunction
+from moto.stepfunctions.parser.asl.eval.environment import Environment
+from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
@@ -317,6 +319,25 @@ def stopped_callback_tasks_end_quietly() -> Any:
             original(state, env, *args, **kwargs)
 
     return mock.patch.object(StateTaskServiceCallback, "_eval_integration_pattern", eval_integration_pattern)
+
+
+def stopped_executions_stay_stopped() -> Any:
+    """A task of a stopped execution that then fails (its Lambda raised, its request timed out) makes moto replace
+    the stop with the failure: the execution ends FAILED (or TIMED_OUT). Step Functions ends a stopped execution
+    ABORTED, with the stop's error and cause, whatever its task in flight does after."""
+    set_error, set_timed_out = Environment.set_error, Environment.set_timed_out
+
+    def unless_stopped(original: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(original)
+        def end(env: Any, *args: Any, **kwargs: Any) -> None:
+            if not isinstance(env._program_state, ProgramStopped):
+                original(env, *args, **kwargs)
+
+        return end
+
+    return mock.patch.multiple(
+        Environment, set_error=unless_stopped(set_error), set_timed_out=unless_stopped(set_timed_out)
+    )
 
 
 # -- Step Functions: definitions -------------------------------------------------------------------

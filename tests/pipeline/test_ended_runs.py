@@ -43,6 +43,24 @@ def test_a_stopped_run_tells_its_recipients_who_stopped_it_and_why(pipeline_fact
     assert "alice@example.org" in notice["MessageAttributes"]["recipients"]["Value"]
 
 
+def test_a_run_stopped_while_its_task_fails_ends_stopped_and_is_told_so(pipeline_factory: Any) -> None:
+    """The task in flight when a person stops the run fails after the stop: the run still ends ABORTED, as Step
+    Functions ends it, and its recipients are told who stopped it (not left untold as if its states had told)."""
+    started: dict[str, str] = {}
+
+    def stopped_then_failed(_name: str, _request: dict[str, Any]) -> None:
+        pipeline.local.sfn.stop_execution(executionArn=started["arn"], error="StoppedByUser", cause="wrong dataset")
+        raise RuntimeError("the poll in flight fails after the stop")
+
+    pipeline = pipeline_factory(scripts=[[Poll(), Poll(effect=stopped_then_failed)]], clock=Clock(wait_scale=0.001))
+    started["arn"] = arn = pipeline.start(pipeline.input(notify=["alice@example.org"]))
+    described = pipeline.finish(arn)
+    assert (described["status"], pipeline.error(described)) == ("ABORTED", ("StoppedByUser", "wrong dataset"))
+    _told(pipeline, arn)
+    (notice,) = _ended_notices(pipeline.local.messages("TopicsRuns"))
+    assert json.loads(notice["Message"])["reason"] == "stopped: wrong dataset (StoppedByUser)"
+
+
 def test_a_run_that_told_its_recipients_itself_is_not_told_again(pipeline_factory: Any) -> None:
     pipeline = pipeline_factory(scripts=[[Poll(), QUALITY_MISSED]])
     arn = pipeline.start(pipeline.input())

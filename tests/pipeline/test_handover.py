@@ -137,18 +137,13 @@ def test_tp_stop_of_a_handed_over_run_stops_its_live_execution_and_its_job(
         _stop_the_live_execution(_wired(pipeline, monkeypatch))
 
 
-WAIT = "Wait for training"
-
-
 def _stop_the_live_execution(pipeline: Pipeline) -> None:
     from tests.tools.test_tp import _answer, tp
 
     first = pipeline.start(pipeline.input(), name="stopped-later")
     assert pipeline.finish(first)["status"] == "SUCCEEDED"
     live = json.loads(pipeline.local.sfn.describe_execution(executionArn=first)["output"])["continues_in"]
-    # Stopped in a Wait after a poll, as a person would: moto may end an execution stopped in a Lambda task FAILED.
-    entered = pipeline.local.states_entered
-    pipeline.local.wait(live, 120, until=lambda: "Check progress" in entered(live) and entered(live)[-1] == WAIT)
+    pipeline.run_until(live, "Check progress")
     result = tp("stop", "stopped-later", "--reason", "enough", "--json")
     assert result.exit_code == 0, result.output
     assert _answer(result.stdout)["execution_arn"] == live
