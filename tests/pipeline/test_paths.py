@@ -210,6 +210,7 @@ def test_a_failed_preflight_check_retries_on_fresh_instances_from_the_checkpoint
         "attempt": 2,
         "retried_after": {"error": "PreflightFailed", "cause": PREFLIGHT.failure_reason},
         "billed": {"actual_usd": 0.0, "on_demand_usd": 0.0, "spot_savings_usd": 0.0},  # the failed job billed none
+        "polls": 2,  # the execution's polls, of every attempt: its history's budget is the execution's
     }
 
 
