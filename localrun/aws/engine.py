@@ -296,6 +296,7 @@ class LocalPlatform:
         self, execution_arn: str, timeout: float = 60.0, *, until: Callable[[], bool] | None = None
     ) -> dict[str, Any]:
         """Describe the execution once `until()` holds (without `until`, once it ends); fail after `timeout` seconds.
+        The description is taken after `until()` held: it is never older than what `until()` saw.
 
         An ended execution does not end the wait for `until`: what follows its end (the EventBridge
         deliveries of its status change) happens on other threads, after the status is ABORTED.
@@ -303,9 +304,10 @@ class LocalPlatform:
         deadline = time.monotonic() + timeout
         while True:
             checked = time.monotonic()
-            described: dict[str, Any] = self.sfn.describe_execution(executionArn=execution_arn)
-            if until() if until is not None else described["status"] != "RUNNING":
-                return described
+            if until is None or until():
+                described: dict[str, Any] = self.sfn.describe_execution(executionArn=execution_arn)
+                if until is not None or described["status"] != "RUNNING":
+                    return described
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"what was awaited did not happen in {timeout} s: {self.explain(execution_arn)}; "

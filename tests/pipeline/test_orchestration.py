@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -212,3 +213,18 @@ def test_a_run_stopped_while_its_gate_asks_for_approval_ends_there_without_a_run
     types = [e["type"] for e in local.history(arn)]
     assert types[-1] == "ExecutionAborted", types[-4:]
     assert not [r.getMessage() for r in caplog.records if "States.Runtime" in r.getMessage()]
+
+
+def test_a_wait_answers_with_the_execution_as_it_was_when_what_it_awaited_held(pipeline: Pipeline) -> None:
+    """What a wait returns is described after `until()` held, never before: a test that awaits an execution's end (or
+    its hand-over) reads the ended execution, not the running one it looked at first."""
+    local = pipeline.local
+    arn = pipeline.start(pipeline.input(instance_count=0))  # Validate refuses it: the run ends at once
+
+    def ended() -> bool:
+        deadline = time.monotonic() + 60
+        while local.sfn.describe_execution(executionArn=arn)["status"] == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
+
+    assert local.wait(arn, 60, until=ended)["status"] == "FAILED"
