@@ -330,8 +330,9 @@ def stopped_executions_stay_stopped() -> Any:
     def unless_stopped(original: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(original)
         def end(env: Any, *args: Any, **kwargs: Any) -> None:
-            if not isinstance(env._program_state, ProgramStopped):
-                original(env, *args, **kwargs)
+            with env._state_mutex:  # the lock set_stop takes (reentrant): no stop lands between the look and the end
+                if not isinstance(env._program_state, ProgramStopped):
+                    original(env, *args, **kwargs)
 
         return end
 
