@@ -21,7 +21,8 @@ check's own calls per step in a gloo world on this machine.
 `peer` runs nanoGPT and this package's trainer on tiny Shakespeare side by side (training/bench_peer.py).
 `weights` writes a GPT-2-124M-sized model folder (Hugging Face layout, fp32) and times the trainer's cold load of
 it (the folder checked, the model built on meta, its storage made and every weight read: training/finetune.py)
-against the disk's direct read of as many bytes, probed just before and just after each load.
+against the disk's direct read of as many bytes, probed just before and just after each load, and against the
+same read into memory the process has not touched (as a load's reads fill new memory), probed before each load.
 Each prints one row; timings are for docs/BENCHMARKS.md, never asserted.
 """
 
@@ -53,7 +54,7 @@ from contract.layout import MASTER_ADDR_ENV, MASTER_PORT_ENV, NPROC_ENV, OPT_ML_
 from contract.model_args import PRESETS
 from training import bench_peer
 from training.data import DistributedTokenLoader, TokenSamples, write_shard
-from training.direct_io import aligned_buffer, evict
+from training.direct_io import CHUNK, aligned_buffer, evict, reading_threads
 from training.distributed import new_group
 from training.sagemaker_contract import Paths
 from training.signals import StopRequest
@@ -237,6 +238,30 @@ class _DiskProbe:
         finally:
             os.close(fd)
         return self._gibps(time.perf_counter() - start)
+
+    def read_into_new_memory(self) -> float:
+        """The file read into memory the process has not touched (page-aligned, advised to huge pages), as a load
+        must read what it keeps, in `hf_weights`' reads (`CHUNK` bytes each, by the process's reading threads at
+        once). Each new page is faulted in (and zeroed) by the read; `read` reads into one buffer, touched already."""
+        fd = os.open(self.path, os.O_RDONLY | (os.O_DIRECT if self.method == "O_DIRECT" else 0))
+        if self.method != "O_DIRECT":
+            evict(self.path)
+        target = aligned_buffer(self.blocks * _DIRECT_BLOCK)
+        span = memoryview(target)
+        try:
+            start = time.perf_counter()
+            reads = [
+                reading_threads().submit(os.preadv, fd, [span[at : at + CHUNK]], at)
+                for at in range(0, len(span), CHUNK)
+            ]
+            for read in reads:
+                read.result()
+            seconds = time.perf_counter() - start
+        finally:
+            os.close(fd)
+            span.release()
+            target.close()
+        return self._gibps(seconds)
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -478,11 +503,12 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
         size = weights.stat().st_size
         probe = _DiskProbe(Path(work), size)
         cfg = from_hyperparameters({"model.init_from": str(folder), "seq_len": "1024"})
-        loads, probes, cpu = [], [], []
+        loads, probes, cpu, new_memory = [], [], [], []
         try:
             probe.write()
             for _ in range(repeats):
                 evict(weights)
+                new_memory.append(probe.read_into_new_memory())
                 before = probe.read()
 
                 def load() -> None:
@@ -505,6 +531,9 @@ def bench_weights(*, repeats: int, parent: Path | None) -> dict[str, Any]:
             "load_cpu_s": [[round(user, 2), round(kernel, 2)] for user, kernel in cpu],
             "direct_read_gibps": [[round(rate, 2) for rate in pair] for pair in probes],
             **_ratios("load_over_direct_read", gib, loads, probes),
+            "new_memory_read_gibps": [round(rate, 2) for rate in new_memory],
+            # What a load cannot go below on this machine: its reads fault in (and zero) the memory they fill.
+            **_ratios("load_over_new_memory_read", gib, loads, [(rate, rate) for rate in new_memory]),
             "direct_io": probe.method,
             "torch": torch.__version__,
         }

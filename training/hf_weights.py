@@ -185,7 +185,7 @@ def _read_chunk(fd: int, start: int, target: memoryview, direct: bool) -> None:
 def _read_aligned(fd: int, start: int, target: memoryview) -> None:
     buffer = getattr(_thread_buffers, "buffer", None)
     if buffer is None:
-        buffer = _thread_buffers.buffer = direct_io.aligned_buffer(_CHUNK + 2 * direct_io.ALIGNMENT)
+        buffer = _thread_buffers.buffer = direct_io.aligned_buffer(direct_io.CHUNK + 2 * direct_io.ALIGNMENT)
     first = start - start % direct_io.ALIGNMENT
     end = -(-(start + len(target)) // direct_io.ALIGNMENT) * direct_io.ALIGNMENT
     view = memoryview(buffer)[: end - first]
@@ -200,7 +200,6 @@ def _read_aligned(fd: int, start: int, target: memoryview) -> None:
     target[:] = view[start - first : start - first + len(target)]
 
 
-_CHUNK = 8 << 20
 _FINISHERS = min(4, os.cpu_count() or 1)
 """Conversions and transpositions at once (torch's copies release the GIL)."""
 
@@ -263,19 +262,19 @@ def _through_page_cache(fd: int) -> None:
 
 
 def _chunk_reads(readers: ThreadPoolExecutor, fd: int, direct: bool, part: _Part) -> list[Future[None]]:
-    """The reads of a part, `_CHUNK` bytes each."""
+    """The reads of a part, `direct_io.CHUNK` bytes each."""
     if part.staging is not None:
         first = part.start - part.start % direct_io.ALIGNMENT
         need = part.start - first + part.target.numel() * part.target.element_size()
         span = memoryview(part.staging)
         return [
-            readers.submit(_read_span, fd, first + at, span[at : at + _CHUNK], min(_CHUNK, need - at))
-            for at in range(0, need, _CHUNK)
+            readers.submit(_read_span, fd, first + at, span[at : at + direct_io.CHUNK], min(direct_io.CHUNK, need - at))
+            for at in range(0, need, direct_io.CHUNK)
         ]
     target = _bytes(part.target)
     return [
-        readers.submit(_read_chunk, fd, part.start + at, target[at : at + _CHUNK], direct)
-        for at in range(0, len(target), _CHUNK)
+        readers.submit(_read_chunk, fd, part.start + at, target[at : at + direct_io.CHUNK], direct)
+        for at in range(0, len(target), direct_io.CHUNK)
     ]
 
 

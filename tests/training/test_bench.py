@@ -63,6 +63,30 @@ def test_direct_io_probe_measures_both_ways_and_leaves_nothing(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_read_into_new_memory_reads_every_byte_of_the_probe_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = _DiskProbe(tmp_path, 1 << 20)
+    spans: list[tuple[int, int, int]] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        got = real(fd, buffers, offset)
+        spans.append((offset, sum(len(b) for b in buffers), got))
+        return got
+
+    try:
+        probe.write()
+        monkeypatch.setattr(os, "preadv", preadv)
+        assert probe.read_into_new_memory() > 0
+    finally:
+        monkeypatch.undo()
+        probe.close()
+    size = probe.blocks * (64 << 20)
+    assert sorted(offset for offset, _, _ in spans) == list(range(0, size, 8 << 20))
+    assert all(asked == got == 8 << 20 for _, asked, got in spans)
+
+
 def test_a_bracketed_rate_is_the_probes_bytes_over_their_summed_times() -> None:
     assert _bracketed(1.0, 3.0) == pytest.approx(1.5)  # 1 GiB in 1 s and 1 GiB in 1/3 s: 2 GiB in 4/3 s
     assert _bracketed(2.0, 2.0) == pytest.approx(2.0)
