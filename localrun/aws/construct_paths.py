@@ -26,6 +26,10 @@ class StateMachine:
     path: str  # construct path, e.g. "<stack>/TrainingPipeline"
     resource: dict[str, Any]
 
+    def definition(self, resolver: Resolver) -> str:
+        """Its definition as deployed: the DefinitionString with its references resolved as CloudFormation would."""
+        return str(resolver.resolve(self.stack, self.resource["Properties"]["DefinitionString"]))
+
 
 def _construct(metadata_path: str) -> str:
     """The construct path of a CloudFormation resource's L2 construct: no leading '/', no '/Resource'."""

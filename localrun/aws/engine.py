@@ -455,7 +455,7 @@ class LocalPlatform:
             )
         machine = self.state_machine
         properties = machine.resource["Properties"]
-        definition = self.resolver.resolve(machine.stack, properties["DefinitionString"])
+        definition = machine.definition(self.resolver)
         self.definition = json.loads(definition)
         self.state_machine_role_arn = str(self.resolver.resolve(machine.stack, properties["RoleArn"]))
         # Under the name CloudFormation gives it (its StateMachineName), which the rules' patterns and policies name.

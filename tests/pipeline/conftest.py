@@ -13,7 +13,8 @@ import pytest
 
 from contract.layout import split_s3_uri
 from contract.service_requests import TrainingJobConstants
-from localrun.aws.cfn import REGION
+from localrun.aws import construct_paths
+from localrun.aws.cfn import REGION, Assembly, Resolver
 from localrun.aws.clock import Clock
 from localrun.aws.engine import REST_SECONDS, LocalPlatform
 from localrun.backends.scripted import Poll, ScriptedTraining
@@ -149,6 +150,14 @@ def guarded_assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
     outdir = tmp_path_factory.mktemp("guarded")
     build_platform(context, outdir=str(outdir)).synth()
     return outdir
+
+
+@pytest.fixture(scope="session")
+def deployed_definition(platform: Any) -> dict[str, Any]:
+    """The pipeline's state machine definition as a LocalPlatform of the session's platform deploys it, resolved once
+    for the tests that only read it (a platform start is about 1.3 CPU-s). Read-only: it is shared."""
+    assembly = Assembly.load(Path(platform.assembly.directory))
+    return json.loads(construct_paths.state_machine(assembly).definition(Resolver(assembly)))  # type: ignore[no-any-return]
 
 
 HANDOVER_BUDGET = 3

@@ -164,9 +164,9 @@ def test_create_training_job_request_carries_every_platform_field(pipeline: Pipe
     }
 
 
-def test_security_fields_are_constants_of_the_definition(pipeline: Pipeline) -> None:
+def test_security_fields_are_constants_of_the_definition(deployed_definition: dict[str, Any]) -> None:
     """No execution input can reach the role, image, VPC, keys, encryption or output locations."""
-    states = pipeline.local.definition["States"]
+    states = deployed_definition["States"]
     for name in ("Create training job", "Create training job (instance storage)"):
         parameters = states[name]["Parameters"]
         for field in ("RoleArn", "AlgorithmSpecification", "VpcConfig", "OutputDataConfig", "ProfilerConfig"):
@@ -181,8 +181,8 @@ def test_security_fields_are_constants_of_the_definition(pipeline: Pipeline) -> 
         assert ("VolumeKmsKeyId" in resource) == (name == "Create training job")
 
 
-def test_every_task_state_has_a_timeout(pipeline: Pipeline) -> None:
-    tasks = {n: s for n, s in pipeline.local.definition["States"].items() if s["Type"] == "Task"}
+def test_every_task_state_has_a_timeout(deployed_definition: dict[str, Any]) -> None:
+    tasks = {n: s for n, s in deployed_definition["States"].items() if s["Type"] == "Task"}
     assert len(tasks) >= 20
     assert [n for n, s in tasks.items() if "TimeoutSeconds" not in s and "TimeoutSecondsPath" not in s] == []
 

@@ -87,11 +87,16 @@ def test_stopping_the_execution_stops_its_job(pipeline_factory: Any) -> None:
     assert status["TrainingJobStatus"] == "Stopped"
 
 
-def test_the_state_machine_runs_under_the_name_its_template_gives(pipeline: Pipeline) -> None:
-    """The rules' event patterns and the policies name the machine by its StateMachineName, as they do in AWS."""
+def test_the_state_machine_runs_under_the_name_its_template_gives(
+    pipeline: Pipeline, deployed_definition: dict[str, Any]
+) -> None:
+    """The rules' event patterns and the policies name the machine by its StateMachineName, as they do in AWS; its
+    definition is the one the tests that only read it share."""
     machine = pipeline.local.state_machine
     name = pipeline.local.resolver.resolve(machine.stack, machine.resource["Properties"]["StateMachineName"])
     assert pipeline.local.state_machine_arn.endswith(f":stateMachine:{name}")
+    deployed = pipeline.local.sfn.describe_state_machine(stateMachineArn=pipeline.local.state_machine_arn)
+    assert json.loads(deployed["definition"]) == deployed_definition
 
 
 def test_a_create_that_succeeded_unanswered_is_adopted_not_repeated(pipeline: Pipeline) -> None:
