@@ -6,10 +6,12 @@ moto lacks altogether are in localrun/aws/services.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 from unittest import mock
@@ -23,6 +25,7 @@ from moto.sagemaker.models import SageMakerModelBackend
 from moto.sagemaker.responses import SageMakerResponse
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.component.program.program import Program
 from moto.stepfunctions.parser.asl.component.state.exec import execute_state
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
     state_task_service_aws_sdk as sdk,
@@ -339,6 +342,61 @@ def stopped_executions_stay_stopped() -> Any:
     return mock.patch.multiple(
         Environment, set_error=unless_stopped(set_error), set_timed_out=unless_stopped(set_timed_out)
     )
+
+
+WORKER_START_SECONDS = 30.0
+"""The longest a stop waits for the execution's worker to take it (the worker starts in milliseconds)."""
+
+
+def executions_stopped_before_their_worker_starts() -> Any:
+    """moto's execution is RUNNING once StartExecution answers, but the environment a stop acts on is made, and set
+    running, only as its worker's threads start: a stop before then (a platform closed right after a start) fails
+    with AttributeError ('NoneType' object has no attribute 'set_stop'), or is lost once the environment exists but
+    runs nothing yet. Step Functions stops an execution at any time: here such a stop is handed to the worker, which
+    takes it before its first state, and the stop returns once it has: the execution ends ABORTED, having run nothing.
+    """
+    stop, evaluate = ExecutionWorker.stop, Program._eval_body
+    lock = threading.Lock()
+    handed: dict[str, tuple[datetime, str | None, str | None]] = {}
+
+    def stop_worker(worker: ExecutionWorker, stop_date: datetime, error: str | None, cause: str | None) -> None:
+        arn = worker._evaluation_details.execution_details.arn
+        with lock:
+            begun = worker.env is not None and worker.env._program_state is not None
+            if not begun:
+                handed[arn] = (stop_date, error, cause)
+        if begun:
+            stop(worker, stop_date=stop_date, error=error, cause=cause)
+            return
+        deadline = time.monotonic() + WORKER_START_SECONDS
+        while arn in handed:  # until the worker took it, while these patches (and the mock) are still in place
+            if time.monotonic() > deadline:
+                with lock:
+                    handed.pop(arn, None)
+                raise TimeoutError(f"execution {arn}: its worker did not start in {WORKER_START_SECONDS} s")
+            time.sleep(0.01)
+
+    def evaluate_unless_stopped(program: Program, env: Environment) -> None:
+        with lock:
+            stopped = handed.pop(env.states.context_object.context_object_data["Execution"]["Id"], None)
+        if stopped is not None:
+            stop_date, error, cause = stopped
+            env.set_stop(stop_date=stop_date, cause=cause, error=error)
+        evaluate(program, env)
+
+    return _together(
+        mock.patch.object(ExecutionWorker, "stop", stop_worker),
+        mock.patch.object(Program, "_eval_body", evaluate_unless_stopped),
+    )
+
+
+@contextlib.contextmanager
+def _together(*patches: Any) -> Iterator[None]:
+    """Several patches as one."""
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
 
 
 # -- Step Functions: definitions -------------------------------------------------------------------

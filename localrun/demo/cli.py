@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 
 from contract.distributions import distribution
-from contract.execution_state import TRAIN, Failure
+from contract.execution_state import REQUEST, TRAIN, Failure
 from contract.layout import split_s3_uri
 from contract.metrics import TOKENS_PER_SEC, TRAIN_LOSS, VALIDATION_LOSS, parse_line
 from contract.service_requests import EXECUTION_TAG
@@ -62,6 +62,7 @@ from localrun.demo.fine_tuning import build_fine_tuning
 from localrun.demo.jobs import loss_curve
 from localrun.demo.scenario import After, Run, Scenario, ScenarioError
 from stacks.outputs import TEAM_BUDGET
+from stacks.pipeline.polled_job import RETRY_TOLD
 from stacks.settings import OVERRIDES_VARIABLE, settings_from_context
 from tools.approval_view import decided
 from tools.scenario_files import is_scenario
@@ -582,15 +583,40 @@ def awaits_a_decision(history: list[dict[str, Any]]) -> bool:
     return waiting > 0
 
 
-def retried(event: dict[str, Any]) -> tuple[int, Failure] | None:
-    """The training step's attempt a state left the execution in and why it replaced the last job (Next attempt
-    in stacks/pipeline/polled_job.py); None when the state's output holds no replaced job."""
-    details = event.get("stateExitedEventDetails")
-    state = json.loads(details.get("output") or "null") if details else None
-    train = state.get(str(TRAIN).removeprefix("$.")) if isinstance(state, dict) else None
-    if not isinstance(train, dict) or not train.get("retried_after"):
+@dataclass(frozen=True)
+class Retry:
+    """A new attempt of the training step, as the state that tells the run why (RETRY_TOLD) enters with it."""
+
+    attempt: int
+    failure: Failure
+    """Why the last job was replaced."""
+    cluster: str
+    """The cluster the attempt runs on: the request's `cluster`, as the run's notification names it (next_cluster)."""
+    alternative: int
+    """Which of the request's clusters that is: 0 its own, i its fallback[i - 1]."""
+
+    def line(self, last_alternative: int) -> str:
+        """What the terminal says of it, after an attempt on the request's cluster `last_alternative`."""
+        moved = self.alternative != last_alternative
+        where = f"the fallback cluster {self.cluster}" if moved else "fresh instances"
+        why = self.failure.cause or self.failure.error
+        return f"retrying: attempt {self.attempt}, a new job on {where}, after {why}"
+
+
+def retried(event: dict[str, Any]) -> Retry | None:
+    """The training step's new attempt, from the state that tells the run why it retries (polled_job.py RETRY_TOLD),
+    entered once the attempt's cluster is settled; None for any other event."""
+    details = event.get("stateEnteredEventDetails")
+    if not details or not details["name"].startswith(RETRY_TOLD):
         return None
-    return int(train["attempt"]), Failure.model_validate(train["retried_after"])
+    state = json.loads(details["input"])
+    train, request = state[str(TRAIN).removeprefix("$.")], state[str(REQUEST).removeprefix("$.")]
+    return Retry(
+        attempt=int(train["attempt"]),
+        failure=Failure.model_validate(train["retried_after"]),
+        cluster=request["cluster"],
+        alternative=int(request["alternative"]),
+    )
 
 
 class _Printer:
@@ -606,8 +632,8 @@ class _Printer:
         self.recent: list[str] = []
         self.shown_steps: dict[str, int] = {}
         self.jobs: dict[str, None] = {}
-        self.retries: set[int] = set()
-        """The attempts whose cause the terminal has told."""
+        self.alternative = 0
+        """Which of the request's clusters the training step's latest attempt runs on (Retry.alternative)."""
         self.lock = threading.Lock()
 
     def states(self, platform: Any, arn: str, started: float) -> None:
@@ -620,11 +646,9 @@ class _Printer:
                     if self.verbose or name not in self.recent:
                         _say(f"[{time.monotonic() - started:6.1f}s] > {name}")
                     self.recent = [*self.recent, name][-LOOP_STATES:]
-                elif (retry := retried(event)) is not None and retry[0] not in self.retries:
-                    attempt, failure = retry
-                    self.retries.add(attempt)
-                    why = failure.cause or failure.error
-                    _say(f"          retrying: attempt {attempt}, a new job on fresh instances, after {why}")
+                if (retry := retried(event)) is not None:
+                    _say(f"          {retry.line(self.alternative)}")
+                    self.alternative = retry.alternative
             self.seen = len(events)
 
     def training_line(self, job: str, line: str) -> None:

@@ -73,6 +73,9 @@ JOB_NAME = ATTEMPT_JOB_NAME.states()
 SDK_TIMEOUT_SECONDS = 60
 # The state that calls a backend's progress handler, once per poll (another backend's: "Check progress (<label>)").
 CHECK_PROGRESS = "Check progress"
+# The state that tells the run why its training step starts a new attempt: it is entered once the attempt's cluster is
+# settled (another backend's: "Tell the run why it retries (<label>)").
+RETRY_TOLD = "Tell the run why it retries"
 # A run's cost before its first job: what each finished job's poll adds its cost to (JobProgress.run_cost).
 NOTHING_BILLED = JobCost(actual_usd=0.0, on_demand_usd=0.0, spot_savings_usd=0.0)
 
@@ -286,7 +289,7 @@ class PolledJobStep:
         )
         retrying = self._notifier.notify(
             self._scope,
-            self._names("Tell the run why it retries"),
+            self._names(RETRY_TOLD),
             subject="Training job replaced: retrying on fresh instances",
             fields={
                 "failed_job": string(JOB.job_name),

@@ -371,6 +371,8 @@ def test_the_capacity_fallback_example_falls_back_when_its_first_cluster_has_no_
     assert f"clusters:      {clusters}" in out
     assert f"insufficient-capacity: {first} on 2 x ml.p5.48xlarge: CapacityError: Unable to provision" in out
     assert "; trained on 4 x ml.p4d.24xlarge\n" in out
+    # The terminal said so when the next attempt moved: onto the cluster the summary names.
+    assert "retrying: attempt 2, a new job on the fallback cluster 4 x ml.p4d.24xlarge, after CapacityError" in out
     # The job without capacity was never billed; the one that trained was.
     charged = report.split("\n## Actual cost\n", 1)[1].split("\n## ", 1)[0]
     assert f"\n| {second} | " in charged and f"\n| {first} | " not in charged, charged

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from typing import Any
 
 import boto3
@@ -16,6 +17,7 @@ from contract.layout import EXPECTED_GPUS_ENV
 from lambdas.validate.request import RUN_ID_HEX
 from localrun.aws.clock import Clock
 from localrun.backends.scripted import Poll
+from localrun.demo.cli import _Printer
 from tests.conftest import APPROVER
 from tests.pipeline.conftest import COMPLETED, Pipeline
 from tests.stored import put_checkpoint
@@ -145,7 +147,16 @@ FALLBACK = {
 }
 
 
-def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(pipeline_factory: Any) -> None:
+def _retry_lines(pipeline: Pipeline, arn: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """What the demo's terminal says of the execution's new attempts, read from its history."""
+    capsys.readouterr()
+    _Printer(verbose=False).states(pipeline.local, arn, started=time.monotonic())
+    return [line.strip() for line in capsys.readouterr().out.splitlines() if "retrying:" in line]
+
+
+def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(
+    pipeline_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     pipeline = pipeline_factory(scripts=[[CAPACITY], [Poll(), COMPLETED]])
     arn = pipeline.start(pipeline.input(**FALLBACK))
     pipeline.run_until(arn, "Approval gate (promotion)")
@@ -160,6 +171,11 @@ def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(
     (message,) = [m for m in pipeline.local.messages("TopicsRuns") if "retrying" in m.get("Subject", "")]
     told = json.loads(message["Message"])
     assert (told["error"], told["next_cluster"]) == ("InsufficientCapacity", "1 x ml.g5.12xlarge")
+    # The demo's terminal names the cluster the new attempt moved to, as the notification does.
+    cause = CAPACITY.failure_reason
+    assert _retry_lines(pipeline, arn, capsys) == [
+        f"retrying: attempt 2, a new job on the fallback cluster 1 x ml.g5.12xlarge, after {cause}"
+    ]
     # The handler's answer is emptied once used: the state holds one copy of the request.
     *_, used = [
         e for e in pipeline.local.history(arn) if e.get("stateEnteredEventDetails", {}).get("name") == "Reset progress"
@@ -170,7 +186,9 @@ def test_insufficient_capacity_moves_the_next_attempt_onto_the_fallback_cluster(
     assert pipeline.lineage()["cost"]["actual_usd"] == round(INSTANCE_TYPES["ml.g5.12xlarge"].price_per_hour / 2, 4)
 
 
-def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(pipeline_factory: Any) -> None:
+def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(
+    pipeline_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     pipeline = pipeline_factory(scripts=[[PREFLIGHT], [Poll(), COMPLETED]])
     arn = pipeline.start(pipeline.input(**FALLBACK))
     pipeline.run_until(arn, "Approval gate (promotion)")
@@ -178,6 +196,8 @@ def test_a_failed_preflight_retries_on_the_same_cluster_despite_a_fallback(pipel
     requests = pipeline.local.training_requests
     assert requests[first]["ResourceConfig"] == requests[second]["ResourceConfig"]
     assert "Choose the next cluster" not in pipeline.local.states_entered(arn)
+    cause = PREFLIGHT.failure_reason
+    assert _retry_lines(pipeline, arn, capsys) == [f"retrying: attempt 2, a new job on fresh instances, after {cause}"]
 
 
 def test_capacity_retries_are_bounded(pipeline_factory: Any) -> None:
