@@ -606,6 +606,7 @@ class LocalPlatform:
             moto_fixes.stopped_callback_tasks_end_quietly(),
             moto_fixes.stopped_executions_stay_stopped(),
             moto_fixes.executions_stopped_before_their_worker_starts(),
+            moto_fixes.callbacks_pass_over_executions_not_started(),
             moto_fixes.create_training_job(self._training_job_created),
             moto_fixes.describe_training_job(self.training.described),
             moto_fixes.aws_managed_policies_only(self._aws_managed_policies()),

@@ -344,6 +344,20 @@ def stopped_executions_stay_stopped() -> Any:
     )
 
 
+def callbacks_pass_over_executions_not_started() -> Any:
+    """moto's SendTaskSuccess, SendTaskFailure and SendTaskHeartbeat (and its map-run calls) look for the task token
+    in the environment of every execution, which an execution whose worker has not started has not made yet: while
+    any run was starting, every callback failed with AttributeError ('NoneType' object has no attribute
+    'callback_pool_manager'). Such an execution holds no token and no map run: it is passed over."""
+    listed = StepFunctionsParserBackend._get_executions
+
+    def started(backend: StepFunctionsParserBackend, execution_status: Any = None) -> list[Any]:
+        executions = listed(backend, execution_status)
+        return [e for e in executions if e.exec_worker is not None and e.exec_worker.env is not None]
+
+    return mock.patch.object(StepFunctionsParserBackend, "_get_executions", started)
+
+
 WORKER_START_SECONDS = 30.0
 """The longest a stop waits for the execution's worker to take it (the worker starts in milliseconds)."""
 
