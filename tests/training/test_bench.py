@@ -26,6 +26,7 @@ from training.bench import (
     bench_train,
 )
 from training.data import read_shard
+from training.direct_io import CHUNK
 
 
 @contextmanager
@@ -82,9 +83,9 @@ def test_the_read_into_new_memory_reads_every_byte_of_the_probe_once(
     finally:
         monkeypatch.undo()
         probe.close()
-    size = probe.blocks * (64 << 20)
-    assert sorted(offset for offset, _, _ in spans) == list(range(0, size, 8 << 20))
-    assert all(asked == got == 8 << 20 for _, asked, got in spans)
+    size = probe.blocks * bench._DIRECT_BLOCK
+    assert sorted(offset for offset, _, _ in spans) == list(range(0, size, CHUNK))
+    assert all(asked == got == CHUNK for _, asked, got in spans)
 
 
 def test_a_bracketed_rate_is_the_probes_bytes_over_their_summed_times() -> None:
